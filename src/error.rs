@@ -1,0 +1,164 @@
+//! The one error type.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A specialized [`Result`](std::result::Result) for leasehold operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while taking, holding or inspecting a lock.
+///
+/// Variants carry the lock name, the path and the operation involved, so a
+/// log line is enough to find the cause. `Display` never repeats the
+/// [`source`](std::error::Error::source), so walk the chain when you print.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// use std::time::Duration;
+/// use leasehold::{Error, Locker};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = Locker::new(dir.path())?;
+/// let _held = locker.acquire("reindex").await?;
+///
+/// let other = Locker::new(dir.path())?;
+/// match other.acquire_timeout("reindex", Duration::from_millis(20)).await {
+///     Err(Error::Timeout { name, .. }) => assert_eq!(name, "reindex"),
+///     other => panic!("expected a timeout, got {other:?}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `acquire_timeout` ran out of time while another holder kept the lock.
+    #[error("timed out after {waited:?} waiting for lock {name:?}")]
+    Timeout {
+        /// The lock name.
+        name: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// The lock name cannot be used (empty, contains NUL, or is not a valid
+    /// plain file name where one is required).
+    #[error("invalid lock name {name:?}: {reason}")]
+    InvalidName {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// The builder was given settings that cannot work together.
+    #[error("invalid configuration: {reason}")]
+    InvalidConfig {
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The lock directory is unsafe to use, for example world-writable
+    /// without the sticky bit, so anyone could replace or remove locks.
+    #[error("refusing lock directory {path}: {reason}")]
+    InsecureDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// What makes it unsafe.
+        reason: &'static str,
+    },
+
+    /// Something that is not a lock file occupies a lock's path (a
+    /// directory, a symlink, a FIFO, a socket). leasehold never follows,
+    /// opens or removes it; remove it yourself if it is not in use.
+    #[error("lock {name:?}: {path} is a {found}, not a lock file")]
+    UnexpectedFile {
+        /// The lock name.
+        name: String,
+        /// The occupied path.
+        path: PathBuf,
+        /// What was found there.
+        found: &'static str,
+    },
+
+    /// The operating system denied access.
+    #[error("permission denied: cannot {op} {path}")]
+    PermissionDenied {
+        /// The operation, e.g. `"create lock file"`.
+        op: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Any other I/O failure.
+    #[error("cannot {op} {path}")]
+    Io {
+        /// The operation, e.g. `"read lock record"`.
+        op: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// A lock this guard held is no longer ours: its lease ran out or the
+    /// lock was removed or replaced.
+    #[error("lock {name:?} was lost: {reason}")]
+    Lost {
+        /// The lock name.
+        name: String,
+        /// What happened.
+        reason: String,
+    },
+
+    /// The platform or configuration cannot do what was asked.
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What is not supported.
+        what: &'static str,
+    },
+}
+
+impl Error {
+    /// Wraps an I/O error, sorting permission failures into their own kind.
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        let path = path.into();
+        if source.kind() == io::ErrorKind::PermissionDenied {
+            Error::PermissionDenied { op, path, source }
+        } else {
+            Error::Io { op, path, source }
+        }
+    }
+
+    /// Wraps an errno from `nix`, keeping `nix` out of the public API.
+    pub(crate) fn errno(op: &'static str, path: impl Into<PathBuf>, errno: nix::errno::Errno) -> Self {
+        Self::io(op, path, io::Error::from(errno))
+    }
+
+    /// Whether this error says the lock was lost.
+    ///
+    /// ```
+    /// let err = leasehold::Error::Lost { name: "jobs".into(), reason: "lease expired".into() };
+    /// assert!(err.is_lost());
+    /// ```
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Error::Lost { .. })
+    }
+
+    /// Whether this error is a timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let err = leasehold::Error::Timeout { name: "jobs".into(), waited: Duration::ZERO };
+    /// assert!(err.is_timeout());
+    /// ```
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+}

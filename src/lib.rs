@@ -1,0 +1,123 @@
+//! Named locks that hold across processes, for Tokio services.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+//! use leasehold::Locker;
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let locker = Locker::new(dir.path())?;
+//!
+//! let guard = locker.acquire("reindex").await?;   // waits for other processes
+//! // ... the critical section: no other process holds "reindex" now ...
+//! drop(guard);                                    // released: others may go
+//! # Ok(()) }
+//! ```
+//!
+//! Most code needs only `use leasehold::{Locker, LockGuard, Error};`.
+//!
+//! # Design
+//!
+//! A [`Locker`] owns a lock directory. [`Locker::acquire`] turns a name into
+//! a file in that directory, created with `O_CREAT | O_EXCL`, and returns a
+//! [`LockGuard`]. The guard carries a *lease*: its record says until when
+//! the lock is valid, and a background task renews it every
+//! `renew_interval`. Dropping the guard removes the lock synchronously.
+//!
+//! The owner record is a JSON object that both seeds' readers understand:
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | `uuid` | string | id of this acquisition |
+//! | `pid` | number | holder process id |
+//! | `startTime` | number | holder process start, ms since the epoch (Linux) |
+//! | `holderId` | string | id of the holding `Locker` |
+//! | `hostname` | string | holder host |
+//! | `acquiredAt`, `leaseExpiresAt` | string | RFC 3339, UTC, milliseconds |
+//! | `leaseMs` | number | the lease length |
+//! | `leasehold` | number | format version; the holder keeps `flock` on the file |
+//! | `bootId`, `pidNs`, `procStart`, `renewedAtBoot` | | exact liveness and lease data for readers on the same host |
+//!
+//! # Guarantees and non-guarantees
+//!
+//! - **Exclusion.** Among leasehold processes sharing a local directory, at
+//!   most one guard per name is valid at a time. A guard is valid until it
+//!   is dropped or [`LockGuard::lost`] fires.
+//! - **Staleness.** A lock is reclaimed only when its holder is provably
+//!   gone (a free `flock` on a leasehold record; ESRCH or a reused pid for
+//!   other writers; a record from an earlier boot), when its lease ran out,
+//!   or when its record stayed unreadable past a grace period. A live holder
+//!   is never judged dead because of a clock step, a unit mismatch or a torn
+//!   read; leases on one host are measured on `CLOCK_BOOTTIME`.
+//! - **Race-safe reclaim and release.** Every removal of a lock path
+//!   happens under a directory-wide `flock`, after checking that the path
+//!   still names the inode that was judged, so two reclaimers never delete
+//!   each other's fresh lock and a holder never removes a successor's.
+//!   Renewal writes only through the descriptor of the file this guard
+//!   created.
+//! - **Not guaranteed: leases are time.** A holder paused longer than its
+//!   lease (SIGSTOP, a VM freeze) loses the lock to another process, and
+//!   learns so only when it runs again ([`LockGuard::lost`] fires at its
+//!   next renewal). Stop work when `lost` fires, and choose a lease far
+//!   longer than any pause you expect.
+//! - **Not guaranteed: network filesystems.** NFS and SMB weaken `O_EXCL`,
+//!   `flock` and rename; use one host's local directory. Owners on another
+//!   host (as the record's `hostname` says) are judged by lease alone.
+//! - **Not guaranteed: forked children.** A process that `fork`s without
+//!   `exec` shares the lock's `flock` with the child, which then keeps the
+//!   lock looking alive until the lease runs out.
+//!
+//! # Security
+//!
+//! - Lock names are hashed into file names of safe characters, so no name
+//!   reaches outside the directory.
+//! - Lock files are created `O_EXCL | O_NOFOLLOW`, mode 0600; existing ones
+//!   are inspected with `fstatat(AT_SYMLINK_NOFOLLOW)` and never opened
+//!   unless they are regular files, so a planted symlink, FIFO or device is
+//!   reported as [`Error::UnexpectedFile`] and its target never touched.
+//! - All lock files are reached through the directory descriptor opened at
+//!   `build()`, never by re-resolving its path.
+//! - A world-writable directory without the sticky bit is refused
+//!   ([`Error::InsecureDirectory`]) unless you opt out. The lock directory
+//!   is created 0700. The default directory is per user
+//!   (`$XDG_RUNTIME_DIR/leasehold`, else `<tmp>/leasehold-<uid>`), and must
+//!   be owned by the user and closed to others.
+//!
+//! # Which strategy should you use?
+//!
+//! [`Strategy::ExclusiveFile`] (the default) is the one to use: one file
+//! per lock, the fewest syscalls, and instant detection of dead holders
+//! through `flock`. It shares lock files with programs that use `O_EXCL`
+//! lock files holding a `{"uuid", "pid"}` JSON record.
+//!
+//! # Feature flags
+//!
+//! None yet; the default build is the whole library.
+//!
+//! # Supported platforms
+//!
+//! Linux is the primary platform: it has `/proc` start times, boot ids and
+//! `CLOCK_BOOTTIME`. Other Unix systems build and work, judging foreign
+//! records by `kill(pid, 0)` alone and leases by the wall clock. Windows is
+//! not supported.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![doc(test(attr(deny(warnings))))]
+
+mod dir;
+mod error;
+mod guard;
+mod locker;
+mod name;
+mod owner;
+mod record;
+mod renew;
+mod stale;
+mod strategy;
+mod sys;
+
+pub use error::{Error, Result};
+pub use guard::LockGuard;
+pub use locker::{Locker, LockerBuilder};
+pub use owner::Owner;
+pub use strategy::Strategy;

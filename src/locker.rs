@@ -1,0 +1,593 @@
+//! `Locker` and its builder.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::dir::LockDir;
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
+use crate::name::LockName;
+use crate::owner::Owner;
+use crate::strategy::{Attempt, Ctx, Held, Strategy};
+
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+const DEFAULT_POLL: Duration = Duration::from_millis(50);
+const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// Leases beyond this are almost certainly a unit mistake, and would
+/// overflow time arithmetic long before they meant anything.
+const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A handle to a lock directory, from which named locks are acquired.
+///
+/// `Locker` is cheap to clone: clones share one instance. All its methods
+/// take `&self`, and it is `Send + Sync`, so one `Locker` can serve a whole
+/// service.
+///
+/// # Waiting, and not blocking the runtime
+///
+/// Each attempt to take a lock is a short batch of syscalls (create, or
+/// open + read + judge + maybe reclaim) run as **one** call on Tokio's
+/// blocking pool, so a slow disk never parks a runtime worker. Between
+/// attempts a waiter sleeps for `poll_interval` with ±25 % jitter, so
+/// processes that contend do not retry in lockstep. Release in
+/// [`LockGuard`]'s `Drop` is a few syscalls done inline, which is what makes
+/// the lock free the moment `drop` returns.
+///
+/// # Self-deadlock
+///
+/// A lock is held by a guard, not by a task or a process. Acquiring a name
+/// that a guard of this same process already holds waits for that guard,
+/// like any other waiter: acquiring twice in one task without releasing
+/// waits forever (use [`acquire_timeout`](Self::acquire_timeout) if that
+/// could happen).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// use leasehold::Locker;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = Locker::new(dir.path())?;
+/// {
+///     let _guard = locker.acquire("reindex").await?;
+///     // ... only one process at a time runs this ...
+/// } // released here
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Locker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    ctx: Arc<Ctx>,
+    renew_interval: Duration,
+    poll_interval: Duration,
+}
+
+/// Configures and builds a [`Locker`].
+///
+/// Setters never fail; [`build`](Self::build) checks the settings together
+/// and opens the directory.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`directory`](Self::directory) | `$XDG_RUNTIME_DIR/leasehold`, else `<temp dir>/leasehold-<uid>` |
+/// | [`lease`](Self::lease) | 30 s |
+/// | [`renew_interval`](Self::renew_interval) | a third of the lease |
+/// | [`poll_interval`](Self::poll_interval) | 50 ms |
+/// | [`unreadable_grace`](Self::unreadable_grace) | 10 s |
+/// | [`durable`](Self::durable) | `true` |
+/// | [`strategy`](Self::strategy) | [`Strategy::ExclusiveFile`] |
+///
+/// # Examples
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// use std::time::Duration;
+/// use leasehold::Locker;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = Locker::builder()
+///     .directory(dir.path())
+///     .lease(Duration::from_secs(10))
+///     .renew_interval(Duration::from_secs(2))
+///     .build()?;
+///
+/// let bad = Locker::builder()
+///     .directory(dir.path())
+///     .lease(Duration::from_secs(1))
+///     .renew_interval(Duration::from_secs(1))
+///     .build();
+/// assert!(matches!(bad, Err(leasehold::Error::InvalidConfig { .. })));
+/// # drop(locker); Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until `build` is called"]
+#[derive(Debug, Clone)]
+pub struct LockerBuilder {
+    directory: Option<PathBuf>,
+    lease: Duration,
+    renew_interval: Option<Duration>,
+    poll_interval: Duration,
+    grace: Duration,
+    durable: bool,
+    strategy: Strategy,
+    allow_insecure_directory: bool,
+}
+
+impl Default for LockerBuilder {
+    fn default() -> Self {
+        Self {
+            directory: None,
+            lease: DEFAULT_LEASE,
+            renew_interval: None,
+            poll_interval: DEFAULT_POLL,
+            grace: DEFAULT_GRACE,
+            durable: true,
+            strategy: Strategy::default(),
+            allow_insecure_directory: false,
+        }
+    }
+}
+
+impl LockerBuilder {
+    /// The directory that holds the lock files. Created (mode 0700, the
+    /// umask untouched) if missing, and resolved to an absolute path once,
+    /// at [`build`](Self::build).
+    pub fn directory(mut self, path: impl AsRef<Path>) -> Self {
+        self.directory = Some(path.as_ref().to_owned());
+        self
+    }
+
+    /// How long a lock stays valid without renewal. A holder that cannot
+    /// renew (its process is paused, its disk is gone) loses the lock after
+    /// this long, and other processes may then take it. This is also the
+    /// only way a lock held from another host is ever reclaimed.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often a guard renews its lease. Must be shorter than the lease.
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.renew_interval = Some(interval);
+        self
+    }
+
+    /// How long a waiter sleeps between attempts (with ±25 % jitter).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How long an unreadable record (empty, torn, not a lock record) is
+    /// left alone before it may be reclaimed: its writer may be in the
+    /// middle of writing it.
+    pub fn unreadable_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Whether to `fdatasync` each new owner record before the lock counts
+    /// as held (the default). Turning it off makes acquisition much cheaper
+    /// on real disks; what it costs is only after a power loss, where a
+    /// record that never reached the disk reads as unreadable and is
+    /// reclaimed after the grace period instead of at once.
+    pub fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// The on-disk layout of locks.
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Accept a world-writable lock directory without the sticky bit, where
+    /// any local user can remove or replace lock files. Only for
+    /// directories whose access you control by other means.
+    pub fn allow_insecure_directory(mut self, allow: bool) -> Self {
+        self.allow_insecure_directory = allow;
+        self
+    }
+
+    /// Checks the settings, creates and opens the directory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when a duration is zero, the renew interval
+    /// is not shorter than the lease, or the lease exceeds a year;
+    /// [`Error::InsecureDirectory`] for a world-writable directory without
+    /// the sticky bit, or a default directory owned by another user or open
+    /// to others; I/O errors from creating or opening the directory.
+    pub fn build(self) -> Result<Locker> {
+        let renew_interval = self.renew_interval.unwrap_or(self.lease / 3);
+        let invalid = |reason: String| Err(Error::InvalidConfig { reason });
+        if self.lease < Duration::from_millis(1) {
+            return invalid("the lease must be at least 1 ms".into());
+        }
+        if self.lease > MAX_LEASE {
+            return invalid(format!("the lease {:?} exceeds one year", self.lease));
+        }
+        if renew_interval.is_zero() || renew_interval >= self.lease {
+            return invalid(format!(
+                "the renew interval {renew_interval:?} must be above zero and below the lease {:?}",
+                self.lease
+            ));
+        }
+        if self.poll_interval.is_zero() {
+            return invalid("the poll interval must be above zero".into());
+        }
+        let (path, is_default) = match self.directory {
+            Some(path) => (path, false),
+            None => (default_directory(), true),
+        };
+        let dir = LockDir::open(&path, self.allow_insecure_directory)?;
+        if is_default {
+            check_private(&dir)?;
+        }
+        let ctx = Ctx {
+            dir,
+            strategy: self.strategy,
+            lease: self.lease,
+            grace: self.grace,
+            durable: self.durable,
+            holder_id: format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
+        };
+        Ok(Locker {
+            inner: Arc::new(Inner {
+                ctx: Arc::new(ctx),
+                renew_interval,
+                poll_interval: self.poll_interval,
+            }),
+        })
+    }
+}
+
+/// A per-user directory, never a shared `/tmp` path.
+fn default_directory() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        Some(run) if run.is_absolute() => run.join("leasehold"),
+        _ => std::env::temp_dir().join(format!("leasehold-{}", nix::unistd::geteuid())),
+    }
+}
+
+/// The default directory must be ours and closed to others, or someone
+/// could have planted it in a shared temp directory.
+fn check_private(dir: &LockDir) -> Result<()> {
+    let meta = dir
+        .fd()
+        .metadata()
+        .map_err(|e| Error::io("inspect lock directory", dir.path(), e))?;
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(Error::InsecureDirectory {
+            path: dir.path().to_owned(),
+            reason: "the default lock directory belongs to another user",
+        });
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(Error::InsecureDirectory {
+            path: dir.path().to_owned(),
+            reason: "the default lock directory is open to other users (expected mode 0700)",
+        });
+    }
+    Ok(())
+}
+
+impl Locker {
+    /// A `Locker` on `directory` with default settings.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockerBuilder::build`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path().join("locks"))?;
+    /// assert!(locker.directory().ends_with("locks"));
+    /// # Ok(()) }
+    /// ```
+    pub fn new(directory: impl AsRef<Path>) -> Result<Self> {
+        Self::builder().directory(directory).build()
+    }
+
+    /// A builder with default settings.
+    pub fn builder() -> LockerBuilder {
+        LockerBuilder::default()
+    }
+
+    /// The absolute path of the lock directory.
+    pub fn directory(&self) -> &Path {
+        self.inner.ctx.dir.path()
+    }
+
+    /// Acquires the lock `name`, waiting as long as it takes.
+    ///
+    /// Takes the lock if it is free, or reclaims it if its holder is provably
+    /// gone or its lease ran out (see the crate docs, *Staleness*);
+    /// otherwise sleeps `poll_interval` (with jitter) and tries again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for an empty name or one containing NUL;
+    /// [`Error::UnexpectedFile`] when something other than a lock file
+    /// occupies the lock's path; I/O and permission errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. Dropping the future leaves nothing behind: a lock that
+    /// an in-flight attempt creates after the drop is removed by that
+    /// attempt.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("reindex").await?;
+    /// assert!(locker.is_held("reindex").await?);
+    /// drop(guard);
+    /// assert!(!locker.is_held("reindex").await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire(&self, name: &str) -> Result<LockGuard> {
+        self.acquire_until(name, None).await
+    }
+
+    /// Acquires the lock `name` if that can be done without waiting.
+    ///
+    /// Returns `Ok(None)` when a live holder has it. A stale lock is
+    /// reclaimed on the way, as [`acquire`](Self::acquire) would.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let first = locker.try_acquire("cron").await?;
+    /// assert!(first.is_some());
+    /// assert!(locker.try_acquire("cron").await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire(&self, name: &str) -> Result<Option<LockGuard>> {
+        let name = LockName::new(name)?;
+        Ok(self.attempt(&name).await?.map(|held| self.guard(&name, held)))
+    }
+
+    /// Acquires the lock `name`, waiting at most `timeout`.
+    ///
+    /// At least one attempt is made, even with a zero timeout; the deadline
+    /// is checked between attempts.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the lock was still held at the deadline;
+    /// otherwise as [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _held = locker.acquire("deploy").await?;
+    /// let err = locker.acquire_timeout("deploy", Duration::from_millis(30)).await.unwrap_err();
+    /// assert!(err.is_timeout());
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_timeout(&self, name: &str, timeout: Duration) -> Result<LockGuard> {
+        let deadline = Instant::now().checked_add(timeout);
+        self.acquire_until(name, Some(deadline.unwrap_or_else(far_future)))
+            .await
+    }
+
+    /// Who holds `name` now, or `None` if nobody does (no lock, or a stale
+    /// one that the next `acquire` would reclaim).
+    ///
+    /// A record that is still being written is held, with an [`Owner`] whose
+    /// fields are all `None`.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// assert!(locker.holder("reindex").await?.is_none());
+    /// let _guard = locker.acquire("reindex").await?;
+    /// let owner = locker.holder("reindex").await?.unwrap();
+    /// assert_eq!(owner.pid(), Some(std::process::id()));
+    /// # Ok(()) }
+    /// ```
+    pub async fn holder(&self, name: &str) -> Result<Option<Owner>> {
+        let name = LockName::new(name)?;
+        let ctx = Arc::clone(&self.inner.ctx);
+        let inspection = blocking(move || ctx.inspect(&name)).await??;
+        Ok(inspection.filter(|i| i.stale.is_none()).map(|i| i.owner))
+    }
+
+    /// Whether a live holder has `name` now. The answer may be out of date
+    /// as soon as it is returned; use it for diagnostics, not to decide
+    /// whether to acquire.
+    ///
+    /// # Errors
+    ///
+    /// As [`holder`](Self::holder).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// assert!(!locker.is_held("reindex").await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn is_held(&self, name: &str) -> Result<bool> {
+        Ok(self.holder(name).await?.is_some())
+    }
+
+    async fn acquire_until(&self, name: &str, deadline: Option<Instant>) -> Result<LockGuard> {
+        let name = LockName::new(name)?;
+        let started = Instant::now();
+        let mut jitter = Jitter::new();
+        loop {
+            if let Some(held) = self.attempt(&name).await? {
+                return Ok(self.guard(&name, held));
+            }
+            let mut pause = jitter.around(self.inner.poll_interval);
+            if let Some(deadline) = deadline {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Error::Timeout {
+                        name: name.as_str().to_owned(),
+                        waited: now - started,
+                    });
+                }
+                pause = pause.min(deadline - now);
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// One attempt, as one call on the blocking pool. The result travels
+    /// back over a channel rather than the task's join handle so that if this
+    /// future was dropped meanwhile, the attempt's lock is dropped — and so
+    /// removed — right there in the blocking task.
+    async fn attempt(&self, name: &LockName) -> Result<Option<Held>> {
+        let ctx = Arc::clone(&self.inner.ctx);
+        let name = name.clone();
+        let attempt = blocking(move || ctx.try_acquire(&name)).await??;
+        Ok(match attempt {
+            Attempt::Acquired(held) => Some(held),
+            Attempt::Busy(owner) => {
+                tracing::trace!(
+                    holder_id = name_str(&owner),
+                    holder_pid = owner.as_ref().and_then(Owner::pid),
+                    holder_host = owner.as_ref().and_then(Owner::hostname),
+                    "lock busy"
+                );
+                None
+            }
+        })
+    }
+
+    fn guard(&self, name: &LockName, held: Held) -> LockGuard {
+        tracing::debug!(
+            lock = name.as_str(),
+            strategy = self.inner.ctx.strategy.as_str(),
+            "lock acquired"
+        );
+        LockGuard::new(
+            name.as_str(),
+            held,
+            self.inner.ctx.lease,
+            self.inner.renew_interval,
+        )
+    }
+}
+
+/// Runs `f` on the blocking pool; its result is dropped there if the caller
+/// has gone away.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    let (tx, rx) = oneshot::channel();
+    tokio::task::spawn_blocking(move || {
+        // If the receiver is gone, the value comes back and drops here.
+        let _ = tx.send(f());
+    });
+    rx.await.map_err(|_| Error::Io {
+        op: "run a lock operation on the blocking pool",
+        path: PathBuf::new(),
+        source: std::io::Error::other("the blocking task did not complete (runtime shutting down?)"),
+    })
+}
+
+fn name_str(owner: &Option<Owner>) -> &str {
+    owner.as_ref().and_then(Owner::holder_id).unwrap_or("?")
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+}
+
+/// Cheap jitter for poll intervals, seeded per waiter.
+#[derive(Debug)]
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Self {
+        Self(uuid::Uuid::new_v4().as_u64_pair().0 | 1)
+    }
+
+    /// `base` scaled by a factor in [0.75, 1.25).
+    fn around(&mut self, base: Duration) -> Duration {
+        // xorshift64
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let permille = 750 + (self.0 % 500);
+        base.mul_f64(permille as f64 / 1000.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_a_quarter() {
+        let mut j = Jitter::new();
+        for _ in 0..1000 {
+            let d = j.around(Duration::from_millis(100));
+            assert!(
+                d >= Duration::from_millis(75) && d < Duration::from_millis(125),
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn locker_is_shareable() {
+        fn assert_shareable<T: Clone + Send + Sync + 'static>() {}
+        assert_shareable::<Locker>();
+    }
+}

@@ -1,0 +1,121 @@
+//! The public view of a lock record.
+
+use std::time::SystemTime;
+
+use crate::record::{Parsed, Record};
+
+/// Who holds a lock, as its record says.
+///
+/// Every field is optional because leasehold also reads records written by
+/// other programs (the seeds' layouts) that omit some of them, and a record
+/// that is still being written has none yet.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = leasehold::Locker::new(dir.path())?;
+/// let guard = locker.acquire("nightly-report").await?;
+///
+/// let owner = locker.holder("nightly-report").await?.expect("held");
+/// assert_eq!(owner.pid(), Some(std::process::id()));
+/// assert!(owner.lease_expires_at() > owner.acquired_at());
+/// assert_eq!(owner.uuid(), guard.owner().uuid());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Owner {
+    pid: Option<u32>,
+    hostname: Option<String>,
+    holder_id: Option<String>,
+    uuid: Option<String>,
+    acquired_at: Option<SystemTime>,
+    lease_expires_at: Option<SystemTime>,
+    readable: bool,
+    leasehold: bool,
+}
+
+impl Owner {
+    pub(crate) fn from_parsed(parsed: &Parsed) -> Self {
+        match parsed {
+            Parsed::Record(r) => Self::from_record(r),
+            Parsed::Legacy { uuid } => Owner {
+                uuid: Some(uuid.clone()),
+                readable: true,
+                ..Self::unreadable()
+            },
+            Parsed::Unreadable => Self::unreadable(),
+        }
+    }
+
+    pub(crate) fn from_record(r: &Record) -> Self {
+        Owner {
+            pid: r.pid.and_then(|p| u32::try_from(p).ok()),
+            hostname: r.hostname.clone(),
+            holder_id: r.holder_id.clone(),
+            uuid: r.uuid.clone(),
+            acquired_at: r.acquired_at,
+            lease_expires_at: r.lease_expires_at,
+            readable: true,
+            leasehold: r.is_leasehold(),
+        }
+    }
+
+    fn unreadable() -> Self {
+        Owner {
+            pid: None,
+            hostname: None,
+            holder_id: None,
+            uuid: None,
+            acquired_at: None,
+            lease_expires_at: None,
+            readable: false,
+            leasehold: false,
+        }
+    }
+
+    /// The holder's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// The holder's host name.
+    pub fn hostname(&self) -> Option<&str> {
+        self.hostname.as_deref()
+    }
+
+    /// The id of the holding [`Locker`](crate::Locker) instance (the first
+    /// seed's `holderId`).
+    pub fn holder_id(&self) -> Option<&str> {
+        self.holder_id.as_deref()
+    }
+
+    /// The id of this one acquisition (the second seed's `uuid`).
+    pub fn uuid(&self) -> Option<&str> {
+        self.uuid.as_deref()
+    }
+
+    /// When the lock was acquired.
+    pub fn acquired_at(&self) -> Option<SystemTime> {
+        self.acquired_at
+    }
+
+    /// When the lease runs out unless renewed, as last written by the holder.
+    pub fn lease_expires_at(&self) -> Option<SystemTime> {
+        self.lease_expires_at
+    }
+
+    /// `false` when the record could not be parsed (empty, partly written,
+    /// or not a lock record); the other fields are then `None`.
+    pub fn is_readable(&self) -> bool {
+        self.readable
+    }
+
+    /// Whether the record was written by leasehold (rather than by another
+    /// program sharing the directory).
+    pub fn is_leasehold(&self) -> bool {
+        self.leasehold
+    }
+}

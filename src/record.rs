@@ -1,0 +1,320 @@
+//! Owner records: what a holder writes into its lock, and what leasehold can
+//! read from its own records and from the seeds'.
+//!
+//! leasehold writes one JSON object that is a superset of both seeds'
+//! layouts (see the crate docs for the field list). It reads:
+//! - any JSON object with at least one of `uuid`, `pid`, `holderId`
+//!   (unknown fields are ignored, and never rewritten: leasehold only ever
+//!   rewrites records it created);
+//! - the second seed's legacy layout, a bare UUID string;
+//! - anything else (empty, truncated, binary) as unreadable, which the
+//!   staleness rules leave alone for a grace period.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// The value of the `leasehold` field in records this version writes. It
+/// promises that the holder keeps `flock(LOCK_EX)` on the record's inode for
+/// as long as it holds the lock, and that `renewedAtBoot` is on the boot
+/// clock of the host named by `bootId`.
+pub(crate) const FORMAT_VERSION: u64 = 1;
+
+/// Records longer than this are not lock records.
+pub(crate) const MAX_RECORD_LEN: usize = 64 * 1024;
+
+/// A parsed lock record.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Parsed {
+    /// A JSON object with owner fields.
+    Record(Box<Record>),
+    /// The second seed's legacy format: the content is a bare UUID.
+    Legacy { uuid: String },
+    /// Empty, truncated or not a record at all.
+    Unreadable,
+}
+
+/// The fields leasehold understands, each optional because foreign writers
+/// may omit any of them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Record {
+    pub(crate) uuid: Option<String>,
+    pub(crate) pid: Option<u64>,
+    /// The second seed's `startTime`, unit not fixed by any spec; leasehold
+    /// writes milliseconds since the epoch.
+    pub(crate) start_time: Option<f64>,
+    pub(crate) holder_id: Option<String>,
+    pub(crate) hostname: Option<String>,
+    pub(crate) acquired_at: Option<SystemTime>,
+    pub(crate) lease_expires_at: Option<SystemTime>,
+    pub(crate) lease_ms: Option<u64>,
+    /// `Some` only in records written by leasehold.
+    pub(crate) version: Option<u64>,
+    pub(crate) boot_id: Option<String>,
+    pub(crate) pid_ns: Option<String>,
+    pub(crate) proc_start: Option<u64>,
+    pub(crate) renewed_at_boot: Option<u64>,
+}
+
+impl Record {
+    pub(crate) fn is_leasehold(&self) -> bool {
+        self.version.is_some()
+    }
+}
+
+/// Parses record bytes. Never fails: what cannot be read is `Unreadable`.
+pub(crate) fn parse(bytes: &[u8]) -> Parsed {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Parsed::Unreadable;
+    };
+    let text = text.trim();
+    if text.is_empty() {
+        return Parsed::Unreadable;
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => from_map(&map),
+        Ok(_) => Parsed::Unreadable,
+        Err(_) if looks_like_bare_uuid(text) => Parsed::Legacy {
+            uuid: text.to_owned(),
+        },
+        Err(_) => Parsed::Unreadable,
+    }
+}
+
+/// The second seed's legacy records are one UUID; anything else that is not
+/// JSON (a torn write, say) must stay unreadable, not become an owner.
+fn looks_like_bare_uuid(text: &str) -> bool {
+    text.len() <= 128
+        && !text.starts_with('{')
+        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+fn from_map(map: &Map<String, Value>) -> Parsed {
+    let string = |key: &str| map.get(key).and_then(Value::as_str).map(str::to_owned);
+    let record = Record {
+        uuid: string("uuid"),
+        pid: map.get("pid").and_then(as_count),
+        start_time: map.get("startTime").and_then(Value::as_f64),
+        holder_id: string("holderId"),
+        hostname: string("hostname"),
+        acquired_at: map.get("acquiredAt").and_then(as_time),
+        lease_expires_at: map.get("leaseExpiresAt").and_then(as_time),
+        lease_ms: map.get("leaseMs").and_then(as_count),
+        version: map.get("leasehold").and_then(as_count),
+        boot_id: string("bootId"),
+        pid_ns: string("pidNs"),
+        proc_start: map.get("procStart").and_then(as_count),
+        renewed_at_boot: map.get("renewedAtBoot").and_then(as_count),
+    };
+    if record.uuid.is_none() && record.pid.is_none() && record.holder_id.is_none() {
+        return Parsed::Unreadable;
+    }
+    Parsed::Record(Box::new(record))
+}
+
+/// A non-negative integer, also when a JavaScript writer stored it as a
+/// float with no fraction.
+fn as_count(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| {
+        let f = v.as_f64()?;
+        (f >= 0.0 && f.fract() == 0.0 && f < 9.0e15).then_some(f as u64)
+    })
+}
+
+fn as_time(v: &Value) -> Option<SystemTime> {
+    parse_time(v.as_str()?)
+}
+
+/// Parses an RFC 3339 / ISO-8601 timestamp such as JavaScript's
+/// `toISOString()` writes.
+pub(crate) fn parse_time(s: &str) -> Option<SystemTime> {
+    let t = OffsetDateTime::parse(s, &Rfc3339).ok()?;
+    let secs = t.unix_timestamp();
+    let since_epoch = Duration::new(secs.unsigned_abs(), t.nanosecond());
+    if secs >= 0 {
+        UNIX_EPOCH.checked_add(since_epoch)
+    } else {
+        // Before 1970: the nanoseconds count forwards from `secs`.
+        UNIX_EPOCH
+            .checked_sub(Duration::from_secs(secs.unsigned_abs()))?
+            .checked_add(Duration::from_nanos(u64::from(t.nanosecond())))
+    }
+}
+
+/// Formats as `YYYY-MM-DDTHH:MM:SS.mmmZ`, the fixed-width form of
+/// JavaScript's `toISOString()`, so every record a holder rewrites keeps its
+/// length.
+pub(crate) fn format_time(t: SystemTime) -> String {
+    let ms = t.duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+    let secs = i64::try_from(ms / 1000).unwrap_or(0);
+    let dt = OffsetDateTime::from_unix_timestamp(secs).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        dt.year(),
+        u8::from(dt.month()),
+        dt.day(),
+        dt.hour(),
+        dt.minute(),
+        dt.second(),
+        ms % 1000
+    )
+}
+
+pub(crate) fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The record a leasehold holder writes. Field order and names are part of
+/// the on-disk format.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct OwnRecord {
+    pub(crate) uuid: String,
+    pub(crate) pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) start_time: Option<u64>,
+    pub(crate) holder_id: String,
+    pub(crate) hostname: String,
+    pub(crate) acquired_at: String,
+    pub(crate) lease_expires_at: String,
+    pub(crate) lease_ms: u64,
+    pub(crate) leasehold: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) boot_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pid_ns: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) proc_start: Option<u64>,
+    pub(crate) renewed_at_boot: u64,
+}
+
+/// Room left at the end of a record so a renewal that grows a number by a
+/// digit or two still fits in the original length.
+const SLACK: usize = 16;
+
+impl OwnRecord {
+    /// Serializes, padded with trailing spaces (which every JSON reader,
+    /// and the second seed's `trim()`, ignores) to at least `len` bytes.
+    pub(crate) fn to_bytes(&self, len: usize) -> Vec<u8> {
+        let mut out = serde_json::to_vec(self).unwrap_or_default();
+        let want = if len == 0 {
+            out.len() + SLACK
+        } else {
+            len.max(out.len() + 1)
+        };
+        out.resize(want - 1, b' ');
+        out.push(b'\n');
+        out
+    }
+
+    /// Updates the lease fields for a renewal at `now` / `boot_ms`.
+    pub(crate) fn renew(&mut self, now: SystemTime, boot_ms: u64) {
+        self.lease_expires_at = format_time(now + Duration::from_millis(self.lease_ms));
+        self.renewed_at_boot = boot_ms;
+    }
+
+    /// The record as a reader would parse it.
+    pub(crate) fn parsed(&self) -> Record {
+        match parse(&self.to_bytes(0)) {
+            Parsed::Record(r) => *r,
+            _ => Record::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn reads_the_second_seeds_layouts() {
+        let p = parse(br#"{"uuid":"6a1f","pid":4242,"startTime":1764745566123}"#);
+        let Parsed::Record(r) = p else { panic!("{p:?}") };
+        assert_eq!(r.uuid.as_deref(), Some("6a1f"));
+        assert_eq!(r.pid, Some(4242));
+        assert_eq!(r.start_time, Some(1_764_745_566_123.0));
+        assert!(!r.is_leasehold());
+        assert_eq!(
+            parse(b"0b5e2f2c-7d1e-4a51-9a47-0f7f2d0f8c11\n"),
+            Parsed::Legacy {
+                uuid: "0b5e2f2c-7d1e-4a51-9a47-0f7f2d0f8c11".into()
+            }
+        );
+    }
+
+    #[test]
+    fn reads_the_first_seeds_layout() {
+        let p = parse(
+            br#"{"acquiredAt":"2026-12-03T07:06:06.123Z","holderId":"1-2-x","hostname":"h","leaseExpiresAt":"2026-12-03T07:06:36.123Z","pid":7,"host":"0.0.0.0","port":80}"#,
+        );
+        let Parsed::Record(r) = p else { panic!("{p:?}") };
+        assert_eq!(r.holder_id.as_deref(), Some("1-2-x"));
+        let acquired = r.acquired_at.unwrap();
+        let expires = r.lease_expires_at.unwrap();
+        assert_eq!(expires.duration_since(acquired).unwrap(), Duration::from_secs(30));
+        assert_eq!(format_time(acquired), "2026-12-03T07:06:06.123Z");
+    }
+
+    #[test]
+    fn torn_and_empty_records_are_unreadable() {
+        assert_eq!(parse(b""), Parsed::Unreadable);
+        assert_eq!(parse(b"   \n"), Parsed::Unreadable);
+        assert_eq!(parse(br#"{"uuid":"ab","pid":1"#), Parsed::Unreadable);
+        assert_eq!(parse(b"{}"), Parsed::Unreadable);
+        assert_eq!(parse(b"[1,2]"), Parsed::Unreadable);
+        assert_eq!(parse(&[0xff, 0xfe]), Parsed::Unreadable);
+    }
+
+    #[test]
+    fn own_record_keeps_its_length_across_renewals() {
+        let now = SystemTime::now();
+        let mut rec = OwnRecord {
+            uuid: "u".into(),
+            pid: 1,
+            start_time: Some(1),
+            holder_id: "h".into(),
+            hostname: "host".into(),
+            acquired_at: format_time(now),
+            lease_expires_at: format_time(now),
+            lease_ms: 30_000,
+            leasehold: FORMAT_VERSION,
+            boot_id: None,
+            pid_ns: None,
+            proc_start: None,
+            renewed_at_boot: 9,
+        };
+        let first = rec.to_bytes(0);
+        rec.renew(now + Duration::from_secs(3600), 99_999);
+        let second = rec.to_bytes(first.len());
+        assert_eq!(first.len(), second.len());
+        let Parsed::Record(r) = parse(&second) else {
+            panic!()
+        };
+        assert_eq!(r.renewed_at_boot, Some(99_999));
+        assert_eq!(r.version, Some(FORMAT_VERSION));
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse(&bytes);
+        }
+
+        #[test]
+        fn parse_never_panics_on_json_objects(s in r#"\{("[a-zA-Z]{1,12}":(-?[0-9]{1,20}(\.[0-9]{1,5})?|"[^"\\]{0,30}"|null|true|\[\]),?){0,8}\}"#) {
+            let _ = parse(s.as_bytes());
+        }
+
+        #[test]
+        fn time_round_trips(ms in 0u64..253_402_300_799_000) {
+            let t = UNIX_EPOCH + Duration::from_millis(ms);
+            prop_assert_eq!(parse_time(&format_time(t)), Some(t));
+        }
+    }
+}

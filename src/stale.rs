@@ -1,0 +1,426 @@
+//! When a lock may be taken from its holder.
+//!
+//! The rules, in the order they are applied:
+//!
+//! 1. **Unreadable record** (empty, torn, not a record, or the second seed's
+//!    bare-UUID legacy form, which names no process): never stale while
+//!    younger than the grace period, measured from the file's last
+//!    modification, since its writer may be mid-write. Older than that, it
+//!    is stale unless a leasehold process holds `flock` on it.
+//! 2. **leasehold record, same kernel** (same `bootId`): the holder keeps
+//!    `flock(LOCK_EX)` on the record for as long as it holds the lock, and
+//!    the kernel drops that lock when the process dies. A free `flock` proves
+//!    the holder is gone; pids are not consulted, so pid reuse and pid
+//!    namespaces cannot fool it.
+//! 3. **Same host name, another boot**: every process of that boot is dead.
+//! 4. **Foreign record on this host** (no `leasehold` field, or a platform
+//!    without boot ids): `kill(pid, 0)` = ESRCH means dead. A live pid whose
+//!    start time provably differs from the record's `startTime` is a reused
+//!    pid. The unit of a foreign `startTime` is not fixed, so it counts as a
+//!    mismatch only when the value reads unambiguously as epoch seconds or
+//!    milliseconds, is more than two seconds off, *and* the live process
+//!    started after the record was last written — a process cannot have
+//!    written a record before it started. Anything undecidable is alive.
+//! 5. **Lease**: a record whose lease ran out is stale whoever wrote it
+//!    (a holder that was paused past its lease has lost it). For a
+//!    leasehold record on this boot the lease is measured on the boot clock
+//!    (`CLOCK_BOOTTIME`), which wall-clock steps cannot move; otherwise on
+//!    the wall clock, never earlier than the file's modification time plus
+//!    the record's `leaseMs`. An owner on another host is judged by this
+//!    rule alone.
+
+use std::time::{Duration, SystemTime};
+
+use crate::record::{Parsed, Record, epoch_ms};
+use crate::sys::{self, Identity, Probe, ProcStart};
+
+/// Why a lock was found stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StaleReason {
+    /// The holder process is gone.
+    DeadOwner,
+    /// The pid is alive but belongs to a newer process.
+    ReusedPid,
+    /// The record is from an earlier boot of this host.
+    PreviousBoot,
+    /// The lease ran out without renewal.
+    LeaseExpired,
+    /// The record is unreadable and older than the grace period.
+    Unreadable,
+}
+
+impl StaleReason {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            StaleReason::DeadOwner => "owner process is dead",
+            StaleReason::ReusedPid => "owner pid was reused by a newer process",
+            StaleReason::PreviousBoot => "owner ran before the last reboot",
+            StaleReason::LeaseExpired => "lease expired",
+            StaleReason::Unreadable => "record unreadable past the grace period",
+        }
+    }
+}
+
+/// The outcome of judging one record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Live,
+    Stale(StaleReason),
+    /// Only `flock` on the record can decide; test it and judge again.
+    NeedsFlockTest,
+}
+
+/// Everything about the machine the rules consult, so tests can fake it.
+pub(crate) trait Host {
+    fn now(&self) -> SystemTime;
+    fn boot_clock_ms(&self) -> u64;
+    fn me(&self) -> &Identity;
+    fn probe(&self, pid: u64) -> Probe;
+    fn process_start(&self, pid: u64) -> Option<ProcStart>;
+}
+
+/// The real machine.
+pub(crate) struct System;
+
+impl Host for System {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+    fn boot_clock_ms(&self) -> u64 {
+        sys::boot_clock_ms()
+    }
+    fn me(&self) -> &Identity {
+        sys::identity()
+    }
+    fn probe(&self, pid: u64) -> Probe {
+        sys::probe(pid)
+    }
+    fn process_start(&self, pid: u64) -> Option<ProcStart> {
+        sys::process_start(pid)
+    }
+}
+
+/// What a reader saw at a lock path.
+#[derive(Debug)]
+pub(crate) struct Evidence<'a> {
+    pub(crate) parsed: &'a Parsed,
+    pub(crate) mtime: SystemTime,
+    /// `Some(true)` when a test `flock` on the record succeeded.
+    pub(crate) flock_free: Option<bool>,
+}
+
+/// Slack for comparing start times derived from the wall clock.
+const START_TOLERANCE_MS: u64 = 2_000;
+
+pub(crate) fn judge(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verdict {
+    let record = match ev.parsed {
+        Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => r,
+        _ => return judge_unreadable(ev, grace, host),
+    };
+    let liveness = liveness(record, ev, host);
+    if liveness != Verdict::Live {
+        return liveness;
+    }
+    if lease_expired(record, ev.mtime, host) {
+        return Verdict::Stale(StaleReason::LeaseExpired);
+    }
+    Verdict::Live
+}
+
+fn judge_unreadable(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verdict {
+    let age = host.now().duration_since(ev.mtime).unwrap_or(Duration::ZERO);
+    if age < grace {
+        return Verdict::Live;
+    }
+    match ev.flock_free {
+        None => Verdict::NeedsFlockTest,
+        Some(true) => Verdict::Stale(StaleReason::Unreadable),
+        Some(false) => Verdict::Live,
+    }
+}
+
+fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Verdict {
+    let me = host.me();
+    let same_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a == b);
+    let same_hostname = match &r.hostname {
+        Some(h) => *h == me.hostname,
+        // The second seed writes no host name: it is a local writer.
+        None => true,
+    };
+    if r.is_leasehold() && same_boot {
+        return match ev.flock_free {
+            None => Verdict::NeedsFlockTest,
+            Some(true) => Verdict::Stale(StaleReason::DeadOwner),
+            Some(false) => Verdict::Live,
+        };
+    }
+    if !same_hostname {
+        return Verdict::Live;
+    }
+    if r.boot_id.is_some() && me.boot_id.is_some() && !same_boot {
+        return Verdict::Stale(StaleReason::PreviousBoot);
+    }
+    if let (Some(theirs), Some(ours)) = (&r.pid_ns, &me.pid_ns)
+        && theirs != ours
+    {
+        // Another container's pids mean nothing here: lease only.
+        return Verdict::Live;
+    }
+    let Some(pid) = r.pid else {
+        return Verdict::Live;
+    };
+    match host.probe(pid) {
+        Probe::Dead => Verdict::Stale(StaleReason::DeadOwner),
+        Probe::Unknown => Verdict::Live,
+        Probe::Alive => match (r.start_time, host.process_start(pid)) {
+            (Some(recorded), Some(actual)) if pid_reused(recorded, actual, ev.mtime, host.now()) => {
+                Verdict::Stale(StaleReason::ReusedPid)
+            }
+            _ => Verdict::Live,
+        },
+    }
+}
+
+/// Whether a foreign `startTime` proves the live pid is a newer process.
+fn pid_reused(recorded: f64, actual: ProcStart, mtime: SystemTime, now: SystemTime) -> bool {
+    const Y2000_S: f64 = 946_684_800.0;
+    let now_s = epoch_ms(now) as f64 / 1000.0 + 86_400.0;
+    let recorded_ms = if (Y2000_S * 1000.0..=now_s * 1000.0).contains(&recorded) {
+        recorded
+    } else if (Y2000_S..=now_s).contains(&recorded) {
+        // Whole seconds may have been truncated, not rounded.
+        recorded * 1000.0 + 500.0
+    } else {
+        return false;
+    };
+    let differs = (recorded_ms - actual.epoch_ms as f64).abs() > START_TOLERANCE_MS as f64;
+    let started_after_record = actual.epoch_ms > epoch_ms(mtime).saturating_add(START_TOLERANCE_MS);
+    differs && started_after_record
+}
+
+fn lease_expired(r: &Record, mtime: SystemTime, host: &dyn Host) -> bool {
+    let me = host.me();
+    let same_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a == b);
+    if r.is_leasehold()
+        && same_boot
+        && let (Some(renewed), Some(lease)) = (r.renewed_at_boot, r.lease_ms)
+    {
+        return host.boot_clock_ms() >= renewed.saturating_add(lease);
+    }
+    let Some(mut expires) = r.lease_expires_at else {
+        return false;
+    };
+    if let Some(by_mtime) = r
+        .lease_ms
+        .and_then(|l| mtime.checked_add(Duration::from_millis(l)))
+    {
+        expires = expires.max(by_mtime);
+    }
+    host.now() >= expires
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{Record, parse};
+    use std::collections::HashMap;
+    use std::time::UNIX_EPOCH;
+
+    struct Fake {
+        now: SystemTime,
+        boot_ms: u64,
+        me: Identity,
+        procs: HashMap<u64, Option<ProcStart>>,
+    }
+
+    impl Host for Fake {
+        fn now(&self) -> SystemTime {
+            self.now
+        }
+        fn boot_clock_ms(&self) -> u64 {
+            self.boot_ms
+        }
+        fn me(&self) -> &Identity {
+            &self.me
+        }
+        fn probe(&self, pid: u64) -> Probe {
+            if self.procs.contains_key(&pid) {
+                Probe::Alive
+            } else {
+                Probe::Dead
+            }
+        }
+        fn process_start(&self, pid: u64) -> Option<ProcStart> {
+            self.procs.get(&pid).copied().flatten()
+        }
+    }
+
+    const NOW_MS: u64 = 1_764_745_566_000;
+
+    fn fake() -> Fake {
+        let mut procs = HashMap::new();
+        // pid 100 started an hour ago; pid 200 started a second ago.
+        procs.insert(
+            100,
+            Some(ProcStart {
+                ticks: 1,
+                epoch_ms: NOW_MS - 3_600_000,
+            }),
+        );
+        procs.insert(
+            200,
+            Some(ProcStart {
+                ticks: 2,
+                epoch_ms: NOW_MS - 1_000,
+            }),
+        );
+        procs.insert(300, None);
+        Fake {
+            now: UNIX_EPOCH + Duration::from_millis(NOW_MS),
+            boot_ms: 50_000,
+            me: Identity {
+                pid: 1,
+                hostname: "here".into(),
+                start: None,
+                boot_id: Some("boot-a".into()),
+                pid_ns: Some("pid:[1]".into()),
+            },
+            procs,
+        }
+    }
+
+    fn at(ms_ago: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(NOW_MS - ms_ago)
+    }
+
+    fn verdict(json: &str, mtime_ms_ago: u64, flock_free: Option<bool>) -> Verdict {
+        let parsed = parse(json.as_bytes());
+        let ev = Evidence {
+            parsed: &parsed,
+            mtime: at(mtime_ms_ago),
+            flock_free,
+        };
+        judge(&ev, Duration::from_secs(10), &fake())
+    }
+
+    #[test]
+    fn unreadable_records_get_a_grace_period() {
+        assert_eq!(verdict("", 1_000, None), Verdict::Live);
+        assert_eq!(verdict("{\"uui", 9_999, None), Verdict::Live);
+        assert_eq!(verdict("", 10_000, None), Verdict::NeedsFlockTest);
+        assert_eq!(
+            verdict("", 10_000, Some(true)),
+            Verdict::Stale(StaleReason::Unreadable)
+        );
+        assert_eq!(verdict("", 60_000, Some(false)), Verdict::Live);
+        // A clock that went backwards makes the file look young, not old.
+        let parsed = parse(b"");
+        let ev = Evidence {
+            parsed: &parsed,
+            mtime: at(0) + Duration::from_secs(99),
+            flock_free: None,
+        };
+        assert_eq!(judge(&ev, Duration::from_secs(10), &fake()), Verdict::Live);
+    }
+
+    #[test]
+    fn leasehold_records_on_this_boot_are_judged_by_flock() {
+        let rec = r#"{"uuid":"u","pid":424242,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000}"#;
+        assert_eq!(verdict(rec, 0, None), Verdict::NeedsFlockTest);
+        assert_eq!(
+            verdict(rec, 0, Some(true)),
+            Verdict::Stale(StaleReason::DeadOwner)
+        );
+        // The pid is dead, but the flock says the holder lives (another pid namespace).
+        assert_eq!(verdict(rec, 0, Some(false)), Verdict::Live);
+    }
+
+    #[test]
+    fn leases_on_this_boot_use_the_boot_clock() {
+        // Renewed at 45 s with a 30 s lease: expires at 75 s on the boot clock.
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000,"leaseExpiresAt":"2000-01-01T00:00:00.000Z"}"#;
+        // The wall-clock field says long expired (a clock step): ignored.
+        assert_eq!(verdict(rec, 0, Some(false)), Verdict::Live);
+        let rec =
+            r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":20000}"#;
+        assert_eq!(
+            verdict(rec, 0, Some(false)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+    }
+
+    #[test]
+    fn other_hosts_are_judged_by_lease_alone() {
+        let past = crate::record::format_time(at(1));
+        let future = crate::record::format_time(at(0) + Duration::from_secs(5));
+        let live = format!(
+            r#"{{"uuid":"u","pid":999999,"hostname":"there","bootId":"boot-z","leasehold":1,"leaseExpiresAt":"{future}"}}"#
+        );
+        assert_eq!(verdict(&live, 0, None), Verdict::Live);
+        let dead = format!(r#"{{"uuid":"u","pid":999999,"hostname":"there","leaseExpiresAt":"{past}"}}"#);
+        assert_eq!(verdict(&dead, 0, None), Verdict::Stale(StaleReason::LeaseExpired));
+        // A torn or stale leaseExpiresAt never beats mtime + leaseMs.
+        let torn =
+            format!(r#"{{"uuid":"u","pid":9,"hostname":"there","leaseMs":30000,"leaseExpiresAt":"{past}"}}"#);
+        assert_eq!(verdict(&torn, 29_000, None), Verdict::Live);
+        assert_eq!(
+            verdict(&torn, 30_000, None),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+    }
+
+    #[test]
+    fn previous_boot_is_dead() {
+        let rec = r#"{"uuid":"u","pid":100,"hostname":"here","bootId":"boot-old","leasehold":1}"#;
+        assert_eq!(verdict(rec, 0, None), Verdict::Stale(StaleReason::PreviousBoot));
+    }
+
+    #[test]
+    fn foreign_records_use_pid_and_start_time() {
+        assert_eq!(
+            verdict(r#"{"uuid":"u","pid":555}"#, 0, None),
+            Verdict::Stale(StaleReason::DeadOwner)
+        );
+        assert_eq!(verdict(r#"{"uuid":"u","pid":100}"#, 0, None), Verdict::Live);
+        let right = format!(r#"{{"uuid":"u","pid":100,"startTime":{}}}"#, NOW_MS - 3_600_000);
+        assert_eq!(verdict(&right, 60_000, None), Verdict::Live);
+        // pid 200 started a second ago, the record was written a minute ago.
+        let wrong = format!(r#"{{"uuid":"u","pid":200,"startTime":{}}}"#, NOW_MS - 7_200_000);
+        assert_eq!(
+            verdict(&wrong, 60_000, None),
+            Verdict::Stale(StaleReason::ReusedPid)
+        );
+        // Same mismatch in seconds.
+        let secs = format!(
+            r#"{{"uuid":"u","pid":200,"startTime":{}}}"#,
+            (NOW_MS - 7_200_000) / 1000
+        );
+        assert_eq!(
+            verdict(&secs, 60_000, None),
+            Verdict::Stale(StaleReason::ReusedPid)
+        );
+    }
+
+    #[test]
+    fn undecidable_start_times_mean_alive() {
+        // Clock ticks since boot, or microseconds: no unit we can trust.
+        for st in ["123456", "1764745566000000", "-5", "1e300"] {
+            let rec = format!(r#"{{"uuid":"u","pid":200,"startTime":{st}}}"#);
+            assert_eq!(verdict(&rec, 60_000, None), Verdict::Live, "startTime {st}");
+        }
+        // A mismatching start time of a process older than the record: the
+        // writer used another clock or unit, not a reused pid.
+        let rec = format!(r#"{{"uuid":"u","pid":100,"startTime":{}}}"#, NOW_MS - 60_000);
+        assert_eq!(verdict(&rec, 10_000, None), Verdict::Live);
+        // Start time unreadable (e.g. no /proc): alive.
+        let rec = format!(r#"{{"uuid":"u","pid":300,"startTime":{}}}"#, NOW_MS - 7_200_000);
+        assert_eq!(verdict(&rec, 60_000, None), Verdict::Live);
+    }
+
+    #[test]
+    fn other_pid_namespaces_are_not_probed() {
+        let rec = r#"{"uuid":"u","pid":555,"hostname":"here","pidNs":"pid:[2]"}"#;
+        assert_eq!(verdict(rec, 0, None), Verdict::Live);
+        let _ = Record::default();
+    }
+}

@@ -1,0 +1,109 @@
+//! Platform probes behind one internal contract.
+//!
+//! Everything the staleness rules need to know about processes and clocks on
+//! this host comes through here, so `nix` and errno types stay inside `sys/`.
+//! Linux answers every question from `/proc`; other Unix systems answer the
+//! portable ones (`kill(pid, 0)`, the monotonic clock) and return `None` for
+//! the rest, which the staleness rules treat as "cannot decide", never as
+//! "dead".
+
+#[cfg(target_os = "linux")]
+mod linux;
+#[cfg(not(target_os = "linux"))]
+mod other;
+
+#[cfg(target_os = "linux")]
+use linux as imp;
+#[cfg(not(target_os = "linux"))]
+use other as imp;
+
+use std::sync::OnceLock;
+
+use nix::errno::Errno;
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+
+/// What `kill(pid, 0)` says about a process id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// ESRCH: no process has this id.
+    Dead,
+    /// The process exists (EPERM counts: it exists but is not ours).
+    Alive,
+    /// The id cannot be probed (zero, negative, out of range) or the probe
+    /// failed in an unexpected way.
+    Unknown,
+}
+
+/// Probes a process id with signal 0.
+///
+/// Never signals a process group: ids that `kill(2)` would read as a group
+/// (0, negative) or that do not fit `pid_t` are `Unknown`.
+pub(crate) fn probe(pid: u64) -> Probe {
+    let Ok(raw) = i32::try_from(pid) else {
+        return Probe::Unknown;
+    };
+    if raw <= 0 {
+        return Probe::Unknown;
+    }
+    match kill(Pid::from_raw(raw), None) {
+        Ok(()) | Err(Errno::EPERM) => Probe::Alive,
+        Err(Errno::ESRCH) => Probe::Dead,
+        Err(_) => Probe::Unknown,
+    }
+}
+
+/// When a process started, in two forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcStart {
+    /// Clock ticks since boot (`/proc/<pid>/stat` field 22): exact, and
+    /// immune to wall-clock steps. Comparable only within one boot.
+    pub(crate) ticks: u64,
+    /// Milliseconds since the Unix epoch, derived from the boot time; only as
+    /// good as the wall clock and the one-second granularity of `btime`.
+    pub(crate) epoch_ms: u64,
+}
+
+/// The start of process `pid`, or `None` when it cannot be read (gone, or a
+/// platform without `/proc`).
+pub(crate) fn process_start(pid: u64) -> Option<ProcStart> {
+    imp::process_start(pid)
+}
+
+/// Milliseconds on a clock that never jumps and, on Linux, keeps counting
+/// through suspend (`CLOCK_BOOTTIME`), so a lease measured on it expires for
+/// holder and reclaimer alike after a laptop lid was closed.
+pub(crate) fn boot_clock_ms() -> u64 {
+    imp::boot_clock_ms()
+}
+
+/// Facts about the current process, read once.
+#[derive(Debug)]
+pub(crate) struct Identity {
+    pub(crate) pid: u32,
+    pub(crate) hostname: String,
+    pub(crate) start: Option<ProcStart>,
+    /// Changes at every boot; `None` where the platform has no such id.
+    pub(crate) boot_id: Option<String>,
+    /// The pid namespace, so two containers sharing a lock directory do not
+    /// probe each other's pids.
+    pub(crate) pid_ns: Option<String>,
+}
+
+/// The current process's identity, computed on first use.
+pub(crate) fn identity() -> &'static Identity {
+    static IDENTITY: OnceLock<Identity> = OnceLock::new();
+    IDENTITY.get_or_init(|| {
+        let pid = std::process::id();
+        Identity {
+            pid,
+            hostname: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default(),
+            start: process_start(u64::from(pid)),
+            boot_id: imp::boot_id(),
+            pid_ns: imp::pid_namespace(),
+        }
+    })
+}

@@ -1,0 +1,87 @@
+//! Linux: process start times from `/proc/<pid>/stat`, boot identity from
+//! `/proc/sys/kernel/random/boot_id`, and `CLOCK_BOOTTIME`.
+
+use std::sync::OnceLock;
+
+use nix::time::{ClockId, clock_gettime};
+use nix::unistd::{SysconfVar, sysconf};
+
+use super::ProcStart;
+
+pub(super) fn process_start(pid: u64) -> Option<ProcStart> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let ticks = start_ticks(&stat)?;
+    let (btime_s, hz) = boot_constants()?;
+    let epoch_ms = btime_s
+        .checked_mul(1000)?
+        .checked_add(ticks.checked_mul(1000)? / hz)?;
+    Some(ProcStart { ticks, epoch_ms })
+}
+
+/// Field 22 of `/proc/<pid>/stat`. The command name (field 2) may contain
+/// spaces and parentheses, so fields are counted from the last `)`.
+fn start_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After ")": field 3 (state) is the first; field 22 is the 20th.
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// `btime` (seconds since the epoch at boot) and clock ticks per second.
+fn boot_constants() -> Option<(u64, u64)> {
+    static CONSTANTS: OnceLock<Option<(u64, u64)>> = OnceLock::new();
+    *CONSTANTS.get_or_init(|| {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let btime = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))?
+            .trim()
+            .parse()
+            .ok()?;
+        let hz = sysconf(SysconfVar::CLK_TCK).ok()??;
+        let hz = u64::try_from(hz).ok().filter(|&hz| hz > 0)?;
+        Some((btime, hz))
+    })
+}
+
+pub(super) fn boot_clock_ms() -> u64 {
+    clock_gettime(ClockId::CLOCK_BOOTTIME)
+        .or_else(|_| clock_gettime(ClockId::CLOCK_MONOTONIC))
+        .map(|t| {
+            let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
+            let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
+            secs.saturating_mul(1000).saturating_add(nanos / 1_000_000)
+        })
+        .unwrap_or(0)
+}
+
+pub(super) fn boot_id() -> Option<String> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    Some(id.trim().to_owned()).filter(|id| !id.is_empty())
+}
+
+pub(super) fn pid_namespace() -> Option<String> {
+    let link = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    link.into_os_string().into_string().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_ticks_skips_hostile_command_names() {
+        let stat = "42 (a) b) c (d) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 50";
+        assert_eq!(start_ticks(stat), Some(123_456));
+        assert_eq!(start_ticks("garbage"), None);
+        assert_eq!(start_ticks("1 (x) S 1"), None);
+    }
+
+    #[test]
+    fn own_start_is_readable_and_stable() {
+        let me = u64::from(std::process::id());
+        let a = process_start(me).expect("own /proc entry");
+        let b = process_start(me).expect("own /proc entry");
+        assert_eq!(a, b);
+        assert!(boot_id().is_some());
+    }
+}

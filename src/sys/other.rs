@@ -1,0 +1,28 @@
+//! Unix systems without `/proc`: liveness falls back to `kill(pid, 0)` and
+//! leases to the wall clock, because start times and boot ids are unknown.
+
+use nix::time::{ClockId, clock_gettime};
+
+use super::ProcStart;
+
+pub(super) fn process_start(_pid: u64) -> Option<ProcStart> {
+    None
+}
+
+pub(super) fn boot_clock_ms() -> u64 {
+    clock_gettime(ClockId::CLOCK_MONOTONIC)
+        .map(|t| {
+            let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
+            let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
+            secs.saturating_mul(1000).saturating_add(nanos / 1_000_000)
+        })
+        .unwrap_or(0)
+}
+
+pub(super) fn boot_id() -> Option<String> {
+    None
+}
+
+pub(super) fn pid_namespace() -> Option<String> {
+    None
+}
