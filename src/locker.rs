@@ -312,6 +312,28 @@ impl Locker {
         self.inner.ctx.dir.path()
     }
 
+    /// The path of the lock `name` inside the directory, for diagnostics and
+    /// for sharing a lock with other programs.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for an empty name or one containing NUL.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let path = locker.lock_path("reindex")?;
+    /// assert_eq!(path.file_name().unwrap(), "reindex-2ad945a5430f00fa.lock");
+    /// assert!(locker.lock_path("../../etc/passwd")?.starts_with(locker.directory()));
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_path(&self, name: &str) -> Result<PathBuf> {
+        Ok(self.inner.ctx.dir.path_of(LockName::new(name)?.file_name()))
+    }
+
     /// Acquires the lock `name`, waiting as long as it takes.
     ///
     /// Takes the lock if it is free, or reclaims it if its holder is provably

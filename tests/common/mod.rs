@@ -1,0 +1,223 @@
+//! Shared by the integration tests: real child processes, each started by
+//! re-running the test binary with a role, bounded in time, and killed by
+//! pid when the test is done with it.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use leasehold::Locker;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const ROLE_ENV: &str = "LEASEHOLD_TEST_ROLE";
+const ARGS_ENV: &str = "LEASEHOLD_TEST_ARGS";
+/// No child outlives this, whatever the parent does.
+const CHILD_TTL: Duration = Duration::from_secs(90);
+
+/// Call from a `#[test] fn child_process_entry()` in every test file that
+/// starts children: a no-op in a normal run, the child's main in a child.
+pub fn child_entry() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
+    let args: Vec<String> = std::env::var(ARGS_ENV)
+        .unwrap_or_default()
+        .split('\u{1f}')
+        .map(str::to_owned)
+        .collect();
+    std::thread::spawn(|| {
+        std::thread::sleep(CHILD_TTL);
+        std::process::exit(3);
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let code = rt.block_on(run_role(&role, &args));
+    std::process::exit(code);
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "@@{line}");
+    let _ = out.flush();
+}
+
+fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .lease(Duration::from_millis(lease_ms))
+        .poll_interval(Duration::from_millis(poll_ms))
+        .build()
+        .expect("locker")
+}
+
+fn append(path: &str, line: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .expect("open log");
+    f.write_all(format!("{line}\n").as_bytes()).expect("append");
+}
+
+async fn run_role(role: &str, args: &[String]) -> i32 {
+    let pid = std::process::id();
+    match role {
+        // dir name rounds log: enter and leave a critical section, logging both.
+        "contend" => {
+            let l = locker(&args[0], 10_000, 2);
+            let rounds: u32 = args[2].parse().unwrap();
+            for i in 0..rounds {
+                let g = l.acquire(&args[1]).await.expect("acquire");
+                append(&args[3], &format!("S {pid} {i}"));
+                std::thread::sleep(Duration::from_micros(300));
+                append(&args[3], &format!("E {pid} {i}"));
+                drop(g);
+                tokio::time::sleep(Duration::from_micros(u64::from(pid % 7) * 300)).await;
+            }
+            0
+        }
+        // dir name n counter: read-modify-write a counter under the lock.
+        "count" => {
+            let l = locker(&args[0], 10_000, 2);
+            let n: u32 = args[2].parse().unwrap();
+            for _ in 0..n {
+                let g = l.acquire(&args[1]).await.expect("acquire");
+                let v: u64 = std::fs::read_to_string(&args[3])
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(0);
+                std::fs::write(&args[3], format!("{}", v + 1)).expect("write counter");
+                drop(g);
+            }
+            0
+        }
+        // dir name lease_ms: take the lock and keep it until killed.
+        "hold" => {
+            let l = locker(&args[0], args[2].parse().unwrap(), 10);
+            let g = l.acquire(&args[1]).await.expect("acquire");
+            say("acquired");
+            tokio::select! {
+                _ = g.lost() => say("lost"),
+                _ = tokio::time::sleep(CHILD_TTL) => {}
+            }
+            0
+        }
+        // dir name lease_ms poll_ms: wait for the lock, report how long it took.
+        "acquire" => {
+            let l = locker(&args[0], args[2].parse().unwrap(), args[3].parse().unwrap());
+            say("waiting");
+            let t0 = Instant::now();
+            let g = l.acquire(&args[1]).await.expect("acquire");
+            say(&format!("acquired {}", t0.elapsed().as_millis()));
+            drop(g);
+            0
+        }
+        other => {
+            eprintln!("unknown role {other}");
+            2
+        }
+    }
+}
+
+/// A child process of the test, killed (by pid) and reaped when dropped.
+pub struct ChildProc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl ChildProc {
+    pub fn spawn(role: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "child_process_entry",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(ROLE_ENV, role)
+            .env(ARGS_ENV, args.join("\u{1f}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn child");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                // libtest may have printed "test child_process_entry ... "
+                // on the same line first.
+                if let Some(msg) = line.split_once("@@").map(|(_, msg)| msg) {
+                    if tx.send(msg.to_owned()).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next message starting with `prefix`, or a panic after `within`.
+    pub fn expect(&self, prefix: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return line,
+                Ok(_) => continue,
+                Err(_) => panic!("child {} did not say {prefix:?} within {within:?}", self.pid()),
+            }
+        }
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        kill(Pid::from_raw(self.pid() as i32), signal).expect("signal child");
+    }
+
+    /// Waits for the child to exit; panics after `within`.
+    pub fn wait(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "child {} still running after {within:?}",
+                self.pid()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = kill(Pid::from_raw(self.pid() as i32), Signal::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Lists the directory's entries, sorted, for "nothing left behind" checks.
+pub fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}

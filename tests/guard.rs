@@ -1,0 +1,237 @@
+//! The guard's life: renewal, loss, release, drop.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use leasehold::{Error, LockGuard, Locker};
+
+fn quick(dir: &std::path::Path) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .lease(Duration::from_millis(400))
+        .renew_interval(Duration::from_millis(100))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_keeps_its_lock_for_five_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = quick(dir.path());
+    let rival = quick(dir.path());
+    let guard = holder.acquire("long").await.unwrap();
+    let first_expiry = rival
+        .holder("long")
+        .await
+        .unwrap()
+        .unwrap()
+        .lease_expires_at()
+        .unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(2000) {
+        assert!(
+            rival.try_acquire("long").await.unwrap().is_none(),
+            "robbed after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert!(!guard.is_lost());
+    let later_expiry = rival
+        .holder("long")
+        .await
+        .unwrap()
+        .unwrap()
+        .lease_expires_at()
+        .unwrap();
+    assert!(later_expiry > first_expiry, "the lease was renewed on disk");
+    guard.release().await.unwrap();
+    assert!(rival.try_acquire("long").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_replaced_lock_is_lost_and_its_successor_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = quick(dir.path());
+    let guard = locker.acquire("job").await.unwrap();
+    let path = locker.lock_path("job").unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let successor = r#"{"uuid":"successor","pid":1}"#;
+    std::fs::write(&path, successor).unwrap();
+
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost() resolves");
+    assert!(guard.is_lost());
+    let err = guard.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err:?}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), successor);
+
+    let guard = locker.acquire_timeout("other", Duration::ZERO).await.unwrap();
+    std::fs::remove_file(locker.lock_path("other").unwrap()).unwrap();
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost() resolves");
+    drop(guard);
+}
+
+#[tokio::test]
+async fn drop_frees_the_lock_before_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Locker::new(dir.path()).unwrap();
+    let b = Locker::new(dir.path()).unwrap();
+    for _ in 0..50 {
+        let g = a.acquire("job").await.unwrap();
+        assert!(b.try_acquire("job").await.unwrap().is_none());
+        drop(g);
+        let g = b
+            .try_acquire("job")
+            .await
+            .unwrap()
+            .expect("free right after drop");
+        drop(g);
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn drop_releases_after_the_runtime_has_shut_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (locker, guard) = rt.block_on(async {
+        let locker = Locker::new(dir.path()).unwrap();
+        let guard = locker.acquire("job").await.unwrap();
+        (locker, guard)
+    });
+    drop(rt);
+    let path = locker.lock_path("job").unwrap();
+    assert!(path.exists());
+    drop(guard);
+    assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn invalid_names_are_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    for name in ["", "nul\0inside"] {
+        let invalid = |r: Result<(), Error>| matches!(r, Err(Error::InvalidName { .. }));
+        assert!(invalid(locker.acquire(name).await.map(drop)));
+        assert!(invalid(locker.try_acquire(name).await.map(drop)));
+        assert!(invalid(
+            locker.acquire_timeout(name, Duration::ZERO).await.map(drop)
+        ));
+        assert!(invalid(locker.holder(name).await.map(drop)));
+        assert!(invalid(locker.is_held(name).await.map(drop)));
+        assert!(invalid(locker.lock_path(name).map(drop)));
+    }
+    // Names that look like paths stay inside the directory.
+    for name in [
+        "../escape",
+        "/etc/passwd",
+        ".",
+        "..",
+        "a/../../b",
+        &"x".repeat(10_000),
+    ] {
+        let g = locker.try_acquire(name).await.unwrap().expect("free");
+        assert_eq!(g.name(), name);
+        let path = locker.lock_path(name).unwrap();
+        assert_eq!(path.parent().unwrap(), locker.directory());
+        assert!(path.exists());
+    }
+}
+
+#[test]
+fn public_futures_and_types_are_send() {
+    fn send<T: Send>(_: &T) {}
+    fn owned<T: Send + Sync + 'static>() {}
+    owned::<Locker>();
+    owned::<LockGuard>();
+    owned::<Error>();
+    owned::<leasehold::Owner>();
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    send(&locker.acquire("x"));
+    send(&locker.try_acquire("x"));
+    send(&locker.acquire_timeout("x", Duration::ZERO));
+    send(&locker.holder("x"));
+    send(&locker.is_held("x"));
+}
+
+#[tokio::test]
+async fn timeouts_report_the_name_and_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Locker::new(dir.path()).unwrap();
+    let b = Locker::new(dir.path()).unwrap();
+    let _held = a
+        .acquire_timeout("job", Duration::ZERO)
+        .await
+        .expect("free lock, zero timeout");
+    let started = Instant::now();
+    match b.acquire_timeout("job", Duration::from_millis(120)).await {
+        Err(Error::Timeout { name, waited }) => {
+            assert_eq!(name, "job");
+            assert!(waited >= Duration::from_millis(120));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn the_builder_rejects_settings_that_cannot_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = [
+        Locker::builder().directory(dir.path()).lease(Duration::ZERO),
+        Locker::builder()
+            .directory(dir.path())
+            .lease(Duration::from_secs(10))
+            .renew_interval(Duration::from_secs(10)),
+        Locker::builder()
+            .directory(dir.path())
+            .renew_interval(Duration::ZERO),
+        Locker::builder()
+            .directory(dir.path())
+            .poll_interval(Duration::ZERO),
+        Locker::builder().directory(dir.path()).lease(Duration::MAX),
+    ];
+    for b in bad {
+        assert!(
+            matches!(b.clone().build(), Err(Error::InvalidConfig { .. })),
+            "{b:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn directories_and_files_are_private_and_shared_ones_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = dir.path().join("a/b");
+    let locker = Locker::new(&nested).unwrap();
+    let mode = std::fs::metadata(&nested).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let _g = locker.acquire("job").await.unwrap();
+    let mode = std::fs::metadata(locker.lock_path("job").unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert!(matches!(Locker::new(&open), Err(Error::InsecureDirectory { .. })));
+    assert!(
+        Locker::builder()
+            .directory(&open)
+            .allow_insecure_directory(true)
+            .build()
+            .is_ok()
+    );
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    assert!(
+        Locker::new(&open).is_ok(),
+        "sticky world-writable directories such as /tmp are fine"
+    );
+}

@@ -1,0 +1,83 @@
+//! Exclusion between real processes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{ChildProc, entries};
+use nix::sys::signal::Signal;
+
+#[test]
+fn child_process_entry() {
+    common::child_entry();
+}
+
+#[test]
+fn two_processes_never_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let locks = dir.path().join("locks");
+    let (d, l) = (locks.to_str().unwrap(), log.to_str().unwrap());
+    let mut a = ChildProc::spawn("contend", &[d, "shared", "200", l]);
+    let mut b = ChildProc::spawn("contend", &[d, "shared", "200", l]);
+    assert!(a.wait(Duration::from_secs(60)).success());
+    assert!(b.wait(Duration::from_secs(60)).success());
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 800, "every round logs a start and an end");
+    let mut handoffs = 0;
+    let mut last_pid = "";
+    for pair in lines.chunks(2) {
+        let start: Vec<&str> = pair[0].split(' ').collect();
+        let end: Vec<&str> = pair[1].split(' ').collect();
+        assert_eq!(
+            start[0], "S",
+            "a critical section started inside another: {pair:?}"
+        );
+        assert_eq!(end[0], "E", "{pair:?}");
+        assert_eq!(start[1..], end[1..], "sections interleaved: {pair:?}");
+        if start[1] != last_pid {
+            handoffs += 1;
+            last_pid = start[1];
+        }
+    }
+    assert!(handoffs >= 2, "both processes held the lock");
+    assert!(entries(&locks).is_empty(), "left behind: {:?}", entries(&locks));
+}
+
+#[test]
+fn four_processes_count_to_exactly_four_hundred() {
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("counter");
+    let locks = dir.path().join("locks");
+    let (d, c) = (locks.to_str().unwrap(), counter.to_str().unwrap());
+    let mut kids: Vec<ChildProc> = (0..4)
+        .map(|_| ChildProc::spawn("count", &[d, "counter", "100", c]))
+        .collect();
+    for kid in &mut kids {
+        assert!(kid.wait(Duration::from_secs(90)).success());
+    }
+    assert_eq!(std::fs::read_to_string(&counter).unwrap(), "400");
+}
+
+#[test]
+fn a_killed_holder_is_replaced_at_once_despite_a_long_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let holder = ChildProc::spawn("hold", &[d, "job", "60000"]);
+    holder.expect("acquired", Duration::from_secs(20));
+
+    let waiter = ChildProc::spawn("acquire", &[d, "job", "60000", "20"]);
+    waiter.expect("waiting", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(200));
+    holder.signal(Signal::SIGKILL);
+    let killed_at = std::time::Instant::now();
+    let line = waiter.expect("acquired", Duration::from_secs(20));
+    let after_kill = killed_at.elapsed();
+    assert!(
+        after_kill < Duration::from_secs(1),
+        "took {after_kill:?} ({line}); the lease is 60 s"
+    );
+    drop(holder);
+}
