@@ -155,10 +155,10 @@ impl ChildProc {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 // libtest may have printed "test child_process_entry ... "
                 // on the same line first.
-                if let Some(msg) = line.split_once("@@").map(|(_, msg)| msg) {
-                    if tx.send(msg.to_owned()).is_err() {
-                        return;
-                    }
+                if let Some((_, msg)) = line.split_once("@@")
+                    && tx.send(msg.to_owned()).is_err()
+                {
+                    return;
                 }
             }
         });
