@@ -5,15 +5,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::dir::LockDir;
 use crate::error::{Error, Result};
-use crate::guard::LockGuard;
+use crate::guard::{Hold, LockGuard, Share};
 use crate::name::LockName;
 use crate::owner::Owner;
+use crate::queue::{COURTESY, Head, Join, Slot, Slots, Turn};
+use crate::scope;
+use crate::stats::{Stats, bump};
 use crate::strategy::{Attempt, Ctx, Held, Strategy};
+use crate::wake::Watcher;
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 const DEFAULT_POLL: Duration = Duration::from_millis(50);
@@ -67,10 +74,16 @@ pub struct Locker {
 
 #[derive(Debug)]
 struct Inner {
+    /// Tells this `Locker`'s holds apart from other `Locker`s' in a scope.
+    id: u64,
     ctx: Arc<Ctx>,
     renew_interval: Duration,
     poll_interval: Duration,
+    slots: Arc<Slots>,
+    watcher: Watcher,
 }
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Configures and builds a [`Locker`].
 ///
@@ -241,12 +254,16 @@ impl LockerBuilder {
             grace: self.grace,
             durable: self.durable,
             holder_id: format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
+            counters: Arc::default(),
         };
         Ok(Locker {
             inner: Arc::new(Inner {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 ctx: Arc::new(ctx),
                 renew_interval,
                 poll_interval: self.poll_interval,
+                slots: Arc::default(),
+                watcher: Watcher::default(),
             }),
         })
     }
@@ -394,7 +411,24 @@ impl Locker {
     /// ```
     pub async fn try_acquire(&self, name: &str) -> Result<Option<LockGuard>> {
         let name = LockName::new(name)?;
-        Ok(self.attempt(&name).await?.map(|held| self.guard(&name, held)))
+        if let Some(guard) = self.reenter(&name) {
+            return Ok(Some(guard));
+        }
+        let started = Instant::now();
+        let slot = self.inner.slots.get(name.file_name());
+        // Another task of this Locker holds it, or is waiting on the disk
+        // because another process does: either way, not free.
+        let Some(head) = slot.try_head() else {
+            return Ok(None);
+        };
+        match self.attempt(&name).await? {
+            Attempt::Acquired(held) => {
+                let hold = self.hold(&name, held);
+                head.disarm();
+                Ok(Some(self.finish(&name, hold, slot, started, false)))
+            }
+            Attempt::Busy(_) => Ok(None),
+        }
     }
 
     /// Acquires the lock `name`, waiting at most `timeout`.
@@ -488,26 +522,208 @@ impl Locker {
         Ok(self.holder(name).await?.is_some())
     }
 
+    /// Runs `fut` in a re-entrancy scope.
+    ///
+    /// Inside the scope, acquiring a name that the scope already holds
+    /// through this `Locker` returns at once another guard on the same lock
+    /// (no waiting, no disk access). The lock is released when the last of
+    /// the scope's guards for it goes, in whatever order they drop, in
+    /// whichever task. Scopes nest: an inner scope shares the outer one's
+    /// locks.
+    ///
+    /// The scope belongs to the task that runs `fut`. A task spawned inside
+    /// it is *not* in it: it runs concurrently with the scope, so it waits
+    /// for the lock like anyone else. Without a scope, acquiring a name that
+    /// this process already holds waits for that guard, so a nested
+    /// acquisition outside a scope deadlocks; wrap such code in `scope`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `fut`; guards it held are released as
+    /// usual.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    ///
+    /// locker
+    ///     .scope(async {
+    ///         let outer = locker.acquire("ledger").await?;
+    ///         let inner = locker.acquire("ledger").await?; // re-entrant: no wait
+    ///         drop(outer);
+    ///         assert!(locker.is_held("ledger").await?); // `inner` still holds it
+    ///         drop(inner);
+    ///         assert!(!locker.is_held("ledger").await?);
+    ///         Ok::<_, leasehold::Error>(())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn scope<F: Future>(&self, fut: F) -> F::Output {
+        scope::run(fut).await
+    }
+
+    /// A snapshot of this `Locker`'s counters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// assert!(locker.try_acquire("a").await?.is_some());
+    /// assert_eq!(locker.stats().fs_attempts, 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.inner.ctx.counters.snapshot()
+    }
+
     async fn acquire_until(&self, name: &str, deadline: Option<Instant>) -> Result<LockGuard> {
         let name = LockName::new(name)?;
+        if let Some(guard) = self.reenter(&name) {
+            return Ok(guard);
+        }
         let started = Instant::now();
-        let mut jitter = Jitter::new();
-        loop {
-            if let Some(held) = self.attempt(&name).await? {
-                return Ok(self.guard(&name, held));
+        let counters = &self.inner.ctx.counters;
+        let slot = self.inner.slots.get(name.file_name());
+        let (turn, head, queued) = match slot.join() {
+            Join::Head(head) => (Turn::Fresh { courtesy: false }, Some(head), false),
+            Join::Queued(ticket) => {
+                let turn = match deadline {
+                    Some(deadline) => match tokio::time::timeout_at(deadline, ticket.wait()).await {
+                        Ok(turn) => turn,
+                        Err(_) => return Err(self.timed_out(&name, started)),
+                    },
+                    None => ticket.wait().await,
+                };
+                (turn, None, true)
             }
-            let mut pause = jitter.around(self.inner.poll_interval);
-            if let Some(deadline) = deadline {
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(Error::Timeout {
-                        name: name.as_str().to_owned(),
-                        waited: now - started,
-                    });
+        };
+        let (hold, contended) = match turn {
+            Turn::Handoff(hold) => {
+                bump(&counters.handoffs);
+                (hold, true)
+            }
+            Turn::Fresh { courtesy } => {
+                // Our turn: passed on to the next waiter if we fail or are
+                // dropped before we hold the lock.
+                let head = head.unwrap_or_else(|| Head::adopt(&slot));
+                if courtesy {
+                    tokio::time::sleep(COURTESY).await;
                 }
-                pause = pause.min(deadline - now);
+                let (held, waited_on_disk) = self.from_disk(&name, &slot, deadline, started).await?;
+                let hold = self.hold(&name, held);
+                head.disarm();
+                (hold, queued || waited_on_disk)
             }
-            tokio::time::sleep(pause).await;
+        };
+        Ok(self.finish(&name, hold, slot, started, contended))
+    }
+
+    /// A re-entrant guard, if the current scope holds `name`.
+    fn reenter(&self, name: &LockName) -> Option<LockGuard> {
+        let guard = scope::find(self.inner.id, name.file_name())?.guard()?;
+        bump(&self.inner.ctx.counters.reentrant);
+        Some(guard)
+    }
+
+    fn hold(&self, name: &LockName, held: Held) -> Hold {
+        let ctx = &self.inner.ctx;
+        Hold::new(
+            name.as_str(),
+            held,
+            ctx.lease,
+            self.inner.renew_interval,
+            &ctx.counters,
+        )
+    }
+
+    fn finish(
+        &self,
+        name: &LockName,
+        hold: Hold,
+        slot: Arc<Slot>,
+        started: Instant,
+        contended: bool,
+    ) -> LockGuard {
+        let counters = &self.inner.ctx.counters;
+        bump(&counters.acquisitions);
+        if contended {
+            bump(&counters.contended);
+        }
+        let waited = started.elapsed();
+        counters.waited(waited);
+        let (share, guard) = Share::new(hold, slot);
+        scope::remember(self.inner.id, name.file_name(), &share);
+        tracing::debug!(
+            lock = name.as_str(),
+            strategy = self.inner.ctx.strategy.as_str(),
+            ?waited,
+            contended,
+            "lock acquired"
+        );
+        guard
+    }
+
+    /// Waits on the disk until the lock is ours. Only the head of the
+    /// name's queue runs this, so one task per name touches the disk.
+    async fn from_disk(
+        &self,
+        name: &LockName,
+        slot: &Slot,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<(Held, bool)> {
+        let inner = &self.inner;
+        let _waiter = inner.ctx.counters.fs_waiter();
+        let mut jitter = Jitter::new();
+        let mut waited = false;
+        loop {
+            // Armed before the attempt, so an event during it is not lost.
+            let changed = slot.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let owner = match self.attempt(name).await? {
+                Attempt::Acquired(held) => return Ok((held, waited)),
+                Attempt::Busy(owner) => owner,
+            };
+            waited = true;
+            let now = Instant::now();
+            let watched = inner.watcher.ensure(&inner.ctx.dir, &inner.slots);
+            let mut wake = now
+                + if watched {
+                    inner.poll_interval
+                } else {
+                    jitter.around(inner.poll_interval)
+                };
+            // Come back when the holder's lease runs out, to reclaim it.
+            if let Some(expiry) = owner.as_ref().and_then(Owner::lease_expires_at)
+                && let Ok(left) = expiry.duration_since(std::time::SystemTime::now())
+            {
+                wake = wake.min(now + left + Duration::from_millis(1));
+            }
+            if let Some(deadline) = deadline {
+                if now >= deadline {
+                    return Err(self.timed_out(name, started));
+                }
+                wake = wake.min(deadline);
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    fn timed_out(&self, name: &LockName, started: Instant) -> Error {
+        bump(&self.inner.ctx.counters.timeouts);
+        Error::Timeout {
+            name: name.as_str().to_owned(),
+            waited: started.elapsed(),
         }
     }
 
@@ -515,36 +731,11 @@ impl Locker {
     /// back over a channel rather than the task's join handle so that if this
     /// future was dropped meanwhile, the attempt's lock is dropped — and so
     /// removed — right there in the blocking task.
-    async fn attempt(&self, name: &LockName) -> Result<Option<Held>> {
+    async fn attempt(&self, name: &LockName) -> Result<Attempt> {
+        bump(&self.inner.ctx.counters.fs_attempts);
         let ctx = Arc::clone(&self.inner.ctx);
         let name = name.clone();
-        let attempt = blocking(move || ctx.try_acquire(&name)).await??;
-        Ok(match attempt {
-            Attempt::Acquired(held) => Some(held),
-            Attempt::Busy(owner) => {
-                tracing::trace!(
-                    holder_id = name_str(&owner),
-                    holder_pid = owner.as_ref().and_then(Owner::pid),
-                    holder_host = owner.as_ref().and_then(Owner::hostname),
-                    "lock busy"
-                );
-                None
-            }
-        })
-    }
-
-    fn guard(&self, name: &LockName, held: Held) -> LockGuard {
-        tracing::debug!(
-            lock = name.as_str(),
-            strategy = self.inner.ctx.strategy.as_str(),
-            "lock acquired"
-        );
-        LockGuard::new(
-            name.as_str(),
-            held,
-            self.inner.ctx.lease,
-            self.inner.renew_interval,
-        )
+        blocking(move || ctx.try_acquire(&name)).await?
     }
 }
 
@@ -561,10 +752,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
         path: PathBuf::new(),
         source: std::io::Error::other("the blocking task did not complete (runtime shutting down?)"),
     })
-}
-
-fn name_str(owner: &Option<Owner>) -> &str {
-    owner.as_ref().and_then(Owner::holder_id).unwrap_or("?")
 }
 
 fn far_future() -> Instant {

@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::name::LockName;
 use crate::owner::Owner;
 use crate::stale::StaleReason;
+use crate::stats::Counters;
 
 pub(crate) use file::FileLock;
 
@@ -61,6 +62,7 @@ pub(crate) struct Ctx {
     pub(crate) grace: Duration,
     pub(crate) durable: bool,
     pub(crate) holder_id: String,
+    pub(crate) counters: Arc<Counters>,
 }
 
 /// The result of one attempt to take a lock.

@@ -107,3 +107,24 @@ pub(crate) fn identity() -> &'static Identity {
         }
     })
 }
+
+/// What the directory watcher saw.
+#[derive(Debug)]
+pub(crate) enum DirEvent<'a> {
+    /// An entry was removed, moved away, or closed after writing (which is
+    /// also what a dying holder's descriptor does).
+    Changed(&'a std::ffi::OsStr),
+    /// Events may have been missed: recheck everything.
+    Overflow,
+    /// The watch ended (the directory was removed, or reading failed).
+    Gone,
+    /// Nothing happened for a while; a chance to stop.
+    Idle,
+}
+
+/// Watches `dir` on a background thread, calling `on_event` until it
+/// returns `false`. Returns `false` when the platform cannot watch (no
+/// inotify, or its limits are reached); callers then poll.
+pub(crate) fn watch_dir(dir: &std::fs::File, on_event: Box<dyn FnMut(DirEvent<'_>) -> bool + Send>) -> bool {
+    imp::watch_dir(dir, on_event)
+}

@@ -343,6 +343,7 @@ impl Found {
             Err(Errno::ENOENT) => return Ok(false),
             Err(e) => return Err(Error::errno("remove stale lock file", path(), e)),
         }
+        ctx.counters.reclaimed(reason);
         let owner = self.owner();
         tracing::info!(
             lock = name.as_str(),

@@ -85,3 +85,80 @@ mod tests {
         assert!(boot_id().is_some());
     }
 }
+
+pub(super) fn watch_dir(
+    dir: &std::fs::File,
+    mut on_event: Box<dyn FnMut(super::DirEvent<'_>) -> bool + Send>,
+) -> bool {
+    use std::os::fd::{AsFd, AsRawFd};
+
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+
+    use super::DirEvent;
+
+    let Ok(inotify) = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK) else {
+        return false;
+    };
+    // Watch the inode we opened, not whatever the path names now.
+    let target = format!("/proc/self/fd/{}", dir.as_raw_fd());
+    let mask = AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF
+        | AddWatchFlags::IN_ONLYDIR;
+    if inotify.add_watch(target.as_str(), mask).is_err() {
+        return false;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("leasehold-watch".into())
+        .spawn(move || {
+            loop {
+                let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
+                match poll(&mut fds, PollTimeout::from(500u16)) {
+                    Ok(0) => {
+                        if !on_event(DirEvent::Idle) {
+                            return;
+                        }
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(_) => {
+                        on_event(DirEvent::Gone);
+                        return;
+                    }
+                }
+                let events = match inotify.read_events() {
+                    Ok(events) => events,
+                    Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => continue,
+                    Err(_) => {
+                        on_event(DirEvent::Gone);
+                        return;
+                    }
+                };
+                for event in &events {
+                    let gone = event.mask.intersects(
+                        AddWatchFlags::IN_DELETE_SELF
+                            | AddWatchFlags::IN_MOVE_SELF
+                            | AddWatchFlags::IN_IGNORED,
+                    );
+                    let keep_going = if gone {
+                        on_event(DirEvent::Gone)
+                    } else if event.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                        on_event(DirEvent::Overflow)
+                    } else if let Some(name) = &event.name {
+                        on_event(DirEvent::Changed(name))
+                    } else {
+                        true
+                    };
+                    // A watch on a removed directory is dead: let callers poll.
+                    if !keep_going || gone {
+                        return;
+                    }
+                }
+            }
+        });
+    spawned.is_ok()
+}

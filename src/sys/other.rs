@@ -26,3 +26,10 @@ pub(super) fn boot_id() -> Option<String> {
 pub(super) fn pid_namespace() -> Option<String> {
     None
 }
+
+pub(super) fn watch_dir(
+    _dir: &std::fs::File,
+    _on_event: Box<dyn FnMut(super::DirEvent<'_>) -> bool + Send>,
+) -> bool {
+    false
+}
