@@ -615,7 +615,7 @@ impl Locker {
                 if courtesy {
                     tokio::time::sleep(COURTESY).await;
                 }
-                let (held, waited_on_disk) = self.from_disk(&name, &slot, deadline, started).await?;
+                let (held, waited_on_disk) = self.wait_on_disk(&name, &slot, deadline, started).await?;
                 let hold = self.hold(&name, held);
                 head.disarm();
                 (hold, queued || waited_on_disk)
@@ -671,7 +671,7 @@ impl Locker {
 
     /// Waits on the disk until the lock is ours. Only the head of the
     /// name's queue runs this, so one task per name touches the disk.
-    async fn from_disk(
+    async fn wait_on_disk(
         &self,
         name: &LockName,
         slot: &Slot,

@@ -64,28 +64,6 @@ pub(super) fn pid_namespace() -> Option<String> {
     link.into_os_string().into_string().ok()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn start_ticks_skips_hostile_command_names() {
-        let stat = "42 (a) b) c (d) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 50";
-        assert_eq!(start_ticks(stat), Some(123_456));
-        assert_eq!(start_ticks("garbage"), None);
-        assert_eq!(start_ticks("1 (x) S 1"), None);
-    }
-
-    #[test]
-    fn own_start_is_readable_and_stable() {
-        let me = u64::from(std::process::id());
-        let a = process_start(me).expect("own /proc entry");
-        let b = process_start(me).expect("own /proc entry");
-        assert_eq!(a, b);
-        assert!(boot_id().is_some());
-    }
-}
-
 pub(super) fn watch_dir(
     dir: &std::fs::File,
     mut on_event: Box<dyn FnMut(super::DirEvent<'_>) -> bool + Send>,
@@ -161,4 +139,26 @@ pub(super) fn watch_dir(
             }
         });
     spawned.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_ticks_skips_hostile_command_names() {
+        let stat = "42 (a) b) c (d) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 50";
+        assert_eq!(start_ticks(stat), Some(123_456));
+        assert_eq!(start_ticks("garbage"), None);
+        assert_eq!(start_ticks("1 (x) S 1"), None);
+    }
+
+    #[test]
+    fn own_start_is_readable_and_stable() {
+        let me = u64::from(std::process::id());
+        let a = process_start(me).expect("own /proc entry");
+        let b = process_start(me).expect("own /proc entry");
+        assert_eq!(a, b);
+        assert!(boot_id().is_some());
+    }
 }
