@@ -81,3 +81,42 @@ fn a_killed_holder_is_replaced_at_once_despite_a_long_lease() {
     );
     drop(holder);
 }
+
+/// With a 10 s poll interval, only a filesystem event explains a prompt
+/// wake-up.
+#[test]
+fn a_waiter_in_another_process_wakes_when_the_lock_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let holder = ChildProc::spawn("hold_for", &[d, "job", "1500"]);
+    holder.expect("acquired", Duration::from_secs(20));
+    let waiter = ChildProc::spawn("acquire", &[d, "job", "60000", "10000"]);
+    waiter.expect("waiting", Duration::from_secs(20));
+    holder.expect("released", Duration::from_secs(20));
+    let released_at = std::time::Instant::now();
+    waiter.expect("acquired", Duration::from_secs(5));
+    let latency = released_at.elapsed();
+    assert!(
+        latency < Duration::from_secs(1),
+        "woke {latency:?} after the release"
+    );
+}
+
+#[test]
+fn a_waiter_in_another_process_wakes_when_the_holder_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let holder = ChildProc::spawn("hold", &[d, "job", "60000"]);
+    holder.expect("acquired", Duration::from_secs(20));
+    let waiter = ChildProc::spawn("acquire", &[d, "job", "60000", "10000"]);
+    waiter.expect("waiting", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    holder.signal(Signal::SIGKILL);
+    let killed_at = std::time::Instant::now();
+    waiter.expect("acquired", Duration::from_secs(5));
+    let latency = killed_at.elapsed();
+    assert!(
+        latency < Duration::from_secs(1),
+        "woke {latency:?} after the holder died"
+    );
+}

@@ -109,6 +109,16 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
             }
             0
         }
+        // dir name ms: hold the lock for a while, then release it.
+        "hold_for" => {
+            let l = locker(&args[0], 60_000, 10);
+            let g = l.acquire(&args[1]).await.expect("acquire");
+            say("acquired");
+            tokio::time::sleep(Duration::from_millis(args[2].parse().unwrap())).await;
+            drop(g);
+            say("released");
+            0
+        }
         // dir name lease_ms poll_ms: wait for the lock, report how long it took.
         "acquire" => {
             let l = locker(&args[0], args[2].parse().unwrap(), args[3].parse().unwrap());

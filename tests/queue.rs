@@ -1,0 +1,177 @@
+//! One `Locker`, many tasks: FIFO order, one disk waiter per name,
+//! independence of names, both runtime flavours.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold::Locker;
+
+fn locker(dir: &std::path::Path) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_hundred_queued_tasks_acquire_in_arrival_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let first = locker.acquire("fifo").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let (locker, order, mark) = (locker.clone(), Arc::clone(&order), Arc::clone(&started));
+        tasks.push(tokio::spawn(async move {
+            mark.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let guard = locker.acquire("fifo").await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::task::yield_now().await;
+            drop(guard);
+        }));
+        // Joining the queue happens in the task's first poll.
+        while started.load(std::sync::atomic::Ordering::SeqCst) <= i {
+            tokio::task::yield_now().await;
+        }
+    }
+    drop(first);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..100).collect::<Vec<_>>());
+}
+
+async fn thousand_waiters_one_disk_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    // Another Locker plays the other process holding the lock at first.
+    let other = self::locker(dir.path());
+    let outside = other.acquire("hot").await.unwrap();
+    let counts = Arc::new(Mutex::new(vec![0u32; 1000]));
+    let tasks: Vec<_> = (0..1000)
+        .map(|i| {
+            let (locker, counts) = (locker.clone(), Arc::clone(&counts));
+            tokio::spawn(async move {
+                let guard = locker.acquire("hot").await.unwrap();
+                counts.lock().unwrap()[i] += 1;
+                tokio::task::yield_now().await;
+                drop(guard);
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = locker.stats();
+    assert_eq!(waiting.fs_waiters, 1, "only the head waits on the disk");
+    assert!(
+        waiting.fs_attempts < 50,
+        "{} disk attempts while 1000 tasks waited",
+        waiting.fs_attempts
+    );
+    drop(outside);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        counts.lock().unwrap().iter().all(|&c| c == 1),
+        "every task got the lock exactly once"
+    );
+    let stats = locker.stats();
+    assert_eq!(stats.acquisitions, 1000);
+    assert_eq!(stats.fs_waiters_max, 1, "never more than one disk waiter");
+    assert_eq!(stats.fs_waiters, 0);
+    assert!(stats.handoffs >= 900, "{stats:?}");
+    assert!(stats.fs_attempts < 150, "{stats:?}");
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "nothing left on disk"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_thousand_waiters_cost_one_disk_waiter_current_thread() {
+    thousand_waiters_one_disk_waiter().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_cost_one_disk_waiter_multi_thread() {
+    thousand_waiters_one_disk_waiter().await;
+}
+
+async fn names_are_independent() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let other = self::locker(dir.path());
+    let _a_elsewhere = other.acquire("a").await.unwrap();
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move { locker.acquire("a").await.map(drop) })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let b = tokio::time::timeout(Duration::from_secs(2), locker.acquire("b"))
+        .await
+        .expect("b does not wait for a")
+        .unwrap();
+    drop(b);
+    assert!(!waiter.is_finished());
+    waiter.abort();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn waiters_on_different_names_do_not_wait_for_each_other_current_thread() {
+    names_are_independent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_different_names_do_not_wait_for_each_other_multi_thread() {
+    names_are_independent().await;
+}
+
+async fn handoff_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let counter = Arc::new(Mutex::new(0u64));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (locker, counter) = (locker.clone(), Arc::clone(&counter));
+            tokio::spawn(async move {
+                for _ in 0..200 {
+                    let guard = locker.acquire("rmw").await.unwrap();
+                    let v = *counter.lock().unwrap();
+                    tokio::task::yield_now().await;
+                    *counter.lock().unwrap() = v + 1;
+                    drop(guard);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*counter.lock().unwrap(), 1600);
+    assert!(!locker.is_held("rmw").await.unwrap());
+    assert!(locker.try_acquire("rmw").await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn tasks_exclude_each_other_current_thread() {
+    handoff_round_trip().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_exclude_each_other_multi_thread() {
+    handoff_round_trip().await;
+}
+
+#[tokio::test]
+async fn try_acquire_never_waits_behind_local_holders() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let held = locker.acquire("x").await.unwrap();
+    let attempts = locker.stats().fs_attempts;
+    assert!(locker.try_acquire("x").await.unwrap().is_none());
+    assert_eq!(locker.stats().fs_attempts, attempts, "answered without the disk");
+    drop(held);
+    assert!(locker.try_acquire("x").await.unwrap().is_some());
+}
