@@ -24,7 +24,7 @@ async fn three_levels_deep_released_in_any_order() {
                     .scope(async { locker.acquire("ledger").await.unwrap() })
                     .await;
                 let inner = locker.try_acquire("ledger").await.unwrap().expect("re-entrant");
-                let mut guards = vec![Some(outer), Some(middle), Some(inner)];
+                let mut guards = [Some(outer), Some(middle), Some(inner)];
                 for (n, i) in order.iter().enumerate() {
                     assert!(
                         rival.try_acquire("ledger").await.unwrap().is_none(),
