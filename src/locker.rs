@@ -25,6 +25,8 @@ use crate::wake::Watcher;
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 const DEFAULT_POLL: Duration = Duration::from_millis(50);
 const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// How often a waiter that is woken by filesystem events checks anyway.
+const SAFETY_NET_POLL: Duration = Duration::from_secs(1);
 /// Leases beyond this are almost certainly a unit mistake, and would
 /// overflow time arithmetic long before they meant anything.
 const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -174,7 +176,11 @@ impl LockerBuilder {
         self
     }
 
-    /// How long a waiter sleeps between attempts (with ±25 % jitter).
+    /// How long a waiter sleeps between attempts (with ±25 % jitter) when
+    /// the lock directory cannot be watched. Where it can (inotify on
+    /// Linux), waiters wake on the filesystem event that frees the lock,
+    /// and check at least every `max(poll_interval, 1 s)` as a safety net
+    /// against missed events.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self
@@ -427,7 +433,7 @@ impl Locker {
                 head.disarm();
                 Ok(Some(self.finish(&name, hold, slot, started, false)))
             }
-            Attempt::Busy(_) => Ok(None),
+            Attempt::Busy { .. } => Ok(None),
         }
     }
 
@@ -687,23 +693,33 @@ impl Locker {
             let changed = slot.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let owner = match self.attempt(name).await? {
+            let recheck_at = match self.attempt(name).await? {
                 Attempt::Acquired(held) => return Ok((held, waited)),
-                Attempt::Busy(owner) => owner,
+                Attempt::Busy { owner, recheck_at } => {
+                    if !waited {
+                        tracing::debug!(
+                            lock = name.as_str(),
+                            holder_pid = owner.as_ref().and_then(Owner::pid),
+                            holder_host = owner.as_ref().and_then(Owner::hostname),
+                            "lock is held elsewhere; waiting"
+                        );
+                    }
+                    recheck_at
+                }
             };
             waited = true;
             let now = Instant::now();
-            let watched = inner.watcher.ensure(&inner.ctx.dir, &inner.slots);
-            let mut wake = now
-                + if watched {
-                    inner.poll_interval
-                } else {
-                    jitter.around(inner.poll_interval)
-                };
-            // Come back when the holder's lease runs out, to reclaim it.
-            if let Some(expiry) = owner.as_ref().and_then(Owner::lease_expires_at)
-                && let Ok(left) = expiry.duration_since(std::time::SystemTime::now())
-            {
+            // With filesystem events, polling is only a safety net.
+            let mut wake = if inner.watcher.ensure(&inner.ctx.dir, &inner.slots) {
+                now + inner.poll_interval.max(SAFETY_NET_POLL)
+            } else {
+                now + jitter.around(inner.poll_interval)
+            };
+            // Come back when the lock can turn stale by time alone.
+            if let Some(at) = recheck_at {
+                let left = at
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default();
                 wake = wake.min(now + left + Duration::from_millis(1));
             }
             if let Some(deadline) = deadline {

@@ -219,6 +219,23 @@ fn lease_expired(r: &Record, mtime: SystemTime, host: &dyn Host) -> bool {
     host.now() >= expires
 }
 
+/// When a lock judged live could turn stale by time alone: its lease
+/// expiry, or the end of an unreadable record's grace period.
+pub(crate) fn recheck_at(parsed: &Parsed, mtime: SystemTime, grace: Duration) -> Option<SystemTime> {
+    match parsed {
+        Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => {
+            let by_mtime = r
+                .lease_ms
+                .and_then(|l| mtime.checked_add(Duration::from_millis(l)));
+            match (r.lease_expires_at, by_mtime) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            }
+        }
+        _ => mtime.checked_add(grace),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

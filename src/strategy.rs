@@ -69,8 +69,14 @@ pub(crate) struct Ctx {
 #[derive(Debug)]
 pub(crate) enum Attempt {
     Acquired(Held),
-    /// Someone else holds it (the owner, if the record could be read).
-    Busy(Option<Owner>),
+    /// Someone else holds it.
+    Busy {
+        /// The holder, if the lock file could be read.
+        owner: Option<Owner>,
+        /// When the lock could next become stale without any event on disk
+        /// (its lease runs out, or an unreadable record's grace ends).
+        recheck_at: Option<std::time::SystemTime>,
+    },
 }
 
 /// A lock this process created and still holds. Dropping it releases it

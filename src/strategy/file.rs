@@ -80,10 +80,18 @@ pub(super) fn try_acquire(ctx: &Arc<Ctx>, name: &LockName) -> Result<Attempt> {
             Verdict::Stale(reason) => {
                 found.reclaim(ctx, name, reason)?;
             }
-            _ => return Ok(Attempt::Busy(Some(found.owner()))),
+            _ => {
+                return Ok(Attempt::Busy {
+                    owner: Some(found.owner()),
+                    recheck_at: stale::recheck_at(&found.parsed, found.mtime, ctx.grace),
+                });
+            }
         }
     }
-    Ok(Attempt::Busy(None))
+    Ok(Attempt::Busy {
+        owner: None,
+        recheck_at: None,
+    })
 }
 
 pub(super) fn inspect(ctx: &Ctx, name: &LockName) -> Result<Option<Inspection>> {
@@ -126,7 +134,10 @@ fn publish(ctx: &Arc<Ctx>, name: &LockName, file: File) -> Result<Attempt> {
     while lock.file.try_lock().is_err() {
         tries += 1;
         if tries == 50 {
-            return Ok(Attempt::Busy(None));
+            return Ok(Attempt::Busy {
+                owner: None,
+                recheck_at: None,
+            });
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
