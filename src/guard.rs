@@ -320,9 +320,14 @@ impl LockGuard {
         let _pass_on = PassOn(slot);
         hold.renewer.abort();
         let lease = Arc::clone(&hold.lease);
-        let released = tokio::task::spawn_blocking(move || lease.release_now())
-            .await
-            .map_err(|e| Error::io("release lock", "", std::io::Error::other(e)))??;
+        let released = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => runtime
+                .spawn_blocking(move || lease.release_now())
+                .await
+                .map_err(|e| Error::io("release lock", "", std::io::Error::other(e)))??,
+            // Polled outside Tokio: do it here, as `Drop` would.
+            Err(_) => lease.release_now()?,
+        };
         if released { Ok(()) } else { lost(&self) }
     }
 }

@@ -23,6 +23,14 @@
 //! the lock is valid, and a background task renews it every
 //! `renew_interval`. Dropping the guard removes the lock synchronously.
 //!
+//! Inside one process, a `Locker` keeps a FIFO queue per name: only the
+//! head of the queue touches the disk, and a finished holder hands the lock
+//! straight to the next waiting task (see *Waiting* and *Fairness* on
+//! [`Locker`]). [`Locker::scope`] makes acquisition re-entrant for the task
+//! that runs the scope. Waiters in other processes are woken by filesystem
+//! events (inotify), with polling as a safety net, and use no CPU while they
+//! wait. [`Locker::stats`] counts what happened.
+//!
 //! The owner record is a JSON object that both seeds' readers understand:
 //!
 //! | field | type | meaning |

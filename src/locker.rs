@@ -37,23 +37,46 @@ const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// take `&self`, and it is `Send + Sync`, so one `Locker` can serve a whole
 /// service.
 ///
-/// # Waiting, and not blocking the runtime
+/// # Waiting
+///
+/// Within one `Locker`, tasks waiting for the same name form a FIFO queue:
+/// they get the lock in the order they asked, and only the task at the head
+/// touches the disk, so a thousand waiting tasks cost one filesystem waiter.
+/// Waiters for different names never wait for each other.
+///
+/// The head waits for the filesystem to say the lock may be free: on Linux
+/// an inotify watch on the lock directory (one per `Locker`, shared by all
+/// names) wakes it when a lock file is removed or its holder's descriptor
+/// is closed, which includes the holder dying. It also wakes when the
+/// holder's lease runs out, and checks at least every
+/// `max(poll_interval, 1 s)` as a safety net. Where the directory cannot be
+/// watched, it polls every `poll_interval` with ±25 % jitter.
+///
+/// # Fairness
+///
+/// When a guard is dropped while another task of the same `Locker` waits
+/// for the name, the lock passes straight to that task, without touching
+/// the disk (the owner record still names this `Locker`). Such handoffs
+/// continue for at most 10 ms in a row; then the lock is released on disk
+/// and the next local waiter holds back for 1 ms, so that waiters in other
+/// processes get their turn. Across processes there is no queue: whoever
+/// creates the lock file first after a release gets it.
+///
+/// # Not blocking the runtime
 ///
 /// Each attempt to take a lock is a short batch of syscalls (create, or
 /// open + read + judge + maybe reclaim) run as **one** call on Tokio's
-/// blocking pool, so a slow disk never parks a runtime worker. Between
-/// attempts a waiter sleeps for `poll_interval` with ±25 % jitter, so
-/// processes that contend do not retry in lockstep. Release in
-/// [`LockGuard`]'s `Drop` is a few syscalls done inline, which is what makes
-/// the lock free the moment `drop` returns.
+/// blocking pool, so a slow disk never parks a runtime worker; so are
+/// renewals. Release in [`LockGuard`]'s `Drop` is a few syscalls done
+/// inline, which is what makes the lock free the moment `drop` returns.
 ///
-/// # Self-deadlock
+/// # Re-entrancy and self-deadlock
 ///
-/// A lock is held by a guard, not by a task or a process. Acquiring a name
-/// that a guard of this same process already holds waits for that guard,
-/// like any other waiter: acquiring twice in one task without releasing
-/// waits forever (use [`acquire_timeout`](Self::acquire_timeout) if that
-/// could happen).
+/// A lock is held by a guard, not by a task or a process. Outside a
+/// [`scope`](Self::scope), acquiring a name that a guard of this same
+/// `Locker` already holds waits for that guard like any other waiter, so
+/// acquiring twice in one task without releasing waits forever. Inside a
+/// scope, the second acquisition is re-entrant and returns at once.
 ///
 /// # Examples
 ///
@@ -710,17 +733,20 @@ impl Locker {
             waited = true;
             let now = Instant::now();
             // With filesystem events, polling is only a safety net.
-            let mut wake = if inner.watcher.ensure(&inner.ctx.dir, &inner.slots) {
-                now + inner.poll_interval.max(SAFETY_NET_POLL)
-            } else {
-                now + jitter.around(inner.poll_interval)
-            };
+            let mut wake = later(
+                now,
+                if inner.watcher.ensure(&inner.ctx.dir, &inner.slots) {
+                    inner.poll_interval.max(SAFETY_NET_POLL)
+                } else {
+                    jitter.around(inner.poll_interval)
+                },
+            );
             // Come back when the lock can turn stale by time alone.
             if let Some(at) = recheck_at {
                 let left = at
                     .duration_since(std::time::SystemTime::now())
                     .unwrap_or_default();
-                wake = wake.min(now + left + Duration::from_millis(1));
+                wake = wake.min(later(now, left.saturating_add(Duration::from_millis(1))));
             }
             if let Some(deadline) = deadline {
                 if now >= deadline {
@@ -758,8 +784,11 @@ impl Locker {
 /// Runs `f` on the blocking pool; its result is dropped there if the caller
 /// has gone away.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Unsupported {
+        what: "leasehold's async methods must run inside a Tokio runtime",
+    })?;
     let (tx, rx) = oneshot::channel();
-    tokio::task::spawn_blocking(move || {
+    runtime.spawn_blocking(move || {
         // If the receiver is gone, the value comes back and drops here.
         let _ = tx.send(f());
     });
@@ -771,7 +800,14 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+    later(Instant::now(), Duration::from_secs(86_400 * 365 * 30))
+}
+
+/// `now + d`, saturating instead of panicking on overflow.
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(86_400 * 365)))
+        .unwrap_or(now)
 }
 
 /// Cheap jitter for poll intervals, seeded per waiter.
@@ -790,7 +826,7 @@ impl Jitter {
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         let permille = 750 + (self.0 % 500);
-        base.mul_f64(permille as f64 / 1000.0)
+        Duration::try_from_secs_f64(base.as_secs_f64() * permille as f64 / 1000.0).unwrap_or(base)
     }
 }
 

@@ -235,3 +235,65 @@ async fn directories_and_files_are_private_and_shared_ones_refused() {
         "sticky world-writable directories such as /tmp are fine"
     );
 }
+
+#[test]
+fn outside_a_tokio_runtime_acquire_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    let err = futures_lite_block_on(locker.acquire("x")).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+}
+
+/// A minimal executor that is not Tokio.
+fn futures_lite_block_on<F: std::future::Future>(fut: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        match fut.as_mut().poll(&mut cx) {
+            Poll::Ready(out) => return out,
+            Poll::Pending => std::thread::park_timeout(Duration::from_millis(10)),
+        }
+    }
+}
+
+#[tokio::test]
+async fn huge_durations_do_not_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .poll_interval(Duration::MAX)
+        .unreadable_grace(Duration::MAX)
+        .build()
+        .unwrap();
+    let other = Locker::new(dir.path()).unwrap();
+    let _held = other.acquire("x").await.unwrap();
+    let err = locker
+        .acquire_timeout("x", Duration::from_millis(30))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    // A foreign record whose lease ends in the year 9999.
+    std::fs::write(
+        locker.lock_path("far").unwrap(),
+        r#"{"uuid":"x","pid":1,"hostname":"elsewhere","leaseExpiresAt":"9999-12-31T23:59:59.999Z"}"#,
+    )
+    .unwrap();
+    let err = locker
+        .acquire_timeout("far", Duration::from_millis(30))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    let waiting = tokio::time::timeout(
+        Duration::from_millis(50),
+        locker.acquire_timeout("far", Duration::MAX),
+    );
+    assert!(waiting.await.is_err(), "still waiting, without an overflow");
+}
