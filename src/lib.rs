@@ -131,6 +131,7 @@ mod wake;
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use locker::{Locker, LockerBuilder};
+pub use name::PathStyle;
 pub use owner::Owner;
 pub use stats::Stats;
 pub use strategy::Strategy;

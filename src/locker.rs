@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::dir::LockDir;
 use crate::error::{Error, Result};
 use crate::guard::{Hold, LockGuard, Share};
-use crate::name::LockName;
+use crate::name::{LockName, PathStyle};
 use crate::owner::Owner;
 use crate::queue::{COURTESY, Head, Join, Slot, Slots, Turn};
 use crate::scope;
@@ -24,7 +24,10 @@ use crate::wake::Watcher;
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 const DEFAULT_POLL: Duration = Duration::from_millis(50);
-const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// The second seed's `lockStaleThreshold`.
+const DEFAULT_GRACE: Duration = Duration::from_secs(15);
+/// The second seed's `liveOwnerStaleThreshold`.
+const DEFAULT_FOREIGN_LEASE: Duration = Duration::from_secs(120);
 /// How often a waiter that is woken by filesystem events checks anyway.
 const SAFETY_NET_POLL: Duration = Duration::from_secs(1);
 /// Leases beyond this are almost certainly a unit mistake, and would
@@ -106,6 +109,7 @@ struct Inner {
     poll_interval: Duration,
     slots: Arc<Slots>,
     watcher: Watcher,
+    path_style: PathStyle,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -121,9 +125,11 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// | [`lease`](Self::lease) | 30 s |
 /// | [`renew_interval`](Self::renew_interval) | a third of the lease |
 /// | [`poll_interval`](Self::poll_interval) | 50 ms |
-/// | [`unreadable_grace`](Self::unreadable_grace) | 10 s |
+/// | [`unreadable_grace`](Self::unreadable_grace) | 15 s |
+/// | [`foreign_lease`](Self::foreign_lease) | 120 s |
 /// | [`durable`](Self::durable) | `true` |
 /// | [`strategy`](Self::strategy) | [`Strategy::ExclusiveFile`] |
+/// | [`path_style`](Self::path_style) | [`PathStyle::Hashed`] |
 ///
 /// # Examples
 ///
@@ -155,8 +161,10 @@ pub struct LockerBuilder {
     renew_interval: Option<Duration>,
     poll_interval: Duration,
     grace: Duration,
+    foreign_lease: Option<Duration>,
     durable: bool,
     strategy: Strategy,
+    path_style: PathStyle,
     allow_insecure_directory: bool,
 }
 
@@ -168,8 +176,10 @@ impl Default for LockerBuilder {
             renew_interval: None,
             poll_interval: DEFAULT_POLL,
             grace: DEFAULT_GRACE,
+            foreign_lease: Some(DEFAULT_FOREIGN_LEASE),
             durable: true,
             strategy: Strategy::default(),
+            path_style: PathStyle::default(),
             allow_insecure_directory: false,
         }
     }
@@ -227,9 +237,25 @@ impl LockerBuilder {
         self
     }
 
+    /// The implied lease of a lock whose record carries none (records
+    /// written by the second seed's code), counted from the record's last
+    /// change: after it, the lock is reclaimed even if its owner process
+    /// lives, as the second seed itself would do. `None` never reclaims a
+    /// live owner's record that has no lease.
+    pub fn foreign_lease(mut self, lease: Option<Duration>) -> Self {
+        self.foreign_lease = lease;
+        self
+    }
+
     /// The on-disk layout of locks.
     pub fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
+        self
+    }
+
+    /// How lock names become file names.
+    pub fn path_style(mut self, style: PathStyle) -> Self {
+        self.path_style = style;
         self
     }
 
@@ -281,6 +307,7 @@ impl LockerBuilder {
             strategy: self.strategy,
             lease: self.lease,
             grace: self.grace,
+            foreign_lease: self.foreign_lease,
             durable: self.durable,
             holder_id: format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
             counters: Arc::default(),
@@ -293,6 +320,7 @@ impl LockerBuilder {
                 poll_interval: self.poll_interval,
                 slots: Arc::default(),
                 watcher: Watcher::default(),
+                path_style: self.path_style,
             }),
         })
     }
@@ -377,7 +405,11 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub fn lock_path(&self, name: &str) -> Result<PathBuf> {
-        Ok(self.inner.ctx.dir.path_of(LockName::new(name)?.file_name()))
+        Ok(self
+            .inner
+            .ctx
+            .dir
+            .path_of(LockName::new(name, self.inner.path_style)?.file_name()))
     }
 
     /// Acquires the lock `name`, waiting as long as it takes.
@@ -439,7 +471,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn try_acquire(&self, name: &str) -> Result<Option<LockGuard>> {
-        let name = LockName::new(name)?;
+        let name = LockName::new(name, self.inner.path_style)?;
         if let Some(guard) = self.reenter(&name) {
             return Ok(Some(guard));
         }
@@ -520,7 +552,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn holder(&self, name: &str) -> Result<Option<Owner>> {
-        let name = LockName::new(name)?;
+        let name = LockName::new(name, self.inner.path_style)?;
         let ctx = Arc::clone(&self.inner.ctx);
         let inspection = blocking(move || ctx.inspect(&name)).await??;
         Ok(inspection.filter(|i| i.stale.is_none()).map(|i| i.owner))
@@ -612,7 +644,7 @@ impl Locker {
     }
 
     async fn acquire_until(&self, name: &str, deadline: Option<Instant>) -> Result<LockGuard> {
-        let name = LockName::new(name)?;
+        let name = LockName::new(name, self.inner.path_style)?;
         if let Some(guard) = self.reenter(&name) {
             return Ok(guard);
         }

@@ -1,5 +1,8 @@
 //! Lock names and the file names they map to.
 //!
+//! With [`PathStyle::Plain`] the file name is `<name>.lock`, for sharing
+//! locks with programs that use such names; such names are validated.
+//!
 //! Any string except the empty one and those containing NUL is a lock name.
 //! On disk it becomes `<safeName>-<hash16>.lock`, exactly as the first seed
 //! derives it: every character outside `[A-Za-z0-9._-]` is replaced by `_`
@@ -14,6 +17,39 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 
 const SAFE_NAME_MAX: usize = 64;
+/// Leaves room for `.lock` and the directory strategy's
+/// `.pending-XXXXXXXXXXXX` / `.trash-XXXXXXXXXXXX` within `NAME_MAX` (255).
+const PLAIN_NAME_MAX: usize = 200;
+
+/// How lock names become file names.
+///
+/// # Examples
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// use leasehold::{Locker, PathStyle};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let hashed = Locker::new(dir.path())?;
+/// assert_eq!(hashed.lock_path("jobs/nightly")?.file_name().unwrap(), "jobs_nightly-933f0a5ebdb23af5.lock");
+///
+/// let plain = Locker::builder().directory(dir.path()).path_style(PathStyle::Plain).build()?;
+/// assert_eq!(plain.lock_path("state")?.file_name().unwrap(), "state.lock");
+/// assert!(plain.lock_path("../state").is_err());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PathStyle {
+    /// `<safeName>-<hash16>.lock`: any name, no collisions, as the first
+    /// seed derives it. The default.
+    #[default]
+    Hashed,
+    /// `<name>.lock`, for existing lock files (the second seed's, say).
+    /// Names must be usable as one file name: not empty, at most 200 bytes,
+    /// no `/`, no `..`, no NUL or other control characters, not `.`.
+    Plain,
+}
 
 /// A validated lock name and its file name inside the lock directory.
 #[derive(Debug, Clone)]
@@ -23,17 +59,35 @@ pub(crate) struct LockName {
 }
 
 impl LockName {
-    /// Validates `name` and derives its hashed file name.
-    pub(crate) fn new(name: &str) -> Result<Self> {
+    /// Validates `name` and derives its file name.
+    pub(crate) fn new(name: &str, style: PathStyle) -> Result<Self> {
         if name.is_empty() {
             return Err(invalid(name, "name is empty"));
         }
         if name.contains('\0') {
             return Err(invalid(name, "name contains a NUL byte"));
         }
+        let file_name = match style {
+            PathStyle::Hashed => hashed_file_name(name),
+            PathStyle::Plain => {
+                if name.len() > PLAIN_NAME_MAX {
+                    return Err(invalid(name, "plain names are at most 200 bytes"));
+                }
+                if name.contains('/') {
+                    return Err(invalid(name, "plain names cannot contain '/'"));
+                }
+                if name == "." || name.contains("..") {
+                    return Err(invalid(name, "plain names cannot be '.' or contain '..'"));
+                }
+                if name.chars().any(char::is_control) {
+                    return Err(invalid(name, "plain names cannot contain control characters"));
+                }
+                format!("{name}.lock")
+            }
+        };
         Ok(Self {
             name: name.to_owned(),
-            file_name: hashed_file_name(name),
+            file_name,
         })
     }
 
@@ -90,29 +144,84 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn hashed(name: &str) -> Result<LockName> {
+        LockName::new(name, PathStyle::Hashed)
+    }
+
     #[test]
     fn matches_the_first_seed() {
         // sha256("reindex") starts 2ad945a5430f00fa, as node:crypto computes it.
-        let n = LockName::new("reindex").unwrap();
+        let n = hashed("reindex").unwrap();
         assert_eq!(n.file_name(), "reindex-2ad945a5430f00fa.lock");
-        let n = LockName::new("a/b c").unwrap();
+        let n = hashed("a/b c").unwrap();
         assert!(n.file_name().starts_with("a_b_c-"));
         // An astral character is two UTF-16 code units, hence two underscores.
-        let n = LockName::new("x😀y").unwrap();
+        let n = hashed("x😀y").unwrap();
         assert!(n.file_name().starts_with("x__y-"));
+        // Cut to 64 characters after replacement, as `.slice(0, 64)` does.
+        let n = hashed(&"é".repeat(40)).unwrap();
+        assert!(n.file_name().starts_with(&format!("{}-", "_".repeat(40))));
+        let n = hashed(&"a".repeat(100)).unwrap();
+        assert!(n.file_name().starts_with(&format!("{}-", "a".repeat(64))));
     }
 
     #[test]
     fn rejects_empty_and_nul() {
-        assert!(matches!(LockName::new(""), Err(Error::InvalidName { .. })));
-        assert!(matches!(LockName::new("a\0b"), Err(Error::InvalidName { .. })));
+        for style in [PathStyle::Hashed, PathStyle::Plain] {
+            assert!(matches!(LockName::new("", style), Err(Error::InvalidName { .. })));
+            assert!(matches!(
+                LockName::new("a\0b", style),
+                Err(Error::InvalidName { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn plain_names_are_validated() {
+        assert_eq!(
+            LockName::new("state", PathStyle::Plain).unwrap().file_name(),
+            "state.lock"
+        );
+        assert_eq!(
+            LockName::new("a.b-c d", PathStyle::Plain).unwrap().file_name(),
+            "a.b-c d.lock"
+        );
+        let long = "x".repeat(201);
+        for bad in [
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            "/etc/passwd",
+            "a..b",
+            "x\ny",
+            "\u{7f}",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(
+                    LockName::new(bad, PathStyle::Plain),
+                    Err(Error::InvalidName { .. })
+                ),
+                "{bad:?} accepted"
+            );
+        }
     }
 
     proptest! {
         #[test]
+        fn plain_names_stay_one_file_name(name in "\\PC{1,60}") {
+            if let Ok(n) = LockName::new(&name, PathStyle::Plain) {
+                let f = n.file_name();
+                prop_assert!(!f.contains('/') && !f.contains('\0'));
+                prop_assert!(f != "." && f != ".." && !f.starts_with("..") && f.len() <= 205);
+            }
+        }
+
+        #[test]
         fn any_name_maps_inside_the_directory(name in "\\PC{1,200}") {
             prop_assume!(!name.contains('\0'));
-            let n = LockName::new(&name).unwrap();
+            let n = hashed(&name).unwrap();
             let f = n.file_name();
             prop_assert!(!f.contains('/'));
             prop_assert!(f != "." && f != "..");
@@ -124,8 +233,8 @@ mod tests {
         #[test]
         fn distinct_names_get_distinct_files(a in "[a-z/ ]{1,10}", b in "[a-z/ ]{1,10}") {
             prop_assume!(a != b);
-            prop_assert_ne!(LockName::new(&a).unwrap().file_name().to_owned(),
-                            LockName::new(&b).unwrap().file_name().to_owned());
+            prop_assert_ne!(hashed(&a).unwrap().file_name().to_owned(),
+                            hashed(&b).unwrap().file_name().to_owned());
         }
     }
 }

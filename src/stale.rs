@@ -28,6 +28,10 @@
 //!    the wall clock, never earlier than the file's modification time plus
 //!    the record's `leaseMs`. An owner on another host is judged by this
 //!    rule alone.
+//! 6. **Records without a lease** (the second seed's): their writer has an
+//!    implied lease, the *foreign lease* (120 s by default, the second
+//!    seed's own `liveOwnerStaleThreshold`), counted from the record's last
+//!    modification, after which the second seed itself would reclaim it.
 
 use std::time::{Duration, SystemTime};
 
@@ -109,19 +113,28 @@ pub(crate) struct Evidence<'a> {
     pub(crate) flock_free: Option<bool>,
 }
 
+/// The tunable parts of the rules.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules {
+    /// How long an unreadable record is left alone.
+    pub(crate) grace: Duration,
+    /// The implied lease of records that carry none; `None`: forever.
+    pub(crate) foreign_lease: Option<Duration>,
+}
+
 /// Slack for comparing start times derived from the wall clock.
 const START_TOLERANCE_MS: u64 = 2_000;
 
-pub(crate) fn judge(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verdict {
+pub(crate) fn judge(ev: &Evidence<'_>, rules: Rules, host: &dyn Host) -> Verdict {
     let record = match ev.parsed {
         Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => r,
-        _ => return judge_unreadable(ev, grace, host),
+        _ => return judge_unreadable(ev, rules.grace, host),
     };
     let liveness = liveness(record, ev, host);
     if liveness != Verdict::Live {
         return liveness;
     }
-    if lease_expired(record, ev.mtime, host) {
+    if lease_expired(record, ev.mtime, rules, host) {
         return Verdict::Stale(StaleReason::LeaseExpired);
     }
     Verdict::Live
@@ -198,7 +211,7 @@ fn pid_reused(recorded: f64, actual: ProcStart, mtime: SystemTime, now: SystemTi
     differs && started_after_record
 }
 
-fn lease_expired(r: &Record, mtime: SystemTime, host: &dyn Host) -> bool {
+fn lease_expired(r: &Record, mtime: SystemTime, rules: Rules, host: &dyn Host) -> bool {
     let me = host.me();
     let same_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a == b);
     if r.is_leasehold()
@@ -207,7 +220,7 @@ fn lease_expired(r: &Record, mtime: SystemTime, host: &dyn Host) -> bool {
     {
         return host.boot_clock_ms() >= renewed.saturating_add(lease);
     }
-    let Some(mut expires) = r.lease_expires_at else {
+    let Some(mut expires) = r.lease_expires_at.or_else(|| implied_lease_end(r, mtime, rules)) else {
         return false;
     };
     if let Some(by_mtime) = r
@@ -219,20 +232,31 @@ fn lease_expired(r: &Record, mtime: SystemTime, host: &dyn Host) -> bool {
     host.now() >= expires
 }
 
+/// The end of the foreign lease of a record that carries no lease.
+fn implied_lease_end(r: &Record, mtime: SystemTime, rules: Rules) -> Option<SystemTime> {
+    if r.is_leasehold() || r.lease_ms.is_some() {
+        return None;
+    }
+    mtime.checked_add(rules.foreign_lease?)
+}
+
 /// When a lock judged live could turn stale by time alone: its lease
 /// expiry, or the end of an unreadable record's grace period.
-pub(crate) fn recheck_at(parsed: &Parsed, mtime: SystemTime, grace: Duration) -> Option<SystemTime> {
+pub(crate) fn recheck_at(parsed: &Parsed, mtime: SystemTime, rules: Rules) -> Option<SystemTime> {
     match parsed {
         Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => {
             let by_mtime = r
                 .lease_ms
                 .and_then(|l| mtime.checked_add(Duration::from_millis(l)));
-            match (r.lease_expires_at, by_mtime) {
+            match (
+                r.lease_expires_at.or_else(|| implied_lease_end(r, mtime, rules)),
+                by_mtime,
+            ) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 (a, b) => a.or(b),
             }
         }
-        _ => mtime.checked_add(grace),
+        _ => mtime.checked_add(rules.grace),
     }
 }
 
@@ -273,6 +297,10 @@ mod tests {
     }
 
     const NOW_MS: u64 = 1_764_745_566_000;
+    const RULES: Rules = Rules {
+        grace: Duration::from_secs(10),
+        foreign_lease: Some(Duration::from_secs(120)),
+    };
 
     fn fake() -> Fake {
         let mut procs = HashMap::new();
@@ -317,7 +345,7 @@ mod tests {
             mtime: at(mtime_ms_ago),
             flock_free,
         };
-        judge(&ev, Duration::from_secs(10), &fake())
+        judge(&ev, RULES, &fake())
     }
 
     #[test]
@@ -337,7 +365,7 @@ mod tests {
             mtime: at(0) + Duration::from_secs(99),
             flock_free: None,
         };
-        assert_eq!(judge(&ev, Duration::from_secs(10), &fake()), Verdict::Live);
+        assert_eq!(judge(&ev, RULES, &fake()), Verdict::Live);
     }
 
     #[test]
@@ -432,6 +460,31 @@ mod tests {
         // Start time unreadable (e.g. no /proc): alive.
         let rec = format!(r#"{{"uuid":"u","pid":300,"startTime":{}}}"#, NOW_MS - 7_200_000);
         assert_eq!(verdict(&rec, 60_000, None), Verdict::Live);
+    }
+
+    #[test]
+    fn records_without_a_lease_get_the_foreign_lease() {
+        let rec = r#"{"uuid":"u","pid":100}"#;
+        assert_eq!(verdict(rec, 119_000, None), Verdict::Live);
+        assert_eq!(
+            verdict(rec, 120_000, None),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        let parsed = parse(rec.as_bytes());
+        let ev = Evidence {
+            parsed: &parsed,
+            mtime: at(600_000),
+            flock_free: None,
+        };
+        let forever = Rules {
+            foreign_lease: None,
+            ..RULES
+        };
+        assert_eq!(judge(&ev, forever, &fake()), Verdict::Live);
+        assert_eq!(
+            recheck_at(&parsed, at(0), RULES),
+            Some(at(0) + Duration::from_secs(120))
+        );
     }
 
     #[test]

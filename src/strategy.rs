@@ -1,25 +1,41 @@
 //! On-disk strategies behind one internal contract.
 //!
-//! A strategy can `try_acquire` (create a lock or report who holds it,
-//! reclaiming a stale one on the way), `inspect` a lock, and through the
-//! [`Held`] it returns `renew`, `verify` and `release` exactly the lock it
-//! created. Dispatch is a closed enum rather than a trait object.
+//! Each strategy knows how to *create* a lock (or find the path taken), how
+//! to *read* the record of an existing one, and how to *remove* one it has
+//! judged, and its held lock (`FileLock`, `DirLock`) can `renew` and
+//! `release` exactly the lock it created. What is common — the
+//! create-or-reclaim loop, judging staleness, the race checks before a
+//! reclaim — lives here once. Dispatch is a closed enum, not a trait object.
 
+mod directory;
 mod file;
 
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, SFlag, fstatat};
 
 use crate::dir::LockDir;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::owner::Owner;
-use crate::stale::StaleReason;
+use crate::record::{self, FORMAT_VERSION, MAX_RECORD_LEN, OwnRecord, Parsed};
+use crate::stale::{self, Evidence, StaleReason, Verdict};
 use crate::stats::Counters;
+use crate::sys;
 
+pub(crate) use directory::DirLock;
 pub(crate) use file::FileLock;
 
 /// How locks are laid out on disk.
+///
+/// Processes that share a lock must use the same strategy (and
+/// [`PathStyle`]): a directory-strategy `Locker` that finds a plain file at
+/// a lock's path reports [`Error::UnexpectedFile`], and the reverse.
 ///
 /// # Examples
 ///
@@ -30,7 +46,7 @@ pub(crate) use file::FileLock;
 /// let dir = tempfile::tempdir().unwrap();
 /// let locker = Locker::builder()
 ///     .directory(dir.path())
-///     .strategy(Strategy::ExclusiveFile)
+///     .strategy(Strategy::Directory)
 ///     .build()?;
 /// # drop(locker); Ok(()) }
 /// ```
@@ -43,12 +59,27 @@ pub enum Strategy {
     /// Compatible with the second seed's lock files.
     #[default]
     ExclusiveFile,
+    /// One directory per lock holding `owner.json`, published by renaming a
+    /// fully written private directory onto the lock path, so nobody ever
+    /// sees a half-written record; renewal replaces `owner.json` atomically.
+    /// Compatible with the first seed's lock directories. On Linux it needs
+    /// a filesystem with `renameat2(RENAME_NOREPLACE)` (ext4, xfs, btrfs,
+    /// tmpfs, ...); elsewhere [`Error::Unsupported`] is returned.
+    Directory,
 }
 
 impl Strategy {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Strategy::ExclusiveFile => "exclusive-file",
+            Strategy::Directory => "directory",
+        }
+    }
+
+    fn expected_kind(self) -> SFlag {
+        match self {
+            Strategy::ExclusiveFile => SFlag::S_IFREG,
+            Strategy::Directory => SFlag::S_IFDIR,
         }
     }
 }
@@ -60,6 +91,7 @@ pub(crate) struct Ctx {
     pub(crate) strategy: Strategy,
     pub(crate) lease: Duration,
     pub(crate) grace: Duration,
+    pub(crate) foreign_lease: Option<Duration>,
     pub(crate) durable: bool,
     pub(crate) holder_id: String,
     pub(crate) counters: Arc<Counters>,
@@ -75,7 +107,7 @@ pub(crate) enum Attempt {
         owner: Option<Owner>,
         /// When the lock could next become stale without any event on disk
         /// (its lease runs out, or an unreadable record's grace ends).
-        recheck_at: Option<std::time::SystemTime>,
+        recheck_at: Option<SystemTime>,
     },
 }
 
@@ -85,6 +117,7 @@ pub(crate) enum Attempt {
 #[derive(Debug)]
 pub(crate) enum Held {
     File(FileLock),
+    Dir(DirLock),
 }
 
 /// What a renewal found.
@@ -102,37 +135,106 @@ pub(crate) struct Inspection {
     pub(crate) stale: Option<StaleReason>,
 }
 
+/// Create-or-reclaim rounds in one attempt before reporting contention; a
+/// round only repeats when the lock changed hands under us.
+const ROUNDS: usize = 4;
+
 impl Ctx {
     pub(crate) fn try_acquire(self: &Arc<Self>, name: &LockName) -> Result<Attempt> {
-        match self.strategy {
-            Strategy::ExclusiveFile => file::try_acquire(self, name),
+        for _ in 0..ROUNDS {
+            let created = match self.strategy {
+                Strategy::ExclusiveFile => file::create(self, name)?.map(Held::File),
+                Strategy::Directory => directory::create(self, name)?.map(Held::Dir),
+            };
+            if let Some(held) = created {
+                return Ok(Attempt::Acquired(held));
+            }
+            let Some(mut found) = Found::open(self, name)? else {
+                continue;
+            };
+            match found.judge(self) {
+                Verdict::Stale(reason) => {
+                    found.reclaim(self, name, reason)?;
+                }
+                _ => {
+                    return Ok(Attempt::Busy {
+                        owner: Some(found.owner()),
+                        recheck_at: stale::recheck_at(&found.parsed, found.mtime, self.rules()),
+                    });
+                }
+            }
         }
+        Ok(Attempt::Busy {
+            owner: None,
+            recheck_at: None,
+        })
     }
 
     pub(crate) fn inspect(&self, name: &LockName) -> Result<Option<Inspection>> {
-        match self.strategy {
-            Strategy::ExclusiveFile => file::inspect(self, name),
+        let Some(mut found) = Found::open(self, name)? else {
+            return Ok(None);
+        };
+        let stale = match found.judge(self) {
+            Verdict::Stale(reason) => Some(reason),
+            _ => None,
+        };
+        Ok(Some(Inspection {
+            owner: found.owner(),
+            stale,
+        }))
+    }
+
+    pub(crate) fn rules(&self) -> stale::Rules {
+        stale::Rules {
+            grace: self.grace,
+            foreign_lease: self.foreign_lease,
+        }
+    }
+
+    /// The record a new holder writes.
+    fn own_record(&self) -> OwnRecord {
+        let me = sys::identity();
+        let now = SystemTime::now();
+        OwnRecord {
+            uuid: uuid::Uuid::new_v4().to_string(),
+            pid: me.pid,
+            start_time: me.start.map(|s| s.epoch_ms),
+            holder_id: self.holder_id.clone(),
+            hostname: me.hostname.clone(),
+            acquired_at: record::format_time(now),
+            lease_expires_at: record::format_time(now + self.lease),
+            lease_ms: u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX),
+            leasehold: FORMAT_VERSION,
+            boot_id: me.boot_id.clone(),
+            pid_ns: me.pid_ns.clone(),
+            proc_start: me.start.map(|s| s.ticks),
+            renewed_at_boot: sys::boot_clock_ms(),
         }
     }
 }
 
 impl Held {
     pub(crate) fn owner(&self) -> Owner {
-        match self {
-            Held::File(f) => f.owner(),
-        }
+        let record = match self {
+            Held::File(f) => f.record(),
+            Held::Dir(d) => d.record(),
+        };
+        Owner::from_record(&record.parsed())
     }
 
     /// The boot-clock millisecond at which the lease last written runs out.
     pub(crate) fn lease_deadline_boot_ms(&self) -> u64 {
-        match self {
-            Held::File(f) => f.lease_deadline_boot_ms(),
-        }
+        let record = match self {
+            Held::File(f) => f.record(),
+            Held::Dir(d) => d.record(),
+        };
+        record.renewed_at_boot.saturating_add(record.lease_ms)
     }
 
     pub(crate) fn renew(&mut self) -> Result<Renewal> {
         match self {
             Held::File(f) => f.renew(),
+            Held::Dir(d) => d.renew(),
         }
     }
 
@@ -141,6 +243,199 @@ impl Held {
     pub(crate) fn release(self) -> Result<bool> {
         match self {
             Held::File(f) => f.release(),
+            Held::Dir(d) => d.release(),
         }
+    }
+}
+
+/// Whether the lock path still names the inode `(dev, ino)`.
+fn names(ctx: &Ctx, name: &LockName, dev: u64, ino: u64) -> Result<bool> {
+    match fstatat(ctx.dir.fd(), name.file_name(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(st.st_dev == dev && st.st_ino == ino),
+        Err(Errno::ENOENT) => Ok(false),
+        Err(e) => Err(Error::errno("inspect lock", ctx.dir.path_of(name.file_name()), e)),
+    }
+}
+
+/// An existing lock, opened for judging: the lock file, or the lock
+/// directory and its `owner.json`.
+struct Found {
+    /// The lock file or directory; a test `flock` goes on it.
+    node: File,
+    dev: u64,
+    ino: u64,
+    bytes: Vec<u8>,
+    parsed: Parsed,
+    mtime: SystemTime,
+    flocked: bool,
+}
+
+impl Found {
+    /// Opens what is at the lock path, refusing anything but what the
+    /// strategy creates without opening it (a FIFO or device node could
+    /// block or have side effects, a symlink could lead anywhere). `None`
+    /// when the path is empty or changed while we looked.
+    fn open(ctx: &Ctx, name: &LockName) -> Result<Option<Self>> {
+        let path = || ctx.dir.path_of(name.file_name());
+        let st = match fstatat(ctx.dir.fd(), name.file_name(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(Error::errno("inspect lock", path(), e)),
+        };
+        let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+        if kind != ctx.strategy.expected_kind() {
+            return Err(Error::UnexpectedFile {
+                name: name.as_str().to_owned(),
+                path: path(),
+                found: kind_name(kind),
+            });
+        }
+        let mut flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        flags |= match ctx.strategy {
+            Strategy::ExclusiveFile => OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
+            Strategy::Directory => OFlag::O_DIRECTORY,
+        };
+        let node = match openat(ctx.dir.fd(), name.file_name(), flags, Mode::empty()) {
+            Ok(fd) => File::from(fd),
+            // Replaced between the stat and the open: look again.
+            Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO | Errno::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(Error::errno("open lock", path(), e)),
+        };
+        let meta = node
+            .metadata()
+            .map_err(|e| Error::io("inspect lock", path(), e))?;
+        if meta.dev() != st.st_dev || meta.ino() != st.st_ino {
+            return Ok(None);
+        }
+        let (bytes, mtime) = match ctx.strategy {
+            Strategy::ExclusiveFile => {
+                let bytes = read_record(&node).map_err(|e| Error::io("read lock record", path(), e))?;
+                (bytes, meta.modified().unwrap_or(UNIX_EPOCH))
+            }
+            Strategy::Directory => match directory::read_owner(&node) {
+                Ok(Some((bytes, mtime))) => (bytes, mtime),
+                // No owner.json (yet): judged like an empty record, by the
+                // directory's age.
+                Ok(None) => (Vec::new(), meta.modified().unwrap_or(UNIX_EPOCH)),
+                Err(e) => return Err(Error::io("read lock record", path().join("owner.json"), e)),
+            },
+        };
+        Ok(Some(Found {
+            parsed: record::parse(&bytes),
+            node,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            bytes,
+            mtime,
+            flocked: false,
+        }))
+    }
+
+    fn reread(&self, ctx: &Ctx) -> std::io::Result<Vec<u8>> {
+        match ctx.strategy {
+            Strategy::ExclusiveFile => read_record(&self.node),
+            Strategy::Directory => Ok(directory::read_owner(&self.node)?
+                .map(|(b, _)| b)
+                .unwrap_or_default()),
+        }
+    }
+
+    fn judge(&mut self, ctx: &Ctx) -> Verdict {
+        let host = stale::System;
+        let mut evidence = Evidence {
+            parsed: &self.parsed,
+            mtime: self.mtime,
+            flock_free: None,
+        };
+        let verdict = stale::judge(&evidence, ctx.rules(), &host);
+        if verdict != Verdict::NeedsFlockTest {
+            return verdict;
+        }
+        // Keep the flock if we get it: while we hold it nobody else can
+        // judge this inode abandoned, and the holder cannot be alive.
+        self.flocked = self.node.try_lock().is_ok();
+        evidence.flock_free = Some(self.flocked);
+        stale::judge(&evidence, ctx.rules(), &host)
+    }
+
+    fn owner(&self) -> Owner {
+        Owner::from_parsed(&self.parsed)
+    }
+
+    /// Removes the stale lock if the path still names the inode we judged
+    /// and, unless our flock proves the holder gone, its record has not
+    /// changed since we read it (a renewal may have raced our read).
+    fn reclaim(&self, ctx: &Ctx, name: &LockName, reason: StaleReason) -> Result<bool> {
+        let path = || ctx.dir.path_of(name.file_name());
+        let mutation = ctx.dir.mutation_lock()?;
+        if !names(ctx, name, self.dev, self.ino)? {
+            return Ok(false);
+        }
+        if !self.flocked {
+            let now = self
+                .reread(ctx)
+                .map_err(|e| Error::io("read lock record", path(), e))?;
+            if now != self.bytes {
+                return Ok(false);
+            }
+        }
+        let removed = match ctx.strategy {
+            Strategy::ExclusiveFile => file::unlink(ctx, name)?,
+            Strategy::Directory => directory::retire(ctx, name, &self.node, mutation)?,
+        };
+        if !removed {
+            return Ok(false);
+        }
+        ctx.counters.reclaimed(reason);
+        let owner = self.owner();
+        tracing::info!(
+            lock = name.as_str(),
+            reason = reason.as_str(),
+            owner_pid = owner.pid(),
+            owner_host = owner.hostname(),
+            "reclaimed stale lock"
+        );
+        Ok(true)
+    }
+}
+
+/// Reads a record through a descriptor, up to just past the size limit.
+fn read_record(file: &File) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            if buf.len() > MAX_RECORD_LEN {
+                break;
+            }
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+fn kind_name(kind: SFlag) -> &'static str {
+    if kind == SFlag::S_IFREG {
+        "regular file"
+    } else if kind == SFlag::S_IFDIR {
+        "directory"
+    } else if kind == SFlag::S_IFLNK {
+        "symlink"
+    } else if kind == SFlag::S_IFIFO {
+        "FIFO"
+    } else if kind == SFlag::S_IFSOCK {
+        "socket"
+    } else if kind == SFlag::S_IFCHR || kind == SFlag::S_IFBLK {
+        "device node"
+    } else {
+        "special file"
     }
 }

@@ -128,3 +128,47 @@ pub(crate) enum DirEvent<'a> {
 pub(crate) fn watch_dir(dir: &std::fs::File, on_event: Box<dyn FnMut(DirEvent<'_>) -> bool + Send>) -> bool {
     imp::watch_dir(dir, on_event)
 }
+
+/// Why `rename_noreplace` did not rename.
+#[derive(Debug)]
+pub(crate) enum RenameError {
+    /// The target exists (for a directory: even an empty one).
+    Exists,
+    /// The filesystem cannot rename without replacing.
+    Unsupported,
+    Io(std::io::Error),
+}
+
+/// Renames `from` to `to` inside `dir`, failing if `to` exists in any form.
+///
+/// A plain `rename(2)` of a directory onto an *empty* directory replaces it,
+/// which would let a publisher replace someone else's mkdir-style lock.
+/// Linux (glibc) has `renameat2(RENAME_NOREPLACE)` for this; elsewhere the
+/// target is checked first, which leaves a window of a few microseconds.
+pub(crate) fn rename_noreplace(dir: &std::fs::File, from: &str, to: &str) -> Result<(), RenameError> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use nix::fcntl::{RenameFlags, renameat2};
+        match renameat2(dir, from, dir, to, RenameFlags::RENAME_NOREPLACE) {
+            Ok(()) => Ok(()),
+            Err(Errno::EEXIST | Errno::ENOTEMPTY) => Err(RenameError::Exists),
+            Err(Errno::EINVAL | Errno::ENOSYS) => Err(RenameError::Unsupported),
+            Err(e) => Err(RenameError::Io(e.into())),
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        use nix::fcntl::{AtFlags, renameat};
+        use nix::sys::stat::fstatat;
+        match fstatat(dir, to, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(_) => return Err(RenameError::Exists),
+            Err(Errno::ENOENT) => {}
+            Err(e) => return Err(RenameError::Io(e.into())),
+        }
+        match renameat(dir, from, dir, to) {
+            Ok(()) => Ok(()),
+            Err(Errno::EEXIST | Errno::ENOTEMPTY) => Err(RenameError::Exists),
+            Err(e) => Err(RenameError::Io(e.into())),
+        }
+    }
+}

@@ -64,7 +64,7 @@ async fn a_live_pid_with_the_right_start_time_is_honoured() {
     let path = locker.lock_path("job").unwrap();
     let me = std::process::id();
     let record = format!(r#"{{"uuid":"seed","pid":{me},"startTime":{}}}"#, own_start_ms());
-    plant(&path, &record, Duration::from_secs(3600));
+    plant(&path, &record, Duration::from_secs(60));
     assert!(locker.try_acquire("job").await.unwrap().is_none());
     assert_eq!(std::fs::read_to_string(&path).unwrap(), record);
     let owner = locker.holder("job").await.unwrap().expect("held");
@@ -77,14 +77,14 @@ async fn a_live_pid_with_another_start_time_is_a_reused_pid() {
     let dir = tempfile::tempdir().unwrap();
     let locker = Locker::new(dir.path()).unwrap();
     let path = locker.lock_path("job").unwrap();
-    // Written an hour ago by a process that started two hours ago; the pid
-    // now belongs to this test process, which started moments ago.
+    // Written a minute ago by a process that started two hours ago; the
+    // pid now belongs to this test process, which started after that.
     let record = format!(
         r#"{{"uuid":"seed","pid":{},"startTime":{}}}"#,
         std::process::id(),
         own_start_ms() - 7_200_000
     );
-    plant(&path, &record, Duration::from_secs(3600));
+    plant(&path, &record, Duration::from_secs(60));
     let guard = locker.try_acquire("job").await.unwrap().expect("reclaimed");
     assert_eq!(guard.owner().pid(), Some(std::process::id()));
 }

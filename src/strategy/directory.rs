@@ -1,0 +1,274 @@
+//! The directory strategy, laid out as the first seed lays it out.
+//!
+//! A lock is a directory, `<dir>/<name>.lock/`, holding `owner.json`. It is
+//! published by filling a private directory, `<name>.lock.pending-XXXXXX`
+//! (mode 0700), and renaming it onto the lock path without replacing
+//! anything there — not even an empty directory, which a plain `rename(2)`
+//! would replace. The holder keeps the directory open with `flock(LOCK_EX)`
+//! on it, the liveness signal other leasehold processes read.
+//!
+//! Renewal writes `owner.json.next` inside the directory it published,
+//! through its descriptor, and renames it over `owner.json`, so nobody ever
+//! reads a half-written record and a directory that someone else published
+//! at the same path is never written into. Release and reclaim first move
+//! the whole directory to a private `<name>.lock.trash-XXXX` name, so the
+//! lock path never holds an emptied directory that a newcomer's rename
+//! could land on; the trash is emptied and removed after.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, openat, renameat};
+use nix::sys::stat::{Mode, mkdirat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
+
+use super::{Ctx, Renewal, names, read_record};
+use crate::dir::MutationLock;
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::record::OwnRecord;
+use crate::sys::{self, RenameError};
+
+const OWNER: &str = "owner.json";
+const NEXT: &str = "owner.json.next";
+
+/// A lock directory this process published. Dropping it removes the
+/// directory if, and only if, the path still names it.
+#[derive(Debug)]
+pub(crate) struct DirLock {
+    ctx: Arc<Ctx>,
+    name: LockName,
+    dir: File,
+    dev: u64,
+    ino: u64,
+    record: OwnRecord,
+    armed: bool,
+}
+
+fn suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
+}
+
+/// Publishes a new lock directory; `None` if the path is taken.
+pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>> {
+    let pending = format!("{}.pending-{}", name.file_name(), suffix());
+    let path = || ctx.dir.path_of(&pending);
+    mkdirat(ctx.dir.fd(), pending.as_str(), Mode::from_bits_truncate(0o700))
+        .map_err(|e| Error::errno("create pending lock directory", path(), e))?;
+    let mut cleanup = Pending {
+        ctx,
+        name: &pending,
+        armed: true,
+    };
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let dir = File::from(
+        openat(ctx.dir.fd(), pending.as_str(), flags, Mode::empty())
+            .map_err(|e| Error::errno("open pending lock directory", path(), e))?,
+    );
+    let meta = dir
+        .metadata()
+        .map_err(|e| Error::io("inspect pending lock directory", path(), e))?;
+    // Nobody else knows this directory yet, so the flock is free; it is
+    // ours before the directory can be seen at the lock path.
+    dir.try_lock().map_err(|e| {
+        Error::io(
+            "lock pending lock directory",
+            path(),
+            io::Error::other(e.to_string()),
+        )
+    })?;
+    let record = ctx.own_record();
+    write_owner(&dir, OWNER, &record, ctx.durable).map_err(|e| Error::io("write lock record", path(), e))?;
+    match sys::rename_noreplace(ctx.dir.fd(), &pending, name.file_name()) {
+        Ok(()) => {}
+        Err(RenameError::Exists) => return Ok(None),
+        Err(RenameError::Unsupported) => {
+            return Err(Error::Unsupported {
+                what: "the directory strategy on a filesystem without renameat2(RENAME_NOREPLACE); \
+                       use Strategy::ExclusiveFile",
+            });
+        }
+        Err(RenameError::Io(e)) => return Err(Error::io("publish lock directory", path(), e)),
+    }
+    cleanup.armed = false;
+    Ok(Some(DirLock {
+        ctx: Arc::clone(ctx),
+        name: name.clone(),
+        dir,
+        dev: meta.dev(),
+        ino: meta.ino(),
+        record,
+        armed: true,
+    }))
+}
+
+/// Writes a record to `file_name` inside `dir`, replacing any old one of
+/// that name (only ever our own pending or `.next` file).
+fn write_owner(dir: &File, file_name: &str, record: &OwnRecord, durable: bool) -> io::Result<()> {
+    let flags = OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let file = File::from(openat(dir, file_name, flags, Mode::from_bits_truncate(0o600))?);
+    file.write_all_at(&record.to_bytes(0), 0)?;
+    if durable {
+        file.sync_data()?;
+    }
+    Ok(())
+}
+
+/// Reads `owner.json` from an open lock directory: its bytes and mtime, or
+/// `None` if there is none (or it is not a regular file, which is never
+/// followed).
+pub(super) fn read_owner(dir: &File) -> io::Result<Option<(Vec<u8>, SystemTime)>> {
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+    let file = match openat(dir, OWNER, flags, Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO | Errno::EISDIR) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    Ok(Some((read_record(&file)?, meta.modified().unwrap_or(UNIX_EPOCH))))
+}
+
+/// Moves the lock directory at the lock path to a private trash name and
+/// empties it. The caller holds the mutation lock (released here once the
+/// lock path is free) and has checked that the path names `node`.
+pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: MutationLock) -> Result<bool> {
+    let trash = format!("{}.trash-{}", name.file_name(), suffix());
+    match renameat(ctx.dir.fd(), name.file_name(), ctx.dir.fd(), trash.as_str()) {
+        Ok(()) => {}
+        Err(Errno::ENOENT) => return Ok(false),
+        Err(e) => {
+            return Err(Error::errno(
+                "move lock directory away",
+                ctx.dir.path_of(name.file_name()),
+                e,
+            ));
+        }
+    }
+    drop(mutation);
+    remove_dir(ctx, &trash, node);
+    Ok(true)
+}
+
+/// Empties and removes the directory `dir_name`, opened as `node`.
+/// Best effort: a holder that has not yet noticed it lost the lock may
+/// still rename a renewal into it, hence the retries; what cannot be
+/// removed is logged.
+fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
+    for attempt in 0..5 {
+        if let Err(error) = empty(node) {
+            tracing::debug!(dir = dir_name, %error, "emptying a lock directory failed");
+        }
+        match unlinkat(ctx.dir.fd(), dir_name, UnlinkatFlags::RemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => return,
+            Err(Errno::ENOTEMPTY | Errno::EEXIST) if attempt < 4 => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    path = %ctx.dir.path_of(dir_name).display(),
+                    error = %e,
+                    "could not remove a retired lock directory"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Unlinks every non-directory entry of `node`; subdirectories, which
+/// leasehold never creates, are left alone.
+fn empty(node: &File) -> io::Result<()> {
+    let mut listing = nix::dir::Dir::from_fd(node.try_clone()?.into())?;
+    let names: Vec<std::ffi::CString> = listing
+        .iter()
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_owned())
+        .filter(|name| name.as_bytes() != b"." && name.as_bytes() != b"..")
+        .collect();
+    for name in names {
+        match unlinkat(node, name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(Errno::ENOENT | Errno::EISDIR | Errno::EPERM) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+impl DirLock {
+    pub(crate) fn record(&self) -> &OwnRecord {
+        &self.record
+    }
+
+    pub(crate) fn renew(&mut self) -> Result<Renewal> {
+        let mut record = self.record.clone();
+        record.renew(SystemTime::now(), sys::boot_clock_ms());
+        let path = || self.ctx.dir.path_of(self.name.file_name()).join(OWNER);
+        write_owner(&self.dir, NEXT, &record, false).map_err(|e| Error::io("renew lease in", path(), e))?;
+        renameat(&self.dir, NEXT, &self.dir, OWNER).map_err(|e| Error::errno("renew lease in", path(), e))?;
+        self.record = record;
+        if names(&self.ctx, &self.name, self.dev, self.ino)? {
+            return Ok(Renewal::Renewed);
+        }
+        // Our directory was retired; help whoever is emptying it.
+        let _ = unlinkat(&self.dir, OWNER, UnlinkatFlags::NoRemoveDir);
+        Ok(Renewal::NotOurs("the lock directory was removed or replaced"))
+    }
+
+    pub(crate) fn release(mut self) -> Result<bool> {
+        self.armed = false;
+        self.remove()
+    }
+
+    fn remove(&self) -> Result<bool> {
+        let mutation = self.ctx.dir.mutation_lock()?;
+        if !names(&self.ctx, &self.name, self.dev, self.ino)? {
+            return Ok(false);
+        }
+        retire(&self.ctx, &self.name, &self.dir, mutation)
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.armed = false;
+        if let Err(error) = self.remove() {
+            tracing::warn!(
+                lock = self.name.as_str(),
+                %error,
+                "releasing a dropped lock failed; it stays until it is judged stale"
+            );
+        }
+    }
+}
+
+/// Removes a pending directory that was never published.
+struct Pending<'a> {
+    ctx: &'a Ctx,
+    name: &'a str,
+    armed: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        match openat(self.ctx.dir.fd(), self.name, flags, Mode::empty()) {
+            Ok(fd) => remove_dir(self.ctx, self.name, &File::from(fd)),
+            Err(error) => {
+                tracing::warn!(dir = self.name, %error, "could not remove a pending lock directory")
+            }
+        }
+    }
+}
