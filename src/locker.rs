@@ -30,6 +30,9 @@ const DEFAULT_GRACE: Duration = Duration::from_secs(15);
 const DEFAULT_FOREIGN_LEASE: Duration = Duration::from_secs(120);
 /// How often a waiter that is woken by filesystem events checks anyway.
 const SAFETY_NET_POLL: Duration = Duration::from_secs(1);
+/// How soon a waiter woken by an event, that still found the lock held,
+/// looks again.
+const RECHECK_AFTER_EVENT: Duration = Duration::from_millis(10);
 /// Leases beyond this are almost certainly a unit mistake, and would
 /// overflow time arithmetic long before they meant anything.
 const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -743,6 +746,7 @@ impl Locker {
         let _waiter = inner.ctx.counters.fs_waiter();
         let mut jitter = Jitter::new();
         let mut waited = false;
+        let mut woken_by_event = false;
         loop {
             // Armed before the attempt, so an event during it is not lost.
             let changed = slot.changed.notified();
@@ -765,9 +769,12 @@ impl Locker {
             waited = true;
             let now = Instant::now();
             // With filesystem events, polling is only a safety net.
+            let watched = inner.watcher.ensure(&inner.ctx.dir, &inner.slots)
+                && (inner.ctx.strategy != Strategy::Directory
+                    || inner.watcher.ensure_child(name.file_name()));
             let mut wake = later(
                 now,
-                if inner.watcher.ensure(&inner.ctx.dir, &inner.slots) {
+                if watched {
                     inner.poll_interval.max(SAFETY_NET_POLL)
                 } else {
                     jitter.around(inner.poll_interval)
@@ -780,16 +787,21 @@ impl Locker {
                     .unwrap_or_default();
                 wake = wake.min(later(now, left.saturating_add(Duration::from_millis(1))));
             }
+            // A dying holder's close event can arrive a moment before the
+            // kernel drops its flock: look once more shortly after an event.
+            if woken_by_event {
+                wake = wake.min(later(now, RECHECK_AFTER_EVENT));
+            }
             if let Some(deadline) = deadline {
                 if now >= deadline {
                     return Err(self.timed_out(name, started));
                 }
                 wake = wake.min(deadline);
             }
-            tokio::select! {
-                _ = changed => {}
-                _ = tokio::time::sleep_until(wake) => {}
-            }
+            woken_by_event = tokio::select! {
+                _ = changed => true,
+                _ = tokio::time::sleep_until(wake) => false,
+            };
         }
     }
 

@@ -112,7 +112,8 @@ pub(crate) fn identity() -> &'static Identity {
 #[derive(Debug)]
 pub(crate) enum DirEvent<'a> {
     /// An entry was removed, moved away, or closed after writing (which is
-    /// also what a dying holder's descriptor does).
+    /// also what a dying holder's descriptor does); for a watched child
+    /// directory, something inside it was.
     Changed(&'a std::ffi::OsStr),
     /// Events may have been missed: recheck everything.
     Overflow,
@@ -122,10 +123,16 @@ pub(crate) enum DirEvent<'a> {
     Idle,
 }
 
+/// A running watch on a lock directory.
+pub(crate) use imp::DirWatch;
+
 /// Watches `dir` on a background thread, calling `on_event` until it
-/// returns `false`. Returns `false` when the platform cannot watch (no
-/// inotify, or its limits are reached); callers then poll.
-pub(crate) fn watch_dir(dir: &std::fs::File, on_event: Box<dyn FnMut(DirEvent<'_>) -> bool + Send>) -> bool {
+/// returns `false`. `None` when the platform cannot watch (no inotify, or
+/// its limits are reached); callers then poll.
+pub(crate) fn watch_dir(
+    dir: &std::fs::File,
+    on_event: Box<dyn FnMut(DirEvent<'_>) -> bool + Send>,
+) -> Option<DirWatch> {
     imp::watch_dir(dir, on_event)
 }
 

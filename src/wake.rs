@@ -1,72 +1,72 @@
-//! Waking waiters when a lock file may have become free.
+//! Waking waiters when a lock may have become free.
 //!
 //! One watcher per `Locker` (started on first contention) reports removals
 //! and close-after-write in the lock directory; the head of the matching
 //! name's queue wakes and tries again. A holder that dies closes its lock
 //! file, which is a close-after-write, so a dead holder wakes its waiters
-//! too. Polling at `poll_interval` remains as a safety net against missed
-//! events, and is the only mechanism where the watcher cannot run.
+//! too. A directory-strategy lock is watched as well while someone waits
+//! for it: its holder keeps `owner.json` open for writing, so its death is
+//! a close-after-write inside that directory. Polling at `poll_interval`
+//! remains as a safety net against missed events, and is the only mechanism
+//! where the watcher cannot run.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::dir::LockDir;
 use crate::queue::Slots;
-use crate::sys::{self, DirEvent};
-
-const NOT_STARTED: u8 = 0;
-const RUNNING: u8 = 1;
-const UNAVAILABLE: u8 = 2;
+use crate::sys::{self, DirEvent, DirWatch};
 
 #[derive(Debug, Default)]
 pub(crate) struct Watcher {
-    state: Arc<AtomicU8>,
+    /// `Some(None)`: tried, and the platform cannot watch.
+    watch: OnceLock<Option<DirWatch>>,
+    /// Set when the watch ended (the directory went away).
+    gone: Arc<Mutex<bool>>,
 }
 
 impl Watcher {
     /// Starts the watcher if it is not running; returns whether events will
     /// arrive (otherwise the caller must poll).
     pub(crate) fn ensure(&self, dir: &LockDir, slots: &Arc<Slots>) -> bool {
-        match self.state.load(Ordering::Acquire) {
-            RUNNING => return true,
-            UNAVAILABLE => return false,
-            _ => {}
-        }
-        if self
-            .state
-            .compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return self.state.load(Ordering::Acquire) == RUNNING;
-        }
-        let weak: Weak<Slots> = Arc::downgrade(slots);
-        let state = Arc::clone(&self.state);
-        let started = sys::watch_dir(
-            dir.fd(),
-            Box::new(move |event| {
-                let Some(slots) = weak.upgrade() else {
-                    return false;
-                };
-                match event {
-                    DirEvent::Changed(name) => {
-                        if let Some(name) = name.to_str() {
-                            slots.changed(name);
+        let watch = self.watch.get_or_init(|| {
+            let weak: Weak<Slots> = Arc::downgrade(slots);
+            let gone = Arc::clone(&self.gone);
+            let watch = sys::watch_dir(
+                dir.fd(),
+                Box::new(move |event| {
+                    let Some(slots) = weak.upgrade() else {
+                        return false;
+                    };
+                    match event {
+                        DirEvent::Changed(name) => {
+                            if let Some(name) = name.to_str() {
+                                slots.changed(name);
+                            }
                         }
+                        DirEvent::Overflow => slots.all_changed(),
+                        DirEvent::Gone => {
+                            *gone.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                            slots.all_changed();
+                        }
+                        DirEvent::Idle => {}
                     }
-                    DirEvent::Overflow => slots.all_changed(),
-                    DirEvent::Gone => {
-                        state.store(UNAVAILABLE, Ordering::Release);
-                        slots.all_changed();
-                    }
-                    DirEvent::Idle => {}
-                }
-                true
-            }),
-        );
-        if !started {
-            tracing::debug!(dir = %dir.path().display(), "cannot watch the lock directory; polling");
-            self.state.store(UNAVAILABLE, Ordering::Release);
+                    true
+                }),
+            );
+            if watch.is_none() {
+                tracing::debug!(dir = %dir.path().display(), "cannot watch the lock directory; polling");
+            }
+            watch
+        });
+        watch.is_some() && !*self.gone.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Also watches inside the lock directory `file_name` (directory
+    /// strategy). Returns whether events from it will arrive.
+    pub(crate) fn ensure_child(&self, file_name: &str) -> bool {
+        match self.watch.get() {
+            Some(Some(watch)) => watch.watch_child(file_name),
+            _ => false,
         }
-        started
     }
 }

@@ -43,6 +43,10 @@ pub(crate) struct DirLock {
     ctx: Arc<Ctx>,
     name: LockName,
     dir: File,
+    /// The current `owner.json`, kept open for writing only so that its
+    /// close — at renewal, or when this process dies — is an inotify event
+    /// that wakes waiters.
+    _record_file: File,
     dev: u64,
     ino: u64,
     record: OwnRecord,
@@ -82,7 +86,8 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>>
         )
     })?;
     let record = ctx.own_record();
-    write_owner(&dir, OWNER, &record, ctx.durable).map_err(|e| Error::io("write lock record", path(), e))?;
+    let record_file = write_owner(&dir, OWNER, &record, ctx.durable)
+        .map_err(|e| Error::io("write lock record", path(), e))?;
     match sys::rename_noreplace(ctx.dir.fd(), &pending, name.file_name()) {
         Ok(()) => {}
         Err(RenameError::Exists) => return Ok(None),
@@ -99,6 +104,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>>
         ctx: Arc::clone(ctx),
         name: name.clone(),
         dir,
+        _record_file: record_file,
         dev: meta.dev(),
         ino: meta.ino(),
         record,
@@ -107,15 +113,16 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>>
 }
 
 /// Writes a record to `file_name` inside `dir`, replacing any old one of
-/// that name (only ever our own pending or `.next` file).
-fn write_owner(dir: &File, file_name: &str, record: &OwnRecord, durable: bool) -> io::Result<()> {
+/// that name (only ever our own pending or `.next` file), and returns it
+/// still open.
+fn write_owner(dir: &File, file_name: &str, record: &OwnRecord, durable: bool) -> io::Result<File> {
     let flags = OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let file = File::from(openat(dir, file_name, flags, Mode::from_bits_truncate(0o600))?);
     file.write_all_at(&record.to_bytes(0), 0)?;
     if durable {
         file.sync_data()?;
     }
-    Ok(())
+    Ok(file)
 }
 
 /// Reads `owner.json` from an open lock directory: its bytes and mtime, or
@@ -210,8 +217,10 @@ impl DirLock {
         let mut record = self.record.clone();
         record.renew(SystemTime::now(), sys::boot_clock_ms());
         let path = || self.ctx.dir.path_of(self.name.file_name()).join(OWNER);
-        write_owner(&self.dir, NEXT, &record, false).map_err(|e| Error::io("renew lease in", path(), e))?;
+        let next = write_owner(&self.dir, NEXT, &record, false)
+            .map_err(|e| Error::io("renew lease in", path(), e))?;
         renameat(&self.dir, NEXT, &self.dir, OWNER).map_err(|e| Error::errno("renew lease in", path(), e))?;
+        self._record_file = next;
         self.record = record;
         if names(&self.ctx, &self.name, self.dev, self.ino)? {
             return Ok(Renewal::Renewed);

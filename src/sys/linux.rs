@@ -64,31 +64,70 @@ pub(super) fn pid_namespace() -> Option<String> {
     link.into_os_string().into_string().ok()
 }
 
+/// The inotify instance behind a directory watch, shared with its thread.
+#[derive(Debug)]
+pub(crate) struct DirWatch {
+    inotify: std::sync::Arc<nix::sys::inotify::Inotify>,
+    top: std::os::fd::RawFd,
+    children: std::sync::Arc<
+        std::sync::Mutex<std::collections::HashMap<nix::sys::inotify::WatchDescriptor, std::ffi::OsString>>,
+    >,
+}
+
+impl DirWatch {
+    /// Also watches the child directory `name` (a directory-strategy lock),
+    /// whose events are then reported as `Changed(name)`. Symlinks are not
+    /// followed. Returns whether the watch is in place.
+    pub(crate) fn watch_child(&self, name: &str) -> bool {
+        use nix::sys::inotify::AddWatchFlags;
+        let path = format!("/proc/self/fd/{}/{name}", self.top);
+        let mask = AddWatchFlags::IN_CLOSE_WRITE
+            | AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_ONLYDIR
+            | AddWatchFlags::IN_DONT_FOLLOW;
+        match self.inotify.add_watch(path.as_str(), mask) {
+            Ok(wd) => {
+                let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+                children.insert(wd, name.into());
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
 pub(super) fn watch_dir(
     dir: &std::fs::File,
     mut on_event: Box<dyn FnMut(super::DirEvent<'_>) -> bool + Send>,
-) -> bool {
+) -> Option<DirWatch> {
     use std::os::fd::{AsFd, AsRawFd};
+    use std::sync::{Arc, Mutex};
 
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
     use super::DirEvent;
 
-    let Ok(inotify) = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK) else {
-        return false;
-    };
-    // Watch the inode we opened, not whatever the path names now.
-    let target = format!("/proc/self/fd/{}", dir.as_raw_fd());
+    let inotify = Arc::new(Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok()?);
+    // Watch the inode we opened, not whatever the path names now. The
+    // descriptor outlives the watch: the Locker owns both.
+    let top = dir.as_raw_fd();
     let mask = AddWatchFlags::IN_DELETE
         | AddWatchFlags::IN_MOVED_FROM
         | AddWatchFlags::IN_CLOSE_WRITE
         | AddWatchFlags::IN_DELETE_SELF
         | AddWatchFlags::IN_MOVE_SELF
         | AddWatchFlags::IN_ONLYDIR;
-    if inotify.add_watch(target.as_str(), mask).is_err() {
-        return false;
-    }
+    let top_wd = inotify
+        .add_watch(format!("/proc/self/fd/{top}").as_str(), mask)
+        .ok()?;
+    let children = Arc::new(Mutex::new(std::collections::HashMap::new()));
+    let watch = DirWatch {
+        inotify: Arc::clone(&inotify),
+        top,
+        children: Arc::clone(&children),
+    };
     let spawned = std::thread::Builder::new()
         .name("leasehold-watch".into())
         .spawn(move || {
@@ -117,28 +156,43 @@ pub(super) fn watch_dir(
                     }
                 };
                 for event in &events {
-                    let gone = event.mask.intersects(
-                        AddWatchFlags::IN_DELETE_SELF
-                            | AddWatchFlags::IN_MOVE_SELF
-                            | AddWatchFlags::IN_IGNORED,
-                    );
-                    let keep_going = if gone {
-                        on_event(DirEvent::Gone)
-                    } else if event.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    let keep_going = if event.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
                         on_event(DirEvent::Overflow)
-                    } else if let Some(name) = &event.name {
-                        on_event(DirEvent::Changed(name))
+                    } else if event.wd == top_wd {
+                        let gone = event.mask.intersects(
+                            AddWatchFlags::IN_DELETE_SELF
+                                | AddWatchFlags::IN_MOVE_SELF
+                                | AddWatchFlags::IN_IGNORED,
+                        );
+                        if gone {
+                            // A watch on a removed directory is dead: let callers poll.
+                            on_event(DirEvent::Gone);
+                            return;
+                        }
+                        match &event.name {
+                            Some(name) => on_event(DirEvent::Changed(name)),
+                            None => true,
+                        }
                     } else {
-                        true
+                        let mut children = children.lock().unwrap_or_else(|e| e.into_inner());
+                        let name = if event.mask.contains(AddWatchFlags::IN_IGNORED) {
+                            children.remove(&event.wd)
+                        } else {
+                            children.get(&event.wd).cloned()
+                        };
+                        drop(children);
+                        match name {
+                            Some(name) => on_event(DirEvent::Changed(&name)),
+                            None => true,
+                        }
                     };
-                    // A watch on a removed directory is dead: let callers poll.
-                    if !keep_going || gone {
+                    if !keep_going {
                         return;
                     }
                 }
             }
         });
-    spawned.is_ok()
+    spawned.ok().map(|_| watch)
 }
 
 #[cfg(test)]

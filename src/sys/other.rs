@@ -27,9 +27,19 @@ pub(super) fn pid_namespace() -> Option<String> {
     None
 }
 
+/// No directory watching here.
+#[derive(Debug)]
+pub(crate) struct DirWatch;
+
+impl DirWatch {
+    pub(crate) fn watch_child(&self, _name: &str) -> bool {
+        false
+    }
+}
+
 pub(super) fn watch_dir(
     _dir: &std::fs::File,
     _on_event: Box<dyn FnMut(super::DirEvent<'_>) -> bool + Send>,
-) -> bool {
-    false
+) -> Option<DirWatch> {
+    None
 }

@@ -14,6 +14,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 const ROLE_ENV: &str = "LEASEHOLD_TEST_ROLE";
+const STRATEGY_ENV: &str = "LEASEHOLD_TEST_STRATEGY";
 const ARGS_ENV: &str = "LEASEHOLD_TEST_ARGS";
 /// No child outlives this, whatever the parent does.
 const CHILD_TTL: Duration = Duration::from_secs(90);
@@ -49,8 +50,13 @@ fn say(line: &str) {
 }
 
 fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
+    let strategy = match std::env::var(STRATEGY_ENV).as_deref() {
+        Ok("dir") => leasehold::Strategy::Directory,
+        _ => leasehold::Strategy::ExclusiveFile,
+    };
     Locker::builder()
         .directory(dir)
+        .strategy(strategy)
         .lease(Duration::from_millis(lease_ms))
         .poll_interval(Duration::from_millis(poll_ms))
         .build()
@@ -144,6 +150,16 @@ pub struct ChildProc {
 
 impl ChildProc {
     pub fn spawn(role: &str, args: &[&str]) -> Self {
+        Self::spawn_with(leasehold::Strategy::ExclusiveFile, role, args)
+    }
+
+    /// A child whose lockers use `strategy`.
+    pub fn spawn_with(strategy: leasehold::Strategy, role: &str, args: &[&str]) -> Self {
+        let strategy = if strategy == leasehold::Strategy::Directory {
+            "dir"
+        } else {
+            "file"
+        };
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
                 "--exact",
@@ -153,6 +169,7 @@ impl ChildProc {
                 "1",
             ])
             .env(ROLE_ENV, role)
+            .env(STRATEGY_ENV, strategy)
             .env(ARGS_ENV, args.join("\u{1f}"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -230,4 +247,55 @@ pub fn entries(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// Writes `content` as the lock record at `path` for `strategy` (a file, or
+/// a directory holding `owner.json`), last modified `age` ago.
+pub fn plant(strategy: leasehold::Strategy, path: &Path, content: &str, age: Duration) {
+    use std::fs::{File, FileTimes};
+    let mtime = std::time::SystemTime::now() - age;
+    let times = FileTimes::new().set_modified(mtime).set_accessed(mtime);
+    let record = if strategy == leasehold::Strategy::Directory {
+        std::fs::create_dir_all(path).unwrap();
+        path.join("owner.json")
+    } else {
+        path.to_owned()
+    };
+    std::fs::write(&record, content).unwrap();
+    File::options()
+        .write(true)
+        .open(&record)
+        .unwrap()
+        .set_times(times)
+        .unwrap();
+    if record != path {
+        File::open(path).unwrap().set_times(times).unwrap();
+    }
+}
+
+/// An ISO-8601 timestamp as JavaScript's `toISOString()` writes it.
+pub fn iso(t: std::time::SystemTime) -> String {
+    let ms = t
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i128;
+    let dt = time::OffsetDateTime::from_unix_timestamp_nanos(ms * 1_000_000).unwrap();
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        dt.year(),
+        u8::from(dt.month()),
+        dt.day(),
+        dt.hour(),
+        dt.minute(),
+        dt.second(),
+        ms % 1000
+    )
+}
+
+/// A pid that no process has: a child that has exited and been reaped.
+pub fn dead_pid() -> u32 {
+    let mut child = Command::new("true").spawn().expect("spawn true");
+    let pid = child.id();
+    child.wait().expect("reap");
+    pid
 }

@@ -1,0 +1,238 @@
+//! One behavioural suite, run for every strategy.
+
+mod common;
+
+#[test]
+fn child_process_entry() {
+    common::child_entry();
+}
+
+macro_rules! conformance {
+    ($module:ident, $strategy:expr) => {
+        mod $module {
+            use std::sync::Arc;
+            use std::time::{Duration, Instant, SystemTime};
+
+            use leasehold::{Error, Locker, Strategy};
+            use nix::sys::signal::Signal;
+
+            use crate::common::{ChildProc, dead_pid, entries, iso, plant};
+
+            const STRATEGY: Strategy = $strategy;
+
+            fn locker(dir: &std::path::Path) -> Locker {
+                Locker::builder().directory(dir).strategy(STRATEGY).build().unwrap()
+            }
+
+            fn quick(dir: &std::path::Path) -> Locker {
+                Locker::builder()
+                    .directory(dir)
+                    .strategy(STRATEGY)
+                    .lease(Duration::from_millis(400))
+                    .renew_interval(Duration::from_millis(100))
+                    .build()
+                    .unwrap()
+            }
+
+            #[tokio::test]
+            async fn acquire_show_release_and_leave_nothing() {
+                let dir = tempfile::tempdir().unwrap();
+                let (a, b) = (locker(dir.path()), locker(dir.path()));
+                let guard = a.acquire("job").await.unwrap();
+                let owner = b.holder("job").await.unwrap().expect("held");
+                assert_eq!(owner.pid(), Some(std::process::id()));
+                assert!(owner.is_leasehold());
+                assert_eq!(owner.uuid(), guard.owner().uuid());
+                assert!(b.try_acquire("job").await.unwrap().is_none());
+                drop(guard);
+                let again = b.try_acquire("job").await.unwrap().expect("free right after drop");
+                again.release().await.unwrap();
+                assert!(!a.is_held("job").await.unwrap());
+                assert!(entries(dir.path()).is_empty(), "left behind: {:?}", entries(dir.path()));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_holder_keeps_its_lock_for_five_leases() {
+                let dir = tempfile::tempdir().unwrap();
+                let (holder, rival) = (quick(dir.path()), quick(dir.path()));
+                let guard = holder.acquire("long").await.unwrap();
+                let first = rival.holder("long").await.unwrap().unwrap().lease_expires_at().unwrap();
+                let started = Instant::now();
+                while started.elapsed() < Duration::from_millis(2000) {
+                    assert!(rival.try_acquire("long").await.unwrap().is_none(), "robbed");
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                }
+                assert!(!guard.is_lost());
+                let later = rival.holder("long").await.unwrap().unwrap().lease_expires_at().unwrap();
+                assert!(later > first, "the lease was renewed on disk");
+                guard.release().await.unwrap();
+                assert!(entries(dir.path()).is_empty(), "left behind: {:?}", entries(dir.path()));
+            }
+
+            #[tokio::test]
+            async fn a_replaced_lock_is_lost_and_its_successor_left_alone() {
+                let dir = tempfile::tempdir().unwrap();
+                let locker = quick(dir.path());
+                let guard = locker.acquire("job").await.unwrap();
+                let path = locker.lock_path("job").unwrap();
+                if path.is_dir() {
+                    std::fs::remove_dir_all(&path).unwrap();
+                } else {
+                    std::fs::remove_file(&path).unwrap();
+                }
+                let successor = format!(r#"{{"uuid":"successor","pid":{}}}"#, std::process::id());
+                plant(STRATEGY, &path, &successor, Duration::ZERO);
+                tokio::time::timeout(Duration::from_secs(2), guard.lost()).await.expect("lost() resolves");
+                assert!(guard.release().await.unwrap_err().is_lost());
+                let record = if path.is_dir() { path.join("owner.json") } else { path.clone() };
+                assert_eq!(std::fs::read_to_string(record).unwrap(), successor);
+            }
+
+            #[test]
+            fn a_killed_holder_is_replaced_at_once_despite_a_long_lease() {
+                let dir = tempfile::tempdir().unwrap();
+                let d = dir.path().to_str().unwrap();
+                let holder = ChildProc::spawn_with(STRATEGY, "hold", &[d, "job", "60000"]);
+                holder.expect("acquired", Duration::from_secs(20));
+                let waiter = ChildProc::spawn_with(STRATEGY, "acquire", &[d, "job", "60000", "10000"]);
+                waiter.expect("waiting", Duration::from_secs(20));
+                std::thread::sleep(Duration::from_millis(200));
+                holder.signal(Signal::SIGKILL);
+                let killed = Instant::now();
+                waiter.expect("acquired", Duration::from_secs(10));
+                assert!(killed.elapsed() < Duration::from_secs(1), "took {:?}", killed.elapsed());
+            }
+
+            #[test]
+            fn four_processes_count_to_exactly_four_hundred() {
+                let dir = tempfile::tempdir().unwrap();
+                let counter = dir.path().join("counter");
+                let locks = dir.path().join("locks");
+                let (d, c) = (locks.to_str().unwrap(), counter.to_str().unwrap());
+                let mut kids: Vec<ChildProc> = (0..4)
+                    .map(|_| ChildProc::spawn_with(STRATEGY, "count", &[d, "counter", "100", c]))
+                    .collect();
+                for kid in &mut kids {
+                    assert!(kid.wait(Duration::from_secs(90)).success());
+                }
+                assert_eq!(std::fs::read_to_string(&counter).unwrap(), "400");
+                assert!(entries(&locks).is_empty(), "left behind: {:?}", entries(&locks));
+            }
+
+            #[tokio::test]
+            async fn dead_and_expired_owners_are_reclaimed_live_ones_are_not() {
+                let dir = tempfile::tempdir().unwrap();
+                let locker = locker(dir.path());
+                let me = std::process::id();
+                let soon = iso(SystemTime::now() + Duration::from_secs(60));
+                let past = iso(SystemTime::now() - Duration::from_secs(1));
+                let cases = [
+                    (format!(r#"{{"uuid":"x","pid":{me}}}"#), false),
+                    (format!(r#"{{"uuid":"x","pid":{}}}"#, dead_pid()), true),
+                    (format!(r#"{{"pid":{me},"hostname":"elsewhere","holderId":"h","leaseExpiresAt":"{soon}"}}"#), false),
+                    (format!(r#"{{"pid":{me},"hostname":"elsewhere","holderId":"h","leaseExpiresAt":"{past}"}}"#), true),
+                ];
+                for (i, (record, stale)) in cases.iter().enumerate() {
+                    let name = format!("case{i}");
+                    plant(STRATEGY, &locker.lock_path(&name).unwrap(), record, Duration::ZERO);
+                    let got = locker.try_acquire(&name).await.unwrap();
+                    assert_eq!(got.is_some(), *stale, "{record}");
+                }
+            }
+
+            #[tokio::test]
+            async fn unreadable_records_get_a_grace_period() {
+                for content in ["", "{\"pid\":12", "not json at all {"] {
+                    let dir = tempfile::tempdir().unwrap();
+                    let locker = locker(dir.path());
+                    let path = locker.lock_path("job").unwrap();
+                    plant(STRATEGY, &path, content, Duration::from_secs(5));
+                    assert!(locker.try_acquire("job").await.unwrap().is_none(), "{content:?} taken in grace");
+                    plant(STRATEGY, &path, content, Duration::from_secs(20));
+                    assert!(locker.try_acquire("job").await.unwrap().is_some(), "{content:?} kept past grace");
+                }
+            }
+
+            #[test]
+            fn eight_reclaimers_of_one_stale_lock_have_exactly_one_winner() {
+                let dir = tempfile::tempdir().unwrap();
+                let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+                rt.block_on(async {
+                    let lockers: Vec<Locker> = (0..8).map(|_| locker(dir.path())).collect();
+                    let path = lockers[0].lock_path("job").unwrap();
+                    let stale = format!(r#"{{"uuid":"x","pid":{}}}"#, dead_pid());
+                    for round in 0..100 {
+                        plant(STRATEGY, &path, &stale, Duration::ZERO);
+                        let barrier = Arc::new(tokio::sync::Barrier::new(8));
+                        let tasks: Vec<_> = lockers
+                            .iter()
+                            .cloned()
+                            .map(|l| {
+                                let barrier = Arc::clone(&barrier);
+                                tokio::spawn(async move {
+                                    barrier.wait().await;
+                                    l.try_acquire("job").await.unwrap()
+                                })
+                            })
+                            .collect();
+                        let mut winners = Vec::new();
+                        for t in tasks {
+                            winners.extend(t.await.unwrap());
+                        }
+                        assert_eq!(winners.len(), 1, "round {round}");
+                        let owner = lockers[0].holder("job").await.unwrap().expect("held");
+                        assert_eq!(owner.uuid(), winners[0].owner().uuid(), "round {round}: winner replaced");
+                        winners.pop().unwrap().release().await.unwrap();
+                    }
+                });
+                assert!(entries(dir.path()).is_empty(), "left behind: {:?}", entries(dir.path()));
+            }
+
+            #[tokio::test]
+            async fn hostile_paths_are_reported_not_followed() {
+                let dir = tempfile::tempdir().unwrap();
+                let outside = tempfile::tempdir().unwrap();
+                let victim = outside.path().join("victim");
+                std::fs::write(&victim, "precious").unwrap();
+                let locker = locker(dir.path());
+                std::os::unix::fs::symlink(&victim, locker.lock_path("link").unwrap()).unwrap();
+                std::os::unix::fs::symlink(outside.path(), locker.lock_path("dirlink").unwrap()).unwrap();
+                for name in ["link", "dirlink"] {
+                    let err = locker.try_acquire(name).await.unwrap_err();
+                    assert!(matches!(err, Error::UnexpectedFile { found: "symlink", .. }), "{err:?}");
+                }
+                assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+                assert_eq!(entries(outside.path()), vec!["victim".to_owned()]);
+                // The other strategy's kind of lock is not ours to judge.
+                let wrong = locker.lock_path("wrong").unwrap();
+                if STRATEGY == Strategy::Directory {
+                    std::fs::write(&wrong, "x").unwrap();
+                } else {
+                    std::fs::create_dir(&wrong).unwrap();
+                }
+                assert!(matches!(locker.try_acquire("wrong").await, Err(Error::UnexpectedFile { .. })));
+            }
+
+            #[tokio::test]
+            async fn plain_names_share_locks_by_file_name() {
+                let dir = tempfile::tempdir().unwrap();
+                let plain = Locker::builder()
+                    .directory(dir.path())
+                    .strategy(STRATEGY)
+                    .path_style(leasehold::PathStyle::Plain)
+                    .build()
+                    .unwrap();
+                let guard = plain.acquire("state").await.unwrap();
+                assert!(dir.path().join("state.lock").exists());
+                for bad in ["../state", "a/b", "..", ""] {
+                    assert!(matches!(plain.try_acquire(bad).await, Err(Error::InvalidName { .. })), "{bad}");
+                }
+                drop(guard);
+                assert!(entries(dir.path()).is_empty());
+            }
+        }
+    };
+}
+
+conformance!(exclusive_file, Strategy::ExclusiveFile);
+conformance!(directory, Strategy::Directory);
