@@ -1,0 +1,343 @@
+//! Living side by side with the seeds' lock files: their records are read,
+//! honoured and reclaimed by their rules, and ours carry what they read.
+//! The first seed's own code is run under Node.js where `node` exists.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use common::{ChildProc, dead_pid, iso, plant};
+use leasehold::{Locker, PathStyle, Strategy};
+
+#[test]
+fn child_process_entry() {
+    common::child_entry();
+}
+
+fn fixture(name: &str, fill: &[(&str, String)]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let mut text = std::fs::read_to_string(path).unwrap();
+    for (key, value) in fill {
+        text = text.replace(&format!("{{{{{key}}}}}"), value);
+    }
+    assert!(!text.contains("{{"), "unfilled placeholder in {name}: {text}");
+    text
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname().unwrap().into_string().unwrap()
+}
+
+fn own_start_ms() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let ticks: u64 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap() as u64;
+    btime * 1000 + ticks * 1000 / hz
+}
+
+fn seed1_owner(pid: u32, host: &str, expires_in: i64) -> String {
+    let now = SystemTime::now();
+    let expires = if expires_in >= 0 {
+        now + Duration::from_millis(expires_in as u64)
+    } else {
+        now - Duration::from_millis((-expires_in) as u64)
+    };
+    fixture(
+        "seed1-owner.json",
+        &[
+            ("ACQUIRED", iso(now - Duration::from_secs(5))),
+            ("EXPIRES", iso(expires)),
+            ("PID", pid.to_string()),
+            ("HOSTNAME", host.to_owned()),
+        ],
+    )
+}
+
+fn dir_locker(dir: &Path) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .strategy(Strategy::Directory)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn first_seed_records_are_read_and_judged() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = dir_locker(dir.path());
+    let me = std::process::id();
+    let path = |n: &str| locker.lock_path(n).unwrap();
+
+    plant(
+        Strategy::Directory,
+        &path("live"),
+        &seed1_owner(me, &hostname(), 30_000),
+        Duration::ZERO,
+    );
+    let owner = locker.holder("live").await.unwrap().expect("held");
+    assert_eq!(owner.pid(), Some(me));
+    assert_eq!(owner.hostname(), Some(hostname().as_str()));
+    assert_eq!(
+        owner.holder_id(),
+        Some(format!("{me}-1764745566123-k3j9x2ab").as_str())
+    );
+    assert!(owner.acquired_at().unwrap() < owner.lease_expires_at().unwrap());
+    assert!(!owner.is_leasehold());
+    assert!(
+        locker.try_acquire("live").await.unwrap().is_none(),
+        "a live seed holder is honoured"
+    );
+
+    plant(
+        Strategy::Directory,
+        &path("expired"),
+        &seed1_owner(me, &hostname(), -1),
+        Duration::ZERO,
+    );
+    assert!(
+        locker.try_acquire("expired").await.unwrap().is_some(),
+        "lease ran out"
+    );
+
+    plant(
+        Strategy::Directory,
+        &path("dead"),
+        &seed1_owner(dead_pid(), &hostname(), 30_000),
+        Duration::ZERO,
+    );
+    assert!(
+        locker.try_acquire("dead").await.unwrap().is_some(),
+        "owner process is gone"
+    );
+
+    plant(
+        Strategy::Directory,
+        &path("remote"),
+        &seed1_owner(dead_pid(), "elsewhere", 30_000),
+        Duration::ZERO,
+    );
+    assert!(
+        locker.try_acquire("remote").await.unwrap().is_none(),
+        "another host: lease only"
+    );
+}
+
+fn seed2_locker(dir: &Path) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .path_style(PathStyle::Plain)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn second_seed_records_are_read_and_judged() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = seed2_locker(dir.path());
+    let me = std::process::id();
+    let start = own_start_ms();
+    let plant2 = |name: &str, text: &str, age: u64| {
+        let path = dir.path().join(format!("{name}.lock"));
+        plant(Strategy::ExclusiveFile, &path, text, Duration::from_secs(age));
+    };
+    let record =
+        |pid: u32, start: String| fixture("seed2-record.json", &[("PID", pid.to_string()), ("START", start)]);
+
+    // Live, in the unit we write and in units we do not: never robbed.
+    for (name, start) in [
+        ("ms", start.to_string()),
+        ("seconds", (start / 1000).to_string()),
+        ("fractional-seconds", format!("{:.3}", start as f64 / 1000.0)),
+        ("ticks", "4242424".to_owned()),
+        ("micros", (start * 1000).to_string()),
+    ] {
+        plant2(name, &record(me, start), 30);
+        let owner = locker
+            .holder(name)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name}: robbed"));
+        assert_eq!(owner.uuid(), Some("6f1c3a0e-8d2b-4c55-9a7e-3b1d2f0c9e41"));
+        assert_eq!(owner.pid(), Some(me));
+        assert!(
+            locker.try_acquire(name).await.unwrap().is_none(),
+            "{name}: robbed"
+        );
+    }
+    plant2(
+        "no-start",
+        &fixture("seed2-record-no-start.json", &[("PID", me.to_string())]),
+        30,
+    );
+    assert!(locker.try_acquire("no-start").await.unwrap().is_none());
+
+    // Dead owner: reclaimed at once, as the second seed does.
+    plant2("dead", &record(dead_pid(), start.to_string()), 0);
+    assert!(locker.try_acquire("dead").await.unwrap().is_some());
+
+    // A live owner's record that has not changed for the second seed's
+    // liveOwnerStaleThreshold (120 s): reclaimed, as the seed itself would.
+    plant2("old", &record(me, start.to_string()), 121);
+    assert!(locker.try_acquire("old").await.unwrap().is_some());
+
+    // Legacy bare UUID: no pid to probe, so it waits out the grace period.
+    plant2("legacy", &fixture("seed2-legacy.txt", &[]), 5);
+    let owner = locker.holder("legacy").await.unwrap().expect("held within grace");
+    assert_eq!(owner.uuid(), Some("6f1c3a0e-8d2b-4c55-9a7e-3b1d2f0c9e41"));
+    assert!(locker.try_acquire("legacy").await.unwrap().is_none());
+    plant2("legacy", &fixture("seed2-legacy.txt", &[]), 16);
+    assert!(locker.try_acquire("legacy").await.unwrap().is_some());
+}
+
+/// What each seed reads from a record, checked on leasehold's own records.
+#[tokio::test]
+async fn our_records_carry_what_the_seeds_read() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = Locker::builder()
+            .directory(dir.path())
+            .strategy(strategy)
+            .build()
+            .unwrap();
+        let _guard = locker.acquire("job").await.unwrap();
+        let path = locker.lock_path("job").unwrap();
+        let text = if strategy == Strategy::Directory {
+            std::fs::read_to_string(path.join("owner.json")).unwrap()
+        } else {
+            std::fs::read_to_string(&path).unwrap()
+        };
+        // The second seed: `JSON.parse(content.trim())`, `uuid` a string,
+        // `pid` and `startTime` numbers.
+        let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        assert!(v["uuid"].is_string());
+        assert_eq!(v["pid"].as_u64(), Some(u64::from(std::process::id())));
+        assert!(
+            v["startTime"].as_u64().unwrap() > 1_600_000_000_000,
+            "startTime is epoch ms"
+        );
+        // The first seed: pid number, hostname, holderId, ISO timestamps,
+        // and a lease that has not run out.
+        assert_eq!(v["hostname"].as_str(), Some(hostname().as_str()));
+        assert!(v["holderId"].is_string());
+        for key in ["acquiredAt", "leaseExpiresAt"] {
+            let s = v[key].as_str().unwrap();
+            assert_eq!(s.len(), 24, "{s}");
+            assert!(s.ends_with('Z'));
+        }
+        let expires = time::OffsetDateTime::parse(
+            v["leaseExpiresAt"].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap();
+        assert!(expires > time::OffsetDateTime::now_utc());
+    }
+}
+
+fn node() -> Option<PathBuf> {
+    let out = Command::new("node").arg("--version").output().ok()?;
+    out.status.success().then(|| PathBuf::from("node"))
+}
+
+fn seed1(dir: &Path, name: &str, mode: &[&str]) -> std::process::Child {
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed1/driver.mjs");
+    Command::new("node")
+        .arg(driver)
+        .arg(dir)
+        .arg(name)
+        .args(mode)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run node")
+}
+
+fn seed1_output(dir: &Path, name: &str, mode: &[&str]) -> Vec<String> {
+    let out = seed1(dir, name, mode).wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_seeds_own_code_and_leasehold_exclude_each_other() {
+    if node().is_none() {
+        eprintln!("skipped: node is not installed, so the first seed's code cannot run here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let locker = dir_locker(dir.path());
+
+    // The seed holds: leasehold sees it and waits.
+    let mut holder = seed1(dir.path(), "shared job", &["hold", "1500"]);
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "acquired");
+    assert!(
+        locker.lock_path("shared job").unwrap().is_dir(),
+        "both derive the same path"
+    );
+    let owner = locker
+        .holder("shared job")
+        .await
+        .unwrap()
+        .expect("the seed's lock is seen");
+    assert_eq!(owner.pid(), Some(holder.id()));
+    assert!(locker.try_acquire("shared job").await.unwrap().is_none());
+    let started = std::time::Instant::now();
+    let guard = locker
+        .acquire_timeout("shared job", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() > Duration::from_millis(500),
+        "waited for the seed's release"
+    );
+    holder.wait().unwrap();
+
+    // leasehold holds: the seed sees a live, well-formed owner and waits.
+    assert_eq!(seed1_output(dir.path(), "shared job", &["try"]), ["false"]);
+    let info = seed1_output(dir.path(), "shared job", &["info"]);
+    let record: serde_json::Value = serde_json::from_str(&info[0]).unwrap();
+    assert_eq!(record["pid"].as_u64(), Some(u64::from(std::process::id())));
+    assert_eq!(info[1], "true", "the seed judges our lock live");
+    drop(guard);
+    assert_eq!(seed1_output(dir.path(), "shared job", &["try"]), ["true"]);
+
+    // A killed seed holder is reclaimed at once; a killed leasehold holder
+    // is reclaimed by the seed by its own rule (kill(pid, 0) = ESRCH).
+    let mut holder = seed1(dir.path(), "crash", &["hold", "60000"]);
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "acquired");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(locker.try_acquire("crash").await.unwrap().is_some());
+
+    let d = dir.path().to_str().unwrap();
+    let ours = ChildProc::spawn_with(Strategy::Directory, "hold", &[d, "ours", "60000"]);
+    ours.expect("acquired", Duration::from_secs(20));
+    assert_eq!(seed1_output(dir.path(), "ours", &["try"]), ["false"]);
+    ours.signal(nix::sys::signal::Signal::SIGKILL);
+    drop(ours);
+    assert_eq!(seed1_output(dir.path(), "ours", &["try"]), ["true"]);
+}
