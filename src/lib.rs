@@ -45,6 +45,9 @@
 //! | `leasehold` | number | format version; the holder keeps `flock` on the file |
 //! | `bootId`, `pidNs`, `procStart`, `renewedAtBoot` | | exact liveness and lease data for readers on the same host |
 //!
+//! The full specification of both layouts, field by field, and of the
+//! staleness rules is in [`format`] (`docs/format.md` in the repository).
+//!
 //! # Guarantees and non-guarantees
 //!
 //! - **Exclusion.** Among leasehold processes sharing a local directory, at
@@ -95,7 +98,15 @@
 //! [`Strategy::ExclusiveFile`] (the default) is the one to use: one file
 //! per lock, the fewest syscalls, and instant detection of dead holders
 //! through `flock`. It shares lock files with programs that use `O_EXCL`
-//! lock files holding a `{"uuid", "pid"}` JSON record.
+//! lock files holding a `{"uuid", "pid"}` JSON record (the second seed;
+//! pair it with [`PathStyle::Plain`] for names like `state.lock`).
+//!
+//! [`Strategy::Directory`] is for sharing locks with programs that publish
+//! a lock as a directory holding `owner.json` (the first seed). It costs a
+//! few more syscalls per acquisition and needs `renameat2(RENAME_NOREPLACE)`
+//! on Linux.
+//!
+//! Both give the same guarantees and pass the same test suite.
 //!
 //! # Feature flags
 //!
@@ -135,3 +146,6 @@ pub use name::PathStyle;
 pub use owner::Owner;
 pub use stats::Stats;
 pub use strategy::Strategy;
+
+#[doc = include_str!("../docs/format.md")]
+pub mod format {}

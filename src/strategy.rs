@@ -34,7 +34,7 @@ pub(crate) use file::FileLock;
 /// How locks are laid out on disk.
 ///
 /// Processes that share a lock must use the same strategy (and
-/// [`PathStyle`]): a directory-strategy `Locker` that finds a plain file at
+/// [`PathStyle`](crate::PathStyle)): a directory-strategy `Locker` that finds a plain file at
 /// a lock's path reports [`Error::UnexpectedFile`], and the reverse.
 ///
 /// # Examples
