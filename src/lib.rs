@@ -46,7 +46,7 @@
 //! | `bootId`, `pidNs`, `procStart`, `renewedAtBoot` | | exact liveness and lease data for readers on the same host |
 //!
 //! The full specification of both layouts, field by field, and of the
-//! staleness rules is in [`format`] (`docs/format.md` in the repository).
+//! staleness rules is in [`format`](mod@format) (`docs/format.md` in the repository).
 //!
 //! # Guarantees and non-guarantees
 //!
