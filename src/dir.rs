@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 /// How long a release or reclaim waits for the directory's mutation lock
 /// before giving up. The lock is held for a few syscalls at a time, so only
 /// a holder frozen inside that window (SIGSTOP) can make anyone wait.
-const MUTATION_PATIENCE: Duration = Duration::from_secs(2);
+const MUTATION_PATIENCE: Duration = Duration::from_millis(500);
 
 /// An open lock directory.
 ///

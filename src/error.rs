@@ -136,6 +136,11 @@ impl Error {
         }
     }
 
+    /// `map_err` helper for [`io`](Self::io).
+    pub(crate) fn from_io(op: &'static str, path: PathBuf) -> impl FnOnce(io::Error) -> Self {
+        move |source| Self::io(op, path, source)
+    }
+
     /// Wraps an errno from `nix`, keeping `nix` out of the public API.
     pub(crate) fn errno(op: &'static str, path: impl Into<PathBuf>, errno: nix::errno::Errno) -> Self {
         Self::io(op, path, io::Error::from(errno))

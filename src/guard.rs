@@ -8,18 +8,18 @@
 //! the `Hold` back to the name's queue, which hands it to the next local
 //! waiter or releases it on disk.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
 use crate::owner::Owner;
 use crate::queue::Slot;
-use crate::renew::Renewer;
+use crate::renew::{Registration, Renewer};
 use crate::stats::{Counters, bump};
-use crate::strategy::{Held, Renewal};
+use crate::strategy::{Held, Renewal, Tokens};
 use crate::sys;
 
 /// A held lock. Dropping it releases the lock.
@@ -63,29 +63,42 @@ use crate::sys;
 pub struct LockGuard {
     /// `None` once `release` took it.
     share: Option<Arc<Share>>,
-    name: Arc<str>,
+    lease: Arc<Lease>,
     lost: watch::Receiver<Option<Arc<str>>>,
-    owner: Owner,
+    token: Option<u64>,
 }
 
-/// One holding of a lock, shared by the guards that re-entered it.
+/// One holding of a lock (one acquisition), shared by the guards that
+/// re-entered it.
 #[derive(Debug)]
 pub(crate) struct Share {
     hold: Mutex<Option<Hold>>,
+    /// The hold's lease, for guards to observe.
+    lease: Arc<Lease>,
     slot: Arc<Slot>,
+    token: std::sync::OnceLock<Option<u64>>,
+}
+
+/// How a new share gets its fencing token.
+#[derive(Debug)]
+pub(crate) enum TokenStep {
+    /// At hand (or fencing is off).
+    Ready(Result<Option<u64>>),
+    /// The reserved block is used up: call `next_token` on the blocking
+    /// pool.
+    FromDisk(Arc<Lease>),
 }
 
 /// The lock as this process holds it. It moves from guard to guard on an
-/// in-process handoff, renewal task and all.
+/// in-process handoff, lease and renewal included.
 #[derive(Debug)]
 pub(crate) struct Hold {
     lease: Arc<Lease>,
-    renewer: JoinHandle<()>,
     /// When this hold was taken from the disk (handoffs do not reset it).
     since: Instant,
 }
 
-/// State shared between a hold and its renewal task (which holds only a
+/// State shared between a hold and the renewal thread (which holds only a
 /// `Weak` to it).
 #[derive(Debug)]
 pub(crate) struct Lease {
@@ -95,7 +108,12 @@ pub(crate) struct Lease {
     owner: Owner,
     renew_interval: Duration,
     margin_ms: u64,
+    /// The lease's end on the boot clock, as last written to disk.
+    deadline_ms: AtomicU64,
+    /// Fencing tokens left in the block reserved on disk.
+    tokens: Mutex<Option<Tokens>>,
     counters: Arc<Counters>,
+    registration: Mutex<Option<Registration>>,
 }
 
 /// What the renewal task should do next.
@@ -111,25 +129,30 @@ impl Hold {
     pub(crate) fn new(
         name: &str,
         held: Held,
+        tokens: Option<Tokens>,
         lease: Duration,
         renew_interval: Duration,
         counters: &Arc<Counters>,
+        renewer: &Renewer,
     ) -> Self {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         let renew_ms = u64::try_from(renew_interval.as_millis()).unwrap_or(u64::MAX);
         let lease = Arc::new(Lease {
             name: name.into(),
             owner: held.owner(),
+            deadline_ms: AtomicU64::new(held.lease_deadline_boot_ms()),
             held: Mutex::new(Some(held)),
             lost: watch::Sender::new(None),
             renew_interval,
             margin_ms: margin_ms(lease_ms, renew_ms),
+            tokens: Mutex::new(tokens),
             counters: Arc::clone(counters),
+            registration: Mutex::new(None),
         });
-        let renewer = tokio::spawn(Renewer::new(&lease, renew_interval).run());
+        let registration = renewer.add(&lease, renew_interval);
+        *lock(&lease.registration) = registration;
         Hold {
             lease,
-            renewer,
             since: Instant::now(),
         }
     }
@@ -139,55 +162,88 @@ impl Hold {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        self.lease.lost.borrow().is_some()
+        self.lease.is_lost()
     }
 
-    /// Stops renewal and removes the lock from disk if it is still ours;
-    /// failures go to `tracing`.
+    /// The next fencing token of this hold's reserved block; `Ok(None)` when
+    /// fencing is off. Refills the block from disk (blocking I/O) when it is
+    /// used up.
+    pub(crate) fn next_token(&self) -> Result<Option<u64>> {
+        self.lease.next_token()
+    }
+
+    /// Whether taking the next token needs the disk.
+    pub(crate) fn tokens_exhausted(&self) -> bool {
+        matches!(*lock(&self.lease.tokens), Some(t) if t.next > t.last)
+    }
+
+    /// Removes the lock from disk if it is still ours; failures go to
+    /// `tracing`. The renewal thread finds the lease empty and drops it.
     pub(crate) fn release_sync(self) {
-        self.renewer.abort();
         if let Err(error) = self.lease.release_now() {
             tracing::warn!(lock = &*self.lease.name, %error, "releasing a lock failed");
         }
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks cannot leave the data torn.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Share {
-    /// A share holding `hold`, and its first guard.
-    pub(crate) fn new(hold: Hold, slot: Arc<Slot>) -> (Arc<Self>, LockGuard) {
-        let lease = &hold.lease;
-        let (name, lost, owner) = (
-            Arc::clone(&lease.name),
-            lease.lost.subscribe(),
-            lease.owner.clone(),
-        );
-        let share = Arc::new(Share {
+    /// A share holding `hold`.
+    pub(crate) fn new(hold: Hold, slot: Arc<Slot>) -> Arc<Self> {
+        Arc::new(Share {
+            lease: Arc::clone(&hold.lease),
             hold: Mutex::new(Some(hold)),
             slot,
-        });
-        let guard = LockGuard {
-            share: Some(Arc::clone(&share)),
-            name,
-            lost,
-            owner,
+            token: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// This acquisition's fencing token, without I/O if it is at hand.
+    pub(crate) fn take_token(&self) -> TokenStep {
+        let slot = lock(&self.hold);
+        let Some(hold) = slot.as_ref() else {
+            return TokenStep::Ready(Ok(None));
         };
-        (share, guard)
+        if hold.tokens_exhausted() {
+            TokenStep::FromDisk(Arc::clone(&hold.lease))
+        } else {
+            TokenStep::Ready(hold.next_token())
+        }
+    }
+
+    /// The guard of the acquisition that created this share.
+    pub(crate) fn first_guard(self: &Arc<Self>, token: Option<u64>) -> LockGuard {
+        let token = *self.token.get_or_init(|| token);
+        LockGuard {
+            share: Some(Arc::clone(self)),
+            lost: self.lease.lost.subscribe(),
+            lease: Arc::clone(&self.lease),
+            token,
+        }
     }
 
     fn take(&self) -> Option<Hold> {
-        self.hold.lock().unwrap_or_else(|e| e.into_inner()).take()
+        lock(&self.hold).take()
     }
 
-    /// A guard on this share (a new acquisition or a re-entry).
-    pub(crate) fn guard(self: &Arc<Self>) -> Option<LockGuard> {
-        let slot = self.hold.lock().unwrap_or_else(|e| e.into_inner());
-        let lease = &slot.as_ref()?.lease;
-        Some(LockGuard {
-            name: Arc::clone(&lease.name),
-            lost: lease.lost.subscribe(),
-            owner: lease.owner.clone(),
+    /// Another guard on this share (a re-entry): `None` if it was released,
+    /// `Err(Lost)` if the lock was lost.
+    pub(crate) fn guard(self: &Arc<Self>) -> Option<Result<LockGuard>> {
+        lock(&self.hold).as_ref()?;
+        let lease = Arc::clone(&self.lease);
+        if lease.is_lost() {
+            return Some(Err(lease.lost_error()));
+        }
+        Some(Ok(LockGuard {
             share: Some(Arc::clone(self)),
-        })
+            lost: lease.lost.subscribe(),
+            lease,
+            token: self.token.get().copied().flatten(),
+        }))
     }
 }
 
@@ -202,19 +258,90 @@ impl Drop for Share {
 impl LockGuard {
     /// The lock name, as given to `acquire`.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.lease.name
     }
 
     /// The record written when the lock was taken from the disk.
     pub fn owner(&self) -> &Owner {
-        &self.owner
+        &self.lease.owner
+    }
+
+    /// This acquisition's fencing token, when the `Locker` was built with
+    /// [`fencing(true)`](crate::LockerBuilder::fencing); `None` otherwise.
+    ///
+    /// Every acquisition of a name, in any process sharing the directory,
+    /// gets a token greater than every earlier acquisition's, across
+    /// crashes and restarts. Hand it to the resource the lock protects and
+    /// have the resource refuse any token lower than one it has seen: a
+    /// holder that was paused past its lease is then refused, however late
+    /// it wakes. Re-entrant guards share their acquisition's token.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder().directory(dir.path()).fencing(true).build()?;
+    /// let first = locker.acquire("ledger").await?.fencing_token().unwrap();
+    /// let second = locker.acquire("ledger").await?.fencing_token().unwrap();
+    /// assert!(second > first);
+    /// # Ok(()) }
+    /// ```
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.token
     }
 
     /// Whether the lock has been lost (see [`lost`](Self::lost)).
     ///
-    /// This is what the renewal task last found; it does not touch the disk.
+    /// True once the renewal thread found the lock gone or taken, or once
+    /// the lease has come within its safety margin of running out without
+    /// a renewal, whether or not the renewal thread has run. It does not
+    /// touch the disk; [`ensure_held`](Self::ensure_held) does.
     pub fn is_lost(&self) -> bool {
-        self.lost.borrow().is_some()
+        self.lease.is_lost()
+    }
+
+    /// Checks on disk, now, that the lock is still this guard's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] if it is not (the guard then reports the loss through
+    /// [`lost`](Self::lost) too), and I/O errors from looking.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only looks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("ledger").await?;
+    /// guard.ensure_held().await?;
+    /// std::fs::remove_file(locker.lock_path("ledger")?).unwrap();
+    /// assert!(guard.ensure_held().await.unwrap_err().is_lost());
+    /// assert!(guard.is_lost());
+    /// # Ok(()) }
+    /// ```
+    pub async fn ensure_held(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(self.lease.lost_error());
+        }
+        let lease = Arc::clone(&self.lease);
+        let held = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => runtime
+                .spawn_blocking(move || lease.verify())
+                .await
+                .map_err(|e| Error::io("check lock", "", std::io::Error::other(e)))??,
+            Err(_) => lease.verify()?,
+        };
+        if held {
+            Ok(())
+        } else {
+            Err(self.lease.lost_error())
+        }
     }
 
     /// Resolves once the lock has been lost: the lease ran out before it
@@ -280,15 +407,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(mut self) -> Result<()> {
-        let lost = |guard: &Self| {
-            Err(Error::Lost {
-                name: guard.name.to_string(),
-                reason: match guard.lost.borrow().as_deref() {
-                    Some(reason) => reason.to_owned(),
-                    None => "the lock file was removed or replaced".to_owned(),
-                },
-            })
-        };
+        let lost = |guard: &Self| Err(guard.lease.lost_error());
         let Some(share) = self.share.take() else {
             return Ok(());
         };
@@ -318,7 +437,6 @@ impl LockGuard {
             }
         }
         let _pass_on = PassOn(slot);
-        hold.renewer.abort();
         let lease = Arc::clone(&hold.lease);
         let released = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => runtime
@@ -339,52 +457,113 @@ fn margin_ms(lease_ms: u64, renew_ms: u64) -> u64 {
 
 impl Lease {
     fn held(&self) -> MutexGuard<'_, Option<Held>> {
-        // A panic while holding this lock cannot leave the Option torn.
-        self.held.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.held)
+    }
+
+    /// The boot-clock millisecond after which this lease must not be
+    /// renewed any more, and the holder counts it as lost.
+    fn cutoff(&self) -> u64 {
+        self.deadline_ms
+            .load(Ordering::Acquire)
+            .saturating_sub(self.margin_ms)
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.borrow().is_some() || sys::boot_clock_ms() >= self.cutoff()
+    }
+
+    fn lost_error(&self) -> Error {
+        Error::Lost {
+            name: self.name.to_string(),
+            reason: match self.lost.borrow().as_deref() {
+                Some(reason) => reason.to_owned(),
+                None => "the lease ran out before it could be renewed".to_owned(),
+            },
+        }
+    }
+
+    pub(crate) fn next_token(&self) -> Result<Option<u64>> {
+        let mut tokens = lock(&self.tokens);
+        let Some(block) = tokens.as_mut() else {
+            return Ok(None);
+        };
+        if let Some(token) = block.take() {
+            return Ok(Some(token));
+        }
+        let mut held = self.held();
+        let refill = match held.as_mut() {
+            Some(held) => held.reserve_tokens()?,
+            None => None,
+        };
+        let Some(mut block) = refill else {
+            return Err(self.lost_error());
+        };
+        let token = block.take();
+        *tokens = Some(block);
+        Ok(token)
+    }
+
+    /// Whether the lock is still ours on disk; marks it lost if not.
+    fn verify(&self) -> Result<bool> {
+        let mut slot = self.held();
+        let ours = match slot.as_ref() {
+            Some(held) => held.still_ours()?,
+            None => false,
+        };
+        if !ours && self.lost.borrow().is_none() {
+            self.lose(&mut slot, "the lock was removed or replaced".into());
+        }
+        Ok(ours)
     }
 
     /// Releases if still held; `Ok(false)` when it was already gone or not
     /// ours any more.
     pub(crate) fn release_now(&self) -> Result<bool> {
         let held = self.held().take();
+        *lock(&self.registration) = None;
         match held {
             Some(held) => held.release(),
             None => Ok(false),
         }
     }
 
-    /// One renewal, run on the blocking pool.
+    /// One renewal, run on the renewal thread.
     pub(crate) fn renew_once(&self) -> Step {
         let mut slot = self.held();
         let Some(held) = slot.as_mut() else {
             return Step::Stop;
         };
-        let deadline = held.lease_deadline_boot_ms();
-        let now = sys::boot_clock_ms();
-        if now >= deadline {
-            self.lose(&mut slot, "the lease expired before it could be renewed".into());
+        let cutoff = self.cutoff();
+        if sys::boot_clock_ms() >= cutoff {
+            self.lose(&mut slot, "the lease ran out before it could be renewed".into());
             return Step::Stop;
         }
-        match held.renew() {
+        match held.renew(cutoff) {
             Ok(Renewal::Renewed) => {
+                self.deadline_ms
+                    .store(held.lease_deadline_boot_ms(), Ordering::Release);
                 bump(&self.counters.renewals);
                 tracing::trace!(lock = &*self.name, "lease renewed");
                 Step::Again(self.renew_interval)
             }
-            Ok(Renewal::NotOurs(why)) => {
-                self.lose(&mut slot, why.into());
+            Ok(Renewal::NotOurs) => {
+                self.lose(&mut slot, "the lock was removed or replaced".into());
+                Step::Stop
+            }
+            Ok(Renewal::TooLate) => {
+                self.lose(&mut slot, "the lease ran out before it could be renewed".into());
                 Step::Stop
             }
             Err(error) => {
                 bump(&self.counters.renewal_failures);
-                let give_up_at = deadline.saturating_sub(self.margin_ms);
-                if now >= give_up_at {
+                let now = sys::boot_clock_ms();
+                if now >= cutoff {
                     self.lose(&mut slot, format!("renewal kept failing ({error})"));
                     return Step::Stop;
                 }
                 tracing::warn!(lock = &*self.name, %error, "lease renewal failed; retrying");
                 let retry = (self.renew_interval / 4).max(Duration::from_millis(1));
-                Step::Again(retry.min(Duration::from_millis(give_up_at - now)))
+                Step::Again(retry.min(Duration::from_millis(cutoff - now)))
             }
         }
     }

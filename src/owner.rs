@@ -35,6 +35,8 @@ pub struct Owner {
     lease_expires_at: Option<SystemTime>,
     readable: bool,
     leasehold: bool,
+    fencing_token: Option<u64>,
+    name: Option<String>,
 }
 
 impl Owner {
@@ -60,6 +62,8 @@ impl Owner {
             lease_expires_at: r.lease_expires_at,
             readable: true,
             leasehold: r.is_leasehold(),
+            fencing_token: r.fencing_token,
+            name: r.name.clone(),
         }
     }
 
@@ -73,6 +77,8 @@ impl Owner {
             lease_expires_at: None,
             readable: false,
             leasehold: false,
+            fencing_token: None,
+            name: None,
         }
     }
 
@@ -111,6 +117,17 @@ impl Owner {
     /// or not a lock record); the other fields are then `None`.
     pub fn is_readable(&self) -> bool {
         self.readable
+    }
+
+    /// The fencing token the holder took the lock from the disk with, if it
+    /// uses fencing (see [`LockerBuilder::fencing`](crate::LockerBuilder::fencing)).
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
+    }
+
+    /// The lock name, as the holder gave it (leasehold records only).
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 
     /// Whether the record was written by leasehold (rather than by another

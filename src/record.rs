@@ -57,6 +57,9 @@ pub(crate) struct Record {
     pub(crate) pid_ns: Option<String>,
     pub(crate) proc_start: Option<u64>,
     pub(crate) renewed_at_boot: Option<u64>,
+    pub(crate) machine_id: Option<String>,
+    pub(crate) fencing_token: Option<u64>,
+    pub(crate) name: Option<String>,
 }
 
 impl Record {
@@ -108,6 +111,9 @@ fn from_map(map: &Map<String, Value>) -> Parsed {
         pid_ns: string("pidNs"),
         proc_start: map.get("procStart").and_then(as_count),
         renewed_at_boot: map.get("renewedAtBoot").and_then(as_count),
+        machine_id: string("machineId"),
+        fencing_token: map.get("fencingToken").and_then(as_count),
+        name: string("name"),
     };
     if record.uuid.is_none() && record.pid.is_none() && record.holder_id.is_none() {
         return Parsed::Unreadable;
@@ -191,6 +197,12 @@ pub(crate) struct OwnRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) proc_start: Option<u64>,
     pub(crate) renewed_at_boot: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) machine_id: Option<String>,
+    /// The lock name, so that listings can show it for hashed paths.
+    pub(crate) name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) fencing_token: Option<u64>,
 }
 
 /// Room left at the end of a record so a renewal that grows a number by a
@@ -288,6 +300,9 @@ mod tests {
             pid_ns: None,
             proc_start: None,
             renewed_at_boot: 9,
+            machine_id: None,
+            name: "n".into(),
+            fencing_token: None,
         };
         let first = rec.to_bytes(0);
         rec.renew(now + Duration::from_secs(3600), 99_999);

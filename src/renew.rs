@@ -1,42 +1,144 @@
-//! The renewal task that keeps a guard's lease alive.
+//! The renewal thread that keeps a `Locker`'s leases alive.
+//!
+//! Renewal runs on a plain thread, not on the Tokio runtime: a lease must be
+//! kept (or its loss reported) when the runtime is saturated, has no timer
+//! driver, or has shut down while guards are still alive. One thread per
+//! `Locker` serves all its leases from a deadline queue; it starts with the
+//! first lease and ends when none is left. Each entry holds only a `Weak`
+//! to its lease. Scheduling is "delay": a renewal that runs late is followed
+//! by the next one a full interval later, never by a burst.
 
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use crate::guard::{Lease, Step};
 
-/// Renews one lease until it is released or lost.
-///
-/// Holds only a `Weak` to the lease, so a dropped guard ends it even if the
-/// abort is never delivered (a runtime shutting down). Sleeps are computed
-/// each round from the last outcome, which behaves like
-/// `MissedTickBehavior::Delay`: a late wake-up renews once, never in a burst.
-#[derive(Debug)]
+/// Hands leases to the renewal thread.
+#[derive(Debug, Default)]
 pub(crate) struct Renewer {
-    lease: Weak<Lease>,
-    first: Duration,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    due: BinaryHeap<Reverse<(Instant, u64)>>,
+    leases: HashMap<u64, (Instant, Weak<Lease>)>,
+    next_id: u64,
+    running: bool,
+}
+
+/// A lease's place in the queue; dropping it takes the lease out.
+#[derive(Debug)]
+pub(crate) struct Registration {
+    shared: Weak<Shared>,
+    id: u64,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Renewer {
-    pub(crate) fn new(lease: &Arc<Lease>, interval: Duration) -> Self {
-        Self {
-            lease: Arc::downgrade(lease),
-            first: interval,
+    /// Schedules `lease` for renewal every `interval`, starting the thread
+    /// if needed. `None` if no thread could be started; the lease then
+    /// lapses, and its guard reports the loss from the clock.
+    pub(crate) fn add(&self, lease: &Arc<Lease>, interval: Duration) -> Option<Registration> {
+        let mut state = self.shared.state();
+        let id = state.next_id;
+        state.next_id += 1;
+        let at = Instant::now() + interval;
+        state.leases.insert(id, (at, Arc::downgrade(lease)));
+        state.due.push(Reverse((at, id)));
+        if state.running {
+            self.shared.wake.notify_one();
+        } else {
+            let shared = Arc::clone(&self.shared);
+            let spawned = std::thread::Builder::new()
+                .name("leasehold-renew".into())
+                .spawn(move || run(&shared));
+            if let Err(error) = spawned {
+                tracing::error!(%error, "cannot start the lease renewal thread");
+                state.leases.remove(&id);
+                return None;
+            }
+            state.running = true;
+        }
+        Some(Registration {
+            shared: Arc::downgrade(&self.shared),
+            id,
+        })
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            let mut state = shared.state();
+            state.leases.remove(&self.id);
+            // Dropped entries stay in the heap until due; rebuild it if they
+            // pile up (many short holds).
+            if state.due.len() > 2 * state.leases.len() + 64 {
+                let due = state
+                    .leases
+                    .iter()
+                    .map(|(id, (at, _))| Reverse((*at, *id)))
+                    .collect();
+                state.due = due;
+            }
         }
     }
+}
 
-    pub(crate) async fn run(self) {
-        let mut wait = self.first;
-        loop {
-            tokio::time::sleep(wait).await;
-            let Some(lease) = self.lease.upgrade() else {
-                return;
-            };
-            // The renewal does file I/O: keep it off the runtime's workers.
-            let step = tokio::task::spawn_blocking(move || lease.renew_once()).await;
-            match step {
-                Ok(Step::Again(next)) => wait = next,
-                Ok(Step::Stop) | Err(_) => return,
+fn run(shared: &Shared) {
+    let mut state = shared.state();
+    loop {
+        if state.leases.is_empty() {
+            state.running = false;
+            return;
+        }
+        let now = Instant::now();
+        let Some(&Reverse((at, id))) = state.due.peek() else {
+            // Every lease is scheduled; an empty heap cannot have leases.
+            state.running = false;
+            return;
+        };
+        if at > now {
+            state = shared
+                .wake
+                .wait_timeout(state, at - now)
+                .map(|(s, _)| s)
+                .unwrap_or_else(|e| e.into_inner().0);
+            continue;
+        }
+        state.due.pop();
+        let lease = match state.leases.get(&id) {
+            Some((scheduled, lease)) if *scheduled == at => lease.upgrade(),
+            // Removed, or rescheduled since: a stale heap entry.
+            _ => continue,
+        };
+        drop(state);
+        let step = lease.map_or(Step::Stop, |lease| lease.renew_once());
+        state = shared.state();
+        match step {
+            Step::Again(after) => {
+                if let Some(entry) = state.leases.get_mut(&id) {
+                    let next = Instant::now() + after;
+                    entry.0 = next;
+                    state.due.push(Reverse((next, id)));
+                }
+            }
+            Step::Stop => {
+                state.leases.remove(&id);
             }
         }
     }

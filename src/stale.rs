@@ -155,11 +155,15 @@ fn judge_unreadable(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verd
 fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Verdict {
     let me = host.me();
     let same_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a == b);
-    let same_hostname = match &r.hostname {
-        Some(h) => *h == me.hostname,
-        // The second seed writes no host name: it is a local writer.
-        None => true,
-    };
+    let same_machine = matches!((&r.machine_id, &me.machine_id), (Some(a), Some(b)) if a == b);
+    let same_hostname = same_boot
+        || same_machine
+        || match &r.hostname {
+            // An empty name (gethostname failed) says nothing.
+            Some(h) => !h.is_empty() && *h == me.hostname,
+            // The second seed writes no host name: it is a local writer.
+            None => true,
+        };
     if r.is_leasehold() && same_boot {
         return match ev.flock_free {
             None => Verdict::NeedsFlockTest,
@@ -170,8 +174,13 @@ fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Verdict {
     if !same_hostname {
         return Verdict::Live;
     }
-    if r.boot_id.is_some() && me.boot_id.is_some() && !same_boot {
+    // Another boot of this very machine (same machine id): its processes
+    // are all gone. Two hosts that merely share a name are not this.
+    if same_machine && r.boot_id.is_some() && me.boot_id.is_some() && !same_boot {
         return Verdict::Stale(StaleReason::PreviousBoot);
+    }
+    if r.boot_id.is_some() && me.boot_id.is_some() && !same_boot {
+        return Verdict::Live;
     }
     if let (Some(theirs), Some(ours)) = (&r.pid_ns, &me.pid_ns)
         && theirs != ours
@@ -194,7 +203,14 @@ fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Verdict {
     }
 }
 
-/// Whether a foreign `startTime` proves the live pid is a newer process.
+/// How much younger than the record a process must be to count as a
+/// newer process: forward wall-clock steps up to this size cannot make a
+/// live owner look like a reused pid.
+const CLOCK_STEP_SLACK_MS: u64 = 30_000;
+
+/// Whether a foreign `startTime` proves the live pid is a newer process:
+/// the start time disagrees, *and* the process is younger than the record
+/// (a process cannot have written a record before it started).
 fn pid_reused(recorded: f64, actual: ProcStart, mtime: SystemTime, now: SystemTime) -> bool {
     const Y2000_S: f64 = 946_684_800.0;
     let now_s = epoch_ms(now) as f64 / 1000.0 + 86_400.0;
@@ -207,8 +223,9 @@ fn pid_reused(recorded: f64, actual: ProcStart, mtime: SystemTime, now: SystemTi
         return false;
     };
     let differs = (recorded_ms - actual.epoch_ms as f64).abs() > START_TOLERANCE_MS as f64;
-    let started_after_record = actual.epoch_ms > epoch_ms(mtime).saturating_add(START_TOLERANCE_MS);
-    differs && started_after_record
+    let record_age_ms = epoch_ms(now).saturating_sub(epoch_ms(mtime));
+    let younger_than_record = actual.age_ms.saturating_add(CLOCK_STEP_SLACK_MS) < record_age_ms;
+    differs && younger_than_record
 }
 
 fn lease_expired(r: &Record, mtime: SystemTime, rules: Rules, host: &dyn Host) -> bool {
@@ -310,6 +327,7 @@ mod tests {
             Some(ProcStart {
                 ticks: 1,
                 epoch_ms: NOW_MS - 3_600_000,
+                age_ms: 3_600_000,
             }),
         );
         procs.insert(
@@ -317,9 +335,20 @@ mod tests {
             Some(ProcStart {
                 ticks: 2,
                 epoch_ms: NOW_MS - 1_000,
+                age_ms: 1_000,
             }),
         );
         procs.insert(300, None);
+        // Started 5 s ago; its epoch start reads 20 s later than the wall
+        // clock said when it started, because the clock stepped forward.
+        procs.insert(
+            400,
+            Some(ProcStart {
+                ticks: 4,
+                epoch_ms: NOW_MS - 5_000,
+                age_ms: 5_000,
+            }),
+        );
         Fake {
             now: UNIX_EPOCH + Duration::from_millis(NOW_MS),
             boot_ms: 50_000,
@@ -329,6 +358,7 @@ mod tests {
                 start: None,
                 boot_id: Some("boot-a".into()),
                 pid_ns: Some("pid:[1]".into()),
+                machine_id: Some("machine-a".into()),
             },
             procs,
         }
@@ -416,8 +446,21 @@ mod tests {
 
     #[test]
     fn previous_boot_is_dead() {
-        let rec = r#"{"uuid":"u","pid":100,"hostname":"here","bootId":"boot-old","leasehold":1}"#;
+        let rec = r#"{"uuid":"u","pid":100,"hostname":"here","machineId":"machine-a","bootId":"boot-old","leasehold":1}"#;
         assert_eq!(verdict(rec, 0, None), Verdict::Stale(StaleReason::PreviousBoot));
+    }
+
+    #[test]
+    fn another_host_with_the_same_name_is_not_a_previous_boot() {
+        let rec = r#"{"uuid":"u","pid":100,"hostname":"here","machineId":"machine-b","bootId":"boot-b","leasehold":1,"leaseMs":30000}"#;
+        assert_eq!(verdict(rec, 0, None), Verdict::Live);
+        // Without machine ids, a different boot id is another kernel: lease only.
+        let rec =
+            r#"{"uuid":"u","pid":555,"hostname":"here","bootId":"boot-b","leasehold":1,"leaseMs":30000}"#;
+        assert_eq!(verdict(rec, 0, None), Verdict::Live);
+        // An empty host name says nothing about the host.
+        let rec = r#"{"uuid":"u","pid":555,"hostname":""}"#;
+        assert_eq!(verdict(rec, 0, None), Verdict::Live);
     }
 
     #[test]
@@ -457,6 +500,11 @@ mod tests {
         // writer used another clock or unit, not a reused pid.
         let rec = format!(r#"{{"uuid":"u","pid":100,"startTime":{}}}"#, NOW_MS - 60_000);
         assert_eq!(verdict(&rec, 10_000, None), Verdict::Live);
+        // A forward clock step after the record was written: the start
+        // times disagree and the record looks older than it is, but not by
+        // more than the step slack.
+        let rec = format!(r#"{{"uuid":"u","pid":400,"startTime":{}}}"#, NOW_MS - 25_000);
+        assert_eq!(verdict(&rec, 25_000, None), Verdict::Live);
         // Start time unreadable (e.g. no /proc): alive.
         let rec = format!(r#"{{"uuid":"u","pid":300,"startTime":{}}}"#, NOW_MS - 7_200_000);
         assert_eq!(verdict(&rec, 60_000, None), Verdict::Live);

@@ -93,6 +93,7 @@ pub(crate) struct Ctx {
     pub(crate) grace: Duration,
     pub(crate) foreign_lease: Option<Duration>,
     pub(crate) durable: bool,
+    pub(crate) fencing: bool,
     pub(crate) holder_id: String,
     pub(crate) counters: Arc<Counters>,
 }
@@ -100,7 +101,8 @@ pub(crate) struct Ctx {
 /// The result of one attempt to take a lock.
 #[derive(Debug)]
 pub(crate) enum Attempt {
-    Acquired(Held),
+    /// Ours, with the fencing tokens reserved for it when fencing is on.
+    Acquired(Box<Held>, Option<Tokens>),
     /// Someone else holds it.
     Busy {
         /// The holder, if the lock file could be read.
@@ -125,8 +127,32 @@ pub(crate) enum Held {
 pub(crate) enum Renewal {
     Renewed,
     /// The lock path no longer names our lock.
-    NotOurs(&'static str),
+    NotOurs,
+    /// The boot clock passed the cutoff before the renewal could be made.
+    TooLate,
 }
+
+/// A block of fencing tokens reserved on disk, `next..=last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tokens {
+    pub(crate) next: u64,
+    pub(crate) last: u64,
+}
+
+impl Tokens {
+    /// The next unused token, if any is left.
+    pub(crate) fn take(&mut self) -> Option<u64> {
+        if self.next > self.last {
+            return None;
+        }
+        self.next += 1;
+        Some(self.next - 1)
+    }
+}
+
+/// How many tokens one trip to the disk reserves, so that in-process
+/// handoffs do not write the counter each time.
+const TOKEN_BLOCK: u64 = 1024;
 
 /// What a reader finds at a lock path.
 #[derive(Debug)]
@@ -146,8 +172,15 @@ impl Ctx {
                 Strategy::ExclusiveFile => file::create(self, name)?.map(Held::File),
                 Strategy::Directory => directory::create(self, name)?.map(Held::Dir),
             };
-            if let Some(held) = created {
-                return Ok(Attempt::Acquired(held));
+            if let Some(mut held) = created {
+                if !self.fencing {
+                    return Ok(Attempt::Acquired(Box::new(held), None));
+                }
+                // A lock lost before it could take a token is no lock.
+                match held.reserve_tokens()? {
+                    Some(tokens) => return Ok(Attempt::Acquired(Box::new(held), Some(tokens))),
+                    None => continue,
+                }
             }
             let Some(mut found) = Found::open(self, name)? else {
                 continue;
@@ -191,8 +224,8 @@ impl Ctx {
         }
     }
 
-    /// The record a new holder writes.
-    fn own_record(&self) -> OwnRecord {
+    /// The record a new holder of `name` writes.
+    fn own_record(&self, name: &LockName) -> OwnRecord {
         let me = sys::identity();
         let now = SystemTime::now();
         OwnRecord {
@@ -209,33 +242,105 @@ impl Ctx {
             pid_ns: me.pid_ns.clone(),
             proc_start: me.start.map(|s| s.ticks),
             renewed_at_boot: sys::boot_clock_ms(),
+            machine_id: me.machine_id.clone(),
+            name: name.as_str().to_owned(),
+            fencing_token: None,
         }
     }
 }
 
 impl Held {
-    pub(crate) fn owner(&self) -> Owner {
-        let record = match self {
+    fn parts(&self) -> (&Arc<Ctx>, &LockName, u64, u64) {
+        match self {
+            Held::File(f) => f.parts(),
+            Held::Dir(d) => d.parts(),
+        }
+    }
+
+    fn record(&self) -> &OwnRecord {
+        match self {
             Held::File(f) => f.record(),
             Held::Dir(d) => d.record(),
-        };
-        Owner::from_record(&record.parsed())
+        }
+    }
+
+    /// Replaces the record on disk with `record`, through this lock's own
+    /// descriptors.
+    fn write_record(&mut self, record: OwnRecord) -> Result<()> {
+        match self {
+            Held::File(f) => f.write_record(record),
+            Held::Dir(d) => d.write_record(record),
+        }
+    }
+
+    pub(crate) fn owner(&self) -> Owner {
+        Owner::from_record(&self.record().parsed())
     }
 
     /// The boot-clock millisecond at which the lease last written runs out.
     pub(crate) fn lease_deadline_boot_ms(&self) -> u64 {
-        let record = match self {
-            Held::File(f) => f.record(),
-            Held::Dir(d) => d.record(),
-        };
+        let record = self.record();
         record.renewed_at_boot.saturating_add(record.lease_ms)
     }
 
-    pub(crate) fn renew(&mut self) -> Result<Renewal> {
-        match self {
-            Held::File(f) => f.renew(),
-            Held::Dir(d) => d.renew(),
+    /// Whether the lock path still names this lock.
+    pub(crate) fn still_ours(&self) -> Result<bool> {
+        let (ctx, name, dev, ino) = self.parts();
+        names(ctx, name, dev, ino)
+    }
+
+    /// Extends the lease, unless the boot clock has reached `cutoff`.
+    ///
+    /// Runs under the directory's mutation lock, so it is ordered with any
+    /// reclaim: either the reclaimer's re-read sees the renewed record and
+    /// backs off, or this finds the lock gone.
+    pub(crate) fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
+        let (ctx, name, dev, ino) = self.parts();
+        let ctx = Arc::clone(ctx);
+        let _mutation = ctx.dir.mutation_lock()?;
+        if !names(&ctx, name, dev, ino)? {
+            return Ok(Renewal::NotOurs);
         }
+        let boot = sys::boot_clock_ms();
+        if boot >= cutoff {
+            return Ok(Renewal::TooLate);
+        }
+        let mut record = self.record().clone();
+        record.renew(SystemTime::now(), boot);
+        self.write_record(record)?;
+        Ok(Renewal::Renewed)
+    }
+
+    /// Reserves the next block of fencing tokens for this lock and records
+    /// the first one in the owner record. `None` if the lock is no longer
+    /// ours.
+    ///
+    /// The counter, `<lock>.fence`, is only ever advanced under the
+    /// directory's mutation lock by a process that has just checked that it
+    /// holds the lock, so blocks are handed out in the order the lock was
+    /// held. It is replaced by rename (and synced, when durable), so a crash
+    /// never leaves it behind a token already handed out.
+    pub(crate) fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
+        let (ctx, name, dev, ino) = self.parts();
+        let (ctx, name) = (Arc::clone(ctx), name.clone());
+        let _mutation = ctx.dir.mutation_lock()?;
+        if !names(&ctx, &name, dev, ino)? {
+            return Ok(None);
+        }
+        let fence = format!("{}.fence", name.file_name());
+        let last = read_fence(&ctx, &name, &fence)?;
+        let end = last.checked_add(TOKEN_BLOCK).ok_or(Error::Unsupported {
+            what: "fencing counter exhausted",
+        })?;
+        write_fence(&ctx, &fence, end)?;
+        let tokens = Tokens {
+            next: last + 1,
+            last: end,
+        };
+        let mut record = self.record().clone();
+        record.fencing_token = Some(tokens.next);
+        self.write_record(record)?;
+        Ok(Some(tokens))
     }
 
     /// Removes the lock if, and only if, the path still names it. Returns
@@ -246,6 +351,72 @@ impl Held {
             Held::Dir(d) => d.release(),
         }
     }
+}
+
+/// The last token handed out for a lock, from its `.fence` counter (0 if
+/// there is none yet).
+fn read_fence(ctx: &Ctx, name: &LockName, fence: &str) -> Result<u64> {
+    let path = || ctx.dir.path_of(fence);
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+    let file = match openat(ctx.dir.fd(), fence, flags, Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(Errno::ENOENT) => return Ok(0),
+        Err(Errno::ELOOP) => {
+            return Err(Error::UnexpectedFile {
+                name: name.as_str().to_owned(),
+                path: path(),
+                found: "symlink",
+            });
+        }
+        Err(e) => return Err(Error::errno("open fencing counter", path(), e)),
+    };
+    let bytes = read_record(&file).map_err(|e| Error::io("read fencing counter", path(), e))?;
+    std::str::from_utf8(&bytes)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| {
+            // Guessing could hand out a token twice: refuse instead.
+            Error::io(
+                "read fencing counter (not a number; fix or remove it)",
+                path(),
+                std::io::Error::from(std::io::ErrorKind::InvalidData),
+            )
+        })
+}
+
+fn write_fence(ctx: &Ctx, fence: &str, value: u64) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let tmp = format!("{fence}.tmp-{}", uuid::Uuid::new_v4().simple());
+    let path = || ctx.dir.path_of(fence);
+    let flags = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let file = File::from(
+        openat(ctx.dir.fd(), tmp.as_str(), flags, Mode::from_bits_truncate(0o600))
+            .map_err(|e| Error::errno("write fencing counter", path(), e))?,
+    );
+    let written = file
+        .write_all_at(format!("{value}\n").as_bytes(), 0)
+        .and_then(|()| if ctx.durable { file.sync_data() } else { Ok(()) });
+    let renamed = written
+        .map_err(Error::from_io("write fencing counter", path()))
+        .and_then(|()| {
+            nix::fcntl::renameat(ctx.dir.fd(), tmp.as_str(), ctx.dir.fd(), fence)
+                .map_err(|e| Error::errno("write fencing counter", path(), e))
+        });
+    if let Err(error) = renamed {
+        let _ = nix::unistd::unlinkat(
+            ctx.dir.fd(),
+            tmp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+        return Err(error);
+    }
+    if ctx.durable {
+        ctx.dir
+            .fd()
+            .sync_all()
+            .map_err(|e| Error::io("sync lock directory", ctx.dir.path(), e))?;
+    }
+    Ok(())
 }
 
 /// Whether the lock path still names the inode `(dev, ino)`.

@@ -59,9 +59,11 @@ pub(crate) struct ProcStart {
     /// Clock ticks since boot (`/proc/<pid>/stat` field 22): exact, and
     /// immune to wall-clock steps. Comparable only within one boot.
     pub(crate) ticks: u64,
-    /// Milliseconds since the Unix epoch, derived from the boot time; only as
-    /// good as the wall clock and the one-second granularity of `btime`.
+    /// Milliseconds since the Unix epoch: now, on the wall clock, minus the
+    /// process's age; as good as the wall clock is now.
     pub(crate) epoch_ms: u64,
+    /// How long ago it started, on the boot clock: exact.
+    pub(crate) age_ms: u64,
 }
 
 /// The start of process `pid`, or `None` when it cannot be read (gone, or a
@@ -88,6 +90,9 @@ pub(crate) struct Identity {
     /// The pid namespace, so two containers sharing a lock directory do not
     /// probe each other's pids.
     pub(crate) pid_ns: Option<String>,
+    /// Persistent across boots (`/etc/machine-id`): tells "this host after a
+    /// reboot" from "another host with the same name".
+    pub(crate) machine_id: Option<String>,
 }
 
 /// The current process's identity, computed on first use.
@@ -101,6 +106,10 @@ pub(crate) fn identity() -> &'static Identity {
                 .ok()
                 .and_then(|h| h.into_string().ok())
                 .unwrap_or_default(),
+            machine_id: std::fs::read_to_string("/etc/machine-id")
+                .ok()
+                .map(|id| id.trim().to_owned())
+                .filter(|id| !id.is_empty()),
             start: process_start(u64::from(pid)),
             boot_id: imp::boot_id(),
             pid_ns: imp::pid_namespace(),

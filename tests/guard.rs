@@ -297,3 +297,84 @@ async fn huge_durations_do_not_overflow() {
     );
     assert!(waiting.await.is_err(), "still waiting, without an overflow");
 }
+
+/// A creator's record is empty for a moment; a reclaimer that judges it
+/// abandoned (here with a 1 ms grace period) must never leave two holders.
+#[test]
+fn creators_are_never_robbed_of_a_file_judged_abandoned() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU32::new(0));
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let locker = Locker::builder()
+                    .directory(dir.path())
+                    .unreadable_grace(Duration::from_millis(1))
+                    .durable(false)
+                    .poll_interval(Duration::from_millis(1))
+                    .build()
+                    .unwrap();
+                let (inside, overlaps) = (Arc::clone(&inside), Arc::clone(&overlaps));
+                tokio::spawn(async move {
+                    for _ in 0..150 {
+                        let guard = locker.acquire("hot").await.unwrap();
+                        if inside.swap(true, Ordering::SeqCst) {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        tokio::task::yield_now().await;
+                        inside.store(false, Ordering::SeqCst);
+                        drop(guard);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+}
+
+/// Renewal does not depend on the runtime: a guard that outlives its
+/// runtime keeps its lease.
+#[test]
+fn a_guard_keeps_its_lease_after_the_runtime_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let guard = rt
+        .block_on(async {
+            Locker::builder()
+                .directory(dir.path())
+                .lease(Duration::from_millis(300))
+                .renew_interval(Duration::from_millis(50))
+                .build()
+                .unwrap()
+                .acquire("kept")
+                .await
+        })
+        .unwrap();
+    drop(rt);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(!guard.is_lost());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let rival = Locker::new(dir.path()).unwrap();
+        assert!(
+            rival.try_acquire("kept").await.unwrap().is_none(),
+            "taken after 3 leases"
+        );
+    });
+    drop(guard);
+    rt.block_on(async {
+        let rival = Locker::new(dir.path()).unwrap();
+        assert!(rival.try_acquire("kept").await.unwrap().is_some());
+    });
+}

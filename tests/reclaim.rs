@@ -60,11 +60,16 @@ fn own_start_ms() -> u64 {
 #[tokio::test]
 async fn a_live_pid_with_the_right_start_time_is_honoured() {
     let dir = tempfile::tempdir().unwrap();
-    let locker = Locker::new(dir.path()).unwrap();
+    // No foreign lease: only liveness can decide.
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .foreign_lease(None)
+        .build()
+        .unwrap();
     let path = locker.lock_path("job").unwrap();
     let me = std::process::id();
     let record = format!(r#"{{"uuid":"seed","pid":{me},"startTime":{}}}"#, own_start_ms());
-    plant(&path, &record, Duration::from_secs(60));
+    plant(&path, &record, Duration::from_secs(3600));
     assert!(locker.try_acquire("job").await.unwrap().is_none());
     assert_eq!(std::fs::read_to_string(&path).unwrap(), record);
     let owner = locker.holder("job").await.unwrap().expect("held");
@@ -75,17 +80,22 @@ async fn a_live_pid_with_the_right_start_time_is_honoured() {
 #[tokio::test]
 async fn a_live_pid_with_another_start_time_is_a_reused_pid() {
     let dir = tempfile::tempdir().unwrap();
-    let locker = Locker::new(dir.path()).unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .foreign_lease(None)
+        .build()
+        .unwrap();
     let path = locker.lock_path("job").unwrap();
-    // Written a minute ago by a process that started two hours ago; the
-    // pid now belongs to this test process, which started after that.
+    // Written an hour ago by a process that started two hours ago; the pid
+    // now belongs to this test process, which started after that.
     let record = format!(
         r#"{{"uuid":"seed","pid":{},"startTime":{}}}"#,
         std::process::id(),
         own_start_ms() - 7_200_000
     );
-    plant(&path, &record, Duration::from_secs(60));
+    plant(&path, &record, Duration::from_secs(3600));
     let guard = locker.try_acquire("job").await.unwrap().expect("reclaimed");
+    assert_eq!(locker.stats().reclaimed_dead_owner, 1, "{:?}", locker.stats());
     assert_eq!(guard.owner().pid(), Some(std::process::id()));
 }
 

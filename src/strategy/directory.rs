@@ -26,7 +26,7 @@ use nix::fcntl::{OFlag, openat, renameat};
 use nix::sys::stat::{Mode, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
-use super::{Ctx, Renewal, names, read_record};
+use super::{Ctx, names, read_record};
 use crate::dir::MutationLock;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -85,7 +85,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>>
             io::Error::other(e.to_string()),
         )
     })?;
-    let record = ctx.own_record();
+    let record = ctx.own_record(name);
     let record_file = write_owner(&dir, OWNER, &record, ctx.durable)
         .map_err(|e| Error::io("write lock record", path(), e))?;
     match sys::rename_noreplace(ctx.dir.fd(), &pending, name.file_name()) {
@@ -213,21 +213,21 @@ impl DirLock {
         &self.record
     }
 
-    pub(crate) fn renew(&mut self) -> Result<Renewal> {
-        let mut record = self.record.clone();
-        record.renew(SystemTime::now(), sys::boot_clock_ms());
+    pub(crate) fn parts(&self) -> (&Arc<Ctx>, &LockName, u64, u64) {
+        (&self.ctx, &self.name, self.dev, self.ino)
+    }
+
+    /// Replaces `owner.json` atomically inside the directory we published:
+    /// written as `owner.json.next` through our descriptor, then renamed.
+    pub(crate) fn write_record(&mut self, record: OwnRecord) -> Result<()> {
         let path = || self.ctx.dir.path_of(self.name.file_name()).join(OWNER);
         let next = write_owner(&self.dir, NEXT, &record, false)
-            .map_err(|e| Error::io("renew lease in", path(), e))?;
-        renameat(&self.dir, NEXT, &self.dir, OWNER).map_err(|e| Error::errno("renew lease in", path(), e))?;
+            .map_err(|e| Error::io("rewrite lock record", path(), e))?;
+        renameat(&self.dir, NEXT, &self.dir, OWNER)
+            .map_err(|e| Error::errno("rewrite lock record", path(), e))?;
         self._record_file = next;
         self.record = record;
-        if names(&self.ctx, &self.name, self.dev, self.ino)? {
-            return Ok(Renewal::Renewed);
-        }
-        // Our directory was retired; help whoever is emptying it.
-        let _ = unlinkat(&self.dir, OWNER, UnlinkatFlags::NoRemoveDir);
-        Ok(Renewal::NotOurs("the lock directory was removed or replaced"))
+        Ok(())
     }
 
     pub(crate) fn release(mut self) -> Result<bool> {
@@ -238,6 +238,8 @@ impl DirLock {
     fn remove(&self) -> Result<bool> {
         let mutation = self.ctx.dir.mutation_lock()?;
         if !names(&self.ctx, &self.name, self.dev, self.ino)? {
+            // Retired by a reclaimer: help it empty our old directory.
+            let _ = unlinkat(&self.dir, OWNER, UnlinkatFlags::NoRemoveDir);
             return Ok(false);
         }
         retire(&self.ctx, &self.name, &self.dir, mutation)

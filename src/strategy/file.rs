@@ -13,21 +13,20 @@
 //! content (lease expiry, a foreign owner's pid) re-reads it under the
 //! directory's mutation lock and backs off if it changed.
 
-use std::fs::File;
+use std::fs::{File, TryLockError};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::Mode;
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
-use super::{Ctx, Renewal, names};
+use super::{Ctx, names};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
-use crate::sys;
 
 /// A lock file this process created. Dropping it removes the file if, and
 /// only if, the path still names it.
@@ -62,10 +61,16 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FileLock>
         Err(Errno::EEXIST) => return Ok(None),
         Err(e) => return Err(Error::errno("create lock file", path(), e)),
     };
-    let meta = file
-        .metadata()
-        .map_err(|e| Error::io("inspect new lock file", path(), e))?;
-    let record = ctx.own_record();
+    let meta = match file.metadata() {
+        Ok(meta) => meta,
+        Err(e) => {
+            // Microseconds old, far younger than any grace period: nobody
+            // else can have judged it yet, so it is still ours to remove.
+            let _ = unlinkat(ctx.dir.fd(), name.file_name(), UnlinkatFlags::NoRemoveDir);
+            return Err(Error::io("inspect new lock file", path(), e));
+        }
+    };
+    let record = ctx.own_record(name);
     let bytes = record.to_bytes(0);
     // Armed from here on: any failure below removes the half-made lock.
     let lock = FileLock {
@@ -83,12 +88,21 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FileLock>
     // the holder is gone. Only a reader testing a record older than the
     // grace period can hold it briefly, so a few tries suffice.
     let mut tries = 0;
-    while lock.file.try_lock().is_err() {
-        tries += 1;
-        if tries == 50 {
-            return Ok(None);
+    loop {
+        match lock.file.try_lock() {
+            Ok(()) => break,
+            Err(TryLockError::WouldBlock) if tries < 50 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(TryLockError::WouldBlock) => return Ok(None),
+            Err(TryLockError::Error(e)) => return Err(flock_error(e, path())),
         }
-        std::thread::sleep(Duration::from_micros(200));
+    }
+    // Our file may have been judged abandoned (empty, past the grace
+    // period) and removed before our flock: then it is nobody's lock.
+    if !names(ctx, name, lock.dev, lock.ino)? {
+        return Ok(None);
     }
     lock.file
         .write_all_at(&bytes, 0)
@@ -99,6 +113,18 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FileLock>
             .map_err(|e| Error::io("sync lock record", path(), e))?;
     }
     Ok(Some(lock))
+}
+
+/// `flock` failing outright (not just contended) means the filesystem
+/// cannot do it, which the staleness rules depend on.
+fn flock_error(e: std::io::Error, path: std::path::PathBuf) -> Error {
+    if e.kind() == std::io::ErrorKind::Unsupported || e.raw_os_error() == Some(Errno::ENOLCK as i32) {
+        Error::Unsupported {
+            what: "lock files on a filesystem without flock(2)",
+        }
+    } else {
+        Error::io("lock new lock file", path, e)
+    }
 }
 
 /// Removes the lock file; the caller holds the mutation lock and has
@@ -120,20 +146,24 @@ impl FileLock {
         &self.record
     }
 
-    pub(crate) fn renew(&mut self) -> Result<Renewal> {
-        let mut record = self.record.clone();
-        record.renew(SystemTime::now(), sys::boot_clock_ms());
+    pub(crate) fn parts(&self) -> (&Arc<Ctx>, &LockName, u64, u64) {
+        (&self.ctx, &self.name, self.dev, self.ino)
+    }
+
+    /// Rewrites the record in place through our descriptor, padded to the
+    /// length already on disk so no stale bytes remain.
+    pub(crate) fn write_record(&mut self, record: OwnRecord) -> Result<()> {
         let bytes = record.to_bytes(self.record_len);
-        self.file
-            .write_all_at(&bytes, 0)
-            .map_err(|e| Error::io("renew lease in", self.ctx.dir.path_of(self.name.file_name()), e))?;
+        self.file.write_all_at(&bytes, 0).map_err(|e| {
+            Error::io(
+                "rewrite lock record",
+                self.ctx.dir.path_of(self.name.file_name()),
+                e,
+            )
+        })?;
         self.record_len = bytes.len();
         self.record = record;
-        if names(&self.ctx, &self.name, self.dev, self.ino)? {
-            Ok(Renewal::Renewed)
-        } else {
-            Ok(Renewal::NotOurs("the lock file was removed or replaced"))
-        }
+        Ok(())
     }
 
     pub(crate) fn release(mut self) -> Result<bool> {

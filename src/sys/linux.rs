@@ -11,11 +11,21 @@ use super::ProcStart;
 pub(super) fn process_start(pid: u64) -> Option<ProcStart> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let ticks = start_ticks(&stat)?;
-    let (btime_s, hz) = boot_constants()?;
-    let epoch_ms = btime_s
-        .checked_mul(1000)?
-        .checked_add(ticks.checked_mul(1000)? / hz)?;
-    Some(ProcStart { ticks, epoch_ms })
+    let started_ms = ticks.checked_mul(1000)? / clock_ticks()?;
+    // The start is kept on the boot clock; its age on that clock is exact,
+    // and the epoch estimate uses today's wall clock, never a cached boot
+    // time that a clock step would have made stale.
+    let age_ms = boot_clock_ms().saturating_sub(started_ms);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_millis();
+    let epoch_ms = u64::try_from(now_ms).ok()?.checked_sub(age_ms)?;
+    Some(ProcStart {
+        ticks,
+        epoch_ms,
+        age_ms,
+    })
 }
 
 /// Field 22 of `/proc/<pid>/stat`. The command name (field 2) may contain
@@ -26,20 +36,12 @@ fn start_ticks(stat: &str) -> Option<u64> {
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
-/// `btime` (seconds since the epoch at boot) and clock ticks per second.
-fn boot_constants() -> Option<(u64, u64)> {
-    static CONSTANTS: OnceLock<Option<(u64, u64)>> = OnceLock::new();
-    *CONSTANTS.get_or_init(|| {
-        let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        let btime = stat
-            .lines()
-            .find_map(|l| l.strip_prefix("btime "))?
-            .trim()
-            .parse()
-            .ok()?;
+/// Clock ticks per second.
+fn clock_ticks() -> Option<u64> {
+    static HZ: OnceLock<Option<u64>> = OnceLock::new();
+    *HZ.get_or_init(|| {
         let hz = sysconf(SysconfVar::CLK_TCK).ok()??;
-        let hz = u64::try_from(hz).ok().filter(|&hz| hz > 0)?;
-        Some((btime, hz))
+        u64::try_from(hz).ok().filter(|&hz| hz > 0)
     })
 }
 
