@@ -85,6 +85,12 @@ impl LockDir {
     /// judged. Creation needs no lock: `O_EXCL` only succeeds on an absent
     /// path, so under this lock a present path cannot change.
     pub(crate) fn mutation_lock(&self) -> Result<MutationLock> {
+        self.mutation_lock_within(MUTATION_PATIENCE)
+    }
+
+    /// As [`mutation_lock`](Self::mutation_lock), waiting at most
+    /// `patience` (for callers with a deadline of their own).
+    pub(crate) fn mutation_lock_within(&self, patience: Duration) -> Result<MutationLock> {
         let fd = openat(
             &self.fd,
             ".",
@@ -93,7 +99,7 @@ impl LockDir {
         )
         .map_err(|e| Error::errno("open lock directory", &self.path, e))?;
         let file = File::from(fd);
-        let deadline = Instant::now() + MUTATION_PATIENCE;
+        let deadline = Instant::now() + patience.min(MUTATION_PATIENCE);
         let mut pause = Duration::from_micros(20);
         loop {
             match file.try_lock() {

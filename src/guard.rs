@@ -571,6 +571,8 @@ impl Lease {
     fn lose(&self, slot: &mut MutexGuard<'_, Option<Held>>, reason: String) {
         tracing::warn!(lock = &*self.name, reason, "lock lost");
         bump(&self.counters.lost);
+        // Tell the holder first: cleaning up below may wait on the disk.
+        self.lost.send_replace(Some(reason.into()));
         if let Some(held) = slot.take() {
             // Still ours on disk (say our lease ran out while we were
             // paused, and nobody took it yet)? Then free it for others.
@@ -578,7 +580,6 @@ impl Lease {
                 tracing::debug!(lock = &*self.name, %error, "could not remove a lost lock");
             }
         }
-        self.lost.send_replace(Some(reason.into()));
     }
 }
 

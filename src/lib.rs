@@ -143,7 +143,7 @@ pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use locker::{Locker, LockerBuilder};
 pub use name::PathStyle;
-pub use owner::Owner;
+pub use owner::{LockInfo, Owner};
 pub use stats::Stats;
 pub use strategy::Strategy;
 

@@ -10,15 +10,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::dir::LockDir;
 use crate::error::{Error, Result};
 use crate::guard::{Hold, LockGuard, Share, TokenStep};
 use crate::name::{LockName, PathStyle};
-use crate::owner::Owner;
+use crate::owner::{LockInfo, Owner};
 use crate::queue::{COURTESY, Head, Join, Slot, Slots, Turn};
 use crate::renew::Renewer;
 use crate::scope;
+use crate::stale::StaleReason;
 use crate::stats::{Stats, bump};
 use crate::strategy::{Attempt, Ctx, Held, Strategy, Tokens};
 use crate::wake::Watcher;
@@ -471,7 +473,9 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, name: &str) -> Result<LockGuard> {
-        self.acquire_until(name, None).await
+        self.acquire_until(name, None)
+            .instrument(self.span("acquire", name))
+            .await
     }
 
     /// Acquires the lock `name` if that can be done without waiting.
@@ -499,6 +503,12 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn try_acquire(&self, name: &str) -> Result<Option<LockGuard>> {
+        self.try_acquire_inner(name)
+            .instrument(self.span("try_acquire", name))
+            .await
+    }
+
+    async fn try_acquire_inner(&self, name: &str) -> Result<Option<LockGuard>> {
         let name = LockName::new(name, self.inner.path_style)?;
         if let Some(guard) = self.reenter(&name) {
             return guard.map(Some);
@@ -550,6 +560,7 @@ impl Locker {
     pub async fn acquire_timeout(&self, name: &str, timeout: Duration) -> Result<LockGuard> {
         let deadline = Instant::now().checked_add(timeout);
         self.acquire_until(name, Some(deadline.unwrap_or_else(far_future)))
+            .instrument(self.span("acquire_timeout", name))
             .await
     }
 
@@ -584,6 +595,49 @@ impl Locker {
         let ctx = Arc::clone(&self.inner.ctx);
         let inspection = blocking(move || ctx.inspect(&name)).await??;
         Ok(inspection.filter(|i| i.stale.is_none()).map(|i| i.owner))
+    }
+
+    /// Every lock in the directory (of this `Locker`'s strategy), with its
+    /// owner and whether it is stale, for diagnostics. Temporary and trash
+    /// entries, fencing counters, and locks of the other strategy are left
+    /// out.
+    ///
+    /// # Errors
+    ///
+    /// I/O and permission errors from reading the directory or a record.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _a = locker.acquire("a").await?;
+    /// let _b = locker.acquire("b").await?;
+    /// let names: Vec<String> = locker.list().await?.iter().map(|l| l.name().to_owned()).collect();
+    /// assert_eq!(names.len(), 2);
+    /// assert!(names.contains(&"a".to_owned()) && names.contains(&"b".to_owned()));
+    /// # Ok(()) }
+    /// ```
+    pub async fn list(&self) -> Result<Vec<LockInfo>> {
+        let ctx = Arc::clone(&self.inner.ctx);
+        let locks = blocking(move || ctx.list()).await??;
+        Ok(locks
+            .into_iter()
+            .map(|(name, inspection)| {
+                let display = inspection.owner.name().unwrap_or(name.as_str()).to_owned();
+                LockInfo::new(
+                    self.inner.ctx.dir.path_of(name.file_name()),
+                    display,
+                    inspection.owner,
+                    inspection.stale.map(StaleReason::as_str),
+                )
+            })
+            .collect())
     }
 
     /// Whether a live holder has `name` now. The answer may be out of date
@@ -721,6 +775,20 @@ impl Locker {
         self.finish(&name, hold, slot, started, contended).await
     }
 
+    /// The span every acquisition runs in; `waited_ms`, `contended` and
+    /// `fencing_token` are recorded when it succeeds.
+    fn span(&self, op: &'static str, name: &str) -> tracing::Span {
+        tracing::debug_span!(
+            "leasehold",
+            op,
+            lock = name,
+            strategy = self.inner.ctx.strategy.as_str(),
+            waited_ms = tracing::field::Empty,
+            contended = tracing::field::Empty,
+            fencing_token = tracing::field::Empty,
+        )
+    }
+
     /// A re-entrant guard, if the current scope holds `name`.
     fn reenter(&self, name: &LockName) -> Option<Result<LockGuard>> {
         let guard = scope::find(self.inner.id, name.file_name())?.guard()?;
@@ -770,6 +838,12 @@ impl Locker {
         counters.waited(waited);
         let guard = share.first_guard(token);
         scope::remember(self.inner.id, name.file_name(), &share);
+        let span = tracing::Span::current();
+        span.record("waited_ms", waited.as_secs_f64() * 1000.0);
+        span.record("contended", contended);
+        if let Some(token) = token {
+            span.record("fencing_token", token);
+        }
         tracing::debug!(
             lock = name.as_str(),
             strategy = self.inner.ctx.strategy.as_str(),
@@ -855,6 +929,7 @@ impl Locker {
 
     fn timed_out(&self, name: &LockName, started: Instant) -> Error {
         bump(&self.inner.ctx.counters.timeouts);
+        tracing::debug!(lock = name.as_str(), waited = ?started.elapsed(), "timed out waiting for lock");
         Error::Timeout {
             name: name.as_str().to_owned(),
             waited: started.elapsed(),

@@ -91,6 +91,15 @@ impl LockName {
         })
     }
 
+    /// The lock at an existing entry of the lock directory, named by its
+    /// file name until its record says better.
+    pub(crate) fn from_file_name(file_name: &str) -> Self {
+        Self {
+            name: file_name.strip_suffix(".lock").unwrap_or(file_name).to_owned(),
+            file_name: file_name.to_owned(),
+        }
+    }
+
     pub(crate) fn as_str(&self) -> &str {
         &self.name
     }

@@ -136,3 +136,70 @@ impl Owner {
         self.leasehold
     }
 }
+
+/// One lock found in the directory by [`Locker::list`](crate::Locker::list).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = leasehold::Locker::new(dir.path())?;
+/// let _guard = locker.acquire("nightly report").await?;
+/// let locks = locker.list().await?;
+/// assert_eq!(locks.len(), 1);
+/// assert_eq!(locks[0].name(), "nightly report");
+/// assert!(!locks[0].is_stale());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    path: std::path::PathBuf,
+    name: String,
+    owner: Owner,
+    stale: Option<&'static str>,
+}
+
+impl LockInfo {
+    pub(crate) fn new(
+        path: std::path::PathBuf,
+        name: String,
+        owner: Owner,
+        stale: Option<&'static str>,
+    ) -> Self {
+        Self {
+            path,
+            name,
+            owner,
+            stale,
+        }
+    }
+
+    /// The lock's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// The lock name: from the record when it has one (leasehold records
+    /// do), else the file name without `.lock`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Who holds (or held) it.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// Whether the next `acquire` would reclaim it.
+    pub fn is_stale(&self) -> bool {
+        self.stale.is_some()
+    }
+
+    /// Why it is stale, in words (`"owner process is dead"`, `"lease
+    /// expired"`, ...).
+    pub fn stale_reason(&self) -> Option<&'static str> {
+        self.stale
+    }
+}

@@ -217,6 +217,35 @@ impl Ctx {
         }))
     }
 
+    /// Every lock in the directory of this strategy's kind, judged. Entries
+    /// that vanish while listed, and those of another kind, are skipped.
+    pub(crate) fn list(&self) -> Result<Vec<(LockName, Inspection)>> {
+        let fd = self
+            .dir
+            .fd()
+            .try_clone()
+            .map_err(|e| Error::io("list lock directory", self.dir.path(), e))?;
+        let mut listing = nix::dir::Dir::from_fd(fd.into())
+            .map_err(|e| Error::errno("list lock directory", self.dir.path(), e))?;
+        let mut names: Vec<String> = listing
+            .iter()
+            .filter_map(|entry| entry.ok())
+            .filter_map(|entry| entry.file_name().to_str().ok().map(str::to_owned))
+            .filter(|name| name.ends_with(".lock"))
+            .collect();
+        names.sort();
+        let mut locks = Vec::new();
+        for file_name in names {
+            let name = LockName::from_file_name(&file_name);
+            match self.inspect(&name) {
+                Ok(Some(inspection)) => locks.push((name, inspection)),
+                Ok(None) | Err(Error::UnexpectedFile { .. }) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(locks)
+    }
+
     pub(crate) fn rules(&self) -> stale::Rules {
         stale::Rules {
             grace: self.grace,
@@ -297,7 +326,10 @@ impl Held {
     pub(crate) fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
         let (ctx, name, dev, ino) = self.parts();
         let ctx = Arc::clone(ctx);
-        let _mutation = ctx.dir.mutation_lock()?;
+        // Never wait for the directory lock past the cutoff: a late renewal
+        // must not delay the report of a loss.
+        let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
+        let _mutation = ctx.dir.mutation_lock_within(left)?;
         if !names(&ctx, name, dev, ino)? {
             return Ok(Renewal::NotOurs);
         }

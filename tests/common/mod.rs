@@ -15,6 +15,8 @@ use nix::unistd::Pid;
 
 const ROLE_ENV: &str = "LEASEHOLD_TEST_ROLE";
 const STRATEGY_ENV: &str = "LEASEHOLD_TEST_STRATEGY";
+/// Set in a child's environment to build its lockers with fencing on.
+pub const FENCING_ENV: &str = "LEASEHOLD_TEST_FENCING";
 const ARGS_ENV: &str = "LEASEHOLD_TEST_ARGS";
 /// No child outlives this, whatever the parent does.
 const CHILD_TTL: Duration = Duration::from_secs(90);
@@ -56,6 +58,7 @@ fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
     };
     Locker::builder()
         .directory(dir)
+        .fencing(std::env::var_os(FENCING_ENV).is_some())
         .strategy(strategy)
         .lease(Duration::from_millis(lease_ms))
         .poll_interval(Duration::from_millis(poll_ms))
@@ -108,11 +111,25 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
         "hold" => {
             let l = locker(&args[0], args[2].parse().unwrap(), 10);
             let g = l.acquire(&args[1]).await.expect("acquire");
-            say("acquired");
+            say(&format!("acquired {}", g.fencing_token().unwrap_or(0)));
             tokio::select! {
                 _ = g.lost() => say("lost"),
                 _ = tokio::time::sleep(CHILD_TTL) => {}
             }
+            0
+        }
+        // dir name n log: n acquisitions, logging each fencing token under
+        // the lock, so the log is in acquisition order.
+        "tokens" => {
+            let l = locker(&args[0], 10_000, 2);
+            let n: u32 = args[2].parse().unwrap();
+            for _ in 0..n {
+                let g = l.acquire(&args[1]).await.expect("acquire");
+                let token = g.fencing_token().expect("fencing is on");
+                append(&args[3], &format!("{token} {pid}"));
+                drop(g);
+            }
+            say("done");
             0
         }
         // dir name ms: hold the lock for a while, then release it.
@@ -155,6 +172,11 @@ impl ChildProc {
 
     /// A child whose lockers use `strategy`.
     pub fn spawn_with(strategy: leasehold::Strategy, role: &str, args: &[&str]) -> Self {
+        Self::spawn_env(strategy, role, args, &[])
+    }
+
+    /// A child with extra environment variables.
+    pub fn spawn_env(strategy: leasehold::Strategy, role: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let strategy = if strategy == leasehold::Strategy::Directory {
             "dir"
         } else {
@@ -170,6 +192,7 @@ impl ChildProc {
             ])
             .env(ROLE_ENV, role)
             .env(STRATEGY_ENV, strategy)
+            .envs(env.iter().copied())
             .env(ARGS_ENV, args.join("\u{1f}"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

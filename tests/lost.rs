@@ -1,0 +1,357 @@
+//! Knowing when a lock is lost, fencing tokens, and the counters.
+
+mod common;
+
+use std::time::{Duration, Instant, SystemTime};
+
+use common::{ChildProc, FENCING_ENV, dead_pid, iso, plant};
+use leasehold::{Error, Locker, Strategy};
+use nix::sys::signal::Signal;
+
+#[test]
+fn child_process_entry() {
+    common::child_entry();
+}
+
+fn record_bytes(path: &std::path::Path) -> Vec<u8> {
+    if path.is_dir() {
+        std::fs::read(path.join("owner.json")).unwrap()
+    } else {
+        std::fs::read(path).unwrap()
+    }
+}
+
+fn paused_holder(strategy: Strategy) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let fencing = [(FENCING_ENV, "1")];
+    // A holds with a 1 s lease, then is frozen.
+    let a = ChildProc::spawn_env(strategy, "hold", &[d, "job", "1000"], &fencing);
+    let a_token: u64 = a.expect("acquired", Duration::from_secs(20))[9..]
+        .parse()
+        .unwrap();
+    a.signal(Signal::SIGSTOP);
+    // B takes over once A's lease has run out. B's lease is long, so its
+    // record does not change while we watch it.
+    let b = ChildProc::spawn_env(strategy, "hold", &[d, "job", "60000"], &fencing);
+    let b_token: u64 = b.expect("acquired", Duration::from_secs(20))[9..]
+        .parse()
+        .unwrap();
+    assert!(b_token > a_token, "fencing tokens grow: {a_token} then {b_token}");
+    let locker = Locker::builder().directory(d).strategy(strategy).build().unwrap();
+    let path = locker.lock_path("job").unwrap();
+    let before = record_bytes(&path);
+    // A wakes up: it must learn it lost the lock, and touch nothing.
+    a.signal(Signal::SIGCONT);
+    let resumed = Instant::now();
+    a.expect("lost", Duration::from_secs(5));
+    assert!(
+        resumed.elapsed() < Duration::from_secs(2),
+        "lost() took {:?}",
+        resumed.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(record_bytes(&path), before, "the new holder's record was touched");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let owner = rt
+        .block_on(locker.holder("job"))
+        .unwrap()
+        .expect("B still holds it");
+    assert_eq!(owner.pid(), Some(b.pid()));
+    assert_eq!(owner.fencing_token(), Some(b_token));
+}
+
+#[test]
+fn a_holder_paused_past_its_lease_loses_it_and_disturbs_nobody_file() {
+    paused_holder(Strategy::ExclusiveFile);
+}
+
+#[test]
+fn a_holder_paused_past_its_lease_loses_it_and_disturbs_nobody_directory() {
+    paused_holder(Strategy::Directory);
+}
+
+#[test]
+fn fencing_tokens_strictly_increase_across_processes_kills_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let locks = dir.path().join("locks");
+    let (d, l) = (locks.to_str().unwrap(), log.to_str().unwrap());
+    let fencing = [(FENCING_ENV, "1")];
+    let spawn = || {
+        ChildProc::spawn_env(
+            Strategy::ExclusiveFile,
+            "tokens",
+            &[d, "ledger", "100", l],
+            &fencing,
+        )
+    };
+    let mut kids: Vec<ChildProc> = (0..4).map(|_| spawn()).collect();
+    // Kill two midway, wherever they are (holding the lock or not), and
+    // start two fresh processes in their place.
+    std::thread::sleep(Duration::from_millis(150));
+    for kid in kids.iter().take(2) {
+        kid.signal(Signal::SIGKILL);
+    }
+    kids.push(spawn());
+    kids.push(spawn());
+    for kid in kids.iter_mut().skip(2) {
+        kid.expect("done", Duration::from_secs(60));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let tokens: Vec<u64> = text
+        .lines()
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(tokens.len() >= 400, "{} acquisitions logged", tokens.len());
+    for pair in tokens.windows(2) {
+        assert!(pair[1] > pair[0], "tokens out of order: {pair:?}");
+    }
+}
+
+#[tokio::test]
+async fn fencing_tokens_grow_through_handoffs_and_survive_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = || {
+        Locker::builder()
+            .directory(dir.path())
+            .fencing(true)
+            .build()
+            .unwrap()
+    };
+    let locker = build();
+    let mut last = 0;
+    for _ in 0..3000 {
+        let guard = locker.acquire("ledger").await.unwrap();
+        let token = guard.fencing_token().unwrap();
+        assert!(token > last);
+        last = token;
+    }
+    // A new Locker (as after a restart) continues above.
+    let restarted = build();
+    let guard = restarted.acquire("ledger").await.unwrap();
+    assert!(guard.fencing_token().unwrap() > last);
+    let owner = restarted.holder("ledger").await.unwrap().unwrap();
+    assert_eq!(owner.fencing_token(), guard.fencing_token());
+    // Without fencing there is no token to show.
+    let plain_dir = tempfile::tempdir().unwrap();
+    let plain = Locker::new(plain_dir.path()).unwrap();
+    assert_eq!(plain.acquire("x").await.unwrap().fencing_token(), None);
+}
+
+#[tokio::test]
+async fn a_corrupt_fencing_counter_is_an_error_not_a_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .fencing(true)
+        .build()
+        .unwrap();
+    let fence = format!("{}.fence", locker.lock_path("ledger").unwrap().display());
+    std::fs::write(&fence, "not a number").unwrap();
+    let err = locker.try_acquire("ledger").await.unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err:?}");
+    assert!(
+        !locker.lock_path("ledger").unwrap().exists(),
+        "the half-taken lock was released"
+    );
+}
+
+/// Unmounts on drop, so a failing test leaves no mount behind.
+struct Mount(std::path::PathBuf);
+
+impl Mount {
+    fn tmpfs(size: &str) -> Result<Self, String> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("not running as root".into());
+        }
+        let dir = std::env::temp_dir().join(format!("leasehold-tmpfs-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir(&dir).map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .arg(&dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(format!(
+                "mount failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Self(dir))
+    }
+
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.0.join("filler")).unwrap();
+        let chunk = vec![0u8; 4096];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+async fn renewal_failure_is_reported_before_the_lease_ends(
+    strategy: Strategy,
+    dir: &std::path::Path,
+    break_it: impl FnOnce(),
+) {
+    let lease = Duration::from_millis(2000);
+    let locker = Locker::builder()
+        .directory(dir)
+        .strategy(strategy)
+        .lease(lease)
+        .renew_interval(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let guard = locker.acquire("job").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let broken = Instant::now();
+    break_it();
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("loss reported");
+    // The last renewal was at most one interval before the break; loss
+    // must come before that renewal's lease ends.
+    assert!(
+        broken.elapsed() < lease,
+        "loss reported after {:?}",
+        broken.elapsed()
+    );
+    assert!(guard.is_lost());
+    assert!(locker.stats().renewal_failures >= 1);
+    assert_eq!(locker.stats().lost, 1);
+    drop(guard);
+}
+
+/// Renewal needs the directory lock; a process frozen while holding it
+/// makes every renewal fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_failing_behind_a_frozen_directory_lock_is_reported_in_time() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let squatter = std::fs::File::open(dir.path()).unwrap();
+        renewal_failure_is_reported_before_the_lease_ends(strategy, dir.path(), || squatter.lock().unwrap())
+            .await;
+        squatter.unlock().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_failing_on_a_full_filesystem_is_reported_in_time() {
+    let mount = match Mount::tmpfs("256k") {
+        Ok(mount) => mount,
+        Err(reason) => {
+            eprintln!("skipped: needs a tmpfs mount ({reason})");
+            return;
+        }
+    };
+    renewal_failure_is_reported_before_the_lease_ends(Strategy::Directory, &mount.0, || mount.fill()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lock_directory_is_a_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let locks = dir.path().join("locks");
+    let locker = Locker::builder()
+        .directory(&locks)
+        .lease(Duration::from_millis(1000))
+        .renew_interval(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let guard = locker.acquire("job").await.unwrap();
+    std::fs::remove_dir_all(&locks).unwrap();
+    tokio::time::timeout(Duration::from_secs(1), guard.lost())
+        .await
+        .expect("lost within ~one interval");
+    assert!(guard.ensure_held().await.unwrap_err().is_lost());
+}
+
+/// Every counter, against a scripted scenario.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_exactly_what_happened() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .poll_interval(Duration::from_millis(5))
+        .renew_interval(Duration::from_millis(100))
+        .lease(Duration::from_millis(1000))
+        .build()
+        .unwrap();
+    let other = Locker::new(dir.path()).unwrap();
+    let path = |n: &str| locker.lock_path(n).unwrap();
+
+    drop(locker.acquire("plain").await.unwrap()); // 1 acquisition
+    let held = other.acquire("busy").await.unwrap();
+    assert!(
+        locker
+            .acquire_timeout("busy", Duration::from_millis(30))
+            .await
+            .unwrap_err()
+            .is_timeout()
+    ); // 1 timeout
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move { drop(locker.acquire("busy").await.unwrap()) })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(held);
+    waiter.await.unwrap(); // 1 contended acquisition
+    plant(
+        leasehold::Strategy::ExclusiveFile,
+        &path("dead"),
+        &format!(r#"{{"uuid":"x","pid":{}}}"#, dead_pid()),
+        Duration::ZERO,
+    );
+    drop(locker.acquire("dead").await.unwrap());
+    let past = iso(SystemTime::now() - Duration::from_secs(1));
+    plant(
+        leasehold::Strategy::ExclusiveFile,
+        &path("expired"),
+        &format!(r#"{{"pid":1,"hostname":"elsewhere","leaseExpiresAt":"{past}"}}"#),
+        Duration::ZERO,
+    );
+    drop(locker.acquire("expired").await.unwrap());
+    plant(
+        leasehold::Strategy::ExclusiveFile,
+        &path("garbage"),
+        "",
+        Duration::from_secs(60),
+    );
+    drop(locker.acquire("garbage").await.unwrap());
+    let kept = locker.acquire("kept").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    drop(kept);
+    let lost = locker.acquire("lost").await.unwrap();
+    std::fs::remove_file(path("lost")).unwrap();
+    tokio::time::timeout(Duration::from_secs(2), lost.lost())
+        .await
+        .unwrap();
+    drop(lost);
+
+    let stats = locker.stats();
+    assert_eq!(stats.acquisitions, 7, "{stats:?}");
+    assert_eq!(stats.contended, 1, "{stats:?}");
+    assert_eq!(stats.timeouts, 1, "{stats:?}");
+    assert_eq!(stats.reclaimed_dead_owner, 1, "{stats:?}");
+    assert_eq!(stats.reclaimed_expired_lease, 1, "{stats:?}");
+    assert_eq!(stats.reclaimed_unreadable, 1, "{stats:?}");
+    assert_eq!(stats.lost, 1, "{stats:?}");
+    assert_eq!(stats.handoffs, 0, "{stats:?}");
+    assert_eq!(stats.reentrant, 0, "{stats:?}");
+    assert_eq!(stats.wait_count, 7, "{stats:?}");
+    assert!(stats.wait_max >= Duration::from_millis(40), "{stats:?}");
+    assert!(stats.wait_total >= stats.wait_max);
+    assert!(stats.renewals >= 2, "{stats:?}");
+    assert_eq!(stats.fs_waiters, 0);
+}
