@@ -626,7 +626,46 @@ impl Locker {
     pub async fn list(&self) -> Result<Vec<LockInfo>> {
         let ctx = Arc::clone(&self.inner.ctx);
         let locks = blocking(move || ctx.list()).await??;
-        Ok(locks
+        Ok(self.infos(locks))
+    }
+
+    /// Removes every stale lock in the directory, and what crashed
+    /// processes left behind, returning what was removed (or, with
+    /// `dry_run`, what would be). Live locks are never touched: each lock
+    /// is judged, and reclaimed, exactly as an `acquire` would.
+    ///
+    /// # Errors
+    ///
+    /// I/O and permission errors from reading the directory or removing an
+    /// entry.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future lets the cleaning finish on the blocking pool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _live = locker.acquire("live").await?;
+    /// // A lock whose owner process is gone.
+    /// std::fs::write(locker.lock_path("crashed")?, r#"{"uuid":"x","pid":999999999}"#).unwrap();
+    /// let removed = locker.clean(false).await?;
+    /// assert_eq!(removed.len(), 1);
+    /// assert_eq!(removed[0].stale_reason(), Some("owner process is dead"));
+    /// assert!(locker.is_held("live").await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn clean(&self, dry_run: bool) -> Result<Vec<LockInfo>> {
+        let ctx = Arc::clone(&self.inner.ctx);
+        let cleaned = blocking(move || ctx.clean(dry_run)).await??;
+        Ok(self.infos(cleaned))
+    }
+
+    fn infos(&self, locks: Vec<(LockName, crate::strategy::Inspection)>) -> Vec<LockInfo> {
+        locks
             .into_iter()
             .map(|(name, inspection)| {
                 let display = inspection.owner.name().unwrap_or(name.as_str()).to_owned();
@@ -637,7 +676,7 @@ impl Locker {
                     inspection.stale.map(StaleReason::as_str),
                 )
             })
-            .collect())
+            .collect()
     }
 
     /// Whether a live holder has `name` now. The answer may be out of date

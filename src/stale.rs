@@ -51,6 +51,8 @@ pub(crate) enum StaleReason {
     LeaseExpired,
     /// The record is unreadable and older than the grace period.
     Unreadable,
+    /// Not a lock: a temporary or retired directory a crashed process left.
+    Leftover,
 }
 
 impl StaleReason {
@@ -61,6 +63,7 @@ impl StaleReason {
             StaleReason::PreviousBoot => "owner ran before the last reboot",
             StaleReason::LeaseExpired => "lease expired",
             StaleReason::Unreadable => "record unreadable past the grace period",
+            StaleReason::Leftover => "left behind by a process that crashed while publishing or releasing",
         }
     }
 }

@@ -116,7 +116,7 @@ impl Counters {
                 &self.reclaimed_dead_owner
             }
             StaleReason::LeaseExpired => &self.reclaimed_expired_lease,
-            StaleReason::Unreadable => &self.reclaimed_unreadable,
+            StaleReason::Unreadable | StaleReason::Leftover => &self.reclaimed_unreadable,
         });
     }
 

@@ -161,6 +161,15 @@ pub(crate) struct Inspection {
     pub(crate) stale: Option<StaleReason>,
 }
 
+impl Inspection {
+    fn leftover() -> Self {
+        Inspection {
+            owner: Owner::from_parsed(&Parsed::Unreadable),
+            stale: Some(StaleReason::Leftover),
+        }
+    }
+}
+
 /// Create-or-reclaim rounds in one attempt before reporting contention; a
 /// round only repeats when the lock changed hands under us.
 const ROUNDS: usize = 4;
@@ -220,13 +229,15 @@ impl Ctx {
     /// Every lock in the directory of this strategy's kind, judged. Entries
     /// that vanish while listed, and those of another kind, are skipped.
     pub(crate) fn list(&self) -> Result<Vec<(LockName, Inspection)>> {
-        let fd = self
-            .dir
-            .fd()
-            .try_clone()
-            .map_err(|e| Error::io("list lock directory", self.dir.path(), e))?;
-        let mut listing = nix::dir::Dir::from_fd(fd.into())
-            .map_err(|e| Error::errno("list lock directory", self.dir.path(), e))?;
+        // A fresh open: a duplicate would share (and leave at the end) the
+        // directory offset of the descriptor everything else uses.
+        let mut listing = nix::dir::Dir::openat(
+            self.dir.fd(),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::errno("list lock directory", self.dir.path(), e))?;
         let mut names: Vec<String> = listing
             .iter()
             .filter_map(|entry| entry.ok())
@@ -244,6 +255,32 @@ impl Ctx {
             }
         }
         Ok(locks)
+    }
+
+    /// Reclaims every stale lock (race-safely, as `try_acquire` would) and
+    /// removes what crashed directory-strategy publishers and releasers
+    /// left behind: `.pending-*` directories older than the grace period
+    /// and `.trash-*` directories. With `dry_run`, only reports.
+    pub(crate) fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
+        let mut cleaned = Vec::new();
+        for (name, inspection) in self.list()? {
+            let Some(reason) = inspection.stale else { continue };
+            if dry_run {
+                cleaned.push((name, inspection));
+                continue;
+            }
+            let Some(mut found) = Found::open(self, &name)? else {
+                continue;
+            };
+            // Judge again: it may have changed hands since it was listed.
+            if found.judge(self) == Verdict::Stale(reason) && found.reclaim(self, &name, reason)? {
+                cleaned.push((name, inspection));
+            }
+        }
+        if self.strategy == Strategy::Directory {
+            cleaned.extend(directory::clean_leftovers(self, dry_run)?);
+        }
+        Ok(cleaned)
     }
 
     pub(crate) fn rules(&self) -> stale::Rules {

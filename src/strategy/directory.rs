@@ -189,10 +189,51 @@ fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
     }
 }
 
+/// Removes `.pending-*` directories older than the grace period (a
+/// publisher that died before its rename) and `.trash-*` directories (a
+/// releaser that died while emptying one); nobody else uses either.
+pub(super) fn clean_leftovers(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName, super::Inspection)>> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let mut listing = nix::dir::Dir::openat(ctx.dir.fd(), ".", flags, Mode::empty())
+        .map_err(|e| Error::errno("list lock directory", ctx.dir.path(), e))?;
+    let names: Vec<String> = listing
+        .iter()
+        .filter_map(|entry| entry.ok())
+        .filter_map(|entry| entry.file_name().to_str().ok().map(str::to_owned))
+        .filter(|name| name.contains(".lock.pending-") || name.contains(".lock.trash-"))
+        .collect();
+    let mut cleaned = Vec::new();
+    for name in names {
+        let open = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let Ok(fd) = openat(ctx.dir.fd(), name.as_str(), open, Mode::empty()) else {
+            continue;
+        };
+        let node = File::from(fd);
+        let old_enough = name.contains(".lock.trash-")
+            || node
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= ctx.grace);
+        if !old_enough {
+            continue;
+        }
+        if !dry_run {
+            remove_dir(ctx, &name, &node);
+        }
+        cleaned.push((LockName::from_file_name(&name), super::Inspection::leftover()));
+    }
+    Ok(cleaned)
+}
+
 /// Unlinks every non-directory entry of `node`; subdirectories, which
 /// leasehold never creates, are left alone.
 fn empty(node: &File) -> io::Result<()> {
-    let mut listing = nix::dir::Dir::from_fd(node.try_clone()?.into())?;
+    // A fresh open each time: a duplicate would share the directory offset,
+    // and a second pass would see nothing.
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let mut listing = nix::dir::Dir::openat(node, ".", flags, Mode::empty())?;
     let names: Vec<std::ffi::CString> = listing
         .iter()
         .filter_map(|entry| entry.ok())
