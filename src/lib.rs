@@ -137,6 +137,7 @@ mod stale;
 mod stats;
 mod strategy;
 mod sys;
+pub mod testing;
 mod wake;
 
 pub use error::{Error, Result};
