@@ -6,9 +6,6 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nix::fcntl::{OFlag, openat};
-use nix::sys::stat::Mode;
-
 use crate::error::{Error, Result};
 
 /// How long a release or reclaim waits for the directory's mutation lock
@@ -25,6 +22,7 @@ const MUTATION_PATIENCE: Duration = Duration::from_millis(500);
 pub(crate) struct LockDir {
     path: PathBuf,
     fd: File,
+    threads: std::sync::Mutex<()>,
 }
 
 impl LockDir {
@@ -62,7 +60,11 @@ impl LockDir {
                 reason: "it is world-writable without the sticky bit, so any user could remove or replace locks",
             });
         }
-        Ok(Self { path, fd })
+        Ok(Self {
+            path,
+            fd,
+            threads: std::sync::Mutex::new(()),
+        })
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -77,33 +79,36 @@ impl LockDir {
         self.path.join(file_name)
     }
 
-    /// Takes the directory's mutation lock: `flock(LOCK_EX)` on a fresh open
-    /// of the directory, so it excludes other threads and processes alike.
+    /// Takes the directory's mutation lock: `flock(LOCK_EX)` on the
+    /// directory, which excludes other processes, under a mutex, which
+    /// excludes the other threads of this one.
     ///
     /// Every removal of a lock path by leasehold (release, reclaim) happens
     /// under it, after checking that the path still names the inode that was
     /// judged. Creation needs no lock: `O_EXCL` only succeeds on an absent
     /// path, so under this lock a present path cannot change.
-    pub(crate) fn mutation_lock(&self) -> Result<MutationLock> {
+    pub(crate) fn mutation_lock(&self) -> Result<MutationLock<'_>> {
         self.mutation_lock_within(MUTATION_PATIENCE)
     }
 
     /// As [`mutation_lock`](Self::mutation_lock), waiting at most
     /// `patience` (for callers with a deadline of their own).
-    pub(crate) fn mutation_lock_within(&self, patience: Duration) -> Result<MutationLock> {
-        let fd = openat(
-            &self.fd,
-            ".",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| Error::errno("open lock directory", &self.path, e))?;
-        let file = File::from(fd);
+    pub(crate) fn mutation_lock_within(&self, patience: Duration) -> Result<MutationLock<'_>> {
+        // One flock per process on the shared descriptor (a lock on an open
+        // file description excludes other processes, not our own threads),
+        // and a mutex for the threads of this process. The mutex is only
+        // ever held for a bounded wait plus a few syscalls.
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         let deadline = Instant::now() + patience.min(MUTATION_PATIENCE);
         let mut pause = Duration::from_micros(20);
         loop {
-            match file.try_lock() {
-                Ok(()) => return Ok(MutationLock { _file: file }),
+            match self.fd.try_lock() {
+                Ok(()) => {
+                    return Ok(MutationLock {
+                        fd: &self.fd,
+                        _threads: threads,
+                    });
+                }
                 Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(5));
@@ -123,8 +128,17 @@ impl LockDir {
     }
 }
 
-/// Held while removing a lock path; closing the descriptor unlocks.
+/// Held while removing a lock path; dropping it unlocks.
 #[derive(Debug)]
-pub(crate) struct MutationLock {
-    _file: File,
+pub(crate) struct MutationLock<'a> {
+    fd: &'a File,
+    _threads: std::sync::MutexGuard<'a, ()>,
+}
+
+impl Drop for MutationLock<'_> {
+    fn drop(&mut self) {
+        // Failing to unlock a descriptor we locked cannot happen short of a
+        // kernel bug; if it did, the lock would go with the Locker.
+        let _ = self.fd.unlock();
+    }
 }

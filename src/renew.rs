@@ -33,6 +33,8 @@ struct State {
     leases: HashMap<u64, (Instant, Weak<Lease>)>,
     next_id: u64,
     running: bool,
+    /// When the thread will wake by itself; `None` while it idles.
+    sleeping_until: Option<Instant>,
 }
 
 /// A lease's place in the queue; dropping it takes the lease out.
@@ -57,10 +59,15 @@ impl Renewer {
         let id = state.next_id;
         state.next_id += 1;
         let at = Instant::now() + interval;
+        // The thread sleeps until the earliest due renewal; only a lease due
+        // sooner than that (or an idle thread) needs to wake it.
+        let sooner = state.sleeping_until.is_none_or(|until| at < until);
         state.leases.insert(id, (at, Arc::downgrade(lease)));
         state.due.push(Reverse((at, id)));
         if state.running {
-            self.shared.wake.notify_one();
+            if sooner {
+                self.shared.wake.notify_one();
+            }
         } else {
             let shared = Arc::clone(&self.shared);
             let spawned = std::thread::Builder::new()
@@ -99,12 +106,32 @@ impl Drop for Registration {
     }
 }
 
-fn run(shared: &Shared) {
+/// How long the thread waits for new leases once it has none: starting a
+/// thread costs more than a whole uncontended acquisition, so a `Locker`
+/// that takes locks one after another keeps it.
+const IDLE_LINGER: Duration = Duration::from_secs(5);
+
+fn run(shared: &Arc<Shared>) {
     let mut state = shared.state();
     loop {
         if state.leases.is_empty() {
-            state.running = false;
-            return;
+            // The Locker is gone (only this thread holds the queue), or
+            // nothing came for a while: stop.
+            if Arc::strong_count(shared) == 1 {
+                state.running = false;
+                return;
+            }
+            state.sleeping_until = None;
+            let (next, timeout) = shared
+                .wake
+                .wait_timeout(state, IDLE_LINGER)
+                .unwrap_or_else(|e| e.into_inner());
+            state = next;
+            if timeout.timed_out() && state.leases.is_empty() {
+                state.running = false;
+                return;
+            }
+            continue;
         }
         let now = Instant::now();
         let Some(&Reverse((at, id))) = state.due.peek() else {
@@ -113,6 +140,7 @@ fn run(shared: &Shared) {
             return;
         };
         if at > now {
+            state.sleeping_until = Some(at);
             state = shared
                 .wake
                 .wait_timeout(state, at - now)

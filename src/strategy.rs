@@ -295,7 +295,7 @@ impl Ctx {
         let me = sys::identity();
         let now = SystemTime::now();
         OwnRecord {
-            uuid: uuid::Uuid::new_v4().to_string(),
+            uuid: acquisition_id(),
             pid: me.pid,
             start_time: me.start.map(|s| s.epoch_ms),
             holder_id: self.holder_id.clone(),
@@ -486,6 +486,23 @@ fn write_fence(ctx: &Ctx, fence: &str, value: u64) -> Result<()> {
             .map_err(|e| Error::io("sync lock directory", ctx.dir.path(), e))?;
     }
     Ok(())
+}
+
+/// A fresh version-4 UUID for an acquisition, without a `getrandom` call
+/// per lock: one random 128-bit seed per process, plus a counter.
+fn acquisition_id() -> String {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEED: OnceLock<(u64, u64)> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let (hi, lo) = *SEED.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair());
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // Mix the counter into the random half with an odd multiplier, so ids
+    // stay unique (a bijection of the counter) and do not look sequential.
+    let mixed = lo ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    uuid::Builder::from_random_bytes(uuid::Uuid::from_u64_pair(hi, mixed).into_bytes())
+        .into_uuid()
+        .to_string()
 }
 
 /// Whether the lock path still names the inode `(dev, ino)`.

@@ -145,7 +145,7 @@ pub(super) fn read_owner(dir: &File) -> io::Result<Option<(Vec<u8>, SystemTime)>
 /// Moves the lock directory at the lock path to a private trash name and
 /// empties it. The caller holds the mutation lock (released here once the
 /// lock path is free) and has checked that the path names `node`.
-pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: MutationLock) -> Result<bool> {
+pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: MutationLock<'_>) -> Result<bool> {
     let trash = format!("{}.trash-{}", name.file_name(), suffix());
     match renameat(ctx.dir.fd(), name.file_name(), ctx.dir.fd(), trash.as_str()) {
         Ok(()) => {}

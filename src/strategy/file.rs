@@ -61,13 +61,37 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FileLock>
         Err(Errno::EEXIST) => return Ok(None),
         Err(e) => return Err(Error::errno("create lock file", path(), e)),
     };
-    let meta = match file.metadata() {
-        Ok(meta) => meta,
-        Err(e) => {
-            // Microseconds old, far younger than any grace period: nobody
-            // else can have judged it yet, so it is still ours to remove.
+    // The flock must be ours before the record is readable, so that a
+    // reader who sees a complete record may take a free flock as proof that
+    // the holder is gone. Only a reader testing a record older than the
+    // grace period can hold it briefly, so a few tries suffice.
+    let mut tries = 0;
+    let refused = loop {
+        match file.try_lock() {
+            Ok(()) => break None,
+            Err(TryLockError::WouldBlock) if tries < 50 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(TryLockError::WouldBlock) => break Some(Ok(None)),
+            Err(TryLockError::Error(e)) => break Some(Err(flock_error(e, path()))),
+        }
+    };
+    // Taken after the flock: a file that a reclaimer judged abandoned
+    // (empty, past the grace period) and removed before our flock has no
+    // links left, and is nobody's lock.
+    let meta = match (refused, file.metadata()) {
+        (None, Ok(meta)) if meta.nlink() == 0 => return Ok(None),
+        (None, Ok(meta)) => meta,
+        (refused, meta) => {
+            // Microseconds old and never written: nobody else can have
+            // judged it yet, so it is still ours to remove.
             let _ = unlinkat(ctx.dir.fd(), name.file_name(), UnlinkatFlags::NoRemoveDir);
-            return Err(Error::io("inspect new lock file", path(), e));
+            return match (refused, meta) {
+                (Some(result), _) => result,
+                (None, Err(e)) => Err(Error::io("inspect new lock file", path(), e)),
+                (None, Ok(_)) => Ok(None),
+            };
         }
     };
     let record = ctx.own_record(name);
@@ -83,27 +107,6 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FileLock>
         record_len: bytes.len(),
         armed: true,
     };
-    // The flock must be ours before the record is readable, so that a
-    // reader who sees a complete record may take a free flock as proof that
-    // the holder is gone. Only a reader testing a record older than the
-    // grace period can hold it briefly, so a few tries suffice.
-    let mut tries = 0;
-    loop {
-        match lock.file.try_lock() {
-            Ok(()) => break,
-            Err(TryLockError::WouldBlock) if tries < 50 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            Err(TryLockError::WouldBlock) => return Ok(None),
-            Err(TryLockError::Error(e)) => return Err(flock_error(e, path())),
-        }
-    }
-    // Our file may have been judged abandoned (empty, past the grace
-    // period) and removed before our flock: then it is nobody's lock.
-    if !names(ctx, name, lock.dev, lock.ino)? {
-        return Ok(None);
-    }
     lock.file
         .write_all_at(&bytes, 0)
         .map_err(|e| Error::io("write lock record", path(), e))?;
