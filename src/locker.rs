@@ -603,6 +603,38 @@ impl Locker {
         Ok(inspection.filter(|i| i.stale.is_none()).map(|i| i.owner))
     }
 
+    /// The lock `name` as found on disk, held or stale, or `None` if there
+    /// is none. Unlike [`holder`](Self::holder), a stale lock is returned,
+    /// with the reason the next `acquire` would reclaim it.
+    ///
+    /// # Errors
+    ///
+    /// As [`holder`](Self::holder).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// std::fs::write(locker.lock_path("job")?, r#"{"uuid":"x","pid":999999999}"#).unwrap();
+    /// let info = locker.inspect("job").await?.expect("a lock file is there");
+    /// assert_eq!(info.stale_reason(), Some("owner process is dead"));
+    /// assert!(locker.holder("job").await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        let name = LockName::new(name, self.inner.path_style)?;
+        let ctx = Arc::clone(&self.inner.ctx);
+        let lookup = name.clone();
+        let inspection = blocking(move || ctx.inspect(&lookup)).await??;
+        Ok(inspection.and_then(|i| self.infos(vec![(name, i)]).pop()))
+    }
+
     /// Every lock in the directory (of this `Locker`'s strategy), with its
     /// owner and whether it is stale, for diagnostics. Temporary and trash
     /// entries, fencing counters, and locks of the other strategy are left

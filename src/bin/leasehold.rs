@@ -1,0 +1,511 @@
+//! `leasehold`: named cross-process locks from the shell.
+//!
+//! ```text
+//! leasehold run NAME [--dir DIR] [--wait SECS | --no-wait] [--strategy file|dir]
+//!                    [--conflict-exit-code N] -- CMD ARGS...
+//! leasehold holder NAME [--dir DIR] [--strategy file|dir] [--json]
+//! leasehold list [--dir DIR] [--strategy file|dir] [--json]
+//! leasehold clean [--dir DIR] [--strategy file|dir] [--dry-run] [--json]
+//! ```
+//!
+//! - `run` takes the lock NAME (waiting as long as it takes, at most SECS
+//!   with `--wait`, not at all with `--no-wait`), runs CMD while holding it
+//!   (the lease is renewed in the background) and releases it when CMD
+//!   exits. CMD inherits stdio and gets `LEASEHOLD_NAME` and
+//!   `LEASEHOLD_FENCING_TOKEN` in its environment. SIGINT, SIGTERM and SIGHUP
+//!   sent to the tool are forwarded to CMD; the lock is released after CMD
+//!   exits. (Ctrl-C in a terminal signals the whole foreground process
+//!   group, so CMD then sees SIGINT twice.) If the lock is lost while CMD
+//!   runs, a warning is printed and CMD is sent SIGTERM. SIGKILL on the tool
+//!   cannot be forwarded: the lock is then freed while CMD may still run.
+//! - `holder` tells who holds NAME; `list` shows every lock in the
+//!   directory; `clean` removes stale locks and crash leftovers (never a
+//!   live lock), or with `--dry-run` says what it would remove.
+//!
+//! The directory is `--dir`, else `$LEASEHOLD_DIR`, else the library's
+//! per-user default (`$XDG_RUNTIME_DIR/leasehold`, else
+//! `<tmp>/leasehold-<uid>`).
+//!
+//! # Exit codes
+//!
+//! | code | meaning |
+//! |---|---|
+//! | CMD's status | `run`: CMD ran; 128+N if it was killed by signal N |
+//! | 0 | `holder`: the lock is held; `list`, `clean`: success |
+//! | 1 | `run`: the lock was held (`--no-wait`) or `--wait` ran out (see `--conflict-exit-code`); `holder`: the lock is free |
+//! | 2 | bad usage, or an error from the lock library (printed as `leasehold: ...`) |
+//! | 126, 127 | `run`: CMD could not be executed, or was not found |
+//! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) |
+//!
+//! # JSON output
+//!
+//! With `--json`, stdout is one JSON document: for `holder` an object, for
+//! `list` and `clean` an array of objects (for `clean`, the locks removed,
+//! or that would be with `--dry-run`). Every object has these keys:
+//!
+//! | key | type | meaning |
+//! |---|---|---|
+//! | `name` | string | lock name (from the record, else from the file name) |
+//! | `path` | string | path of the lock file or directory |
+//! | `pid` | number or null | holder process id |
+//! | `hostname` | string or null | holder host |
+//! | `holderId` | string or null | id of the holding `Locker` |
+//! | `acquiredAt` | string or null | RFC 3339, UTC |
+//! | `leaseExpiresAt` | string or null | RFC 3339, UTC, as last renewed |
+//! | `fencingToken` | number or null | the holder's fencing token |
+//! | `state` | string | `"held"` or `"stale"`; for `holder` also `"free"` (then the owner keys are null) |
+//! | `staleReason` | string or null | why a stale lock is stale, e.g. `"owner process is dead"` |
+
+#![forbid(unsafe_code)]
+
+use std::error::Error as StdError;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use leasehold::{LockInfo, Locker, Owner, Strategy};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Exit status for library and setup errors; clap uses it for bad usage too.
+const EXIT_ERROR: u8 = 2;
+
+type Failure = Box<dyn StdError + Send + Sync>;
+
+/// Named cross-process locks: run a command under a lock, inspect and clean
+/// a lock directory.
+#[derive(Debug, Parser)]
+#[command(name = "leasehold", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run CMD while holding the lock NAME; exit with CMD's status.
+    Run(RunArgs),
+    /// Show who holds the lock NAME; exit 0 if held, 1 if free.
+    Holder {
+        /// The lock name.
+        name: String,
+        #[command(flatten)]
+        opts: Inspect,
+    },
+    /// List every lock in the directory, held or stale.
+    List(Inspect),
+    /// Remove stale locks and crash leftovers; live locks are never touched.
+    Clean {
+        #[command(flatten)]
+        opts: Inspect,
+        /// Only report what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+struct Inspect {
+    #[command(flatten)]
+    common: Common,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// Lock directory [default: $LEASEHOLD_DIR, else the per-user default]
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// On-disk layout of the locks.
+    #[arg(long, value_enum, default_value_t = StrategyArg::File)]
+    strategy: StrategyArg,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The lock name.
+    name: String,
+    #[command(flatten)]
+    common: Common,
+    /// Wait at most SECS seconds (fractions allowed) for the lock [default: forever]
+    #[arg(long, value_name = "SECS", value_parser = parse_secs, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Give up at once if the lock is held.
+    #[arg(long)]
+    no_wait: bool,
+    /// Exit status when the lock could not be taken.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    conflict_exit_code: u8,
+    /// The command to run, and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StrategyArg {
+    /// One lock file per name.
+    File,
+    /// One lock directory holding owner.json per name.
+    Dir,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            warn(&format!("cannot start the async runtime: {e}"));
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+            Command::Holder { name, opts } => holder(&name, &opts).await,
+            Command::List(opts) => list(&opts).await,
+            Command::Clean { opts, dry_run } => clean(&opts, dry_run).await,
+        }
+    });
+    // Nothing of ours should linger, but never hang on exit if it does.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    ExitCode::from(result.unwrap_or_else(|e| {
+        warn(&chain(&*e));
+        EXIT_ERROR
+    }))
+}
+
+/// `--wait` takes fractions, and must never panic on "inf", "-1" or "1e99".
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a usable number of seconds"))
+}
+
+/// Not calling `.directory()` at all is what selects the library's per-user
+/// default, with its ownership checks.
+fn locker(common: &Common, fencing: bool) -> Result<Locker, leasehold::Error> {
+    let strategy = match common.strategy {
+        StrategyArg::File => Strategy::ExclusiveFile,
+        StrategyArg::Dir => Strategy::Directory,
+    };
+    let mut builder = Locker::builder().strategy(strategy).fencing(fencing);
+    let from_env = || {
+        std::env::var_os("LEASEHOLD_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(dir) = common.dir.clone().or_else(from_env) {
+        builder = builder.directory(dir);
+    }
+    builder.build()
+}
+
+/// Signals the tool forwards to CMD. Installed before the wait for the lock,
+/// so a signal is never lost between taking the lock and spawning CMD.
+struct Forwarded([tokio::signal::unix::Signal; 3]);
+
+impl Forwarded {
+    fn install() -> Result<Self, Failure> {
+        let one = |kind| signal(kind).map_err(|e| format!("cannot install a signal handler: {e}"));
+        Ok(Self([
+            one(SignalKind::interrupt())?,
+            one(SignalKind::terminate())?,
+            one(SignalKind::hangup())?,
+        ]))
+    }
+
+    /// The next signal; never resolves if the signal driver has gone away,
+    /// rather than spinning.
+    async fn recv(&mut self) -> Signal {
+        let [int, term, hup] = &mut self.0;
+        tokio::select! {
+            Some(()) = int.recv() => Signal::SIGINT,
+            Some(()) = term.recv() => Signal::SIGTERM,
+            Some(()) = hup.recv() => Signal::SIGHUP,
+            else => std::future::pending().await,
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> Result<u8, Failure> {
+    let mut signals = Forwarded::install()?;
+    let locker = locker(&args.common, true)?;
+    let name = args.name.as_str();
+    let attempt = async {
+        if args.no_wait {
+            return locker.try_acquire(name).await;
+        }
+        match args.wait {
+            None => locker.acquire(name).await.map(Some),
+            Some(wait) => match locker.acquire_timeout(name, wait).await {
+                Err(e) if e.is_timeout() => Ok(None),
+                other => other.map(Some),
+            },
+        }
+    };
+    // Dropping the attempt on a signal is safe: acquisition is cancel safe.
+    let guard = tokio::select! {
+        guard = attempt => guard?,
+        sig = signals.recv() => return Ok(128 + sig as u8),
+    };
+    let Some(guard) = guard else {
+        let owner = locker.holder(name).await.ok().flatten();
+        let held = held_by(owner.as_ref());
+        match args.wait {
+            Some(wait) => warn(&format!(
+                "gave up after {wait:?} waiting for lock {name:?}: {held}"
+            )),
+            None => warn(&format!("lock {name:?} is {held}")),
+        }
+        return Ok(args.conflict_exit_code);
+    };
+
+    let Some((program, rest)) = args.command.split_first() else {
+        return Err("no command given".into());
+    };
+    let mut command = tokio::process::Command::new(program);
+    command.args(rest).env("LEASEHOLD_NAME", name);
+    if let Some(token) = guard.fencing_token() {
+        command.env("LEASEHOLD_FENCING_TOKEN", token.to_string());
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            warn(&format!("cannot run {program:?}: {e}"));
+            let _ = guard.release().await;
+            let not_found = e.kind() == std::io::ErrorKind::NotFound;
+            return Ok(if not_found { 127 } else { 126 });
+        }
+    };
+    // Taken now: once reaped, the child no longer reports its pid.
+    let pid = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
+    let mut lost = false;
+    let status = loop {
+        tokio::select! {
+            biased;
+            status = child.wait() => break status,
+            sig = signals.recv() => forward(pid, sig),
+            () = guard.lost(), if !lost => {
+                lost = true;
+                warn(&format!("warning: lock {name:?} was lost while the command ran; sending it SIGTERM"));
+                forward(pid, Signal::SIGTERM);
+            }
+        }
+    };
+    match guard.release().await {
+        Ok(()) => {}
+        Err(e) if e.is_lost() && lost => {}
+        Err(e) => warn(&format!("warning: {}", chain(&e))),
+    }
+    let status = status.map_err(|e| format!("cannot wait for the command: {e}"))?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + (sig & 0x7f)).unwrap_or(1),
+        (None, None) => 1,
+    })
+}
+
+/// A failed kill only means CMD is already gone, which `wait` will report.
+fn forward(pid: Option<Pid>, sig: Signal) {
+    if let Some(pid) = pid {
+        let _ = kill(pid, sig);
+    }
+}
+
+/// Who a conflict was with, in words: the point of the message is to tell
+/// the user which process to look at.
+fn held_by(owner: Option<&Owner>) -> String {
+    match (owner.and_then(Owner::pid), owner.and_then(Owner::hostname)) {
+        (Some(pid), Some(host)) => format!("held by pid {pid} on host {}", host.escape_debug()),
+        (Some(pid), None) => format!("held by pid {pid}"),
+        _ => "held by another process".to_owned(),
+    }
+}
+
+async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
+    let locker = locker(&opts.common, false)?;
+    let path = locker.lock_path(name)?;
+    let found = locker.inspect(name).await?;
+    let owner = found
+        .as_ref()
+        .filter(|l| !l.is_stale())
+        .map(|l| l.owner().clone());
+    let stale = found.filter(LockInfo::is_stale);
+    let (doc, code) = match (&owner, &stale) {
+        (Some(owner), _) => (entry(name, &path, Some(owner), "held", None), 0),
+        (None, Some(info)) => (info_entry(info), 1),
+        (None, None) => (entry(name, &path, None, "free", None), 1),
+    };
+    if opts.json {
+        emit(&to_json(&doc));
+        return Ok(code);
+    }
+    let mut text = match (&owner, &stale) {
+        (Some(_), _) => format!("lock {name:?} is held (holder alive)\n"),
+        (None, Some(info)) => format!(
+            "lock {name:?} is free; a stale lock remains ({}), which `leasehold clean` removes\n",
+            info.stale_reason().unwrap_or("stale")
+        ),
+        (None, None) => format!("lock {name:?} is free\n"),
+    };
+    // The same fields as the JSON, so the two outputs cannot disagree.
+    for (key, label) in [
+        ("pid", "pid:"),
+        ("hostname", "host:"),
+        ("holderId", "holder id:"),
+        ("acquiredAt", "since:"),
+        ("leaseExpiresAt", "lease expires:"),
+        ("fencingToken", "fencing token:"),
+        ("path", "path:"),
+    ] {
+        match &doc[key] {
+            Value::Null => {}
+            Value::String(s) => text.push_str(&format!("  {label:<15}{}\n", s.escape_debug())),
+            other => text.push_str(&format!("  {label:<15}{other}\n")),
+        }
+    }
+    emit(&text);
+    Ok(code)
+}
+
+async fn list(opts: &Inspect) -> Result<u8, Failure> {
+    let locker = locker(&opts.common, false)?;
+    let locks = locker.list().await?;
+    if opts.json {
+        emit(&to_json(&Value::Array(locks.iter().map(info_entry).collect())));
+    } else if locks.is_empty() {
+        emit(&format!("no locks in {}\n", locker.directory().display()));
+    } else {
+        emit(&table(&locks, |l| if l.is_stale() { "stale" } else { "held" }));
+    }
+    Ok(0)
+}
+
+async fn clean(opts: &Inspect, dry_run: bool) -> Result<u8, Failure> {
+    let locker = locker(&opts.common, false)?;
+    let removed = locker.clean(dry_run).await?;
+    if opts.json {
+        emit(&to_json(&Value::Array(removed.iter().map(info_entry).collect())));
+    } else if removed.is_empty() {
+        emit("nothing to clean\n");
+    } else {
+        let verb = if dry_run { "would remove" } else { "removed" };
+        emit(&table(&removed, |_| verb));
+    }
+    Ok(0)
+}
+
+/// One line per lock. Names and hosts come from files anyone sharing the
+/// directory may write, so they are escaped before reaching a terminal.
+fn table(locks: &[LockInfo], label: impl Fn(&LockInfo) -> &'static str) -> String {
+    let names: Vec<String> = locks
+        .iter()
+        .map(|l| l.name().escape_debug().to_string())
+        .collect();
+    let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+    let mut text = String::new();
+    for (lock, name) in locks.iter().zip(&names) {
+        let owner = lock.owner();
+        let mut line = format!("{:<12} {name:<width$}", label(lock));
+        match owner.pid() {
+            Some(pid) => line.push_str(&format!("  pid {pid}")),
+            None if !owner.is_readable() => line.push_str("  (record unreadable)"),
+            None => {}
+        }
+        if let Some(host) = owner.hostname() {
+            line.push_str(&format!(" on {}", host.escape_debug()));
+        }
+        if let Some(reason) = lock.stale_reason() {
+            line.push_str(&format!("  ({reason})"));
+        }
+        text.push_str(line.trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+fn info_entry(info: &LockInfo) -> Value {
+    let state = if info.is_stale() { "stale" } else { "held" };
+    entry(
+        info.name(),
+        info.path(),
+        Some(info.owner()),
+        state,
+        info.stale_reason(),
+    )
+}
+
+/// The one JSON shape of a lock, documented in the module docs; every key
+/// is always present so consumers need no existence checks.
+fn entry(name: &str, path: &Path, owner: Option<&Owner>, state: &str, reason: Option<&str>) -> Value {
+    let time = |f: fn(&Owner) -> Option<SystemTime>| owner.and_then(f).and_then(rfc3339);
+    json!({
+        "name": name,
+        "path": path.to_string_lossy(),
+        "pid": owner.and_then(Owner::pid),
+        "hostname": owner.and_then(Owner::hostname),
+        "holderId": owner.and_then(Owner::holder_id),
+        "acquiredAt": time(Owner::acquired_at),
+        "leaseExpiresAt": time(Owner::lease_expires_at),
+        "fencingToken": owner.and_then(Owner::fencing_token),
+        "state": state,
+        "staleReason": reason,
+    })
+}
+
+/// RFC 3339 in UTC, or `None` for a time `time` cannot represent: records
+/// written by other programs may hold any value, and this must not panic.
+fn rfc3339(t: SystemTime) -> Option<String> {
+    let nanos = match t.duration_since(UNIX_EPOCH) {
+        Ok(after) => i128::try_from(after.as_nanos()).ok()?,
+        Err(before) => -i128::try_from(before.duration().as_nanos()).ok()?,
+    };
+    OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .ok()?
+        .format(&Rfc3339)
+        .ok()
+}
+
+/// Pretty-printed, one document, ending in a newline.
+fn to_json(doc: &Value) -> String {
+    serde_json::to_string_pretty(doc).unwrap_or_else(|_| "null".to_owned()) + "\n"
+}
+
+/// Writes to stdout ignoring errors: `println!` panics on a closed pipe
+/// (`leasehold list | head -1`).
+fn emit(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+/// One `leasehold: ...` line on stderr, never panicking as `eprintln!` can.
+fn warn(message: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "leasehold: {message}");
+}
+
+/// The library's `Display` never repeats the source, so the chain is what
+/// says *why* (the errno behind "cannot create lock file").
+fn chain(err: &(dyn StdError + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}

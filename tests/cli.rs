@@ -1,0 +1,429 @@
+//! The command-line tool, driven as a user would: the real binary, each
+//! test in its own temporary directory, every process it starts bounded in
+//! time and killed by pid when the test is done with it.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// How long any one process may take before the test fails: generous, so a
+/// loaded machine is never mistaken for a bug.
+const BOUND: Duration = Duration::from_secs(30);
+
+/// The tool, with a clean environment as far as it cares.
+fn leasehold(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+    cmd.args(args).env_remove("LEASEHOLD_DIR").stdin(Stdio::null());
+    cmd
+}
+
+/// A running process, SIGKILLed (by pid) and reaped when dropped, with its
+/// stdout readable line by line as it comes.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for a stdout line equal to `line`; panics after [`BOUND`].
+    fn expect_line(&self, line: &str) {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(got) if got == line => return,
+                Ok(_) => continue,
+                Err(e) => panic!("process {} did not print {line:?}: {e}", self.pid()),
+            }
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        kill(Pid::from_raw(self.pid() as i32), signal).expect("signal");
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// Waits for the exit; panics after [`BOUND`].
+    fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "process {} still running", self.pid());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// What a finished run of the tool left.
+struct Done {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Done {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+    }
+}
+
+/// Runs the tool to completion within [`BOUND`]. Only for commands that
+/// leave no background process holding its pipes.
+fn finish(args: &[&str]) -> Done {
+    let mut cmd = leasehold(args);
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().expect("stdout")));
+    let err = pipe(Box::new(child.stderr.take().expect("stderr")));
+    let mut proc = Proc {
+        child,
+        lines: mpsc::channel().1,
+    };
+    let status = proc.wait();
+    Done {
+        code: status.code(),
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    }
+}
+
+/// A `run` of `name` whose command prints `started` and then holds the
+/// lock until the file `go` appears in `dir` (or a minute passes).
+fn holding(dir: &str, name: &str) -> Proc {
+    let script =
+        "echo started; i=0; while [ ! -e \"$1/go\" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
+    let p = Proc::spawn(leasehold(&[
+        "run", name, "--dir", dir, "--", "sh", "-c", script, "sh", dir,
+    ]));
+    p.expect_line("started");
+    p
+}
+
+fn lock_path(dir: &Path, name: &str) -> std::path::PathBuf {
+    leasehold::Locker::new(dir).unwrap().lock_path(name).unwrap()
+}
+
+#[test]
+fn run_excludes_a_concurrent_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let mut first = holding(d, "job");
+
+    let busy = finish(&["run", "job", "--dir", d, "--no-wait", "--", "true"]);
+    assert_eq!(busy.code, Some(1), "stderr: {}", busy.stderr);
+    assert_eq!(busy.stderr.lines().count(), 1, "one line: {}", busy.stderr);
+    assert!(busy.stderr.starts_with("leasehold: "), "{}", busy.stderr);
+    assert!(
+        busy.stderr.contains(&format!("pid {}", first.pid())),
+        "names the holder: {}",
+        busy.stderr
+    );
+
+    let busy = finish(&[
+        "run",
+        "job",
+        "--dir",
+        d,
+        "--no-wait",
+        "--conflict-exit-code",
+        "7",
+        "--",
+        "true",
+    ]);
+    assert_eq!(busy.code, Some(7), "stderr: {}", busy.stderr);
+
+    let timed_out = finish(&["run", "job", "--dir", d, "--wait", "0.2", "--", "true"]);
+    assert_eq!(timed_out.code, Some(1), "stderr: {}", timed_out.stderr);
+
+    // Another name is not affected.
+    let other = finish(&["run", "other", "--dir", d, "--no-wait", "--", "true"]);
+    assert_eq!(other.code, Some(0), "stderr: {}", other.stderr);
+
+    // A waiter gets the lock once the first run finishes.
+    let mut waiter = Proc::spawn(leasehold(&[
+        "run", "job", "--dir", d, "--wait", "20", "--", "echo", "second",
+    ]));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(waiter.running(), "the waiter must not run while the lock is held");
+    std::fs::write(tmp.path().join("go"), "").unwrap();
+    assert_eq!(first.wait().code(), Some(0));
+    waiter.expect_line("second");
+    assert_eq!(waiter.wait().code(), Some(0));
+}
+
+#[test]
+fn exit_status_and_environment_pass_through() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let script = "echo \"name=$LEASEHOLD_NAME token=$LEASEHOLD_FENCING_TOKEN\"; exit 3";
+    let done = finish(&["run", "job", "--dir", d, "--", "sh", "-c", script]);
+    assert_eq!(done.code, Some(3), "stderr: {}", done.stderr);
+    let line = done.stdout.trim();
+    let token = line
+        .strip_prefix("name=job token=")
+        .unwrap_or_else(|| panic!("unexpected output {line:?}"));
+    assert!(token.parse::<u64>().is_ok(), "token {token:?}");
+
+    // The lock is released afterwards, and a missing command is 127.
+    assert_eq!(finish(&["holder", "job", "--dir", d]).code, Some(1));
+    let missing = finish(&["run", "job", "--dir", d, "--", "/nonexistent/command"]);
+    assert_eq!(missing.code, Some(127), "stderr: {}", missing.stderr);
+    assert_eq!(finish(&["holder", "job", "--dir", d]).code, Some(1));
+
+    // Bad input is an error (2), never a panic.
+    for args in [
+        &["run", "", "--dir", d, "--", "true"][..],
+        &["run", "job", "--dir", d, "--wait", "-1", "--", "true"],
+        &["run", "job", "--dir", d, "--wait", "1", "--no-wait", "--", "true"],
+        &["run", "job", "--dir", d],
+    ] {
+        let done = finish(args);
+        assert_eq!(done.code, Some(2), "{args:?}: {}", done.stderr);
+        assert!(!done.stderr.contains("panicked"), "{args:?}: {}", done.stderr);
+    }
+}
+
+#[test]
+fn sigterm_is_forwarded_and_the_lock_released() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    // The background sleep's pid is printed so it can be killed at the end;
+    // its output goes elsewhere so it does not hold our pipe.
+    let script =
+        "trap 'echo got-term; exit 0' TERM; sleep 30 >/dev/null 2>&1 & echo \"bg $!\"; echo started; wait";
+    let mut tool = Proc::spawn(leasehold(&["run", "job", "--dir", d, "--", "sh", "-c", script]));
+    let bg: i32 = tool
+        .lines
+        .recv_timeout(BOUND)
+        .expect("bg pid")
+        .strip_prefix("bg ")
+        .expect("bg line")
+        .parse()
+        .expect("bg pid");
+    let _bg = KillOnDrop(bg);
+    tool.expect_line("started");
+    assert_eq!(finish(&["holder", "job", "--dir", d]).code, Some(0));
+
+    tool.signal(Signal::SIGTERM);
+    tool.expect_line("got-term");
+    assert_eq!(tool.wait().code(), Some(0), "the command's status");
+    assert_eq!(finish(&["holder", "job", "--dir", d]).code, Some(1), "free");
+}
+
+/// Kills a process that is not our child (an orphaned grandchild) by pid.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.0), Signal::SIGKILL);
+    }
+}
+
+#[test]
+fn releases_when_the_command_is_killed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let pid_file = tmp.path().join("pid");
+    let script = "echo $$ > \"$1.tmp\" && mv \"$1.tmp\" \"$1\"; exec sleep 30 >/dev/null";
+    let mut tool = Proc::spawn(leasehold(&[
+        "run",
+        "job",
+        "--dir",
+        d,
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        pid_file.to_str().unwrap(),
+    ]));
+    let deadline = Instant::now() + BOUND;
+    let pid: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the command never wrote its pid");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let cmd = KillOnDrop(pid);
+    assert_eq!(finish(&["holder", "job", "--dir", d]).code, Some(0));
+
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    // Dead and reaped by the tool now: its pid may be reused, so no second kill.
+    std::mem::forget(cmd);
+    assert_eq!(tool.wait().code(), Some(128 + 9));
+    assert_eq!(finish(&["holder", "job", "--dir", d]).code, Some(1), "free");
+}
+
+#[test]
+fn holder_list_and_clean_show_what_the_library_sees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let mut tool = holding(d, "job");
+    let live = lock_path(tmp.path(), "job");
+
+    let held = finish(&["holder", "job", "--dir", d, "--json"]);
+    assert_eq!(held.code, Some(0), "stderr: {}", held.stderr);
+    let doc = held.json();
+    assert_eq!(doc["name"], "job");
+    assert_eq!(doc["state"], "held");
+    assert_eq!(
+        doc["pid"],
+        u64::from(tool.pid()),
+        "the tool holds the lock: {doc}"
+    );
+    assert_eq!(doc["path"], live.to_str().unwrap());
+    assert!(doc["fencingToken"].is_u64(), "{doc}");
+    assert!(doc["staleReason"].is_null(), "{doc}");
+    for key in ["acquiredAt", "leaseExpiresAt"] {
+        let t = doc[key].as_str().unwrap_or_else(|| panic!("{key}: {doc}"));
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+            .unwrap_or_else(|e| panic!("{key} {t:?}: {e}"));
+    }
+    let text = finish(&["holder", "job", "--dir", d]);
+    assert_eq!(text.code, Some(0));
+    assert!(text.stdout.contains(&tool.pid().to_string()), "{}", text.stdout);
+
+    let free = finish(&["holder", "nobody", "--dir", d, "--json"]);
+    assert_eq!(free.code, Some(1));
+    assert_eq!(free.json()["state"], "free");
+
+    // A lock whose owner process is gone.
+    let stale = lock_path(tmp.path(), "crashed");
+    std::fs::write(&stale, r#"{"uuid":"x","pid":999999999}"#).unwrap();
+    let stale_str = stale.to_str().unwrap();
+
+    // `list`, here through LEASEHOLD_DIR rather than --dir.
+    let mut cmd = leasehold(&["list", "--json"]);
+    let listed = cmd.env("LEASEHOLD_DIR", d).output().expect("list");
+    assert_eq!(listed.status.code(), Some(0));
+    let doc: Value = serde_json::from_slice(&listed.stdout).expect("list JSON");
+    let locks = doc.as_array().expect("array");
+    assert_eq!(locks.len(), 2, "{doc}");
+    let find = |path: &str| locks.iter().find(|l| l["path"] == path).cloned();
+    let job = find(live.to_str().unwrap()).expect("job listed");
+    assert_eq!(job["state"], "held");
+    assert_eq!(job["pid"], u64::from(tool.pid()));
+    let crashed = find(stale_str).expect("stale lock listed");
+    assert_eq!(crashed["state"], "stale");
+    assert_eq!(crashed["pid"], 999_999_999u64);
+
+    let dry = finish(&["clean", "--dir", d, "--dry-run", "--json"]);
+    assert_eq!(dry.code, Some(0), "stderr: {}", dry.stderr);
+    let doc = dry.json();
+    assert_eq!(doc.as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(doc[0]["path"], stale_str);
+    assert!(stale.exists(), "a dry run removes nothing");
+    let text = finish(&["clean", "--dir", d, "--dry-run"]);
+    assert!(text.stdout.contains("would remove"), "{}", text.stdout);
+
+    let cleaned = finish(&["clean", "--dir", d, "--json"]);
+    assert_eq!(cleaned.code, Some(0), "stderr: {}", cleaned.stderr);
+    let doc = cleaned.json();
+    assert_eq!(doc.as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(doc[0]["path"], stale_str);
+    assert_eq!(doc[0]["state"], "stale");
+    let reason = doc[0]["staleReason"].as_str().unwrap_or_default();
+    assert!(reason.contains("dead"), "{doc}");
+    assert!(!stale.exists(), "removed");
+    assert!(live.exists(), "the live lock is untouched");
+    assert_eq!(finish(&["holder", "job", "--dir", d]).code, Some(0));
+    assert_eq!(finish(&["clean", "--dir", d]).stdout, "nothing to clean\n");
+
+    std::fs::write(tmp.path().join("go"), "").unwrap();
+    assert_eq!(tool.wait().code(), Some(0));
+    assert_eq!(
+        finish(&["list", "--dir", d, "--json"]).json(),
+        Value::Array(vec![])
+    );
+}
+
+#[test]
+fn help_for_each_subcommand() {
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            "run",
+            &[
+                "--dir",
+                "--wait",
+                "--no-wait",
+                "--strategy",
+                "--conflict-exit-code",
+            ],
+        ),
+        ("holder", &["--dir", "--strategy", "--json"]),
+        ("list", &["--dir", "--strategy", "--json"]),
+        ("clean", &["--dir", "--strategy", "--dry-run", "--json"]),
+    ];
+    for (sub, options) in cases {
+        let done = finish(&[sub, "--help"]);
+        assert_eq!(done.code, Some(0), "{sub} --help: {}", done.stderr);
+        for option in options {
+            assert!(
+                done.stdout.contains(option),
+                "{sub} --help lacks {option}: {}",
+                done.stdout
+            );
+        }
+    }
+    let top = finish(&["--help"]);
+    assert_eq!(top.code, Some(0));
+    for sub in ["run", "holder", "list", "clean"] {
+        assert!(top.stdout.contains(sub), "{}", top.stdout);
+    }
+}
