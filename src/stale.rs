@@ -125,6 +125,15 @@ pub(crate) struct Rules {
     pub(crate) foreign_lease: Option<Duration>,
 }
 
+/// How far apart the clocks of two hosts sharing a directory may be: a
+/// lease judged on the wall clock only ends this long after it says.
+pub(crate) const CLOCK_SKEW: Duration = Duration::from_secs(2);
+
+/// A lease end claimed further than this past the record's last change
+/// (by a writer that gives no `leaseMs`) is cut to it: a bogus or
+/// far-future claim must not keep a dead holder's lock forever.
+const LONGEST_FOREIGN_LEASE: Duration = Duration::from_secs(24 * 3600);
+
 /// Slack for comparing start times derived from the wall clock.
 const START_TOLERANCE_MS: u64 = 2_000;
 
@@ -144,8 +153,13 @@ pub(crate) fn judge(ev: &Evidence<'_>, rules: Rules, host: &dyn Host) -> Verdict
 }
 
 fn judge_unreadable(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verdict {
-    let age = host.now().duration_since(ev.mtime).unwrap_or(Duration::ZERO);
-    if age < grace {
+    let now = host.now();
+    // Modified "in the future": the clock went back since, so the age is
+    // unknowable; only the flock can tell (leasehold writers hold it while
+    // writing), or the lock would be kept until the clock caught up.
+    let from_the_future = ev.mtime > now + CLOCK_SKEW;
+    let age = now.duration_since(ev.mtime).unwrap_or(Duration::ZERO);
+    if age < grace && !from_the_future {
         return Verdict::Live;
     }
     match ev.flock_free {
@@ -240,14 +254,23 @@ fn lease_expired(r: &Record, mtime: SystemTime, rules: Rules, host: &dyn Host) -
     {
         return host.boot_clock_ms() >= renewed.saturating_add(lease);
     }
-    let Some(mut expires) = r.lease_expires_at.or_else(|| implied_lease_end(r, mtime, rules)) else {
+    // A claimed end is on the writer's clock, which may be another host's:
+    // allow for skew. The implied lease is measured on our own.
+    let claimed = r.lease_expires_at.and_then(|t| t.checked_add(CLOCK_SKEW));
+    let Some(claimed) = claimed.or_else(|| implied_lease_end(r, mtime, rules)) else {
         return false;
     };
-    if let Some(by_mtime) = r
-        .lease_ms
-        .and_then(|l| mtime.checked_add(Duration::from_millis(l)))
-    {
-        expires = expires.max(by_mtime);
+    // Never earlier than the last change plus the lease (a torn read or a
+    // writer's clock behind ours), never later than the longest lease the
+    // writer could mean.
+    let lease = r.lease_ms.map(Duration::from_millis);
+    let floor = lease.and_then(|l| mtime.checked_add(l));
+    let longest = lease.map_or(LONGEST_FOREIGN_LEASE.max(rules.foreign_lease.unwrap_or_default()), |l| {
+        l + CLOCK_SKEW
+    });
+    let mut expires = floor.map_or(claimed, |floor| claimed.max(floor));
+    if let Some(cap) = mtime.checked_add(longest) {
+        expires = expires.min(cap);
     }
     host.now() >= expires
 }
@@ -391,12 +414,18 @@ mod tests {
             Verdict::Stale(StaleReason::Unreadable)
         );
         assert_eq!(verdict("", 60_000, Some(false)), Verdict::Live);
-        // A clock that went backwards makes the file look young, not old.
+        // Modified "in the future" (the clock went back since): only the
+        // flock can decide.
         let parsed = parse(b"");
         let ev = Evidence {
             parsed: &parsed,
             mtime: at(0) + Duration::from_secs(99),
             flock_free: None,
+        };
+        assert_eq!(judge(&ev, RULES, &fake()), Verdict::NeedsFlockTest);
+        let ev = Evidence {
+            flock_free: Some(false),
+            ..ev
         };
         assert_eq!(judge(&ev, RULES, &fake()), Verdict::Live);
     }
@@ -429,7 +458,7 @@ mod tests {
 
     #[test]
     fn other_hosts_are_judged_by_lease_alone() {
-        let past = crate::record::format_time(at(1));
+        let past = crate::record::format_time(at(2_001));
         let future = crate::record::format_time(at(0) + Duration::from_secs(5));
         let live = format!(
             r#"{{"uuid":"u","pid":999999,"hostname":"there","bootId":"boot-z","leasehold":1,"leaseExpiresAt":"{future}"}}"#
@@ -445,6 +474,49 @@ mod tests {
             verdict(&torn, 30_000, None),
             Verdict::Stale(StaleReason::LeaseExpired)
         );
+    }
+
+    #[test]
+    fn wall_clock_leases_allow_for_skew_between_hosts() {
+        let just = crate::record::format_time(at(1_500));
+        let long = crate::record::format_time(at(2_500));
+        let rec = |t: &str| format!(r#"{{"pid":9,"hostname":"there","leaseExpiresAt":"{t}"}}"#);
+        assert_eq!(verdict(&rec(&just), 0, None), Verdict::Live);
+        assert_eq!(verdict(&rec(&long), 0, None), Verdict::Stale(StaleReason::LeaseExpired));
+    }
+
+    #[test]
+    fn a_far_future_lease_does_not_keep_a_lock_forever() {
+        let rec = r#"{"pid":9,"hostname":"there","leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
+        assert_eq!(verdict(rec, 3_600_000, None), Verdict::Live);
+        assert_eq!(verdict(rec, 90_000_000, None), Verdict::Stale(StaleReason::LeaseExpired));
+        // With leaseMs, the claim is held to the lease it states.
+        let rec = r#"{"pid":9,"hostname":"there","leaseMs":30000,"leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
+        assert_eq!(verdict(rec, 33_000, None), Verdict::Stale(StaleReason::LeaseExpired));
+    }
+
+    #[test]
+    fn a_clock_jump_robs_no_live_holder_and_keeps_no_dead_one() {
+        // Jump forward a year: a leasehold holder on this boot is judged on
+        // the boot clock, so it keeps its lock.
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000}"#;
+        let parsed = parse(rec.as_bytes());
+        let mut host = fake();
+        host.now += Duration::from_secs(365 * 86_400);
+        let ev = Evidence { parsed: &parsed, mtime: at(0), flock_free: Some(false) };
+        assert_eq!(judge(&ev, RULES, &host), Verdict::Live);
+        // Jump back a year: an abandoned empty record now looks written in
+        // the future; it is not kept until the clock catches up.
+        let mut host = fake();
+        host.now -= Duration::from_secs(365 * 86_400);
+        let empty = parse(b"");
+        let ev = Evidence { parsed: &empty, mtime: at(0), flock_free: None };
+        assert_eq!(judge(&ev, RULES, &host), Verdict::NeedsFlockTest);
+        let ev = Evidence { parsed: &empty, mtime: at(0), flock_free: Some(true) };
+        assert_eq!(judge(&ev, RULES, &host), Verdict::Stale(StaleReason::Unreadable));
+        // ...and a dead pid is dead whatever the clock says.
+        let ev = Evidence { parsed: &parse(br#"{"uuid":"u","pid":555}"#), mtime: at(0), flock_free: None };
+        assert_eq!(judge(&ev, RULES, &host), Verdict::Stale(StaleReason::DeadOwner));
     }
 
     #[test]

@@ -125,7 +125,7 @@ macro_rules! conformance {
                 let locker = locker(dir.path());
                 let me = std::process::id();
                 let soon = iso(SystemTime::now() + Duration::from_secs(60));
-                let past = iso(SystemTime::now() - Duration::from_secs(1));
+                let past = iso(SystemTime::now() - Duration::from_secs(5));
                 let cases = [
                     (format!(r#"{{"uuid":"x","pid":{me}}}"#), false),
                     (format!(r#"{{"uuid":"x","pid":{}}}"#, dead_pid()), true),

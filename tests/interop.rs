@@ -111,7 +111,7 @@ async fn first_seed_records_are_read_and_judged() {
     plant(
         Strategy::Directory,
         &path("expired"),
-        &seed1_owner(me, &hostname(), -1),
+        &seed1_owner(me, &hostname(), -5_000),
         Duration::ZERO,
     );
     assert!(

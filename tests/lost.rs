@@ -314,7 +314,7 @@ async fn stats_count_exactly_what_happened() {
         Duration::ZERO,
     );
     drop(locker.acquire("dead").await.unwrap());
-    let past = iso(SystemTime::now() - Duration::from_secs(1));
+    let past = iso(SystemTime::now() - Duration::from_secs(5));
     plant(
         leasehold::Strategy::ExclusiveFile,
         &path("expired"),

@@ -119,7 +119,7 @@ async fn another_hosts_lock_waits_for_its_lease() {
     let dir = tempfile::tempdir().unwrap();
     let locker = Locker::new(dir.path()).unwrap();
     let path = locker.lock_path("job").unwrap();
-    let expires = SystemTime::now() + Duration::from_millis(1500);
+    let expires = SystemTime::now() + Duration::from_millis(500);
     // pid 1 is alive here, and a dead pid would not matter either: the
     // owner is on another host.
     let record = format!(
@@ -130,7 +130,7 @@ async fn another_hosts_lock_waits_for_its_lease() {
     assert!(locker.try_acquire("job").await.unwrap().is_none());
     let owner = locker.holder("job").await.unwrap().expect("held");
     assert_eq!(owner.hostname(), Some("elsewhere.example"));
-    tokio::time::sleep(Duration::from_millis(1700)).await;
+    tokio::time::sleep(Duration::from_millis(2700)).await;
     assert!(locker.try_acquire("job").await.unwrap().is_some());
 }
 
