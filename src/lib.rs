@@ -65,6 +65,8 @@
 //!   each other's fresh lock and a holder never removes a successor's.
 //!   Renewal writes only through the descriptor of the file this guard
 //!   created.
+//! - Each promise, with the test that checks it, is listed in
+//!   `docs/guarantees.md` in the repository.
 //! - **Not guaranteed: leases are time.** A holder paused longer than its
 //!   lease (SIGSTOP, a VM freeze) loses the lock to another process, and
 //!   learns so only when it runs again ([`LockGuard::lost`] fires at its
