@@ -20,8 +20,11 @@
 //! A [`Locker`] owns a lock directory. [`Locker::acquire`] turns a name into
 //! a file in that directory, created with `O_CREAT | O_EXCL`, and returns a
 //! [`LockGuard`]. The guard carries a *lease*: its record says until when
-//! the lock is valid, and a background task renews it every
-//! `renew_interval`. Dropping the guard removes the lock synchronously.
+//! the lock is valid, and a renewal thread (one per `Locker`, independent of
+//! the Tokio runtime) renews it every `renew_interval`. Dropping the guard
+//! removes the lock synchronously. With [`LockerBuilder::fencing`], every
+//! acquisition also gets a fencing token that grows with each acquisition
+//! of the name, for resources that must refuse a holder that was overtaken.
 //!
 //! Inside one process, a `Locker` keeps a FIFO queue per name: only the
 //! head of the queue touches the disk, and a finished holder hands the lock
@@ -43,7 +46,8 @@
 //! | `acquiredAt`, `leaseExpiresAt` | string | RFC 3339, UTC, milliseconds |
 //! | `leaseMs` | number | the lease length |
 //! | `leasehold` | number | format version; the holder keeps `flock` on the file |
-//! | `bootId`, `pidNs`, `procStart`, `renewedAtBoot` | | exact liveness and lease data for readers on the same host |
+//! | `bootId`, `machineId`, `pidNs`, `procStart`, `renewedAtBoot` | | exact liveness and lease data for readers on the same host |
+//! | `name`, `fencingToken` | string, number | the lock name; the acquisition's token (with fencing) |
 //!
 //! The full specification of both layouts, field by field, and of the
 //! staleness rules is in [`format`](mod@format) (`docs/format.md` in the repository).
@@ -70,8 +74,9 @@
 //! - **Not guaranteed: leases are time.** A holder paused longer than its
 //!   lease (SIGSTOP, a VM freeze) loses the lock to another process, and
 //!   learns so only when it runs again ([`LockGuard::lost`] fires at its
-//!   next renewal). Stop work when `lost` fires, and choose a lease far
-//!   longer than any pause you expect.
+//!   next renewal). Stop work when `lost` fires, choose a lease far longer
+//!   than any pause you expect, and where a late write would do harm, have
+//!   the resource check [fencing tokens](LockGuard::fencing_token).
 //! - **Not guaranteed: network filesystems.** NFS and SMB weaken `O_EXCL`,
 //!   `flock` and rename; use one host's local directory. Owners on another
 //!   host (as the record's `hostname` says) are judged by lease alone.
@@ -112,7 +117,11 @@
 //!
 //! # Feature flags
 //!
-//! None yet; the default build is the whole library.
+//! - `cli`: the `leasehold` command-line tool (`run`, `holder`, `list`,
+//!   `clean`); it adds `clap`. The library itself needs no feature.
+//!
+//! [`testing`] (serializing tests across processes) is part of the default
+//! build: it adds no dependency.
 //!
 //! # Supported platforms
 //!
