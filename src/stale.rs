@@ -265,9 +265,10 @@ fn lease_expired(r: &Record, mtime: SystemTime, rules: Rules, host: &dyn Host) -
     // writer could mean.
     let lease = r.lease_ms.map(Duration::from_millis);
     let floor = lease.and_then(|l| mtime.checked_add(l));
-    let longest = lease.map_or(LONGEST_FOREIGN_LEASE.max(rules.foreign_lease.unwrap_or_default()), |l| {
-        l + CLOCK_SKEW
-    });
+    let longest = lease.map_or(
+        LONGEST_FOREIGN_LEASE.max(rules.foreign_lease.unwrap_or_default()),
+        |l| l + CLOCK_SKEW,
+    );
     let mut expires = floor.map_or(claimed, |floor| claimed.max(floor));
     if let Some(cap) = mtime.checked_add(longest) {
         expires = expires.min(cap);
@@ -482,40 +483,67 @@ mod tests {
         let long = crate::record::format_time(at(2_500));
         let rec = |t: &str| format!(r#"{{"pid":9,"hostname":"there","leaseExpiresAt":"{t}"}}"#);
         assert_eq!(verdict(&rec(&just), 0, None), Verdict::Live);
-        assert_eq!(verdict(&rec(&long), 0, None), Verdict::Stale(StaleReason::LeaseExpired));
+        assert_eq!(
+            verdict(&rec(&long), 0, None),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
     }
 
     #[test]
     fn a_far_future_lease_does_not_keep_a_lock_forever() {
         let rec = r#"{"pid":9,"hostname":"there","leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
         assert_eq!(verdict(rec, 3_600_000, None), Verdict::Live);
-        assert_eq!(verdict(rec, 90_000_000, None), Verdict::Stale(StaleReason::LeaseExpired));
+        assert_eq!(
+            verdict(rec, 90_000_000, None),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
         // With leaseMs, the claim is held to the lease it states.
-        let rec = r#"{"pid":9,"hostname":"there","leaseMs":30000,"leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
-        assert_eq!(verdict(rec, 33_000, None), Verdict::Stale(StaleReason::LeaseExpired));
+        let rec =
+            r#"{"pid":9,"hostname":"there","leaseMs":30000,"leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
+        assert_eq!(
+            verdict(rec, 33_000, None),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
     }
 
     #[test]
     fn a_clock_jump_robs_no_live_holder_and_keeps_no_dead_one() {
         // Jump forward a year: a leasehold holder on this boot is judged on
         // the boot clock, so it keeps its lock.
-        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000}"#;
+        let rec =
+            r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000}"#;
         let parsed = parse(rec.as_bytes());
         let mut host = fake();
         host.now += Duration::from_secs(365 * 86_400);
-        let ev = Evidence { parsed: &parsed, mtime: at(0), flock_free: Some(false) };
+        let ev = Evidence {
+            parsed: &parsed,
+            mtime: at(0),
+            flock_free: Some(false),
+        };
         assert_eq!(judge(&ev, RULES, &host), Verdict::Live);
         // Jump back a year: an abandoned empty record now looks written in
         // the future; it is not kept until the clock catches up.
         let mut host = fake();
         host.now -= Duration::from_secs(365 * 86_400);
         let empty = parse(b"");
-        let ev = Evidence { parsed: &empty, mtime: at(0), flock_free: None };
+        let ev = Evidence {
+            parsed: &empty,
+            mtime: at(0),
+            flock_free: None,
+        };
         assert_eq!(judge(&ev, RULES, &host), Verdict::NeedsFlockTest);
-        let ev = Evidence { parsed: &empty, mtime: at(0), flock_free: Some(true) };
+        let ev = Evidence {
+            parsed: &empty,
+            mtime: at(0),
+            flock_free: Some(true),
+        };
         assert_eq!(judge(&ev, RULES, &host), Verdict::Stale(StaleReason::Unreadable));
         // ...and a dead pid is dead whatever the clock says.
-        let ev = Evidence { parsed: &parse(br#"{"uuid":"u","pid":555}"#), mtime: at(0), flock_free: None };
+        let ev = Evidence {
+            parsed: &parse(br#"{"uuid":"u","pid":555}"#),
+            mtime: at(0),
+            flock_free: None,
+        };
         assert_eq!(judge(&ev, RULES, &host), Verdict::Stale(StaleReason::DeadOwner));
     }
 

@@ -505,6 +505,18 @@ fn acquisition_id() -> String {
         .to_string()
 }
 
+/// What a lock's `Drop` can do with a failed release: say so. The lock
+/// stays until it is judged stale (at once, since our flock goes with it).
+fn log_drop_failure(name: &LockName, released: Result<bool>) {
+    if let Err(error) = released {
+        tracing::warn!(
+            lock = name.as_str(),
+            %error,
+            "releasing a dropped lock failed; it stays until it is judged stale"
+        );
+    }
+}
+
 /// Whether the lock path still names the inode `(dev, ino)`.
 fn names(ctx: &Ctx, name: &LockName, dev: u64, ino: u64) -> Result<bool> {
     match fstatat(ctx.dir.fd(), name.file_name(), AtFlags::AT_SYMLINK_NOFOLLOW) {

@@ -17,7 +17,11 @@ fn child_process_entry() {
 async fn names_in_both_path_styles() {
     let dir = tempfile::tempdir().unwrap();
     let hashed = Locker::new(dir.path()).unwrap();
-    let plain = Locker::builder().directory(dir.path()).path_style(PathStyle::Plain).build().unwrap();
+    let plain = Locker::builder()
+        .directory(dir.path())
+        .path_style(PathStyle::Plain)
+        .build()
+        .unwrap();
     let long = "n".repeat(10_000);
     // (name, accepted by Hashed, accepted by Plain)
     let cases: &[(&str, bool, bool)] = &[
@@ -46,7 +50,11 @@ async fn names_in_both_path_styles() {
             }
             let guard = got.unwrap_or_else(|e| panic!("{name:?}: {e}")).expect("free");
             let path = locker.lock_path(name).unwrap();
-            assert_eq!(path.parent().unwrap(), dir.path().canonicalize().unwrap(), "{name:?} escaped");
+            assert_eq!(
+                path.parent().unwrap(),
+                dir.path().canonicalize().unwrap(),
+                "{name:?} escaped"
+            );
             assert!(path.exists(), "{name:?}");
             assert!(paths.insert(path), "{name:?} shares a path with another name");
             drop(guard);
@@ -70,7 +78,9 @@ async fn records_of_every_shape() {
     let future = iso(SystemTime::now() + Duration::from_secs(3600));
     let decades = iso(SystemTime::now() + Duration::from_secs(40 * 365 * 86_400));
     let past = iso(SystemTime::now() - Duration::from_secs(60));
-    let garbage: String = (0..10 * 1024 * 1024).map(|i| char::from(b'!' + (i % 90) as u8)).collect();
+    let garbage: String = (0..10 * 1024 * 1024)
+        .map(|i| char::from(b'!' + (i % 90) as u8))
+        .collect();
     let cases: Vec<(&str, Vec<u8>, Expect)> = vec![
         // Unreadable: a writer may be mid-write, so left alone within grace.
         ("empty", b"".to_vec(), Held),
@@ -85,10 +95,22 @@ async fn records_of_every_shape() {
         // huge ones do not fit pid_t): undecidable, so alive.
         ("zero pid", br#"{"uuid":"a","pid":0}"#.to_vec(), Held),
         ("huge pid", br#"{"uuid":"a","pid":99999999999}"#.to_vec(), Held),
-        ("our own pid", format!(r#"{{"uuid":"a","pid":{me}}}"#).into_bytes(), Held),
+        (
+            "our own pid",
+            format!(r#"{{"uuid":"a","pid":{me}}}"#).into_bytes(),
+            Held,
+        ),
         ("pid 1", br#"{"uuid":"a","pid":1}"#.to_vec(), Held),
-        ("a dead pid", br#"{"uuid":"a","pid":999999999}"#.to_vec(), Reclaimed),
-        ("future acquiredAt", format!(r#"{{"uuid":"a","pid":{me},"acquiredAt":"{future}"}}"#).into_bytes(), Held),
+        (
+            "a dead pid",
+            br#"{"uuid":"a","pid":999999999}"#.to_vec(),
+            Reclaimed,
+        ),
+        (
+            "future acquiredAt",
+            format!(r#"{{"uuid":"a","pid":{me},"acquiredAt":"{future}"}}"#).into_bytes(),
+            Held,
+        ),
         (
             "lease decades ahead, live owner",
             format!(r#"{{"pid":{me},"hostname":"elsewhere","leaseExpiresAt":"{decades}"}}"#).into_bytes(),
@@ -99,7 +121,11 @@ async fn records_of_every_shape() {
             format!(r#"{{"uuid":"a","pid":999999999,"leaseExpiresAt":"{decades}"}}"#).into_bytes(),
             Reclaimed,
         ),
-        ("lease in the past", format!(r#"{{"pid":{me},"leaseExpiresAt":"{past}"}}"#).into_bytes(), Reclaimed),
+        (
+            "lease in the past",
+            format!(r#"{{"pid":{me},"leaseExpiresAt":"{past}"}}"#).into_bytes(),
+            Reclaimed,
+        ),
         (
             "extra fields",
             format!(r#"{{"uuid":"a","pid":{me},"x":[1,{{"y":null}}],"port":3006}}"#).into_bytes(),
@@ -110,12 +136,20 @@ async fn records_of_every_shape() {
     ];
     for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
         let dir = tempfile::tempdir().unwrap();
-        let locker = Locker::builder().directory(dir.path()).strategy(strategy).build().unwrap();
+        let locker = Locker::builder()
+            .directory(dir.path())
+            .strategy(strategy)
+            .build()
+            .unwrap();
         for (i, (what, bytes, expect)) in cases.iter().enumerate() {
             let name = format!("case-{i}");
             let path = locker.lock_path(&name).unwrap();
             plant(strategy, &path, "", Duration::ZERO);
-            let record = if path.is_dir() { path.join("owner.json") } else { path.clone() };
+            let record = if path.is_dir() {
+                path.join("owner.json")
+            } else {
+                path.clone()
+            };
             std::fs::write(&record, bytes).unwrap();
             let got = locker.try_acquire(&name).await;
             let got = got.unwrap_or_else(|e| panic!("{strategy:?} {what}: {e}"));

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
-use common::{ChildProc, dead_pid, iso, plant};
+use common::{ChildProc, dead_pid, iso, own_start_ms, plant};
 use leasehold::{Locker, PathStyle, Strategy};
 
 #[test]
@@ -31,28 +31,6 @@ fn fixture(name: &str, fill: &[(&str, String)]) -> String {
 
 fn hostname() -> String {
     nix::unistd::gethostname().unwrap().into_string().unwrap()
-}
-
-fn own_start_ms() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let ticks: u64 = stat[stat.rfind(')').unwrap() + 1..]
-        .split_whitespace()
-        .nth(19)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let btime: u64 = std::fs::read_to_string("/proc/stat")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .unwrap()
-        .unwrap() as u64;
-    btime * 1000 + ticks * 1000 / hz
 }
 
 fn seed1_owner(pid: u32, host: &str, expires_in: i64) -> String {

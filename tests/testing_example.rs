@@ -8,12 +8,19 @@ use std::time::Duration;
 
 /// The shared resource: every test writes "begin", works, writes "end".
 fn shared_log() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("leasehold-testing-example-{}.log", nix::unistd::geteuid()))
+    std::env::temp_dir().join(format!(
+        "leasehold-testing-example-{}.log",
+        nix::unistd::geteuid()
+    ))
 }
 
 fn use_the_resource(test: &str) {
     let log = shared_log();
-    let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&log).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&log)
+        .unwrap();
     writeln!(f, "begin {test}").unwrap();
     std::thread::sleep(Duration::from_millis(20));
     writeln!(f, "end {test}").unwrap();
@@ -21,7 +28,11 @@ fn use_the_resource(test: &str) {
     let text = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     let begin = lines.iter().rposition(|l| *l == format!("begin {test}")).unwrap();
-    assert_eq!(lines[begin + 1], format!("end {test}"), "another test used the resource meanwhile");
+    assert_eq!(
+        lines[begin + 1],
+        format!("end {test}"),
+        "another test used the resource meanwhile"
+    );
 }
 
 #[tokio::test]

@@ -185,16 +185,8 @@ impl FileLock {
 
 impl Drop for FileLock {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        self.armed = false;
-        if let Err(error) = self.remove() {
-            tracing::warn!(
-                lock = self.name.as_str(),
-                %error,
-                "releasing a dropped lock failed; it stays until it is judged stale"
-            );
+        if std::mem::take(&mut self.armed) {
+            super::log_drop_failure(&self.name, self.remove());
         }
     }
 }

@@ -322,3 +322,28 @@ pub fn dead_pid() -> u32 {
     child.wait().expect("reap");
     pid
 }
+
+/// This process's start in ms since the epoch, computed as a second-seed
+/// writer with a process-lifecycle service would (boot time plus start
+/// ticks).
+pub fn own_start_ms() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let ticks: u64 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap() as u64;
+    btime * 1000 + ticks * 1000 / hz
+}
