@@ -91,6 +91,17 @@ impl LockDir {
         self.mutation_lock_within(MUTATION_PATIENCE)
     }
 
+    /// As [`mutation_lock`](Self::mutation_lock), but `None` when another
+    /// process kept the lock past the patience (say it is frozen while
+    /// holding it): for callers that can simply come back later.
+    pub(crate) fn try_mutation_lock(&self) -> Result<Option<MutationLock<'_>>> {
+        match self.mutation_lock() {
+            Ok(lock) => Ok(Some(lock)),
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::TimedOut => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
     /// As [`mutation_lock`](Self::mutation_lock), waiting at most
     /// `patience` (for callers with a deadline of their own).
     pub(crate) fn mutation_lock_within(&self, patience: Duration) -> Result<MutationLock<'_>> {

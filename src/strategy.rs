@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat};
 use nix::sys::stat::{Mode, SFlag, fstatat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
 
 use crate::dir::LockDir;
 use crate::error::{Error, Result};
@@ -229,22 +230,7 @@ impl Ctx {
     /// Every lock in the directory of this strategy's kind, judged. Entries
     /// that vanish while listed, and those of another kind, are skipped.
     pub(crate) fn list(&self) -> Result<Vec<(LockName, Inspection)>> {
-        // A fresh open: a duplicate would share (and leave at the end) the
-        // directory offset of the descriptor everything else uses.
-        let mut listing = nix::dir::Dir::openat(
-            self.dir.fd(),
-            ".",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| Error::errno("list lock directory", self.dir.path(), e))?;
-        let mut names: Vec<String> = listing
-            .iter()
-            .filter_map(|entry| entry.ok())
-            .filter_map(|entry| entry.file_name().to_str().ok().map(str::to_owned))
-            .filter(|name| name.ends_with(".lock"))
-            .collect();
-        names.sort();
+        let names = self.entries(|name| name.ends_with(".lock"))?;
         let mut locks = Vec::new();
         for file_name in names {
             let name = LockName::from_file_name(&file_name);
@@ -258,9 +244,10 @@ impl Ctx {
     }
 
     /// Reclaims every stale lock (race-safely, as `try_acquire` would) and
-    /// removes what crashed directory-strategy publishers and releasers
-    /// left behind: `.pending-*` directories older than the grace period
-    /// and `.trash-*` directories. With `dry_run`, only reports.
+    /// removes what crashed processes left behind: `.pending-*` directories
+    /// older than the grace period and `.trash-*` directories (directory
+    /// strategy), and temporary fencing counters. With `dry_run`, only
+    /// reports.
     pub(crate) fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
         let mut cleaned = Vec::new();
         for (name, inspection) in self.list()? {
@@ -280,7 +267,50 @@ impl Ctx {
         if self.strategy == Strategy::Directory {
             cleaned.extend(directory::clean_leftovers(self, dry_run)?);
         }
+        cleaned.extend(self.clean_fence_leftovers(dry_run)?);
         Ok(cleaned)
+    }
+
+    /// Fencing counters are only written under the directory lock, so a
+    /// temporary counter file found while holding it belongs to a process
+    /// that died between writing and renaming it.
+    fn clean_fence_leftovers(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
+        let Some(_mutation) = self.dir.try_mutation_lock()? else {
+            return Ok(Vec::new());
+        };
+        let mut cleaned = Vec::new();
+        for name in self.entries(|name| name.contains(".fence.tmp-"))? {
+            let removed = dry_run
+                || matches!(
+                    unlinkat(self.dir.fd(), name.as_str(), UnlinkatFlags::NoRemoveDir),
+                    Ok(()) | Err(Errno::ENOENT)
+                );
+            if removed {
+                cleaned.push((LockName::from_file_name(&name), Inspection::leftover()));
+            }
+        }
+        Ok(cleaned)
+    }
+
+    /// The names in the lock directory that `keep` accepts, sorted. A
+    /// fresh open: a duplicate descriptor would share (and leave at the
+    /// end) the directory offset of the one everything else uses.
+    pub(crate) fn entries(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<String>> {
+        let mut listing = nix::dir::Dir::openat(
+            self.dir.fd(),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::errno("list lock directory", self.dir.path(), e))?;
+        let mut names: Vec<String> = listing
+            .iter()
+            .filter_map(|entry| entry.ok())
+            .filter_map(|entry| entry.file_name().to_str().ok().map(str::to_owned))
+            .filter(|name| keep(name))
+            .collect();
+        names.sort();
+        Ok(names)
     }
 
     pub(crate) fn rules(&self) -> stale::Rules {
@@ -392,7 +422,11 @@ impl Held {
     pub(crate) fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
         let (ctx, name, dev, ino) = self.parts();
         let (ctx, name) = (Arc::clone(ctx), name.clone());
-        let _mutation = ctx.dir.mutation_lock()?;
+        // Busy (a frozen process holds the directory lock): give the lock
+        // up and let the caller try again later.
+        let Some(_mutation) = ctx.dir.try_mutation_lock()? else {
+            return Ok(None);
+        };
         if !names(&ctx, &name, dev, ino)? {
             return Ok(None);
         }
@@ -636,7 +670,10 @@ impl Found {
     /// changed since we read it (a renewal may have raced our read).
     fn reclaim(&self, ctx: &Ctx, name: &LockName, reason: StaleReason) -> Result<bool> {
         let path = || ctx.dir.path_of(name.file_name());
-        let mutation = ctx.dir.mutation_lock()?;
+        // Busy (a frozen process holds the directory lock): not now.
+        let Some(mutation) = ctx.dir.try_mutation_lock()? else {
+            return Ok(false);
+        };
         if !names(ctx, name, self.dev, self.ino)? {
             return Ok(false);
         }

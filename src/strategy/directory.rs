@@ -193,15 +193,7 @@ fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
 /// publisher that died before its rename) and `.trash-*` directories (a
 /// releaser that died while emptying one); nobody else uses either.
 pub(super) fn clean_leftovers(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName, super::Inspection)>> {
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-    let mut listing = nix::dir::Dir::openat(ctx.dir.fd(), ".", flags, Mode::empty())
-        .map_err(|e| Error::errno("list lock directory", ctx.dir.path(), e))?;
-    let names: Vec<String> = listing
-        .iter()
-        .filter_map(|entry| entry.ok())
-        .filter_map(|entry| entry.file_name().to_str().ok().map(str::to_owned))
-        .filter(|name| name.contains(".lock.pending-") || name.contains(".lock.trash-"))
-        .collect();
+    let names = ctx.entries(|name| name.contains(".lock.pending-") || name.contains(".lock.trash-"))?;
     let mut cleaned = Vec::new();
     for name in names {
         let open = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
