@@ -105,36 +105,42 @@ impl LockDir {
     /// As [`mutation_lock`](Self::mutation_lock), waiting at most
     /// `patience` (for callers with a deadline of their own).
     pub(crate) fn mutation_lock_within(&self, patience: Duration) -> Result<MutationLock<'_>> {
-        // One flock per process on the shared descriptor (a lock on an open
-        // file description excludes other processes, not our own threads),
-        // and a mutex for the threads of this process. The mutex is only
-        // ever held for a bounded wait plus a few syscalls.
-        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        // One flock on the shared descriptor excludes other processes (a
+        // lock on an open file description does not exclude our own
+        // threads), and a mutex our threads. Both are only ever tried, in
+        // one loop bounded by the patience, and nobody sleeps holding
+        // either: the mutex is held for a few syscalls at a time.
         let deadline = Instant::now() + patience.min(MUTATION_PATIENCE);
         let mut pause = Duration::from_micros(20);
         loop {
-            match self.fd.try_lock() {
-                Ok(()) => {
-                    return Ok(MutationLock {
-                        fd: &self.fd,
-                        _threads: threads,
-                    });
-                }
-                Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(5));
-                }
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    return Err(Error::io(
-                        "lock (another process kept it too long)",
-                        &self.path,
-                        io::Error::from(io::ErrorKind::TimedOut),
-                    ));
-                }
-                Err(std::fs::TryLockError::Error(e)) => {
-                    return Err(Error::io("lock", &self.path, e));
+            let threads = match self.threads.try_lock() {
+                Ok(guard) => Some(guard),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+            if let Some(threads) = threads {
+                match self.fd.try_lock() {
+                    Ok(()) => {
+                        return Ok(MutationLock {
+                            fd: &self.fd,
+                            _threads: threads,
+                        });
+                    }
+                    Err(std::fs::TryLockError::WouldBlock) => {}
+                    Err(std::fs::TryLockError::Error(e)) => {
+                        return Err(Error::io("lock", &self.path, e));
+                    }
                 }
             }
+            if Instant::now() >= deadline {
+                return Err(Error::io(
+                    "lock (another process kept it too long)",
+                    &self.path,
+                    io::Error::from(io::ErrorKind::TimedOut),
+                ));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(2));
         }
     }
 }

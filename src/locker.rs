@@ -77,10 +77,15 @@ const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// directory (create, flock, write; or open, read, judge, maybe reclaim).
 /// With durable records (the default) it ends in `fdatasync`, which can
 /// take milliseconds, so the whole attempt runs as **one** call on Tokio's
-/// blocking pool. With [`durable(false)`](LockerBuilder::durable) it is a
-/// handful of metadata syscalls of a few microseconds each on a local disk,
-/// and runs inline, which roughly halves an uncontended acquisition; keep
-/// durable records on a slow or network filesystem. Renewals run on a
+/// blocking pool, as does any attempt that finds the lock taken (judging,
+/// reclaiming) or reserves fencing tokens. Only the uncontended case with
+/// [`durable(false)`](LockerBuilder::durable) and no fencing runs inline:
+/// a create, a flock, a stat and a write, a few microseconds each on a
+/// local disk, which roughly halves the cost of an uncontended
+/// acquisition; keep durable records on a slow or network filesystem.
+///
+/// The runtime needs its time driver (`enable_time` or `enable_all`):
+/// waiting uses Tokio's timers. Renewals run on a
 /// thread of their own, never on the runtime. Release in [`LockGuard`]'s
 /// `Drop` is a few syscalls done inline, which is what makes the lock free
 /// the moment `drop` returns.
@@ -346,6 +351,7 @@ impl LockerBuilder {
             fencing: self.fencing,
             holder_id: format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
             counters: Arc::default(),
+            first_seen: Default::default(),
         };
         Ok(Locker {
             inner: Arc::new(Inner {
@@ -1013,16 +1019,16 @@ impl Locker {
         }
     }
 
-    /// One attempt. With durable records it syncs, which can take
-    /// milliseconds, so it runs as one call on the blocking pool; the result
-    /// travels back over a channel rather than the task's join handle so
-    /// that if this future was dropped meanwhile, the attempt's lock is
-    /// dropped (and so removed) right there in the blocking task. Without
-    /// syncing it is a handful of short syscalls, done inline.
+    /// One attempt. The uncontended case without syncing is a handful of
+    /// short syscalls, tried inline; everything else (syncing, judging a
+    /// record, reclaiming, fencing) runs as one call on the blocking pool.
+    /// Its result travels back over a channel rather than the task's join
+    /// handle so that if this future was dropped meanwhile, the attempt's
+    /// lock is dropped (and so removed) right there in the blocking task.
     async fn attempt(&self, name: &LockName) -> Result<Attempt> {
         bump(&self.inner.ctx.counters.fs_attempts);
-        if !self.inner.ctx.durable {
-            return self.inner.ctx.try_acquire(name);
+        if let Some(held) = self.inner.ctx.try_create_inline(name)? {
+            return Ok(Attempt::Acquired(Box::new(held), None));
         }
         let ctx = Arc::clone(&self.inner.ctx);
         let name = name.clone();

@@ -114,6 +114,9 @@ pub(crate) struct Evidence<'a> {
     pub(crate) mtime: SystemTime,
     /// `Some(true)` when a test `flock` on the record succeeded.
     pub(crate) flock_free: Option<bool>,
+    /// How long this process has known this very file (on the boot
+    /// clock), for records whose modification time cannot be trusted.
+    pub(crate) known_for: Duration,
 }
 
 /// The tunable parts of the rules.
@@ -154,12 +157,15 @@ pub(crate) fn judge(ev: &Evidence<'_>, rules: Rules, host: &dyn Host) -> Verdict
 
 fn judge_unreadable(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verdict {
     let now = host.now();
-    // Modified "in the future": the clock went back since, so the age is
-    // unknowable; only the flock can tell (leasehold writers hold it while
-    // writing), or the lock would be kept until the clock caught up.
-    let from_the_future = ev.mtime > now + CLOCK_SKEW;
-    let age = now.duration_since(ev.mtime).unwrap_or(Duration::ZERO);
-    if age < grace && !from_the_future {
+    // Modified "in the future": the clock went back since, so the file's
+    // age is unknowable. Count from when this process first saw it instead,
+    // or the lock would be kept until the clock caught up.
+    let age = if ev.mtime > now + CLOCK_SKEW {
+        ev.known_for
+    } else {
+        now.duration_since(ev.mtime).unwrap_or(Duration::ZERO)
+    };
+    if age < grace {
         return Verdict::Live;
     }
     match ev.flock_free {
@@ -401,6 +407,7 @@ mod tests {
             parsed: &parsed,
             mtime: at(mtime_ms_ago),
             flock_free,
+            known_for: Duration::ZERO,
         };
         judge(&ev, RULES, &fake())
     }
@@ -415,13 +422,19 @@ mod tests {
             Verdict::Stale(StaleReason::Unreadable)
         );
         assert_eq!(verdict("", 60_000, Some(false)), Verdict::Live);
-        // Modified "in the future" (the clock went back since): only the
-        // flock can decide.
+        // Modified "in the future" (the clock went back since): the grace
+        // period counts from when this process first saw the file.
         let parsed = parse(b"");
         let ev = Evidence {
             parsed: &parsed,
             mtime: at(0) + Duration::from_secs(99),
             flock_free: None,
+            known_for: Duration::from_secs(1),
+        };
+        assert_eq!(judge(&ev, RULES, &fake()), Verdict::Live);
+        let ev = Evidence {
+            known_for: Duration::from_secs(10),
+            ..ev
         };
         assert_eq!(judge(&ev, RULES, &fake()), Verdict::NeedsFlockTest);
         let ev = Evidence {
@@ -519,10 +532,12 @@ mod tests {
             parsed: &parsed,
             mtime: at(0),
             flock_free: Some(false),
+            known_for: Duration::ZERO,
         };
         assert_eq!(judge(&ev, RULES, &host), Verdict::Live);
         // Jump back a year: an abandoned empty record now looks written in
-        // the future; it is not kept until the clock catches up.
+        // the future; once known for the grace period it is judged, not
+        // kept until the clock catches up.
         let mut host = fake();
         host.now -= Duration::from_secs(365 * 86_400);
         let empty = parse(b"");
@@ -530,12 +545,14 @@ mod tests {
             parsed: &empty,
             mtime: at(0),
             flock_free: None,
+            known_for: Duration::from_secs(10),
         };
         assert_eq!(judge(&ev, RULES, &host), Verdict::NeedsFlockTest);
         let ev = Evidence {
             parsed: &empty,
             mtime: at(0),
             flock_free: Some(true),
+            known_for: Duration::from_secs(10),
         };
         assert_eq!(judge(&ev, RULES, &host), Verdict::Stale(StaleReason::Unreadable));
         // ...and a dead pid is dead whatever the clock says.
@@ -543,6 +560,7 @@ mod tests {
             parsed: &parse(br#"{"uuid":"u","pid":555}"#),
             mtime: at(0),
             flock_free: None,
+            known_for: Duration::ZERO,
         };
         assert_eq!(judge(&ev, RULES, &host), Verdict::Stale(StaleReason::DeadOwner));
     }
@@ -626,6 +644,7 @@ mod tests {
             parsed: &parsed,
             mtime: at(600_000),
             flock_free: None,
+            known_for: Duration::ZERO,
         };
         let forever = Rules {
             foreign_lease: None,

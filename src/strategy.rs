@@ -97,6 +97,8 @@ pub(crate) struct Ctx {
     pub(crate) fencing: bool,
     pub(crate) holder_id: String,
     pub(crate) counters: Arc<Counters>,
+    /// When each lock file was first seen, for [`Ctx::known_for`].
+    pub(crate) first_seen: std::sync::Mutex<std::collections::HashMap<(u64, u64), u64>>,
 }
 
 /// The result of one attempt to take a lock.
@@ -146,8 +148,14 @@ impl Tokens {
         if self.next > self.last {
             return None;
         }
-        self.next += 1;
-        Some(self.next - 1)
+        let token = self.next;
+        // At `u64::MAX` the block is simply used up (`next > last` cannot
+        // hold then, so `last` is lowered instead of wrapping `next`).
+        match self.next.checked_add(1) {
+            Some(next) => self.next = next,
+            None => self.last = self.next - 1,
+        }
+        Some(token)
     }
 }
 
@@ -179,7 +187,7 @@ impl Ctx {
     pub(crate) fn try_acquire(self: &Arc<Self>, name: &LockName) -> Result<Attempt> {
         for _ in 0..ROUNDS {
             let created = match self.strategy {
-                Strategy::ExclusiveFile => file::create(self, name)?.map(Held::File),
+                Strategy::ExclusiveFile => file::create(self, name, true)?.map(Held::File),
                 Strategy::Directory => directory::create(self, name)?.map(Held::Dir),
             };
             if let Some(mut held) = created {
@@ -211,6 +219,18 @@ impl Ctx {
             owner: None,
             recheck_at: None,
         })
+    }
+
+    /// The uncontended case without leaving the runtime's thread: one
+    /// attempt to create the lock file, never sleeping, never taking the
+    /// directory lock. `None` when anything more is needed (the path is
+    /// taken, a record to judge, fencing, syncing, the directory strategy);
+    /// then the caller makes a full attempt on the blocking pool.
+    pub(crate) fn try_create_inline(self: &Arc<Self>, name: &LockName) -> Result<Option<Held>> {
+        if self.durable || self.fencing || self.strategy != Strategy::ExclusiveFile {
+            return Ok(None);
+        }
+        Ok(file::create(self, name, false)?.map(Held::File))
     }
 
     pub(crate) fn inspect(&self, name: &LockName) -> Result<Option<Inspection>> {
@@ -279,7 +299,7 @@ impl Ctx {
             return Ok(Vec::new());
         };
         let mut cleaned = Vec::new();
-        for name in self.entries(|name| name.contains(".fence.tmp-"))? {
+        for name in self.entries(|name| leftover_kind(name) == Some(Leftover::FenceTmp))? {
             let removed = dry_run
                 || matches!(
                     unlinkat(self.dir.fd(), name.as_str(), UnlinkatFlags::NoRemoveDir),
@@ -311,6 +331,18 @@ impl Ctx {
             .collect();
         names.sort();
         Ok(names)
+    }
+
+    /// How long this `Locker` has known the file `(dev, ino)`, on the boot
+    /// clock: the age of a record whose modification time is in the future.
+    fn known_for(&self, dev: u64, ino: u64) -> Duration {
+        let now = sys::boot_clock_ms();
+        let mut seen = self.first_seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() > 4096 {
+            seen.clear();
+        }
+        let first = *seen.entry((dev, ino)).or_insert(now);
+        Duration::from_millis(now.saturating_sub(first))
     }
 
     pub(crate) fn rules(&self) -> stale::Rules {
@@ -433,7 +465,7 @@ impl Held {
         let fence = format!("{}.fence", name.file_name());
         let last = read_fence(&ctx, &name, &fence)?;
         let end = last.checked_add(TOKEN_BLOCK).ok_or(Error::Unsupported {
-            what: "fencing counter exhausted",
+            what: "fencing counter exhausted (it is within one block of u64::MAX)",
         })?;
         write_fence(&ctx, &fence, end)?;
         let tokens = Tokens {
@@ -537,6 +569,36 @@ fn acquisition_id() -> String {
     uuid::Builder::from_random_bytes(uuid::Uuid::from_u64_pair(hi, mixed).into_bytes())
         .into_uuid()
         .to_string()
+}
+
+/// What a crashed process can leave in the lock directory besides locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leftover {
+    /// `<lock>.pending-<12 hex>`: a directory being published.
+    Pending,
+    /// `<lock>.trash-<12 hex>`: a directory being released or reclaimed.
+    Trash,
+    /// `<lock>.fence.tmp-<32 hex>`: a fencing counter being replaced.
+    FenceTmp,
+}
+
+/// Recognizes leftovers by their exact shape. Every lock's own file name
+/// ends in `.lock`, whatever its lock name, so none can match.
+pub(crate) fn leftover_kind(file_name: &str) -> Option<Leftover> {
+    let (base, suffix) = file_name.rsplit_once('.')?;
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if base.ends_with(".lock") {
+        if suffix.strip_prefix("pending-").is_some_and(|id| hex(id, 12)) {
+            return Some(Leftover::Pending);
+        }
+        if suffix.strip_prefix("trash-").is_some_and(|id| hex(id, 12)) {
+            return Some(Leftover::Trash);
+        }
+    }
+    if base.ends_with(".lock.fence") && suffix.strip_prefix("tmp-").is_some_and(|id| hex(id, 32)) {
+        return Some(Leftover::FenceTmp);
+    }
+    None
 }
 
 /// What a lock's `Drop` can do with a failed release: say so. The lock
@@ -649,6 +711,7 @@ impl Found {
             parsed: &self.parsed,
             mtime: self.mtime,
             flock_free: None,
+            known_for: ctx.known_for(self.dev, self.ino),
         };
         let verdict = stale::judge(&evidence, ctx.rules(), &host);
         if verdict != Verdict::NeedsFlockTest {
@@ -743,5 +806,48 @@ fn kind_name(kind: SFlag) -> &'static str {
         "device node"
     } else {
         "special file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leftovers_are_recognized_by_their_exact_shape() {
+        assert_eq!(
+            leftover_kind("a-0123456789abcdef.lock.pending-0123456789ab"),
+            Some(Leftover::Pending)
+        );
+        assert_eq!(
+            leftover_kind("state.lock.trash-abcdefabcdef"),
+            Some(Leftover::Trash)
+        );
+        assert_eq!(
+            leftover_kind("x.lock.fence.tmp-0123456789abcdef0123456789abcdef"),
+            Some(Leftover::FenceTmp)
+        );
+        // Lock names that merely contain the markers are locks.
+        for lock in [
+            "jobs.lock.trash-1-0123456789abcdef.lock",
+            "x.lock.pending-0123456789ab.lock",
+            "x.lock.trash-0123456789ab-0011223344556677.lock",
+        ] {
+            assert_eq!(leftover_kind(lock), None, "{lock}");
+        }
+        assert_eq!(leftover_kind("x.lock.trash-xyz"), None);
+        assert_eq!(leftover_kind("x.lock.fence"), None);
+    }
+
+    #[test]
+    fn a_token_block_ending_at_the_top_is_used_up_not_wrapped() {
+        let mut block = Tokens {
+            next: u64::MAX - 1,
+            last: u64::MAX,
+        };
+        assert_eq!(block.take(), Some(u64::MAX - 1));
+        assert_eq!(block.take(), Some(u64::MAX));
+        assert_eq!(block.take(), None);
+        assert_eq!(block.take(), None);
     }
 }

@@ -214,6 +214,31 @@ macro_rules! conformance {
             }
 
             #[tokio::test]
+            async fn clean_never_touches_a_live_lock_whatever_its_name() {
+                let dir = tempfile::tempdir().unwrap();
+                let locker = locker(dir.path());
+                let names = ["jobs.lock.trash-1", "x.lock.pending-0123456789ab", "y.lock.fence.tmp-1", "plain"];
+                let mut guards = Vec::new();
+                for name in names {
+                    guards.push(locker.acquire(name).await.unwrap());
+                }
+                let plain = Locker::builder()
+                    .directory(dir.path())
+                    .strategy(STRATEGY)
+                    .path_style(leasehold::PathStyle::Plain)
+                    .build()
+                    .unwrap();
+                let _p = plain.acquire("z.lock.trash-0123456789ab").await.unwrap();
+                assert!(locker.clean(false).await.unwrap().is_empty());
+                assert!(plain.clean(false).await.unwrap().is_empty());
+                for (guard, name) in guards.iter().zip(names) {
+                    assert!(!guard.is_lost(), "{name}");
+                    guard.ensure_held().await.unwrap();
+                    assert!(locker.is_held(name).await.unwrap(), "{name}");
+                }
+            }
+
+            #[tokio::test]
             async fn plain_names_share_locks_by_file_name() {
                 let dir = tempfile::tempdir().unwrap();
                 let plain = Locker::builder()

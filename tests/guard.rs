@@ -378,3 +378,41 @@ fn a_guard_keeps_its_lease_after_the_runtime_is_gone() {
         assert!(rival.try_acquire("kept").await.unwrap().is_some());
     });
 }
+
+/// Releases that meet the directory lock held elsewhere wait side by side,
+/// not one behind another, and all succeed once it is free.
+#[test]
+fn concurrent_drops_wait_for_the_directory_lock_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    let guards: Vec<LockGuard> = rt.block_on(async {
+        let mut guards = Vec::new();
+        for i in 0..4 {
+            guards.push(locker.acquire(&format!("n{i}")).await.unwrap());
+        }
+        guards
+    });
+    let squatter = std::fs::File::open(dir.path()).unwrap();
+    squatter.lock().unwrap();
+    let started = Instant::now();
+    let drops: Vec<_> = guards
+        .into_iter()
+        .map(|g| std::thread::spawn(move || drop(g)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    squatter.unlock().unwrap();
+    for d in drops {
+        d.join().unwrap();
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(450),
+        "drops queued: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "every lock was removed"
+    );
+}

@@ -26,7 +26,7 @@ use nix::fcntl::{OFlag, openat, renameat};
 use nix::sys::stat::{Mode, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
-use super::{Ctx, names, read_record};
+use super::{Ctx, Leftover, leftover_kind, names, read_record};
 use crate::dir::MutationLock;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -193,7 +193,8 @@ fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
 /// publisher that died before its rename) and `.trash-*` directories (a
 /// releaser that died while emptying one); nobody else uses either.
 pub(super) fn clean_leftovers(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName, super::Inspection)>> {
-    let names = ctx.entries(|name| name.contains(".lock.pending-") || name.contains(".lock.trash-"))?;
+    let names =
+        ctx.entries(|name| matches!(leftover_kind(name), Some(Leftover::Pending | Leftover::Trash)))?;
     let mut cleaned = Vec::new();
     for name in names {
         let open = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
@@ -201,14 +202,21 @@ pub(super) fn clean_leftovers(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName,
             continue;
         };
         let node = File::from(fd);
-        let old_enough = name.contains(".lock.trash-")
-            || node
+        // A publisher flocks its pending directory right after creating it,
+        // and a holder keeps its flock on a directory it is retiring: busy
+        // means in use. A pending directory is also spared while younger
+        // than the grace period, for the instant between mkdir and flock.
+        if node.try_lock().is_err() {
+            continue;
+        }
+        let young = leftover_kind(&name) == Some(Leftover::Pending)
+            && node
                 .metadata()
                 .ok()
                 .and_then(|m| m.modified().ok())
                 .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age >= ctx.grace);
-        if !old_enough {
+                .is_none_or(|age| age < ctx.grace);
+        if young {
             continue;
         }
         if !dry_run {

@@ -42,8 +42,9 @@ pub(crate) struct FileLock {
     armed: bool,
 }
 
-/// Creates the lock file; `None` if the path is taken.
-pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FileLock>> {
+/// Creates the lock file; `None` if the path is taken. Impatient callers
+/// (running on the runtime's thread) never sleep here.
+pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName, patient: bool) -> Result<Option<FileLock>> {
     let path = || ctx.dir.path_of(name.file_name());
     let flags = OFlag::O_CREAT
         | OFlag::O_EXCL
@@ -66,34 +67,34 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FileLock>
     // the holder is gone. Only a reader testing a record older than the
     // grace period can hold it briefly, so a few tries suffice.
     let mut tries = 0;
-    let refused = loop {
+    loop {
         match file.try_lock() {
-            Ok(()) => break None,
-            Err(TryLockError::WouldBlock) if tries < 50 => {
+            Ok(()) => break,
+            Err(TryLockError::WouldBlock) if patient && tries < 50 => {
                 tries += 1;
                 std::thread::sleep(Duration::from_micros(200));
             }
-            Err(TryLockError::WouldBlock) => break Some(Ok(None)),
-            Err(TryLockError::Error(e)) => break Some(Err(flock_error(e, path()))),
+            // Someone judged our empty file abandoned (a clock far off).
+            // We cannot tell whether the path is still ours, so we leave
+            // it: empty and without a flock, it is reclaimed after the
+            // grace period.
+            Err(TryLockError::WouldBlock) => return Ok(None),
+            Err(TryLockError::Error(e)) => {
+                // No flock on this filesystem: then nobody can hold one on
+                // our file either, and the path is still ours to remove.
+                let _ = unlinkat(ctx.dir.fd(), name.file_name(), UnlinkatFlags::NoRemoveDir);
+                return Err(flock_error(e, path()));
+            }
         }
-    };
+    }
     // Taken after the flock: a file that a reclaimer judged abandoned
-    // (empty, past the grace period) and removed before our flock has no
-    // links left, and is nobody's lock.
-    let meta = match (refused, file.metadata()) {
-        (None, Ok(meta)) if meta.nlink() == 0 => return Ok(None),
-        (None, Ok(meta)) => meta,
-        (refused, meta) => {
-            // Microseconds old and never written: nobody else can have
-            // judged it yet, so it is still ours to remove.
-            let _ = unlinkat(ctx.dir.fd(), name.file_name(), UnlinkatFlags::NoRemoveDir);
-            return match (refused, meta) {
-                (Some(result), _) => result,
-                (None, Err(e)) => Err(Error::io("inspect new lock file", path(), e)),
-                (None, Ok(_)) => Ok(None),
-            };
-        }
-    };
+    // and removed before our flock has no links left, and is nobody's lock.
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("inspect new lock file", path(), e))?;
+    if meta.nlink() == 0 {
+        return Ok(None);
+    }
     let record = ctx.own_record(name);
     let bytes = record.to_bytes(0);
     // Armed from here on: any failure below removes the half-made lock.
