@@ -117,6 +117,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// The lock server (PostgreSQL) failed or could not be reached.
+    #[error("cannot {op}")]
+    Backend {
+        /// The operation, e.g. `"take an advisory lock"`.
+        op: &'static str,
+        /// The server's or client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     /// The platform or configuration cannot do what was asked.
     #[error("unsupported: {what}")]
     Unsupported {

@@ -21,8 +21,9 @@ use crate::queue::{COURTESY, Head, Join, Slot, Slots, Turn};
 use crate::renew::Renewer;
 use crate::scope;
 use crate::stale::StaleReason;
+use crate::stats::Counters;
 use crate::stats::{Stats, bump};
-use crate::strategy::{Attempt, Ctx, Held, Strategy, Tokens};
+use crate::strategy::{Attempt, Ctx, Held, Inspection, Strategy, Tokens};
 use crate::wake::Watcher;
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -121,7 +122,9 @@ pub struct Locker {
 struct Inner {
     /// Tells this `Locker`'s holds apart from other `Locker`s' in a scope.
     id: u64,
-    ctx: Arc<Ctx>,
+    store: Store,
+    counters: Arc<Counters>,
+    lease: Duration,
     renew_interval: Duration,
     poll_interval: Duration,
     slots: Arc<Slots>,
@@ -131,6 +134,26 @@ struct Inner {
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Where the locks live.
+#[derive(Debug)]
+enum Store {
+    /// Files in a lock directory, in one of the on-disk strategies.
+    Files(Arc<Ctx>),
+    /// Advisory locks on a PostgreSQL server.
+    #[cfg(feature = "postgres")]
+    Postgres(Arc<crate::postgres::PgStore>),
+}
+
+impl Store {
+    fn name(&self) -> &'static str {
+        match self {
+            Store::Files(ctx) => ctx.strategy.as_str(),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => "postgres",
+        }
+    }
+}
 
 /// Configures and builds a [`Locker`].
 ///
@@ -186,6 +209,8 @@ pub struct LockerBuilder {
     strategy: Strategy,
     path_style: PathStyle,
     allow_insecure_directory: bool,
+    #[cfg(feature = "postgres")]
+    postgres: Option<String>,
 }
 
 impl Default for LockerBuilder {
@@ -202,6 +227,8 @@ impl Default for LockerBuilder {
             strategy: Strategy::default(),
             path_style: PathStyle::default(),
             allow_insecure_directory: false,
+            #[cfg(feature = "postgres")]
+            postgres: None,
         }
     }
 }
@@ -289,6 +316,30 @@ impl LockerBuilder {
         self
     }
 
+    /// Keep the locks on a PostgreSQL server instead of in a directory
+    /// (feature `postgres`), for processes on several hosts. `url` is a
+    /// libpq-style connection string or URL (`postgres://user@host/db`,
+    /// `host=/run/postgresql user=app`). The directory, strategy, path
+    /// style and durability settings are then unused; fencing tokens are
+    /// always on. See the crate docs, *PostgreSQL*.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> leasehold::Result<()> {
+    /// let locker = leasehold::Locker::builder()
+    ///     .postgres("host=/run/postgresql user=app dbname=app")
+    ///     .build()?; // connects, and fails here if it cannot
+    /// let guard = locker.acquire("nightly-report").await?;
+    /// assert!(guard.fencing_token().is_some());
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres(mut self, url: impl Into<String>) -> Self {
+        self.postgres = Some(url.into());
+        self
+    }
+
     /// How lock names become file names.
     pub fn path_style(mut self, style: PathStyle) -> Self {
         self.path_style = style;
@@ -311,7 +362,8 @@ impl LockerBuilder {
     /// is not shorter than the lease, or the lease exceeds a year;
     /// [`Error::InsecureDirectory`] for a world-writable directory without
     /// the sticky bit, or a default directory owned by another user or open
-    /// to others; I/O errors from creating or opening the directory.
+    /// to others; I/O errors from creating or opening the directory;
+    /// [`Error::Backend`] when the PostgreSQL server cannot be reached.
     pub fn build(self) -> Result<Locker> {
         let renew_interval = self.renew_interval.unwrap_or(self.lease / 3);
         let invalid = |reason: String| Err(Error::InvalidConfig { reason });
@@ -333,15 +385,64 @@ impl LockerBuilder {
         if self.grace.is_zero() {
             return invalid("the unreadable grace period must be above zero".into());
         }
-        let (path, is_default) = match self.directory {
-            Some(path) => (path, false),
+        let holder_id = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
+        let counters: Arc<Counters> = Arc::default();
+        let slots: Arc<Slots> = Arc::default();
+        #[cfg(feature = "postgres")]
+        let server = self.postgres.clone();
+        #[cfg(not(feature = "postgres"))]
+        let server: Option<String> = None;
+        // On a server, lock names are keys, not file names.
+        let path_style = if server.is_some() {
+            PathStyle::Hashed
+        } else {
+            self.path_style
+        };
+        let store = match server {
+            #[cfg(feature = "postgres")]
+            Some(url) => {
+                let weak = Arc::downgrade(&slots);
+                let wake = move |name: &str| {
+                    if let Some(slots) = weak.upgrade() {
+                        slots.changed(LockName::from_name(name).file_name());
+                    }
+                };
+                Store::Postgres(crate::postgres::PgStore::connect(
+                    &url,
+                    holder_id,
+                    self.lease,
+                    Box::new(wake),
+                )?)
+            }
+            _ => Store::Files(Arc::new(self.files(holder_id.clone(), &counters)?)),
+        };
+        Ok(Locker {
+            inner: Arc::new(Inner {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                store,
+                counters,
+                lease: self.lease,
+                renew_interval,
+                poll_interval: self.poll_interval,
+                slots,
+                watcher: Watcher::default(),
+                renewer: Renewer::default(),
+                path_style,
+            }),
+        })
+    }
+
+    /// Opens the lock directory for the file strategies.
+    fn files(&self, holder_id: String, counters: &Arc<Counters>) -> Result<Ctx> {
+        let (path, is_default) = match &self.directory {
+            Some(path) => (path.clone(), false),
             None => (default_directory(), true),
         };
         let dir = LockDir::open(&path, self.allow_insecure_directory)?;
         if is_default {
             check_private(&dir)?;
         }
-        let ctx = Ctx {
+        Ok(Ctx {
             dir,
             strategy: self.strategy,
             lease: self.lease,
@@ -349,21 +450,9 @@ impl LockerBuilder {
             foreign_lease: self.foreign_lease,
             durable: self.durable,
             fencing: self.fencing,
-            holder_id: format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
-            counters: Arc::default(),
+            holder_id,
+            counters: Arc::clone(counters),
             first_seen: Default::default(),
-        };
-        Ok(Locker {
-            inner: Arc::new(Inner {
-                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-                ctx: Arc::new(ctx),
-                renew_interval,
-                poll_interval: self.poll_interval,
-                slots: Arc::default(),
-                watcher: Watcher::default(),
-                renewer: Renewer::default(),
-                path_style: self.path_style,
-            }),
         })
     }
 }
@@ -423,9 +512,14 @@ impl Locker {
         LockerBuilder::default()
     }
 
-    /// The absolute path of the lock directory.
+    /// The absolute path of the lock directory (empty for the PostgreSQL
+    /// backend, which has none).
     pub fn directory(&self) -> &Path {
-        self.inner.ctx.dir.path()
+        match &self.inner.store {
+            Store::Files(ctx) => ctx.dir.path(),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => Path::new(""),
+        }
     }
 
     /// The path of the lock `name` inside the directory, for diagnostics and
@@ -433,7 +527,9 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] for an empty name or one containing NUL.
+    /// [`Error::InvalidName`] for an empty name or one containing NUL;
+    /// [`Error::Unsupported`] on the PostgreSQL backend, whose locks have no
+    /// path.
     ///
     /// # Examples
     ///
@@ -447,11 +543,14 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub fn lock_path(&self, name: &str) -> Result<PathBuf> {
-        Ok(self
-            .inner
-            .ctx
-            .dir
-            .path_of(LockName::new(name, self.inner.path_style)?.file_name()))
+        let name = LockName::new(name, self.inner.path_style)?;
+        match &self.inner.store {
+            Store::Files(ctx) => Ok(ctx.dir.path_of(name.file_name())),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => Err(Error::Unsupported {
+                what: "lock paths on the PostgreSQL backend",
+            }),
+        }
     }
 
     /// Acquires the lock `name`, waiting as long as it takes.
@@ -604,9 +703,29 @@ impl Locker {
     /// ```
     pub async fn holder(&self, name: &str) -> Result<Option<Owner>> {
         let name = LockName::new(name, self.inner.path_style)?;
-        let ctx = Arc::clone(&self.inner.ctx);
-        let inspection = blocking(move || ctx.inspect(&name)).await??;
-        Ok(inspection.filter(|i| i.stale.is_none()).map(|i| i.owner))
+        let inspection = self.lookup(Some(name)).await?.pop();
+        Ok(inspection
+            .filter(|(_, i)| i.stale.is_none())
+            .map(|(_, i)| i.owner))
+    }
+
+    /// One lock (or, with `None`, every lock) as the store has it.
+    async fn lookup(&self, name: Option<LockName>) -> Result<Vec<(LockName, Inspection)>> {
+        match &self.inner.store {
+            Store::Files(ctx) => {
+                let ctx = Arc::clone(ctx);
+                blocking(move || match name {
+                    Some(name) => Ok(ctx.inspect(&name)?.map(|i| (name, i)).into_iter().collect()),
+                    None => ctx.list(),
+                })
+                .await?
+            }
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => {
+                let pg = Arc::clone(pg);
+                blocking(move || pg.inspect(name.as_ref().map(LockName::as_str))).await?
+            }
+        }
     }
 
     /// The lock `name` as found on disk, held or stale, or `None` if there
@@ -635,10 +754,8 @@ impl Locker {
     /// ```
     pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let name = LockName::new(name, self.inner.path_style)?;
-        let ctx = Arc::clone(&self.inner.ctx);
-        let lookup = name.clone();
-        let inspection = blocking(move || ctx.inspect(&lookup)).await??;
-        Ok(inspection.and_then(|i| self.infos(vec![(name, i)]).pop()))
+        let found = self.lookup(Some(name)).await?;
+        Ok(self.infos(found).pop())
     }
 
     /// Every lock in the directory (of this `Locker`'s strategy), with its
@@ -668,8 +785,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn list(&self) -> Result<Vec<LockInfo>> {
-        let ctx = Arc::clone(&self.inner.ctx);
-        let locks = blocking(move || ctx.list()).await??;
+        let locks = self.lookup(None).await?;
         Ok(self.infos(locks))
     }
 
@@ -703,18 +819,30 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn clean(&self, dry_run: bool) -> Result<Vec<LockInfo>> {
-        let ctx = Arc::clone(&self.inner.ctx);
-        let cleaned = blocking(move || ctx.clean(dry_run)).await??;
-        Ok(self.infos(cleaned))
+        match &self.inner.store {
+            Store::Files(ctx) => {
+                let ctx = Arc::clone(ctx);
+                let cleaned = blocking(move || ctx.clean(dry_run)).await??;
+                Ok(self.infos(cleaned))
+            }
+            // The server drops a dead session's locks itself.
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => Ok(Vec::new()),
+        }
     }
 
-    fn infos(&self, locks: Vec<(LockName, crate::strategy::Inspection)>) -> Vec<LockInfo> {
+    fn infos(&self, locks: Vec<(LockName, Inspection)>) -> Vec<LockInfo> {
         locks
             .into_iter()
             .map(|(name, inspection)| {
                 let display = inspection.owner.name().unwrap_or(name.as_str()).to_owned();
+                let path = match &self.inner.store {
+                    Store::Files(ctx) => ctx.dir.path_of(name.file_name()),
+                    #[cfg(feature = "postgres")]
+                    Store::Postgres(_) => PathBuf::new(),
+                };
                 LockInfo::new(
-                    self.inner.ctx.dir.path_of(name.file_name()),
+                    path,
                     display,
                     inspection.owner,
                     inspection.stale.map(StaleReason::as_str),
@@ -805,7 +933,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub fn stats(&self) -> Stats {
-        self.inner.ctx.counters.snapshot()
+        self.inner.counters.snapshot()
     }
 
     async fn acquire_until(&self, name: &str, deadline: Option<Instant>) -> Result<LockGuard> {
@@ -814,7 +942,7 @@ impl Locker {
             return guard;
         }
         let started = Instant::now();
-        let counters = &self.inner.ctx.counters;
+        let counters = &self.inner.counters;
         let slot = self.inner.slots.get(name.file_name());
         let (mut turn, mut head, queued) = match slot.join() {
             Join::Head(head) => (Turn::Fresh { courtesy: false }, Some(head), false),
@@ -865,7 +993,7 @@ impl Locker {
             "leasehold",
             op,
             lock = name,
-            strategy = self.inner.ctx.strategy.as_str(),
+            strategy = self.inner.store.name(),
             waited_ms = tracing::field::Empty,
             contended = tracing::field::Empty,
             fencing_token = tracing::field::Empty,
@@ -876,21 +1004,20 @@ impl Locker {
     fn reenter(&self, name: &LockName) -> Option<Result<LockGuard>> {
         let guard = scope::find(self.inner.id, name.file_name())?.guard()?;
         if guard.is_ok() {
-            bump(&self.inner.ctx.counters.reentrant);
+            bump(&self.inner.counters.reentrant);
         }
         Some(guard)
     }
 
     fn hold(&self, name: &LockName, held: Held, tokens: Option<Tokens>) -> Hold {
         let inner = &self.inner;
-        let ctx = &inner.ctx;
         Hold::new(
             name.as_str(),
             held,
             tokens,
-            ctx.lease,
+            inner.lease,
             inner.renew_interval,
-            &ctx.counters,
+            &inner.counters,
             &inner.renewer,
         )
     }
@@ -912,7 +1039,7 @@ impl Locker {
             TokenStep::Ready(token) => token?,
             TokenStep::FromDisk(lease) => blocking(move || lease.next_token()).await??,
         };
-        let counters = &self.inner.ctx.counters;
+        let counters = &self.inner.counters;
         bump(&counters.acquisitions);
         if contended {
             bump(&counters.contended);
@@ -929,7 +1056,7 @@ impl Locker {
         }
         tracing::debug!(
             lock = name.as_str(),
-            strategy = self.inner.ctx.strategy.as_str(),
+            strategy = self.inner.store.name(),
             ?waited,
             contended,
             fencing_token = token,
@@ -948,7 +1075,7 @@ impl Locker {
         started: Instant,
     ) -> Result<(Held, Option<Tokens>, bool)> {
         let inner = &self.inner;
-        let _waiter = inner.ctx.counters.fs_waiter();
+        let _waiter = inner.counters.fs_waiter();
         let mut jitter = None;
         let mut waited = false;
         let mut woken_by_event = false;
@@ -974,9 +1101,15 @@ impl Locker {
             waited = true;
             let now = Instant::now();
             // With filesystem events, polling is only a safety net.
-            let watched = inner.watcher.ensure(&inner.ctx.dir, &inner.slots)
-                && (inner.ctx.strategy != Strategy::Directory
-                    || inner.watcher.ensure_child(name.file_name()));
+            let watched = match &inner.store {
+                Store::Files(ctx) => {
+                    inner.watcher.ensure(&ctx.dir, &inner.slots)
+                        && (ctx.strategy != Strategy::Directory
+                            || inner.watcher.ensure_child(name.file_name()))
+                }
+                #[cfg(feature = "postgres")]
+                Store::Postgres(pg) => pg.listening(),
+            };
             let mut wake = later(
                 now,
                 if watched {
@@ -1011,7 +1144,7 @@ impl Locker {
     }
 
     fn timed_out(&self, name: &LockName, started: Instant) -> Error {
-        bump(&self.inner.ctx.counters.timeouts);
+        bump(&self.inner.counters.timeouts);
         tracing::debug!(lock = name.as_str(), waited = ?started.elapsed(), "timed out waiting for lock");
         Error::Timeout {
             name: name.as_str().to_owned(),
@@ -1026,13 +1159,30 @@ impl Locker {
     /// handle so that if this future was dropped meanwhile, the attempt's
     /// lock is dropped (and so removed) right there in the blocking task.
     async fn attempt(&self, name: &LockName) -> Result<Attempt> {
-        bump(&self.inner.ctx.counters.fs_attempts);
-        if let Some(held) = self.inner.ctx.try_create_inline(name)? {
-            return Ok(Attempt::Acquired(Box::new(held), None));
+        bump(&self.inner.counters.fs_attempts);
+        match &self.inner.store {
+            Store::Files(ctx) => {
+                if let Some(held) = ctx.try_create_inline(name)? {
+                    return Ok(Attempt::Acquired(Box::new(held), None));
+                }
+                let ctx = Arc::clone(ctx);
+                let name = name.clone();
+                blocking(move || ctx.try_acquire(&name)).await?
+            }
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => {
+                let pg = Arc::clone(pg);
+                let name = name.clone();
+                let taken = blocking(move || pg.try_lock(&name)).await??;
+                Ok(match taken {
+                    Some((lock, tokens)) => Attempt::Acquired(Box::new(Held::Pg(lock)), Some(tokens)),
+                    None => Attempt::Busy {
+                        owner: None,
+                        recheck_at: None,
+                    },
+                })
+            }
         }
-        let ctx = Arc::clone(&self.inner.ctx);
-        let name = name.clone();
-        blocking(move || ctx.try_acquire(&name)).await?
     }
 }
 

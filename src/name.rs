@@ -100,6 +100,16 @@ impl LockName {
         }
     }
 
+    /// A name already validated once (read back from a lock server), with
+    /// its hashed file name as its key.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn from_name(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            file_name: hashed_file_name(name),
+        }
+    }
+
     pub(crate) fn as_str(&self) -> &str {
         &self.name
     }

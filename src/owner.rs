@@ -67,6 +67,29 @@ impl Owner {
         }
     }
 
+    /// An owner as a lock server's table records it.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn from_server(
+        name: &str,
+        holder_id: Option<String>,
+        hostname: Option<String>,
+        pid: Option<u32>,
+        acquired_at: Option<SystemTime>,
+        fencing_token: Option<u64>,
+    ) -> Self {
+        Owner {
+            pid,
+            hostname,
+            holder_id,
+            acquired_at,
+            readable: true,
+            leasehold: true,
+            fencing_token,
+            name: Some(name.to_owned()),
+            ..Self::unreadable()
+        }
+    }
+
     fn unreadable() -> Self {
         Owner {
             pid: None,

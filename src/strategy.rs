@@ -123,6 +123,8 @@ pub(crate) enum Attempt {
 pub(crate) enum Held {
     File(FileLock),
     Dir(DirLock),
+    #[cfg(feature = "postgres")]
+    Pg(crate::postgres::PgLock),
 }
 
 /// What a renewal found.
@@ -353,18 +355,25 @@ impl Ctx {
     }
 
     /// The record a new holder of `name` writes.
-    fn own_record(&self, name: &LockName) -> OwnRecord {
+    pub(crate) fn own_record(&self, name: &LockName) -> OwnRecord {
+        own_record(&self.holder_id, self.lease, name)
+    }
+}
+
+/// The record a new holder of `name` writes (or, on a server, keeps).
+pub(crate) fn own_record(holder_id: &str, lease: Duration, name: &LockName) -> OwnRecord {
+    {
         let me = sys::identity();
         let now = SystemTime::now();
         OwnRecord {
             uuid: acquisition_id(),
             pid: me.pid,
             start_time: me.start.map(|s| s.epoch_ms),
-            holder_id: self.holder_id.clone(),
+            holder_id: holder_id.to_owned(),
             hostname: me.hostname.clone(),
             acquired_at: record::format_time(now),
-            lease_expires_at: record::format_time(now + self.lease),
-            lease_ms: u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX),
+            lease_expires_at: record::format_time(now + lease),
+            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
             leasehold: FORMAT_VERSION,
             boot_id: me.boot_id.clone(),
             pid_ns: me.pid_ns.clone(),
@@ -378,10 +387,14 @@ impl Ctx {
 }
 
 impl Held {
-    fn parts(&self) -> (&Arc<Ctx>, &LockName, u64, u64) {
+    /// The lock's directory, name and inode: `None` for a lock held on a
+    /// server.
+    fn parts(&self) -> Option<(&Arc<Ctx>, &LockName, u64, u64)> {
         match self {
-            Held::File(f) => f.parts(),
-            Held::Dir(d) => d.parts(),
+            Held::File(f) => Some(f.parts()),
+            Held::Dir(d) => Some(d.parts()),
+            #[cfg(feature = "postgres")]
+            Held::Pg(_) => None,
         }
     }
 
@@ -389,6 +402,8 @@ impl Held {
         match self {
             Held::File(f) => f.record(),
             Held::Dir(d) => d.record(),
+            #[cfg(feature = "postgres")]
+            Held::Pg(p) => p.record(),
         }
     }
 
@@ -398,6 +413,8 @@ impl Held {
         match self {
             Held::File(f) => f.write_record(record),
             Held::Dir(d) => d.write_record(record),
+            #[cfg(feature = "postgres")]
+            Held::Pg(_) => Ok(()),
         }
     }
 
@@ -413,8 +430,12 @@ impl Held {
 
     /// Whether the lock path still names this lock.
     pub(crate) fn still_ours(&self) -> Result<bool> {
-        let (ctx, name, dev, ino) = self.parts();
-        names(ctx, name, dev, ino)
+        match (self, self.parts()) {
+            (_, Some((ctx, name, dev, ino))) => names(ctx, name, dev, ino),
+            #[cfg(feature = "postgres")]
+            (Held::Pg(p), None) => p.still_ours(),
+            _ => Ok(false),
+        }
     }
 
     /// Extends the lease, unless the boot clock has reached `cutoff`.
@@ -423,7 +444,13 @@ impl Held {
     /// reclaim: either the reclaimer's re-read sees the renewed record and
     /// backs off, or this finds the lock gone.
     pub(crate) fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
-        let (ctx, name, dev, ino) = self.parts();
+        #[cfg(feature = "postgres")]
+        if let Held::Pg(p) = self {
+            return p.renew(cutoff);
+        }
+        let Some((ctx, name, dev, ino)) = self.parts() else {
+            return Ok(Renewal::NotOurs);
+        };
         let ctx = Arc::clone(ctx);
         // Never wait for the directory lock past the cutoff: a late renewal
         // must not delay the report of a loss.
@@ -452,7 +479,13 @@ impl Held {
     /// held. It is replaced by rename (and synced, when durable), so a crash
     /// never leaves it behind a token already handed out.
     pub(crate) fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
-        let (ctx, name, dev, ino) = self.parts();
+        #[cfg(feature = "postgres")]
+        if let Held::Pg(p) = self {
+            return p.reserve_tokens();
+        }
+        let Some((ctx, name, dev, ino)) = self.parts() else {
+            return Ok(None);
+        };
         let (ctx, name) = (Arc::clone(ctx), name.clone());
         // Busy (a frozen process holds the directory lock): give the lock
         // up and let the caller try again later.
@@ -484,6 +517,8 @@ impl Held {
         match self {
             Held::File(f) => f.release(),
             Held::Dir(d) => d.release(),
+            #[cfg(feature = "postgres")]
+            Held::Pg(p) => p.release(),
         }
     }
 }

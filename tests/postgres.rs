@@ -1,0 +1,401 @@
+//! The PostgreSQL backend, against a real server: a throwaway one started
+//! by each test (initdb in a temporary directory, a Unix socket only, run
+//! as the unprivileged `postgres` user when the tests run as root), unless
+//! `LEASEHOLD_PG_URL` names one. Without a server the tests fail loudly:
+//! they never pretend to pass.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leasehold::{Locker, LockerBuilder};
+
+/// A PostgreSQL server of the test's own, stopped (by pid) when dropped.
+struct Server {
+    /// The postmaster's pid, while it runs.
+    pid: Option<i32>,
+    data: PathBuf,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+    external: Option<String>,
+}
+
+fn pg_binary(name: &str) -> PathBuf {
+    if let Ok(out) = Command::new("which").arg(name).output()
+        && out.status.success()
+    {
+        return PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|dirs| {
+            dirs.filter_map(|d| d.ok())
+                .map(|d| d.path().join("bin").join(name))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.pop().filter(|p| p.exists()).unwrap_or_else(|| {
+        panic!("no `{name}` found: install PostgreSQL (apt-get install postgresql) or set LEASEHOLD_PG_URL")
+    })
+}
+
+/// Runs a PostgreSQL program, as `postgres` when we are root (initdb and
+/// the server refuse to run as root).
+fn as_pg_user(program: &Path) -> Command {
+    if nix::unistd::geteuid().is_root() {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(program);
+        cmd
+    } else {
+        Command::new(program)
+    }
+}
+
+impl Server {
+    fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        if let Ok(url) = std::env::var("LEASEHOLD_PG_URL") {
+            return Server {
+                pid: None,
+                data: PathBuf::new(),
+                socket: PathBuf::new(),
+                _dir: dir,
+                external: Some(url),
+            };
+        }
+        let data = dir.path().join("data");
+        let socket = dir.path().join("socket");
+        std::fs::create_dir(&socket).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir.path())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chown the server's directory to postgres");
+        }
+        let out = as_pg_user(&pg_binary("initdb"))
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync", "-D"])
+            .arg(&data)
+            .output()
+            .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut server = Server {
+            pid: None,
+            data,
+            socket,
+            _dir: dir,
+            external: None,
+        };
+        server.run();
+        server
+    }
+
+    /// Starts the server with pg_ctl, which returns once it accepts
+    /// connections; its pid is then in `postmaster.pid`.
+    fn run(&mut self) {
+        let options = format!(
+            "-k {} -c listen_addresses= -c fsync=off -p 5432",
+            self.socket.display()
+        );
+        let out = as_pg_user(&pg_binary("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-o", &options, "-w", "-t", "30", "-l"])
+            .arg(self.data.join("server.log"))
+            .arg("start")
+            .output()
+            .expect("run pg_ctl start");
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pidfile = std::fs::read_to_string(self.data.join("postmaster.pid")).expect("postmaster.pid");
+        self.pid = pidfile.lines().next().and_then(|l| l.trim().parse().ok());
+        assert!(self.pid.is_some(), "no pid in postmaster.pid");
+    }
+
+    fn url(&self) -> String {
+        match &self.external {
+            Some(url) => url.clone(),
+            None => format!(
+                "host={} port=5432 user=postgres dbname=postgres",
+                self.socket.display()
+            ),
+        }
+    }
+
+    /// Runs `query` on a connection of its own (the synchronous client
+    /// cannot run on a thread that drives the test's runtime).
+    fn sql<T: Send + 'static>(&self, query: impl FnOnce(&mut postgres::Client) -> T + Send + 'static) -> T {
+        off_runtime(self.url(), move |url| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            query(&mut client)
+        })
+    }
+
+    /// Stops the server (fast shutdown), waiting for it to be gone; kills
+    /// it by pid if it will not stop.
+    fn stop(&mut self) {
+        let Some(pid) = self.pid.take() else { return };
+        let stopped = as_pg_user(&pg_binary("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "fast", "-w", "-t", "30", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !stopped {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+
+    fn restart(&mut self) {
+        assert!(self.external.is_none(), "cannot restart an external server");
+        self.stop();
+        self.run();
+    }
+}
+
+/// A connection on a thread of its own that increments the counter row
+/// on request, with no row lock: a read, then a write.
+struct SqlWorker {
+    requests: std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl SqlWorker {
+    fn start(url: String, table: String) -> Self {
+        let (requests, rx) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>();
+        std::thread::spawn(move || {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            for done in rx {
+                let n: i64 = client
+                    .query_one(&format!("SELECT n FROM {table}"), &[])
+                    .unwrap()
+                    .get(0);
+                client
+                    .execute(&format!("UPDATE {table} SET n = $1"), &[&(n + 1)])
+                    .unwrap();
+                let _ = done.send(());
+            }
+        });
+        Self { requests }
+    }
+
+    async fn increment(&self) {
+        let (done, finished) = tokio::sync::oneshot::channel();
+        self.requests.send(done).unwrap();
+        finished.await.unwrap();
+    }
+}
+
+fn off_runtime<T: Send + 'static>(url: String, f: impl FnOnce(String) -> T + Send + 'static) -> T {
+    std::thread::spawn(move || f(url)).join().unwrap()
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn builder(server: &Server) -> LockerBuilder {
+    Locker::builder()
+        .postgres(server.url())
+        .lease(Duration::from_millis(900))
+        .renew_interval(Duration::from_millis(150))
+        .poll_interval(Duration::from_millis(50))
+}
+
+/// A unique name per test, so tests sharing an external server do not meet.
+fn unique(name: &str) -> String {
+    format!("{name}-{}", uuid::Uuid::new_v4().simple())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_api_on_a_server() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let job = unique("job");
+
+    let guard = a.acquire(&job).await.unwrap();
+    let first = guard.fencing_token().expect("tokens are always on");
+    let owner = b.holder(&job).await.unwrap().expect("held");
+    assert_eq!(owner.pid(), Some(std::process::id()));
+    assert_eq!(owner.fencing_token(), Some(first));
+    assert!(b.list().await.unwrap().iter().any(|l| l.name() == job));
+    assert!(b.try_acquire(&job).await.unwrap().is_none());
+    assert!(
+        b.acquire_timeout(&job, Duration::from_millis(100))
+            .await
+            .unwrap_err()
+            .is_timeout()
+    );
+    guard.ensure_held().await.unwrap();
+
+    // A waiter on another connection is woken by the release.
+    let waiter = {
+        let (b, job) = (b.clone(), job.clone());
+        tokio::spawn(async move {
+            let g = b.acquire(&job).await.unwrap();
+            (Instant::now(), g.fencing_token().unwrap())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (woken, second) = waiter.await.unwrap();
+    assert!(
+        woken.duration_since(released) < Duration::from_millis(800),
+        "woke late"
+    );
+    assert!(
+        second > first,
+        "tokens grow across Lockers: {first} then {second}"
+    );
+    assert!(b.holder(&job).await.unwrap().is_none(), "dropped guard released");
+
+    // Re-entrancy, handoff and the FIFO queue work as with files.
+    a.scope(async {
+        let outer = a.acquire(&job).await.unwrap();
+        let inner = a.acquire(&job).await.unwrap();
+        assert_eq!(inner.fencing_token(), outer.fencing_token());
+    })
+    .await;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let first_guard = a.acquire(&job).await.unwrap();
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let (a, job, order) = (a.clone(), job.clone(), Arc::clone(&order));
+            let t = tokio::spawn(async move {
+                let g = a.acquire(&job).await.unwrap();
+                order.lock().unwrap().push(i);
+                g.fencing_token().unwrap()
+            });
+            std::thread::sleep(Duration::from_millis(5));
+            t
+        })
+        .collect();
+    drop(first_guard);
+    let mut last = 0;
+    for t in tasks {
+        let token = t.await.unwrap();
+        assert!(token > last);
+        last = token;
+    }
+    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+    assert!(a.stats().handoffs >= 19);
+}
+
+/// Two Lockers with their own connections (two "hosts"), four tasks each,
+/// read-modify-write a counter row without row locks: only the lock keeps
+/// increments from being lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_count_without_losing_an_update() {
+    let server = Server::start();
+    let table = unique("counter").replace('-', "_");
+    let create = format!("CREATE TABLE {table} (n bigint); INSERT INTO {table} VALUES (0);");
+    server.sql(move |c| c.batch_execute(&create).unwrap());
+    let url = server.url();
+    let hosts = [
+        builder(&server).build().unwrap(),
+        builder(&server).build().unwrap(),
+    ];
+    let mut tasks = Vec::new();
+    for host in &hosts {
+        for _ in 0..4 {
+            let (host, sql) = (host.clone(), SqlWorker::start(url.clone(), table.clone()));
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..100 {
+                    let guard = host.acquire("counter").await.unwrap();
+                    sql.increment().await;
+                    drop(guard);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let read = format!("SELECT n FROM {table}");
+    let n: i64 = server.sql(move |c| c.query_one(&read, &[]).unwrap().get(0));
+    assert_eq!(n, 800);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_session_loses_its_locks_and_reconnects() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let job = unique("job");
+    let held = a.acquire(&job).await.unwrap();
+    let token = held.fencing_token().unwrap();
+    let name = job.clone();
+    server.sql(move |c| {
+        let backend: i32 = c
+            .query_one(
+                "SELECT backend_pid FROM leasehold_locks WHERE name = $1",
+                &[&name],
+            )
+            .unwrap()
+            .get(0);
+        c.query_one("SELECT pg_terminate_backend($1)", &[&backend])
+            .unwrap();
+    });
+    let killed = Instant::now();
+    tokio::time::timeout(Duration::from_secs(2), held.lost())
+        .await
+        .expect("lost() within the heartbeat");
+    assert!(
+        killed.elapsed() < Duration::from_secs(1),
+        "noticed after {:?}",
+        killed.elapsed()
+    );
+    let taken = b.acquire_timeout(&job, Duration::from_secs(5)).await.unwrap();
+    assert!(taken.fencing_token().unwrap() > token);
+    drop(taken);
+    drop(held);
+    // The backend reconnects for new acquisitions.
+    let again = a.acquire_timeout(&job, Duration::from_secs(5)).await.unwrap();
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_is_a_loss_for_every_holder_and_tokens_keep_growing() {
+    let mut server = Server::start();
+    if server.external.is_some() {
+        eprintln!("skipped: cannot restart an external server (LEASEHOLD_PG_URL)");
+        return;
+    }
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let guards = [a.acquire("x").await.unwrap(), b.acquire("y").await.unwrap()];
+    let before = guards[0]
+        .fencing_token()
+        .unwrap()
+        .max(guards[1].fencing_token().unwrap());
+    tokio::task::block_in_place(|| server.restart());
+    for g in &guards {
+        tokio::time::timeout(Duration::from_secs(3), g.lost())
+            .await
+            .expect("every holder reports the loss");
+        assert!(g.ensure_held().await.unwrap_err().is_lost());
+    }
+    drop(guards);
+    let again = a.acquire_timeout("x", Duration::from_secs(10)).await.unwrap();
+    assert!(
+        again.fencing_token().unwrap() > before,
+        "tokens survive the restart"
+    );
+    let _b = b.acquire_timeout("y", Duration::from_secs(10)).await.unwrap();
+}
