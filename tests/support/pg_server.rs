@@ -1,0 +1,208 @@
+//! A throwaway PostgreSQL server for the tests and the benchmark: initdb
+//! in a temporary directory, a Unix socket only, started and stopped with
+//! `pg_ctl` (as the unprivileged `postgres` user when we are root), unless
+//! `LEASEHOLD_PG_URL` names a server to use instead.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// A PostgreSQL server of the test's own, stopped (by pid) when dropped.
+pub struct Server {
+    /// The postmaster's pid, while it runs.
+    pid: Option<i32>,
+    data: PathBuf,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+    pub external: Option<String>,
+}
+
+fn pg_binary(name: &str) -> PathBuf {
+    if let Ok(out) = Command::new("which").arg(name).output()
+        && out.status.success()
+    {
+        return PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|dirs| {
+            dirs.filter_map(|d| d.ok())
+                .map(|d| d.path().join("bin").join(name))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.pop().filter(|p| p.exists()).unwrap_or_else(|| {
+        panic!("no `{name}` found: install PostgreSQL (apt-get install postgresql) or set LEASEHOLD_PG_URL")
+    })
+}
+
+/// Runs a PostgreSQL program, as `postgres` when we are root (initdb and
+/// the server refuse to run as root).
+fn as_pg_user(program: &Path) -> Command {
+    if nix::unistd::geteuid().is_root() {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(program);
+        cmd
+    } else {
+        Command::new(program)
+    }
+}
+
+impl Server {
+    pub fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        if let Ok(url) = std::env::var("LEASEHOLD_PG_URL") {
+            return Server {
+                pid: None,
+                data: PathBuf::new(),
+                socket: PathBuf::new(),
+                _dir: dir,
+                external: Some(url),
+            };
+        }
+        let data = dir.path().join("data");
+        let socket = dir.path().join("socket");
+        std::fs::create_dir(&socket).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir.path())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chown the server's directory to postgres");
+        }
+        let out = as_pg_user(&pg_binary("initdb"))
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync", "-D"])
+            .arg(&data)
+            .output()
+            .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut server = Server {
+            pid: None,
+            data,
+            socket,
+            _dir: dir,
+            external: None,
+        };
+        server.run();
+        server
+    }
+
+    /// Starts the server with pg_ctl, which returns once it accepts
+    /// connections; its pid is then in `postmaster.pid`.
+    fn run(&mut self) {
+        let options = format!(
+            "-k {} -c listen_addresses= -c fsync=off -p 5432",
+            self.socket.display()
+        );
+        let out = as_pg_user(&pg_binary("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-o", &options, "-w", "-t", "30", "-l"])
+            .arg(self.data.join("server.log"))
+            .arg("start")
+            .output()
+            .expect("run pg_ctl start");
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pidfile = std::fs::read_to_string(self.data.join("postmaster.pid")).expect("postmaster.pid");
+        self.pid = pidfile.lines().next().and_then(|l| l.trim().parse().ok());
+        assert!(self.pid.is_some(), "no pid in postmaster.pid");
+    }
+
+    pub fn url(&self) -> String {
+        match &self.external {
+            Some(url) => url.clone(),
+            None => format!(
+                "host={} port=5432 user=postgres dbname=postgres",
+                self.socket.display()
+            ),
+        }
+    }
+
+    /// Runs `query` on a connection of its own (the synchronous client
+    /// cannot run on a thread that drives the test's runtime).
+    pub fn sql<T: Send + 'static>(
+        &self,
+        query: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
+    ) -> T {
+        off_runtime(self.url(), move |url| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            query(&mut client)
+        })
+    }
+
+    /// Stops the server (fast shutdown), waiting for it to be gone; kills
+    /// it by pid if it will not stop.
+    fn stop(&mut self) {
+        let Some(pid) = self.pid.take() else { return };
+        let stopped = as_pg_user(&pg_binary("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "fast", "-w", "-t", "30", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !stopped {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+
+    pub fn restart(&mut self) {
+        assert!(self.external.is_none(), "cannot restart an external server");
+        self.stop();
+        self.run();
+    }
+}
+
+/// A connection on a thread of its own that increments the counter row
+/// on request, with no row lock: a read, then a write.
+pub struct SqlWorker {
+    requests: std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl SqlWorker {
+    pub fn start(url: String, table: String) -> Self {
+        let (requests, rx) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>();
+        std::thread::spawn(move || {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            for done in rx {
+                let n: i64 = client
+                    .query_one(&format!("SELECT n FROM {table}"), &[])
+                    .unwrap()
+                    .get(0);
+                client
+                    .execute(&format!("UPDATE {table} SET n = $1"), &[&(n + 1)])
+                    .unwrap();
+                let _ = done.send(());
+            }
+        });
+        Self { requests }
+    }
+
+    pub async fn increment(&self) {
+        let (done, finished) = tokio::sync::oneshot::channel();
+        self.requests.send(done).unwrap();
+        finished.await.unwrap();
+    }
+}
+
+fn off_runtime<T: Send + 'static>(url: String, f: impl FnOnce(String) -> T + Send + 'static) -> T {
+    std::thread::spawn(move || f(url)).join().unwrap()
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
