@@ -205,3 +205,56 @@ async fn a_server_restart_is_a_loss_for_every_holder_and_tokens_keep_growing() {
     );
     let _b = b.acquire_timeout("y", Duration::from_secs(10)).await.unwrap();
 }
+
+/// Waiting for one name never stalls another; dropped and timed-out
+/// acquisitions leave nothing held on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waits_leave_nothing_held_and_names_are_independent() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let (x, y) = (unique("x"), unique("y"));
+    let held_elsewhere = b.acquire(&x).await.unwrap();
+    let waiting = {
+        let (a, x) = (a.clone(), x.clone());
+        tokio::spawn(async move { a.acquire(&x).await.map(drop) })
+    };
+    let other = tokio::time::timeout(Duration::from_secs(2), a.acquire(&y))
+        .await
+        .expect("y does not wait for x")
+        .unwrap();
+    drop(other);
+    waiting.abort();
+    // Futures dropped at every point: timeouts of 0 to a few ms, aborts.
+    let mut tasks = Vec::new();
+    for i in 0..200u64 {
+        let (a, name) = (a.clone(), if i % 2 == 0 { x.clone() } else { y.clone() });
+        tasks.push(tokio::spawn(async move {
+            let _ = a
+                .acquire_timeout(&name, Duration::from_micros(i * 37 % 4000))
+                .await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    drop(held_elsewhere);
+    // Unlocks of dropped grants are queued: give them a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let held: Vec<String> = a
+            .list()
+            .await
+            .unwrap()
+            .iter()
+            .map(|l| l.name().to_owned())
+            .collect();
+        if !held.contains(&x) && !held.contains(&y) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still held on the server: {held:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(b.try_acquire(&x).await.unwrap().is_some());
+    assert!(b.try_acquire(&y).await.unwrap().is_some());
+}
