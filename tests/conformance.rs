@@ -51,24 +51,6 @@ macro_rules! conformance {
                 assert!(entries(dir.path()).is_empty(), "left behind: {:?}", entries(dir.path()));
             }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_holder_keeps_its_lock_for_five_leases() {
-                let dir = tempfile::tempdir().unwrap();
-                let (holder, rival) = (quick(dir.path()), quick(dir.path()));
-                let guard = holder.acquire("long").await.unwrap();
-                let first = rival.holder("long").await.unwrap().unwrap().lease_expires_at().unwrap();
-                let started = Instant::now();
-                while started.elapsed() < Duration::from_millis(2000) {
-                    assert!(rival.try_acquire("long").await.unwrap().is_none(), "robbed");
-                    tokio::time::sleep(Duration::from_millis(30)).await;
-                }
-                assert!(!guard.is_lost());
-                let later = rival.holder("long").await.unwrap().unwrap().lease_expires_at().unwrap();
-                assert!(later > first, "the lease was renewed on disk");
-                guard.release().await.unwrap();
-                assert!(entries(dir.path()).is_empty(), "left behind: {:?}", entries(dir.path()));
-            }
-
             #[tokio::test]
             async fn a_replaced_lock_is_lost_and_its_successor_left_alone() {
                 let dir = tempfile::tempdir().unwrap();
@@ -261,3 +243,18 @@ macro_rules! conformance {
 
 conformance!(exclusive_file, Strategy::ExclusiveFile);
 conformance!(directory, Strategy::Directory);
+
+#[path = "support/api_conformance.rs"]
+#[macro_use]
+mod api_conformance;
+
+fn files(strategy: leasehold::Strategy) -> (tempfile::TempDir, leasehold::LockerBuilder) {
+    let dir = tempfile::tempdir().unwrap();
+    let builder = leasehold::Locker::builder()
+        .directory(dir.path())
+        .strategy(strategy);
+    (dir, builder)
+}
+
+api_conformance!(api_exclusive_file, files(leasehold::Strategy::ExclusiveFile));
+api_conformance!(api_directory, files(leasehold::Strategy::Directory));

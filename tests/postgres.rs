@@ -258,3 +258,16 @@ async fn cancelled_waits_leave_nothing_held_and_names_are_independent() {
     assert!(b.try_acquire(&x).await.unwrap().is_some());
     assert!(b.try_acquire(&y).await.unwrap().is_some());
 }
+
+#[path = "support/api_conformance.rs"]
+#[macro_use]
+mod api_conformance;
+
+fn server() -> (Server, LockerBuilder) {
+    let server = Server::start();
+    let builder = Locker::builder().postgres(server.url());
+    (server, builder)
+}
+
+// The behaviour every backend shares, as the file strategies run it.
+api_conformance!(conformance, server());

@@ -1,0 +1,146 @@
+//! The behaviour every backend shares, written once against the public
+//! API and instantiated per backend (both file strategies in
+//! `conformance.rs`, PostgreSQL in `postgres.rs`).
+//!
+//! `$setup` is an expression giving `(keep_alive, LockerBuilder)`: the
+//! first keeps the backend (a directory, a server) alive for the test.
+
+#[macro_export]
+macro_rules! api_conformance {
+    ($module:ident, $setup:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            use std::sync::Arc;
+            use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+            use std::time::{Duration, Instant};
+
+            use leasehold::{Error, Locker};
+
+            fn quick(builder: &leasehold::LockerBuilder) -> Locker {
+                builder
+                    .clone()
+                    .lease(Duration::from_millis(400))
+                    .renew_interval(Duration::from_millis(100))
+                    .poll_interval(Duration::from_millis(20))
+                    .fencing(true)
+                    .build()
+                    .unwrap()
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_acquire_show_and_release() {
+                let (_keep, builder) = $setup;
+                let (a, b) = (quick(&builder), quick(&builder));
+                let guard = a.acquire("job").await.unwrap();
+                let owner = b.holder("job").await.unwrap().expect("held");
+                assert_eq!(owner.pid(), Some(std::process::id()));
+                assert_eq!(owner.fencing_token(), guard.fencing_token());
+                assert!(b.is_held("job").await.unwrap());
+                assert!(b.list().await.unwrap().iter().any(|l| l.name() == "job"));
+                assert!(b.try_acquire("job").await.unwrap().is_none());
+                guard.ensure_held().await.unwrap();
+                drop(guard);
+                let deadline = Instant::now() + Duration::from_secs(2);
+                let again = loop {
+                    if let Some(g) = b.try_acquire("job").await.unwrap() {
+                        break g;
+                    }
+                    assert!(Instant::now() < deadline, "not free after drop");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                };
+                again.release().await.unwrap();
+                assert!(!a.is_held("job").await.unwrap());
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_a_holder_keeps_its_lock_for_five_leases() {
+                let (_keep, builder) = $setup;
+                let (holder, rival) = (quick(&builder), quick(&builder));
+                let guard = holder.acquire("long").await.unwrap();
+                let started = Instant::now();
+                while started.elapsed() < Duration::from_millis(2000) {
+                    assert!(rival.try_acquire("long").await.unwrap().is_none(), "robbed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                assert!(!guard.is_lost());
+                guard.ensure_held().await.unwrap();
+                assert!(holder.stats().renewals >= 10);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_two_lockers_exclude_each_other_and_tokens_grow() {
+                let (_keep, builder) = $setup;
+                let lockers = [quick(&builder), quick(&builder)];
+                let inside = Arc::new(AtomicBool::new(false));
+                let count = Arc::new(AtomicU32::new(0));
+                let last_token = Arc::new(std::sync::Mutex::new(0u64));
+                let mut tasks = Vec::new();
+                for locker in &lockers {
+                    for _ in 0..4 {
+                        let (locker, inside, count, last) = (
+                            locker.clone(),
+                            Arc::clone(&inside),
+                            Arc::clone(&count),
+                            Arc::clone(&last_token),
+                        );
+                        tasks.push(tokio::spawn(async move {
+                            for _ in 0..25 {
+                                let guard = locker.acquire("shared").await.unwrap();
+                                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                                let token = guard.fencing_token().unwrap();
+                                {
+                                    let mut previous = last.lock().unwrap();
+                                    assert!(token > *previous, "token {token} after {}", *previous);
+                                    *previous = token;
+                                }
+                                count.fetch_add(1, Ordering::SeqCst);
+                                tokio::task::yield_now().await;
+                                inside.store(false, Ordering::SeqCst);
+                                drop(guard);
+                            }
+                        }));
+                    }
+                }
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                assert_eq!(count.load(Ordering::SeqCst), 200);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_timeouts_scopes_and_bad_names() {
+                let (_keep, builder) = $setup;
+                let (a, b) = (quick(&builder), quick(&builder));
+                let _held = a.acquire("busy").await.unwrap();
+                match b.acquire_timeout("busy", Duration::from_millis(100)).await {
+                    Err(Error::Timeout { name, .. }) => assert_eq!(name, "busy"),
+                    other => panic!("{other:?}"),
+                }
+                for bad in ["", "nul\0inside"] {
+                    assert!(matches!(
+                        a.acquire(bad).await,
+                        Err(Error::InvalidName { .. })
+                    ));
+                }
+                a.scope(async {
+                    let outer = a.acquire("nested").await.unwrap();
+                    let inner = a.try_acquire("nested").await.unwrap().expect("re-entrant");
+                    drop(outer);
+                    assert!(b.try_acquire("nested").await.unwrap().is_none());
+                    drop(inner);
+                })
+                .await;
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while b.try_acquire("nested").await.unwrap().is_none() {
+                    assert!(
+                        Instant::now() < deadline,
+                        "not released by the last re-entrant guard"
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                assert_eq!(b.stats().timeouts, 1);
+            }
+        }
+    };
+}
