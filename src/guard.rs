@@ -180,7 +180,7 @@ impl Hold {
     /// Removes the lock from disk if it is still ours; failures go to
     /// `tracing`. The renewal thread finds the lease empty and drops it.
     pub(crate) fn release_sync(self) {
-        if let Err(error) = self.lease.release_now() {
+        if let Err(error) = self.lease.release_now(false) {
             tracing::warn!(lock = &*self.lease.name, %error, "releasing a lock failed");
         }
     }
@@ -440,11 +440,11 @@ impl LockGuard {
         let lease = Arc::clone(&hold.lease);
         let released = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => runtime
-                .spawn_blocking(move || lease.release_now())
+                .spawn_blocking(move || lease.release_now(true))
                 .await
                 .map_err(|e| Error::io("release lock", "", std::io::Error::other(e)))??,
             // Polled outside Tokio: do it here, as `Drop` would.
-            Err(_) => lease.release_now()?,
+            Err(_) => lease.release_now(true)?,
         };
         if released { Ok(()) } else { lost(&self) }
     }
@@ -518,11 +518,14 @@ impl Lease {
 
     /// Releases if still held; `Ok(false)` when it was already gone or not
     /// ours any more.
-    pub(crate) fn release_now(&self) -> Result<bool> {
+    ///
+    /// `confirm` waits for a lock server's answer; without it an unlock on
+    /// a server is only queued (files are always removed at once).
+    pub(crate) fn release_now(&self, confirm: bool) -> Result<bool> {
         let held = self.held().take();
         *lock(&self.registration) = None;
         match held {
-            Some(held) => held.release(),
+            Some(held) => held.release(confirm),
             None => Ok(false),
         }
     }
@@ -576,7 +579,7 @@ impl Lease {
         if let Some(held) = slot.take() {
             // Still ours on disk (say our lease ran out while we were
             // paused, and nobody took it yet)? Then free it for others.
-            if let Err(error) = held.release() {
+            if let Err(error) = held.release(false) {
                 tracing::debug!(lock = &*self.name, %error, "could not remove a lost lock");
             }
         }

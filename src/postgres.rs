@@ -322,8 +322,13 @@ impl PgLock {
         })
     }
 
-    /// Unlocks and waits for the server's answer.
-    pub(crate) fn release(mut self) -> Result<bool> {
+    /// Unlocks: with `confirm`, waits for the server's answer; without,
+    /// queues the unlock (the session thread sends it at once), as `Drop`
+    /// does.
+    pub(crate) fn release(mut self, confirm: bool) -> Result<bool> {
+        if !confirm {
+            return Ok(true); // Drop queues it.
+        }
         self.armed = false;
         let (key, generation, name) = (self.key, self.generation, self.name.as_str().to_owned());
         self.store.call(|reply| Command::Unlock {

@@ -513,12 +513,16 @@ impl Held {
 
     /// Removes the lock if, and only if, the path still names it. Returns
     /// whether it did.
-    pub(crate) fn release(self) -> Result<bool> {
+    ///
+    /// `confirm` only matters on a lock server: wait for its answer rather
+    /// than queueing the unlock.
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    pub(crate) fn release(self, confirm: bool) -> Result<bool> {
         match self {
             Held::File(f) => f.release(),
             Held::Dir(d) => d.release(),
             #[cfg(feature = "postgres")]
-            Held::Pg(p) => p.release(),
+            Held::Pg(p) => p.release(confirm),
         }
     }
 }
