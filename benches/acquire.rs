@@ -31,18 +31,20 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use leasehold::{Locker, Strategy};
 
-const NAME: &str = "bench";
+/// The lock names of the two strategies, which share one directory.
+const FILE_NAME: &str = "bench-file";
+const DIR_NAME: &str = "bench-directory";
 
-/// The size of the record leasehold writes for `NAME` with `strategy`.
-fn record_len(rt: &tokio::runtime::Runtime, dir: &Path, strategy: Strategy) -> usize {
+/// The size of the record leasehold writes for `name` with `strategy`.
+fn record_len(rt: &tokio::runtime::Runtime, dir: &Path, strategy: Strategy, name: &str) -> usize {
     let locker = Locker::builder()
         .directory(dir)
         .strategy(strategy)
         .durable(false)
         .build()
         .unwrap();
-    let guard = rt.block_on(locker.acquire(NAME)).unwrap();
-    let path = locker.lock_path(NAME).unwrap();
+    let guard = rt.block_on(locker.acquire(name)).unwrap();
+    let path = locker.lock_path(name).unwrap();
     let record = match strategy {
         Strategy::Directory => path.join("owner.json"),
         _ => path,
@@ -59,16 +61,16 @@ fn uncontended(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let file_dir = dir.path().join("file");
-    let dir_dir = dir.path().join("directory");
-    let raw_dir = dir.path().join("raw");
-    std::fs::create_dir(&raw_dir).unwrap();
-    let file_len = record_len(&rt, &file_dir, Strategy::ExclusiveFile);
-    let dir_len = record_len(&rt, &dir_dir, Strategy::Directory);
+    // Everything happens in one directory, so that the raw floors and
+    // leasehold meet the same filesystem state (inode allocation on ext4
+    // depends on the directory's block group).
+    let work = dir.path();
+    let file_len = record_len(&rt, work, Strategy::ExclusiveFile, FILE_NAME);
+    let dir_len = record_len(&rt, work, Strategy::Directory, DIR_NAME);
     println!("record sizes: exclusive file {file_len} B, directory owner.json {dir_len} B");
 
     // Every function starts from the same filesystem state (see `Settler`).
-    let mut settler = Settler::new(&raw_dir);
+    let mut settler = Settler::new(work);
 
     let mut group = c.benchmark_group("uncontended_acquire_release");
     group.warm_up_time(Duration::from_secs(1));
@@ -77,7 +79,7 @@ fn uncontended(c: &mut Criterion) {
     // The floor of the file strategy: create-exclusive + write a record of
     // the same size + close + unlink, no fsync.
     let file_record = vec![b' '; file_len];
-    let raw = raw_dir.join("raw.lock");
+    let raw = work.join("raw.lock");
     let create = |path: &Path| {
         OpenOptions::new()
             .write(true)
@@ -111,8 +113,8 @@ fn uncontended(c: &mut Criterion) {
     // The floor of the directory strategy: fill a private directory, rename
     // it onto the lock path, then empty and remove it.
     let dir_record = vec![b' '; dir_len];
-    let pending = raw_dir.join("raw.lock.pending");
-    let target = raw_dir.join("raw.lock");
+    let pending = work.join("raw-dir.pending");
+    let target = work.join("raw-dir.lock");
     let mut mkdir = std::fs::DirBuilder::new();
     mkdir.mode(0o700);
     settler.settle();
@@ -129,7 +131,7 @@ fn uncontended(c: &mut Criterion) {
     });
 
     // What a lock on an open file costs: flock(LOCK_EX) + flock(LOCK_UN).
-    let open = File::create(raw_dir.join("flock")).unwrap();
+    let open = File::create(work.join("flock")).unwrap();
     settler.settle();
     group.bench_function("std_flock_open_file", |b| {
         b.iter(|| {
@@ -138,30 +140,22 @@ fn uncontended(c: &mut Criterion) {
         })
     });
 
-    let file_fast = Locker::builder()
-        .directory(&file_dir)
-        .durable(false)
-        .build()
-        .unwrap();
+    let file_fast = Locker::builder().directory(work).durable(false).build().unwrap();
     settler.settle();
     group.bench_function("leasehold_file_not_durable", |b| {
         b.to_async(&rt)
-            .iter(|| async { drop(file_fast.acquire(NAME).await.unwrap()) })
+            .iter(|| async { drop(file_fast.acquire(FILE_NAME).await.unwrap()) })
     });
 
-    let file_durable = Locker::builder()
-        .directory(&file_dir)
-        .durable(true)
-        .build()
-        .unwrap();
+    let file_durable = Locker::builder().directory(work).durable(true).build().unwrap();
     settler.settle();
     group.bench_function("leasehold_file_durable", |b| {
         b.to_async(&rt)
-            .iter(|| async { drop(file_durable.acquire(NAME).await.unwrap()) })
+            .iter(|| async { drop(file_durable.acquire(FILE_NAME).await.unwrap()) })
     });
 
     let dir_fast = Locker::builder()
-        .directory(&dir_dir)
+        .directory(work)
         .strategy(Strategy::Directory)
         .durable(false)
         .build()
@@ -169,7 +163,7 @@ fn uncontended(c: &mut Criterion) {
     settler.settle();
     group.bench_function("leasehold_directory_not_durable", |b| {
         b.to_async(&rt)
-            .iter(|| async { drop(dir_fast.acquire(NAME).await.unwrap()) })
+            .iter(|| async { drop(dir_fast.acquire(DIR_NAME).await.unwrap()) })
     });
     group.finish();
 }
