@@ -948,7 +948,7 @@ impl Locker {
             Join::Head(head) => (Turn::Fresh { courtesy: false }, Some(head), false),
             Join::Queued(ticket) => {
                 let turn = match deadline {
-                    Some(deadline) => match tokio::time::timeout_at(deadline, ticket.wait()).await {
+                    Some(deadline) => match Box::pin(tokio::time::timeout_at(deadline, ticket.wait())).await {
                         Ok(turn) => turn,
                         Err(_) => return Err(self.timed_out(&name, started)),
                     },
@@ -974,16 +974,19 @@ impl Locker {
                     // are dropped before we hold the lock.
                     let head = head.take().unwrap_or_else(|| Head::adopt(&slot));
                     if courtesy {
-                        tokio::time::sleep(COURTESY).await;
+                        Box::pin(tokio::time::sleep(COURTESY)).await;
                     }
-                    let (held, tokens, waited) = self.wait_on_disk(&name, &slot, deadline, started).await?;
+                    // Boxed: only the head waits on the disk, and a queued
+                    // task should not carry room for that state.
+                    let (held, tokens, waited) =
+                        Box::pin(self.wait_on_disk(&name, &slot, deadline, started)).await?;
                     let hold = self.hold(&name, held, tokens);
                     head.disarm();
                     break (hold, queued || waited);
                 }
             }
         };
-        self.finish(&name, hold, slot, started, contended).await
+        Box::pin(self.finish(&name, hold, slot, started, contended)).await
     }
 
     /// The span every acquisition runs in; `waited_ms`, `contended` and
