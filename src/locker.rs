@@ -948,10 +948,12 @@ impl Locker {
             Join::Head(head) => (Turn::Fresh { courtesy: false }, Some(head), false),
             Join::Queued(ticket) => {
                 let turn = match deadline {
-                    Some(deadline) => match Box::pin(tokio::time::timeout_at(deadline, ticket.wait())).await {
-                        Ok(turn) => turn,
-                        Err(_) => return Err(self.timed_out(&name, started)),
-                    },
+                    Some(deadline) => {
+                        match Box::pin(tokio::time::timeout_at(deadline, ticket.wait())).await {
+                            Ok(turn) => turn,
+                            Err(_) => return Err(self.timed_out(&name, started)),
+                        }
+                    }
                     None => ticket.wait().await,
                 };
                 (turn, None, true)
