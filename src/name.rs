@@ -12,6 +12,8 @@
 //! separator, is never `.` or `..`, is at most 86 bytes, and two names that
 //! differ only in unsafe characters do not collide.
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
@@ -52,10 +54,23 @@ pub enum PathStyle {
 }
 
 /// A validated lock name and its file name inside the lock directory.
-#[derive(Debug, Clone)]
+///
+/// Both live in one shared allocation (the name, then the file name), so a
+/// clone is a reference count and the tasks queued on one name share it.
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct LockName {
-    name: String,
-    file_name: String,
+    text: Arc<str>,
+    /// Where the name ends and the file name starts in `text`.
+    split: usize,
+}
+
+impl std::fmt::Debug for LockName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockName")
+            .field("name", &self.as_str())
+            .field("file_name", &self.file_name())
+            .finish()
+    }
 }
 
 impl LockName {
@@ -85,38 +100,39 @@ impl LockName {
                 format!("{name}.lock")
             }
         };
-        Ok(Self {
-            name: name.to_owned(),
-            file_name,
-        })
+        Ok(Self::join(name, &file_name))
+    }
+
+    fn join(name: &str, file_name: &str) -> Self {
+        let mut text = String::with_capacity(name.len() + file_name.len());
+        text.push_str(name);
+        text.push_str(file_name);
+        Self {
+            text: text.into(),
+            split: name.len(),
+        }
     }
 
     /// The lock at an existing entry of the lock directory, named by its
     /// file name until its record says better.
     pub(crate) fn from_file_name(file_name: &str) -> Self {
-        Self {
-            name: file_name.strip_suffix(".lock").unwrap_or(file_name).to_owned(),
-            file_name: file_name.to_owned(),
-        }
+        Self::join(file_name.strip_suffix(".lock").unwrap_or(file_name), file_name)
     }
 
     /// A name already validated once (read back from a lock server), with
     /// its hashed file name as its key.
     #[cfg(feature = "postgres")]
     pub(crate) fn from_name(name: &str) -> Self {
-        Self {
-            name: name.to_owned(),
-            file_name: hashed_file_name(name),
-        }
+        Self::join(name, &hashed_file_name(name))
     }
 
     pub(crate) fn as_str(&self) -> &str {
-        &self.name
+        &self.text[..self.split]
     }
 
     /// `<safeName>-<hash16>.lock`.
     pub(crate) fn file_name(&self) -> &str {
-        &self.file_name
+        &self.text[self.split..]
     }
 }
 
@@ -247,6 +263,18 @@ mod tests {
             prop_assert!(f.len() <= SAFE_NAME_MAX + 22);
             prop_assert!(f.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)));
             prop_assert!(f.ends_with(".lock"));
+        }
+
+        #[test]
+        fn name_and_file_name_come_back_whole(name in "\\PC{1,80}") {
+            prop_assume!(!name.contains('\0'));
+            for style in [PathStyle::Hashed, PathStyle::Plain] {
+                if let Ok(n) = LockName::new(&name, style) {
+                    prop_assert_eq!(n.as_str(), name.as_str());
+                    prop_assert!(n.file_name().ends_with(".lock"));
+                    prop_assert_eq!(n.clone(), n);
+                }
+            }
         }
 
         #[test]

@@ -11,11 +11,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
 use crate::guard::Hold;
+use crate::name::LockName;
 
 /// How long a lock may pass between the tasks of one `Locker` before it is
 /// released on disk for other processes.
@@ -34,8 +36,14 @@ pub(crate) enum Turn {
 }
 
 /// One name's queue.
-#[derive(Debug, Default)]
+///
+/// A queued task costs one entry here (its ticket number and waker) and
+/// nothing else: there is at most one turn in flight, so the turn being
+/// passed waits in [`State::granted`] rather than in a channel per waiter.
+#[derive(Debug)]
 pub(crate) struct Slot {
+    /// The name this queue is for, shared with the tasks queued on it.
+    pub(crate) name: LockName,
     state: Mutex<State>,
     /// Woken when the lock file may have become free; awaited by the head.
     pub(crate) changed: Notify,
@@ -43,10 +51,44 @@ pub(crate) struct Slot {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Someone holds the turn.
+    /// Someone holds the turn (or it is granted and not yet picked up).
     busy: bool,
     next_ticket: u64,
-    waiting: VecDeque<(u64, oneshot::Sender<Turn>)>,
+    /// Waiting tasks in arrival order, so sorted by ticket number.
+    waiting: VecDeque<Waiter>,
+    /// The turn, popped off `waiting` with this ticket number and not yet
+    /// picked up by its task. Only the turn's holder passes it on, so there
+    /// is never more than one.
+    granted: Option<(u64, Turn)>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    ticket: u64,
+    waker: Waker,
+}
+
+impl State {
+    fn position(&self, ticket: u64) -> Option<usize> {
+        self.waiting.binary_search_by_key(&ticket, |w| w.ticket).ok()
+    }
+
+    /// Gives `turn` to the first waiter; gives it back if there is none.
+    fn grant(&mut self, turn: Turn) -> Result<Waker, Turn> {
+        let Some(waiter) = self.waiting.pop_front() else {
+            return Err(turn);
+        };
+        debug_assert!(self.granted.is_none(), "two turns in flight");
+        self.granted = Some((waiter.ticket, turn));
+        Ok(waiter.waker)
+    }
+
+    fn take_granted(&mut self, ticket: u64) -> Option<Turn> {
+        match &self.granted {
+            Some((granted, _)) if *granted == ticket => self.granted.take().map(|(_, turn)| turn),
+            _ => None,
+        }
+    }
 }
 
 /// Where `join` put the caller.
@@ -59,26 +101,35 @@ pub(crate) enum Join {
 }
 
 impl Slot {
+    fn new(name: LockName) -> Self {
+        Self {
+            name,
+            state: Mutex::default(),
+            changed: Notify::new(),
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes the turn if it is free, else joins the back of the queue.
-    pub(crate) fn join(self: &Arc<Self>) -> Join {
+    /// Takes the turn if it is free, else joins the back of the queue, to
+    /// be woken through `waker` when the turn comes.
+    pub(crate) fn join(self: &Arc<Self>, waker: &Waker) -> Join {
         let mut state = self.state();
         if !state.busy {
             state.busy = true;
             return Join::Head(Head::new(self));
         }
-        let id = state.next_ticket;
+        let ticket = state.next_ticket;
         state.next_ticket += 1;
-        let (tx, rx) = oneshot::channel();
-        state.waiting.push_back((id, tx));
+        state.waiting.push_back(Waiter {
+            ticket,
+            waker: waker.clone(),
+        });
         Join::Queued(Ticket {
-            slot: Arc::clone(self),
-            id,
-            rx,
-            done: false,
+            slot: Some(Arc::clone(self)),
+            ticket,
         })
     }
 
@@ -94,26 +145,27 @@ impl Slot {
 
     /// Hands a held lock to the next waiter; gives it back if nobody is
     /// waiting.
-    fn offer(&self, mut hold: Hold) -> Option<Hold> {
-        let mut state = self.state();
-        while let Some((_, tx)) = state.waiting.pop_front() {
-            match tx.send(Turn::Handoff(hold)) {
-                Ok(()) => return None,
-                Err(turn) => hold = turn.into_hold()?,
+    fn offer(&self, hold: Hold) -> Option<Hold> {
+        let granted = self.state().grant(Turn::Handoff(hold));
+        match granted {
+            Ok(waker) => {
+                waker.wake();
+                None
             }
+            Err(turn) => turn.into_hold(),
         }
-        Some(hold)
     }
 
     /// Passes the turn, without a lock, to the next waiter, or frees it.
     pub(crate) fn pass_fresh(&self, courtesy: bool) {
         let mut state = self.state();
-        while let Some((_, tx)) = state.waiting.pop_front() {
-            if tx.send(Turn::Fresh { courtesy }).is_ok() {
-                return;
+        match state.grant(Turn::Fresh { courtesy }) {
+            Ok(waker) => {
+                drop(state);
+                waker.wake();
             }
+            Err(_) => state.busy = false,
         }
-        state.busy = false;
     }
 
     /// Called when the last guard of a hold goes: hand the lock on, or
@@ -131,6 +183,14 @@ impl Slot {
         let courtesy = !within_window && self.has_waiters();
         hold.release_sync();
         self.pass_fresh(courtesy);
+    }
+
+    /// Passes on a turn that was granted but will never be used.
+    fn pass_unused(&self, turn: Turn) {
+        match turn {
+            Turn::Handoff(hold) => self.pass_on(hold),
+            Turn::Fresh { courtesy } => self.pass_fresh(courtesy),
+        }
     }
 
     pub(crate) fn has_waiters(&self) -> bool {
@@ -152,33 +212,58 @@ impl Turn {
 /// taken, it is passed on.
 #[derive(Debug)]
 pub(crate) struct Ticket {
-    slot: Arc<Slot>,
-    id: u64,
-    rx: oneshot::Receiver<Turn>,
-    done: bool,
+    /// `None` once the turn was taken.
+    slot: Option<Arc<Slot>>,
+    ticket: u64,
 }
 
 impl Ticket {
-    pub(crate) async fn wait(mut self) -> Turn {
-        let turn = (&mut self.rx).await;
-        self.done = true;
-        // The sender is only dropped unsent when the slot is; it cannot be
-        // while we hold it. Should it happen, going to the disk is safe.
-        turn.unwrap_or(Turn::Fresh { courtesy: false })
+    /// The turn, once it is this ticket's; until then the latest waker is
+    /// kept in the queue.
+    pub(crate) fn poll_turn(&mut self, cx: &Context<'_>) -> Poll<(Turn, Arc<Slot>)> {
+        let Some(slot) = &self.slot else {
+            // Polled again after the turn was taken: a caller bug, and
+            // waiting forever would hide it.
+            panic!("queue ticket polled after its turn was taken");
+        };
+        let mut state = slot.state();
+        if let Some(turn) = state.take_granted(self.ticket) {
+            drop(state);
+            let slot = self.slot.take().expect("checked above");
+            return Poll::Ready((turn, slot));
+        }
+        match state.position(self.ticket) {
+            Some(at) => {
+                state.waiting[at].waker.clone_from(cx.waker());
+                Poll::Pending
+            }
+            // Neither waiting nor granted cannot happen while we hold the
+            // ticket; should it, going to the disk is still safe: the
+            // lock file, not the queue, keeps holders apart.
+            None => {
+                drop(state);
+                let slot = self.slot.take().expect("checked above");
+                Poll::Ready((Turn::Fresh { courtesy: false }, slot))
+            }
+        }
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if self.done {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        let mut state = slot.state();
+        if let Some(at) = state.position(self.ticket) {
+            state.waiting.remove(at);
             return;
         }
-        self.slot.state().waiting.retain(|(id, _)| *id != self.id);
-        // Popped (and sent to) before we could leave: pass the turn on.
-        match self.rx.try_recv() {
-            Ok(Turn::Handoff(hold)) => self.slot.pass_on(hold),
-            Ok(Turn::Fresh { courtesy }) => self.slot.pass_fresh(courtesy),
-            Err(_) => {}
+        // Granted before we could leave: pass the turn on.
+        let unused = state.take_granted(self.ticket);
+        drop(state);
+        if let Some(turn) = unused {
+            slot.pass_unused(turn);
         }
     }
 }
@@ -230,9 +315,9 @@ impl Slots {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn get(&self, file_name: &str) -> Arc<Slot> {
+    pub(crate) fn get(&self, name: &LockName) -> Arc<Slot> {
         let mut map = self.map();
-        if let Some(slot) = map.get(file_name) {
+        if let Some(slot) = map.get(name.file_name()) {
             return Arc::clone(slot);
         }
         // Forget idle queues now and then, so a service that locks many
@@ -241,8 +326,8 @@ impl Slots {
             // Only the map holds an idle queue.
             map.retain(|_, slot| Arc::strong_count(slot) > 1);
         }
-        let slot = Arc::new(Slot::default());
-        map.insert(file_name.to_owned(), Arc::clone(&slot));
+        let slot = Arc::new(Slot::new(name.clone()));
+        map.insert(name.file_name().to_owned(), Arc::clone(&slot));
         slot
     }
 

@@ -175,3 +175,108 @@ async fn try_acquire_never_waits_behind_local_holders() {
     drop(held);
     assert!(locker.try_acquire("x").await.unwrap().is_some());
 }
+
+/// Spawns a task that acquires `name`, records `id` in `order` and
+/// releases, and waits until it has joined the queue.
+async fn queued(
+    locker: &Locker,
+    name: &'static str,
+    id: u32,
+    order: &Arc<Mutex<Vec<u32>>>,
+) -> tokio::task::JoinHandle<()> {
+    let (locker, order) = (locker.clone(), Arc::clone(order));
+    let task = tokio::spawn(async move {
+        let guard = locker.acquire(name).await.unwrap();
+        order.lock().unwrap().push(id);
+        drop(guard);
+    });
+    // On a current-thread runtime one yield runs the new task to its wait.
+    tokio::task::yield_now().await;
+    task
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiter_that_leaves_the_middle_of_the_queue_keeps_the_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let held = locker.acquire("q").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for id in 0..6 {
+        tasks.push(queued(&locker, "q", id, &order).await);
+    }
+    // Leave from the middle, the back and the front.
+    for id in [2, 5, 0] {
+        tasks[id].abort();
+    }
+    tokio::task::yield_now().await;
+    drop(held);
+    for task in tasks {
+        let _ = task.await;
+    }
+    assert_eq!(*order.lock().unwrap(), vec![1, 3, 4]);
+    assert!(!locker.is_held("q").await.unwrap());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiter_dropped_after_its_turn_came_passes_the_lock_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let held = locker.acquire("q").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let first = queued(&locker, "q", 1, &order).await;
+    let second = queued(&locker, "q", 2, &order).await;
+    // The release hands the lock to the first waiter at once; it is
+    // aborted before it runs to take it.
+    drop(held);
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second waiter got the lock")
+        .unwrap();
+    assert_eq!(*order.lock().unwrap(), vec![2]);
+    assert_eq!(locker.stats().handoffs, 1, "handed over, not released to disk");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_queued_waiter_times_out_without_disturbing_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let held = locker.acquire("q").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let before = queued(&locker, "q", 1, &order).await;
+    let err = locker
+        .acquire_timeout("q", Duration::from_millis(50))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let after = queued(&locker, "q", 2, &order).await;
+    drop(held);
+    before.await.unwrap();
+    after.await.unwrap();
+    assert_eq!(*order.lock().unwrap(), vec![1, 2]);
+    assert_eq!(locker.stats().timeouts, 1);
+}
+
+/// What a queued task carries is what ten thousand of them cost; the
+/// benchmark `waiters` measures the whole task (BENCHMARKS.md).
+#[tokio::test]
+async fn an_acquire_future_is_small_and_does_not_borrow_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let acquire = {
+        let name = String::from("short-lived");
+        locker.acquire(&name)
+    };
+    assert!(
+        std::mem::size_of_val(&acquire) <= 128,
+        "acquire future is {} bytes",
+        std::mem::size_of_val(&acquire)
+    );
+    let timed = locker.acquire_timeout("other", Duration::from_secs(1));
+    assert!(std::mem::size_of_val(&timed) <= 128);
+    drop(timed);
+    let guard = acquire.await.unwrap();
+    assert_eq!(guard.name(), "short-lived");
+}

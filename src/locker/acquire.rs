@@ -1,0 +1,176 @@
+//! The future behind [`Locker::acquire`] and [`Locker::acquire_timeout`].
+//!
+//! Written by hand rather than as an `async fn` because of what a *queued*
+//! call costs: with ten thousand tasks waiting on one name, each waits in
+//! this future, and the Tokio task around it is sized for its largest
+//! state. An `async fn` keeps room for every local of every state (and a
+//! second copy of its arguments); here the waiting states hold only what
+//! they need (about 90 bytes), and the work of the head of the queue (the
+//! disk, the handoff, the fencing token) runs in one boxed `async fn` that
+//! only the task holding the turn allocates.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+use tracing::Span;
+
+use super::{Locker, far_future};
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
+use crate::name::LockName;
+use crate::queue::{Head, Join, Slot, Ticket, Turn};
+
+/// An acquisition in progress.
+pub(super) struct Acquire<'a> {
+    locker: &'a Locker,
+    /// The acquisition's span; boxed, and only when it is enabled, so that
+    /// with tracing off it costs a null pointer.
+    span: Option<Box<Span>>,
+    stage: Stage<'a>,
+}
+
+enum Stage<'a> {
+    /// Not polled yet.
+    Start {
+        name: LockName,
+        timeout: Option<Duration>,
+    },
+    /// The name was not valid.
+    Invalid(Box<Error>),
+    /// Queued behind another task of this `Locker`.
+    Queued {
+        ticket: Ticket,
+        name: LockName,
+        started: Instant,
+        /// The deadline's timer, when there is a deadline.
+        deadline: Option<Pin<Box<Sleep>>>,
+    },
+    /// Holding the turn: taking the lock.
+    Head(Pin<Box<dyn Future<Output = Result<LockGuard>> + Send + 'a>>),
+    Done,
+}
+
+impl<'a> Acquire<'a> {
+    pub(super) fn new(locker: &'a Locker, op: &'static str, name: &str, timeout: Option<Duration>) -> Self {
+        let span = locker.span(op, name);
+        let span = (!span.is_none()).then(|| Box::new(span));
+        let stage = match LockName::new(name, locker.inner.path_style) {
+            Ok(name) => Stage::Start { name, timeout },
+            Err(e) => Stage::Invalid(Box::new(e)),
+        };
+        Self { locker, span, stage }
+    }
+
+    /// The boxed work of the turn's holder.
+    fn head(
+        &self,
+        name: LockName,
+        slot: Arc<Slot>,
+        turn: Turn,
+        head: Option<Head>,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Stage<'a> {
+        let locker = self.locker;
+        Stage::Head(Box::pin(async move {
+            locker.take_turn(&name, slot, turn, head, deadline, started).await
+        }))
+    }
+}
+
+impl Future for Acquire<'_> {
+    type Output = Result<LockGuard>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let _entered = this.span.as_deref().map(Span::enter);
+        loop {
+            match &mut this.stage {
+                Stage::Start { .. } => {
+                    let Stage::Start { name, timeout } = std::mem::replace(&mut this.stage, Stage::Done)
+                    else {
+                        unreachable!("matched above");
+                    };
+                    let locker = this.locker;
+                    if let Some(guard) = locker.reenter(&name) {
+                        return Poll::Ready(guard);
+                    }
+                    let started = Instant::now();
+                    let deadline =
+                        timeout.map(|timeout| started.checked_add(timeout).unwrap_or_else(far_future));
+                    let slot = locker.inner.slots.get(&name);
+                    // The queue's copy of the name, so that queued tasks
+                    // share one.
+                    let name = if slot.name == name {
+                        slot.name.clone()
+                    } else {
+                        name
+                    };
+                    this.stage = match slot.join(cx.waker()) {
+                        Join::Head(head) => {
+                            let fresh = Turn::Fresh { courtesy: false };
+                            this.head(name, slot, fresh, Some(head), deadline, started)
+                        }
+                        Join::Queued(ticket) => Stage::Queued {
+                            ticket,
+                            name,
+                            started,
+                            deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+                        },
+                    };
+                }
+                Stage::Queued {
+                    ticket,
+                    name,
+                    started,
+                    deadline,
+                } => match ticket.poll_turn(cx) {
+                    Poll::Ready((turn, slot)) => {
+                        let (name, started) = (name.clone(), *started);
+                        let deadline = deadline.as_ref().map(|sleep| sleep.deadline());
+                        this.stage = this.head(name, slot, turn, None, deadline, started);
+                    }
+                    Poll::Pending => {
+                        if let Some(sleep) = deadline
+                            && sleep.as_mut().poll(cx).is_ready()
+                        {
+                            let error = this.locker.timed_out(name, *started);
+                            // Leaves the queue, or passes on a turn granted
+                            // meanwhile.
+                            this.stage = Stage::Done;
+                            return Poll::Ready(Err(error));
+                        }
+                        return Poll::Pending;
+                    }
+                },
+                Stage::Head(work) => {
+                    let Poll::Ready(out) = work.as_mut().poll(cx) else {
+                        return Poll::Pending;
+                    };
+                    this.stage = Stage::Done;
+                    return Poll::Ready(out);
+                }
+                Stage::Invalid(_) => {
+                    let Stage::Invalid(error) = std::mem::replace(&mut this.stage, Stage::Done) else {
+                        unreachable!("matched above");
+                    };
+                    return Poll::Ready(Err(*error));
+                }
+                Stage::Done => panic!("`acquire` future polled after it completed"),
+            }
+        }
+    }
+}
+
+impl Drop for Acquire<'_> {
+    fn drop(&mut self) {
+        // Dropping a queued or working acquisition passes its turn on and
+        // may release a lock: let that be logged in the acquisition's span.
+        let _entered = self.span.as_deref().map(Span::enter);
+        self.stage = Stage::Done;
+    }
+}
