@@ -224,15 +224,26 @@ impl Ctx {
     }
 
     /// The uncontended case without leaving the runtime's thread: one
-    /// attempt to create the lock file, never sleeping, never taking the
-    /// directory lock. `None` when anything more is needed (the path is
-    /// taken, a record to judge, fencing, syncing, the directory strategy);
-    /// then the caller makes a full attempt on the blocking pool.
+    /// attempt to create the lock, never sleeping, never syncing, never
+    /// taking the directory lock. `None` when anything more is needed (the
+    /// path is taken, a record to judge, fencing, syncing); then the caller
+    /// makes a full attempt on the blocking pool.
     pub(crate) fn try_create_inline(self: &Arc<Self>, name: &LockName) -> Result<Option<Held>> {
-        if self.durable || self.fencing || self.strategy != Strategy::ExclusiveFile {
+        if self.durable || self.fencing {
             return Ok(None);
         }
-        Ok(file::create(self, name, false)?.map(Held::File))
+        match self.strategy {
+            Strategy::ExclusiveFile => Ok(file::create(self, name, false)?.map(Held::File)),
+            Strategy::Directory => {
+                // Publishing a directory takes a dozen calls even when it
+                // fails; one lookup spares them when the lock is plainly
+                // held. (Freed a moment later, the full attempt takes it.)
+                if fstatat(self.dir.fd(), name.file_name(), AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+                    return Ok(None);
+                }
+                Ok(directory::create(self, name)?.map(Held::Dir))
+            }
+        }
     }
 
     pub(crate) fn inspect(&self, name: &LockName) -> Result<Option<Inspection>> {
@@ -594,20 +605,28 @@ fn write_fence(ctx: &Ctx, fence: &str, value: u64) -> Result<()> {
 }
 
 /// A fresh version-4 UUID for an acquisition, without a `getrandom` call
-/// per lock: one random 128-bit seed per process, plus a counter.
+/// per lock: see [`unique_bits`].
 fn acquisition_id() -> String {
+    let (hi, lo) = unique_bits();
+    uuid::Builder::from_random_bytes(uuid::Uuid::from_u64_pair(hi, lo).into_bytes())
+        .into_uuid()
+        .to_string()
+}
+
+/// 128 bits that no other call in this process returns and that other
+/// processes are unlikely to: one random seed per process, plus a counter,
+/// so that taking a lock costs no `getrandom` call.
+pub(crate) fn unique_bits() -> (u64, u64) {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEED: OnceLock<(u64, u64)> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let (hi, lo) = *SEED.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair());
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    // Mix the counter into the random half with an odd multiplier, so ids
-    // stay unique (a bijection of the counter) and do not look sequential.
-    let mixed = lo ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    uuid::Builder::from_random_bytes(uuid::Uuid::from_u64_pair(hi, mixed).into_bytes())
-        .into_uuid()
-        .to_string()
+    // Mix the counter into the random half with an odd multiplier: a
+    // bijection of the counter (of its low bits, too), so values stay unique
+    // and do not look sequential.
+    (hi, lo ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 /// What a crashed process can leave in the lock directory besides locks.

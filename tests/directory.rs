@@ -118,3 +118,32 @@ async fn an_empty_lock_directory_past_the_grace_period_is_reclaimed() {
         "no trash left behind"
     );
 }
+
+/// Release normally removes just `owner.json` and the directory; files
+/// someone else left inside (a renewal's `owner.json.next` after a crash,
+/// say) must not make the directory outlive the lock.
+#[tokio::test]
+async fn release_removes_a_lock_directory_with_strays_inside() {
+    for durable in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = Locker::builder()
+            .directory(dir.path())
+            .strategy(Strategy::Directory)
+            .durable(durable)
+            .build()
+            .unwrap();
+        let guard = locker.acquire("job").await.unwrap();
+        let path = locker.lock_path("job").unwrap();
+        std::fs::write(path.join("owner.json.next"), b"{").unwrap();
+        std::fs::write(path.join("notes"), b"left by hand").unwrap();
+        drop(guard);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "durable({durable}): left behind {left:?}");
+        // And the next acquisition, inline or not, works as before.
+        drop(locker.acquire("job").await.unwrap());
+        assert!(!path.exists());
+    }
+}

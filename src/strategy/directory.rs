@@ -26,7 +26,7 @@ use nix::fcntl::{OFlag, openat, renameat};
 use nix::sys::stat::{Mode, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
-use super::{Ctx, Leftover, leftover_kind, names, read_record};
+use super::{Ctx, Leftover, leftover_kind, names, read_record, unique_bits};
 use crate::dir::MutationLock;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -53,16 +53,30 @@ pub(crate) struct DirLock {
     armed: bool,
 }
 
+/// A private name's 12 hex digits: unique within this process, random
+/// across processes.
 fn suffix() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
+    format!("{:012x}", unique_bits().1 & 0xffff_ffff_ffff)
 }
 
 /// Publishes a new lock directory; `None` if the path is taken.
 pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>> {
-    let pending = format!("{}.pending-{}", name.file_name(), suffix());
+    let mut pending = format!("{}.pending-{}", name.file_name(), suffix());
+    // Another process's pending directory could have the same name, once
+    // in 2^48; then another name is tried, a few times at most.
+    let mut tries = 0;
+    while let Err(e) = mkdirat(ctx.dir.fd(), pending.as_str(), Mode::from_bits_truncate(0o700)) {
+        tries += 1;
+        if e != Errno::EEXIST || tries == 4 {
+            return Err(Error::errno(
+                "create pending lock directory",
+                ctx.dir.path_of(&pending),
+                e,
+            ));
+        }
+        pending = format!("{}.pending-{}", name.file_name(), suffix());
+    }
     let path = || ctx.dir.path_of(&pending);
-    mkdirat(ctx.dir.fd(), pending.as_str(), Mode::from_bits_truncate(0o700))
-        .map_err(|e| Error::errno("create pending lock directory", path(), e))?;
     let mut cleanup = Pending {
         ctx,
         name: &pending,
@@ -168,6 +182,11 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
 /// still rename a renewal into it, hence the retries; what cannot be
 /// removed is logged.
 fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
+    // Usually the record is all there is: try without listing first.
+    let _ = unlinkat(node, OWNER, UnlinkatFlags::NoRemoveDir);
+    if let Ok(()) | Err(Errno::ENOENT) = unlinkat(ctx.dir.fd(), dir_name, UnlinkatFlags::RemoveDir) {
+        return;
+    }
     for attempt in 0..5 {
         if let Err(error) = empty(node) {
             tracing::debug!(dir = dir_name, %error, "emptying a lock directory failed");
