@@ -48,7 +48,10 @@ fn main() {
     let handoff = handoff_latency(d);
     let (waiting_cpu, idle_cpu) = waiting_cpu(d);
 
-    println!("\ncross-process figures ({ROUNDS} handoffs)");
+    println!(
+        "\ncross-process figures ({ROUNDS} inotify wake-ups; {} of {ROUNDS} acquisitions were handoffs to a waiting process)",
+        handoff.2
+    );
     println!("| scenario | median | p99 |");
     println!("|---|---|---|");
     println!(
@@ -86,8 +89,10 @@ fn lines(child: &mut std::process::Child) -> Vec<String> {
 }
 
 /// Two processes take turns; each acquisition is paired with the other
-/// process's release just before it.
-fn handoff_latency(dir: &str) -> (f64, f64) {
+/// process's release just before it. Only acquisitions that had started
+/// waiting before that release count: an acquirer that arrived after it
+/// measures its own schedule, not the handoff.
+fn handoff_latency(dir: &str) -> (f64, f64, usize) {
     let mut a = spawn("pingpong", dir);
     let mut b = spawn("pingpong", dir);
     let mut events: Vec<(u64, char, u32)> = Vec::new();
@@ -101,20 +106,31 @@ fn handoff_latency(dir: &str) -> (f64, f64) {
     b.wait().unwrap();
     events.sort();
     let mut last_release: Option<(u64, u32)> = None;
+    let mut waiting_since = [None::<u64>; 2];
     let mut latencies = Vec::new();
     for (t, kind, who) in events {
         match kind {
+            'W' => waiting_since[who as usize] = Some(t),
             'R' => last_release = Some((t, who)),
             _ => {
+                let since = waiting_since[who as usize].take();
                 if let Some((r, by)) = last_release.take()
                     && by != who
+                    && since.is_some_and(|w| w < r)
                 {
                     latencies.push((t - r) as f64 / 1000.0);
                 }
             }
         }
     }
-    percentiles(latencies)
+    assert!(
+        latencies.len() >= ROUNDS / 2,
+        "only {} of {ROUNDS} acquisitions were handoffs to a waiting process",
+        latencies.len()
+    );
+    let count = latencies.len();
+    let (median, p99) = percentiles(latencies);
+    (median, p99, count)
 }
 
 /// Time from one process unlinking a file to another being woken by inotify.
@@ -156,14 +172,17 @@ fn child(role: &str, dir: &str) {
                 .unwrap();
             let mut out = String::new();
             for _ in 0..ROUNDS / 2 {
+                out.push_str(&format!("W {}\n", now_ns()));
                 let g = locker.acquire("pingpong").await.unwrap();
                 out.push_str(&format!("A {}\n", now_ns()));
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                // Held longer than the pause below, so the other process
+                // is already waiting when this one releases.
+                tokio::time::sleep(Duration::from_millis(3)).await;
                 let t = now_ns();
                 drop(g);
                 out.push_str(&format!("R {t}\n"));
                 // Let the other process, which is waiting, take it.
-                tokio::time::sleep(Duration::from_millis(3)).await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
             print!("{out}");
         }),
