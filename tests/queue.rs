@@ -276,6 +276,10 @@ async fn an_acquire_future_is_small_and_does_not_borrow_its_name() {
     );
     let timed = locker.acquire_timeout("other", Duration::from_secs(1));
     assert!(std::mem::size_of_val(&timed) <= 128);
+    // Both can be spawned, and shared by reference across threads.
+    fn send_and_sync<T: Send + Sync>(_: &T) {}
+    send_and_sync(&acquire);
+    send_and_sync(&timed);
     drop(timed);
     let guard = acquire.await.unwrap();
     assert_eq!(guard.name(), "short-lived");

@@ -50,7 +50,7 @@ enum Stage<'a> {
         deadline: Option<Pin<Box<Sleep>>>,
     },
     /// Holding the turn: taking the lock.
-    Head(Pin<Box<dyn Future<Output = Result<LockGuard>> + Send + 'a>>),
+    Head(Pin<Box<dyn Future<Output = Result<LockGuard>> + Send + Sync + 'a>>),
     Done,
 }
 
