@@ -23,6 +23,9 @@ pub(crate) struct LockDir {
     path: PathBuf,
     fd: File,
     threads: std::sync::Mutex<()>,
+    /// On tmpfs, where `fdatasync` returns at once (and nothing outlives a
+    /// reboot anyway).
+    in_memory: bool,
 }
 
 impl LockDir {
@@ -60,11 +63,19 @@ impl LockDir {
                 reason: "it is world-writable without the sticky bit, so any user could remove or replace locks",
             });
         }
+        let in_memory = in_memory(&fd);
         Ok(Self {
             path,
             fd,
             threads: std::sync::Mutex::new(()),
+            in_memory,
         })
+    }
+
+    /// Whether the directory lives in memory (tmpfs), where syncing
+    /// a record costs nothing and so never blocks.
+    pub(crate) fn in_memory(&self) -> bool {
+        self.in_memory
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -143,6 +154,17 @@ impl LockDir {
             pause = (pause * 2).min(Duration::from_millis(2));
         }
     }
+}
+
+#[cfg(target_os = "linux")]
+fn in_memory(fd: &File) -> bool {
+    use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
+    fstatfs(fd).is_ok_and(|fs| fs.filesystem_type() == TMPFS_MAGIC)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn in_memory(_: &File) -> bool {
+    false
 }
 
 /// Held while removing a lock path; dropping it unlocks.

@@ -82,11 +82,14 @@ const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// With durable records (the default) it ends in `fdatasync`, which can
 /// take milliseconds, so the whole attempt runs as **one** call on Tokio's
 /// blocking pool, as does any attempt that finds the lock taken (judging,
-/// reclaiming) or reserves fencing tokens. Only the uncontended case with
-/// [`durable(false)`](LockerBuilder::durable) and no fencing runs inline:
-/// a create, a flock, a stat and a write, a few microseconds each on a
-/// local disk, which roughly halves the cost of an uncontended
-/// acquisition; keep durable records on a slow or network filesystem.
+/// reclaiming) or reserves fencing tokens. Only the uncontended case
+/// without fencing runs inline, and only when it cannot block: with
+/// [`durable(false)`](LockerBuilder::durable), or with a lock directory in
+/// memory (tmpfs, such as the default `$XDG_RUNTIME_DIR/leasehold` on
+/// most Linux systems), where `fdatasync` returns at once. That is a create, a flock, a
+/// stat and a write, a few microseconds each, which saves the round trip
+/// to the pool and roughly halves the cost of an uncontended acquisition.
+/// Keep durable records on a slow or network filesystem.
 ///
 /// The runtime needs its time driver (`enable_time` or `enable_all`):
 /// waiting uses Tokio's timers. Renewals run on a
@@ -565,10 +568,10 @@ impl Locker {
     /// where it has not) and tries again.
     ///
     /// Tasks of one `Locker` that want the same name queue in arrival order,
-    /// and only the first of them waits on the disk. The name is read when
-    /// `acquire` is called, so the future does not borrow it; nothing else
-    /// happens until the future is first polled, which is when the task
-    /// joins the queue. A task waiting in the queue costs about as much as
+    /// and only the first of them waits on the disk. The name is checked
+    /// (and the tracing span made) when `acquire` is called, so the future
+    /// does not borrow it; the task joins the queue when the future is
+    /// first polled. A task waiting in the queue costs about as much as
     /// one waiting on a `tokio::sync::Mutex` (about 0.5 kB, see
     /// `BENCHMARKS.md`).
     ///

@@ -234,16 +234,35 @@ impl Ticket {
         }
         match state.position(self.ticket) {
             Some(at) => {
-                state.waiting[at].waker.clone_from(cx.waker());
+                let waker = &mut state.waiting[at].waker;
+                if !waker.will_wake(cx.waker()) {
+                    // The old waker is dropped after unlocking: dropping a
+                    // waker can run arbitrary code.
+                    let old = std::mem::replace(waker, cx.waker().clone());
+                    drop(state);
+                    drop(old);
+                }
                 Poll::Pending
             }
             // Neither waiting nor granted cannot happen while we hold the
-            // ticket; should it, going to the disk is still safe: the
-            // lock file, not the queue, keeps holders apart.
+            // ticket. Should it, the queue stays sound: take the turn if it
+            // is free, else queue again at the back, rather than make a
+            // second holder of the turn.
             None => {
-                drop(state);
-                let slot = self.slot.take().expect("checked above");
-                Poll::Ready((Turn::Fresh { courtesy: false }, slot))
+                debug_assert!(false, "queue ticket {} lost its place", self.ticket);
+                if !state.busy {
+                    state.busy = true;
+                    drop(state);
+                    let slot = self.slot.take().expect("checked above");
+                    return Poll::Ready((Turn::Fresh { courtesy: false }, slot));
+                }
+                self.ticket = state.next_ticket;
+                state.next_ticket += 1;
+                state.waiting.push_back(Waiter {
+                    ticket: self.ticket,
+                    waker: cx.waker().clone(),
+                });
+                Poll::Pending
             }
         }
     }
@@ -256,7 +275,10 @@ impl Drop for Ticket {
         };
         let mut state = slot.state();
         if let Some(at) = state.position(self.ticket) {
-            state.waiting.remove(at);
+            let left = state.waiting.remove(at);
+            // Its waker is dropped after unlocking.
+            drop(state);
+            drop(left);
             return;
         }
         // Granted before we could leave: pass the turn on.

@@ -224,12 +224,13 @@ impl Ctx {
     }
 
     /// The uncontended case without leaving the runtime's thread: one
-    /// attempt to create the lock, never sleeping, never syncing, never
-    /// taking the directory lock. `None` when anything more is needed (the
-    /// path is taken, a record to judge, fencing, syncing); then the caller
-    /// makes a full attempt on the blocking pool.
+    /// attempt to create the lock, never sleeping, never taking the
+    /// directory lock, and syncing only where that cannot block (a
+    /// directory in memory). `None` when anything more is needed (the path
+    /// is taken, a record to judge, fencing, a sync to a disk); then the
+    /// caller makes a full attempt on the blocking pool.
     pub(crate) fn try_create_inline(self: &Arc<Self>, name: &LockName) -> Result<Option<Held>> {
-        if self.durable || self.fencing {
+        if (self.durable && !self.dir.in_memory()) || self.fencing {
             return Ok(None);
         }
         match self.strategy {

@@ -242,6 +242,29 @@ fn outside_a_tokio_runtime_acquire_is_an_error_not_a_panic() {
     let locker = Locker::new(dir.path()).unwrap();
     let err = futures_lite_block_on(locker.acquire("x")).unwrap_err();
     assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    // Also when another task of the same Locker holds the name, so the call
+    // would queue with a deadline timer, and without durable records, so
+    // taking the lock would need no blocking pool.
+    let fast = Locker::builder()
+        .directory(dir.path())
+        .durable(false)
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let held = rt.block_on(fast.acquire("y")).unwrap();
+    for timeout in [None, Some(Duration::from_secs(1))] {
+        let outcome = match timeout {
+            None => futures_lite_block_on(fast.acquire("y")),
+            Some(timeout) => futures_lite_block_on(fast.acquire_timeout("y", timeout)),
+        };
+        let err = outcome.unwrap_err();
+        assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    }
+    assert!(matches!(
+        futures_lite_block_on(fast.acquire("z")),
+        Err(Error::Unsupported { .. })
+    ));
+    drop(held);
 }
 
 /// A minimal executor that is not Tokio.
@@ -415,4 +438,42 @@ fn concurrent_drops_wait_for_the_directory_lock_together() {
         0,
         "every lock was removed"
     );
+}
+
+/// Where syncing cannot block (a tmpfs lock directory), even a durable
+/// uncontended acquisition is made on the runtime's own thread: it still
+/// succeeds while the blocking pool is busy. On a disk it goes to the
+/// pool, so the same setup would wait for the pool thread.
+#[test]
+fn a_durable_lock_on_tmpfs_needs_no_blocking_thread() {
+    let shm = std::path::Path::new("/dev/shm");
+    let on_tmpfs =
+        nix::sys::statfs::statfs(shm).is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+    assert!(on_tmpfs, "this test needs /dev/shm on tmpfs (Linux)");
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    let (release_pool, pool_released) = std::sync::mpsc::channel::<()>();
+    rt.block_on(async {
+        // Occupy the only blocking thread.
+        let occupied = tokio::task::spawn_blocking(move || pool_released.recv());
+        let locker = Locker::builder()
+            .directory(dir.path())
+            .durable(true)
+            .build()
+            .unwrap();
+        let guard = tokio::time::timeout(Duration::from_secs(10), locker.acquire("shm"))
+            .await
+            .expect("acquired without the blocking pool")
+            .unwrap();
+        // (Asking the Locker would take the pool: look at the disk.)
+        assert!(locker.lock_path("shm").unwrap().exists());
+        drop(guard);
+        assert!(!locker.lock_path("shm").unwrap().exists());
+        release_pool.send(()).unwrap();
+        occupied.await.unwrap().unwrap();
+    });
 }

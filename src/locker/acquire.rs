@@ -5,7 +5,7 @@
 //! this future, and the Tokio task around it is sized for its largest
 //! state. An `async fn` keeps room for every local of every state (and a
 //! second copy of its arguments); here the waiting states hold only what
-//! they need (about 90 bytes), and the work of the head of the queue (the
+//! they need (80 bytes in all), and the work of the head of the queue (the
 //! disk, the handoff, the fencing token) runs in one boxed `async fn` that
 //! only the task holding the turn allocates.
 
@@ -96,6 +96,13 @@ impl Future for Acquire<'_> {
                         unreachable!("matched above");
                     };
                     let locker = this.locker;
+                    // Waiting needs Tokio's timers, and so does a queued
+                    // deadline: say so rather than panic in them.
+                    if tokio::runtime::Handle::try_current().is_err() {
+                        return Poll::Ready(Err(Error::Unsupported {
+                            what: "leasehold's async methods must run inside a Tokio runtime",
+                        }));
+                    }
                     if let Some(guard) = locker.reenter(&name) {
                         return Poll::Ready(guard);
                     }
