@@ -16,6 +16,9 @@ use std::future::Future;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+#[path = "support/reexec.rs"]
+mod reexec;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -321,14 +324,7 @@ fn unprivileged(role: &str, what: &str) {
         Some(Gid::from_raw(NOBODY)),
     )
     .unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_process_entry",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+    let mut child = reexec::child_process()
         .env(ROLE_ENV, role)
         .env(DIR_ENV, tmp.path())
         .stdin(Stdio::null())

@@ -1,7 +1,10 @@
 //! `leasehold::testing`: tests in separate processes take turns.
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
+
+#[path = "support/reexec.rs"]
+mod reexec;
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "LEASEHOLD_SERIAL_TEST_ROLE";
@@ -38,14 +41,7 @@ fn child_process_entry() {
 }
 
 fn child(role: &str, dir: &std::path::Path, envs: &[(&str, &str)]) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_process_entry",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+    reexec::child_process()
         .env(ROLE, role)
         .env("LEASEHOLD_SERIAL_DIR", dir)
         .envs(envs.iter().copied())

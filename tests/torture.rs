@@ -46,7 +46,10 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
+
+#[path = "support/reexec.rs"]
+mod reexec;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -329,14 +332,7 @@ struct Fleet {
 
 impl Fleet {
     fn spawn(&mut self) {
-        let child = Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--exact",
-                "child_process_entry",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
+        let child = reexec::child_process()
             .env(ROLE_ENV, self.strategy)
             .env(WORK_ENV, &self.work)
             .env(CHILD_TASKS_ENV, self.tasks.to_string())

@@ -6,6 +6,9 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+
+#[path = "../support/reexec.rs"]
+mod reexec;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -182,14 +185,7 @@ impl ChildProc {
         } else {
             "file"
         };
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--exact",
-                "child_process_entry",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
+        let mut child = reexec::child_process()
             .env(ROLE_ENV, role)
             .env(STRATEGY_ENV, strategy)
             .envs(env.iter().copied())
