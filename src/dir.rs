@@ -22,6 +22,10 @@ const MUTATION_PATIENCE: Duration = Duration::from_millis(500);
 pub(crate) struct LockDir {
     path: PathBuf,
     fd: File,
+    /// The directory's identity when it was opened, to notice when its
+    /// path comes to name another directory (or none).
+    dev: u64,
+    ino: u64,
     threads: std::sync::Mutex<()>,
     /// On tmpfs, where `fdatasync` returns at once (and nothing outlives a
     /// reboot anyway).
@@ -65,6 +69,8 @@ impl LockDir {
         }
         let in_memory = in_memory(&fd);
         Ok(Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
             path,
             fd,
             threads: std::sync::Mutex::new(()),
@@ -80,6 +86,20 @@ impl LockDir {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the path no longer names the directory opened at `build()`
+    /// (moved, removed, or replaced by another). Locks taken or kept in
+    /// such a directory exclude nobody who opens the path now. The path is
+    /// only looked at, never used to reach a lock.
+    pub(crate) fn moved(&self) -> Result<bool> {
+        match std::fs::metadata(&self.path) {
+            Ok(meta) => Ok(meta.dev() != self.dev || meta.ino() != self.ino),
+            Err(e) if e.kind() == io::ErrorKind::NotFound || e.kind() == io::ErrorKind::NotADirectory => {
+                Ok(true)
+            }
+            Err(e) => Err(Error::io("inspect lock directory", &self.path, e)),
+        }
     }
 
     pub(crate) fn fd(&self) -> &File {

@@ -107,14 +107,25 @@ pub enum Error {
         source: io::Error,
     },
 
-    /// A lock this guard held is no longer ours: its lease ran out or the
-    /// lock was removed or replaced.
+    /// A lock this guard held is no longer ours: its lease ran out, the
+    /// lock was removed or replaced, or the lock directory was moved.
     #[error("lock {name:?} was lost: {reason}")]
     Lost {
         /// The lock name.
         name: String,
-        /// What happened.
-        reason: String,
+        /// What happened; match on it to tell the causes apart.
+        reason: LossReason,
+    },
+
+    /// The lock directory's path no longer names the directory the
+    /// `Locker` opened at `build()`: it was moved, removed or replaced
+    /// (`mv locks locks.old && mkdir locks`, a cleanup job). Locks taken
+    /// there would be invisible to every process that opens the path now,
+    /// so this `Locker` takes none; build a new one.
+    #[error("the lock directory {path} was moved, removed or replaced after the Locker opened it")]
+    DirectoryReplaced {
+        /// The directory's path, as resolved at `build()`.
+        path: PathBuf,
     },
 
     /// The lock server (PostgreSQL) failed or could not be reached.
@@ -159,7 +170,8 @@ impl Error {
     /// Whether this error says the lock was lost.
     ///
     /// ```
-    /// let err = leasehold::Error::Lost { name: "jobs".into(), reason: "lease expired".into() };
+    /// use leasehold::{Error, LossReason};
+    /// let err = Error::Lost { name: "jobs".into(), reason: LossReason::LeaseExpired };
     /// assert!(err.is_lost());
     /// ```
     pub fn is_lost(&self) -> bool {
@@ -176,4 +188,54 @@ impl Error {
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })
     }
+}
+
+/// Why a held lock was lost, carried by [`Error::Lost`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// use leasehold::{Error, Locker, LossReason};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = Locker::new(dir.path())?;
+/// let guard = locker.acquire("jobs").await?;
+/// std::fs::remove_file(locker.lock_path("jobs")?).unwrap(); // someone removes it
+/// match guard.release().await {
+///     Err(Error::Lost { reason: LossReason::Replaced, .. }) => {}
+///     other => panic!("expected a loss by replacement, got {other:?}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The lease ran out before it could be renewed (the process was
+    /// paused, or the renewal thread could not run in time).
+    #[error("the lease ran out before it could be renewed")]
+    LeaseExpired,
+    /// Someone else removed or replaced the lock (a reclaim after the lease
+    /// ran out, an operator deleting the lock file).
+    #[error("the lock was removed or replaced by someone else")]
+    Replaced,
+    /// The lock directory's path no longer names the directory the lock
+    /// is in: it was moved, removed or replaced.
+    #[error("the lock directory {path} was moved, removed or replaced")]
+    DirectoryReplaced {
+        /// The directory's path, as resolved at `build()`.
+        path: PathBuf,
+    },
+    /// Renewals failed (for example the disk is full or read-only) until
+    /// the lease came within its safety margin of running out.
+    #[error("renewals kept failing until the lease ran out ({error})")]
+    RenewalFailed {
+        /// The last renewal error, as text.
+        error: String,
+    },
+    /// The lock server's session that held the lock ended (PostgreSQL:
+    /// the server restarted, the connection broke, the backend was
+    /// terminated).
+    #[error("the server session holding the lock ended")]
+    SessionLost,
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, LossReason, Result};
 use crate::owner::Owner;
 use crate::queue::Slot;
 use crate::renew::{Registration, Renewer};
@@ -64,7 +64,7 @@ pub struct LockGuard {
     /// `None` once `release` took it.
     share: Option<Arc<Share>>,
     lease: Arc<Lease>,
-    lost: watch::Receiver<Option<Arc<str>>>,
+    lost: watch::Receiver<Option<LossReason>>,
     token: Option<u64>,
 }
 
@@ -104,7 +104,7 @@ pub(crate) struct Hold {
 pub(crate) struct Lease {
     name: Arc<str>,
     held: Mutex<Option<Held>>,
-    lost: watch::Sender<Option<Arc<str>>>,
+    lost: watch::Sender<Option<LossReason>>,
     owner: Owner,
     renew_interval: Duration,
     margin_ms: u64,
@@ -125,36 +125,71 @@ pub(crate) enum Step {
     Stop,
 }
 
-impl Hold {
-    pub(crate) fn new(
-        name: &str,
-        held: Held,
-        tokens: Option<Tokens>,
-        lease: Duration,
-        renew_interval: Duration,
-        counters: &Arc<Counters>,
-        renewer: &Renewer,
-    ) -> Self {
-        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-        let renew_ms = u64::try_from(renew_interval.as_millis()).unwrap_or(u64::MAX);
+/// Turns a lock just taken into a [`Hold`] whose lease is kept alive.
+///
+/// The code that wrote the record calls [`hold`](Self::hold) the moment the
+/// record is on disk, on whatever thread that is (the blocking pool, the
+/// runtime's thread, the session thread of a server): the lease runs from
+/// the record's own renewal time, so renewal must not wait until the
+/// acquiring task is polled again, which a stalled runtime can delay past
+/// the lease. A hold whose acquiring future is gone is dropped where it
+/// stands, and dropping it releases the lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Keeper {
+    pub(crate) lease: Duration,
+    pub(crate) renew_interval: Duration,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) renewer: Renewer,
+}
+
+impl Keeper {
+    /// Arms renewal of `held`, the first one due `renew_interval` after the
+    /// record was written.
+    pub(crate) fn hold(&self, name: &str, held: Held, tokens: Option<Tokens>) -> Hold {
+        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        let renew_ms = u64::try_from(self.renew_interval.as_millis()).unwrap_or(u64::MAX);
+        let first = renewal_due_in(&held, self.renew_interval);
         let lease = Arc::new(Lease {
             name: name.into(),
             owner: held.owner(),
             deadline_ms: AtomicU64::new(held.lease_deadline_boot_ms()),
             held: Mutex::new(Some(held)),
             lost: watch::Sender::new(None),
-            renew_interval,
+            renew_interval: self.renew_interval,
             margin_ms: margin_ms(lease_ms, renew_ms),
             tokens: Mutex::new(tokens),
-            counters: Arc::clone(counters),
+            counters: Arc::clone(&self.counters),
             registration: Mutex::new(None),
         });
-        let registration = renewer.add(&lease, renew_interval);
+        let registration = self.renewer.add(&lease, first);
         *lock(&lease.registration) = registration;
         Hold {
             lease,
             since: Instant::now(),
         }
+    }
+}
+
+/// How long until `held` is due for renewal: `interval` after its record
+/// was last written, measured on the boot clock the record was stamped
+/// with, however long ago that was.
+fn renewal_due_in(held: &Held, interval: Duration) -> Duration {
+    let written = held.record().renewed_at_boot;
+    let since = Duration::from_millis(sys::boot_clock_ms().saturating_sub(written));
+    interval.saturating_sub(since)
+}
+
+impl Hold {
+    /// Reserves the first block of fencing tokens of a hold taken from the
+    /// disk. `Ok(false)` when the lock is no longer ours (or the directory
+    /// is busy): the caller drops the hold, which releases the lock.
+    pub(crate) fn reserve_tokens(&self) -> Result<bool> {
+        let mut held = self.lease.held();
+        let Some(block) = held.as_mut().map(Held::reserve_tokens).transpose()?.flatten() else {
+            return Ok(false);
+        };
+        *lock(&self.lease.tokens) = Some(block);
+        Ok(true)
     }
 
     pub(crate) fn since(&self) -> Instant {
@@ -180,8 +215,12 @@ impl Hold {
     /// Removes the lock from disk if it is still ours; failures go to
     /// `tracing`. The renewal thread finds the lease empty and drops it.
     pub(crate) fn release_sync(self) {
-        if let Err(error) = self.lease.release_now(false) {
-            tracing::warn!(lock = &*self.lease.name, %error, "releasing a lock failed");
+        match self.lease.release_now(false) {
+            Ok(None) => {}
+            Ok(Some(reason)) => {
+                tracing::debug!(lock = &*self.lease.name, %reason, "released a lock that was no longer ours");
+            }
+            Err(error) => tracing::warn!(lock = &*self.lease.name, %error, "releasing a lock failed"),
         }
     }
 }
@@ -446,7 +485,13 @@ impl LockGuard {
             // Polled outside Tokio: do it here, as `Drop` would.
             Err(_) => lease.release_now(true)?,
         };
-        if released { Ok(()) } else { lost(&self) }
+        match released {
+            None => Ok(()),
+            Some(reason) => Err(Error::Lost {
+                name: self.lease.name.to_string(),
+                reason,
+            }),
+        }
     }
 }
 
@@ -472,13 +517,16 @@ impl Lease {
         self.lost.borrow().is_some() || sys::boot_clock_ms() >= self.cutoff()
     }
 
+    /// Why the lock was lost; a loss not reported yet can only be the
+    /// clock reaching the cutoff.
+    fn loss_reason(&self) -> LossReason {
+        self.lost.borrow().clone().unwrap_or(LossReason::LeaseExpired)
+    }
+
     fn lost_error(&self) -> Error {
         Error::Lost {
             name: self.name.to_string(),
-            reason: match self.lost.borrow().as_deref() {
-                Some(reason) => reason.to_owned(),
-                None => "the lease ran out before it could be renewed".to_owned(),
-            },
+            reason: self.loss_reason(),
         }
     }
 
@@ -506,39 +554,56 @@ impl Lease {
     /// Whether the lock is still ours on disk; marks it lost if not.
     fn verify(&self) -> Result<bool> {
         let mut slot = self.held();
-        let ours = match slot.as_ref() {
-            Some(held) => held.still_ours()?,
-            None => false,
+        let lost = match slot.as_ref() {
+            Some(held) => held.check()?,
+            None => Some(self.loss_reason()),
         };
-        if !ours && self.lost.borrow().is_none() {
-            self.lose(&mut slot, "the lock was removed or replaced".into());
+        match lost {
+            None => Ok(true),
+            Some(reason) => {
+                if self.lost.borrow().is_none() {
+                    self.lose(&mut slot, reason);
+                }
+                Ok(false)
+            }
         }
-        Ok(ours)
     }
 
-    /// Releases if still held; `Ok(false)` when it was already gone or not
-    /// ours any more.
+    /// Releases if still held. `Ok(None)` when the lock was ours to the
+    /// end; otherwise why it was not (already lost, taken over, or in a
+    /// directory that was moved).
     ///
     /// `confirm` waits for a lock server's answer; without it an unlock on
     /// a server is only queued (files are always removed at once).
-    pub(crate) fn release_now(&self, confirm: bool) -> Result<bool> {
+    pub(crate) fn release_now(&self, confirm: bool) -> Result<Option<LossReason>> {
         let held = self.held().take();
         *lock(&self.registration) = None;
         match held {
             Some(held) => held.release(confirm),
-            None => Ok(false),
+            None => Ok(Some(self.loss_reason())),
         }
     }
 
     /// One renewal, run on the renewal thread.
     pub(crate) fn renew_once(&self) -> Step {
-        let mut slot = self.held();
+        let mut slot = match self.held.try_lock() {
+            Ok(slot) => slot,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            // Busy reserving fencing tokens (which may wait for the
+            // directory lock) or being released: come back shortly rather
+            // than hold up the thread every lease shares.
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Step::Again(
+                    (self.renew_interval / 16).clamp(Duration::from_millis(1), Duration::from_millis(10)),
+                );
+            }
+        };
         let Some(held) = slot.as_mut() else {
             return Step::Stop;
         };
         let cutoff = self.cutoff();
         if sys::boot_clock_ms() >= cutoff {
-            self.lose(&mut slot, "the lease ran out before it could be renewed".into());
+            self.lose(&mut slot, LossReason::LeaseExpired);
             return Step::Stop;
         }
         match held.renew(cutoff) {
@@ -547,21 +612,18 @@ impl Lease {
                     .store(held.lease_deadline_boot_ms(), Ordering::Release);
                 bump(&self.counters.renewals);
                 tracing::trace!(lock = &*self.name, "lease renewed");
-                Step::Again(self.renew_interval)
+                Step::Again(renewal_due_in(held, self.renew_interval))
             }
-            Ok(Renewal::NotOurs) => {
-                self.lose(&mut slot, "the lock was removed or replaced".into());
-                Step::Stop
-            }
-            Ok(Renewal::TooLate) => {
-                self.lose(&mut slot, "the lease ran out before it could be renewed".into());
+            Ok(Renewal::Lost(reason)) => {
+                self.lose(&mut slot, reason);
                 Step::Stop
             }
             Err(error) => {
                 bump(&self.counters.renewal_failures);
                 let now = sys::boot_clock_ms();
                 if now >= cutoff {
-                    self.lose(&mut slot, format!("renewal kept failing ({error})"));
+                    let error = error.to_string();
+                    self.lose(&mut slot, LossReason::RenewalFailed { error });
                     return Step::Stop;
                 }
                 tracing::warn!(lock = &*self.name, %error, "lease renewal failed; retrying");
@@ -571,11 +633,11 @@ impl Lease {
         }
     }
 
-    fn lose(&self, slot: &mut MutexGuard<'_, Option<Held>>, reason: String) {
-        tracing::warn!(lock = &*self.name, reason, "lock lost");
+    fn lose(&self, slot: &mut MutexGuard<'_, Option<Held>>, reason: LossReason) {
+        tracing::warn!(lock = &*self.name, %reason, "lock lost");
         bump(&self.counters.lost);
         // Tell the holder first: cleaning up below may wait on the disk.
-        self.lost.send_replace(Some(reason.into()));
+        self.lost.send_replace(Some(reason));
         if let Some(held) = slot.take() {
             // Still ours on disk (say our lease ran out while we were
             // paused, and nobody took it yet)? Then free it for others.

@@ -185,9 +185,10 @@ mod stats;
 mod strategy;
 mod sys;
 pub mod testing;
+mod timer;
 mod wake;
 
-pub use error::{Error, Result};
+pub use error::{Error, LossReason, Result};
 pub use guard::LockGuard;
 pub use locker::{Locker, LockerBuilder};
 pub use name::PathStyle;

@@ -8,13 +8,13 @@ use std::time::Duration;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::time::Instant;
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::dir::LockDir;
 use crate::error::{Error, Result};
-use crate::guard::{Hold, LockGuard, Share, TokenStep};
+use crate::guard::{Hold, Keeper, LockGuard, Share, TokenStep};
 use crate::name::{LockName, PathStyle};
 use crate::owner::{LockInfo, Owner};
 use crate::queue::{COURTESY, Head, Slot, Slots, Turn};
@@ -23,7 +23,10 @@ use crate::scope;
 use crate::stale::StaleReason;
 use crate::stats::Counters;
 use crate::stats::{Stats, bump};
-use crate::strategy::{Attempt, Ctx, Held, Inspection, Strategy, Tokens};
+#[cfg(feature = "postgres")]
+use crate::strategy::Held;
+use crate::strategy::{Attempt, Ctx, Inspection, Strategy};
+use crate::timer;
 use crate::wake::Watcher;
 
 mod acquire;
@@ -43,6 +46,12 @@ const RECHECK_AFTER_EVENT: Duration = Duration::from_millis(10);
 /// Leases beyond this are almost certainly a unit mistake, and would
 /// overflow time arithmetic long before they meant anything.
 const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+/// A renewal is a few syscalls on the renewal thread; below this lease,
+/// the time they take is a real part of the lease, and one slow `write`
+/// would cost the lock.
+const MIN_LEASE: Duration = Duration::from_millis(100);
+/// Records count time in milliseconds.
+const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 
 /// A handle to a lock directory, from which named locks are acquired.
 ///
@@ -91,9 +100,10 @@ const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// to the pool and roughly halves the cost of an uncontended acquisition.
 /// Keep durable records on a slow or network filesystem.
 ///
-/// The runtime needs its time driver (`enable_time` or `enable_all`):
-/// waiting uses Tokio's timers. Renewals run on a
-/// thread of their own, never on the runtime. Release in [`LockGuard`]'s
+/// The runtime needs no driver: waits sleep on leasehold's own timer
+/// thread, not on Tokio's timers, so a runtime built without
+/// `enable_time` works (and Tokio's paused test clock does not shorten a
+/// wait). Renewals run on a thread of their own, never on the runtime. Release in [`LockGuard`]'s
 /// `Drop` is a few syscalls done inline, which is what makes the lock free
 /// the moment `drop` returns.
 ///
@@ -130,12 +140,11 @@ struct Inner {
     id: u64,
     store: Store,
     counters: Arc<Counters>,
-    lease: Duration,
-    renew_interval: Duration,
+    /// Arms the renewal of every lock taken; shares `counters`.
+    keeper: Keeper,
     poll_interval: Duration,
     slots: Arc<Slots>,
     watcher: Watcher,
-    renewer: Renewer,
     path_style: PathStyle,
 }
 
@@ -193,10 +202,11 @@ impl Store {
 ///     .renew_interval(Duration::from_secs(2))
 ///     .build()?;
 ///
+/// // Renewing every 800 ms leaves no time to spare in a 1 s lease.
 /// let bad = Locker::builder()
 ///     .directory(dir.path())
 ///     .lease(Duration::from_secs(1))
-///     .renew_interval(Duration::from_secs(1))
+///     .renew_interval(Duration::from_millis(800))
 ///     .build();
 /// assert!(matches!(bad, Err(leasehold::Error::InvalidConfig { .. })));
 /// # drop(locker); Ok(()) }
@@ -252,12 +262,25 @@ impl LockerBuilder {
     /// renew (its process is paused, its disk is gone) loses the lock after
     /// this long, and other processes may then take it. This is also the
     /// only way a lock held from another host is ever reclaimed.
+    ///
+    /// At least 100 ms and at most a year; [`build`](Self::build) rejects
+    /// others.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
-    /// How often a guard renews its lease. Must be shorter than the lease.
+    /// How often a guard renews its lease: by default a third of the
+    /// lease.
+    ///
+    /// It must be at most **half the lease** (and at least 1 ms), or
+    /// [`build`](Self::build) returns [`Error::InvalidConfig`]. A guard
+    /// counts its lock as lost once the lease comes within its safety
+    /// margin, `min(renew_interval, lease / 4)`, of running out, so that
+    /// it learns of the loss before anyone else may take the lock; the
+    /// first renewal, one interval after the record was written, must land
+    /// before that point with time to spare. With at most half the lease,
+    /// a renewal has at least a quarter of the lease to run late.
     pub fn renew_interval(mut self, interval: Duration) -> Self {
         self.renew_interval = Some(interval);
         self
@@ -364,8 +387,10 @@ impl LockerBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] when a duration is zero, the renew interval
-    /// is not shorter than the lease, or the lease exceeds a year;
+    /// [`Error::InvalidConfig`] when the lease is below 100 ms or above a
+    /// year, the renew interval is above half the lease (see
+    /// [`renew_interval`](Self::renew_interval)), or another duration is
+    /// zero;
     /// [`Error::InsecureDirectory`] for a world-writable directory without
     /// the sticky bit, or a default directory owned by another user or open
     /// to others; I/O errors from creating or opening the directory;
@@ -373,15 +398,21 @@ impl LockerBuilder {
     pub fn build(self) -> Result<Locker> {
         let renew_interval = self.renew_interval.unwrap_or(self.lease / 3);
         let invalid = |reason: String| Err(Error::InvalidConfig { reason });
-        if self.lease < Duration::from_millis(1) {
-            return invalid("the lease must be at least 1 ms".into());
+        if self.lease < MIN_LEASE {
+            return invalid(format!(
+                "the lease {:?} is below {MIN_LEASE:?}: shorter leases cannot be renewed reliably",
+                self.lease
+            ));
         }
         if self.lease > MAX_LEASE {
             return invalid(format!("the lease {:?} exceeds one year", self.lease));
         }
-        if renew_interval.is_zero() || renew_interval >= self.lease {
+        if renew_interval < MIN_RENEW_INTERVAL || renew_interval > self.lease / 2 {
             return invalid(format!(
-                "the renew interval {renew_interval:?} must be above zero and below the lease {:?}",
+                "the renew interval {renew_interval:?} must be at least {MIN_RENEW_INTERVAL:?} and at most \
+                 half the lease {:?}: a guard counts its lock lost once the lease is within \
+                 min(renew interval, lease / 4) of running out, and each renewal needs time to spare \
+                 before that",
                 self.lease
             ));
         }
@@ -422,17 +453,21 @@ impl LockerBuilder {
             }
             _ => Store::Files(Arc::new(self.files(holder_id.clone(), &counters)?)),
         };
+        let keeper = Keeper {
+            lease: self.lease,
+            renew_interval,
+            counters: Arc::clone(&counters),
+            renewer: Renewer::default(),
+        };
         Ok(Locker {
             inner: Arc::new(Inner {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 store,
                 counters,
-                lease: self.lease,
-                renew_interval,
+                keeper,
                 poll_interval: self.poll_interval,
                 slots,
                 watcher: Watcher::default(),
-                renewer: Renewer::default(),
                 path_style,
             }),
         })
@@ -646,8 +681,7 @@ impl Locker {
             return Ok(None);
         };
         match self.attempt(&name).await? {
-            Attempt::Acquired(held, tokens) => {
-                let hold = self.hold(&name, *held, tokens);
+            Attempt::Acquired(hold) => {
                 head.disarm();
                 self.finish(&name, hold, slot, started, false).await.map(Some)
             }
@@ -982,10 +1016,9 @@ impl Locker {
                     // are dropped before we hold the lock.
                     let head = head.take().unwrap_or_else(|| Head::adopt(&slot));
                     if courtesy {
-                        tokio::time::sleep(COURTESY).await;
+                        timer::sleep(COURTESY).await;
                     }
-                    let (held, tokens, waited) = self.wait_on_disk(name, &slot, deadline, started).await?;
-                    let hold = self.hold(name, held, tokens);
+                    let (hold, waited) = self.wait_on_disk(name, &slot, deadline, started).await?;
                     head.disarm();
                     break (hold, queued || waited);
                 }
@@ -1015,19 +1048,6 @@ impl Locker {
             bump(&self.inner.counters.reentrant);
         }
         Some(guard)
-    }
-
-    fn hold(&self, name: &LockName, held: Held, tokens: Option<Tokens>) -> Hold {
-        let inner = &self.inner;
-        Hold::new(
-            name.as_str(),
-            held,
-            tokens,
-            inner.lease,
-            inner.renew_interval,
-            &inner.counters,
-            &inner.renewer,
-        )
     }
 
     /// Turns a hold into the caller's guard: takes the acquisition's
@@ -1081,7 +1101,7 @@ impl Locker {
         slot: &Slot,
         deadline: Option<Instant>,
         started: Instant,
-    ) -> Result<(Held, Option<Tokens>, bool)> {
+    ) -> Result<(Hold, bool)> {
         let inner = &self.inner;
         let _waiter = inner.counters.fs_waiter();
         let mut jitter = None;
@@ -1093,7 +1113,7 @@ impl Locker {
             tokio::pin!(changed);
             changed.as_mut().enable();
             let recheck_at = match self.attempt(name).await? {
-                Attempt::Acquired(held, tokens) => return Ok((*held, tokens, waited)),
+                Attempt::Acquired(hold) => return Ok((hold, waited)),
                 Attempt::Busy { owner, recheck_at } => {
                     if !waited {
                         tracing::debug!(
@@ -1146,7 +1166,7 @@ impl Locker {
             }
             woken_by_event = tokio::select! {
                 _ = changed => true,
-                _ = tokio::time::sleep_until(wake) => false,
+                _ = timer::sleep_until(wake) => false,
             };
         }
     }
@@ -1170,25 +1190,33 @@ impl Locker {
         bump(&self.inner.counters.fs_attempts);
         match &self.inner.store {
             Store::Files(ctx) => {
-                if let Some(held) = ctx.try_create_inline(name)? {
-                    return Ok(Attempt::Acquired(Box::new(held), None));
+                if let Some(hold) = ctx.try_create_inline(name, &self.inner.keeper)? {
+                    return Ok(Attempt::Acquired(hold));
                 }
                 let ctx = Arc::clone(ctx);
                 let name = name.clone();
-                blocking(move || ctx.try_acquire(&name)).await?
+                let keeper = self.inner.keeper.clone();
+                blocking(move || ctx.try_acquire(&name, &keeper)).await?
             }
             #[cfg(feature = "postgres")]
             Store::Postgres(pg) => {
                 let pg = Arc::clone(pg);
                 let name = name.clone();
-                let taken = blocking(move || pg.try_lock(&name)).await??;
-                Ok(match taken {
-                    Some((lock, tokens)) => Attempt::Acquired(Box::new(Held::Pg(lock)), Some(tokens)),
-                    None => Attempt::Busy {
-                        owner: None,
-                        recheck_at: None,
-                    },
+                let keeper = self.inner.keeper.clone();
+                // The hold is made (and its heartbeat armed) where the
+                // lock was taken, as with files.
+                blocking(move || {
+                    Ok(match pg.try_lock(&name)? {
+                        Some((lock, tokens)) => {
+                            Attempt::Acquired(keeper.hold(name.as_str(), Held::Pg(lock), Some(tokens)))
+                        }
+                        None => Attempt::Busy {
+                            owner: None,
+                            recheck_at: None,
+                        },
+                    })
                 })
+                .await?
             }
         }
     }

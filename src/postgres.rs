@@ -40,7 +40,7 @@ use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
 use crate::owner::Owner;
 use crate::record::OwnRecord;
@@ -298,11 +298,11 @@ impl PgLock {
     /// The heartbeat: the session is alive and still holds the lock.
     pub(crate) fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
         if !self.heartbeat()? {
-            return Ok(Renewal::NotOurs);
+            return Ok(Renewal::Lost(LossReason::SessionLost));
         }
         let boot = sys::boot_clock_ms();
         if boot >= cutoff {
-            return Ok(Renewal::TooLate);
+            return Ok(Renewal::Lost(LossReason::LeaseExpired));
         }
         self.record.renew(SystemTime::now(), boot);
         Ok(Renewal::Renewed)

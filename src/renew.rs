@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use crate::guard::{Lease, Step};
 
-/// Hands leases to the renewal thread.
-#[derive(Debug, Default)]
+/// Hands leases to the renewal thread. Clones share the thread.
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Renewer {
     shared: Arc<Shared>,
 }
@@ -51,14 +51,16 @@ impl Shared {
 }
 
 impl Renewer {
-    /// Schedules `lease` for renewal every `interval`, starting the thread
-    /// if needed. `None` if no thread could be started; the lease then
-    /// lapses, and its guard reports the loss from the clock.
-    pub(crate) fn add(&self, lease: &Arc<Lease>, interval: Duration) -> Option<Registration> {
+    /// Schedules `lease` for its first renewal `first` from now (the lease
+    /// then says when the next one is due), starting the thread if needed.
+    /// `None` if no thread could be started; the lease then lapses, and its
+    /// guard reports the loss from the clock.
+    pub(crate) fn add(&self, lease: &Arc<Lease>, first: Duration) -> Option<Registration> {
         let mut state = self.shared.state();
         let id = state.next_id;
         state.next_id += 1;
-        let at = Instant::now() + interval;
+        let now = Instant::now();
+        let at = now.checked_add(first).unwrap_or(now);
         // The thread sleeps until the earliest due renewal; only a lease due
         // sooner than that (or an idle thread) needs to wake it.
         let sooner = state.sleeping_until.is_none_or(|until| at < until);

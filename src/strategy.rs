@@ -21,7 +21,8 @@ use nix::sys::stat::{Mode, SFlag, fstatat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
 use crate::dir::LockDir;
-use crate::error::{Error, Result};
+use crate::error::{Error, LossReason, Result};
+use crate::guard::{Hold, Keeper};
 use crate::name::LockName;
 use crate::owner::Owner;
 use crate::record::{self, FORMAT_VERSION, MAX_RECORD_LEN, OwnRecord, Parsed};
@@ -104,8 +105,9 @@ pub(crate) struct Ctx {
 /// The result of one attempt to take a lock.
 #[derive(Debug)]
 pub(crate) enum Attempt {
-    /// Ours, with the fencing tokens reserved for it when fencing is on.
-    Acquired(Box<Held>, Option<Tokens>),
+    /// Ours, its renewal armed, with the fencing tokens reserved for it
+    /// when fencing is on.
+    Acquired(Hold),
     /// Someone else holds it.
     Busy {
         /// The holder, if the lock file could be read.
@@ -131,10 +133,9 @@ pub(crate) enum Held {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Renewal {
     Renewed,
-    /// The lock path no longer names our lock.
-    NotOurs,
-    /// The boot clock passed the cutoff before the renewal could be made.
-    TooLate,
+    /// The lock is no longer ours, for this reason (the boot clock passed
+    /// the cutoff before the renewal could be made: `LeaseExpired`).
+    Lost(LossReason),
 }
 
 /// A block of fencing tokens reserved on disk, `next..=last`.
@@ -186,21 +187,37 @@ impl Inspection {
 const ROUNDS: usize = 4;
 
 impl Ctx {
-    pub(crate) fn try_acquire(self: &Arc<Self>, name: &LockName) -> Result<Attempt> {
+    /// One attempt to take `name`: create it, or judge and maybe reclaim
+    /// what holds its path. A lock created here has its renewal armed by
+    /// `keeper` at once, before fencing tokens are reserved or the caller
+    /// sees it.
+    ///
+    /// Fails with [`Error::DirectoryReplaced`], whatever it found, when the
+    /// directory's path no longer names this `Locker`'s directory: a lock
+    /// taken there would exclude nobody, and waiting there would wait for
+    /// nothing.
+    pub(crate) fn try_acquire(self: &Arc<Self>, name: &LockName, keeper: &Keeper) -> Result<Attempt> {
+        let attempt = self.create_or_reclaim(name, keeper)?;
+        // Checked after the attempt, so a lock created in a directory
+        // moved meanwhile is dropped (and so removed) here.
+        self.ensure_dir_in_place()?;
+        Ok(attempt)
+    }
+
+    fn create_or_reclaim(self: &Arc<Self>, name: &LockName, keeper: &Keeper) -> Result<Attempt> {
         for _ in 0..ROUNDS {
             let created = match self.strategy {
                 Strategy::ExclusiveFile => file::create(self, name, true)?.map(Held::File),
                 Strategy::Directory => directory::create(self, name)?.map(Held::Dir),
             };
-            if let Some(mut held) = created {
-                if !self.fencing {
-                    return Ok(Attempt::Acquired(Box::new(held), None));
+            if let Some(held) = created {
+                let hold = keeper.hold(name.as_str(), held, None);
+                // A lock lost before it could take a token is no lock:
+                // dropping the hold removes it.
+                if self.fencing && !hold.reserve_tokens()? {
+                    continue;
                 }
-                // A lock lost before it could take a token is no lock.
-                match held.reserve_tokens()? {
-                    Some(tokens) => return Ok(Attempt::Acquired(Box::new(held), Some(tokens))),
-                    None => continue,
-                }
+                return Ok(Attempt::Acquired(hold));
             }
             let Some(mut found) = Found::open(self, name)? else {
                 continue;
@@ -229,12 +246,16 @@ impl Ctx {
     /// directory in memory). `None` when anything more is needed (the path
     /// is taken, a record to judge, fencing, a sync to a disk); then the
     /// caller makes a full attempt on the blocking pool.
-    pub(crate) fn try_create_inline(self: &Arc<Self>, name: &LockName) -> Result<Option<Held>> {
+    pub(crate) fn try_create_inline(
+        self: &Arc<Self>,
+        name: &LockName,
+        keeper: &Keeper,
+    ) -> Result<Option<Hold>> {
         if (self.durable && !self.dir.in_memory()) || self.fencing {
             return Ok(None);
         }
-        match self.strategy {
-            Strategy::ExclusiveFile => Ok(file::create(self, name, false)?.map(Held::File)),
+        let created = match self.strategy {
+            Strategy::ExclusiveFile => file::create(self, name, false)?.map(Held::File),
             Strategy::Directory => {
                 // Publishing a directory takes a dozen calls even when it
                 // fails; one lookup spares them when the lock is plainly
@@ -242,9 +263,16 @@ impl Ctx {
                 if fstatat(self.dir.fd(), name.file_name(), AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
                     return Ok(None);
                 }
-                Ok(directory::create(self, name)?.map(Held::Dir))
+                directory::create(self, name)?.map(Held::Dir)
             }
-        }
+        };
+        let Some(held) = created else {
+            return Ok(None);
+        };
+        let hold = keeper.hold(name.as_str(), held, None);
+        // As in `try_acquire`: dropping the hold removes the lock.
+        self.ensure_dir_in_place()?;
+        Ok(Some(hold))
     }
 
     pub(crate) fn inspect(&self, name: &LockName) -> Result<Option<Inspection>> {
@@ -366,6 +394,24 @@ impl Ctx {
         }
     }
 
+    /// `Some` when the directory's path no longer names the directory
+    /// this `Locker` opened (see [`LockDir::moved`]).
+    pub(crate) fn dir_moved(&self) -> Result<Option<LossReason>> {
+        Ok(self.dir.moved()?.then(|| LossReason::DirectoryReplaced {
+            path: self.dir.path().to_owned(),
+        }))
+    }
+
+    /// [`Error::DirectoryReplaced`] when the directory was moved.
+    fn ensure_dir_in_place(&self) -> Result<()> {
+        match self.dir.moved()? {
+            false => Ok(()),
+            true => Err(Error::DirectoryReplaced {
+                path: self.dir.path().to_owned(),
+            }),
+        }
+    }
+
     /// The record a new holder of `name` writes.
     pub(crate) fn own_record(&self, name: &LockName) -> OwnRecord {
         own_record(&self.holder_id, self.lease, name)
@@ -410,7 +456,7 @@ impl Held {
         }
     }
 
-    fn record(&self) -> &OwnRecord {
+    pub(crate) fn record(&self) -> &OwnRecord {
         match self {
             Held::File(f) => f.record(),
             Held::Dir(d) => d.record(),
@@ -440,13 +486,27 @@ impl Held {
         record.renewed_at_boot.saturating_add(record.lease_ms)
     }
 
-    /// Whether the lock path still names this lock.
-    pub(crate) fn still_ours(&self) -> Result<bool> {
+    /// `None` while the lock is still ours; otherwise why it is not.
+    pub(crate) fn check(&self) -> Result<Option<LossReason>> {
         match (self, self.parts()) {
-            (_, Some((ctx, name, dev, ino))) => names(ctx, name, dev, ino),
+            (_, Some((ctx, name, dev, ino))) => {
+                if let Some(moved) = ctx.dir_moved()? {
+                    return Ok(Some(moved));
+                }
+                Ok((!names(ctx, name, dev, ino)?).then_some(LossReason::Replaced))
+            }
             #[cfg(feature = "postgres")]
-            (Held::Pg(p), None) => p.still_ours(),
-            _ => Ok(false),
+            (Held::Pg(p), None) => Ok((!p.still_ours()?).then_some(LossReason::SessionLost)),
+            _ => Ok(Some(LossReason::Replaced)),
+        }
+    }
+
+    /// Why this lock is not ours when its path or session says so.
+    fn taken_reason(&self) -> LossReason {
+        match self {
+            #[cfg(feature = "postgres")]
+            Held::Pg(_) => LossReason::SessionLost,
+            _ => LossReason::Replaced,
         }
     }
 
@@ -461,7 +521,7 @@ impl Held {
             return p.renew(cutoff);
         }
         let Some((ctx, name, dev, ino)) = self.parts() else {
-            return Ok(Renewal::NotOurs);
+            return Ok(Renewal::Lost(LossReason::Replaced));
         };
         let ctx = Arc::clone(ctx);
         // Never wait for the directory lock past the cutoff: a late renewal
@@ -469,11 +529,16 @@ impl Held {
         let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
         let _mutation = ctx.dir.mutation_lock_within(left)?;
         if !names(&ctx, name, dev, ino)? {
-            return Ok(Renewal::NotOurs);
+            return Ok(Renewal::Lost(LossReason::Replaced));
+        }
+        // A lock in a directory that its path no longer names is invisible
+        // to everyone who opens the path now: it excludes nobody.
+        if let Some(moved) = ctx.dir_moved()? {
+            return Ok(Renewal::Lost(moved));
         }
         let boot = sys::boot_clock_ms();
         if boot >= cutoff {
-            return Ok(Renewal::TooLate);
+            return Ok(Renewal::Lost(LossReason::LeaseExpired));
         }
         let mut record = self.record().clone();
         record.renew(SystemTime::now(), boot);
@@ -523,19 +588,27 @@ impl Held {
         Ok(Some(tokens))
     }
 
-    /// Removes the lock if, and only if, the path still names it. Returns
-    /// whether it did.
+    /// Removes the lock if, and only if, the path still names it. `None`
+    /// when it was ours to the end; otherwise why it was not (a lock in a
+    /// moved directory is removed there all the same, but was not a lock).
     ///
     /// `confirm` only matters on a lock server: wait for its answer rather
     /// than queueing the unlock.
     #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
-    pub(crate) fn release(self, confirm: bool) -> Result<bool> {
-        match self {
+    pub(crate) fn release(self, confirm: bool) -> Result<Option<LossReason>> {
+        let taken = self.taken_reason();
+        let moved = match self.parts() {
+            // Cannot tell: the lock is removed all the same.
+            Some((ctx, ..)) => ctx.dir_moved().ok().flatten(),
+            None => None,
+        };
+        let released = match self {
             Held::File(f) => f.release(),
             Held::Dir(d) => d.release(),
             #[cfg(feature = "postgres")]
             Held::Pg(p) => p.release(confirm),
-        }
+        }?;
+        Ok(moved.or((!released).then_some(taken)))
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::time::{Instant, Sleep};
+use std::time::Instant;
 use tracing::Span;
 
 use super::{Locker, far_future};
@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::name::LockName;
 use crate::queue::{Head, Join, Slot, Ticket, Turn};
+use crate::timer::{self, Sleep};
 
 /// An acquisition in progress.
 pub(super) struct Acquire<'a> {
@@ -47,7 +48,7 @@ enum Stage<'a> {
         name: LockName,
         started: Instant,
         /// The deadline's timer, when there is a deadline.
-        deadline: Option<Pin<Box<Sleep>>>,
+        deadline: Option<Box<Sleep>>,
     },
     /// Holding the turn: taking the lock.
     Head(Pin<Box<dyn Future<Output = Result<LockGuard>> + Send + Sync + 'a>>),
@@ -96,8 +97,9 @@ impl Future for Acquire<'_> {
                         unreachable!("matched above");
                     };
                     let locker = this.locker;
-                    // Waiting needs Tokio's timers, and so does a queued
-                    // deadline: say so rather than panic in them.
+                    // Attempts run on Tokio's blocking pool: say so rather
+                    // than fail later. (Waiting needs no time driver:
+                    // leasehold sleeps on its own timer.)
                     if tokio::runtime::Handle::try_current().is_err() {
                         return Poll::Ready(Err(Error::Unsupported {
                             what: "leasehold's async methods must run inside a Tokio runtime",
@@ -126,7 +128,7 @@ impl Future for Acquire<'_> {
                             ticket,
                             name,
                             started,
-                            deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+                            deadline: deadline.map(|at| Box::new(timer::sleep_until(at))),
                         },
                     };
                 }
@@ -143,7 +145,7 @@ impl Future for Acquire<'_> {
                     }
                     Poll::Pending => {
                         if let Some(sleep) = deadline
-                            && sleep.as_mut().poll(cx).is_ready()
+                            && Pin::new(&mut **sleep).poll(cx).is_ready()
                         {
                             let error = this.locker.timed_out(name, *started);
                             // Leaves the queue, or passes on a turn granted

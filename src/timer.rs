@@ -1,0 +1,233 @@
+//! leasehold's own timer, so that waiting needs nothing from the runtime.
+//!
+//! Tokio's timers panic on a runtime built without its time driver (no
+//! `enable_time`), and there is no way to ask a runtime whether it has one.
+//! Waiting for a lock must not depend on how the caller built its runtime,
+//! so every wait in leasehold (between attempts, the courtesy pause, the
+//! deadline of a queued `acquire_timeout`) sleeps on this timer instead:
+//! one thread per process, started on first use, that wakes each waiting
+//! task's waker at its deadline. A waiting task costs one heap entry; the
+//! thread sleeps until the earliest deadline, and not at all while nothing
+//! waits.
+//!
+//! Deadlines are on the monotonic clock (`std::time::Instant`), so Tokio's
+//! paused test clock does not move them.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// A future that completes at `deadline`.
+#[derive(Debug)]
+pub(crate) struct Sleep {
+    deadline: Instant,
+    /// The registration with the timer thread, once polled.
+    id: Option<u64>,
+}
+
+/// Completes at `deadline`.
+pub(crate) fn sleep_until(deadline: Instant) -> Sleep {
+    Sleep { deadline, id: None }
+}
+
+/// Completes after `duration`.
+pub(crate) fn sleep(duration: Duration) -> Sleep {
+    let now = Instant::now();
+    sleep_until(
+        now.checked_add(duration)
+            .unwrap_or(now + Duration::from_secs(86_400 * 365)),
+    )
+}
+
+impl Sleep {
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if Instant::now() >= self.deadline {
+            if let Some(id) = self.id.take() {
+                timer().cancel(id);
+            }
+            return Poll::Ready(());
+        }
+        match timer().register(self.id, self.deadline, cx.waker()) {
+            Some(id) => {
+                self.id = Some(id);
+                Poll::Pending
+            }
+            // No timer thread could be started (the process is out of
+            // threads): wake again at once rather than never. Busy, but
+            // the deadline is kept.
+            None => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            timer().cancel(id);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Timer {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    due: BinaryHeap<Reverse<(Instant, u64)>>,
+    waiting: HashMap<u64, (Instant, Waker)>,
+    next_id: u64,
+    running: bool,
+    /// When the thread will wake by itself; `None` while it idles.
+    sleeping_until: Option<Instant>,
+}
+
+fn timer() -> &'static Arc<Timer> {
+    static TIMER: OnceLock<Arc<Timer>> = OnceLock::new();
+    TIMER.get_or_init(Arc::default)
+}
+
+impl Timer {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers (or updates the waker of) a sleep; `None` when the timer
+    /// thread cannot run.
+    fn register(self: &Arc<Self>, id: Option<u64>, deadline: Instant, waker: &Waker) -> Option<u64> {
+        let mut state = self.state();
+        if let Some(id) = id
+            && let Some((_, old)) = state.waiting.get_mut(&id)
+        {
+            if !old.will_wake(waker) {
+                let old = std::mem::replace(old, waker.clone());
+                // Dropping a waker can run arbitrary code: not under the lock.
+                drop(state);
+                drop(old);
+            }
+            return Some(id);
+        }
+        if !state.running {
+            let timer = Arc::clone(self);
+            let spawned = std::thread::Builder::new()
+                .name("leasehold-timer".into())
+                .spawn(move || timer.run());
+            if let Err(error) = spawned {
+                tracing::error!(%error, "cannot start leasehold's timer thread");
+                return None;
+            }
+            state.running = true;
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        state.waiting.insert(id, (deadline, waker.clone()));
+        state.due.push(Reverse((deadline, id)));
+        if state.sleeping_until.is_none_or(|until| deadline < until) {
+            self.wake.notify_one();
+        }
+        Some(id)
+    }
+
+    fn cancel(&self, id: u64) {
+        let mut state = self.state();
+        let removed = state.waiting.remove(&id);
+        // Cancelled entries stay in the heap until due; rebuild it if they
+        // pile up (many waits ended early).
+        if state.due.len() > 2 * state.waiting.len() + 64 {
+            let due = state
+                .waiting
+                .iter()
+                .map(|(id, (at, _))| Reverse((*at, *id)))
+                .collect();
+            state.due = due;
+        }
+        drop(state);
+        drop(removed);
+    }
+
+    fn run(&self) {
+        let mut state = self.state();
+        loop {
+            let now = Instant::now();
+            let mut woken = Vec::new();
+            while let Some(&Reverse((at, id))) = state.due.peek() {
+                if at > now {
+                    break;
+                }
+                state.due.pop();
+                if let Some((_, waker)) = state.waiting.remove(&id) {
+                    woken.push(waker);
+                }
+            }
+            if !woken.is_empty() {
+                drop(state);
+                woken.into_iter().for_each(Waker::wake);
+                state = self.state();
+                continue;
+            }
+            let next = state.due.peek().map(|Reverse((at, _))| *at);
+            state.sleeping_until = next;
+            state = match next {
+                Some(at) => {
+                    self.wake
+                        .wait_timeout(state, at.saturating_duration_since(now))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.wake.wait(state).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sleeps_end_at_their_deadline_without_a_runtime_timer() {
+        // A runtime without the time driver: Tokio's own sleep would panic.
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let started = Instant::now();
+        runtime.block_on(async {
+            let short = sleep(Duration::from_millis(20));
+            let long = sleep(Duration::from_millis(60));
+            tokio::join!(long, short);
+        });
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(60), "{took:?}");
+        assert!(took < Duration::from_secs(10), "{took:?}");
+    }
+
+    #[test]
+    fn a_dropped_sleep_leaves_nothing_behind() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            for _ in 0..1000 {
+                let mut sleep = std::pin::pin!(sleep(Duration::from_secs(3600)));
+                let polled = std::future::poll_fn(|cx| Poll::Ready(sleep.as_mut().poll(cx))).await;
+                assert!(polled.is_pending());
+            }
+        });
+        let state = timer().state();
+        assert!(state.waiting.len() < 10, "{}", state.waiting.len());
+        assert!(state.due.len() <= 2 * state.waiting.len() + 64);
+    }
+}
