@@ -114,6 +114,9 @@ pub(crate) struct Lease {
     tokens: Mutex<Option<Tokens>>,
     counters: Arc<Counters>,
     registration: Mutex<Option<Registration>>,
+    /// The error of the last renewal, while renewals are failing: the
+    /// true reason if the lease then runs out.
+    failing: Mutex<Option<String>>,
 }
 
 /// What the renewal task should do next.
@@ -160,6 +163,7 @@ impl Keeper {
             tokens: Mutex::new(tokens),
             counters: Arc::clone(&self.counters),
             registration: Mutex::new(None),
+            failing: Mutex::new(None),
         });
         let registration = self.renewer.add(&lease, first);
         *lock(&lease.registration) = registration;
@@ -603,7 +607,11 @@ impl Lease {
         };
         let cutoff = self.cutoff();
         if sys::boot_clock_ms() >= cutoff {
-            self.lose(&mut slot, LossReason::LeaseExpired);
+            let reason = match lock(&self.failing).take() {
+                Some(error) => LossReason::RenewalFailed { error },
+                None => LossReason::LeaseExpired,
+            };
+            self.lose(&mut slot, reason);
             return Step::Stop;
         }
         match held.renew(cutoff) {
@@ -611,6 +619,7 @@ impl Lease {
                 self.deadline_ms
                     .store(held.lease_deadline_boot_ms(), Ordering::Release);
                 bump(&self.counters.renewals);
+                *lock(&self.failing) = None;
                 tracing::trace!(lock = &*self.name, "lease renewed");
                 Step::Again(renewal_due_in(held, self.renew_interval))
             }
@@ -627,6 +636,7 @@ impl Lease {
                     return Step::Stop;
                 }
                 tracing::warn!(lock = &*self.name, %error, "lease renewal failed; retrying");
+                *lock(&self.failing) = Some(error.to_string());
                 let retry = (self.renew_interval / 4).max(Duration::from_millis(1));
                 Step::Again(retry.min(Duration::from_millis(cutoff - now)))
             }

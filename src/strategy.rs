@@ -197,11 +197,12 @@ impl Ctx {
     /// taken there would exclude nobody, and waiting there would wait for
     /// nothing.
     pub(crate) fn try_acquire(self: &Arc<Self>, name: &LockName, keeper: &Keeper) -> Result<Attempt> {
-        let attempt = self.create_or_reclaim(name, keeper)?;
         // Checked after the attempt, so a lock created in a directory
-        // moved meanwhile is dropped (and so removed) here.
+        // moved meanwhile is dropped (and so removed) here; and checked on
+        // failure, which a removed directory causes.
+        let attempt = self.create_or_reclaim(name, keeper);
         self.ensure_dir_in_place()?;
-        Ok(attempt)
+        attempt
     }
 
     fn create_or_reclaim(self: &Arc<Self>, name: &LockName, keeper: &Keeper) -> Result<Attempt> {
@@ -255,7 +256,7 @@ impl Ctx {
             return Ok(None);
         }
         let created = match self.strategy {
-            Strategy::ExclusiveFile => file::create(self, name, false)?.map(Held::File),
+            Strategy::ExclusiveFile => file::create(self, name, false).map(|f| f.map(Held::File)),
             Strategy::Directory => {
                 // Publishing a directory takes a dozen calls even when it
                 // fails; one lookup spares them when the lock is plainly
@@ -263,7 +264,14 @@ impl Ctx {
                 if fstatat(self.dir.fd(), name.file_name(), AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
                     return Ok(None);
                 }
-                directory::create(self, name)?.map(Held::Dir)
+                directory::create(self, name).map(|d| d.map(Held::Dir))
+            }
+        };
+        let created = match created {
+            Ok(created) => created,
+            Err(error) => {
+                self.ensure_dir_in_place()?;
+                return Err(error);
             }
         };
         let Some(held) = created else {

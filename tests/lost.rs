@@ -5,7 +5,7 @@ mod common;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::{ChildProc, FENCING_ENV, dead_pid, iso, plant};
-use leasehold::{Error, Locker, Strategy};
+use leasehold::{Error, Locker, LossReason, Strategy};
 use nix::sys::signal::Signal;
 
 #[test]
@@ -231,7 +231,14 @@ async fn renewal_failure_is_reported_before_the_lease_ends(
     assert!(guard.is_lost());
     assert!(locker.stats().renewal_failures >= 1);
     assert_eq!(locker.stats().lost, 1);
-    drop(guard);
+    // The true cause, not "the lease ran out".
+    match guard.ensure_held().await {
+        Err(Error::Lost {
+            reason: LossReason::RenewalFailed { error },
+            ..
+        }) => assert!(!error.is_empty()),
+        other => panic!("expected a loss by failing renewals, got {other:?}"),
+    }
 }
 
 /// Renewal needs the directory lock; a process frozen while holding it
@@ -275,6 +282,107 @@ async fn a_deleted_lock_directory_is_a_loss() {
         .await
         .expect("lost within ~one interval");
     assert!(guard.ensure_held().await.unwrap_err().is_lost());
+    // Acquisitions say what happened instead of failing on a missing path.
+    match locker.try_acquire("other").await {
+        Err(Error::DirectoryReplaced { path }) => assert_eq!(path, locker.directory()),
+        other => panic!("expected DirectoryReplaced, got {other:?}"),
+    }
+}
+
+/// `mv locks locks.old && mkdir locks` while locks are held: every holder
+/// learns within about one renewal interval, with the true reason; the
+/// old `Locker` takes no lock in the directory nobody else sees, whether
+/// the name is free there or held; a new `Locker` on the path works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_directory_moved_away_while_held_is_a_loss_and_refuses_new_locks() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        for replace in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let locks = dir.path().join("locks");
+            let old = dir.path().join("locks.old");
+            let build = || {
+                Locker::builder()
+                    .directory(&locks)
+                    .strategy(strategy)
+                    .lease(Duration::from_secs(10))
+                    .renew_interval(Duration::from_millis(100))
+                    .build()
+                    .unwrap()
+            };
+            let locker = build();
+            let path = locker.directory().to_owned();
+            let guard = locker.acquire("job").await.unwrap();
+            let other = locker.acquire("other").await.unwrap();
+            let rival = build();
+            let busy = rival.acquire("busy").await.unwrap();
+            std::fs::rename(&locks, &old).unwrap();
+            if replace {
+                std::fs::create_dir(&locks).unwrap();
+            }
+            let moved = Instant::now();
+            tokio::time::timeout(Duration::from_secs(3), guard.lost())
+                .await
+                .unwrap_or_else(|_| panic!("{strategy:?}: no loss after the directory moved"));
+            assert!(moved.elapsed() < Duration::from_secs(2), "{:?}", moved.elapsed());
+            let expected = LossReason::DirectoryReplaced { path: path.clone() };
+            match guard.ensure_held().await {
+                Err(Error::Lost { reason, .. }) => assert_eq!(reason, expected),
+                other => panic!("{strategy:?}: expected a loss, got {other:?}"),
+            }
+            match other.release().await {
+                Err(Error::Lost { reason, .. }) => assert_eq!(reason, expected),
+                other => panic!("{strategy:?}: expected a loss, got {other:?}"),
+            }
+            // Free in the old directory, lost there, and held there by
+            // another Locker: all refused, none waited for.
+            drop(guard);
+            for name in ["fresh", "job", "busy"] {
+                match locker.acquire_timeout(name, Duration::from_secs(2)).await {
+                    Err(Error::DirectoryReplaced { path: p }) => assert_eq!(p, path),
+                    other => panic!("{strategy:?} {name}: expected DirectoryReplaced, got {other:?}"),
+                }
+                assert!(matches!(
+                    locker.try_acquire(name).await,
+                    Err(Error::DirectoryReplaced { .. })
+                ));
+            }
+            drop(busy);
+            // Nothing is left (or was made) in the directory nobody sees.
+            assert_eq!(common::entries(&old), Vec::<String>::new(), "{strategy:?}");
+            if replace {
+                let fresh = build();
+                let job = fresh.try_acquire("job").await.unwrap();
+                assert!(job.is_some(), "{strategy:?}: the new directory is free");
+            }
+        }
+    }
+}
+
+/// `release().await` on a lock someone removed says so, not "the lease
+/// ran out".
+#[tokio::test]
+async fn a_removed_lock_is_lost_with_its_true_reason() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = Locker::builder()
+            .directory(dir.path())
+            .strategy(strategy)
+            .build()
+            .unwrap();
+        let guard = locker.acquire("job").await.unwrap();
+        let path = locker.lock_path("job").unwrap();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).unwrap();
+        } else {
+            std::fs::remove_file(&path).unwrap();
+        }
+        let err = guard.release().await.unwrap_err();
+        match &err {
+            Error::Lost { reason, .. } => assert_eq!(*reason, LossReason::Replaced, "{strategy:?}"),
+            other => panic!("{strategy:?}: expected a loss, got {other:?}"),
+        }
+        assert!(err.to_string().contains("removed or replaced"), "{err}");
+    }
 }
 
 /// Every counter, against a scripted scenario.

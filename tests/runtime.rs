@@ -1,0 +1,149 @@
+//! What leasehold needs from the caller's runtime: a stalled runtime costs
+//! no lease, and a runtime without a time driver still waits.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use leasehold::{Error, Locker, Strategy};
+
+fn locker(dir: &Path, strategy: Strategy, fencing: bool) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .strategy(strategy)
+        .lease(Duration::from_secs(1))
+        .renew_interval(Duration::from_millis(300))
+        .fencing(fencing)
+        .build()
+        .unwrap()
+}
+
+/// A directory on a real disk, so that durable records are synced on the
+/// blocking pool (on tmpfs they may be written inline).
+fn disk_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+/// The lease starts when the record is written. If the runtime's only
+/// worker is blocked right after the attempt (a blocking call on the
+/// worker, a saturated runtime), renewal must already be running: the
+/// holder keeps its lock, and no other `Locker` gets in.
+fn stalled_right_after_the_attempt(strategy: Strategy, fencing: bool) {
+    let dir = disk_dir();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let holder = locker(dir.path(), strategy, fencing);
+        let rival = locker(dir.path(), strategy, fencing);
+        let path = holder.lock_path("stall").unwrap();
+        // Blocks the only worker for 600 ms (of a 1 s lease) the moment
+        // the lock appears on disk, while the attempt finishes on the
+        // blocking pool.
+        let stall = tokio::spawn(async move {
+            let started = Instant::now();
+            while !path.exists() && started.elapsed() < Duration::from_secs(10) {
+                tokio::task::yield_now().await;
+            }
+            std::thread::sleep(Duration::from_millis(600));
+        });
+        let guard = holder.acquire("stall").await.unwrap();
+        stall.await.unwrap();
+        let what = format!("{strategy:?}, fencing {fencing}");
+        let held = Instant::now();
+        while held.elapsed() < Duration::from_secs(3) {
+            assert!(
+                !guard.is_lost(),
+                "{what}: lost {:?} after the stall",
+                held.elapsed()
+            );
+            assert!(
+                rival.try_acquire("stall").await.unwrap().is_none(),
+                "{what}: a rival took the lock {:?} after the stall",
+                held.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        guard.release().await.unwrap();
+    });
+}
+
+#[test]
+fn a_runtime_stalled_right_after_the_attempt_costs_no_lease_file() {
+    stalled_right_after_the_attempt(Strategy::ExclusiveFile, false);
+    stalled_right_after_the_attempt(Strategy::ExclusiveFile, true);
+}
+
+#[test]
+fn a_runtime_stalled_right_after_the_attempt_costs_no_lease_directory() {
+    stalled_right_after_the_attempt(Strategy::Directory, false);
+    stalled_right_after_the_attempt(Strategy::Directory, true);
+}
+
+/// An acquisition whose future is dropped while its attempt runs leaves no
+/// lock behind, now that the attempt arms renewal itself.
+#[test]
+fn a_dropped_acquisition_leaves_no_lock_even_with_renewal_armed() {
+    let dir = disk_dir();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let holder = locker(dir.path(), Strategy::ExclusiveFile, true);
+        let path = holder.lock_path("dropped").unwrap();
+        for _ in 0..20 {
+            let attempt = holder.acquire("dropped");
+            // Dropped as soon as it has started (it is on the blocking pool).
+            let _ = tokio::time::timeout(Duration::from_micros(50), attempt).await;
+        }
+        // An orphaned lock would be renewed forever and never come free.
+        let guard = holder
+            .acquire_timeout("dropped", Duration::from_secs(5))
+            .await
+            .expect("no orphaned lock");
+        guard.release().await.unwrap();
+        assert!(!path.exists());
+        assert!(rival_free(&holder).await);
+    });
+}
+
+async fn rival_free(locker: &Locker) -> bool {
+    let rival = Locker::new(locker.directory()).unwrap();
+    rival.try_acquire("dropped").await.unwrap().is_some()
+}
+
+/// A runtime built without `enable_time`: contended acquisitions wait and
+/// time out on leasehold's own timer instead of panicking in Tokio's.
+#[test]
+fn a_runtime_without_a_time_driver_waits_and_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let holder = locker(dir.path(), Strategy::ExclusiveFile, false);
+    let waiter = locker(dir.path(), Strategy::ExclusiveFile, false);
+    let guard = runtime.block_on(holder.acquire("job")).unwrap();
+    runtime.block_on(async {
+        // Contended on disk.
+        let started = Instant::now();
+        match waiter.acquire_timeout("job", Duration::from_millis(200)).await {
+            Err(Error::Timeout { .. }) => {}
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // Queued behind a task of the same Locker that is waiting on disk.
+        let head = waiter.acquire_timeout("job", Duration::from_millis(400));
+        let queued = waiter.acquire_timeout("job", Duration::from_millis(100));
+        let (head, queued) = tokio::join!(head, queued);
+        assert!(head.unwrap_err().is_timeout());
+        assert!(queued.unwrap_err().is_timeout());
+    });
+    // A plain `acquire` waits until the holder lets go from another thread.
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(guard);
+    });
+    let got = runtime.block_on(async { waiter.acquire("job").await });
+    got.unwrap();
+    releaser.join().unwrap();
+}
