@@ -29,8 +29,10 @@
 //! Inside one process, a `Locker` keeps a FIFO queue per name: only the
 //! head of the queue touches the disk, and a finished holder hands the lock
 //! straight to the next waiting task (see *Waiting* and *Fairness* on
-//! [`Locker`]). [`Locker::scope`] makes acquisition re-entrant for the task
-//! that runs the scope. Waiters in other processes are woken by filesystem
+//! [`Locker`]). [`Locker::scope`] makes acquisition re-entrant for code
+//! nested in the scope, such as a function called by the holder; concurrent
+//! branches of one task, each in a scope of its own, still exclude each
+//! other. Waiters in other processes are woken by filesystem
 //! events (inotify), with polling as a safety net, and use no CPU while they
 //! wait. [`Locker::stats`] counts what happened.
 //!

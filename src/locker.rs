@@ -113,7 +113,20 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 /// [`scope`](Self::scope), acquiring a name that a guard of this same
 /// `Locker` already holds waits for that guard like any other waiter, so
 /// acquiring twice in one task without releasing waits forever. Inside a
-/// scope, the second acquisition is re-entrant and returns at once.
+/// scope, acquiring a name that the scope holds, or that an enclosing
+/// scope held when it started, is re-entrant and returns at once; the
+/// lock is released when the last of its guards goes.
+///
+/// Re-entrancy is meant for nested code (a function called by the holder)
+/// and stays out of concurrent code: a task spawned in a scope is not in
+/// it, and branches of one task (`join!`, `select!`, `FuturesUnordered`)
+/// that each run in a scope of their own exclude each other. Branches
+/// *without* scopes of their own share the scope around them, and re-enter
+/// each other's locks: two of them can run one critical section together.
+/// What a nested scope acquires stays its own: a guard returned out of it
+/// is not re-entered by the scope around it, where acquiring that name
+/// again waits for the guard, so in one flow it deadlocks. See
+/// [`scope`](Self::scope) for the details and an example.
 ///
 /// # Examples
 ///
@@ -610,6 +623,12 @@ impl Locker {
     /// one waiting on a `tokio::sync::Mutex` (about 0.5 kB, see
     /// `BENCHMARKS.md`).
     ///
+    /// Inside a [`scope`](Self::scope), a name that the scope holds, or
+    /// that an enclosing scope held when it started, is re-entered at once
+    /// instead; concurrent branches of one task (`join!`, `select!`) share
+    /// their scope's locks unless each runs in a scope of its own (see
+    /// *Concurrent branches in one task* on `scope`).
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidName`] for an empty name or one containing NUL;
@@ -927,18 +946,63 @@ impl Locker {
 
     /// Runs `fut` in a re-entrancy scope.
     ///
-    /// Inside the scope, acquiring a name that the scope already holds
-    /// through this `Locker` returns at once another guard on the same lock
-    /// (no waiting, no disk access). The lock is released when the last of
-    /// the scope's guards for it goes, in whatever order they drop, in
-    /// whichever task. Scopes nest: an inner scope shares the outer one's
-    /// locks.
+    /// Inside the scope, acquiring a name that the scope holds through this
+    /// `Locker` returns at once another guard on the same lock (no waiting,
+    /// no disk access), through [`acquire`](Self::acquire),
+    /// [`try_acquire`](Self::try_acquire) and
+    /// [`acquire_timeout`](Self::acquire_timeout) alike. The lock is
+    /// released when the last guard on it goes, in whatever order they
+    /// drop, in whichever task.
     ///
-    /// The scope belongs to the task that runs `fut`. A task spawned inside
-    /// it is *not* in it: it runs concurrently with the scope, so it waits
-    /// for the lock like anyone else. Without a scope, acquiring a name that
-    /// this process already holds waits for that guard, so a nested
-    /// acquisition outside a scope deadlocks; wrap such code in `scope`.
+    /// Re-entrancy is for *nested* code, such as a function called by the
+    /// holder that takes the same lock without knowing its caller has it.
+    /// Without a scope, acquiring a name that this `Locker` already holds
+    /// waits for that guard, so a nested acquisition outside a scope
+    /// deadlocks; wrap such code in `scope`.
+    ///
+    /// # Nested scopes
+    ///
+    /// Each call opens a scope of its own, nested in the scope it runs in.
+    /// A scope re-enters what it acquired itself, and what its enclosing
+    /// scopes held when it started: a function called by the holder
+    /// re-enters its caller's lock whether it opens a scope of its own or
+    /// not. What a scope acquires is its own: neither the scope around it
+    /// nor a sibling scope sees it. That holds also for a guard returned
+    /// out of the inner scope: in the scope around it, `try_acquire` of
+    /// that name returns `Ok(None)` and `acquire` waits for the returned
+    /// guard (in the same flow, forever). Take the lock in the outer scope
+    /// first if the inner one should re-enter it.
+    ///
+    /// # Concurrent branches in one task
+    ///
+    /// `tokio::join!`, `tokio::select!` and `FuturesUnordered` run several
+    /// branches of work concurrently in one task. A branch that is not in
+    /// a scope of its own runs in the scope around it, with these
+    /// consequences:
+    ///
+    /// - Outside any scope, such branches exclude each other, like any two
+    ///   acquirers.
+    /// - **Inside a scope, they share its locks.** A branch that acquires a
+    ///   name another branch of the same scope holds gets a re-entrant
+    ///   guard at once, and both run the critical section together. (Two
+    ///   branches that ask while neither holds the lock yet queue as usual,
+    ///   so whether they overlap depends on timing: never rely on either.)
+    ///
+    /// To run branches concurrently and keep them apart, wrap **each
+    /// branch** in its own `locker.scope(..)`, as in the second example
+    /// below. A branch's acquisitions are then its own, and the branches
+    /// exclude each other; a branch's own callees still re-enter its
+    /// locks. One thing stays shared: the names the enclosing scope
+    /// already held when a branch started are held by every branch (they
+    /// all run inside that critical section, which the holder chose to
+    /// run concurrently); do not acquire such a name in branches that must
+    /// not run together. A scope does not see what the scope around it
+    /// acquires after it started, so a sibling branch left unscoped shares
+    /// with the scoped ones only what it held before they started.
+    ///
+    /// A task spawned inside a scope is *not* in it (Tokio's task-locals
+    /// are not inherited): it runs concurrently with the scope, so it waits
+    /// for the lock like anyone else.
     ///
     /// # Cancel safety
     ///
@@ -963,6 +1027,42 @@ impl Locker {
     ///         Ok::<_, leasehold::Error>(())
     ///     })
     ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Concurrent branches, each in a scope of its own, never run the
+    /// critical section together:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::sync::Mutex;
+    /// use std::time::Duration;
+    /// use leasehold::Locker;
+    ///
+    /// async fn post(locker: &Locker, log: &Mutex<Vec<&str>>, who: &'static str) -> leasehold::Result<()> {
+    ///     let _guard = locker.acquire("ledger").await?;
+    ///     log.lock().unwrap().push(who);
+    ///     tokio::time::sleep(Duration::from_millis(5)).await;
+    ///     log.lock().unwrap().push(who);
+    ///     Ok(())
+    /// }
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = Locker::new(dir.path())?;
+    /// let log = Mutex::new(Vec::new());
+    /// locker
+    ///     .scope(async {
+    ///         // Without the inner `scope`s, both branches would be this
+    ///         // scope's flow, and could enter together.
+    ///         let (a, b) = tokio::join!(
+    ///             locker.scope(post(&locker, &log, "a")),
+    ///             locker.scope(post(&locker, &log, "b")),
+    ///         );
+    ///         a.and(b)
+    ///     })
+    ///     .await?;
+    /// let log = log.into_inner().unwrap();
+    /// assert!(log == ["a", "a", "b", "b"] || log == ["b", "b", "a", "a"]);
     /// # Ok(()) }
     /// ```
     pub async fn scope<F: Future>(&self, fut: F) -> F::Output {

@@ -1,54 +1,109 @@
 //! Task-local re-entrancy.
 //!
-//! Inside [`Locker::scope`](crate::Locker::scope), the locks the scope's
-//! task acquires are remembered in a task-local set, and acquiring one of
-//! them again returns another guard on the same hold instead of waiting.
-//! Tasks spawned from the scope do not inherit it: they run concurrently
-//! with it, and re-entering there would let two tasks into one critical
-//! section.
+//! Each [`Locker::scope`](crate::Locker::scope) call runs its future with a
+//! set of its own, linked to the set of the scope it was entered in. The
+//! locks acquired inside a scope are remembered in its set only; acquiring
+//! a name again returns another guard on the same hold when the current set
+//! has it, or when an enclosing set had it already when the scope below it
+//! started. So a function called by a holder re-enters its caller's locks,
+//! while sibling scopes (the branches of a `join!`, each in a scope of its
+//! own) never see each other's, and neither does their parent. Tasks
+//! spawned from a scope do not inherit it at all (Tokio's task-locals are
+//! not inherited): they run concurrently with it, and re-entering there
+//! would let two tasks into one critical section.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::guard::Share;
 
 tokio::task_local! {
-    static HELD: Held;
+    static HELD: Arc<Held>;
 }
 
-/// The locks held in one scope: `(locker id, lock file name)` to the hold.
-/// Entries are `Weak`, so the set never keeps a lock alive; a guard moved
-/// to another task and dropped there lets its entry lapse on its own.
-#[derive(Debug, Default)]
+/// Orders scope entries and remembered holds, across all scopes, so that
+/// a scope can tell what its parent held before it started from what the
+/// parent (a concurrent, unscoped branch of it) took afterwards.
+static CLOCK: AtomicU64 = AtomicU64::new(0);
+
+/// The locks held in one scope: `(locker id, lock file name)` to the hold
+/// and the tick it was remembered at. Entries are `Weak`, so a set never
+/// keeps a lock alive; a guard moved to another task, or out of its scope,
+/// and dropped there lets its entry lapse on its own, and a lapsed entry is
+/// never re-entered.
+#[derive(Debug)]
 struct Held {
-    map: Mutex<HashMap<(u64, String), Weak<Share>>>,
+    map: Mutex<HashMap<(u64, String), Entry>>,
+    /// The set of the scope this one was entered in.
+    parent: Option<Arc<Held>>,
+    /// The tick this scope started at: of the parent's entries, only those
+    /// remembered before it are visible here.
+    started: u64,
 }
 
-/// Runs `fut` in a scope; nested scopes share the outermost one's set.
+/// One remembered hold.
+#[derive(Debug)]
+struct Entry {
+    share: Weak<Share>,
+    /// The tick it was remembered at.
+    at: u64,
+}
+
+fn tick() -> u64 {
+    // A scope and the scopes nested in it belong to one task, which takes
+    // every tick they compare in program order: no ordering is needed
+    // beyond the counter's own.
+    CLOCK.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Runs `fut` in a new scope, nested in the current one if there is one.
 pub(crate) async fn run<F: Future>(fut: F) -> F::Output {
-    if HELD.try_with(|_| ()).is_ok() {
-        fut.await
-    } else {
-        HELD.scope(Held::default(), fut).await
-    }
+    let held = Held {
+        map: Mutex::default(),
+        parent: HELD.try_with(Arc::clone).ok(),
+        started: tick(),
+    };
+    HELD.scope(Arc::new(held), fut).await
 }
 
-/// The live hold of `file_name` by locker `id` in the current scope.
+/// The live hold of `file_name` by locker `id` visible in the current
+/// scope: its own, or one an enclosing scope held when the scope below it
+/// started.
 pub(crate) fn find(id: u64, file_name: &str) -> Option<Arc<Share>> {
     HELD.try_with(|held| {
-        let map = held.map.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&(id, file_name.to_owned())).and_then(Weak::upgrade)
+        let key = (id, file_name.to_owned());
+        let mut set = held;
+        let mut before = u64::MAX;
+        loop {
+            let found = {
+                let map = set.map.lock().unwrap_or_else(|e| e.into_inner());
+                map.get(&key)
+                    .filter(|entry| entry.at < before)
+                    .and_then(|entry| entry.share.upgrade())
+            };
+            if found.is_some() {
+                return found;
+            }
+            before = set.started;
+            set = set.parent.as_ref()?;
+        }
     })
     .ok()
     .flatten()
 }
 
-/// Remembers a new hold in the current scope, if there is one.
+/// Remembers a new hold in the current scope (not in the ones enclosing
+/// it), if there is one.
 pub(crate) fn remember(id: u64, file_name: &str, share: &Arc<Share>) {
     let _ = HELD.try_with(|held| {
         let mut map = held.map.lock().unwrap_or_else(|e| e.into_inner());
-        map.retain(|_, share| share.strong_count() > 0);
-        map.insert((id, file_name.to_owned()), Arc::downgrade(share));
+        map.retain(|_, entry| entry.share.strong_count() > 0);
+        let entry = Entry {
+            share: Arc::downgrade(share),
+            at: tick(),
+        };
+        map.insert((id, file_name.to_owned()), entry);
     });
 }
