@@ -144,6 +144,6 @@ fn a_runtime_without_a_time_driver_waits_and_times_out() {
         drop(guard);
     });
     let got = runtime.block_on(async { waiter.acquire("job").await });
-    got.unwrap();
+    drop(got.unwrap());
     releaser.join().unwrap();
 }
