@@ -388,11 +388,14 @@ impl LockGuard {
     }
 
     /// Resolves once the lock has been lost: the lease ran out before it
-    /// could be renewed, renewal found the lock file removed or replaced, or
-    /// renewals kept failing until less than the safety margin of the lease
-    /// was left (the margin is `min(renew_interval, lease / 4)`, so the
-    /// holder learns before anyone may legally take over). Loss is noticed
-    /// at the next renewal, so within one `renew_interval`.
+    /// could be renewed, renewal found the lock file removed or replaced,
+    /// the lock directory's path came to name another directory (or none),
+    /// or renewals kept failing until less than the safety margin of the
+    /// lease was left (the margin is `min(renew_interval, lease / 4)`, so
+    /// the holder learns before anyone may legally take over). Loss is
+    /// noticed at the next renewal, so within one `renew_interval`.
+    /// [`ensure_held`](Self::ensure_held) and [`release`](Self::release)
+    /// then return [`Error::Lost`] whose [`LossReason`] says which.
     ///
     /// Stop the critical section when this resolves: someone else may hold
     /// the lock now.
