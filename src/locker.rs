@@ -464,7 +464,13 @@ impl LockerBuilder {
                     Box::new(wake),
                 )?)
             }
-            _ => Store::Files(Arc::new(self.files(holder_id.clone(), &counters)?)),
+            _ => {
+                let ctx = Arc::new(self.files(holder_id.clone(), &counters)?);
+                // Leftovers of processes that crashed while nobody was
+                // looking: a bounded collection, spared while in use.
+                ctx.sweep();
+                Store::Files(ctx)
+            }
         };
         let keeper = Keeper {
             lease: self.lease,
@@ -507,6 +513,7 @@ impl LockerBuilder {
             holder_id,
             counters: Arc::clone(counters),
             first_seen: Default::default(),
+            last_sweep_ms: Default::default(),
         })
     }
 }

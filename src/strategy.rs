@@ -100,6 +100,8 @@ pub(crate) struct Ctx {
     pub(crate) counters: Arc<Counters>,
     /// When each lock file was first seen, for [`Ctx::known_for`].
     pub(crate) first_seen: std::sync::Mutex<std::collections::HashMap<(u64, u64), u64>>,
+    /// The boot-clock millisecond of the last [`Ctx::sweep`]; 0: never.
+    pub(crate) last_sweep_ms: std::sync::atomic::AtomicU64,
 }
 
 /// The result of one attempt to take a lock.
@@ -186,6 +188,12 @@ impl Inspection {
 /// round only repeats when the lock changed hands under us.
 const ROUNDS: usize = 4;
 
+/// How often one `Locker` collects leftovers on its own.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// How many leftovers one collection removes at most.
+const SWEEP_LIMIT: usize = 256;
+
 impl Ctx {
     /// One attempt to take `name`: create it, or judge and maybe reclaim
     /// what holds its path. A lock created here has its renewal armed by
@@ -209,6 +217,10 @@ impl Ctx {
         for _ in 0..ROUNDS {
             let created = match self.strategy {
                 Strategy::ExclusiveFile => file::create(self, name, true)?.map(Held::File),
+                // Publishing makes (and, when the path is taken, removes) a
+                // pending directory: not worth it when the path is plainly
+                // taken, and what a waiter killed meanwhile would leave.
+                Strategy::Directory if self.path_taken(name) => None,
                 Strategy::Directory => directory::create(self, name)?.map(Held::Dir),
             };
             if let Some(held) = created {
@@ -228,6 +240,7 @@ impl Ctx {
                     found.reclaim(self, name, reason)?;
                 }
                 _ => {
+                    self.sweep();
                     return Ok(Attempt::Busy {
                         owner: Some(found.owner()),
                         recheck_at: stale::recheck_at(&found.parsed, found.mtime, self.rules()),
@@ -261,7 +274,7 @@ impl Ctx {
                 // Publishing a directory takes a dozen calls even when it
                 // fails; one lookup spares them when the lock is plainly
                 // held. (Freed a moment later, the full attempt takes it.)
-                if fstatat(self.dir.fd(), name.file_name(), AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+                if self.path_taken(name) {
                     return Ok(None);
                 }
                 directory::create(self, name).map(|d| d.map(Held::Dir))
@@ -334,22 +347,73 @@ impl Ctx {
                 cleaned.push((name, inspection));
             }
         }
-        if self.strategy == Strategy::Directory {
-            cleaned.extend(directory::clean_leftovers(self, dry_run)?);
-        }
-        cleaned.extend(self.clean_fence_leftovers(dry_run)?);
+        cleaned.extend(self.clean_leftovers(dry_run, usize::MAX)?);
         Ok(cleaned)
+    }
+
+    /// Removes at most `limit` of what crashed processes left behind (see
+    /// [`clean`](Self::clean)), never what a live process is using.
+    fn clean_leftovers(&self, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
+        let mut cleaned = Vec::new();
+        if self.strategy == Strategy::Directory {
+            cleaned.extend(directory::clean_leftovers(self, dry_run, limit)?);
+        }
+        let left = limit.saturating_sub(cleaned.len());
+        cleaned.extend(self.clean_fence_leftovers(dry_run, left)?);
+        Ok(cleaned)
+    }
+
+    /// Collects leftovers of crashed processes without being asked: when
+    /// a `Locker` is built, and when an attempt meets contention (where
+    /// waiters that were killed leave them), at most once per
+    /// [`SWEEP_EVERY`] per `Locker` and [`SWEEP_LIMIT`] entries at a time,
+    /// so a long-running service's directory does not grow without bound.
+    /// Failures only postpone the collection.
+    pub(crate) fn sweep(&self) {
+        let now = sys::boot_clock_ms();
+        let last = self.last_sweep_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let every = u64::try_from(SWEEP_EVERY.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < every {
+            return;
+        }
+        // One sweeper at a time per Locker: whoever swaps the stamp.
+        let swapped = self.last_sweep_ms.compare_exchange(
+            last,
+            now.max(1),
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if swapped.is_err() {
+            return;
+        }
+        match self.clean_leftovers(false, SWEEP_LIMIT) {
+            Ok(cleaned) if !cleaned.is_empty() => {
+                tracing::debug!(
+                    removed = cleaned.len(),
+                    "collected leftovers of crashed processes"
+                );
+            }
+            Ok(_) => {}
+            Err(error) => tracing::debug!(%error, "collecting leftovers failed; trying later"),
+        }
     }
 
     /// Fencing counters are only written under the directory lock, so a
     /// temporary counter file found while holding it belongs to a process
     /// that died between writing and renaming it.
-    fn clean_fence_leftovers(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
+    fn clean_fence_leftovers(&self, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
+        let mut found = self.entries(|name| leftover_kind(name) == Some(Leftover::FenceTmp))?;
+        found.truncate(limit);
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Listed before the lock, judged under it: one that a live writer
+        // was about to rename is gone by the time we hold it.
         let Some(_mutation) = self.dir.try_mutation_lock()? else {
             return Ok(Vec::new());
         };
         let mut cleaned = Vec::new();
-        for name in self.entries(|name| leftover_kind(name) == Some(Leftover::FenceTmp))? {
+        for name in found {
             let removed = dry_run
                 || matches!(
                     unlinkat(self.dir.fd(), name.as_str(), UnlinkatFlags::NoRemoveDir),
@@ -400,6 +464,11 @@ impl Ctx {
             grace: self.grace,
             foreign_lease: self.foreign_lease,
         }
+    }
+
+    /// Whether something is at the lock path (a lookup, nothing opened).
+    fn path_taken(&self, name: &LockName) -> bool {
+        fstatat(self.dir.fd(), name.file_name(), AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
     }
 
     /// `Some` when the directory's path no longer names the directory

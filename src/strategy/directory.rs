@@ -83,10 +83,14 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>>
         armed: true,
     };
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let dir = File::from(
-        openat(ctx.dir.fd(), pending.as_str(), flags, Mode::empty())
-            .map_err(|e| Error::errno("open pending lock directory", path(), e))?,
-    );
+    let dir = match openat(ctx.dir.fd(), pending.as_str(), flags, Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        // Collected as abandoned while this process stood still between
+        // mkdir and flock (see `clean_leftovers`): no lock was made; the
+        // caller looks at the lock path again.
+        Err(Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(Error::errno("open pending lock directory", path(), e)),
+    };
     let meta = dir
         .metadata()
         .map_err(|e| Error::io("inspect pending lock directory", path(), e))?;
@@ -100,11 +104,16 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>>
         )
     })?;
     let record = ctx.own_record(name);
-    let record_file = write_owner(&dir, OWNER, &record, ctx.durable)
-        .map_err(|e| Error::io("write lock record", path(), e))?;
+    let record_file = match write_owner(&dir, OWNER, &record, ctx.durable) {
+        Ok(file) => file,
+        // As above: the pending directory was collected before our flock.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("write lock record", path(), e)),
+    };
     match sys::rename_noreplace(ctx.dir.fd(), &pending, name.file_name()) {
         Ok(()) => {}
         Err(RenameError::Exists) => return Ok(None),
+        Err(RenameError::Io(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(RenameError::Unsupported) => {
             return Err(Error::Unsupported {
                 what: "the directory strategy on a filesystem without renameat2(RENAME_NOREPLACE); \
@@ -208,14 +217,29 @@ fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
     }
 }
 
-/// Removes `.pending-*` directories older than the grace period (a
-/// publisher that died before its rename) and `.trash-*` directories (a
-/// releaser that died while emptying one); nobody else uses either.
-pub(super) fn clean_leftovers(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName, super::Inspection)>> {
+/// How long a pending directory without a flock is spared after its last
+/// change: its publisher takes the flock two syscalls after `mkdir`, so
+/// only a publisher that stood still that long in between (SIGSTOP) finds
+/// it gone, and then makes no lock and looks again.
+const PENDING_SETTLE: Duration = Duration::from_secs(1);
+
+/// Removes `.pending-*` directories whose publisher is gone (no flock, and
+/// unchanged for [`PENDING_SETTLE`] or the grace period, whichever is
+/// shorter) and `.trash-*` directories nobody holds (a releaser that died
+/// while emptying one); nobody else uses either. At most `limit` are
+/// removed.
+pub(super) fn clean_leftovers(
+    ctx: &Ctx,
+    dry_run: bool,
+    limit: usize,
+) -> Result<Vec<(LockName, super::Inspection)>> {
     let names =
         ctx.entries(|name| matches!(leftover_kind(name), Some(Leftover::Pending | Leftover::Trash)))?;
     let mut cleaned = Vec::new();
     for name in names {
+        if cleaned.len() >= limit {
+            break;
+        }
         let open = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let Ok(fd) = openat(ctx.dir.fd(), name.as_str(), open, Mode::empty()) else {
             continue;
@@ -234,7 +258,7 @@ pub(super) fn clean_leftovers(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName,
                 .ok()
                 .and_then(|m| m.modified().ok())
                 .and_then(|t| t.elapsed().ok())
-                .is_none_or(|age| age < ctx.grace);
+                .is_none_or(|age| age < ctx.grace.min(PENDING_SETTLE));
         if young {
             continue;
         }
@@ -324,6 +348,12 @@ struct Pending<'a> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.armed {
+            return;
+        }
+        // Usually still empty: removed without a descriptor, which matters
+        // when the attempt failed for want of descriptors (EMFILE).
+        if let Ok(()) | Err(Errno::ENOENT) = unlinkat(self.ctx.dir.fd(), self.name, UnlinkatFlags::RemoveDir)
+        {
             return;
         }
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
