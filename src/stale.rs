@@ -23,11 +23,14 @@
 //!    written a record before it started. Anything undecidable is alive.
 //! 5. **Lease**: a record whose lease ran out is stale whoever wrote it
 //!    (a holder that was paused past its lease has lost it). For a
-//!    leasehold record on this boot the lease is measured on the boot clock
-//!    (`CLOCK_BOOTTIME`), which wall-clock steps cannot move; otherwise on
-//!    the wall clock, never earlier than the file's modification time plus
-//!    the record's `leaseMs`. An owner on another host is judged by this
-//!    rule alone.
+//!    leasehold record on this boot, written in our time namespace (equal
+//!    `timeNs`, or neither side has one), the lease is measured on the boot
+//!    clock (`CLOCK_BOOTTIME`), which wall-clock steps cannot move. That
+//!    clock is offset per time namespace (CRIU, `unshare --time`) while
+//!    the boot id is kernel-wide, so any other record is measured on the
+//!    wall clock, never earlier than the file's modification time plus the
+//!    record's `leaseMs`. An owner on another host is judged by this rule
+//!    alone.
 //! 6. **Records without a lease** (the second seed's): their writer has an
 //!    implied lease, the *foreign lease* (120 s by default, the second
 //!    seed's own `liveOwnerStaleThreshold`), counted from the record's last
@@ -251,11 +254,21 @@ fn pid_reused(recorded: f64, actual: ProcStart, mtime: SystemTime, now: SystemTi
     differs && younger_than_record
 }
 
-fn lease_expired(r: &Record, mtime: SystemTime, rules: Rules, host: &dyn Host) -> bool {
-    let me = host.me();
+/// Whether the record's `renewedAtBoot` is on our own boot clock: the same
+/// kernel (boot id) *and* the same time namespace, since `CLOCK_BOOTTIME`
+/// is offset per time namespace (CRIU, `podman container restore`,
+/// `unshare --time`). Two processes without one share the clock only
+/// when neither has one: then the kernel has no time namespaces. A record
+/// without `timeNs` read by a process with one (an older leasehold) is on
+/// an unknown clock.
+fn same_boot_clock(r: &Record, me: &Identity) -> bool {
     let same_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a == b);
+    same_boot && r.time_ns == me.time_ns
+}
+
+fn lease_expired(r: &Record, mtime: SystemTime, rules: Rules, host: &dyn Host) -> bool {
     if r.is_leasehold()
-        && same_boot
+        && same_boot_clock(r, host.me())
         && let (Some(renewed), Some(lease)) = (r.renewed_at_boot, r.lease_ms)
     {
         return host.boot_clock_ms() >= renewed.saturating_add(lease);
@@ -391,6 +404,7 @@ mod tests {
                 start: None,
                 boot_id: Some("boot-a".into()),
                 pid_ns: Some("pid:[1]".into()),
+                time_ns: Some("time:[1]".into()),
                 machine_id: Some("machine-a".into()),
             },
             procs,
@@ -446,7 +460,7 @@ mod tests {
 
     #[test]
     fn leasehold_records_on_this_boot_are_judged_by_flock() {
-        let rec = r#"{"uuid":"u","pid":424242,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000}"#;
+        let rec = r#"{"uuid":"u","pid":424242,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":45000}"#;
         assert_eq!(verdict(rec, 0, None), Verdict::NeedsFlockTest);
         assert_eq!(
             verdict(rec, 0, Some(true)),
@@ -459,14 +473,67 @@ mod tests {
     #[test]
     fn leases_on_this_boot_use_the_boot_clock() {
         // Renewed at 45 s with a 30 s lease: expires at 75 s on the boot clock.
-        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000,"leaseExpiresAt":"2000-01-01T00:00:00.000Z"}"#;
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":45000,"leaseExpiresAt":"2000-01-01T00:00:00.000Z"}"#;
         // The wall-clock field says long expired (a clock step): ignored.
         assert_eq!(verdict(rec, 0, Some(false)), Verdict::Live);
-        let rec =
-            r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":20000}"#;
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":20000}"#;
         assert_eq!(
             verdict(rec, 0, Some(false)),
             Verdict::Stale(StaleReason::LeaseExpired)
+        );
+    }
+
+    #[test]
+    fn boot_clocks_compare_only_within_one_time_namespace() {
+        let soon = crate::record::format_time(at(0) + Duration::from_millis(500));
+        let gone = crate::record::format_time(at(2_500));
+        let rec = |time_ns: &str, renewed: u64, expires: &str| {
+            format!(
+                r#"{{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a"{time_ns},"leaseMs":30000,"renewedAtBoot":{renewed},"leaseExpiresAt":"{expires}"}}"#
+            )
+        };
+        let other = r#","timeNs":"time:[2]""#;
+        // The holder's boot clock is far behind ours (we are in a namespace
+        // whose clock is ahead): on our clock its renewal looks 20 s old
+        // past the lease, but it renewed a moment ago on the wall clock.
+        assert_eq!(verdict(&rec(other, 20_000, &soon), 0, Some(false)), Verdict::Live);
+        // The holder's clock is far ahead (restored by CRIU, say) and it is
+        // frozen with the flock held: its wall-clock lease decides.
+        let frozen = rec(other, 10_000_000_000, &gone);
+        assert_eq!(
+            verdict(&frozen, 30_000, Some(false)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        assert_eq!(verdict(&frozen, 29_000, Some(false)), Verdict::Live);
+        // An older leasehold, which wrote no timeNs, read by a process that
+        // has one: the wall clock, too.
+        assert_eq!(verdict(&rec("", 0, &soon), 0, Some(false)), Verdict::Live);
+        assert_eq!(
+            verdict(&rec("", 10_000_000_000, &gone), 30_000, Some(false)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        // A kernel without time namespaces: neither side has one, and the
+        // boot clock decides whatever the wall clock says.
+        let mut host = fake();
+        host.me.time_ns = None;
+        for (renewed, expected) in [
+            (20_000, Verdict::Stale(StaleReason::LeaseExpired)),
+            (45_000, Verdict::Live),
+        ] {
+            let parsed = parse(rec("", renewed, if renewed == 20_000 { &soon } else { &gone }).as_bytes());
+            let ev = Evidence {
+                parsed: &parsed,
+                mtime: at(0),
+                flock_free: Some(false),
+                known_for: Duration::ZERO,
+            };
+            assert_eq!(judge(&ev, RULES, &host), expected, "renewed at {renewed}");
+        }
+        // Liveness by flock does not depend on the clock: still decisive.
+        assert_eq!(verdict(&frozen, 0, None), Verdict::NeedsFlockTest);
+        assert_eq!(
+            verdict(&frozen, 0, Some(true)),
+            Verdict::Stale(StaleReason::DeadOwner)
         );
     }
 
@@ -523,8 +590,7 @@ mod tests {
     fn a_clock_jump_robs_no_live_holder_and_keeps_no_dead_one() {
         // Jump forward a year: a leasehold holder on this boot is judged on
         // the boot clock, so it keeps its lock.
-        let rec =
-            r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000}"#;
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":45000}"#;
         let parsed = parse(rec.as_bytes());
         let mut host = fake();
         host.now += Duration::from_secs(365 * 86_400);
