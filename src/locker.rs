@@ -42,7 +42,7 @@ const SAFETY_NET_POLL: Duration = Duration::from_secs(1);
 const RECHECK_AFTER_EVENT: Duration = Duration::from_millis(10);
 /// Leases beyond this are almost certainly a unit mistake, and would
 /// overflow time arithmetic long before they meant anything.
-const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A handle to a lock directory, from which named locks are acquired.
 ///

@@ -36,7 +36,9 @@
 //!    seed's own `liveOwnerStaleThreshold`), counted from the record's last
 //!    modification, after which the second seed itself would reclaim it.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::locker::MAX_LEASE;
 
 use crate::record::{Parsed, Record, epoch_ms};
 use crate::sys::{self, Identity, Probe, ProcStart};
@@ -148,26 +150,23 @@ pub(crate) fn judge(ev: &Evidence<'_>, rules: Rules, host: &dyn Host) -> Verdict
         Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => r,
         _ => return judge_unreadable(ev, rules.grace, host),
     };
-    let liveness = liveness(record, ev, host);
-    if liveness != Verdict::Live {
-        return liveness;
-    }
-    if lease_expired(record, ev.mtime, rules, host) {
+    let alive = match liveness(record, ev, host) {
+        Liveness::Gone(reason) => return Verdict::Stale(reason),
+        Liveness::NeedsFlockTest => return Verdict::NeedsFlockTest,
+        Liveness::Alive => true,
+        Liveness::Unknown => false,
+    };
+    if lease_expired(record, ev, rules, alive, host) {
         return Verdict::Stale(StaleReason::LeaseExpired);
     }
     Verdict::Live
 }
 
 fn judge_unreadable(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verdict {
-    let now = host.now();
-    // Modified "in the future": the clock went back since, so the file's
-    // age is unknowable. Count from when this process first saw it instead,
-    // or the lock would be kept until the clock caught up.
-    let age = if ev.mtime > now + CLOCK_SKEW {
-        ev.known_for
-    } else {
-        now.duration_since(ev.mtime).unwrap_or(Duration::ZERO)
-    };
+    let age = host
+        .now()
+        .duration_since(changed_at(ev, host))
+        .unwrap_or(Duration::ZERO);
     if age < grace {
         return Verdict::Live;
     }
@@ -178,7 +177,36 @@ fn judge_unreadable(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verd
     }
 }
 
-fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Verdict {
+/// When the record last changed, as far as that can be trusted: its
+/// modification time, unless that is in the future (the clock went back
+/// since, or a hostile `touch`); then the file's age is unknowable, and it
+/// counts from when this process first saw the file instead, or the lock
+/// would be kept until the clock caught up.
+fn changed_at(ev: &Evidence<'_>, host: &dyn Host) -> SystemTime {
+    let now = host.now();
+    match now.checked_add(CLOCK_SKEW) {
+        Some(limit) if ev.mtime > limit => now.checked_sub(ev.known_for).unwrap_or(UNIX_EPOCH),
+        _ => ev.mtime,
+    }
+}
+
+/// What can be known about the writer of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Liveness {
+    /// Provably gone.
+    Gone(StaleReason),
+    /// Provably alive: a leasehold holder's `flock` is held, or its pid on
+    /// this host, in our pid namespace, is alive with no start-time
+    /// mismatch.
+    Alive,
+    /// Cannot be checked from here: another host, kernel or pid namespace,
+    /// no pid, or one that cannot be probed. Only its lease can tell.
+    Unknown,
+    /// Only `flock` on the record can decide.
+    NeedsFlockTest,
+}
+
+fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Liveness {
     let me = host.me();
     let same_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a == b);
     let same_machine = matches!((&r.machine_id, &me.machine_id), (Some(a), Some(b)) if a == b);
@@ -192,39 +220,39 @@ fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Verdict {
         };
     if r.is_leasehold() && same_boot {
         return match ev.flock_free {
-            None => Verdict::NeedsFlockTest,
-            Some(true) => Verdict::Stale(StaleReason::DeadOwner),
-            Some(false) => Verdict::Live,
+            None => Liveness::NeedsFlockTest,
+            Some(true) => Liveness::Gone(StaleReason::DeadOwner),
+            Some(false) => Liveness::Alive,
         };
     }
     if !same_hostname {
-        return Verdict::Live;
+        return Liveness::Unknown;
     }
     // Another boot of this very machine (same machine id): its processes
     // are all gone. Two hosts that merely share a name are not this.
     if same_machine && r.boot_id.is_some() && me.boot_id.is_some() && !same_boot {
-        return Verdict::Stale(StaleReason::PreviousBoot);
+        return Liveness::Gone(StaleReason::PreviousBoot);
     }
     if r.boot_id.is_some() && me.boot_id.is_some() && !same_boot {
-        return Verdict::Live;
+        return Liveness::Unknown;
     }
     if let (Some(theirs), Some(ours)) = (&r.pid_ns, &me.pid_ns)
         && theirs != ours
     {
         // Another container's pids mean nothing here: lease only.
-        return Verdict::Live;
+        return Liveness::Unknown;
     }
     let Some(pid) = r.pid else {
-        return Verdict::Live;
+        return Liveness::Unknown;
     };
     match host.probe(pid) {
-        Probe::Dead => Verdict::Stale(StaleReason::DeadOwner),
-        Probe::Unknown => Verdict::Live,
+        Probe::Dead => Liveness::Gone(StaleReason::DeadOwner),
+        Probe::Unknown => Liveness::Unknown,
         Probe::Alive => match (r.start_time, host.process_start(pid)) {
             (Some(recorded), Some(actual)) if pid_reused(recorded, actual, ev.mtime, host.now()) => {
-                Verdict::Stale(StaleReason::ReusedPid)
+                Liveness::Gone(StaleReason::ReusedPid)
             }
-            _ => Verdict::Live,
+            _ => Liveness::Alive,
         },
     }
 }
@@ -266,59 +294,84 @@ fn same_boot_clock(r: &Record, me: &Identity) -> bool {
     same_boot && r.time_ns == me.time_ns
 }
 
-fn lease_expired(r: &Record, mtime: SystemTime, rules: Rules, host: &dyn Host) -> bool {
-    if r.is_leasehold()
-        && same_boot_clock(r, host.me())
-        && let (Some(renewed), Some(lease)) = (r.renewed_at_boot, r.lease_ms)
-    {
-        return host.boot_clock_ms() >= renewed.saturating_add(lease);
+/// Whether the lease ran out. `alive`: the writer is provably alive, which
+/// only matters to a record without a lease under `foreign_lease: None`.
+fn lease_expired(r: &Record, ev: &Evidence<'_>, rules: Rules, alive: bool, host: &dyn Host) -> bool {
+    if let Some(left) = boot_clock_lease_left(r, host) {
+        return left.is_zero();
     }
-    // A claimed end is on the writer's clock, which may be another host's:
-    // allow for skew. The implied lease is measured on our own.
-    let claimed = r.lease_expires_at.and_then(|t| t.checked_add(CLOCK_SKEW));
-    let Some(claimed) = claimed.or_else(|| implied_lease_end(r, mtime, rules)) else {
-        return false;
-    };
-    // Never earlier than the last change plus the lease (a torn read or a
-    // writer's clock behind ours), never later than the longest lease the
-    // writer could mean.
-    let lease = r.lease_ms.map(Duration::from_millis);
-    let floor = lease.and_then(|l| mtime.checked_add(l));
-    let longest = lease.map_or(
-        LONGEST_FOREIGN_LEASE.max(rules.foreign_lease.unwrap_or_default()),
-        |l| l + CLOCK_SKEW,
-    );
-    let mut expires = floor.map_or(claimed, |floor| claimed.max(floor));
-    if let Some(cap) = mtime.checked_add(longest) {
-        expires = expires.min(cap);
-    }
-    host.now() >= expires
+    wall_lease_end(r, changed_at(ev, host), rules, alive).is_some_and(|end| host.now() >= end)
 }
 
-/// The end of the foreign lease of a record that carries no lease.
-fn implied_lease_end(r: &Record, mtime: SystemTime, rules: Rules) -> Option<SystemTime> {
-    if r.is_leasehold() || r.lease_ms.is_some() {
+/// How much of a lease on our own boot clock is left, for a leasehold
+/// record written in our time namespace on this boot; `None` when the
+/// lease must be judged on the wall clock.
+fn boot_clock_lease_left(r: &Record, host: &dyn Host) -> Option<Duration> {
+    if !r.is_leasehold() || !same_boot_clock(r, host.me()) {
         return None;
     }
-    mtime.checked_add(rules.foreign_lease?)
+    let (renewed, lease) = (r.renewed_at_boot?, r.lease_ms?);
+    let now = host.boot_clock_ms();
+    // A renewal later than now on our own clock is no renewal on it.
+    if renewed > now {
+        return None;
+    }
+    let end = renewed.saturating_add(lease.min(MAX_LEASE_MS));
+    Some(Duration::from_millis(end.saturating_sub(now)))
+}
+
+const MAX_LEASE_MS: u64 = MAX_LEASE.as_millis() as u64;
+
+/// The end of a lease judged on the wall clock, for a record last changed
+/// at `changed`; `None`: never (only a provably alive writer's record
+/// without a lease, under `foreign_lease: None`).
+///
+/// Every end is at most a year (the longest lease leasehold accepts) plus
+/// the skew margin after `changed`: a bogus or far-future claim must not
+/// keep a dead holder's lock forever.
+fn wall_lease_end(r: &Record, changed: SystemTime, rules: Rules, alive: bool) -> Option<SystemTime> {
+    let after = |d: Duration| changed.checked_add(d).unwrap_or(changed);
+    let foreign = rules.foreign_lease.map(|f| f.min(MAX_LEASE));
+    let lease = r.lease_ms.map(|ms| Duration::from_millis(ms).min(MAX_LEASE));
+    // A claimed end is on the writer's clock, which may be another host's:
+    // allow for skew. The rest is measured on our own.
+    let claimed = r.lease_expires_at.map(|t| t.checked_add(CLOCK_SKEW).unwrap_or(t));
+    let (end, longest) = match (claimed, lease) {
+        // No lease at all: the foreign lease; without one, kept while the
+        // writer provably lives, else for the longest foreign lease.
+        (None, None) => {
+            return match (foreign, alive) {
+                (Some(foreign), _) => Some(after(foreign)),
+                (None, true) => None,
+                (None, false) => Some(after(LONGEST_FOREIGN_LEASE)),
+            };
+        }
+        // Never earlier than the last change plus the lease (a torn read,
+        // or a writer's clock behind ours), never later than that plus
+        // the skew margin.
+        (claimed, Some(lease)) => {
+            let floor = after(lease);
+            (claimed.map_or(floor, |c| c.max(floor)), lease + CLOCK_SKEW)
+        }
+        // A claim with no length: at most the longest lease the writer
+        // could mean.
+        (Some(claimed), None) => (claimed, LONGEST_FOREIGN_LEASE.max(foreign.unwrap_or_default())),
+    };
+    Some(end.min(after(longest)))
 }
 
 /// When a lock judged live could turn stale by time alone: its lease
 /// expiry, or the end of an unreadable record's grace period.
 pub(crate) fn recheck_at(parsed: &Parsed, mtime: SystemTime, rules: Rules) -> Option<SystemTime> {
+    recheck_on(parsed, mtime, rules, &System)
+}
+
+fn recheck_on(parsed: &Parsed, mtime: SystemTime, rules: Rules, host: &dyn Host) -> Option<SystemTime> {
     match parsed {
-        Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => {
-            let by_mtime = r
-                .lease_ms
-                .and_then(|l| mtime.checked_add(Duration::from_millis(l)));
-            match (
-                r.lease_expires_at.or_else(|| implied_lease_end(r, mtime, rules)),
-                by_mtime,
-            ) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            }
-        }
+        Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => match boot_clock_lease_left(r, host) {
+            Some(left) => host.now().checked_add(left),
+            None => wall_lease_end(r, mtime, rules, false),
+        },
         _ => mtime.checked_add(rules.grace),
     }
 }
@@ -348,7 +401,9 @@ mod tests {
             &self.me
         }
         fn probe(&self, pid: u64) -> Probe {
-            if self.procs.contains_key(&pid) {
+            if pid == 0 || pid > i32::MAX as u64 {
+                Probe::Unknown
+            } else if self.procs.contains_key(&pid) {
                 Probe::Alive
             } else {
                 Probe::Dead
@@ -720,6 +775,153 @@ mod tests {
         assert_eq!(
             recheck_at(&parsed, at(0), RULES),
             Some(at(0) + Duration::from_secs(120))
+        );
+    }
+
+    /// Judges `json` with the fake clocks (wall and boot alike) moved
+    /// `later` ahead.
+    fn verdict_later(
+        json: &str,
+        mtime: SystemTime,
+        known_for: Duration,
+        flock_free: Option<bool>,
+        rules: Rules,
+        later: Duration,
+    ) -> Verdict {
+        let parsed = parse(json.as_bytes());
+        let mut host = fake();
+        host.now += later;
+        host.boot_ms += u64::try_from(later.as_millis()).unwrap();
+        let ev = Evidence {
+            parsed: &parsed,
+            mtime,
+            flock_free,
+            known_for,
+        };
+        judge(&ev, rules, &host)
+    }
+
+    const DAY: Duration = Duration::from_secs(86_400);
+    const FOREVER: Rules = Rules {
+        foreign_lease: None,
+        ..RULES
+    };
+
+    #[test]
+    fn leasehold_records_without_a_lease_get_the_foreign_lease_too() {
+        for rec in [
+            r#"{"uuid":"u","leasehold":1}"#,
+            r#"{"uuid":"u","pid":9,"leasehold":1,"hostname":"there"}"#,
+            r#"{"uuid":"u","pid":100,"leasehold":1}"#,
+        ] {
+            assert_eq!(verdict(rec, 119_000, None), Verdict::Live, "{rec}");
+            assert_eq!(
+                verdict(rec, 120_000, None),
+                Verdict::Stale(StaleReason::LeaseExpired),
+                "{rec}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lease_length_without_a_claimed_end_still_ends() {
+        let rec = r#"{"uuid":"u","pid":9,"hostname":"there","leaseMs":30000}"#;
+        assert_eq!(verdict(rec, 29_000, None), Verdict::Live);
+        assert_eq!(
+            verdict(rec, 30_000, None),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+    }
+
+    #[test]
+    fn without_a_foreign_lease_only_a_provably_alive_owner_keeps_a_leaseless_record() {
+        let old = at(0);
+        let kept = |rec: &str, flock: Option<bool>| {
+            verdict_later(rec, old, Duration::ZERO, flock, FOREVER, 400 * DAY)
+        };
+        // A live pid of this host, or a held flock on this boot: kept.
+        assert_eq!(kept(r#"{"uuid":"u","pid":100}"#, None), Verdict::Live);
+        let own = r#"{"uuid":"u","pid":424242,"leasehold":1,"bootId":"boot-a"}"#;
+        assert_eq!(kept(own, Some(false)), Verdict::Live);
+        assert_eq!(kept(own, Some(true)), Verdict::Stale(StaleReason::DeadOwner));
+        // Owners that cannot be checked from here: the longest foreign lease.
+        for rec in [
+            r#"{"uuid":"u","pid":9,"hostname":"there"}"#,
+            r#"{"uuid":"u","pid":555,"pidNs":"pid:[2]"}"#,
+            r#"{"uuid":"u","pid":0}"#,
+            r#"{"uuid":"u","leasehold":1,"hostname":"here"}"#,
+            r#"{"uuid":"u","pid":100,"bootId":"boot-b","leasehold":1}"#,
+        ] {
+            let at = |later| verdict_later(rec, old, Duration::ZERO, None, FOREVER, later);
+            assert_eq!(at(DAY - Duration::from_secs(1)), Verdict::Live, "{rec}");
+            assert_eq!(at(DAY), Verdict::Stale(StaleReason::LeaseExpired), "{rec}");
+        }
+    }
+
+    #[test]
+    fn a_modification_time_in_the_future_extends_no_bound() {
+        let future = at(0) + 365 * DAY;
+        let judge_known_for = |rec: &str, known_for: Duration| {
+            verdict_later(rec, future, known_for, None, RULES, Duration::ZERO)
+        };
+        let rec = r#"{"pid":9,"hostname":"there","leaseMs":30000}"#;
+        assert_eq!(judge_known_for(rec, Duration::from_secs(29)), Verdict::Live);
+        assert_eq!(
+            judge_known_for(rec, Duration::from_secs(30)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        let rec = r#"{"uuid":"u","pid":100}"#;
+        assert_eq!(judge_known_for(rec, Duration::from_secs(119)), Verdict::Live);
+        assert_eq!(
+            judge_known_for(rec, Duration::from_secs(120)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        let rec = r#"{"pid":9,"hostname":"there","leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
+        assert_eq!(
+            judge_known_for(rec, DAY),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+    }
+
+    #[test]
+    fn huge_leases_end_within_a_year() {
+        let rec = r#"{"pid":9,"hostname":"there","leaseMs":9000000000000000}"#;
+        let later = |d| verdict_later(rec, at(0), Duration::ZERO, None, RULES, d);
+        assert_eq!(later(364 * DAY), Verdict::Live);
+        assert_eq!(
+            later(MAX_LEASE + CLOCK_SKEW),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        // On the boot clock, too.
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":9000000000000000,"renewedAtBoot":45000}"#;
+        let later = |d| verdict_later(rec, at(0), Duration::ZERO, Some(false), RULES, d);
+        assert_eq!(later(364 * DAY), Verdict::Live);
+        assert_eq!(later(MAX_LEASE), Verdict::Stale(StaleReason::LeaseExpired));
+        // A renewal "later than now" on our own boot clock is no renewal
+        // on it: the wall clock decides.
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":900000000}"#;
+        assert_eq!(verdict(rec, 29_000, Some(false)), Verdict::Live);
+        assert_eq!(
+            verdict(rec, 30_000, Some(false)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+    }
+
+    #[test]
+    fn rechecks_come_when_the_lease_can_end() {
+        let rec = parse(br#"{"pid":9,"hostname":"there","leaseExpiresAt":"2025-12-03T07:06:06.000Z"}"#);
+        let claimed = crate::record::parse_time("2025-12-03T07:06:06.000Z").unwrap();
+        assert_eq!(
+            recheck_on(&rec, at(0), RULES, &fake()),
+            Some(claimed + CLOCK_SKEW)
+        );
+        // On this boot clock: renewed at 45 s, 30 s lease, now 50 s.
+        let rec = parse(
+            br#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":45000}"#,
+        );
+        assert_eq!(
+            recheck_on(&rec, at(0), RULES, &fake()),
+            Some(at(0) + Duration::from_secs(25))
         );
     }
 
