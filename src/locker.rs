@@ -294,8 +294,14 @@ impl LockerBuilder {
     /// The implied lease of a lock whose record carries none (records
     /// written by the second seed's code), counted from the record's last
     /// change: after it, the lock is reclaimed even if its owner process
-    /// lives, as the second seed itself would do. `None` never reclaims a
-    /// live owner's record that has no lease.
+    /// lives, as the second seed itself would do. Values over a year count
+    /// as a year.
+    ///
+    /// `None` never reclaims the record without a lease of an owner that
+    /// is provably alive: a live process of this host, or a leasehold
+    /// holder whose `flock` is held. One whose owner cannot be checked
+    /// (another host or pid namespace, no pid) is still reclaimed 24 hours
+    /// after its last change.
     pub fn foreign_lease(mut self, lease: Option<Duration>) -> Self {
         self.foreign_lease = lease;
         self

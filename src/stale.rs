@@ -1,18 +1,28 @@
 //! When a lock may be taken from its holder.
 //!
+//! Every record falls under one of the rules below, and each rule has a
+//! bound past which the lock is stale unless its holder is *provably
+//! alive* (its `flock` is held, or its pid on this host lives). Bounds
+//! count from the record's *last change*: its modification time, unless
+//! that lies in the future (the clock went back since, or a hostile
+//! `touch`), in which case the file's age is unknowable and it counts from
+//! when this process first saw the file (`changed_at`).
+//!
 //! The rules, in the order they are applied:
 //!
-//! 1. **Unreadable record** (empty, torn, not a record, or the second seed's
-//!    bare-UUID legacy form, which names no process): never stale while
-//!    younger than the grace period, measured from the file's last
-//!    modification, since its writer may be mid-write. Older than that, it
+//! 1. **Unreadable record** (empty, torn, not a JSON object, an object with
+//!    none of `uuid`/`pid`/`holderId` or with neither `pid` nor `leasehold`,
+//!    or the second seed's bare-UUID legacy form, which names no process): never stale within the grace period
+//!    of its last change, since its writer may be mid-write. After it, it
 //!    is stale unless a leasehold process holds `flock` on it.
 //! 2. **leasehold record, same kernel** (same `bootId`): the holder keeps
 //!    `flock(LOCK_EX)` on the record for as long as it holds the lock, and
 //!    the kernel drops that lock when the process dies. A free `flock` proves
-//!    the holder is gone; pids are not consulted, so pid reuse and pid
-//!    namespaces cannot fool it.
-//! 3. **Same host name, another boot**: every process of that boot is dead.
+//!    the holder is gone (stale at once); a held one proves it alive. Pids
+//!    are not consulted, so pid reuse and pid namespaces cannot fool it, and
+//!    neither can time namespaces. The lease (rule 5) still applies.
+//! 3. **Same machine, another boot** (same `machineId`, another `bootId`):
+//!    every process of that boot is dead.
 //! 4. **Foreign record on this host** (no `leasehold` field, or a platform
 //!    without boot ids): `kill(pid, 0)` = ESRCH means dead. A live pid whose
 //!    start time provably differs from the record's `startTime` is a reused
@@ -20,21 +30,37 @@
 //!    mismatch only when the value reads unambiguously as epoch seconds or
 //!    milliseconds, is more than two seconds off, *and* the live process
 //!    started after the record was last written — a process cannot have
-//!    written a record before it started. Anything undecidable is alive.
+//!    written a record before it started. Any other live pid proves its
+//!    owner alive. A holder on another host, kernel or pid namespace, or
+//!    without a pid that can be probed, cannot be checked: only its lease
+//!    decides.
 //! 5. **Lease**: a record whose lease ran out is stale whoever wrote it
 //!    (a holder that was paused past its lease has lost it). For a
 //!    leasehold record on this boot, written in our time namespace (equal
 //!    `timeNs`, or neither side has one), the lease is measured on the boot
-//!    clock (`CLOCK_BOOTTIME`), which wall-clock steps cannot move. That
-//!    clock is offset per time namespace (CRIU, `unshare --time`) while
-//!    the boot id is kernel-wide, so any other record is measured on the
-//!    wall clock, never earlier than the file's modification time plus the
-//!    record's `leaseMs`. An owner on another host is judged by this rule
-//!    alone.
-//! 6. **Records without a lease** (the second seed's): their writer has an
-//!    implied lease, the *foreign lease* (120 s by default, the second
-//!    seed's own `liveOwnerStaleThreshold`), counted from the record's last
-//!    modification, after which the second seed itself would reclaim it.
+//!    clock (`CLOCK_BOOTTIME`), which wall-clock steps cannot move:
+//!    `renewedAtBoot + leaseMs`. That clock is offset per time namespace
+//!    (CRIU, `unshare --time`) while the boot id is kernel-wide, so any
+//!    other record, and one that claims a renewal later than our boot clock
+//!    reads, is measured on the wall clock: `leaseExpiresAt` plus the 2 s
+//!    skew margin, never earlier than the last change plus `leaseMs` and
+//!    never later than that plus the margin; a `leaseExpiresAt` without
+//!    `leaseMs` is cut to 24 h (or the foreign lease, if longer) after the
+//!    last change. A `leaseMs` over a year (`MAX_LEASE`, the longest
+//!    lease leasehold accepts) counts as a year.
+//! 6. **Records without a lease** (neither `leaseMs` nor a readable
+//!    `leaseExpiresAt`, whoever wrote them: the second seed's, or a
+//!    hand-written or older leasehold record): their writer has an implied
+//!    lease, the *foreign lease* (120 s by default, the second seed's own
+//!    `liveOwnerStaleThreshold`; at most a year), counted from the last
+//!    change, after which the second seed itself would reclaim it. Without
+//!    a foreign lease (`foreign_lease(None)`), such a record is kept while
+//!    its holder is provably alive, and one whose holder cannot be checked
+//!    is stale 24 h after its last change.
+//!
+//! So no record unchanged for a year and 2 s is kept unless its holder is
+//! provably alive and either holds the `flock` or (only without a foreign
+//! lease, on a record without a lease) is a live pid of this host.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -139,7 +165,9 @@ pub(crate) const CLOCK_SKEW: Duration = Duration::from_secs(2);
 
 /// A lease end claimed further than this past the record's last change
 /// (by a writer that gives no `leaseMs`) is cut to it: a bogus or
-/// far-future claim must not keep a dead holder's lock forever.
+/// far-future claim must not keep a dead holder's lock forever. Also the
+/// implied lease, without a foreign lease, of a record whose holder cannot
+/// be checked.
 const LONGEST_FOREIGN_LEASE: Duration = Duration::from_secs(24 * 3600);
 
 /// Slack for comparing start times derived from the wall clock.
