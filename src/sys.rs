@@ -57,7 +57,9 @@ pub(crate) fn probe(pid: u64) -> Probe {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ProcStart {
     /// Clock ticks since boot (`/proc/<pid>/stat` field 22): exact, and
-    /// immune to wall-clock steps. Comparable only within one boot.
+    /// immune to wall-clock steps. Comparable only within one boot, and
+    /// between readers in one time namespace (the kernel shifts it by the
+    /// reader's boot-clock offset).
     pub(crate) ticks: u64,
     /// Milliseconds since the Unix epoch: now, on the wall clock, minus the
     /// process's age; as good as the wall clock is now.
