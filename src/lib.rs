@@ -48,7 +48,7 @@
 //! | `acquiredAt`, `leaseExpiresAt` | string | RFC 3339, UTC, milliseconds |
 //! | `leaseMs` | number | the lease length |
 //! | `leasehold` | number | format version; the holder keeps `flock` on the file |
-//! | `bootId`, `machineId`, `pidNs`, `procStart`, `renewedAtBoot` | | exact liveness and lease data for readers on the same host |
+//! | `bootId`, `machineId`, `pidNs`, `timeNs`, `procStart`, `renewedAtBoot` | | exact liveness and lease data for readers on the same host |
 //! | `name`, `fencingToken` | string, number | the lock name; the acquisition's token (with fencing) |
 //!
 //! The full specification of both layouts, field by field, and of the

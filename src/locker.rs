@@ -45,7 +45,7 @@ const SAFETY_NET_POLL: Duration = Duration::from_secs(1);
 const RECHECK_AFTER_EVENT: Duration = Duration::from_millis(10);
 /// Leases beyond this are almost certainly a unit mistake, and would
 /// overflow time arithmetic long before they meant anything.
-const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// A renewal is a few syscalls on the renewal thread; below this lease,
 /// the time they take is a real part of the lease, and one slow `write`
 /// would cost the lock.
@@ -330,8 +330,14 @@ impl LockerBuilder {
     /// The implied lease of a lock whose record carries none (records
     /// written by the second seed's code), counted from the record's last
     /// change: after it, the lock is reclaimed even if its owner process
-    /// lives, as the second seed itself would do. `None` never reclaims a
-    /// live owner's record that has no lease.
+    /// lives, as the second seed itself would do. Values over a year count
+    /// as a year.
+    ///
+    /// `None` never reclaims the record without a lease of an owner that
+    /// is provably alive: a live process of this host, or a leasehold
+    /// holder whose `flock` is held. One whose owner cannot be checked
+    /// (another host or pid namespace, no pid) is still reclaimed 24 hours
+    /// after its last change.
     pub fn foreign_lease(mut self, lease: Option<Duration>) -> Self {
         self.foreign_lease = lease;
         self

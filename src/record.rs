@@ -55,6 +55,8 @@ pub(crate) struct Record {
     pub(crate) version: Option<u64>,
     pub(crate) boot_id: Option<String>,
     pub(crate) pid_ns: Option<String>,
+    /// The writer's time namespace: `renewedAtBoot` is on its boot clock.
+    pub(crate) time_ns: Option<String>,
     pub(crate) proc_start: Option<u64>,
     pub(crate) renewed_at_boot: Option<u64>,
     pub(crate) machine_id: Option<String>,
@@ -109,6 +111,7 @@ fn from_map(map: &Map<String, Value>) -> Parsed {
         version: map.get("leasehold").and_then(as_count),
         boot_id: string("bootId"),
         pid_ns: string("pidNs"),
+        time_ns: string("timeNs"),
         proc_start: map.get("procStart").and_then(as_count),
         renewed_at_boot: map.get("renewedAtBoot").and_then(as_count),
         machine_id: string("machineId"),
@@ -194,6 +197,9 @@ pub(crate) struct OwnRecord {
     pub(crate) boot_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) pid_ns: Option<String>,
+    /// The time namespace whose `CLOCK_BOOTTIME` `renewed_at_boot` is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) time_ns: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) proc_start: Option<u64>,
     pub(crate) renewed_at_boot: u64,
@@ -298,6 +304,7 @@ mod tests {
             leasehold: FORMAT_VERSION,
             boot_id: None,
             pid_ns: None,
+            time_ns: Some("time:[4026531834]".into()),
             proc_start: None,
             renewed_at_boot: 9,
             machine_id: None,
@@ -312,6 +319,7 @@ mod tests {
             panic!()
         };
         assert_eq!(r.renewed_at_boot, Some(99_999));
+        assert_eq!(r.time_ns.as_deref(), Some("time:[4026531834]"));
         assert_eq!(r.version, Some(FORMAT_VERSION));
     }
 

@@ -1,18 +1,28 @@
 //! When a lock may be taken from its holder.
 //!
+//! Every record falls under one of the rules below, and each rule has a
+//! bound past which the lock is stale unless its holder is *provably
+//! alive* (its `flock` is held, or its pid on this host lives). Bounds
+//! count from the record's *last change*: its modification time, unless
+//! that lies in the future (the clock went back since, or a hostile
+//! `touch`), in which case the file's age is unknowable and it counts from
+//! when this process first saw the file (`changed_at`).
+//!
 //! The rules, in the order they are applied:
 //!
-//! 1. **Unreadable record** (empty, torn, not a record, or the second seed's
-//!    bare-UUID legacy form, which names no process): never stale while
-//!    younger than the grace period, measured from the file's last
-//!    modification, since its writer may be mid-write. Older than that, it
+//! 1. **Unreadable record** (empty, torn, not a JSON object, an object with
+//!    none of `uuid`/`pid`/`holderId` or with neither `pid` nor `leasehold`,
+//!    or the second seed's bare-UUID legacy form, which names no process): never stale within the grace period
+//!    of its last change, since its writer may be mid-write. After it, it
 //!    is stale unless a leasehold process holds `flock` on it.
 //! 2. **leasehold record, same kernel** (same `bootId`): the holder keeps
 //!    `flock(LOCK_EX)` on the record for as long as it holds the lock, and
 //!    the kernel drops that lock when the process dies. A free `flock` proves
-//!    the holder is gone; pids are not consulted, so pid reuse and pid
-//!    namespaces cannot fool it.
-//! 3. **Same host name, another boot**: every process of that boot is dead.
+//!    the holder is gone (stale at once); a held one proves it alive. Pids
+//!    are not consulted, so pid reuse and pid namespaces cannot fool it, and
+//!    neither can time namespaces. The lease (rule 5) still applies.
+//! 3. **Same machine, another boot** (same `machineId`, another `bootId`):
+//!    every process of that boot is dead.
 //! 4. **Foreign record on this host** (no `leasehold` field, or a platform
 //!    without boot ids): `kill(pid, 0)` = ESRCH means dead. A live pid whose
 //!    start time provably differs from the record's `startTime` is a reused
@@ -20,20 +30,41 @@
 //!    mismatch only when the value reads unambiguously as epoch seconds or
 //!    milliseconds, is more than two seconds off, *and* the live process
 //!    started after the record was last written — a process cannot have
-//!    written a record before it started. Anything undecidable is alive.
+//!    written a record before it started. Any other live pid proves its
+//!    owner alive. A holder on another host, kernel or pid namespace, or
+//!    without a pid that can be probed, cannot be checked: only its lease
+//!    decides.
 //! 5. **Lease**: a record whose lease ran out is stale whoever wrote it
 //!    (a holder that was paused past its lease has lost it). For a
-//!    leasehold record on this boot the lease is measured on the boot clock
-//!    (`CLOCK_BOOTTIME`), which wall-clock steps cannot move; otherwise on
-//!    the wall clock, never earlier than the file's modification time plus
-//!    the record's `leaseMs`. An owner on another host is judged by this
-//!    rule alone.
-//! 6. **Records without a lease** (the second seed's): their writer has an
-//!    implied lease, the *foreign lease* (120 s by default, the second
-//!    seed's own `liveOwnerStaleThreshold`), counted from the record's last
-//!    modification, after which the second seed itself would reclaim it.
+//!    leasehold record on this boot, written in our time namespace (equal
+//!    `timeNs`, or neither side has one), the lease is measured on the boot
+//!    clock (`CLOCK_BOOTTIME`), which wall-clock steps cannot move:
+//!    `renewedAtBoot + leaseMs`. That clock is offset per time namespace
+//!    (CRIU, `unshare --time`) while the boot id is kernel-wide, so any
+//!    other record, and one that claims a renewal later than our boot clock
+//!    reads, is measured on the wall clock: `leaseExpiresAt` plus the 2 s
+//!    skew margin, never earlier than the last change plus `leaseMs` and
+//!    never later than that plus the margin; a `leaseExpiresAt` without
+//!    `leaseMs` is cut to 24 h (or the foreign lease, if longer) after the
+//!    last change. A `leaseMs` over a year (`MAX_LEASE`, the longest
+//!    lease leasehold accepts) counts as a year.
+//! 6. **Records without a lease** (neither `leaseMs` nor a readable
+//!    `leaseExpiresAt`, whoever wrote them: the second seed's, or a
+//!    hand-written or older leasehold record): their writer has an implied
+//!    lease, the *foreign lease* (120 s by default, the second seed's own
+//!    `liveOwnerStaleThreshold`; at most a year), counted from the last
+//!    change, after which the second seed itself would reclaim it. Without
+//!    a foreign lease (`foreign_lease(None)`), such a record is kept while
+//!    its holder is provably alive, and one whose holder cannot be checked
+//!    is stale 24 h after its last change.
+//!
+//! So no record unchanged for a year and 2 s is kept unless its holder is
+//! provably alive and either holds the `flock` or (only without a foreign
+//! lease, on a record without a lease) is a live pid of this host.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::locker::MAX_LEASE;
 
 use crate::record::{Parsed, Record, epoch_ms};
 use crate::sys::{self, Identity, Probe, ProcStart};
@@ -134,7 +165,9 @@ pub(crate) const CLOCK_SKEW: Duration = Duration::from_secs(2);
 
 /// A lease end claimed further than this past the record's last change
 /// (by a writer that gives no `leaseMs`) is cut to it: a bogus or
-/// far-future claim must not keep a dead holder's lock forever.
+/// far-future claim must not keep a dead holder's lock forever. Also the
+/// implied lease, without a foreign lease, of a record whose holder cannot
+/// be checked.
 const LONGEST_FOREIGN_LEASE: Duration = Duration::from_secs(24 * 3600);
 
 /// Slack for comparing start times derived from the wall clock.
@@ -145,26 +178,23 @@ pub(crate) fn judge(ev: &Evidence<'_>, rules: Rules, host: &dyn Host) -> Verdict
         Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => r,
         _ => return judge_unreadable(ev, rules.grace, host),
     };
-    let liveness = liveness(record, ev, host);
-    if liveness != Verdict::Live {
-        return liveness;
-    }
-    if lease_expired(record, ev.mtime, rules, host) {
+    let alive = match liveness(record, ev, host) {
+        Liveness::Gone(reason) => return Verdict::Stale(reason),
+        Liveness::NeedsFlockTest => return Verdict::NeedsFlockTest,
+        Liveness::Alive => true,
+        Liveness::Unknown => false,
+    };
+    if lease_expired(record, ev, rules, alive, host) {
         return Verdict::Stale(StaleReason::LeaseExpired);
     }
     Verdict::Live
 }
 
 fn judge_unreadable(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verdict {
-    let now = host.now();
-    // Modified "in the future": the clock went back since, so the file's
-    // age is unknowable. Count from when this process first saw it instead,
-    // or the lock would be kept until the clock caught up.
-    let age = if ev.mtime > now + CLOCK_SKEW {
-        ev.known_for
-    } else {
-        now.duration_since(ev.mtime).unwrap_or(Duration::ZERO)
-    };
+    let age = host
+        .now()
+        .duration_since(changed_at(ev, host))
+        .unwrap_or(Duration::ZERO);
     if age < grace {
         return Verdict::Live;
     }
@@ -175,7 +205,36 @@ fn judge_unreadable(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verd
     }
 }
 
-fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Verdict {
+/// When the record last changed, as far as that can be trusted: its
+/// modification time, unless that is in the future (the clock went back
+/// since, or a hostile `touch`); then the file's age is unknowable, and it
+/// counts from when this process first saw the file instead, or the lock
+/// would be kept until the clock caught up.
+fn changed_at(ev: &Evidence<'_>, host: &dyn Host) -> SystemTime {
+    let now = host.now();
+    match now.checked_add(CLOCK_SKEW) {
+        Some(limit) if ev.mtime > limit => now.checked_sub(ev.known_for).unwrap_or(UNIX_EPOCH),
+        _ => ev.mtime,
+    }
+}
+
+/// What can be known about the writer of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Liveness {
+    /// Provably gone.
+    Gone(StaleReason),
+    /// Provably alive: a leasehold holder's `flock` is held, or its pid on
+    /// this host, in our pid namespace, is alive with no start-time
+    /// mismatch.
+    Alive,
+    /// Cannot be checked from here: another host, kernel or pid namespace,
+    /// no pid, or one that cannot be probed. Only its lease can tell.
+    Unknown,
+    /// Only `flock` on the record can decide.
+    NeedsFlockTest,
+}
+
+fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Liveness {
     let me = host.me();
     let same_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a == b);
     let same_machine = matches!((&r.machine_id, &me.machine_id), (Some(a), Some(b)) if a == b);
@@ -189,39 +248,39 @@ fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Verdict {
         };
     if r.is_leasehold() && same_boot {
         return match ev.flock_free {
-            None => Verdict::NeedsFlockTest,
-            Some(true) => Verdict::Stale(StaleReason::DeadOwner),
-            Some(false) => Verdict::Live,
+            None => Liveness::NeedsFlockTest,
+            Some(true) => Liveness::Gone(StaleReason::DeadOwner),
+            Some(false) => Liveness::Alive,
         };
     }
     if !same_hostname {
-        return Verdict::Live;
+        return Liveness::Unknown;
     }
     // Another boot of this very machine (same machine id): its processes
     // are all gone. Two hosts that merely share a name are not this.
     if same_machine && r.boot_id.is_some() && me.boot_id.is_some() && !same_boot {
-        return Verdict::Stale(StaleReason::PreviousBoot);
+        return Liveness::Gone(StaleReason::PreviousBoot);
     }
     if r.boot_id.is_some() && me.boot_id.is_some() && !same_boot {
-        return Verdict::Live;
+        return Liveness::Unknown;
     }
     if let (Some(theirs), Some(ours)) = (&r.pid_ns, &me.pid_ns)
         && theirs != ours
     {
         // Another container's pids mean nothing here: lease only.
-        return Verdict::Live;
+        return Liveness::Unknown;
     }
     let Some(pid) = r.pid else {
-        return Verdict::Live;
+        return Liveness::Unknown;
     };
     match host.probe(pid) {
-        Probe::Dead => Verdict::Stale(StaleReason::DeadOwner),
-        Probe::Unknown => Verdict::Live,
+        Probe::Dead => Liveness::Gone(StaleReason::DeadOwner),
+        Probe::Unknown => Liveness::Unknown,
         Probe::Alive => match (r.start_time, host.process_start(pid)) {
             (Some(recorded), Some(actual)) if pid_reused(recorded, actual, ev.mtime, host.now()) => {
-                Verdict::Stale(StaleReason::ReusedPid)
+                Liveness::Gone(StaleReason::ReusedPid)
             }
-            _ => Verdict::Live,
+            _ => Liveness::Alive,
         },
     }
 }
@@ -251,61 +310,96 @@ fn pid_reused(recorded: f64, actual: ProcStart, mtime: SystemTime, now: SystemTi
     differs && younger_than_record
 }
 
-fn lease_expired(r: &Record, mtime: SystemTime, rules: Rules, host: &dyn Host) -> bool {
-    let me = host.me();
+/// Whether the record's `renewedAtBoot` is on our own boot clock: the same
+/// kernel (boot id) *and* the same time namespace, since `CLOCK_BOOTTIME`
+/// is offset per time namespace (CRIU, `podman container restore`,
+/// `unshare --time`). Two processes without one share the clock only
+/// when neither has one: then the kernel has no time namespaces. A record
+/// without `timeNs` read by a process with one (an older leasehold) is on
+/// an unknown clock.
+fn same_boot_clock(r: &Record, me: &Identity) -> bool {
     let same_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a == b);
-    if r.is_leasehold()
-        && same_boot
-        && let (Some(renewed), Some(lease)) = (r.renewed_at_boot, r.lease_ms)
-    {
-        return host.boot_clock_ms() >= renewed.saturating_add(lease);
-    }
-    // A claimed end is on the writer's clock, which may be another host's:
-    // allow for skew. The implied lease is measured on our own.
-    let claimed = r.lease_expires_at.and_then(|t| t.checked_add(CLOCK_SKEW));
-    let Some(claimed) = claimed.or_else(|| implied_lease_end(r, mtime, rules)) else {
-        return false;
-    };
-    // Never earlier than the last change plus the lease (a torn read or a
-    // writer's clock behind ours), never later than the longest lease the
-    // writer could mean.
-    let lease = r.lease_ms.map(Duration::from_millis);
-    let floor = lease.and_then(|l| mtime.checked_add(l));
-    let longest = lease.map_or(
-        LONGEST_FOREIGN_LEASE.max(rules.foreign_lease.unwrap_or_default()),
-        |l| l + CLOCK_SKEW,
-    );
-    let mut expires = floor.map_or(claimed, |floor| claimed.max(floor));
-    if let Some(cap) = mtime.checked_add(longest) {
-        expires = expires.min(cap);
-    }
-    host.now() >= expires
+    same_boot && r.time_ns == me.time_ns
 }
 
-/// The end of the foreign lease of a record that carries no lease.
-fn implied_lease_end(r: &Record, mtime: SystemTime, rules: Rules) -> Option<SystemTime> {
-    if r.is_leasehold() || r.lease_ms.is_some() {
+/// Whether the lease ran out. `alive`: the writer is provably alive, which
+/// only matters to a record without a lease under `foreign_lease: None`.
+fn lease_expired(r: &Record, ev: &Evidence<'_>, rules: Rules, alive: bool, host: &dyn Host) -> bool {
+    if let Some(left) = boot_clock_lease_left(r, host) {
+        return left.is_zero();
+    }
+    wall_lease_end(r, changed_at(ev, host), rules, alive).is_some_and(|end| host.now() >= end)
+}
+
+/// How much of a lease on our own boot clock is left, for a leasehold
+/// record written in our time namespace on this boot; `None` when the
+/// lease must be judged on the wall clock.
+fn boot_clock_lease_left(r: &Record, host: &dyn Host) -> Option<Duration> {
+    if !r.is_leasehold() || !same_boot_clock(r, host.me()) {
         return None;
     }
-    mtime.checked_add(rules.foreign_lease?)
+    let (renewed, lease) = (r.renewed_at_boot?, r.lease_ms?);
+    let now = host.boot_clock_ms();
+    // A renewal later than now on our own clock is no renewal on it.
+    if renewed > now {
+        return None;
+    }
+    let end = renewed.saturating_add(lease.min(MAX_LEASE_MS));
+    Some(Duration::from_millis(end.saturating_sub(now)))
+}
+
+const MAX_LEASE_MS: u64 = MAX_LEASE.as_millis() as u64;
+
+/// The end of a lease judged on the wall clock, for a record last changed
+/// at `changed`; `None`: never (only a provably alive writer's record
+/// without a lease, under `foreign_lease: None`).
+///
+/// Every end is at most a year (the longest lease leasehold accepts) plus
+/// the skew margin after `changed`: a bogus or far-future claim must not
+/// keep a dead holder's lock forever.
+fn wall_lease_end(r: &Record, changed: SystemTime, rules: Rules, alive: bool) -> Option<SystemTime> {
+    let after = |d: Duration| changed.checked_add(d).unwrap_or(changed);
+    let foreign = rules.foreign_lease.map(|f| f.min(MAX_LEASE));
+    let lease = r.lease_ms.map(|ms| Duration::from_millis(ms).min(MAX_LEASE));
+    // A claimed end is on the writer's clock, which may be another host's:
+    // allow for skew. The rest is measured on our own.
+    let claimed = r.lease_expires_at.map(|t| t.checked_add(CLOCK_SKEW).unwrap_or(t));
+    let (end, longest) = match (claimed, lease) {
+        // No lease at all: the foreign lease; without one, kept while the
+        // writer provably lives, else for the longest foreign lease.
+        (None, None) => {
+            return match (foreign, alive) {
+                (Some(foreign), _) => Some(after(foreign)),
+                (None, true) => None,
+                (None, false) => Some(after(LONGEST_FOREIGN_LEASE)),
+            };
+        }
+        // Never earlier than the last change plus the lease (a torn read,
+        // or a writer's clock behind ours), never later than that plus
+        // the skew margin.
+        (claimed, Some(lease)) => {
+            let floor = after(lease);
+            (claimed.map_or(floor, |c| c.max(floor)), lease + CLOCK_SKEW)
+        }
+        // A claim with no length: at most the longest lease the writer
+        // could mean.
+        (Some(claimed), None) => (claimed, LONGEST_FOREIGN_LEASE.max(foreign.unwrap_or_default())),
+    };
+    Some(end.min(after(longest)))
 }
 
 /// When a lock judged live could turn stale by time alone: its lease
 /// expiry, or the end of an unreadable record's grace period.
 pub(crate) fn recheck_at(parsed: &Parsed, mtime: SystemTime, rules: Rules) -> Option<SystemTime> {
+    recheck_on(parsed, mtime, rules, &System)
+}
+
+fn recheck_on(parsed: &Parsed, mtime: SystemTime, rules: Rules, host: &dyn Host) -> Option<SystemTime> {
     match parsed {
-        Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => {
-            let by_mtime = r
-                .lease_ms
-                .and_then(|l| mtime.checked_add(Duration::from_millis(l)));
-            match (
-                r.lease_expires_at.or_else(|| implied_lease_end(r, mtime, rules)),
-                by_mtime,
-            ) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            }
-        }
+        Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => match boot_clock_lease_left(r, host) {
+            Some(left) => host.now().checked_add(left),
+            None => wall_lease_end(r, mtime, rules, false),
+        },
         _ => mtime.checked_add(rules.grace),
     }
 }
@@ -335,7 +429,9 @@ mod tests {
             &self.me
         }
         fn probe(&self, pid: u64) -> Probe {
-            if self.procs.contains_key(&pid) {
+            if pid == 0 || pid > i32::MAX as u64 {
+                Probe::Unknown
+            } else if self.procs.contains_key(&pid) {
                 Probe::Alive
             } else {
                 Probe::Dead
@@ -391,6 +487,7 @@ mod tests {
                 start: None,
                 boot_id: Some("boot-a".into()),
                 pid_ns: Some("pid:[1]".into()),
+                time_ns: Some("time:[1]".into()),
                 machine_id: Some("machine-a".into()),
             },
             procs,
@@ -446,7 +543,7 @@ mod tests {
 
     #[test]
     fn leasehold_records_on_this_boot_are_judged_by_flock() {
-        let rec = r#"{"uuid":"u","pid":424242,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000}"#;
+        let rec = r#"{"uuid":"u","pid":424242,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":45000}"#;
         assert_eq!(verdict(rec, 0, None), Verdict::NeedsFlockTest);
         assert_eq!(
             verdict(rec, 0, Some(true)),
@@ -459,14 +556,67 @@ mod tests {
     #[test]
     fn leases_on_this_boot_use_the_boot_clock() {
         // Renewed at 45 s with a 30 s lease: expires at 75 s on the boot clock.
-        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000,"leaseExpiresAt":"2000-01-01T00:00:00.000Z"}"#;
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":45000,"leaseExpiresAt":"2000-01-01T00:00:00.000Z"}"#;
         // The wall-clock field says long expired (a clock step): ignored.
         assert_eq!(verdict(rec, 0, Some(false)), Verdict::Live);
-        let rec =
-            r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":20000}"#;
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":20000}"#;
         assert_eq!(
             verdict(rec, 0, Some(false)),
             Verdict::Stale(StaleReason::LeaseExpired)
+        );
+    }
+
+    #[test]
+    fn boot_clocks_compare_only_within_one_time_namespace() {
+        let soon = crate::record::format_time(at(0) + Duration::from_millis(500));
+        let gone = crate::record::format_time(at(2_500));
+        let rec = |time_ns: &str, renewed: u64, expires: &str| {
+            format!(
+                r#"{{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a"{time_ns},"leaseMs":30000,"renewedAtBoot":{renewed},"leaseExpiresAt":"{expires}"}}"#
+            )
+        };
+        let other = r#","timeNs":"time:[2]""#;
+        // The holder's boot clock is far behind ours (we are in a namespace
+        // whose clock is ahead): on our clock its renewal looks 20 s old
+        // past the lease, but it renewed a moment ago on the wall clock.
+        assert_eq!(verdict(&rec(other, 20_000, &soon), 0, Some(false)), Verdict::Live);
+        // The holder's clock is far ahead (restored by CRIU, say) and it is
+        // frozen with the flock held: its wall-clock lease decides.
+        let frozen = rec(other, 10_000_000_000, &gone);
+        assert_eq!(
+            verdict(&frozen, 30_000, Some(false)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        assert_eq!(verdict(&frozen, 29_000, Some(false)), Verdict::Live);
+        // An older leasehold, which wrote no timeNs, read by a process that
+        // has one: the wall clock, too.
+        assert_eq!(verdict(&rec("", 0, &soon), 0, Some(false)), Verdict::Live);
+        assert_eq!(
+            verdict(&rec("", 10_000_000_000, &gone), 30_000, Some(false)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        // A kernel without time namespaces: neither side has one, and the
+        // boot clock decides whatever the wall clock says.
+        let mut host = fake();
+        host.me.time_ns = None;
+        for (renewed, expected) in [
+            (20_000, Verdict::Stale(StaleReason::LeaseExpired)),
+            (45_000, Verdict::Live),
+        ] {
+            let parsed = parse(rec("", renewed, if renewed == 20_000 { &soon } else { &gone }).as_bytes());
+            let ev = Evidence {
+                parsed: &parsed,
+                mtime: at(0),
+                flock_free: Some(false),
+                known_for: Duration::ZERO,
+            };
+            assert_eq!(judge(&ev, RULES, &host), expected, "renewed at {renewed}");
+        }
+        // Liveness by flock does not depend on the clock: still decisive.
+        assert_eq!(verdict(&frozen, 0, None), Verdict::NeedsFlockTest);
+        assert_eq!(
+            verdict(&frozen, 0, Some(true)),
+            Verdict::Stale(StaleReason::DeadOwner)
         );
     }
 
@@ -523,8 +673,7 @@ mod tests {
     fn a_clock_jump_robs_no_live_holder_and_keeps_no_dead_one() {
         // Jump forward a year: a leasehold holder on this boot is judged on
         // the boot clock, so it keeps its lock.
-        let rec =
-            r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","leaseMs":30000,"renewedAtBoot":45000}"#;
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":45000}"#;
         let parsed = parse(rec.as_bytes());
         let mut host = fake();
         host.now += Duration::from_secs(365 * 86_400);
@@ -655,6 +804,347 @@ mod tests {
             recheck_at(&parsed, at(0), RULES),
             Some(at(0) + Duration::from_secs(120))
         );
+    }
+
+    /// Judges `json` with the fake clocks (wall and boot alike) moved
+    /// `later` ahead.
+    fn verdict_later(
+        json: &str,
+        mtime: SystemTime,
+        known_for: Duration,
+        flock_free: Option<bool>,
+        rules: Rules,
+        later: Duration,
+    ) -> Verdict {
+        let parsed = parse(json.as_bytes());
+        let mut host = fake();
+        host.now += later;
+        host.boot_ms += u64::try_from(later.as_millis()).unwrap();
+        let ev = Evidence {
+            parsed: &parsed,
+            mtime,
+            flock_free,
+            known_for,
+        };
+        judge(&ev, rules, &host)
+    }
+
+    const DAY: Duration = Duration::from_secs(86_400);
+    const FOREVER: Rules = Rules {
+        foreign_lease: None,
+        ..RULES
+    };
+
+    #[test]
+    fn leasehold_records_without_a_lease_get_the_foreign_lease_too() {
+        for rec in [
+            r#"{"uuid":"u","leasehold":1}"#,
+            r#"{"uuid":"u","pid":9,"leasehold":1,"hostname":"there"}"#,
+            r#"{"uuid":"u","pid":100,"leasehold":1}"#,
+        ] {
+            assert_eq!(verdict(rec, 119_000, None), Verdict::Live, "{rec}");
+            assert_eq!(
+                verdict(rec, 120_000, None),
+                Verdict::Stale(StaleReason::LeaseExpired),
+                "{rec}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lease_length_without_a_claimed_end_still_ends() {
+        let rec = r#"{"uuid":"u","pid":9,"hostname":"there","leaseMs":30000}"#;
+        assert_eq!(verdict(rec, 29_000, None), Verdict::Live);
+        assert_eq!(
+            verdict(rec, 30_000, None),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+    }
+
+    #[test]
+    fn without_a_foreign_lease_only_a_provably_alive_owner_keeps_a_leaseless_record() {
+        let old = at(0);
+        let kept = |rec: &str, flock: Option<bool>| {
+            verdict_later(rec, old, Duration::ZERO, flock, FOREVER, 400 * DAY)
+        };
+        // A live pid of this host, or a held flock on this boot: kept.
+        assert_eq!(kept(r#"{"uuid":"u","pid":100}"#, None), Verdict::Live);
+        let own = r#"{"uuid":"u","pid":424242,"leasehold":1,"bootId":"boot-a"}"#;
+        assert_eq!(kept(own, Some(false)), Verdict::Live);
+        assert_eq!(kept(own, Some(true)), Verdict::Stale(StaleReason::DeadOwner));
+        // Owners that cannot be checked from here: the longest foreign lease.
+        for rec in [
+            r#"{"uuid":"u","pid":9,"hostname":"there"}"#,
+            r#"{"uuid":"u","pid":555,"pidNs":"pid:[2]"}"#,
+            r#"{"uuid":"u","pid":0}"#,
+            r#"{"uuid":"u","leasehold":1,"hostname":"here"}"#,
+            r#"{"uuid":"u","pid":100,"bootId":"boot-b","leasehold":1}"#,
+        ] {
+            let at = |later| verdict_later(rec, old, Duration::ZERO, None, FOREVER, later);
+            assert_eq!(at(DAY - Duration::from_secs(1)), Verdict::Live, "{rec}");
+            assert_eq!(at(DAY), Verdict::Stale(StaleReason::LeaseExpired), "{rec}");
+        }
+    }
+
+    #[test]
+    fn a_modification_time_in_the_future_extends_no_bound() {
+        let future = at(0) + 365 * DAY;
+        let judge_known_for = |rec: &str, known_for: Duration| {
+            verdict_later(rec, future, known_for, None, RULES, Duration::ZERO)
+        };
+        let rec = r#"{"pid":9,"hostname":"there","leaseMs":30000}"#;
+        assert_eq!(judge_known_for(rec, Duration::from_secs(29)), Verdict::Live);
+        assert_eq!(
+            judge_known_for(rec, Duration::from_secs(30)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        let rec = r#"{"uuid":"u","pid":100}"#;
+        assert_eq!(judge_known_for(rec, Duration::from_secs(119)), Verdict::Live);
+        assert_eq!(
+            judge_known_for(rec, Duration::from_secs(120)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        let rec = r#"{"pid":9,"hostname":"there","leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
+        assert_eq!(
+            judge_known_for(rec, DAY),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+    }
+
+    #[test]
+    fn huge_leases_end_within_a_year() {
+        let rec = r#"{"pid":9,"hostname":"there","leaseMs":9000000000000000}"#;
+        let later = |d| verdict_later(rec, at(0), Duration::ZERO, None, RULES, d);
+        assert_eq!(later(364 * DAY), Verdict::Live);
+        assert_eq!(
+            later(MAX_LEASE + CLOCK_SKEW),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+        // On the boot clock, too.
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":9000000000000000,"renewedAtBoot":45000}"#;
+        let later = |d| verdict_later(rec, at(0), Duration::ZERO, Some(false), RULES, d);
+        assert_eq!(later(364 * DAY), Verdict::Live);
+        assert_eq!(later(MAX_LEASE), Verdict::Stale(StaleReason::LeaseExpired));
+        // A renewal "later than now" on our own boot clock is no renewal
+        // on it: the wall clock decides.
+        let rec = r#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":900000000}"#;
+        assert_eq!(verdict(rec, 29_000, Some(false)), Verdict::Live);
+        assert_eq!(
+            verdict(rec, 30_000, Some(false)),
+            Verdict::Stale(StaleReason::LeaseExpired)
+        );
+    }
+
+    #[test]
+    fn rechecks_come_when_the_lease_can_end() {
+        let rec = parse(br#"{"pid":9,"hostname":"there","leaseExpiresAt":"2025-12-03T07:06:06.000Z"}"#);
+        let claimed = crate::record::parse_time("2025-12-03T07:06:06.000Z").unwrap();
+        assert_eq!(
+            recheck_on(&rec, at(0), RULES, &fake()),
+            Some(claimed + CLOCK_SKEW)
+        );
+        // On this boot clock: renewed at 45 s, 30 s lease, now 50 s.
+        let rec = parse(
+            br#"{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":45000}"#,
+        );
+        assert_eq!(
+            recheck_on(&rec, at(0), RULES, &fake()),
+            Some(at(0) + Duration::from_secs(25))
+        );
+    }
+
+    mod every_record {
+        use super::*;
+        use crate::record::format_time;
+        use proptest::prelude::*;
+        use serde_json::Value;
+
+        const FIELDS: &[&str] = &[
+            "uuid",
+            "pid",
+            "startTime",
+            "holderId",
+            "hostname",
+            "acquiredAt",
+            "leaseExpiresAt",
+            "leaseMs",
+            "leasehold",
+            "bootId",
+            "pidNs",
+            "timeNs",
+            "procStart",
+            "renewedAtBoot",
+            "machineId",
+            "fencingToken",
+            "name",
+        ];
+
+        /// The documented bound past which every record is stale unless
+        /// its holder is provably alive: the longest lease plus the skew
+        /// margin (it exceeds the grace period, the foreign lease, which is
+        /// capped at the longest lease, and the longest foreign lease).
+        const BOUND: Duration = Duration::from_secs(MAX_LEASE.as_secs() + CLOCK_SKEW.as_secs());
+        const YEAR_S: i64 = 365 * 86_400;
+
+        fn time_around_now() -> impl Strategy<Value = Value> {
+            (-100 * YEAR_S..100 * YEAR_S).prop_map(|offset| {
+                let t = if offset >= 0 {
+                    at(0) + Duration::from_secs(offset.unsigned_abs())
+                } else {
+                    at(0) - Duration::from_secs(offset.unsigned_abs())
+                };
+                Value::from(format_time(t))
+            })
+        }
+
+        fn value() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_map(Value::from),
+                (-1.0e7f64..1.0e7).prop_map(Value::from),
+                prop::sample::select(vec![
+                    0u64,
+                    1,
+                    100,
+                    200,
+                    300,
+                    400,
+                    555,
+                    30_000,
+                    45_000,
+                    50_000,
+                    9_000_000_000_000_000
+                ])
+                .prop_map(Value::from),
+                prop::sample::select(vec![
+                    "here",
+                    "there",
+                    "",
+                    "boot-a",
+                    "boot-b",
+                    "machine-a",
+                    "pid:[1]",
+                    "pid:[2]",
+                    "time:[1]",
+                    "time:[2]",
+                    "NaN",
+                    "-1",
+                    "1e400",
+                    "2999-01-01T00:00:00.000Z",
+                ])
+                .prop_map(Value::from),
+                time_around_now(),
+                "\\PC{0,12}".prop_map(Value::from),
+                Just(Value::Array(vec![Value::from(1)])),
+                Just(serde_json::json!({"x": null})),
+            ]
+        }
+
+        fn record_bytes() -> impl Strategy<Value = Vec<u8>> {
+            let object =
+                prop::collection::btree_map(prop::sample::select(FIELDS), value(), 0..10).prop_map(|m| {
+                    let map = m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+                    serde_json::to_vec(&Value::Object(map)).unwrap()
+                });
+            prop_oneof![
+                6 => object,
+                1 => prop::collection::vec(any::<u8>(), 0..64),
+                1 => prop::sample::select(vec![
+                    b"".to_vec(),
+                    br#"{"uuid":"u","pid":1e400}"#.to_vec(),
+                    br#"{"uuid":"u","leasehold":1,"leaseMs":-1}"#.to_vec(),
+                    b"0b5e2f2c-7d1e-4a51-9a47-0f7f2d0f8c11".to_vec(),
+                    br#"{"uuid":"a","pid":12"#.to_vec(),
+                    b"[1,2]".to_vec(),
+                ]),
+            ]
+        }
+
+        /// Modification times before now, or so far after it that they are
+        /// still in the future once the clock has moved past the bound.
+        fn mtime() -> impl Strategy<Value = SystemTime> {
+            prop_oneof![
+                (0..200 * YEAR_S as u64).prop_map(|s| at(0) - Duration::from_secs(s)),
+                (2 * BOUND.as_secs()..100 * YEAR_S as u64).prop_map(|s| at(0) + Duration::from_secs(s)),
+            ]
+        }
+
+        fn rules() -> impl Strategy<Value = Rules> {
+            (1u64..3_600, prop::option::of(1u64..2 * YEAR_S as u64)).prop_map(|(grace, foreign)| Rules {
+                grace: Duration::from_secs(grace),
+                foreign_lease: foreign.map(Duration::from_secs),
+            })
+        }
+
+        /// Judges as `Found::judge` does: the flock is tested only when asked.
+        fn judge_with_flock(
+            parsed: &Parsed,
+            mtime: SystemTime,
+            known_for: Duration,
+            held: bool,
+            rules: Rules,
+            host: &Fake,
+        ) -> Verdict {
+            let mut ev = Evidence {
+                parsed,
+                mtime,
+                flock_free: None,
+                known_for,
+            };
+            let verdict = judge(&ev, rules, host);
+            if verdict != Verdict::NeedsFlockTest {
+                return verdict;
+            }
+            ev.flock_free = Some(!held);
+            judge(&ev, rules, host)
+        }
+
+        proptest! {
+            #[test]
+            fn every_record_is_stale_past_the_bound_unless_its_holder_provably_lives(
+                bytes in record_bytes(),
+                mtime in mtime(),
+                held in any::<bool>(),
+                rules in rules(),
+            ) {
+                let parsed = parse(&bytes);
+                // Now: anything but a panic.
+                let host = fake();
+                let now = judge_with_flock(&parsed, mtime, Duration::ZERO, held, rules, &host);
+                prop_assert_ne!(now, Verdict::NeedsFlockTest);
+                let _ = recheck_on(&parsed, mtime, rules, &host);
+
+                // Past the bound, counted from when the file was first seen.
+                let later = BOUND + Duration::from_secs(1);
+                let mut host = fake();
+                host.now += later;
+                host.boot_ms += u64::try_from(later.as_millis()).unwrap();
+                let verdict = judge_with_flock(&parsed, mtime, later, held, rules, &host);
+                let record = match &parsed {
+                    Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => Some(r),
+                    _ => None,
+                };
+                let flock_proves = held
+                    && record.is_none_or(|r| r.is_leasehold() && r.boot_id.as_deref() == Some("boot-a"));
+                let pid_proves = rules.foreign_lease.is_none()
+                    && record.is_some_and(|r| {
+                        r.lease_ms.is_none()
+                            && r.lease_expires_at.is_none()
+                            && r.pid.is_some_and(|pid| host.procs.contains_key(&pid))
+                    });
+                if !(flock_proves || pid_proves) {
+                    prop_assert!(
+                        matches!(verdict, Verdict::Stale(_)),
+                        "{:?} kept: {verdict:?}",
+                        String::from_utf8_lossy(&bytes)
+                    );
+                }
+                prop_assert_ne!(verdict, Verdict::NeedsFlockTest);
+            }
+        }
     }
 
     #[test]

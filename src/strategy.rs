@@ -512,6 +512,7 @@ pub(crate) fn own_record(holder_id: &str, lease: Duration, name: &LockName) -> O
             leasehold: FORMAT_VERSION,
             boot_id: me.boot_id.clone(),
             pid_ns: me.pid_ns.clone(),
+            time_ns: me.time_ns.clone(),
             proc_start: me.start.map(|s| s.ticks),
             renewed_at_boot: sys::boot_clock_ms(),
             machine_id: me.machine_id.clone(),

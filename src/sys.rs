@@ -57,7 +57,9 @@ pub(crate) fn probe(pid: u64) -> Probe {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ProcStart {
     /// Clock ticks since boot (`/proc/<pid>/stat` field 22): exact, and
-    /// immune to wall-clock steps. Comparable only within one boot.
+    /// immune to wall-clock steps. Comparable only within one boot, and
+    /// between readers in one time namespace (the kernel shifts it by the
+    /// reader's boot-clock offset).
     pub(crate) ticks: u64,
     /// Milliseconds since the Unix epoch: now, on the wall clock, minus the
     /// process's age; as good as the wall clock is now.
@@ -90,6 +92,12 @@ pub(crate) struct Identity {
     /// The pid namespace, so two containers sharing a lock directory do not
     /// probe each other's pids.
     pub(crate) pid_ns: Option<String>,
+    /// The time namespace (`/proc/self/ns/time`): `CLOCK_BOOTTIME` is
+    /// offset per time namespace, so boot-clock readings of two processes
+    /// of one boot compare only when this is equal. `None` where the
+    /// kernel has no time namespaces (then no process of this boot has
+    /// one) or the platform no boot clock to speak of.
+    pub(crate) time_ns: Option<String>,
     /// Persistent across boots (`/etc/machine-id`): tells "this host after a
     /// reboot" from "another host with the same name".
     pub(crate) machine_id: Option<String>,
@@ -113,6 +121,7 @@ pub(crate) fn identity() -> &'static Identity {
             start: process_start(u64::from(pid)),
             boot_id: imp::boot_id(),
             pid_ns: imp::pid_namespace(),
+            time_ns: imp::time_namespace(),
         }
     })
 }

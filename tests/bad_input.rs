@@ -4,8 +4,10 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use common::{iso, plant};
+use common::{dead_pid, iso, plant};
 use leasehold::{Error, Locker, PathStyle, Strategy};
+use proptest::prelude::*;
+use proptest::strategy::Strategy as _;
 
 #[test]
 fn child_process_entry() {
@@ -160,6 +162,136 @@ async fn records_of_every_shape() {
             // Whatever the record, inspecting it never fails or panics.
             let info = locker.inspect(&name).await.unwrap();
             assert!(info.is_some(), "{strategy:?} {what}");
+        }
+    }
+}
+
+/// A value for a record field: every JSON type, the values that mean
+/// something here (our pid, a dead one, this boot), and nonsense.
+fn any_value() -> impl proptest::strategy::Strategy<Value = String> {
+    let me = std::process::id();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let time_ns = std::fs::read_link("/proc/self/ns/time")
+        .map(|l| l.display().to_string())
+        .unwrap_or_default();
+    let meaningful = vec![
+        me.to_string(),
+        dead_pid().to_string(),
+        "1".into(),
+        "0".into(),
+        "-5".into(),
+        "1.5".into(),
+        "1e300".into(),
+        "9007199254740993".into(),
+        "18446744073709551615".into(),
+        "30000".into(),
+        "true".into(),
+        "null".into(),
+        "[]".into(),
+        r#"{"x":1}"#.into(),
+        format!("{:?}", boot.trim()),
+        format!("{time_ns:?}"),
+        format!("{:?}", nix::unistd::gethostname().unwrap().to_string_lossy()),
+        r#""elsewhere""#.into(),
+        r#""NaN""#.into(),
+        r#""2999-01-01T00:00:00.000Z""#.into(),
+        format!("{:?}", iso(SystemTime::now() + Duration::from_secs(3600))),
+        format!("{:?}", iso(SystemTime::now() - Duration::from_secs(3600))),
+    ];
+    prop_oneof![
+        4 => proptest::sample::select(meaningful),
+        1 => any::<i64>().prop_map(|n| n.to_string()),
+        1 => any::<f64>().prop_map(|f| if f.is_finite() { format!("{f:e}") } else { "null".into() }),
+        1 => "[a-z0-9 :-]{0,12}".prop_map(|s| format!("{s:?}")),
+    ]
+}
+
+/// Anything a lock path could hold: JSON objects over the record's field
+/// names with values of any type, other JSON, and garbage.
+fn any_record() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+    let fields = proptest::sample::select(vec![
+        "uuid",
+        "pid",
+        "startTime",
+        "holderId",
+        "hostname",
+        "acquiredAt",
+        "leaseExpiresAt",
+        "leaseMs",
+        "leasehold",
+        "bootId",
+        "pidNs",
+        "timeNs",
+        "procStart",
+        "renewedAtBoot",
+        "machineId",
+        "fencingToken",
+        "name",
+    ]);
+    let object = proptest::collection::btree_map(fields, any_value(), 0..10).prop_map(|m| {
+        let body: Vec<String> = m.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
+        format!("{{{}}}", body.join(",")).into_bytes()
+    });
+    prop_oneof![
+        6 => object,
+        1 => proptest::collection::vec(any::<u8>(), 0..64),
+        1 => any_value().prop_map(String::into_bytes),
+    ]
+}
+
+/// Writes `bytes` as the record at `name`'s lock path, last modified at
+/// `mtime`.
+fn plant_bytes(locker: &Locker, strategy: Strategy, name: &str, bytes: &[u8], mtime: SystemTime) {
+    let path = locker.lock_path(name).unwrap();
+    let record = if strategy == Strategy::Directory {
+        std::fs::create_dir_all(&path).unwrap();
+        path.join("owner.json")
+    } else {
+        path.clone()
+    };
+    std::fs::write(&record, bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&record)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    if record != path {
+        std::fs::File::open(&path).unwrap().set_modified(mtime).unwrap();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Whatever is at a lock path, once unchanged for longer than every
+    /// bound the staleness rules state (a year plus the skew margin; its
+    /// writer holds no flock), it is stale and taken; fresh, it is judged
+    /// without a panic, and a stale verdict is one `try_acquire` acts on.
+    #[test]
+    fn any_bytes_at_a_lock_path_are_reclaimed_past_every_bound(
+        bytes in any_record(),
+        directory in any::<bool>(),
+    ) {
+        let strategy = if directory { Strategy::Directory } else { Strategy::ExclusiveFile };
+        let dir = tempfile::tempdir().unwrap();
+        let locker = Locker::builder().directory(dir.path()).strategy(strategy).build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let shown = String::from_utf8_lossy(&bytes).into_owned();
+
+        let long_ago = SystemTime::now() - Duration::from_secs(3 * 365 * 86_400);
+        plant_bytes(&locker, strategy, "old", &bytes, long_ago);
+        let info = rt.block_on(locker.inspect("old")).unwrap().expect("a lock is there");
+        prop_assert!(info.is_stale(), "{shown:?} is not stale after three years");
+        let taken = rt.block_on(locker.try_acquire("old")).unwrap();
+        prop_assert!(taken.is_some(), "{shown:?} was not taken");
+        drop(taken);
+
+        plant_bytes(&locker, strategy, "fresh", &bytes, SystemTime::now());
+        let info = rt.block_on(locker.inspect("fresh")).unwrap().expect("a lock is there");
+        let taken = rt.block_on(locker.try_acquire("fresh")).unwrap();
+        if info.is_stale() {
+            prop_assert!(taken.is_some(), "{shown:?} is stale ({:?}) but was not taken", info.stale_reason());
         }
     }
 }

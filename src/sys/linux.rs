@@ -14,7 +14,11 @@ pub(super) fn process_start(pid: u64) -> Option<ProcStart> {
     let started_ms = ticks.checked_mul(1000)? / clock_ticks()?;
     // The start is kept on the boot clock; its age on that clock is exact,
     // and the epoch estimate uses today's wall clock, never a cached boot
-    // time that a clock step would have made stale.
+    // time that a clock step would have made stale. The kernel shows the
+    // start shifted by the *reader's* time-namespace offset, the same
+    // offset as our own `CLOCK_BOOTTIME`, so the age is right whichever
+    // namespace the process lives in; `ticks` is therefore only
+    // comparable between readers in one time namespace.
     let age_ms = boot_clock_ms().saturating_sub(started_ms);
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -62,7 +66,18 @@ pub(super) fn boot_id() -> Option<String> {
 }
 
 pub(super) fn pid_namespace() -> Option<String> {
-    let link = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    namespace("pid")
+}
+
+/// The link text of `/proc/self/ns/time`, such as `time:[4026531834]`;
+/// `None` on kernels without time namespaces (before 5.6, or built
+/// without them).
+pub(super) fn time_namespace() -> Option<String> {
+    namespace("time")
+}
+
+fn namespace(kind: &str) -> Option<String> {
+    let link = std::fs::read_link(format!("/proc/self/ns/{kind}")).ok()?;
     link.into_os_string().into_string().ok()
 }
 
@@ -216,5 +231,7 @@ mod tests {
         let b = process_start(me).expect("own /proc entry");
         assert_eq!(a, b);
         assert!(boot_id().is_some());
+        // Not older than the boot clock: start and clock share an offset.
+        assert!(a.age_ms <= boot_clock_ms());
     }
 }

@@ -27,6 +27,10 @@ pub(super) fn pid_namespace() -> Option<String> {
     None
 }
 
+pub(super) fn time_namespace() -> Option<String> {
+    None
+}
+
 /// No directory watching here.
 #[derive(Debug)]
 pub(crate) struct DirWatch;

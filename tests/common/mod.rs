@@ -135,6 +135,24 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
             say("done");
             0
         }
+        // dir name lease_ms ms: try to take a held lock every 50 ms for
+        // `ms`; says "stole" at once if it ever gets it, else "kept n".
+        "try_for" => {
+            let l = locker(&args[0], args[2].parse().unwrap(), 10);
+            let until = Instant::now() + Duration::from_millis(args[3].parse().unwrap());
+            say("trying");
+            let mut tries = 0;
+            while Instant::now() < until {
+                if l.try_acquire(&args[1]).await.expect("try_acquire").is_some() {
+                    say("stole");
+                    return 1;
+                }
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            say(&format!("kept {tries}"));
+            0
+        }
         // dir name ms: hold the lock for a while, then release it.
         "hold_for" => {
             let l = locker(&args[0], 60_000, 10);
@@ -180,12 +198,25 @@ impl ChildProc {
 
     /// A child with extra environment variables.
     pub fn spawn_env(strategy: leasehold::Strategy, role: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn_via(&[], strategy, role, args, env)
+    }
+
+    /// A child started through `wrapper` (for example `unshare ... --fork`),
+    /// which must exec or fork the test binary and exit when it does.
+    /// `pid()` is then the wrapper's.
+    pub fn spawn_via(
+        wrapper: &[&str],
+        strategy: leasehold::Strategy,
+        role: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let strategy = if strategy == leasehold::Strategy::Directory {
             "dir"
         } else {
             "file"
         };
-        let mut child = reexec::child_process()
+        let mut child = reexec::child_process_via(wrapper)
             .env(ROLE_ENV, role)
             .env(STRATEGY_ENV, strategy)
             .envs(env.iter().copied())

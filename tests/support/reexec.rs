@@ -6,7 +6,21 @@ use std::process::Command;
 /// This test binary, set up to run `child_process_entry` alone; the caller
 /// adds the role's environment and stdio.
 pub fn child_process() -> Command {
-    let mut command = Command::new(std::env::current_exe().expect("the test binary's path"));
+    child_process_via(&[])
+}
+
+/// Like [`child_process`], run through a wrapper command such as
+/// `unshare --time --fork`, which then execs the test binary.
+pub fn child_process_via(wrapper: &[&str]) -> Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(exe);
+            command
+        }
+        None => Command::new(exe),
+    };
     command.args([
         "--exact",
         "child_process_entry",
