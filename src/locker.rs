@@ -49,7 +49,7 @@ pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// A renewal is a few syscalls on the renewal thread; below this lease,
 /// the time they take is a real part of the lease, and one slow `write`
 /// would cost the lock.
-const MIN_LEASE: Duration = Duration::from_millis(100);
+const MIN_LEASE: Duration = Duration::from_millis(200);
 /// Records count time in milliseconds.
 const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 
@@ -276,7 +276,7 @@ impl LockerBuilder {
     /// this long, and other processes may then take it. This is also the
     /// only way a lock held from another host is ever reclaimed.
     ///
-    /// At least 100 ms and at most a year; [`build`](Self::build) rejects
+    /// At least 200 ms and at most a year; [`build`](Self::build) rejects
     /// others.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
@@ -406,7 +406,7 @@ impl LockerBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] when the lease is below 100 ms or above a
+    /// [`Error::InvalidConfig`] when the lease is below 200 ms or above a
     /// year, the renew interval is above half the lease (see
     /// [`renew_interval`](Self::renew_interval)), or another duration is
     /// zero;
