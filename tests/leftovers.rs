@@ -1,0 +1,183 @@
+//! What crashed processes leave in the lock directory is collected by
+//! ordinary use, without `Locker::clean`, and nothing a live process uses
+//! is touched.
+
+mod common;
+
+use std::fs::File;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use common::ChildProc;
+use leasehold::{Locker, Strategy};
+
+#[path = "support/reexec.rs"]
+mod reexec;
+
+#[test]
+fn child_process_entry() {
+    if std::env::var_os(EMFILE_CHILD).is_some() {
+        emfile_child();
+    }
+    common::child_entry();
+}
+
+fn locker(dir: &Path, strategy: Strategy) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .strategy(strategy)
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Ages a file or directory, as if a crashed process had left it a while
+/// ago.
+fn age(path: &Path, by: Duration) {
+    File::open(path)
+        .unwrap()
+        .set_modified(SystemTime::now() - by)
+        .unwrap();
+}
+
+/// Plants what a process killed while publishing (`.pending-*`), while
+/// releasing or reclaiming (`.trash-*`), or while advancing a fencing
+/// counter (`.fence.tmp-*`) leaves behind.
+/// (Pending and trash directories exist only in the directory strategy.)
+fn plant_crash_leftovers(dir: &Path, strategy: Strategy, lock_file: &str, n: usize) {
+    for i in 0..n {
+        if strategy == Strategy::Directory {
+            let pending = format!("{lock_file}.pending-{:012x}", 0xa000 + i);
+            let trash = format!("{lock_file}.trash-{:012x}", 0xb000 + i);
+            for d in [&pending, &trash] {
+                std::fs::create_dir(dir.join(d)).unwrap();
+                std::fs::write(dir.join(d).join("owner.json"), br#"{"uuid":"x","pid":1}"#).unwrap();
+                age(&dir.join(d), Duration::from_secs(5));
+            }
+        }
+        let fence = format!("{lock_file}.fence.tmp-{:032x}", 0xc000 + i);
+        std::fs::write(dir.join(&fence), b"1024\n").unwrap();
+    }
+}
+
+async fn wait_until_only(dir: &Path, expected: &[String], within: Duration, what: &str) {
+    let started = std::time::Instant::now();
+    loop {
+        let now = common::entries(dir);
+        if now == expected {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{what}: still {} entries, expected {expected:?}: {now:?}",
+            now.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waiters killed by SIGKILL, plus the exact leftovers of processes killed
+/// mid-publish, mid-release and mid-fencing: a waiter of this process
+/// meeting contention, and a `Locker` being built, bring the directory
+/// back to the lock entries alone; a leftover still in use (its flock
+/// held) is spared.
+async fn collected_by_ordinary_use(strategy: Strategy) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let holder = locker(dir.path(), strategy);
+    let waiter = locker(dir.path(), strategy);
+    let guard = holder.acquire("job").await.unwrap();
+    let lock_file = holder
+        .lock_path("job")
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut expected = vec![lock_file.clone()];
+    // Real waiters in other processes, polling hard, killed while waiting.
+    let waiters: Vec<_> = (0..6)
+        .map(|_| ChildProc::spawn_with(strategy, "acquire", &[d, "job", "30000", "1"]))
+        .collect();
+    for w in &waiters {
+        w.expect("waiting", Duration::from_secs(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    drop(waiters); // SIGKILL, by pid
+    plant_crash_leftovers(dir.path(), strategy, &lock_file, 20);
+    // In use: a publisher's pending directory and a releaser's trash,
+    // each flocked by its (live) owner, are never collected.
+    let mut in_use = Vec::new();
+    let live = if strategy == Strategy::Directory { 2 } else { 0 };
+    for live in [
+        format!("{lock_file}.pending-{:012x}", 0xdead),
+        format!("{lock_file}.trash-{:012x}", 0xbeef),
+    ]
+    .into_iter()
+    .take(live)
+    {
+        std::fs::create_dir(dir.path().join(&live)).unwrap();
+        age(&dir.path().join(&live), Duration::from_secs(60));
+        let node = File::open(dir.path().join(&live)).unwrap();
+        node.lock().unwrap();
+        in_use.push(node);
+        expected.push(live);
+    }
+    expected.sort();
+    // Ordinary use: waiting for the held lock.
+    let waited = waiter.acquire_timeout("job", Duration::from_secs(3)).await;
+    assert!(waited.unwrap_err().is_timeout());
+    wait_until_only(dir.path(), &expected, Duration::from_secs(10), "after contention").await;
+    // A crash while nobody waits: the next `Locker` built collects it.
+    plant_crash_leftovers(dir.path(), strategy, &lock_file, 5);
+    let _fresh = locker(dir.path(), strategy);
+    assert_eq!(common::entries(dir.path()), expected, "after build");
+    drop(in_use);
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftovers_are_collected_by_ordinary_use_file() {
+    collected_by_ordinary_use(Strategy::ExclusiveFile).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftovers_are_collected_by_ordinary_use_directory() {
+    collected_by_ordinary_use(Strategy::Directory).await;
+}
+
+const EMFILE_CHILD: &str = "LEASEHOLD_TEST_EMFILE_DIR";
+
+/// In a child process: with no descriptor to spare, a directory-strategy
+/// attempt fails, and leaves no pending directory behind.
+fn emfile_child() {
+    let dir = std::env::var(EMFILE_CHILD).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let locker = locker(Path::new(&dir), Strategy::Directory);
+    // Use up every descriptor but the few the attempt's mkdir needs none of.
+    let mut hog = Vec::new();
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 64, 64).unwrap();
+    while let Ok(f) = File::open("/dev/null") {
+        hog.push(f);
+    }
+    let result = runtime.block_on(locker.try_acquire("job"));
+    drop(hog);
+    let code = match result {
+        Err(_) => 0,
+        Ok(_) => 2,
+    };
+    std::process::exit(code);
+}
+
+#[test]
+fn a_publish_that_fails_for_want_of_descriptors_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = reexec::child_process()
+        .env(EMFILE_CHILD, dir.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "the attempt did not fail with EMFILE");
+    assert_eq!(common::entries(dir.path()), Vec::<String>::new());
+}
