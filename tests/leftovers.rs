@@ -11,9 +11,6 @@ use std::time::{Duration, SystemTime};
 use common::ChildProc;
 use leasehold::{Locker, Strategy};
 
-#[path = "support/reexec.rs"]
-mod reexec;
-
 #[test]
 fn child_process_entry() {
     if std::env::var_os(EMFILE_CHILD).is_some() {
@@ -173,7 +170,7 @@ fn emfile_child() {
 #[test]
 fn a_publish_that_fails_for_want_of_descriptors_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let status = reexec::child_process()
+    let status = common::reexec::child_process()
         .env(EMFILE_CHILD, dir.path())
         .stdout(std::process::Stdio::null())
         .status()

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 #[path = "../support/reexec.rs"]
-mod reexec;
+pub mod reexec;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
