@@ -21,11 +21,17 @@ const MUTATION_PATIENCE: Duration = Duration::from_millis(500);
 #[derive(Debug)]
 pub(crate) struct LockDir {
     path: PathBuf,
+    /// The path as configured, made absolute but not resolved: what other
+    /// processes configured alike will open, symlinks and all. Only ever
+    /// looked at, to notice when it names another directory.
+    configured: PathBuf,
     fd: File,
     /// The directory's identity when it was opened, to notice when its
     /// path comes to name another directory (or none).
     dev: u64,
     ino: u64,
+    /// Whether an inconclusive look at `configured` was reported already.
+    moved_warned: std::sync::atomic::AtomicBool,
     threads: std::sync::Mutex<()>,
     /// On tmpfs, where `fdatasync` returns at once (and nothing outlives a
     /// reboot anyway).
@@ -48,6 +54,7 @@ impl LockDir {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(Error::io("create lock directory", &path, e)),
         }
+        let configured = path.clone();
         let path = path
             .canonicalize()
             .map_err(|e| Error::io("resolve lock directory", &path, e))?;
@@ -69,6 +76,8 @@ impl LockDir {
         }
         let in_memory = in_memory(&fd);
         Ok(Self {
+            configured,
+            moved_warned: std::sync::atomic::AtomicBool::new(false),
             dev: meta.dev(),
             ino: meta.ino(),
             path,
@@ -88,18 +97,37 @@ impl LockDir {
         &self.path
     }
 
-    /// Whether the path no longer names the directory opened at `build()`
-    /// (moved, removed, or replaced by another). Locks taken or kept in
-    /// such a directory exclude nobody who opens the path now. The path is
-    /// only looked at, never used to reach a lock.
-    pub(crate) fn moved(&self) -> Result<bool> {
-        match std::fs::metadata(&self.path) {
-            Ok(meta) => Ok(meta.dev() != self.dev || meta.ino() != self.ino),
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.kind() == io::ErrorKind::NotADirectory => {
-                Ok(true)
+    /// Whether the configured path no longer names the directory opened at
+    /// `build()` (moved, removed, replaced by another, or a symlink on the
+    /// way now pointing elsewhere). Locks taken or kept in such a directory
+    /// exclude nobody who opens the path now. The path is only looked at,
+    /// never used to reach a lock.
+    ///
+    /// Only a definite answer counts: another directory there, or nothing
+    /// (`ENOENT`, `ENOTDIR`). A look that fails otherwise (a parent closed
+    /// to this user after `build()`, a stale network mount) proves nothing,
+    /// and the directory, reached through its descriptor, still works: it
+    /// is logged once and taken as not moved.
+    pub(crate) fn moved(&self) -> bool {
+        match std::fs::metadata(&self.configured) {
+            Ok(meta) => meta.dev() != self.dev || meta.ino() != self.ino,
+            Err(e) if e.kind() == io::ErrorKind::NotFound || e.kind() == io::ErrorKind::NotADirectory => true,
+            Err(error) => {
+                if !self.moved_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        dir = %self.configured.display(),
+                        %error,
+                        "cannot tell whether the lock directory was moved; assuming it was not"
+                    );
+                }
+                false
             }
-            Err(e) => Err(Error::io("inspect lock directory", &self.path, e)),
         }
+    }
+
+    /// The path as configured (absolute, symlinks not resolved).
+    pub(crate) fn configured(&self) -> &Path {
+        &self.configured
     }
 
     pub(crate) fn fd(&self) -> &File {

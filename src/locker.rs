@@ -705,7 +705,7 @@ impl Locker {
         if let Some(guard) = self.reenter(&name) {
             return guard.map(Some);
         }
-        let started = Instant::now();
+        let started = timer::now();
         let slot = self.inner.slots.get(&name);
         // Another task of this Locker holds it, or is waiting on the disk
         // because another process does: either way, not free.
@@ -1185,7 +1185,7 @@ impl Locker {
         if contended {
             bump(&counters.contended);
         }
-        let waited = started.elapsed();
+        let waited = timer::since(started);
         counters.waited(waited);
         let guard = share.first_guard(token);
         scope::remember(self.inner.id, name.file_name(), &share);
@@ -1240,7 +1240,7 @@ impl Locker {
                 }
             };
             waited = true;
-            let now = Instant::now();
+            let now = timer::now();
             // With filesystem events, polling is only a safety net.
             let watched = match &inner.store {
                 Store::Files(ctx) => {
@@ -1286,10 +1286,10 @@ impl Locker {
 
     fn timed_out(&self, name: &LockName, started: Instant) -> Error {
         bump(&self.inner.counters.timeouts);
-        tracing::debug!(lock = name.as_str(), waited = ?started.elapsed(), "timed out waiting for lock");
+        tracing::debug!(lock = name.as_str(), waited = ?timer::since(started), "timed out waiting for lock");
         Error::Timeout {
             name: name.as_str().to_owned(),
-            waited: started.elapsed(),
+            waited: timer::since(started),
         }
     }
 
@@ -1354,7 +1354,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 fn far_future() -> Instant {
-    later(Instant::now(), Duration::from_secs(86_400 * 365 * 30))
+    later(timer::now(), Duration::from_secs(86_400 * 365 * 30))
 }
 
 /// `now + d`, saturating instead of panicking on overflow.

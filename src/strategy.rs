@@ -194,6 +194,10 @@ const SWEEP_EVERY: Duration = Duration::from_secs(2);
 /// How many leftovers one collection removes at most.
 const SWEEP_LIMIT: usize = 256;
 
+/// How long a leftover-shaped entry is spared after its last change: the
+/// process making it may be between two steps.
+pub(crate) const LEFTOVER_SETTLE: Duration = Duration::from_secs(2);
+
 impl Ctx {
     /// One attempt to take `name`: create it, or judge and maybe reclaim
     /// what holds its path. A lock created here has its renewal armed by
@@ -403,6 +407,16 @@ impl Ctx {
     /// that died between writing and renaming it.
     fn clean_fence_leftovers(&self, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
         let mut found = self.entries(|name| leftover_kind(name) == Some(Leftover::FenceTmp))?;
+        // A counter being advanced lives a write and a sync before its
+        // writer takes the directory lock: spare the young.
+        found.retain(|name| {
+            fstatat(self.dir.fd(), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| {
+                let changed = UNIX_EPOCH + Duration::from_secs(u64::try_from(st.st_mtime).unwrap_or(0));
+                changed
+                    .elapsed()
+                    .is_ok_and(|age| age >= self.grace.min(LEFTOVER_SETTLE))
+            })
+        });
         found.truncate(limit);
         if found.is_empty() {
             return Ok(Vec::new());
@@ -473,18 +487,18 @@ impl Ctx {
 
     /// `Some` when the directory's path no longer names the directory
     /// this `Locker` opened (see [`LockDir::moved`]).
-    pub(crate) fn dir_moved(&self) -> Result<Option<LossReason>> {
-        Ok(self.dir.moved()?.then(|| LossReason::DirectoryReplaced {
-            path: self.dir.path().to_owned(),
-        }))
+    pub(crate) fn dir_moved(&self) -> Option<LossReason> {
+        self.dir.moved().then(|| LossReason::DirectoryReplaced {
+            path: self.dir.configured().to_owned(),
+        })
     }
 
     /// [`Error::DirectoryReplaced`] when the directory was moved.
     fn ensure_dir_in_place(&self) -> Result<()> {
-        match self.dir.moved()? {
+        match self.dir.moved() {
             false => Ok(()),
             true => Err(Error::DirectoryReplaced {
-                path: self.dir.path().to_owned(),
+                path: self.dir.configured().to_owned(),
             }),
         }
     }
@@ -568,7 +582,7 @@ impl Held {
     pub(crate) fn check(&self) -> Result<Option<LossReason>> {
         match (self, self.parts()) {
             (_, Some((ctx, name, dev, ino))) => {
-                if let Some(moved) = ctx.dir_moved()? {
+                if let Some(moved) = ctx.dir_moved() {
                     return Ok(Some(moved));
                 }
                 Ok((!names(ctx, name, dev, ino)?).then_some(LossReason::Replaced))
@@ -602,17 +616,19 @@ impl Held {
             return Ok(Renewal::Lost(LossReason::Replaced));
         };
         let ctx = Arc::clone(ctx);
+        // A lock in a directory that its path no longer names is invisible
+        // to everyone who opens the path now: it excludes nobody. Looked at
+        // before the directory lock, which must never wait on a path walk
+        // (a hung mount on the way would hold up every process).
+        if let Some(moved) = ctx.dir_moved() {
+            return Ok(Renewal::Lost(moved));
+        }
         // Never wait for the directory lock past the cutoff: a late renewal
         // must not delay the report of a loss.
         let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
         let _mutation = ctx.dir.mutation_lock_within(left)?;
         if !names(&ctx, name, dev, ino)? {
             return Ok(Renewal::Lost(LossReason::Replaced));
-        }
-        // A lock in a directory that its path no longer names is invisible
-        // to everyone who opens the path now: it excludes nobody.
-        if let Some(moved) = ctx.dir_moved()? {
-            return Ok(Renewal::Lost(moved));
         }
         let boot = sys::boot_clock_ms();
         if boot >= cutoff {
@@ -642,28 +658,48 @@ impl Held {
             return Ok(None);
         };
         let (ctx, name) = (Arc::clone(ctx), name.clone());
-        // Busy (a frozen process holds the directory lock): give the lock
-        // up and let the caller try again later.
-        let Some(_mutation) = ctx.dir.try_mutation_lock()? else {
-            return Ok(None);
-        };
-        if !names(&ctx, &name, dev, ino)? {
-            return Ok(None);
-        }
         let fence = format!("{}.fence", name.file_name());
-        let last = read_fence(&ctx, &name, &fence)?;
-        let end = last.checked_add(TOKEN_BLOCK).ok_or(Error::Unsupported {
-            what: "fencing counter exhausted (it is within one block of u64::MAX)",
-        })?;
-        write_fence(&ctx, &fence, end)?;
-        let tokens = Tokens {
-            next: last + 1,
-            last: end,
-        };
-        let mut record = self.record().clone();
-        record.fencing_token = Some(tokens.next);
-        self.write_record(record)?;
-        Ok(Some(tokens))
+        // Every renewal in the directory waits for the directory lock, so it
+        // is held here only to compare and rename: the counter's next value
+        // is written (and synced) to a temporary file before, and the
+        // directory synced after. Only the name's holder advances its
+        // counter, so the value read before the lock is almost always still
+        // the current one; if not, start over.
+        for _ in 0..ROUNDS {
+            let last = read_fence(&ctx, &name, &fence)?;
+            let end = last.checked_add(TOKEN_BLOCK).ok_or(Error::Unsupported {
+                what: "fencing counter exhausted (it is within one block of u64::MAX)",
+            })?;
+            let next = FenceTmp::write(&ctx, &fence, end)?;
+            // Busy (a frozen process holds the directory lock): give the
+            // lock up and let the caller try again later.
+            let Some(mutation) = ctx.dir.try_mutation_lock()? else {
+                return Ok(None);
+            };
+            if !names(&ctx, &name, dev, ino)? {
+                return Ok(None);
+            }
+            if read_fence(&ctx, &name, &fence)? != last || !next.install(&fence)? {
+                continue;
+            }
+            let mut record = self.record().clone();
+            record.fencing_token = Some(last + 1);
+            self.write_record(record)?;
+            drop(mutation);
+            // No token of the block is handed out before the rename is on
+            // disk; a later block's sync covers this rename too.
+            if ctx.durable {
+                ctx.dir
+                    .fd()
+                    .sync_all()
+                    .map_err(|e| Error::io("sync lock directory", ctx.dir.path(), e))?;
+            }
+            return Ok(Some(Tokens {
+                next: last + 1,
+                last: end,
+            }));
+        }
+        Ok(None)
     }
 
     /// Removes the lock if, and only if, the path still names it. `None`
@@ -676,8 +712,7 @@ impl Held {
     pub(crate) fn release(self, confirm: bool) -> Result<Option<LossReason>> {
         let taken = self.taken_reason();
         let moved = match self.parts() {
-            // Cannot tell: the lock is removed all the same.
-            Some((ctx, ..)) => ctx.dir_moved().ok().flatten(),
+            Some((ctx, ..)) => ctx.dir_moved(),
             None => None,
         };
         let released = match self {
@@ -721,39 +756,65 @@ fn read_fence(ctx: &Ctx, name: &LockName, fence: &str) -> Result<u64> {
         })
 }
 
-fn write_fence(ctx: &Ctx, fence: &str, value: u64) -> Result<()> {
-    use std::os::unix::fs::FileExt;
-    let tmp = format!("{fence}.tmp-{}", uuid::Uuid::new_v4().simple());
-    let path = || ctx.dir.path_of(fence);
-    let flags = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let file = File::from(
-        openat(ctx.dir.fd(), tmp.as_str(), flags, Mode::from_bits_truncate(0o600))
-            .map_err(|e| Error::errno("write fencing counter", path(), e))?,
-    );
-    let written = file
-        .write_all_at(format!("{value}\n").as_bytes(), 0)
-        .and_then(|()| if ctx.durable { file.sync_data() } else { Ok(()) });
-    let renamed = written
-        .map_err(Error::from_io("write fencing counter", path()))
-        .and_then(|()| {
-            nix::fcntl::renameat(ctx.dir.fd(), tmp.as_str(), ctx.dir.fd(), fence)
-                .map_err(|e| Error::errno("write fencing counter", path(), e))
-        });
-    if let Err(error) = renamed {
-        let _ = nix::unistd::unlinkat(
-            ctx.dir.fd(),
-            tmp.as_str(),
-            nix::unistd::UnlinkatFlags::NoRemoveDir,
+/// The next value of a fencing counter, written to a temporary file of
+/// its own (and synced, when durable) until it is renamed over the counter;
+/// removed if dropped before.
+struct FenceTmp<'a> {
+    ctx: &'a Ctx,
+    tmp: String,
+    armed: bool,
+}
+
+impl<'a> FenceTmp<'a> {
+    fn write(ctx: &'a Ctx, fence: &str, value: u64) -> Result<Self> {
+        use std::os::unix::fs::FileExt;
+        let tmp = format!("{fence}.tmp-{}", uuid::Uuid::new_v4().simple());
+        let path = || ctx.dir.path_of(fence);
+        let flags = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let file = File::from(
+            openat(ctx.dir.fd(), tmp.as_str(), flags, Mode::from_bits_truncate(0o600))
+                .map_err(|e| Error::errno("write fencing counter", path(), e))?,
         );
-        return Err(error);
+        let next = FenceTmp {
+            ctx,
+            tmp,
+            armed: true,
+        };
+        file.write_all_at(format!("{value}\n").as_bytes(), 0)
+            .and_then(|()| if ctx.durable { file.sync_data() } else { Ok(()) })
+            .map_err(Error::from_io("write fencing counter", path()))?;
+        Ok(next)
     }
-    if ctx.durable {
-        ctx.dir
-            .fd()
-            .sync_all()
-            .map_err(|e| Error::io("sync lock directory", ctx.dir.path(), e))?;
+
+    /// Renames the new value over the counter. `false` if the temporary
+    /// file is gone (collected as a leftover while this process stood
+    /// still): write it again.
+    fn install(mut self, fence: &str) -> Result<bool> {
+        let dir = self.ctx.dir.fd();
+        match nix::fcntl::renameat(dir, self.tmp.as_str(), dir, fence) {
+            Ok(()) => {
+                self.armed = false;
+                Ok(true)
+            }
+            Err(Errno::ENOENT) => {
+                self.armed = false;
+                Ok(false)
+            }
+            Err(e) => Err(Error::errno(
+                "write fencing counter",
+                self.ctx.dir.path_of(fence),
+                e,
+            )),
+        }
     }
-    Ok(())
+}
+
+impl Drop for FenceTmp<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = unlinkat(self.ctx.dir.fd(), self.tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+        }
+    }
 }
 
 /// A fresh version-4 UUID for an acquisition, without a `getrandom` call

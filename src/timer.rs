@@ -10,8 +10,10 @@
 //! thread sleeps until the earliest deadline, and not at all while nothing
 //! waits.
 //!
-//! Deadlines are on the monotonic clock (`std::time::Instant`), so Tokio's
-//! paused test clock does not move them.
+//! One exception: under Tokio's paused test clock (`start_paused`,
+//! `tokio::time::pause`, which need the time driver), waits are Tokio
+//! sleeps on that clock, so that they take part in its auto-advance
+//! exactly as the test's own timers do, and [`now`] is that clock.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -27,16 +29,46 @@ pub(crate) struct Sleep {
     deadline: Instant,
     /// The registration with the timer thread, once polled.
     id: Option<u64>,
+    /// Under Tokio's paused clock: a sleep on it instead.
+    paused: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-/// Completes at `deadline`.
+/// Now, on the clock leasehold's waits use: the monotonic clock, or
+/// Tokio's paused test clock while it is paused.
+pub(crate) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// How long since `earlier`, on [`now`]'s clock.
+pub(crate) fn since(earlier: Instant) -> Duration {
+    now().saturating_duration_since(earlier)
+}
+
+/// Whether Tokio's clock is paused (test-util): it then stands still
+/// while real time passes. Costs a microsecond; asked only before a wait.
+fn tokio_clock_paused() -> bool {
+    let before = tokio::time::Instant::now();
+    let real = Instant::now();
+    while real.elapsed() < Duration::from_micros(1) {
+        std::hint::spin_loop();
+    }
+    tokio::time::Instant::now() == before
+}
+
+/// Completes at `deadline` (on [`now`]'s clock).
 pub(crate) fn sleep_until(deadline: Instant) -> Sleep {
-    Sleep { deadline, id: None }
+    let paused = (tokio::runtime::Handle::try_current().is_ok() && tokio_clock_paused())
+        .then(|| Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(deadline))));
+    Sleep {
+        deadline,
+        id: None,
+        paused,
+    }
 }
 
 /// Completes after `duration`.
 pub(crate) fn sleep(duration: Duration) -> Sleep {
-    let now = Instant::now();
+    let now = now();
     sleep_until(
         now.checked_add(duration)
             .unwrap_or(now + Duration::from_secs(86_400 * 365)),
@@ -53,6 +85,9 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(paused) = &mut self.paused {
+            return paused.as_mut().poll(cx);
+        }
         if Instant::now() >= self.deadline {
             if let Some(id) = self.id.take() {
                 timer().cancel(id);
@@ -94,7 +129,9 @@ struct State {
     due: BinaryHeap<Reverse<(Instant, u64)>>,
     waiting: HashMap<u64, (Instant, Waker)>,
     next_id: u64,
-    running: bool,
+    /// The process whose thread serves the timer: a forked child inherits
+    /// `running` but not the thread, and must start its own.
+    running: Option<u32>,
     /// When the thread will wake by itself; `None` while it idles.
     sleeping_until: Option<Instant>,
 }
@@ -124,7 +161,15 @@ impl Timer {
             }
             return Some(id);
         }
-        if !state.running {
+        let me = std::process::id();
+        if state.running != Some(me) {
+            if state.running.is_some() {
+                // Forked: the entries are the parent's tasks'. Their wakers
+                // are not ours to run or drop.
+                std::mem::forget(std::mem::take(&mut state.waiting));
+                state.due.clear();
+                state.sleeping_until = None;
+            }
             let timer = Arc::clone(self);
             let spawned = std::thread::Builder::new()
                 .name("leasehold-timer".into())
@@ -133,7 +178,7 @@ impl Timer {
                 tracing::error!(%error, "cannot start leasehold's timer thread");
                 return None;
             }
-            state.running = true;
+            state.running = Some(me);
         }
         let id = state.next_id;
         state.next_id += 1;

@@ -159,23 +159,18 @@ fn expect_permission<T: Debug>(what: &str, result: leasehold::Result<T>) {
     }
 }
 
-fn expect_io<T: Debug>(what: &str, result: leasehold::Result<T>) {
+// ------------------------------------------------------- deleted directory
+
+/// A `Locker` whose directory is gone (or replaced) says so, naming it.
+fn expect_replaced<T: Debug>(what: &str, result: leasehold::Result<T>) {
     match result {
-        Err(Error::Io { ref source, .. }) => {
-            assert_ne!(
-                source.kind(),
-                std::io::ErrorKind::Other,
-                "{what}: an I/O error without an OS cause: {result:?}"
-            )
-        }
-        other => panic!("{what}: expected Error::Io, got {other:?}"),
+        Err(Error::DirectoryReplaced { ref path }) => assert!(path.ends_with("locks"), "{what}: {path:?}"),
+        other => panic!("{what}: expected Error::DirectoryReplaced, got {other:?}"),
     }
 }
 
-// ------------------------------------------------------- deleted directory
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_lock_directory_is_a_loss_then_an_io_error() {
+async fn a_deleted_lock_directory_is_a_loss_then_a_typed_error() {
     count_panics();
     for strategy in STRATEGIES {
         let what = label(strategy);
@@ -205,18 +200,18 @@ async fn a_deleted_lock_directory_is_a_loss_then_an_io_error() {
         // (its holder may still be in its critical section): busy, or an
         // error, but never a wait.
         match bounded(what, locker.try_acquire("job")).await {
-            Ok(None) | Err(Error::Io { .. }) => {}
+            Ok(None) | Err(Error::DirectoryReplaced { .. }) => {}
             other => panic!("{what}: try_acquire of the lost name: {other:?}"),
         }
-        expect_io(
+        expect_replaced(
             &format!("{what}: try_acquire"),
             bounded(what, locker.try_acquire("another")).await,
         );
-        expect_io(
+        expect_replaced(
             &format!("{what}: acquire"),
             bounded(what, locker.acquire("other")).await,
         );
-        expect_io(
+        expect_replaced(
             &format!("{what}: acquire_timeout"),
             bounded(what, locker.acquire_timeout("third", Duration::from_millis(100))).await,
         );
@@ -236,14 +231,15 @@ async fn a_deleted_lock_directory_is_a_loss_then_an_io_error() {
             Err(other) => panic!("{what}: clean(): {other:?}"),
         }
         assert!(bounded(what, guard.release()).await.unwrap_err().is_lost());
-        expect_io(
+        expect_replaced(
             &format!("{what}: acquire of the lost name"),
             bounded(what, locker.acquire("job")).await,
         );
         // The Locker keeps its (deleted) directory, even if the path comes
-        // back; a new Locker on the new directory works.
+        // back (it names another directory now); a new Locker on the new
+        // directory works.
         std::fs::create_dir(&locks).unwrap();
-        expect_io(
+        expect_replaced(
             &format!("{what}: try_acquire after re-creation"),
             bounded(what, locker.try_acquire("job")).await,
         );

@@ -54,6 +54,7 @@ fn plant_crash_leftovers(dir: &Path, strategy: Strategy, lock_file: &str, n: usi
         }
         let fence = format!("{lock_file}.fence.tmp-{:032x}", 0xc000 + i);
         std::fs::write(dir.join(&fence), b"1024\n").unwrap();
+        age(&dir.join(&fence), Duration::from_secs(5));
     }
 }
 

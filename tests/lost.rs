@@ -10,6 +10,9 @@ use nix::sys::signal::Signal;
 
 #[test]
 fn child_process_entry() {
+    if std::env::var_os(PRIVDROP_CHILD).is_some() {
+        privdrop_child();
+    }
     common::child_entry();
 }
 
@@ -462,4 +465,126 @@ async fn stats_count_exactly_what_happened() {
     assert!(stats.wait_total >= stats.wait_max);
     assert!(stats.renewals >= 2, "{stats:?}");
     assert_eq!(stats.fs_waiters, 0);
+}
+
+fn moving_locker(dir: &std::path::Path, strategy: Strategy) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .strategy(strategy)
+        .lease(Duration::from_secs(1))
+        .renew_interval(Duration::from_millis(100))
+        .build()
+        .unwrap()
+}
+
+/// The configured path is a symlink (`locks -> v1`, the usual
+/// `current -> releases/N` layout). Retargeting it (`ln -sfn v2 locks`)
+/// or moving the symlink away makes the path name another directory: the
+/// old holder loses its lock and the old `Locker` takes none, while a new
+/// `Locker` on the path works in the new directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlinked_lock_directory_retargeted_or_moved_is_a_loss() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        for retarget in [true, false] {
+            let root = tempfile::tempdir().unwrap();
+            let (v1, v2) = (root.path().join("v1"), root.path().join("v2"));
+            std::fs::create_dir(&v1).unwrap();
+            std::fs::create_dir(&v2).unwrap();
+            let locks = root.path().join("locks");
+            std::os::unix::fs::symlink(&v1, &locks).unwrap();
+            let old = moving_locker(&locks, strategy);
+            let guard = old.acquire("job").await.unwrap();
+            if retarget {
+                let tmp = root.path().join("locks.tmp");
+                std::os::unix::fs::symlink(&v2, &tmp).unwrap();
+                std::fs::rename(&tmp, &locks).unwrap();
+            } else {
+                std::fs::rename(&locks, root.path().join("locks.old")).unwrap();
+                std::fs::create_dir(&locks).unwrap();
+            }
+            let new = moving_locker(&locks, strategy);
+            let rival = new
+                .try_acquire("job")
+                .await
+                .unwrap()
+                .expect("the new directory is free");
+            let what = format!("{strategy:?}, retarget {retarget}");
+            tokio::time::timeout(Duration::from_secs(3), guard.lost())
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the old holder never learned"));
+            match guard.ensure_held().await {
+                Err(Error::Lost {
+                    reason: LossReason::DirectoryReplaced { path },
+                    ..
+                }) => assert_eq!(path, locks, "{what}: the path as configured"),
+                other => panic!("{what}: {other:?}"),
+            }
+            assert!(
+                matches!(
+                    old.try_acquire("fresh").await,
+                    Err(Error::DirectoryReplaced { .. })
+                ),
+                "{what}: the old Locker took a lock nobody else sees"
+            );
+            assert!(!rival.is_lost(), "{what}");
+        }
+    }
+}
+
+const PRIVDROP_CHILD: &str = "LEASEHOLD_TEST_PRIVDROP_CHILD";
+
+/// A daemon opens its lock directory as root, then drops privileges; a
+/// parent of the directory is closed to the service user, so the path can
+/// no longer be looked at, but the directory works through its descriptor.
+/// That proves nothing moved: the holder keeps its lock and new locks are
+/// taken.
+fn privdrop_child() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let private = root.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let locks = private.join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (nobody, nogroup) = (
+        nix::unistd::Uid::from_raw(65534),
+        nix::unistd::Gid::from_raw(65534),
+    );
+    nix::unistd::chown(&locks, Some(nobody), Some(nogroup)).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let locker = moving_locker(&locks, Strategy::ExclusiveFile);
+    let guard = runtime.block_on(locker.acquire("job")).unwrap();
+    nix::unistd::setgroups(&[]).unwrap();
+    nix::unistd::setgid(nogroup).unwrap();
+    nix::unistd::setuid(nobody).unwrap();
+    assert!(
+        std::fs::metadata(&locks).is_err(),
+        "the path should be closed to us now"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !guard.is_lost(),
+        "a live holder lost its lock though nothing moved"
+    );
+    runtime.block_on(guard.ensure_held()).unwrap();
+    let fresh = runtime.block_on(locker.try_acquire("fresh")).unwrap();
+    assert!(fresh.is_some(), "a fresh acquisition was refused");
+    std::process::exit(0);
+}
+
+#[test]
+fn a_lock_directory_whose_path_cannot_be_looked_at_is_not_a_loss() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root, to drop privileges in a child process");
+        return;
+    }
+    let status = common::reexec::child_process()
+        .env(PRIVDROP_CHILD, "1")
+        .status()
+        .unwrap();
+    assert!(status.success(), "{status}");
 }

@@ -147,3 +147,124 @@ fn a_runtime_without_a_time_driver_waits_and_times_out() {
     drop(got.unwrap());
     releaser.join().unwrap();
 }
+
+/// Under Tokio's paused test clock, leasehold's waits take part in its
+/// auto-advance like the test's own timers: a generous `tokio::time::timeout`
+/// around a waiting `acquire` does not fire before the holder, released by
+/// a task sleeping on the same clock, lets go.
+#[tokio::test(start_paused = true)]
+async fn waits_follow_tokios_paused_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = Locker::new(dir.path()).unwrap();
+    let waiter = Locker::new(dir.path()).unwrap();
+    let guard = holder.acquire("job").await.unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(guard);
+    });
+    let got = tokio::time::timeout(Duration::from_secs(3600), waiter.acquire("job")).await;
+    assert!(got.is_ok(), "the one-hour timeout fired first");
+    release.await.unwrap();
+    // And a bounded wait times out on the paused clock, without waiting
+    // for it in real time.
+    let _held = holder.acquire("other").await.unwrap();
+    let real = Instant::now();
+    let timed_out = waiter.acquire_timeout("other", Duration::from_secs(600)).await;
+    assert!(timed_out.unwrap_err().is_timeout());
+    assert!(real.elapsed() < Duration::from_secs(60), "{:?}", real.elapsed());
+}
+
+#[test]
+fn child_process_entry() {
+    if std::env::var_os(FORK_CHILD).is_some() {
+        fork_child();
+    }
+}
+
+const FORK_CHILD: &str = "LEASEHOLD_TEST_FORK_CHILD";
+
+/// A contended 100 ms `acquire_timeout` in a fresh runtime and `Locker`.
+fn contended_timeout(dir: &Path) -> Duration {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let holder = Locker::new(dir).unwrap();
+    let waiter = Locker::builder()
+        .directory(dir)
+        .poll_interval(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let _held = holder.acquire("x").await.unwrap();
+        let started = Instant::now();
+        let waited = waiter.acquire_timeout("x", Duration::from_millis(100)).await;
+        assert!(waited.unwrap_err().is_timeout());
+        started.elapsed()
+    })
+}
+
+/// A process that waited through leasehold once, then forked (a pre-fork
+/// server building its runtimes after the fork): in the child, waits still
+/// end. The child inherits the timer's state but not its thread.
+fn fork_child() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(contended_timeout(dir.path()) < Duration::from_secs(2));
+    // SAFETY: this process is a child of the test binary running this one
+    // function; after the fork the child starts threads of its own only.
+    let forked = unsafe { nix::unistd::fork() }.unwrap();
+    match forked {
+        nix::unistd::ForkResult::Child => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let d = dir.path().to_owned();
+            std::thread::spawn(move || {
+                let _ = tx.send(contended_timeout(&d));
+            });
+            let code = match rx.recv_timeout(Duration::from_secs(5)) {
+                Ok(took) if took < Duration::from_secs(2) => 0,
+                Ok(_) => 2,
+                Err(_) => 3,
+            };
+            std::process::exit(code);
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            let status = nix::sys::wait::waitpid(child, None).unwrap();
+            let code = match status {
+                nix::sys::wait::WaitStatus::Exited(_, 0) => 0,
+                _ => 1,
+            };
+            std::process::exit(code);
+        }
+    }
+}
+
+#[test]
+fn a_forked_child_still_times_out() {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_process_entry",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(FORK_CHILD, "1")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the forking child did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        status.success(),
+        "in a forked child, a 100 ms wait did not end: {status}"
+    );
+}

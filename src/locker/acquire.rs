@@ -108,7 +108,7 @@ impl Future for Acquire<'_> {
                     if let Some(guard) = locker.reenter(&name) {
                         return Poll::Ready(guard);
                     }
-                    let started = Instant::now();
+                    let started = timer::now();
                     let deadline =
                         timeout.map(|timeout| started.checked_add(timeout).unwrap_or_else(far_future));
                     let slot = locker.inner.slots.get(&name);

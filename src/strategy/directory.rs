@@ -26,7 +26,7 @@ use nix::fcntl::{OFlag, openat, renameat};
 use nix::sys::stat::{Mode, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
-use super::{Ctx, Leftover, leftover_kind, names, read_record, unique_bits};
+use super::{Ctx, LEFTOVER_SETTLE, Leftover, leftover_kind, names, read_record, unique_bits};
 use crate::dir::MutationLock;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -217,14 +217,8 @@ fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
     }
 }
 
-/// How long a pending directory without a flock is spared after its last
-/// change: its publisher takes the flock two syscalls after `mkdir`, so
-/// only a publisher that stood still that long in between (SIGSTOP) finds
-/// it gone, and then makes no lock and looks again.
-const PENDING_SETTLE: Duration = Duration::from_secs(1);
-
 /// Removes `.pending-*` directories whose publisher is gone (no flock, and
-/// unchanged for [`PENDING_SETTLE`] or the grace period, whichever is
+/// unchanged for [`LEFTOVER_SETTLE`] or the grace period, whichever is
 /// shorter) and `.trash-*` directories nobody holds (a releaser that died
 /// while emptying one); nobody else uses either. At most `limit` are
 /// removed.
@@ -258,7 +252,10 @@ pub(super) fn clean_leftovers(
                 .ok()
                 .and_then(|m| m.modified().ok())
                 .and_then(|t| t.elapsed().ok())
-                .is_none_or(|age| age < ctx.grace.min(PENDING_SETTLE));
+                // Its publisher takes the flock two syscalls after `mkdir`:
+                // only one that stood still this long in between finds it
+                // gone, and then makes no lock and looks again.
+                .is_none_or(|age| age < ctx.grace.min(LEFTOVER_SETTLE));
         if young {
             continue;
         }
