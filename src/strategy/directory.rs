@@ -181,6 +181,26 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
             ));
         }
     }
+    // Under the directory lock no cooperating process can have replaced
+    // the path since the caller checked it; a process that ignores the
+    // lock can. What was moved is then not what was judged: put it back
+    // (if the path is still free) and remove nothing.
+    let moved = nix::sys::stat::fstatat(
+        ctx.dir.fd(),
+        trash.as_str(),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    );
+    let judged = node.metadata().ok();
+    let same = matches!((&moved, &judged), (Ok(st), Some(meta)) if st.st_dev == meta.dev() && st.st_ino == meta.ino());
+    if !same {
+        if sys::rename_noreplace(ctx.dir.fd(), &trash, name.file_name()).is_err() {
+            tracing::warn!(
+                path = %ctx.dir.path_of(&trash).display(),
+                "the lock path was replaced behind the directory lock; left what was there in the trash"
+            );
+        }
+        return Ok(false);
+    }
     drop(mutation);
     remove_dir(ctx, &trash, node);
     Ok(true)
