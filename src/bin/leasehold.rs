@@ -180,6 +180,9 @@ struct RunArgs {
     /// Exit status when the lock could not be taken.
     #[arg(long, value_name = "N", default_value_t = 1)]
     conflict_exit_code: u8,
+    // 5 s is inside the 7.5 s safety margin of the default 30 s lease: when
+    // failing renewals report the loss at that margin, a CMD that ignores
+    // SIGTERM is killed before anyone else may take the lock.
     /// If the lock is lost, CMD gets SIGTERM, then SIGKILL this many seconds later.
     #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "5")]
     kill_after: Duration,
