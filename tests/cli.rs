@@ -3,6 +3,7 @@
 //! time and killed by pid when the test is done with it.
 
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -404,6 +405,7 @@ fn help_for_each_subcommand() {
                 "--no-wait",
                 "--strategy",
                 "--conflict-exit-code",
+                "--kill-after",
             ],
         ),
         ("holder", &["--dir", "--strategy", "--json"]),
@@ -421,9 +423,121 @@ fn help_for_each_subcommand() {
             );
         }
     }
+    let run = finish(&["run", "--help"]).stdout;
+    for documented in ["Exit status", "75", "lock was lost", "SIGKILL", "exec"] {
+        assert!(run.contains(documented), "run --help lacks {documented:?}: {run}");
+    }
     let top = finish(&["--help"]);
     assert_eq!(top.code, Some(0));
     for sub in ["run", "holder", "list", "clean"] {
         assert!(top.stdout.contains(sub), "{}", top.stdout);
     }
+}
+
+/// Reads the `pid N` line a command prints first.
+fn command_pid(tool: &Proc) -> i32 {
+    tool.lines
+        .recv_timeout(BOUND)
+        .expect("pid line")
+        .strip_prefix("pid ")
+        .expect("pid line")
+        .parse()
+        .expect("pid")
+}
+
+/// Whether `pid` has exited: gone, or a zombie nobody has reaped yet (it
+/// is no longer our child, and a container's init may be slow to reap).
+fn exited(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+#[test]
+fn the_command_dies_with_a_killed_tool_and_never_overlaps_the_next_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let log = tmp.path().join("log");
+    let log = log.to_str().unwrap();
+    // Not `exec`: the shell itself must write, so that the log shows any
+    // overlap. Its short sleeps die on their own.
+    let first = "echo \"pid $$\"; while :; do echo first >> \"$1\"; sleep 0.05 >/dev/null; done";
+    let mut tool = Proc::spawn(leasehold(&[
+        "run", "job", "--dir", d, "--", "sh", "-c", first, "sh", log,
+    ]));
+    let pid = command_pid(&tool);
+    let cmd = KillOnDrop(pid);
+    let deadline = Instant::now() + BOUND;
+    while std::fs::metadata(log).map_or(true, |m| m.len() == 0) {
+        assert!(Instant::now() < deadline, "the command never wrote");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    tool.signal(Signal::SIGKILL);
+    assert_eq!(tool.wait().signal(), Some(9));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !exited(pid) {
+        assert!(Instant::now() < deadline, "the command outlived the tool by 5 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Exited: its pid may be reused, so no kill at the end.
+    std::mem::forget(cmd);
+
+    let second = "echo second-start >> \"$1\"; sleep 0.5; echo second-end >> \"$1\"";
+    let done = finish(&[
+        "run", "job", "--dir", d, "--wait", "20", "--", "sh", "-c", second, "sh", log,
+    ]);
+    assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+    let text = std::fs::read_to_string(log).unwrap();
+    let during: Vec<&str> = text.lines().skip_while(|l| *l != "second-start").collect();
+    assert_eq!(during, ["second-start", "second-end"], "overlap: {text}");
+}
+
+#[test]
+fn a_lost_lock_kills_a_command_that_ignores_sigterm_and_exits_75() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    // SIGTERM stays ignored across the exec, so only SIGKILL stops it.
+    let script = "trap '' TERM; echo \"pid $$\"; echo started; exec sleep 60 >/dev/null";
+    let mut tool = Proc::spawn(leasehold(&[
+        "run",
+        "job",
+        "--dir",
+        d,
+        "--kill-after",
+        "0.5",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]));
+    let cmd = KillOnDrop(command_pid(&tool));
+    tool.expect_line("started");
+
+    // Noticed at the next renewal: within a third of the 30 s lease.
+    std::fs::remove_file(lock_path(tmp.path(), "job")).unwrap();
+    let status = tool.wait();
+    // The tool reaped the command before exiting: its pid may be reused.
+    std::mem::forget(cmd);
+    assert_eq!(status.code(), Some(75), "{status:?}");
+}
+
+#[test]
+fn a_lost_lock_fails_the_run_even_if_the_command_exits_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let script = "trap 'echo got-term; exit 0' TERM; echo \"pid $$\"; echo started; \
+                  while :; do sleep 0.1 >/dev/null; done";
+    let mut tool = Proc::spawn(leasehold(&["run", "job", "--dir", d, "--", "sh", "-c", script]));
+    let cmd = KillOnDrop(command_pid(&tool));
+    tool.expect_line("started");
+
+    std::fs::remove_file(lock_path(tmp.path(), "job")).unwrap();
+    tool.expect_line("got-term");
+    let status = tool.wait();
+    std::mem::forget(cmd);
+    assert_eq!(status.code(), Some(75), "not the command's 0: {status:?}");
 }

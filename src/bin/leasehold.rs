@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! leasehold run NAME [--dir DIR] [--wait SECS | --no-wait] [--strategy file|dir]
-//!                    [--conflict-exit-code N] -- CMD ARGS...
+//!                    [--conflict-exit-code N] [--kill-after SECS] -- CMD ARGS...
 //! leasehold holder NAME [--dir DIR] [--strategy file|dir] [--json]
 //! leasehold list [--dir DIR] [--strategy file|dir] [--json]
 //! leasehold clean [--dir DIR] [--strategy file|dir] [--dry-run] [--json]
@@ -16,8 +16,18 @@
 //!   sent to the tool are forwarded to CMD; the lock is released after CMD
 //!   exits. (Ctrl-C in a terminal signals the whole foreground process
 //!   group, so CMD then sees SIGINT twice.) If the lock is lost while CMD
-//!   runs, a warning is printed and CMD is sent SIGTERM. SIGKILL on the tool
-//!   cannot be forwarded: the lock is then freed while CMD may still run.
+//!   runs, a warning is printed, CMD is sent SIGTERM, then SIGKILL if it
+//!   has not exited `--kill-after` SECS later (default 5), and the tool
+//!   exits with status 75 whatever CMD's own status was.
+//!
+//!   CMD dies with the tool: if the tool dies without releasing the lock
+//!   (SIGKILL, the OOM killer, a crash), the kernel sends CMD SIGKILL
+//!   (Linux's `PR_SET_PDEATHSIG`), so CMD never runs on without the lock.
+//!   This covers CMD itself, not the processes CMD starts: a shell script
+//!   should `exec` its long-running command, and a script's background jobs
+//!   are on their own. Nor does it cover a set-user-ID, set-group-ID or
+//!   file-capability CMD (`sudo`), for which the kernel clears the setting;
+//!   nor other systems than Linux, where CMD may outlive a killed tool.
 //! - `holder` tells who holds NAME; `list` shows every lock in the
 //!   directory; `clean` removes stale locks and crash leftovers (never a
 //!   live lock), or with `--dry-run` says what it would remove.
@@ -34,6 +44,7 @@
 //! | 0 | `holder`: the lock is held; `list`, `clean`: success |
 //! | 1 | `run`: the lock was held (`--no-wait`) or `--wait` ran out (see `--conflict-exit-code`); `holder`: the lock is free |
 //! | 2 | bad usage, or an error from the lock library (printed as `leasehold: ...`) |
+//! | 75 | `run`: the lock was lost while CMD ran; CMD was stopped (or had already exited) |
 //! | 126, 127 | `run`: CMD could not be executed, or was not found |
 //! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) |
 //!
@@ -56,7 +67,9 @@
 //! | `state` | string | `"held"` or `"stale"`; for `holder` also `"free"` (then the owner keys are null) |
 //! | `staleReason` | string or null | why a stale lock is stale, e.g. `"owner process is dead"` |
 
-#![forbid(unsafe_code)]
+// Denied, not forbidden: making CMD die with this process needs one
+// `pre_exec` hook, fenced in `die_with_parent`. The library forbids it.
+#![deny(unsafe_code)]
 
 use std::error::Error as StdError;
 use std::ffi::OsString;
@@ -77,6 +90,27 @@ use tokio::signal::unix::{SignalKind, signal};
 /// Exit status for library and setup errors; clap uses it for bad usage too.
 const EXIT_ERROR: u8 = 2;
 
+/// Exit status of `run` when the lock was lost while CMD ran: sysexits'
+/// `EX_TEMPFAIL`, distinct from the tool's other statuses.
+const EXIT_LOST: u8 = 75;
+
+/// The end of `leasehold run --help`.
+const RUN_HELP: &str = "\
+Exit status:
+  CMD's status  CMD ran and exited (128+N if it was killed by signal N)
+  1             the lock was held (--no-wait) or --wait ran out; see --conflict-exit-code
+  2             bad usage, or an error from the lock library
+  75            the lock was lost while CMD ran: CMD was sent SIGTERM, then SIGKILL
+                after --kill-after (or it had already exited when the loss was found)
+  126, 127      CMD could not be executed, or was not found
+  128+N         signal N arrived while waiting for the lock (CMD never ran)
+
+SIGINT, SIGTERM and SIGHUP are forwarded to CMD. If leasehold dies without
+releasing the lock (SIGKILL, the OOM killer), the kernel sends CMD SIGKILL
+(Linux only), so CMD never runs on without the lock. Only CMD itself is
+covered, not processes it starts: in a script, `exec` the long-running
+command. A set-user-ID or file-capability CMD (sudo) is not covered.";
+
 type Failure = Box<dyn StdError + Send + Sync>;
 
 /// Named cross-process locks: run a command under a lock, inspect and clean
@@ -91,6 +125,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run CMD while holding the lock NAME; exit with CMD's status.
+    #[command(after_help = RUN_HELP)]
     Run(RunArgs),
     /// Show who holds the lock NAME; exit 0 if held, 1 if free.
     Holder {
@@ -145,6 +180,12 @@ struct RunArgs {
     /// Exit status when the lock could not be taken.
     #[arg(long, value_name = "N", default_value_t = 1)]
     conflict_exit_code: u8,
+    // 5 s is inside the 7.5 s safety margin of the default 30 s lease: when
+    // failing renewals report the loss at that margin, a CMD that ignores
+    // SIGTERM is killed before anyone else may take the lock.
+    /// If the lock is lost, CMD gets SIGTERM, then SIGKILL this many seconds later.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "5")]
+    kill_after: Duration,
     /// The command to run, and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -187,7 +228,7 @@ fn main() -> ExitCode {
     }))
 }
 
-/// `--wait` takes fractions, and must never panic on "inf", "-1" or "1e99".
+/// `--wait` and `--kill-after` take fractions, and must never panic on "inf", "-1" or "1e99".
 fn parse_secs(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .parse()
@@ -282,6 +323,8 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
     if let Some(token) = guard.fencing_token() {
         command.env("LEASEHOLD_FENCING_TOKEN", token.to_string());
     }
+    // No `.await` from here to the spawn: it forks on the thread checked.
+    die_with_parent(&mut command)?;
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -294,6 +337,9 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
     // Taken now: once reaped, the child no longer reports its pid.
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
     let mut lost = false;
+    // When CMD gets SIGKILL, once the lock is lost; `None` before, after, or
+    // for a grace too long to represent (then SIGTERM is all it gets).
+    let mut kill_at: Option<tokio::time::Instant> = None;
     let status = loop {
         tokio::select! {
             biased;
@@ -301,23 +347,90 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
             sig = signals.recv() => forward(pid, sig),
             () = guard.lost(), if !lost => {
                 lost = true;
-                warn(&format!("warning: lock {name:?} was lost while the command ran; sending it SIGTERM"));
+                warn(&format!(
+                    "warning: lock {name:?} was lost while the command ran; sending it SIGTERM, and SIGKILL in {:?}",
+                    args.kill_after
+                ));
                 forward(pid, Signal::SIGTERM);
+                kill_at = tokio::time::Instant::now().checked_add(args.kill_after);
+            }
+            () = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
+                kill_at = None;
+                warn(&format!(
+                    "warning: the command did not exit within {:?} of SIGTERM; sending it SIGKILL",
+                    args.kill_after
+                ));
+                forward(pid, Signal::SIGKILL);
             }
         }
     };
     match guard.release().await {
         Ok(()) => {}
         Err(e) if e.is_lost() && lost => {}
+        // CMD finished before the loss was noticed, but may have run
+        // alongside another holder all the same: the caller must know.
+        Err(e) if e.is_lost() => {
+            lost = true;
+            warn(&format!(
+                "warning: the lock was lost while the command ran: {}",
+                chain(&e)
+            ));
+        }
         Err(e) => warn(&format!("warning: {}", chain(&e))),
     }
     let status = status.map_err(|e| format!("cannot wait for the command: {e}"))?;
+    if lost {
+        return Ok(EXIT_LOST);
+    }
     use std::os::unix::process::ExitStatusExt;
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
         (None, Some(sig)) => u8::try_from(128 + (sig & 0x7f)).unwrap_or(1),
         (None, None) => 1,
     })
+}
+
+/// Makes the kernel SIGKILL CMD when this process dies, so that CMD never
+/// runs on after the lock is freed by our death.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, not the
+/// process: CMD must be forked from the main thread, whose exit is the
+/// process's. `run` is polled by `block_on` on the main thread, and Tokio's
+/// `Command::spawn` forks on the calling thread; the check below keeps that
+/// true (a runtime worker or a blocking-pool thread may exit while we live).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+#[allow(unsafe_code)]
+fn die_with_parent(command: &mut tokio::process::Command) -> Result<(), Failure> {
+    use nix::errno::Errno;
+    use nix::sys::prctl::set_pdeathsig;
+    use nix::unistd::{getpid, getppid, gettid};
+
+    let parent = getpid();
+    if gettid() != parent {
+        return Err("internal error: the command must be started from the main thread".into());
+    }
+    // SAFETY: the hook runs in the child between fork and exec, where only
+    // async-signal-safe calls are sound. It makes two syscalls through nix's
+    // thin wrappers (prctl, getppid), which neither allocate nor take locks,
+    // and its error is an errno value, built without allocating.
+    unsafe {
+        command.pre_exec(move || {
+            set_pdeathsig(Signal::SIGKILL)?;
+            // We may have died between fork and prctl, and then no death
+            // signal will ever come: the child has been reparented.
+            if getppid() != parent {
+                return Err(Errno::ESRCH.into());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+/// No parent-death signal here: CMD may outlive a killed tool (documented).
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn die_with_parent(_: &mut tokio::process::Command) -> Result<(), Failure> {
+    Ok(())
 }
 
 /// A failed kill only means CMD is already gone, which `wait` will report.
