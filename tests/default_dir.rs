@@ -47,7 +47,10 @@ fn child_process_entry() {
         let locker = match leasehold::Locker::builder().build() {
             Ok(locker) => locker,
             Err(e) => {
-                println!("@@error {e}");
+                let cause = std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                println!("@@error {e}: {cause}");
                 return 1;
             }
         };
@@ -356,6 +359,45 @@ fn the_cli_default_directory_ignores_the_environment() {
         let (_, command) = envs.command(0, "try", &name);
         let kid = Kid::spawn(command);
         assert_eq!(kid.say(), "free");
+        kid.finish();
+    });
+}
+
+/// Under systemd's `ProtectSystem=strict` the default directory's root is
+/// mounted read-only: `build()` fails at once instead of leaving every
+/// acquisition to fail later.
+#[test]
+fn a_read_only_default_directory_fails_at_build() {
+    let expected = expected_directory();
+    let root = expected.parent().unwrap().to_owned();
+    let probe = Command::new("unshare")
+        .args(["-m", "mount", "-o", "bind,ro"])
+        .arg(&root)
+        .arg(&root)
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: cannot make a read-only mount namespace here");
+        return;
+    }
+    with_default_dir(&expected, || {
+        // The directory exists already, as it would after any earlier run.
+        leasehold::Locker::builder().build().unwrap();
+        let envs = Envs::new();
+        let (_, child) = envs.command(0, "report", "");
+        let mut command = Command::new("unshare");
+        command
+            .args(["-m", "sh", "-c", "mount -o bind,ro \"$0\" \"$0\" && exec \"$@\""])
+            .arg(&root)
+            .arg(child.get_program())
+            .args(child.get_args())
+            .envs(child.get_envs().filter_map(|(k, v)| Some((k, v?))));
+        let kid = Kid::spawn(command);
+        let said = kid.say();
+        assert!(
+            said.starts_with("error ") && said.contains("Read-only file system"),
+            "{said}"
+        );
         kid.finish();
     });
 }
