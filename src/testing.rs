@@ -35,8 +35,10 @@
 //!    test and bench executables in `<target>/<profile>/deps/` (examples in
 //!    `<profile>/examples/`) for any profile, and in
 //!    `<target>/<triple>/<profile>/deps/` with `--target`, where `<target>`
-//!    is recognized by Cargo's `.rustc_info.json`. `cargo nextest` runs the
-//!    same executables, also from an extracted archive (`<dir>/target/...`).
+//!    is recognized by Cargo's `.rustc_info.json` (without it, as in a
+//!    nextest archive, a cross build's tests meet in `<target>/<triple>`).
+//!    `cargo nextest` runs the same executables, also from an extracted
+//!    archive (`<dir>/target/...`).
 //! 3. Else, for an executable outside a target directory, such as a
 //!    doctest that rustdoc built in a temporary directory, the per-user
 //!    `leasehold-serial-<uid>` under `/run/lock` or `/tmp`, chosen as the
