@@ -98,9 +98,19 @@
 //!   `build()`, never by re-resolving its path.
 //! - A world-writable directory without the sticky bit is refused
 //!   ([`Error::InsecureDirectory`]) unless you opt out. The lock directory
-//!   is created 0700. The default directory is per user
-//!   (`$XDG_RUNTIME_DIR/leasehold`, else `<tmp>/leasehold-<uid>`), and must
-//!   be owned by the user and closed to others.
+//!   is created 0700.
+//! - The default directory (no [`LockerBuilder::directory`]) is per user
+//!   and per host and ignores the environment: `/run/lock/leasehold-<uid>`
+//!   where `/run/lock` is a root-owned, world-writable, sticky directory
+//!   (Debian, Ubuntu), else `/tmp/leasehold-<uid>` (the literal `/tmp`,
+//!   never `$TMPDIR` or `$XDG_RUNTIME_DIR`), for the effective uid. So a
+//!   cron job, a systemd unit, an ssh session and a login shell of one user
+//!   all take their locks in one place. `build()` refuses it unless it is
+//!   owned by the user and closed to others (0700), and fails on a
+//!   read-only mount. Limits: a systemd unit with `PrivateTmp=` sees a
+//!   `/tmp` of its own (one reason `/run/lock` comes first), and one under
+//!   `ProtectSystem=strict` cannot write `/run/lock`; give such units an
+//!   explicit directory.
 //!
 //! # Which strategy should you use?
 //!

@@ -94,8 +94,8 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 /// reclaiming) or reserves fencing tokens. Only the uncontended case
 /// without fencing runs inline, and only when it cannot block: with
 /// [`durable(false)`](LockerBuilder::durable), or with a lock directory in
-/// memory (tmpfs, such as the default `$XDG_RUNTIME_DIR/leasehold` on
-/// most Linux systems), where `fdatasync` returns at once. That is a create, a flock, a
+/// memory (tmpfs, such as the default `/run/lock/leasehold-<uid>` on
+/// Debian and Ubuntu), where `fdatasync` returns at once. That is a create, a flock, a
 /// stat and a write, a few microseconds each, which saves the round trip
 /// to the pool and roughly halves the cost of an uncontended acquisition.
 /// Keep durable records on a slow or network filesystem.
@@ -190,7 +190,7 @@ impl Store {
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`directory`](Self::directory) | `$XDG_RUNTIME_DIR/leasehold`, else `<temp dir>/leasehold-<uid>` |
+/// | [`directory`](Self::directory) | `/run/lock/leasehold-<uid>`, else `/tmp/leasehold-<uid>` (never from the environment) |
 /// | [`lease`](Self::lease) | 30 s |
 /// | [`renew_interval`](Self::renew_interval) | a third of the lease |
 /// | [`poll_interval`](Self::poll_interval) | 50 ms |
@@ -266,6 +266,31 @@ impl LockerBuilder {
     /// The directory that holds the lock files. Created (mode 0700, the
     /// umask untouched) if missing, and resolved to an absolute path once,
     /// at [`build`](Self::build).
+    ///
+    /// # The default
+    ///
+    /// Without this setting the directory depends only on the effective
+    /// uid and the host, never on environment variables, so that every
+    /// process of one user (a cron job, a systemd unit, `sudo -u`, ssh, a
+    /// login shell with any `XDG_RUNTIME_DIR`, `TMPDIR` or `HOME`) meets in
+    /// the same one:
+    ///
+    /// - `/run/lock/leasehold-<uid>` when `/run/lock` is a directory owned
+    ///   by root, world-writable and sticky (Debian, Ubuntu: a tmpfs emptied
+    ///   at boot). `/var/lock` is not consulted; where it exists it is
+    ///   usually a link to `/run/lock`.
+    /// - otherwise `/tmp/leasehold-<uid>`: the literal `/tmp`, never
+    ///   `$TMPDIR`.
+    ///
+    /// [`build`](Self::build) refuses the default directory
+    /// ([`Error::InsecureDirectory`]) unless it belongs to the user and is
+    /// closed to others (mode 0700), and fails if it is on a read-only
+    /// mount. Known limits: a systemd unit with `PrivateTmp=` has a `/tmp`
+    /// of its own, so on a host without a shared `/run/lock` it does not
+    /// meet other processes; under `ProtectSystem=strict`, `/run/lock` is
+    /// read-only and `build` fails rather than locking nothing (give such a
+    /// unit an explicit, writable directory). Processes of different users
+    /// never share the default; give them an explicit directory.
     pub fn directory(mut self, path: impl AsRef<Path>) -> Self {
         self.directory = Some(path.as_ref().to_owned());
         self
@@ -412,7 +437,8 @@ impl LockerBuilder {
     /// zero;
     /// [`Error::InsecureDirectory`] for a world-writable directory without
     /// the sticky bit, or a default directory owned by another user or open
-    /// to others; I/O errors from creating or opening the directory;
+    /// to others; an I/O error for a default directory on a read-only
+    /// mount; I/O errors from creating or opening the directory;
     /// [`Error::Backend`] when the PostgreSQL server cannot be reached.
     pub fn build(self) -> Result<Locker> {
         let renew_interval = self.renew_interval.unwrap_or(self.lease / 3);
@@ -524,17 +550,36 @@ impl LockerBuilder {
     }
 }
 
-/// A per-user directory, never a shared `/tmp` path.
+/// `/run/lock/leasehold-<euid>`, or `/tmp/leasehold-<euid>` where
+/// `/run/lock` is not a shared lock directory.
+///
+/// No environment variable takes part (`XDG_RUNTIME_DIR` is unset under
+/// cron, `TMPDIR` differs between sessions): every process of one user on
+/// one host must meet in the same directory.
 fn default_directory() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
-        Some(run) if run.is_absolute() => run.join("leasehold"),
-        _ => std::env::temp_dir().join(format!("leasehold-{}", nix::unistd::geteuid())),
-    }
+    per_user_directory("leasehold")
 }
 
-/// The default directory must be ours and closed to others, or someone
-/// could have planted it in a shared temp directory.
-fn check_private(dir: &LockDir) -> Result<()> {
+/// `<root>/<prefix>-<euid>`, where the root is `/run/lock` if it is a
+/// root-owned, world-writable directory with the sticky bit (as on Debian
+/// and Ubuntu: tmpfs, emptied at boot, which suits locks), else the literal
+/// `/tmp`. Whoever creates the directory first owns it, so it must then
+/// pass [`check_private`].
+pub(crate) fn per_user_directory(prefix: &str) -> PathBuf {
+    let shared =
+        |meta: &std::fs::Metadata| meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o1002 == 0o1002;
+    let root = match std::fs::metadata("/run/lock") {
+        Ok(meta) if shared(&meta) => "/run/lock",
+        _ => "/tmp",
+    };
+    Path::new(root).join(format!("{prefix}-{}", nix::unistd::geteuid()))
+}
+
+/// A per-user directory in a shared root must be ours and closed to
+/// others, or someone could have planted it there; and writable, or a
+/// read-only mount (systemd's `ProtectSystem=strict`) would only show at the
+/// first acquisition.
+pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
     let meta = dir
         .fd()
         .metadata()
@@ -550,6 +595,15 @@ fn check_private(dir: &LockDir) -> Result<()> {
             path: dir.path().to_owned(),
             reason: "the default lock directory is open to other users (expected mode 0700)",
         });
+    }
+    let read_only = nix::sys::statvfs::fstatvfs(dir.fd())
+        .is_ok_and(|fs| fs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
+    if read_only {
+        return Err(Error::io(
+            "write to lock directory",
+            dir.path(),
+            nix::errno::Errno::EROFS.into(),
+        ));
     }
     Ok(())
 }

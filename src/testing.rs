@@ -19,14 +19,38 @@
 //! }
 //! ```
 //!
-//! The locks live in one directory shared by every test process of the
-//! workspace: `$LEASEHOLD_SERIAL_DIR` if set, else `leasehold-serial/` in
-//! the Cargo target directory (`$CARGO_TARGET_DIR`, or the one the test
-//! binary was built into), else a per-user directory under the system's
-//! temporary directory. A test waits at most `$LEASEHOLD_SERIAL_TIMEOUT`
-//! seconds (default 300), then panics naming the holder.
+//! # Where the locks live
+//!
+//! Every test process of one build must meet in one directory, whatever its
+//! working directory and however the target directory was named (a relative
+//! `CARGO_TARGET_DIR` means a different directory to each workspace member).
+//! So the directory comes from where the running test executable is, never
+//! from the working directory or `CARGO_TARGET_DIR`:
+//!
+//! 1. `$LEASEHOLD_SERIAL_DIR`, if set. It must be an absolute path: a
+//!    relative one is refused with a panic, since each process would
+//!    resolve it against its own working directory.
+//! 2. Else `<target>/leasehold-serial`, where `<target>` is the Cargo target
+//!    directory the executable (canonicalized) was built into: Cargo puts
+//!    test and bench executables in `<target>/<profile>/deps/` (examples in
+//!    `<profile>/examples/`) for any profile, and in
+//!    `<target>/<triple>/<profile>/deps/` with `--target`, where `<target>`
+//!    is recognized by Cargo's `.rustc_info.json` (without it, as in a
+//!    nextest archive, a cross build's tests meet in `<target>/<triple>`).
+//!    `cargo nextest` runs the same executables, also from an extracted
+//!    archive (`<dir>/target/...`).
+//! 3. Else, for an executable outside a target directory, such as a
+//!    doctest that rustdoc built in a temporary directory, the per-user
+//!    `leasehold-serial-<uid>` under `/run/lock` or `/tmp`, chosen as the
+//!    [default lock directory](crate::LockerBuilder::directory) is, which
+//!    must belong to the user and be closed to others. Such processes meet
+//!    each other there, not the tests in the target directory: to put them
+//!    all in one place, set `LEASEHOLD_SERIAL_DIR`.
+//!
+//! A test waits at most `$LEASEHOLD_SERIAL_TIMEOUT` seconds (default 300),
+//! then panics naming the holder.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -117,8 +141,13 @@ pub fn blocking_serial(name: &str) -> SerialGuard {
 fn locker() -> &'static Locker {
     static LOCKER: OnceLock<Locker> = OnceLock::new();
     LOCKER.get_or_init(|| {
-        let dir = directory();
-        Locker::new(&dir).unwrap_or_else(|e| panic!("leasehold::testing: cannot use {}: {e}", dir.display()))
+        let (dir, per_user) = directory();
+        let cannot = |e: Error| -> ! { panic!("leasehold::testing: cannot use {}: {e}", dir.display()) };
+        if per_user {
+            let opened = crate::dir::LockDir::open(&dir, false).unwrap_or_else(|e| cannot(e));
+            crate::locker::check_private(&opened).unwrap_or_else(|e| cannot(e));
+        }
+        Locker::new(&dir).unwrap_or_else(|e| cannot(e))
     })
 }
 
@@ -130,24 +159,77 @@ fn timeout() -> Duration {
     Duration::from_secs(secs)
 }
 
-fn directory() -> PathBuf {
-    if let Some(dir) = std::env::var_os("LEASEHOLD_SERIAL_DIR") {
-        return dir.into();
+/// The lock directory, and whether it is the per-user fallback (which
+/// must then be private). See the module docs for the rule.
+fn directory() -> (PathBuf, bool) {
+    if let Some(dir) = std::env::var_os("LEASEHOLD_SERIAL_DIR").filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        assert!(
+            dir.is_absolute(),
+            "leasehold::testing: LEASEHOLD_SERIAL_DIR must be an absolute path, not {:?}: \
+             each test process would resolve it against its own working directory",
+            dir
+        );
+        return (dir, false);
     }
-    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
-        return PathBuf::from(target).join("leasehold-serial");
+    let exe = std::env::current_exe().and_then(|exe| exe.canonicalize()).ok();
+    match exe.as_deref().and_then(target_directory) {
+        Some(target) => (target.join("leasehold-serial"), false),
+        None => (crate::locker::per_user_directory("leasehold-serial"), true),
     }
-    // Test binaries live in `<target>/<profile>/deps/`.
-    let exe = std::env::current_exe().ok();
-    let target = exe
-        .as_deref()
-        .and_then(|exe| {
-            exe.ancestors()
-                .find(|p| p.file_name().is_some_and(|n| n == "deps"))
-        })
-        .and_then(|deps| deps.parent()?.parent());
-    match target {
-        Some(target) => target.join("leasehold-serial"),
-        None => std::env::temp_dir().join(format!("leasehold-serial-{}", nix::unistd::geteuid())),
+}
+
+/// The Cargo target directory that `exe` was built into, from where Cargo
+/// puts it: `<target>[/<triple>]/<profile>/{deps,examples}/<exe>`.
+fn target_directory(exe: &Path) -> Option<PathBuf> {
+    let parent = exe.parent()?;
+    if !matches!(parent.file_name()?.to_str()?, "deps" | "examples") {
+        return None;
+    }
+    let above_profile = parent.parent()?.parent()?;
+    // Cargo keeps `.rustc_info.json` in the target directory itself, not
+    // in the `<triple>` directory of a cross build.
+    let marker = ".rustc_info.json";
+    match above_profile.parent() {
+        Some(target) if !above_profile.join(marker).exists() && target.join(marker).exists() => {
+            Some(target.to_owned())
+        }
+        _ => Some(above_profile.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::target_directory;
+    use std::path::Path;
+
+    #[test]
+    fn the_target_directory_is_found_from_the_executable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("target");
+        std::fs::create_dir_all(target.join("x86_64-unknown-linux-gnu/release-lto/deps")).unwrap();
+        std::fs::write(target.join(".rustc_info.json"), "{}").unwrap();
+        for exe in [
+            "debug/deps/serial-0123abcd",
+            "release/deps/serial-0123abcd",
+            "release-lto/deps/serial-0123abcd",
+            "debug/examples/demo-0123abcd",
+            "x86_64-unknown-linux-gnu/release-lto/deps/serial-0123abcd",
+        ] {
+            assert_eq!(
+                target_directory(&target.join(exe)).as_deref(),
+                Some(&*target),
+                "{exe}"
+            );
+        }
+        // Without the marker (a nextest archive, say), a cross build's
+        // executables still agree among themselves.
+        assert_eq!(
+            target_directory(Path::new("/a/target/wasm32-wasip1/debug/deps/t-1")).as_deref(),
+            Some(Path::new("/a/target/wasm32-wasip1"))
+        );
+        for outside in ["/tmp/rustdoctestXYZ/rust_out", "/usr/bin/t", "/t"] {
+            assert_eq!(target_directory(Path::new(outside)), None, "{outside}");
+        }
     }
 }

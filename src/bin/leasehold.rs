@@ -32,9 +32,13 @@
 //!   directory; `clean` removes stale locks and crash leftovers (never a
 //!   live lock), or with `--dry-run` says what it would remove.
 //!
-//! The directory is `--dir`, else `$LEASEHOLD_DIR`, else the library's
-//! per-user default (`$XDG_RUNTIME_DIR/leasehold`, else
-//! `<tmp>/leasehold-<uid>`).
+//! The directory is `--dir`, else `$LEASEHOLD_DIR` (an explicit choice,
+//! like `--dir`), else the library's per-user default,
+//! `/run/lock/leasehold-<uid>` where `/run/lock` is a shared sticky
+//! directory, else `/tmp/leasehold-<uid>`. The default depends on the user
+//! and the host only, never on other environment variables (`TMPDIR`,
+//! `XDG_RUNTIME_DIR`, `HOME`), so cron, systemd units, `sudo -u`, ssh and
+//! login shells of one user agree on it.
 //!
 //! # Exit codes
 //!
@@ -157,7 +161,7 @@ struct Inspect {
 
 #[derive(Debug, Args)]
 struct Common {
-    /// Lock directory [default: $LEASEHOLD_DIR, else the per-user default]
+    /// Lock directory [default: $LEASEHOLD_DIR, else /run/lock/leasehold-<uid>, or /tmp/leasehold-<uid> where /run/lock is not a shared sticky directory; never from TMPDIR or XDG_RUNTIME_DIR]
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
     /// On-disk layout of the locks.
