@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
-use common::{ChildProc, dead_pid, iso, own_start_ms, plant};
+use common::{ChildProc, dead_pid, iso, own_start_ms, plant, start_ticks};
 use leasehold::{Locker, PathStyle, Strategy};
 
 #[test]
@@ -141,12 +141,13 @@ async fn second_seed_records_are_read_and_judged() {
     let record =
         |pid: u32, start: String| fixture("seed2-record.json", &[("PID", pid.to_string()), ("START", start)]);
 
-    // Live, in the unit we write and in units we do not: never robbed.
+    // Live, in pi-research's unit on Linux (start ticks), in the wall-clock
+    // units other writers use, and in units nobody uses: never robbed.
     for (name, start) in [
+        ("ticks", start_ticks(me).to_string()),
         ("ms", start.to_string()),
         ("seconds", (start / 1000).to_string()),
         ("fractional-seconds", format!("{:.3}", start as f64 / 1000.0)),
-        ("ticks", "4242424".to_owned()),
         ("micros", (start * 1000).to_string()),
     ] {
         plant2(name, &record(me, start), 30);
@@ -204,15 +205,19 @@ async fn our_records_carry_what_the_seeds_read() {
         } else {
             std::fs::read_to_string(&path).unwrap()
         };
-        // The second seed: `JSON.parse(content.trim())`, `uuid` a string,
-        // `pid` and `startTime` numbers.
+        // pi-research: `JSON.parse(content.trim())`, `uuid` a string, `pid`
+        // and `startTime` numbers, the latter in its process-lifecycle
+        // service's unit: on Linux, field 22 of /proc/<pid>/stat.
         let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
         assert!(v["uuid"].is_string());
-        assert_eq!(v["pid"].as_u64(), Some(u64::from(std::process::id())));
-        assert!(
-            v["startTime"].as_u64().unwrap() > 1_600_000_000_000,
-            "startTime is epoch ms"
+        let me = std::process::id();
+        assert_eq!(v["pid"].as_u64(), Some(u64::from(me)));
+        assert_eq!(
+            v["startTime"].as_u64(),
+            Some(start_ticks(me)),
+            "startTime is start ticks"
         );
+        assert_eq!(v["procStart"], v["startTime"]);
         // The first seed: pid number, hostname, holderId, ISO timestamps,
         // and a lease that has not run out.
         assert_eq!(v["hostname"].as_str(), Some(hostname().as_str()));

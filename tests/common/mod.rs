@@ -350,17 +350,23 @@ pub fn dead_pid() -> u32 {
     pid
 }
 
-/// This process's start in ms since the epoch, computed as a second-seed
-/// writer with a process-lifecycle service would (boot time plus start
-/// ticks).
-pub fn own_start_ms() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let ticks: u64 = stat[stat.rfind(')').unwrap() + 1..]
+/// Field 22 of `/proc/<pid>/stat`: the start in clock ticks since boot,
+/// which is the `startTime` pi-research's process-lifecycle service writes
+/// and compares on Linux.
+pub fn start_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat[stat.rfind(')').unwrap() + 1..]
         .split_whitespace()
         .nth(19)
         .unwrap()
         .parse()
-        .unwrap();
+        .unwrap()
+}
+
+/// This process's start in ms since the epoch (boot time plus start
+/// ticks), as writers that use the wall clock record it.
+pub fn own_start_ms() -> u64 {
+    let ticks = start_ticks(std::process::id());
     let btime: u64 = std::fs::read_to_string("/proc/stat")
         .unwrap()
         .lines()
