@@ -18,6 +18,9 @@ use nix::unistd::Pid;
 
 const ROLE_ENV: &str = "LEASEHOLD_TEST_ROLE";
 const STRATEGY_ENV: &str = "LEASEHOLD_TEST_STRATEGY";
+/// Set in a child's environment to build its lockers with `PathStyle::Plain`
+/// (`<name>.lock`, as pi-research names its lock files).
+pub const PLAIN_ENV: &str = "LEASEHOLD_TEST_PLAIN";
 /// Set in a child's environment to build its lockers with fencing on.
 pub const FENCING_ENV: &str = "LEASEHOLD_TEST_FENCING";
 const ARGS_ENV: &str = "LEASEHOLD_TEST_ARGS";
@@ -59,8 +62,14 @@ fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
         Ok("dir") => leasehold::Strategy::Directory,
         _ => leasehold::Strategy::ExclusiveFile,
     };
+    let style = if std::env::var_os(PLAIN_ENV).is_some() {
+        leasehold::PathStyle::Plain
+    } else {
+        leasehold::PathStyle::Hashed
+    };
     Locker::builder()
         .directory(dir)
+        .path_style(style)
         .fencing(std::env::var_os(FENCING_ENV).is_some())
         .strategy(strategy)
         .lease(Duration::from_millis(lease_ms))
