@@ -42,7 +42,7 @@
 //! |---|---|---|
 //! | `uuid` | string | id of this acquisition |
 //! | `pid` | number | holder process id |
-//! | `startTime` | number | holder process start, ms since the epoch (Linux) |
+//! | `startTime` | number | holder process start in pi-research's unit: clock ticks since boot (`/proc/<pid>/stat` field 22) on Linux, whole seconds since the epoch elsewhere |
 //! | `holderId` | string | id of the holding `Locker` |
 //! | `hostname` | string | holder host |
 //! | `acquiredAt`, `leaseExpiresAt` | string | RFC 3339, UTC, milliseconds |

@@ -43,8 +43,10 @@ pub(crate) enum Parsed {
 pub(crate) struct Record {
     pub(crate) uuid: Option<String>,
     pub(crate) pid: Option<u64>,
-    /// The second seed's `startTime`, unit not fixed by any spec; leasehold
-    /// writes milliseconds since the epoch.
+    /// pi-research's `startTime`: on Linux its writers put the start ticks
+    /// (`/proc/<pid>/stat` field 22) there, on other systems whole seconds
+    /// since the epoch; other writers, and earlier leasehold builds, epoch
+    /// milliseconds. The staleness rules tell them apart by plausibility.
     pub(crate) start_time: Option<f64>,
     pub(crate) holder_id: Option<String>,
     pub(crate) hostname: Option<String>,
@@ -185,6 +187,7 @@ pub(crate) fn epoch_ms(t: SystemTime) -> u64 {
 pub(crate) struct OwnRecord {
     pub(crate) uuid: String,
     pub(crate) pid: u32,
+    /// In pi-research's unit for this platform (`Identity::start_time`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) start_time: Option<u64>,
     pub(crate) holder_id: String,

@@ -12,7 +12,7 @@
 //!
 //! 1. **Unreadable record** (empty, torn, not a JSON object, an object with
 //!    none of `uuid`/`pid`/`holderId` or with neither `pid` nor `leasehold`,
-//!    or the second seed's bare-UUID legacy form, which names no process): never stale within the grace period
+//!    or pi-research's bare-UUID legacy form, which names no process): never stale within the grace period
 //!    of its last change, since its writer may be mid-write. After it, it
 //!    is stale unless a leasehold process holds `flock` on it.
 //! 2. **leasehold record, same kernel** (same `bootId`): the holder keeps
@@ -26,14 +26,27 @@
 //! 4. **Foreign record on this host** (no `leasehold` field, or a platform
 //!    without boot ids): `kill(pid, 0)` = ESRCH means dead. A live pid whose
 //!    start time provably differs from the record's `startTime` is a reused
-//!    pid. The unit of a foreign `startTime` is not fixed, so it counts as a
-//!    mismatch only when the value reads unambiguously as epoch seconds or
-//!    milliseconds, is more than two seconds off, *and* the live process
-//!    started after the record was last written — a process cannot have
-//!    written a record before it started. Any other live pid proves its
-//!    owner alive. A holder on another host, kernel or pid namespace, or
-//!    without a pid that can be probed, cannot be checked: only its lease
-//!    decides.
+//!    pid. pi-research writes `startTime` as its process-lifecycle service
+//!    reads starts: on Linux the start ticks, field 22 of
+//!    `/proc/<pid>/stat`; elsewhere whole seconds since the epoch. Other
+//!    writers (and earlier leasehold builds) wrote epoch milliseconds. The
+//!    value is read in each unit it is plausible in: ticks if a whole
+//!    number no later than our boot clock now, epoch seconds or
+//!    milliseconds if no more than a day before this boot or after now.
+//!    As ticks it is exact: within one tick of the live process's start
+//!    (pi-research's own tolerance) is the owner, any other value a reused
+//!    pid, however fresh the record; but only when the live process is in
+//!    our time namespace (the kernel shows start ticks shifted by the
+//!    reader's), else undecided. As epoch time, a mismatch counts only when
+//!    the value is more than two seconds off *and* the live process started
+//!    after the record was last written (by more than 30 s of wall-clock
+//!    step slack) — a process cannot have written a record before it
+//!    started. A value plausible in several units (seconds and ticks
+//!    overlap after about 205 days of uptime) names the owner if any
+//!    reading matches, and a reused pid only if every reading proves it.
+//!    Any other live pid proves its owner alive. A holder on another host,
+//!    kernel or pid namespace, or without a pid that can be probed, cannot
+//!    be checked: only its lease decides.
 //! 5. **Lease**: a record whose lease ran out is stale whoever wrote it
 //!    (a holder that was paused past its lease has lost it). For a
 //!    leasehold record on this boot, written in our time namespace (equal
@@ -115,6 +128,8 @@ pub(crate) trait Host {
     fn me(&self) -> &Identity;
     fn probe(&self, pid: u64) -> Probe;
     fn process_start(&self, pid: u64) -> Option<ProcStart>;
+    fn clock_ticks(&self) -> Option<u64>;
+    fn time_namespace_of(&self, pid: u64) -> Option<String>;
 }
 
 /// The real machine.
@@ -135,6 +150,12 @@ impl Host for System {
     }
     fn process_start(&self, pid: u64) -> Option<ProcStart> {
         sys::process_start(pid)
+    }
+    fn clock_ticks(&self) -> Option<u64> {
+        sys::clock_ticks()
+    }
+    fn time_namespace_of(&self, pid: u64) -> Option<String> {
+        sys::time_namespace_of(pid)
     }
 }
 
@@ -277,7 +298,7 @@ fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Liveness {
         Probe::Dead => Liveness::Gone(StaleReason::DeadOwner),
         Probe::Unknown => Liveness::Unknown,
         Probe::Alive => match (r.start_time, host.process_start(pid)) {
-            (Some(recorded), Some(actual)) if pid_reused(recorded, actual, ev.mtime, host.now()) => {
+            (Some(recorded), Some(actual)) if pid_reused(recorded, pid, actual, ev.mtime, host) => {
                 Liveness::Gone(StaleReason::ReusedPid)
             }
             _ => Liveness::Alive,
@@ -286,28 +307,118 @@ fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Liveness {
 }
 
 /// How much younger than the record a process must be to count as a
-/// newer process: forward wall-clock steps up to this size cannot make a
-/// live owner look like a reused pid.
+/// newer process, for start times on the wall clock: forward wall-clock
+/// steps up to this size cannot make a live owner look like a reused pid.
 const CLOCK_STEP_SLACK_MS: u64 = 30_000;
 
-/// Whether a foreign `startTime` proves the live pid is a newer process:
-/// the start time disagrees, *and* the process is younger than the record
-/// (a process cannot have written a record before it started).
-fn pid_reused(recorded: f64, actual: ProcStart, mtime: SystemTime, now: SystemTime) -> bool {
-    const Y2000_S: f64 = 946_684_800.0;
-    let now_s = epoch_ms(now) as f64 / 1000.0 + 86_400.0;
-    let recorded_ms = if (Y2000_S * 1000.0..=now_s * 1000.0).contains(&recorded) {
-        recorded
-    } else if (Y2000_S..=now_s).contains(&recorded) {
-        // Whole seconds may have been truncated, not rounded.
-        recorded * 1000.0 + 500.0
+/// How far an epoch start time may lie before this boot or after now and
+/// still be read as one: the wall clock may have been stepped since a
+/// process started (an RTC set wrong at boot, NTP catching up, a clock put
+/// back).
+const EPOCH_SLACK_MS: u64 = 86_400_000;
+
+/// What one reading of a foreign `startTime` says about the live process
+/// with the record's pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StartReading {
+    /// It is the writer.
+    Owner,
+    /// It provably is not: its pid was reused.
+    Other,
+    /// This reading cannot tell.
+    Undecided,
+}
+
+/// Whether a foreign `startTime` proves the live pid is a newer process.
+///
+/// The value is read in every unit it is plausible in: start ticks
+/// (`/proc/<pid>/stat` field 22, pi-research's unit on Linux, and
+/// leasehold's), epoch seconds (pi-research elsewhere) and epoch
+/// milliseconds (other writers, earlier leasehold builds). A value
+/// plausible in no unit proves nothing. One plausible in several (epoch
+/// seconds and ticks overlap on a host up for more than about 205 days at
+/// 100 Hz) names the owner if any reading matches, and a reused pid only if
+/// every reading proves it: a live owner is never robbed on a guess.
+fn pid_reused(recorded: f64, pid: u64, actual: ProcStart, mtime: SystemTime, host: &dyn Host) -> bool {
+    let readings = [
+        ticks_reading(recorded, pid, actual, host),
+        epoch_reading(recorded, 1000.0, actual, mtime, host),
+        epoch_reading(recorded, 1.0, actual, mtime, host),
+    ];
+    let mut plausible = readings.into_iter().flatten().peekable();
+    plausible.peek().is_some() && plausible.all(|r| r == StartReading::Other)
+}
+
+/// `recorded` read as start ticks; `None` when it cannot be ticks: not a
+/// whole number, or later than our boot clock now.
+///
+/// Ticks are exact and on the boot clock, so no wall-clock guard (such as
+/// the "younger than the record" rule for epoch units) is needed: the
+/// owner's value matches to within one tick (pi-research's own tolerance),
+/// any other live process's does not. What *is* needed is one view of the
+/// boot clock: the kernel shows field 22 shifted by the *reader's* time
+/// namespace, so the value is compared only when the live process is in
+/// our time namespace (then, were it the writer, it wrote what we read).
+/// A process in another one, or whose namespace cannot be read (another
+/// user's), is undecided: a pi-research writer in a restored container may
+/// have written shifted ticks, and the record names no namespace.
+fn ticks_reading(recorded: f64, pid: u64, actual: ProcStart, host: &dyn Host) -> Option<StartReading> {
+    let hz = host.clock_ticks()?;
+    let now_ticks = host.boot_clock_ms().saturating_mul(hz) / 1000;
+    if !(recorded.is_finite()
+        && recorded >= 0.0
+        && recorded.fract() == 0.0
+        && recorded <= (now_ticks + 1) as f64)
+    {
+        return None;
+    }
+    let ours = &host.me().time_ns;
+    // A kernel without time namespaces (we have none) has one boot clock.
+    let comparable = ours.is_none() || host.time_namespace_of(pid).as_ref() == ours.as_ref();
+    Some(if !comparable {
+        StartReading::Undecided
+    } else if (recorded - actual.ticks as f64).abs() <= 1.0 {
+        StartReading::Owner
     } else {
-        return false;
-    };
-    let differs = (recorded_ms - actual.epoch_ms as f64).abs() > START_TOLERANCE_MS as f64;
-    let record_age_ms = epoch_ms(now).saturating_sub(epoch_ms(mtime));
+        StartReading::Other
+    })
+}
+
+/// `recorded` read as epoch time in units of `ms_per_unit` milliseconds;
+/// `None` when it cannot be such a start: more than a day before this
+/// boot or after now. A mismatch proves a reused pid only when the start
+/// times differ by more than two seconds *and* the live process is younger
+/// than the record (a process cannot have written a record before it
+/// started) by more than the clock-step slack.
+fn epoch_reading(
+    recorded: f64,
+    ms_per_unit: f64,
+    actual: ProcStart,
+    mtime: SystemTime,
+    host: &dyn Host,
+) -> Option<StartReading> {
+    let now_ms = epoch_ms(host.now());
+    let boot_ms = now_ms.saturating_sub(host.boot_clock_ms());
+    let earliest = boot_ms.saturating_sub(EPOCH_SLACK_MS) as f64;
+    let latest = now_ms.saturating_add(EPOCH_SLACK_MS) as f64;
+    let mut recorded_ms = recorded * ms_per_unit;
+    if !(recorded_ms.is_finite() && (earliest..=latest).contains(&recorded_ms)) {
+        return None;
+    }
+    if ms_per_unit > 1.0 {
+        // Whole seconds may have been truncated, not rounded.
+        recorded_ms += ms_per_unit / 2.0;
+    }
+    if (recorded_ms - actual.epoch_ms as f64).abs() <= START_TOLERANCE_MS as f64 {
+        return Some(StartReading::Owner);
+    }
+    let record_age_ms = now_ms.saturating_sub(epoch_ms(mtime));
     let younger_than_record = actual.age_ms.saturating_add(CLOCK_STEP_SLACK_MS) < record_age_ms;
-    differs && younger_than_record
+    Some(if younger_than_record {
+        StartReading::Other
+    } else {
+        StartReading::Undecided
+    })
 }
 
 /// Whether the record's `renewedAtBoot` is on our own boot clock: the same
@@ -416,6 +527,8 @@ mod tests {
         boot_ms: u64,
         me: Identity,
         procs: HashMap<u64, Option<ProcStart>>,
+        /// Time namespaces of pids, where not ours (`None`: unreadable).
+        time_ns_of: HashMap<u64, Option<String>>,
     }
 
     impl Host for Fake {
@@ -439,6 +552,15 @@ mod tests {
         }
         fn process_start(&self, pid: u64) -> Option<ProcStart> {
             self.procs.get(&pid).copied().flatten()
+        }
+        fn clock_ticks(&self) -> Option<u64> {
+            Some(100)
+        }
+        fn time_namespace_of(&self, pid: u64) -> Option<String> {
+            match self.time_ns_of.get(&pid) {
+                Some(ns) => ns.clone(),
+                None => self.me.time_ns.clone(),
+            }
         }
     }
 
@@ -485,12 +607,14 @@ mod tests {
                 pid: 1,
                 hostname: "here".into(),
                 start: None,
+                start_time: None,
                 boot_id: Some("boot-a".into()),
                 pid_ns: Some("pid:[1]".into()),
                 time_ns: Some("time:[1]".into()),
                 machine_id: Some("machine-a".into()),
             },
             procs,
+            time_ns_of: HashMap::new(),
         }
     }
 
@@ -755,6 +879,101 @@ mod tests {
         );
         assert_eq!(
             verdict(&secs, 60_000, None),
+            Verdict::Stale(StaleReason::ReusedPid)
+        );
+    }
+
+    /// A host up for `uptime_s`, with pid 500 started `age_s` ago.
+    fn host_up(uptime_s: u64, age_s: u64) -> (Fake, u64) {
+        let mut host = fake();
+        host.boot_ms = uptime_s * 1000;
+        let ticks = (uptime_s - age_s) * 100;
+        host.procs.insert(
+            500,
+            Some(ProcStart {
+                ticks,
+                epoch_ms: NOW_MS - age_s * 1000,
+                age_ms: age_s * 1000,
+            }),
+        );
+        (host, ticks)
+    }
+
+    fn judge_on(host: &Fake, json: &str, mtime_ms_ago: u64) -> Verdict {
+        let parsed = parse(json.as_bytes());
+        let ev = Evidence {
+            parsed: &parsed,
+            mtime: at(mtime_ms_ago),
+            flock_free: None,
+            known_for: Duration::ZERO,
+        };
+        judge(&ev, RULES, host)
+    }
+
+    fn pi_research(pid: u64, start: impl std::fmt::Display) -> String {
+        format!(r#"{{"uuid":"u","pid":{pid},"startTime":{start}}}"#)
+    }
+
+    #[test]
+    fn start_ticks_name_the_owner_exactly() {
+        let (host, ticks) = host_up(2_000, 500);
+        // pi-research's own tolerance: within one tick is the owner.
+        for start in [ticks - 1, ticks, ticks + 1] {
+            assert_eq!(
+                judge_on(&host, &pi_research(500, start), 0),
+                Verdict::Live,
+                "{start}"
+            );
+        }
+        // Anything else is a newer process with the pid: reclaimed at
+        // once, however fresh the record.
+        for start in [ticks + 2, ticks - 2, 0, 100, 200_000] {
+            assert_eq!(
+                judge_on(&host, &pi_research(500, start), 0),
+                Verdict::Stale(StaleReason::ReusedPid),
+                "{start}"
+            );
+        }
+        // Not ticks: later than the boot clock now, or not a whole number.
+        for start in ["200002", "150000.5", "-1"] {
+            assert_eq!(
+                judge_on(&host, &pi_research(500, start), 0),
+                Verdict::Live,
+                "{start}"
+            );
+        }
+    }
+
+    #[test]
+    fn start_ticks_compare_only_within_one_time_namespace() {
+        let (mut host, ticks) = host_up(2_000, 500);
+        let wrong = pi_research(500, ticks + 50);
+        // The live process is in another time namespace, or its namespace
+        // cannot be read: its writer may have seen shifted ticks.
+        host.time_ns_of.insert(500, Some("time:[2]".into()));
+        assert_eq!(judge_on(&host, &wrong, 0), Verdict::Live);
+        host.time_ns_of.insert(500, None);
+        assert_eq!(judge_on(&host, &wrong, 0), Verdict::Live);
+        // A kernel without time namespaces has one boot clock.
+        host.me.time_ns = None;
+        assert_eq!(judge_on(&host, &wrong, 0), Verdict::Stale(StaleReason::ReusedPid));
+    }
+
+    #[test]
+    fn a_start_time_plausible_in_two_units_is_the_owners_if_either_matches() {
+        // Up 250 days at 100 Hz: tick counts reach epoch seconds.
+        let (host, ticks) = host_up(250 * 86_400, 47 * 86_400);
+        let epoch_s = (NOW_MS - 47 * 86_400_000) / 1000;
+        assert!(ticks > (NOW_MS / 1000 - 250 * 86_400) && ticks < NOW_MS / 1000);
+        assert_eq!(judge_on(&host, &pi_research(500, ticks), 0), Verdict::Live);
+        assert_eq!(judge_on(&host, &pi_research(500, epoch_s), 0), Verdict::Live);
+        // Ticks that match nothing, as epoch seconds a start after the
+        // process's own: a reused pid only once the process is provably
+        // younger than the record in that unit too.
+        let wrong = pi_research(500, ticks + 50);
+        assert_eq!(judge_on(&host, &wrong, 0), Verdict::Live);
+        assert_eq!(
+            judge_on(&host, &wrong, 50 * 86_400_000),
             Verdict::Stale(StaleReason::ReusedPid)
         );
     }

@@ -517,7 +517,7 @@ pub(crate) fn own_record(holder_id: &str, lease: Duration, name: &LockName) -> O
         OwnRecord {
             uuid: acquisition_id(),
             pid: me.pid,
-            start_time: me.start.map(|s| s.epoch_ms),
+            start_time: me.start_time,
             holder_id: holder_id.to_owned(),
             hostname: me.hostname.clone(),
             acquired_at: record::format_time(now),

@@ -74,6 +74,21 @@ pub(crate) fn process_start(pid: u64) -> Option<ProcStart> {
     imp::process_start(pid)
 }
 
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of
+/// [`ProcStart::ticks`]; `None` on platforms without `/proc`.
+pub(crate) fn clock_ticks() -> Option<u64> {
+    imp::clock_ticks()
+}
+
+/// The time namespace of process `pid` (the link text of
+/// `/proc/<pid>/ns/time`), which tells whether its view of the boot
+/// clock, and so of start ticks, is ours. `None` when it cannot be read:
+/// gone, another user's process, a kernel without time namespaces, or a
+/// platform without `/proc`.
+pub(crate) fn time_namespace_of(pid: u64) -> Option<String> {
+    imp::time_namespace_of(pid)
+}
+
 /// Milliseconds on a clock that never jumps and, on Linux, keeps counting
 /// through suspend (`CLOCK_BOOTTIME`), so a lease measured on it expires for
 /// holder and reclaimer alike after a laptop lid was closed.
@@ -87,6 +102,11 @@ pub(crate) struct Identity {
     pub(crate) pid: u32,
     pub(crate) hostname: String,
     pub(crate) start: Option<ProcStart>,
+    /// The `startTime` this process writes into its records, in the unit
+    /// pi-research's process-lifecycle service reads on this platform: on
+    /// Linux the start ticks (`/proc/self/stat` field 22, as this time
+    /// namespace shows them), elsewhere whole seconds since the epoch.
+    pub(crate) start_time: Option<u64>,
     /// Changes at every boot; `None` where the platform has no such id.
     pub(crate) boot_id: Option<String>,
     /// The pid namespace, so two containers sharing a lock directory do not
@@ -108,6 +128,7 @@ pub(crate) fn identity() -> &'static Identity {
     static IDENTITY: OnceLock<Identity> = OnceLock::new();
     IDENTITY.get_or_init(|| {
         let pid = std::process::id();
+        let start = process_start(u64::from(pid));
         Identity {
             pid,
             hostname: nix::unistd::gethostname()
@@ -118,12 +139,57 @@ pub(crate) fn identity() -> &'static Identity {
                 .ok()
                 .map(|id| id.trim().to_owned())
                 .filter(|id| !id.is_empty()),
-            start: process_start(u64::from(pid)),
+            start,
+            start_time: imp::own_start_time(start),
             boot_id: imp::boot_id(),
             pid_ns: imp::pid_namespace(),
             time_ns: imp::time_namespace(),
         }
     })
+}
+
+/// The start of process `pid` in whole seconds since the epoch, as
+/// `ps -o lstart=` shows it in UTC: how a platform without `/proc` learns
+/// its own start (once, at the first lock), in the unit pi-research's
+/// process-lifecycle service compares there.
+#[cfg(any(not(target_os = "linux"), test))]
+fn ps_start_epoch_s(pid: u32) -> Option<u64> {
+    let out = std::process::Command::new("ps")
+        .args(["-o", "lstart=", "-p", &pid.to_string()])
+        .env("TZ", "UTC0")
+        .env("LC_ALL", "C")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    parse_lstart(std::str::from_utf8(&out.stdout).ok()?)
+}
+
+/// Parses `ps`'s `lstart` column in the C locale and UTC, such as
+/// `Thu Dec  3 17:32:48 2026`, into seconds since the epoch.
+#[cfg(any(not(target_os = "linux"), test))]
+fn parse_lstart(text: &str) -> Option<u64> {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let mut fields = text.split_ascii_whitespace();
+    let _weekday = fields.next()?;
+    let month = fields.next()?;
+    let month = MONTHS.iter().position(|m| *m == month)?;
+    let day: u8 = fields.next()?.parse().ok()?;
+    let mut hms = fields.next()?.split(':').map(str::parse::<u8>);
+    let (h, m, s) = (hms.next()?.ok()?, hms.next()?.ok()?, hms.next()?.ok()?);
+    let year: i32 = fields.next()?.parse().ok()?;
+    if fields.next().is_some() || hms.next().is_some() {
+        return None;
+    }
+    let month = time::Month::try_from(u8::try_from(month + 1).ok()?).ok()?;
+    let date = time::Date::from_calendar_date(year, month, day).ok()?;
+    let at = date.with_hms(h, m, s).ok()?.assume_utc();
+    u64::try_from(at.unix_timestamp()).ok()
 }
 
 /// What the directory watcher saw.
@@ -195,5 +261,41 @@ pub(crate) fn rename_noreplace(dir: &std::fs::File, from: &str, to: &str) -> Res
             Err(Errno::EEXIST | Errno::ENOTEMPTY) => Err(RenameError::Exists),
             Err(e) => Err(RenameError::Io(e.into())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lstart_is_read_in_utc() {
+        assert_eq!(parse_lstart("Thu Dec  3 17:32:48 2026\n"), Some(1_796_319_168));
+        assert_eq!(parse_lstart("Thu Jan  1 00:00:00 1970"), Some(0));
+        for bad in [
+            "",
+            "Thu Dec 3 17:32 2026",
+            "Thu Foo  3 17:32:48 2026",
+            "Thu Dec 32 17:32:48 2026",
+        ] {
+            assert_eq!(parse_lstart(bad), None, "{bad:?}");
+        }
+    }
+
+    /// The `ps` fallback that platforms without `/proc` use agrees, to the
+    /// second, with the start Linux reads from `/proc`.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn ps_agrees_with_proc() {
+        let Some(from_ps) = ps_start_epoch_s(std::process::id()) else {
+            eprintln!("skipped: no usable `ps` here");
+            return;
+        };
+        let start = process_start(u64::from(std::process::id())).expect("own /proc entry");
+        let from_proc = start.epoch_ms / 1000;
+        assert!(
+            from_ps.abs_diff(from_proc) <= 1,
+            "ps {from_ps}, /proc {from_proc}"
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
-use common::{ChildProc, dead_pid, iso, own_start_ms, plant};
+use common::{ChildProc, dead_pid, iso, own_start_ms, plant, start_ticks};
 use leasehold::{Locker, PathStyle, Strategy};
 
 #[test]
@@ -141,12 +141,13 @@ async fn second_seed_records_are_read_and_judged() {
     let record =
         |pid: u32, start: String| fixture("seed2-record.json", &[("PID", pid.to_string()), ("START", start)]);
 
-    // Live, in the unit we write and in units we do not: never robbed.
+    // Live, in pi-research's unit on Linux (start ticks), in the wall-clock
+    // units other writers use, and in units nobody uses: never robbed.
     for (name, start) in [
+        ("ticks", start_ticks(me).to_string()),
         ("ms", start.to_string()),
         ("seconds", (start / 1000).to_string()),
         ("fractional-seconds", format!("{:.3}", start as f64 / 1000.0)),
-        ("ticks", "4242424".to_owned()),
         ("micros", (start * 1000).to_string()),
     ] {
         plant2(name, &record(me, start), 30);
@@ -204,15 +205,19 @@ async fn our_records_carry_what_the_seeds_read() {
         } else {
             std::fs::read_to_string(&path).unwrap()
         };
-        // The second seed: `JSON.parse(content.trim())`, `uuid` a string,
-        // `pid` and `startTime` numbers.
+        // pi-research: `JSON.parse(content.trim())`, `uuid` a string, `pid`
+        // and `startTime` numbers, the latter in its process-lifecycle
+        // service's unit: on Linux, field 22 of /proc/<pid>/stat.
         let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
         assert!(v["uuid"].is_string());
-        assert_eq!(v["pid"].as_u64(), Some(u64::from(std::process::id())));
-        assert!(
-            v["startTime"].as_u64().unwrap() > 1_600_000_000_000,
-            "startTime is epoch ms"
+        let me = std::process::id();
+        assert_eq!(v["pid"].as_u64(), Some(u64::from(me)));
+        assert_eq!(
+            v["startTime"].as_u64(),
+            Some(start_ticks(me)),
+            "startTime is start ticks"
         );
+        assert_eq!(v["procStart"], v["startTime"]);
         // The first seed: pid number, hostname, holderId, ISO timestamps,
         // and a lease that has not run out.
         assert_eq!(v["hostname"].as_str(), Some(hostname().as_str()));
@@ -318,4 +323,230 @@ async fn the_first_seeds_own_code_and_leasehold_exclude_each_other() {
     ours.signal(nix::sys::signal::Signal::SIGKILL);
     drop(ours);
     assert_eq!(seed1_output(dir.path(), "ours", &["try"]), ["true"]);
+}
+
+/// A child process killed (by pid) and reaped when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs pi-research's own `FileLockService`, wired with its Linux
+/// process-lifecycle service, on `DIR/NAME.lock` (see the driver).
+fn seed2(dir: &Path, name: &str, mode: &[&str]) -> Killed {
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed2/driver.mjs");
+    let child = Command::new("node")
+        .arg(driver)
+        .arg(dir)
+        .arg(name)
+        .args(mode)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run node");
+    Killed(child)
+}
+
+/// The driver's output lines, and how often it judged an owner dead
+/// (`reclaims`) and renamed a lock to a trash name (`trashed`).
+struct Seed2Run {
+    lines: Vec<String>,
+    reclaims: u64,
+    trashed: u64,
+}
+
+fn seed2_finish(mut run: Killed) -> Seed2Run {
+    let stdout = run.0.stdout.take().unwrap();
+    let lines: Vec<String> = BufReader::new(stdout).lines().map(Result::unwrap).collect();
+    run.0.wait().unwrap();
+    let last = lines.last().cloned().unwrap_or_default();
+    let counts: Vec<u64> = last.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    assert!(last.starts_with("reclaims ") && counts.len() == 2, "{lines:?}");
+    Seed2Run {
+        lines,
+        reclaims: counts[0],
+        trashed: counts[1],
+    }
+}
+
+fn seed2_run(dir: &Path, name: &str, mode: &[&str]) -> Seed2Run {
+    seed2_finish(seed2(dir, name, mode))
+}
+
+fn no_node(what: &str) -> bool {
+    if node().is_none() {
+        eprintln!("skipped: node is not installed, so pi-research's code cannot run here ({what})");
+        return true;
+    }
+    false
+}
+
+fn plain_locker(dir: &Path) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .path_style(PathStyle::Plain)
+        .build()
+        .unwrap()
+}
+
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().ino()
+}
+
+fn record_at(path: &Path) -> serde_json::Value {
+    serde_json::from_str(std::fs::read_to_string(path).unwrap().trim()).unwrap()
+}
+
+/// pi-research's real `FileLockService`, with a process-lifecycle service
+/// that compares start ticks within 1 as pi-research's does on Linux,
+/// never enters a live leasehold holder's lock, and takes at once the lock
+/// of a dead holder whose pid now belongs to another process.
+#[test]
+fn pi_researchs_own_code_honours_live_leasehold_holders_and_reclaims_reused_pids() {
+    if no_node("live and reused leasehold holders") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let path = dir.path().join("state.lock");
+    let holder = ChildProc::spawn_env(
+        Strategy::ExclusiveFile,
+        "hold",
+        &[d, "state", "10000"],
+        &[(common::PLAIN_ENV, "1")],
+    );
+    holder.expect("acquired", Duration::from_secs(20));
+    let (ino, uuid) = (inode(&path), record_at(&path)["uuid"].clone());
+
+    // For 3 s, fresh services try again and again (200 ms timeout each).
+    let run = seed2_run(dir.path(), "state", &["try_for", "3000"]);
+    assert!(run.lines[0].starts_with("kept "), "{:?}", run.lines);
+    assert_eq!((run.reclaims, run.trashed), (0, 0), "{:?}", run.lines);
+    assert_eq!(inode(&path), ino, "the holder's lock file is untouched");
+    assert_eq!(record_at(&path)["uuid"], uuid);
+
+    // The holder dies, and its pid is taken by an unrelated process
+    // (simulated: the record is pointed at a live `sleep`).
+    holder.signal(nix::sys::signal::Signal::SIGKILL);
+    drop(holder);
+    let sleeper = Killed(Command::new("sleep").arg("60").spawn().unwrap());
+    let mut record = record_at(&path);
+    record["pid"] = sleeper.0.id().into();
+    std::fs::write(&path, record.to_string()).unwrap();
+    let run = seed2_run(dir.path(), "state", &["try", "2000"]);
+    assert_eq!(run.lines[0], "true", "{:?}", run.lines);
+    assert_eq!(run.reclaims, 1, "{:?}", run.lines);
+}
+
+/// leasehold reads pi-research's `startTime` as start ticks, exactly: a
+/// live pi-research holder (its own code) keeps its lock, and a record
+/// whose live pid started at another tick is a reused pid, reclaimed at
+/// once however fresh the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leasehold_honours_live_pi_research_holders_and_reclaims_reused_pids() {
+    if no_node("live and reused pi-research holders") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let locker = plain_locker(dir.path());
+    let path = dir.path().join("state.lock");
+
+    let mut holder = seed2(dir.path(), "state", &["hold", "4000"]);
+    let mut lines = BufReader::new(holder.0.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "acquired");
+    let record = record_at(&path);
+    assert_eq!(record["pid"].as_u64(), Some(u64::from(holder.0.id())));
+    assert_eq!(record["startTime"].as_u64(), Some(start_ticks(holder.0.id())));
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let info = locker.inspect("state").await.unwrap().expect("held");
+        assert!(!info.is_stale(), "{:?}", info.stale_reason());
+        assert!(locker.try_acquire("state").await.unwrap().is_none(), "robbed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(lines.next().unwrap().unwrap(), "released");
+    drop(holder);
+
+    // A live process, and a fresh record naming it with a start it did not
+    // have: its pid was reused. With its own start: its owner lives.
+    let sleeper = Killed(Command::new("sleep").arg("60").spawn().unwrap());
+    let pid = sleeper.0.id();
+    let ticks = start_ticks(pid);
+    let record = |start: u64| {
+        fixture(
+            "seed2-record.json",
+            &[("PID", pid.to_string()), ("START", start.to_string())],
+        )
+    };
+    plant(Strategy::ExclusiveFile, &path, &record(ticks), Duration::ZERO);
+    assert!(!locker.inspect("state").await.unwrap().unwrap().is_stale());
+    assert!(locker.try_acquire("state").await.unwrap().is_none());
+    plant(
+        Strategy::ExclusiveFile,
+        &path,
+        &record(ticks - 100),
+        Duration::ZERO,
+    );
+    let info = locker.inspect("state").await.unwrap().expect("held");
+    assert_eq!(
+        info.stale_reason(),
+        Some("owner pid was reused by a newer process")
+    );
+    assert!(locker.try_acquire("state").await.unwrap().is_some());
+}
+
+/// Two leasehold and two pi-research processes (its own code) increment
+/// one counter under one lock: neither system ever judges a live holder of
+/// the other dead.
+#[test]
+fn pi_research_and_leasehold_processes_share_a_counter() {
+    if no_node("mixed counter") {
+        return;
+    }
+    const N: u64 = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let counter = dir.path().join("counter");
+    let c = counter.to_str().unwrap();
+    let n = N.to_string();
+    let ours: Vec<ChildProc> = (0..2)
+        .map(|_| {
+            ChildProc::spawn_env(
+                Strategy::ExclusiveFile,
+                "count",
+                &[d, "state", &n, c],
+                &[(common::PLAIN_ENV, "1")],
+            )
+        })
+        .collect();
+    let theirs: Vec<Killed> = (0..2)
+        .map(|_| seed2(dir.path(), "state", &["count", &n, c]))
+        .collect();
+    let runs: Vec<Seed2Run> = theirs.into_iter().map(seed2_finish).collect();
+    for mut child in ours {
+        assert!(child.wait(Duration::from_secs(60)).success());
+    }
+    for run in &runs {
+        assert_eq!(run.lines[0], "done", "{:?}", run.lines);
+        assert_eq!(
+            run.reclaims, 0,
+            "pi-research judged a live holder dead: {:?}",
+            run.lines
+        );
+    }
+    let total: u64 = std::fs::read_to_string(&counter).unwrap().trim().parse().unwrap();
+    let unjudged: u64 = runs.iter().map(|r| r.trashed).sum();
+    if unjudged == 0 {
+        assert_eq!(total, 4 * N, "lost updates");
+    } else {
+        // FileLockService's own race (see the driver): not leasehold's to fix.
+        eprintln!(
+            "pi-research trashed {unjudged} lock(s) without judging their owner; counter {total} of {}",
+            4 * N
+        );
+    }
 }

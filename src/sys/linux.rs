@@ -41,12 +41,22 @@ fn start_ticks(stat: &str) -> Option<u64> {
 }
 
 /// Clock ticks per second.
-fn clock_ticks() -> Option<u64> {
+pub(super) fn clock_ticks() -> Option<u64> {
     static HZ: OnceLock<Option<u64>> = OnceLock::new();
     *HZ.get_or_init(|| {
         let hz = sysconf(SysconfVar::CLK_TCK).ok()??;
         u64::try_from(hz).ok().filter(|&hz| hz > 0)
     })
+}
+
+/// pi-research's `startTime` on Linux: the start ticks themselves.
+pub(super) fn own_start_time(start: Option<ProcStart>) -> Option<u64> {
+    start.map(|s| s.ticks)
+}
+
+pub(super) fn time_namespace_of(pid: u64) -> Option<String> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/time")).ok()?;
+    link.into_os_string().into_string().ok()
 }
 
 pub(super) fn boot_clock_ms() -> u64 {

@@ -1,11 +1,27 @@
 //! Unix systems without `/proc`: liveness falls back to `kill(pid, 0)` and
 //! leases to the wall clock, because start times and boot ids are unknown.
+//! Only this process's own start is learnt (from `ps`), to be written as
+//! the `startTime` that pi-research compares.
 
 use nix::time::{ClockId, clock_gettime};
 
 use super::ProcStart;
 
 pub(super) fn process_start(_pid: u64) -> Option<ProcStart> {
+    None
+}
+
+pub(super) fn clock_ticks() -> Option<u64> {
+    None
+}
+
+/// pi-research's `startTime` here: whole seconds since the epoch, from
+/// `ps`, since the start of a process cannot be read without `/proc`.
+pub(super) fn own_start_time(_start: Option<ProcStart>) -> Option<u64> {
+    super::ps_start_epoch_s(std::process::id())
+}
+
+pub(super) fn time_namespace_of(_pid: u64) -> Option<String> {
     None
 }
 

@@ -18,6 +18,9 @@ use nix::unistd::Pid;
 
 const ROLE_ENV: &str = "LEASEHOLD_TEST_ROLE";
 const STRATEGY_ENV: &str = "LEASEHOLD_TEST_STRATEGY";
+/// Set in a child's environment to build its lockers with `PathStyle::Plain`
+/// (`<name>.lock`, as pi-research names its lock files).
+pub const PLAIN_ENV: &str = "LEASEHOLD_TEST_PLAIN";
 /// Set in a child's environment to build its lockers with fencing on.
 pub const FENCING_ENV: &str = "LEASEHOLD_TEST_FENCING";
 const ARGS_ENV: &str = "LEASEHOLD_TEST_ARGS";
@@ -59,8 +62,14 @@ fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
         Ok("dir") => leasehold::Strategy::Directory,
         _ => leasehold::Strategy::ExclusiveFile,
     };
+    let style = if std::env::var_os(PLAIN_ENV).is_some() {
+        leasehold::PathStyle::Plain
+    } else {
+        leasehold::PathStyle::Hashed
+    };
     Locker::builder()
         .directory(dir)
+        .path_style(style)
         .fencing(std::env::var_os(FENCING_ENV).is_some())
         .strategy(strategy)
         .lease(Duration::from_millis(lease_ms))
@@ -350,17 +359,23 @@ pub fn dead_pid() -> u32 {
     pid
 }
 
-/// This process's start in ms since the epoch, computed as a second-seed
-/// writer with a process-lifecycle service would (boot time plus start
-/// ticks).
-pub fn own_start_ms() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let ticks: u64 = stat[stat.rfind(')').unwrap() + 1..]
+/// Field 22 of `/proc/<pid>/stat`: the start in clock ticks since boot,
+/// which is the `startTime` pi-research's process-lifecycle service writes
+/// and compares on Linux.
+pub fn start_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat[stat.rfind(')').unwrap() + 1..]
         .split_whitespace()
         .nth(19)
         .unwrap()
         .parse()
-        .unwrap();
+        .unwrap()
+}
+
+/// This process's start in ms since the epoch (boot time plus start
+/// ticks), as writers that use the wall clock record it.
+pub fn own_start_ms() -> u64 {
+    let ticks = start_ticks(std::process::id());
     let btime: u64 = std::fs::read_to_string("/proc/stat")
         .unwrap()
         .lines()
