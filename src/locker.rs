@@ -712,7 +712,7 @@ impl Locker {
         let Some(head) = slot.try_head() else {
             return Ok(None);
         };
-        match self.attempt(&name).await? {
+        match self.attempt(&name, None).await? {
             Attempt::Acquired(hold) => {
                 head.disarm();
                 self.finish(&name, hold, slot, started, false).await.map(Some)
@@ -1225,7 +1225,7 @@ impl Locker {
             let changed = slot.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let recheck_at = match self.attempt(name).await? {
+            let recheck_at = match self.attempt(name, deadline).await? {
                 Attempt::Acquired(hold) => return Ok((hold, waited)),
                 Attempt::Busy { owner, recheck_at } => {
                     if !waited {
@@ -1299,7 +1299,10 @@ impl Locker {
     /// Its result travels back over a channel rather than the task's join
     /// handle so that if this future was dropped meanwhile, the attempt's
     /// lock is dropped (and so removed) right there in the blocking task.
-    async fn attempt(&self, name: &LockName) -> Result<Attempt> {
+    ///
+    /// A lock server is told `deadline`, so that a statement stuck there
+    /// cannot keep the caller past it.
+    async fn attempt(&self, name: &LockName, deadline: Option<Instant>) -> Result<Attempt> {
         bump(&self.inner.counters.fs_attempts);
         match &self.inner.store {
             Store::Files(ctx) => {
@@ -1319,7 +1322,7 @@ impl Locker {
                 // The hold is made (and its heartbeat armed) where the
                 // lock was taken, as with files.
                 blocking(move || {
-                    Ok(match pg.try_lock(&name)? {
+                    Ok(match pg.try_lock(&name, deadline)? {
                         Some((lock, tokens)) => {
                             Attempt::Acquired(keeper.hold(name.as_str(), Held::Pg(lock), Some(tokens)))
                         }
