@@ -724,7 +724,9 @@ impl Locker {
     /// Acquires the lock `name`, waiting at most `timeout`.
     ///
     /// At least one attempt is made, even with a zero timeout; the deadline
-    /// is checked between attempts.
+    /// is checked between attempts. On a PostgreSQL server it also ends an
+    /// attempt that the server is slow to answer (see *PostgreSQL* in the
+    /// crate docs).
     ///
     /// # Errors
     ///
