@@ -262,11 +262,13 @@ async fn cancelled_waits_leave_nothing_held_and_names_are_independent() {
 /// A connection of the test's own on a thread of its own (the synchronous
 /// client cannot run on the test's runtime), kept across statements, so
 /// that a transaction can stay open between them.
-struct Conn(std::sync::mpsc::Sender<Box<dyn FnOnce(&mut postgres::Client) + Send>>);
+struct Conn(std::sync::mpsc::Sender<Statement>);
+
+type Statement = Box<dyn FnOnce(&mut postgres::Client) + Send>;
 
 impl Conn {
     fn open(url: String) -> Self {
-        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce(&mut postgres::Client) + Send>>();
+        let (tx, rx) = std::sync::mpsc::channel::<Statement>();
         std::thread::spawn(move || {
             let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
             for statement in rx {
