@@ -795,8 +795,50 @@ fn tokens(last: i64) -> Tokens {
 }
 
 #[cfg(test)]
+#[path = "../tests/support/pg_server.rs"]
+#[allow(unreachable_pub, missing_docs, missing_debug_implementations)]
+mod pg_server;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The session thread owns the outcome of an attempt: a lock granted
+    /// and recorded after its caller has gone is unlocked there.
+    #[test]
+    fn a_grant_whose_caller_is_gone_is_unlocked() {
+        let server = pg_server::Server::start();
+        let lease = Duration::from_secs(30);
+        let store = PgStore::connect(&server.url(), "test".into(), lease, Box::new(|_| {})).unwrap();
+        let name = LockName::from_name("gone");
+        let (reply, answer) = mpsc::channel();
+        drop(answer);
+        store
+            .line
+            .send(Command::TryLock {
+                owner: Box::new(crate::strategy::own_record("test", lease, &name)),
+                name: name.clone(),
+                key: key("gone"),
+                until: Instant::now() + Duration::from_secs(10),
+                line: store.line.clone(),
+                reply,
+            })
+            .unwrap();
+        // Commands run in order: once this answers, the attempt is over.
+        assert!(store.inspect(None).unwrap().is_empty());
+        let (recorded, locks): (i64, i64) = server.sql(|c| {
+            let row = c
+                .query_one(
+                    "SELECT (SELECT fencing_token FROM leasehold_locks WHERE name = 'gone'),
+                            (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory')",
+                    &[],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        });
+        assert_eq!(recorded, TOKEN_BLOCK, "the lock was granted and recorded");
+        assert_eq!(locks, 0, "then let go");
+    }
 
     #[test]
     fn keys_are_stable_and_distinct() {
