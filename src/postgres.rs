@@ -622,7 +622,12 @@ impl Session {
     fn record(&mut self, name: &str, key: i64, owner: &OwnRecord, left: Duration) -> Result<Option<i64>> {
         let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
         let ms = left.as_millis().clamp(1, i32::MAX as u128);
-        let client = self.client()?;
+        // Never a new connection: the advisory lock is on this one.
+        let Some(client) = self.live() else {
+            return Err(Error::Unsupported {
+                what: "the PostgreSQL connection closed during an attempt",
+            });
+        };
         client
             .batch_execute(&format!("SET statement_timeout = {ms}"))
             .map_err(pg_error("set a statement timeout"))?;
