@@ -162,6 +162,23 @@
 //! - Dropping a guard queues `pg_advisory_unlock` on the connection without
 //!   waiting; the session thread sends it at once. `release().await` waits
 //!   for the server's answer.
+//! - **Slow servers**: an attempt ends by the caller's deadline (given at
+//!   least 100 ms, so `acquire_timeout(Duration::ZERO)` still makes one),
+//!   and by a quarter of the lease in any case, so that it never holds up
+//!   the heartbeats of the connection's other locks for long. The statement
+//!   that can wait on the server (recording the owner, behind a table lock
+//!   such as a schema change's) runs under a `statement_timeout` that ends
+//!   then. An attempt the server does not answer in time counts as
+//!   contention: `acquire_timeout` returns [`Error::Timeout`] within about
+//!   250 ms of its deadline, `try_acquire` returns `Ok(None)`, and `acquire`
+//!   tries again, waiting out a stalled server instead of failing. A lock
+//!   that the server grants after its caller has gone is unlocked at once.
+//! - **Failed unlocks** (other than by a lost connection, which drops the
+//!   lock anyway) are retried; if they still fail, the connection is closed
+//!   and reopened, so that the server drops every lock of the session. No
+//!   lock is left that nobody owns; the price is that every other guard
+//!   on that connection reports `lost()` ([`LossReason::SessionLost`]), as
+//!   when the session dies.
 //! - **Poolers**: session locks need a session. Behind a pooler in
 //!   transaction mode each statement may run on another server connection,
 //!   so locks would silently not hold. Connect directly, or through a

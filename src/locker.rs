@@ -774,7 +774,7 @@ impl Locker {
         let Some(head) = slot.try_head() else {
             return Ok(None);
         };
-        match self.attempt(&name).await? {
+        match self.attempt(&name, None).await? {
             Attempt::Acquired(hold) => {
                 head.disarm();
                 self.finish(&name, hold, slot, started, false).await.map(Some)
@@ -786,7 +786,9 @@ impl Locker {
     /// Acquires the lock `name`, waiting at most `timeout`.
     ///
     /// At least one attempt is made, even with a zero timeout; the deadline
-    /// is checked between attempts.
+    /// is checked between attempts. On a PostgreSQL server it also ends an
+    /// attempt that the server is slow to answer (see *PostgreSQL* in the
+    /// crate docs).
     ///
     /// # Errors
     ///
@@ -1294,7 +1296,7 @@ impl Locker {
             let changed = slot.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let recheck_at = match self.attempt(name).await? {
+            let recheck_at = match self.attempt(name, deadline).await? {
                 Attempt::Acquired(hold) => return Ok((hold, waited)),
                 Attempt::Busy { owner, recheck_at } => {
                     if !waited {
@@ -1368,7 +1370,10 @@ impl Locker {
     /// Its result travels back over a channel rather than the task's join
     /// handle so that if this future was dropped meanwhile, the attempt's
     /// lock is dropped (and so removed) right there in the blocking task.
-    async fn attempt(&self, name: &LockName) -> Result<Attempt> {
+    ///
+    /// A lock server is told `deadline`, so that a statement stuck there
+    /// cannot keep the caller past it.
+    async fn attempt(&self, name: &LockName, deadline: Option<Instant>) -> Result<Attempt> {
         bump(&self.inner.counters.fs_attempts);
         match &self.inner.store {
             Store::Files(ctx) => {
@@ -1388,7 +1393,7 @@ impl Locker {
                 // The hold is made (and its heartbeat armed) where the
                 // lock was taken, as with files.
                 blocking(move || {
-                    Ok(match pg.try_lock(&name)? {
+                    Ok(match pg.try_lock(&name, deadline)? {
                         Some((lock, tokens)) => {
                             Attempt::Acquired(keeper.hold(name.as_str(), Held::Pg(lock), Some(tokens)))
                         }

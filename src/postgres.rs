@@ -31,11 +31,12 @@
 //! every heartbeat that its server process id has not changed, and treats
 //! a change as the loss of every lock, with a warning.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant, SystemTime};
 
+use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 use sha2::{Digest, Sha256};
@@ -51,8 +52,20 @@ use crate::sys;
 /// strategies, so handoffs do not write the counter each time).
 const TOKEN_BLOCK: i64 = 1024;
 
-/// How long a caller waits for the session thread's answer.
+/// How long a caller waits for the session thread's answer to anything
+/// but an attempt.
 const ANSWER_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The least time an attempt is given, however close its deadline: a few
+/// round trips, so that `acquire_timeout(Duration::ZERO)` still makes one.
+const ATTEMPT_FLOOR: Duration = Duration::from_millis(100);
+
+/// How long past an attempt's end its caller waits for the answer: the
+/// server's report of the cancelled statement, and the unlock after it.
+const ANSWER_GRACE: Duration = Duration::from_millis(250);
+
+/// How many times an unlock is tried before the session is reset instead.
+const UNLOCK_TRIES: usize = 3;
 
 const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS leasehold_locks (
@@ -93,10 +106,15 @@ fn pg_error(op: &'static str) -> impl FnOnce(postgres::Error) -> Error {
 /// What the session thread is asked to do.
 enum Command {
     TryLock {
-        name: String,
+        name: LockName,
         key: i64,
         owner: Box<OwnRecord>,
-        reply: Sender<Result<Option<(u64, Tokens)>>>,
+        /// When the attempt must be over: the caller stops waiting for the
+        /// answer shortly after.
+        until: Instant,
+        /// For the [`PgLock`] that the answer carries.
+        line: Line,
+        reply: Sender<Result<Option<(PgLock, Tokens)>>>,
     },
     Unlock {
         name: String,
@@ -121,10 +139,36 @@ enum Command {
     },
 }
 
+/// The way to the session thread. The thread runs until every `Line` is
+/// gone (the store's and every lock's); closing the connection then drops
+/// whatever is left on the server.
+#[derive(Debug, Clone)]
+pub(crate) struct Line(Sender<Command>);
+
+impl Line {
+    fn send(&self, command: Command) -> Result<()> {
+        self.0.send(command).map_err(|_| Error::Unsupported {
+            what: "the PostgreSQL session thread has stopped",
+        })
+    }
+
+    fn call<T>(&self, make: impl FnOnce(Sender<Result<T>>) -> Command) -> Result<T> {
+        let (reply, answer) = mpsc::channel();
+        self.send(make(reply))?;
+        answer.recv_timeout(ANSWER_PATIENCE).map_err(|_| {
+            Error::io(
+                "wait for the PostgreSQL session",
+                "",
+                std::io::Error::from(std::io::ErrorKind::TimedOut),
+            )
+        })?
+    }
+}
+
 /// A `Locker`'s connection to the server.
 #[derive(Debug)]
 pub(crate) struct PgStore {
-    commands: Mutex<Sender<Command>>,
+    line: Line,
     listening: Arc<AtomicBool>,
     /// Tells the listener thread to stop.
     closed: Arc<AtomicBool>,
@@ -192,7 +236,7 @@ impl PgStore {
             .spawn(move || listen(&url, &*on_notify, &flag, &stop))
             .map_err(|e| Error::io("start the PostgreSQL listener thread", "", e))?;
         Ok(Arc::new(Self {
-            commands: Mutex::new(commands),
+            line: Line(commands),
             listening,
             closed,
             holder_id,
@@ -206,59 +250,52 @@ impl PgStore {
         self.listening.load(Ordering::Acquire)
     }
 
-    fn send(&self, command: Command) -> Result<()> {
-        self.commands
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(command)
-            .map_err(|_| Error::Unsupported {
-                what: "the PostgreSQL session thread has stopped",
-            })
-    }
-
-    fn call<T>(&self, make: impl FnOnce(Sender<Result<T>>) -> Command) -> Result<T> {
+    /// One attempt; `None` when another session holds the lock, or when
+    /// the server did not answer in time.
+    ///
+    /// The attempt is given until `deadline` (at least [`ATTEMPT_FLOOR`]),
+    /// and at most a quarter of the lease, so that one stuck statement does
+    /// not hold up the heartbeats queued behind it on the session; a waiter
+    /// without a deadline simply tries again. Whatever the server answers
+    /// after this call has returned is the session thread's to undo.
+    pub(crate) fn try_lock(
+        &self,
+        name: &LockName,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(PgLock, Tokens)>> {
+        let now = Instant::now();
+        let slice = self.lease / 4;
+        let budget = match deadline {
+            Some(deadline) => deadline
+                .saturating_duration_since(now)
+                .max(ATTEMPT_FLOOR)
+                .min(slice),
+            None => slice,
+        };
         let (reply, answer) = mpsc::channel();
-        self.send(make(reply))?;
-        answer.recv_timeout(ANSWER_PATIENCE).map_err(|_| {
-            Error::io(
-                "wait for the PostgreSQL session",
-                "",
-                std::io::Error::from(std::io::ErrorKind::TimedOut),
-            )
-        })?
-    }
-
-    /// One attempt; `None` when another session holds the lock.
-    pub(crate) fn try_lock(self: &Arc<Self>, name: &LockName) -> Result<Option<(PgLock, Tokens)>> {
-        let owner = crate::strategy::own_record(&self.holder_id, self.lease, name);
-        let key = key(name.as_str());
-        let record = owner.clone();
-        let taken = self.call(|reply| Command::TryLock {
-            name: name.as_str().to_owned(),
-            key,
-            owner: Box::new(owner),
+        self.line.send(Command::TryLock {
+            name: name.clone(),
+            key: key(name.as_str()),
+            owner: Box::new(crate::strategy::own_record(&self.holder_id, self.lease, name)),
+            until: now + budget,
+            line: self.line.clone(),
             reply,
         })?;
-        Ok(taken.map(|(generation, tokens)| {
-            let mut record = record;
-            // The first token of the block is this acquisition's.
-            record.fencing_token = Some(tokens.next);
-            let lock = PgLock {
-                store: Arc::clone(self),
-                name: name.clone(),
-                key,
-                generation,
-                record,
-                armed: true,
-            };
-            (lock, tokens)
-        }))
+        match answer.recv_timeout(budget + ANSWER_GRACE) {
+            Ok(taken) => taken,
+            // A lock granted from now on is dropped with `answer`, or by
+            // the session thread when it finds `answer` gone: unlocked.
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => Err(Error::Unsupported {
+                what: "the PostgreSQL session thread has stopped",
+            }),
+        }
     }
 
     /// The holders known to the table; only those whose advisory lock is
     /// held right now.
     pub(crate) fn inspect(&self, name: Option<&str>) -> Result<Vec<(LockName, Inspection)>> {
-        let rows = self.call(|reply| Command::Inspect {
+        let rows = self.line.call(|reply| Command::Inspect {
             name: name.map(str::to_owned),
             reply,
         })?;
@@ -272,7 +309,7 @@ impl PgStore {
 /// A lock held on the server by this `Locker`'s session.
 #[derive(Debug)]
 pub(crate) struct PgLock {
-    store: Arc<PgStore>,
+    line: Line,
     name: LockName,
     key: i64,
     /// The session the lock was taken on; any later one does not hold it.
@@ -288,7 +325,7 @@ impl PgLock {
 
     fn heartbeat(&self) -> Result<bool> {
         let (key, generation) = (self.key, self.generation);
-        self.store.call(|reply| Command::Heartbeat {
+        self.line.call(|reply| Command::Heartbeat {
             key,
             generation,
             reply,
@@ -314,7 +351,7 @@ impl PgLock {
 
     pub(crate) fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
         let (key, generation, name) = (self.key, self.generation, self.name.as_str().to_owned());
-        self.store.call(|reply| Command::Reserve {
+        self.line.call(|reply| Command::Reserve {
             name,
             key,
             generation,
@@ -331,7 +368,7 @@ impl PgLock {
         }
         self.armed = false;
         let (key, generation, name) = (self.key, self.generation, self.name.as_str().to_owned());
-        self.store.call(|reply| Command::Unlock {
+        self.line.call(|reply| Command::Unlock {
             name,
             key,
             generation,
@@ -351,7 +388,7 @@ impl Drop for PgLock {
                 generation: self.generation,
                 reply: None,
             };
-            if let Err(error) = self.store.send(command) {
+            if let Err(error) = self.line.send(command) {
                 tracing::warn!(lock = self.name.as_str(), %error, "cannot queue an unlock");
             }
         }
@@ -454,10 +491,37 @@ impl Session {
                 name,
                 key,
                 owner,
+                until,
+                line,
                 reply,
             } => {
-                let result = self.try_lock(&name, key, &owner);
-                let _ = reply.send(self.settle(result));
+                let result = self.try_lock(name.as_str(), key, &owner, until);
+                let answer = self.settle(result).map(|taken| {
+                    taken.map(|(generation, tokens)| {
+                        let mut record = *owner;
+                        // The first token of the block is this acquisition's.
+                        record.fencing_token = Some(tokens.next);
+                        let lock = PgLock {
+                            line,
+                            name,
+                            key,
+                            generation,
+                            record,
+                            armed: true,
+                        };
+                        (lock, tokens)
+                    })
+                });
+                if let Err(mpsc::SendError(Ok(Some((mut lock, _))))) = reply.send(answer) {
+                    // The caller gave up: the lock is nobody's. Let it go
+                    // now rather than behind the commands queued meanwhile.
+                    lock.armed = false;
+                    tracing::debug!(
+                        lock = lock.name.as_str(),
+                        "the attempt's caller gave up; unlocking"
+                    );
+                    self.let_go(key, true);
+                }
             }
             Command::Unlock {
                 name,
@@ -500,16 +564,73 @@ impl Session {
         }
     }
 
-    fn try_lock(&mut self, name: &str, key: i64, owner: &OwnRecord) -> Result<Option<(u64, Tokens)>> {
-        let client = self.client()?;
-        let taken: bool = client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
-            .map_err(pg_error("take an advisory lock"))?
-            .get(0);
+    /// One attempt, over by `until`: `None` when the lock is taken
+    /// elsewhere, or could not be recorded in time (and is let go again).
+    ///
+    /// `pg_try_advisory_lock` takes no table lock and answers at once
+    /// unless the server itself stalls; the owner record's `INSERT` can
+    /// wait (behind `LOCK TABLE`, a schema change, a row lock), so it runs
+    /// under a `statement_timeout` that ends at `until`.
+    fn try_lock(
+        &mut self,
+        name: &str,
+        key: i64,
+        owner: &OwnRecord,
+        until: Instant,
+    ) -> Result<Option<(u64, Tokens)>> {
+        // Queued behind slower commands until its caller gave up.
+        if Instant::now() >= until {
+            return Ok(None);
+        }
+        let taken = self
+            .client()?
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&key]);
+        let taken: bool = match taken {
+            Ok(row) => row.get(0),
+            Err(e) => {
+                // It may have been granted before the error: no session
+                // keeps a lock it does not know it has.
+                self.let_go(key, false);
+                return Err(pg_error("take an advisory lock")(e));
+            }
+        };
         if !taken {
             return Ok(None);
         }
+        let left = until.saturating_duration_since(Instant::now());
+        let recorded = if left.is_zero() {
+            Ok(None)
+        } else {
+            self.record(name, key, owner, left)
+        };
+        match recorded {
+            Ok(Some(last)) => Ok(Some((self.generation, tokens(last)))),
+            // Not recorded, so not ours: let it go again.
+            Ok(None) => {
+                self.let_go(key, true);
+                Ok(None)
+            }
+            Err(e) => {
+                self.let_go(key, true);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records the owner and reserves the first block of tokens, under a
+    /// `statement_timeout` of `left`; `None` when that ran out.
+    fn record(&mut self, name: &str, key: i64, owner: &OwnRecord, left: Duration) -> Result<Option<i64>> {
         let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
+        let ms = left.as_millis().clamp(1, i32::MAX as u128);
+        // Never a new connection: the advisory lock is on this one.
+        let Some(client) = self.live() else {
+            return Err(Error::Unsupported {
+                what: "the PostgreSQL connection closed during an attempt",
+            });
+        };
+        client
+            .batch_execute(&format!("SET statement_timeout = {ms}"))
+            .map_err(pg_error("set a statement timeout"))?;
         let row = client.query_one(
             "INSERT INTO leasehold_locks AS l
                  (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token)
@@ -520,29 +641,79 @@ impl Session {
              RETURNING fencing_token",
             &[&name, &key, &TOKEN_BLOCK, &owner.holder_id, &owner.hostname, &pid],
         );
-        let last: i64 = match row {
-            Ok(row) => row.get(0),
-            Err(e) => {
-                // Not recorded, so not ours: let it go again.
-                let _ = client.query_one("SELECT pg_advisory_unlock($1)", &[&key]);
-                return Err(pg_error("record the lock owner")(e));
+        if let Err(error) = client.batch_execute("RESET statement_timeout") {
+            // Every later statement would run under this attempt's
+            // timeout, heartbeats included: start a fresh session.
+            if !client.is_closed() {
+                tracing::warn!(%error, "cannot reset the statement timeout; resetting the PostgreSQL session");
             }
-        };
-        Ok(Some((self.generation, tokens(last))))
+            self.drop_connection();
+            return Err(pg_error("reset the statement timeout")(error));
+        }
+        match row {
+            Ok(row) => Ok(Some(row.get(0))),
+            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(None),
+            Err(e) => Err(pg_error("record the lock owner")(e)),
+        }
+    }
+
+    /// The connection, if it is up.
+    fn live(&mut self) -> Option<&mut Client> {
+        self.client.as_mut().filter(|client| !client.is_closed())
+    }
+
+    /// Unlocks `key`, which this session holds if `held`, trying again
+    /// after a failure; if it cannot, resets the session, which makes the
+    /// server drop the lock (and every other lock of the session: their
+    /// heartbeats then report them lost). Whether the lock was this
+    /// session's to the end.
+    ///
+    /// At most one attempt or lock per key is ever on the session (the
+    /// name's queue sees to that), so an unlock never takes away a lock
+    /// that someone else is counting on.
+    fn let_go(&mut self, key: i64, held: bool) -> bool {
+        let mut failure = String::new();
+        let mut ours = held;
+        for _ in 0..UNLOCK_TRIES {
+            // A closed connection has already dropped the lock.
+            let Some(client) = self.live() else {
+                self.drop_connection();
+                return false;
+            };
+            match client.query_one("SELECT pg_advisory_unlock($1)", &[&key]) {
+                Ok(row) if row.get::<_, bool>(0) => return true,
+                Ok(_) if !held => return false,
+                Ok(_) => {
+                    ours = false;
+                    failure = "the server says the session does not hold it".to_owned();
+                }
+                Err(error) => failure = error.to_string(),
+            }
+        }
+        if self.live().is_some() {
+            tracing::warn!(
+                key,
+                error = failure,
+                "cannot release an advisory lock; resetting the PostgreSQL session, \
+                 which releases every lock on it"
+            );
+        }
+        self.drop_connection();
+        ours
     }
 
     fn unlock(&mut self, name: &str, key: i64, generation: u64) -> Result<bool> {
         if generation != self.generation || self.client.is_none() {
             return Ok(false);
         }
-        let client = self.client()?;
-        let released: bool = client
-            .query_one("SELECT pg_advisory_unlock($1)", &[&key])
-            .map_err(pg_error("release an advisory lock"))?
-            .get(0);
-        client
-            .query_one("SELECT pg_notify('leasehold', $1)", &[&name])
-            .map_err(pg_error("notify waiters"))?;
+        let released = self.let_go(key, true);
+        if let Some(client) = self.live() {
+            // Waiters elsewhere also poll: a lost notification only
+            // delays them.
+            if let Err(error) = client.query_one("SELECT pg_notify('leasehold', $1)", &[&name]) {
+                tracing::debug!(lock = name, %error, "cannot notify waiters");
+            }
+        }
         Ok(released)
     }
 
@@ -629,8 +800,50 @@ fn tokens(last: i64) -> Tokens {
 }
 
 #[cfg(test)]
+#[path = "../tests/support/pg_server.rs"]
+#[allow(unreachable_pub, missing_docs, missing_debug_implementations)]
+mod pg_server;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The session thread owns the outcome of an attempt: a lock granted
+    /// and recorded after its caller has gone is unlocked there.
+    #[test]
+    fn a_grant_whose_caller_is_gone_is_unlocked() {
+        let server = pg_server::Server::start();
+        let lease = Duration::from_secs(30);
+        let store = PgStore::connect(&server.url(), "test".into(), lease, Box::new(|_| {})).unwrap();
+        let name = LockName::from_name("gone");
+        let (reply, answer) = mpsc::channel();
+        drop(answer);
+        store
+            .line
+            .send(Command::TryLock {
+                owner: Box::new(crate::strategy::own_record("test", lease, &name)),
+                name: name.clone(),
+                key: key("gone"),
+                until: Instant::now() + Duration::from_secs(10),
+                line: store.line.clone(),
+                reply,
+            })
+            .unwrap();
+        // Commands run in order: once this answers, the attempt is over.
+        assert!(store.inspect(None).unwrap().is_empty());
+        let (recorded, locks): (i64, i64) = server.sql(|c| {
+            let row = c
+                .query_one(
+                    "SELECT (SELECT fencing_token FROM leasehold_locks WHERE name = 'gone'),
+                            (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory')",
+                    &[],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        });
+        assert_eq!(recorded, TOKEN_BLOCK, "the lock was granted and recorded");
+        assert_eq!(locks, 0, "then let go");
+    }
 
     #[test]
     fn keys_are_stable_and_distinct() {

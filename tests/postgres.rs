@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold::{Locker, LockerBuilder};
+use leasehold::{Error, Locker, LockerBuilder, LossReason};
 
 #[path = "support/pg_server.rs"]
 mod pg_server;
@@ -257,6 +257,189 @@ async fn cancelled_waits_leave_nothing_held_and_names_are_independent() {
     }
     assert!(b.try_acquire(&x).await.unwrap().is_some());
     assert!(b.try_acquire(&y).await.unwrap().is_some());
+}
+
+/// A connection of the test's own on a thread of its own (the synchronous
+/// client cannot run on the test's runtime), kept across statements, so
+/// that a transaction can stay open between them.
+struct Conn(std::sync::mpsc::Sender<Statement>);
+
+type Statement = Box<dyn FnOnce(&mut postgres::Client) + Send>;
+
+impl Conn {
+    fn open(url: String) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<Statement>();
+        std::thread::spawn(move || {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            for statement in rx {
+                statement(&mut client);
+            }
+        });
+        Conn(tx)
+    }
+
+    async fn run<T: Send + 'static>(&self, f: impl FnOnce(&mut postgres::Client) -> T + Send + 'static) -> T {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.0.send(Box::new(move |c| drop(tx.send(f(c))))).unwrap();
+        rx.await.unwrap()
+    }
+
+    /// How many advisory locks are granted on the whole server.
+    async fn advisory_locks(&self) -> i64 {
+        self.run(|c| {
+            c.query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+        })
+        .await
+    }
+}
+
+/// An attempt stuck on the server (the owner record's `INSERT` waits for a
+/// schema change's table lock, with the advisory lock already granted)
+/// ends by the caller's deadline, lets the advisory lock go on the server,
+/// and holds up neither the heartbeats of the session's other locks nor a
+/// plain `acquire`, which waits the stall out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_attempt_ends_by_its_deadline_and_leaves_nothing_held() {
+    let server = Server::start();
+    // Attempts get at most a quarter of the lease each.
+    let slow = |server: &Server| {
+        builder(server)
+            .lease(Duration::from_secs(2))
+            .renew_interval(Duration::from_millis(200))
+    };
+    let a = slow(&server).build().unwrap();
+    let b = slow(&server).build().unwrap();
+    let (job, other, kept) = (unique("job"), unique("other"), unique("kept"));
+    let held = a.acquire(&kept).await.unwrap();
+
+    let blocker = Conn::open(server.url());
+    blocker
+        .run(|c| {
+            c.batch_execute("BEGIN; LOCK TABLE leasehold_locks IN ACCESS EXCLUSIVE MODE")
+                .unwrap()
+        })
+        .await;
+    let waiting = {
+        let (a, other) = (a.clone(), other.clone());
+        tokio::spawn(async move { a.acquire(&other).await })
+    };
+    let started = Instant::now();
+    let err = a.acquire_timeout(&job, Duration::from_secs(1)).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(err.is_timeout(), "{err}");
+    assert!(took < Duration::from_secs(2), "timed out after {took:?}");
+
+    // Still stalled: the timed-out attempt holds nothing on the server
+    // (only `kept` is held, and at times `other`'s current attempt).
+    tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(500)))
+        .await
+        .unwrap();
+    assert!(!waiting.is_finished(), "a plain acquire waits the stall out");
+    waiting.abort();
+    let _ = waiting.await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while blocker.advisory_locks().await != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "an attempt's lock is left on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!held.is_lost(), "heartbeats got through between attempts");
+
+    let waiting = {
+        let (a, other) = (a.clone(), other.clone());
+        tokio::spawn(async move { a.acquire(&other).await })
+    };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    blocker.run(|c| c.batch_execute("COMMIT").unwrap()).await;
+    let taken = b
+        .acquire_timeout(&job, Duration::from_secs(3))
+        .await
+        .expect("the name is free once the stall ends");
+    let other = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the plain acquire gets the lock after the stall")
+        .unwrap()
+        .unwrap();
+    held.ensure_held().await.unwrap();
+    drop((taken, other, held));
+}
+
+/// An unlock that the server refuses (an error, or "not held") is retried,
+/// then the session is reset: the server drops the lock, so others can
+/// take it, and the session's other holders report the loss.
+///
+/// The failure is injected with a `public.pg_advisory_unlock(bigint)` that
+/// a database-wide `search_path = public, pg_catalog` puts before the
+/// built-in one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_unlock_resets_the_session_and_frees_the_lock() {
+    let server = Server::start();
+    if server.external.is_some() {
+        eprintln!("skipped: would change an external server's database settings (LEASEHOLD_PG_URL)");
+        return;
+    }
+    server.sql(|c| {
+        c.batch_execute(
+            "CREATE TABLE unlock_fault (mode text);
+             INSERT INTO unlock_fault VALUES ('none');
+             CREATE FUNCTION public.pg_advisory_unlock(k bigint) RETURNS boolean
+             LANGUAGE plpgsql AS $$
+             BEGIN
+                 CASE (SELECT mode FROM unlock_fault)
+                     WHEN 'error' THEN RAISE EXCEPTION 'injected unlock failure';
+                     WHEN 'false' THEN RETURN false;
+                     ELSE RETURN pg_catalog.pg_advisory_unlock(k);
+                 END CASE;
+             END $$;
+             ALTER DATABASE postgres SET search_path = public, pg_catalog;",
+        )
+        .unwrap()
+    });
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let fault = Conn::open(server.url());
+    for mode in ["error", "false"] {
+        let (x, y) = (unique("x"), unique("y"));
+        let gx = a.acquire(&x).await.unwrap();
+        let gy = a.acquire(&y).await.unwrap();
+        fault
+            .run(move |c| c.execute("UPDATE unlock_fault SET mode = $1", &[&mode]).unwrap())
+            .await;
+        drop(gx);
+        let freed = b
+            .acquire_timeout(&x, Duration::from_secs(3))
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: the lock stayed taken: {e}"));
+        tokio::time::timeout(Duration::from_secs(2), gy.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{mode}: the reset is reported to the session's other holders"));
+        match gy.ensure_held().await {
+            Err(Error::Lost {
+                reason: LossReason::SessionLost,
+                ..
+            }) => {}
+            other => panic!("{mode}: expected a lost session, got {other:?}"),
+        }
+        // Back to the built-in unlock before anything else unlocks.
+        fault
+            .run(|c| c.execute("UPDATE unlock_fault SET mode = 'none'", &[]).unwrap())
+            .await;
+        assert!(
+            b.try_acquire(&y).await.unwrap().is_some(),
+            "{mode}: y is free too"
+        );
+        drop((freed, gy));
+        // The backend reconnects for new acquisitions.
+        let again = a.acquire_timeout(&x, Duration::from_secs(5)).await.unwrap();
+        again.release().await.unwrap();
+    }
 }
 
 #[path = "support/api_conformance.rs"]
