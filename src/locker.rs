@@ -1373,6 +1373,7 @@ impl Locker {
     ///
     /// A lock server is told `deadline`, so that a statement stuck there
     /// cannot keep the caller past it.
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
     async fn attempt(&self, name: &LockName, deadline: Option<Instant>) -> Result<Attempt> {
         bump(&self.inner.counters.fs_attempts);
         match &self.inner.store {

@@ -375,12 +375,20 @@ fn ticks_reading(recorded: f64, pid: u64, actual: ProcStart, host: &dyn Host) ->
     let ours = &host.me().time_ns;
     // A kernel without time namespaces (we have none) has one boot clock.
     let comparable = ours.is_none() || host.time_namespace_of(pid).as_ref() == ours.as_ref();
+    let actual_ticks = actual.ticks as f64;
     Some(if !comparable {
         StartReading::Undecided
-    } else if (recorded - actual.ticks as f64).abs() <= 1.0 {
+    } else if (recorded - actual_ticks).abs() <= 1.0 {
         StartReading::Owner
-    } else {
+    } else if actual_ticks > recorded + 1.0 {
+        // Started after the recorded owner: the pid was reused.
         StartReading::Other
+    } else {
+        // Started *before* the recorded owner: within one pid namespace no
+        // two processes share a pid, so this is no reuse; the record comes
+        // from another pid namespace (a container sharing the directory,
+        // whose writer records no namespace). Nothing to conclude.
+        StartReading::Undecided
     })
 }
 
@@ -925,12 +933,21 @@ mod tests {
                 "{start}"
             );
         }
-        // Anything else is a newer process with the pid: reclaimed at
-        // once, however fresh the record.
-        for start in [ticks + 2, ticks - 2, 0, 100, 200_000] {
+        // A process that started after the recorded owner is a newer
+        // process with the pid: reclaimed at once, however fresh the record.
+        for start in [ticks - 2, 0, 100] {
             assert_eq!(
                 judge_on(&host, &pi_research(500, start), 0),
                 Verdict::Stale(StaleReason::ReusedPid),
+                "{start}"
+            );
+        }
+        // One that started before it cannot have reused its pid: the record
+        // comes from another pid namespace (a container), and is kept.
+        for start in [ticks + 2, 200_000] {
+            assert_eq!(
+                judge_on(&host, &pi_research(500, start), 0),
+                Verdict::Live,
                 "{start}"
             );
         }
@@ -947,7 +964,7 @@ mod tests {
     #[test]
     fn start_ticks_compare_only_within_one_time_namespace() {
         let (mut host, ticks) = host_up(2_000, 500);
-        let wrong = pi_research(500, ticks + 50);
+        let wrong = pi_research(500, ticks - 50);
         // The live process is in another time namespace, or its namespace
         // cannot be read: its writer may have seen shifted ticks.
         host.time_ns_of.insert(500, Some("time:[2]".into()));
@@ -970,7 +987,7 @@ mod tests {
         // Ticks that match nothing, as epoch seconds a start after the
         // process's own: a reused pid only once the process is provably
         // younger than the record in that unit too.
-        let wrong = pi_research(500, ticks + 50);
+        let wrong = pi_research(500, ticks - 50);
         assert_eq!(judge_on(&host, &wrong, 0), Verdict::Live);
         assert_eq!(
             judge_on(&host, &wrong, 50 * 86_400_000),

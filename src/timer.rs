@@ -10,9 +10,9 @@
 //! thread sleeps until the earliest deadline, and not at all while nothing
 //! waits.
 //!
-//! One exception: under Tokio's paused test clock (`start_paused`,
-//! `tokio::time::pause`, which need the time driver), waits are Tokio
-//! sleeps on that clock, so that they take part in its auto-advance
+//! One exception: where a test made Tokio's clock virtual (`start_paused`,
+//! `tokio::time::pause`) and the runtime has a time driver, waits are
+//! Tokio sleeps on that clock, so that they take part in its auto-advance
 //! exactly as the test's own timers do, and [`now`] is that clock.
 
 use std::cmp::Reverse;
@@ -26,17 +26,65 @@ use std::time::{Duration, Instant};
 /// A future that completes at `deadline`.
 #[derive(Debug)]
 pub(crate) struct Sleep {
+    /// On [`now`]'s clock.
     deadline: Instant,
     /// The registration with the timer thread, once polled.
     id: Option<u64>,
-    /// Under Tokio's paused clock: a sleep on it instead.
-    paused: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// On a virtual Tokio clock: a sleep on it instead.
+    tokio: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// Whether Tokio's clock is virtual: paused now (it stands still between
+/// two reads), or paused before and resumed (it runs apart from the
+/// monotonic clock). A clock too coarse to tick between two reads looks
+/// paused too, which costs nothing: Tokio's timers are then used, on a
+/// real clock.
+fn virtual_clock() -> bool {
+    let first = tokio::time::Instant::now();
+    let second = tokio::time::Instant::now();
+    if first == second {
+        return true;
+    }
+    let (tokio, real) = (second.into_std(), Instant::now());
+    tokio > real || real - tokio > Duration::from_millis(1)
+}
+
+/// Whether the current runtime has a time driver, asked only of runtimes
+/// whose clock is virtual (tests), once per runtime. Tokio cannot be asked:
+/// making a sleep without one panics, before anything is registered, and
+/// that is caught.
+fn time_driver() -> bool {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    static LAST: Mutex<Option<(tokio::runtime::Id, bool)>> = Mutex::new(None);
+    let id = handle.id();
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((seen, has)) = *last
+        && seen == id
+    {
+        return has;
+    }
+    let has = std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok();
+    *last = Some((id, has));
+    has
+}
+
+/// Whether waits use Tokio's timers and clock: only on a virtual clock
+/// (a test's paused clock must see every wait, to auto-advance past
+/// them as past its own timers), and only with a time driver.
+fn on_tokio_clock() -> bool {
+    virtual_clock() && time_driver()
 }
 
 /// Now, on the clock leasehold's waits use: the monotonic clock, or
-/// Tokio's paused test clock while it is paused.
+/// Tokio's where a test made it virtual.
 pub(crate) fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
+    if on_tokio_clock() {
+        tokio::time::Instant::now().into_std()
+    } else {
+        Instant::now()
+    }
 }
 
 /// How long since `earlier`, on [`now`]'s clock.
@@ -44,25 +92,14 @@ pub(crate) fn since(earlier: Instant) -> Duration {
     now().saturating_duration_since(earlier)
 }
 
-/// Whether Tokio's clock is paused (test-util): it then stands still
-/// while real time passes. Costs a microsecond; asked only before a wait.
-fn tokio_clock_paused() -> bool {
-    let before = tokio::time::Instant::now();
-    let real = Instant::now();
-    while real.elapsed() < Duration::from_micros(1) {
-        std::hint::spin_loop();
-    }
-    tokio::time::Instant::now() == before
-}
-
 /// Completes at `deadline` (on [`now`]'s clock).
 pub(crate) fn sleep_until(deadline: Instant) -> Sleep {
-    let paused = (tokio::runtime::Handle::try_current().is_ok() && tokio_clock_paused())
+    let tokio = on_tokio_clock()
         .then(|| Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(deadline))));
     Sleep {
         deadline,
         id: None,
-        paused,
+        tokio,
     }
 }
 
@@ -85,8 +122,8 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(paused) = &mut self.paused {
-            return paused.as_mut().poll(cx);
+        if let Some(tokio) = &mut self.tokio {
+            return tokio.as_mut().poll(cx);
         }
         if Instant::now() >= self.deadline {
             if let Some(id) = self.id.take() {

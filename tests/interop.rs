@@ -550,3 +550,43 @@ fn pi_research_and_leasehold_processes_share_a_counter() {
         );
     }
 }
+
+/// A pi-research holder in a container sharing the directory records its
+/// container pid, which on the host may name a live process that started
+/// *before* the recorded start. That cannot be a reuse of the pid (one pid
+/// namespace never has two processes with one pid): the record is kept.
+#[tokio::test]
+async fn a_live_pid_older_than_the_recorded_start_is_not_a_reuse() {
+    if !Path::new("/proc/self/stat").exists() {
+        eprintln!("skipped: needs /proc");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .lease(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut host_proc = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = host_proc.id();
+    std::thread::sleep(Duration::from_millis(1500));
+    // The container's holder started a second after the host's process.
+    let container_start = start_ticks(pid) + 100;
+    let record = format!(
+        r#"{{"uuid":"6b1f1a52-4f6e-4e0c-9d52-0c7cbe0d2f11","pid":{pid},"startTime":{container_start}}}"#
+    );
+    std::fs::write(locker.lock_path("state").unwrap(), record).unwrap();
+    let stale = locker
+        .inspect("state")
+        .await
+        .unwrap()
+        .expect("held")
+        .stale_reason();
+    let robbed = locker.try_acquire("state").await.unwrap().is_some();
+    let _ = host_proc.kill();
+    let _ = host_proc.wait();
+    assert!(
+        stale.is_none() && !robbed,
+        "judged stale: {stale:?}, robbed: {robbed}"
+    );
+}

@@ -268,3 +268,86 @@ fn a_forked_child_still_times_out() {
         "in a forked child, a 100 ms wait did not end: {status}"
     );
 }
+
+/// Runs `f` on a thread of its own; `None` if it had not finished after
+/// `limit` of real time (the thread is left behind).
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+/// Tokio's clock paused, advanced an hour and resumed, so it runs an hour
+/// ahead of the monotonic clock; or paused while real time passed and
+/// resumed, so it lags: a short timeout still ends on time, and a waiter
+/// does not spin on the disk.
+#[test]
+fn waits_keep_time_after_tokios_clock_is_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    let ahead = within(Duration::from_secs(20), move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let holder = locker(&path, Strategy::ExclusiveFile, false);
+            let rival = locker(&path, Strategy::ExclusiveFile, false);
+            let _held = holder.acquire("x").await.unwrap();
+            tokio::time::pause();
+            tokio::time::advance(Duration::from_secs(3600)).await;
+            tokio::time::resume();
+            let started = Instant::now();
+            let waited = rival.acquire_timeout("x", Duration::from_millis(300)).await;
+            (waited.unwrap_err().is_timeout(), started.elapsed())
+        })
+    });
+    let (timed_out, took) = ahead.expect("a 300 ms timeout was still waiting after 20 s");
+    assert!(timed_out && took < Duration::from_secs(5), "{took:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let attempts = runtime.block_on(async {
+        let holder = locker(dir.path(), Strategy::ExclusiveFile, false);
+        let rival = locker(dir.path(), Strategy::ExclusiveFile, false);
+        let _held = holder.acquire("x").await.unwrap();
+        tokio::time::pause();
+        std::thread::sleep(Duration::from_secs(2));
+        tokio::time::resume();
+        let before = rival.stats().fs_attempts;
+        let waited = rival.acquire_timeout("x", Duration::from_secs(2)).await;
+        assert!(waited.unwrap_err().is_timeout());
+        rival.stats().fs_attempts - before
+    });
+    assert!(attempts < 50, "{attempts} disk attempts in a 2 s wait");
+}
+
+/// A paused clock on a runtime without a time driver (`start_paused`
+/// without `enable_time`): waits neither panic nor hang.
+#[test]
+fn a_paused_clock_without_a_time_driver_still_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    let outcome = within(Duration::from_secs(20), move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let holder = locker(&path, Strategy::ExclusiveFile, false);
+            let rival = locker(&path, Strategy::ExclusiveFile, false);
+            let _held = holder.acquire("x").await.unwrap();
+            rival
+                .acquire_timeout("x", Duration::from_millis(300))
+                .await
+                .map(drop)
+        })
+    });
+    let result = outcome.expect("still waiting after 20 s (or the thread panicked)");
+    assert!(matches!(result, Err(Error::Timeout { .. })), "{result:?}");
+}
