@@ -424,7 +424,15 @@ fn help_for_each_subcommand() {
         }
     }
     let run = finish(&["run", "--help"]).stdout;
-    for documented in ["Exit status", "75", "lock was lost", "SIGKILL", "exec"] {
+    for documented in [
+        "Exit status",
+        "75",
+        "lock was lost",
+        "SIGKILL",
+        "process group",
+        "watchdog",
+        "setsid",
+    ] {
         assert!(run.contains(documented), "run --help lacks {documented:?}: {run}");
     }
     let top = finish(&["--help"]);

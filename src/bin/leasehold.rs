@@ -10,24 +10,45 @@
 //!
 //! - `run` takes the lock NAME (waiting as long as it takes, at most SECS
 //!   with `--wait`, not at all with `--no-wait`), runs CMD while holding it
-//!   (the lease is renewed in the background) and releases it when CMD
-//!   exits. CMD inherits stdio and gets `LEASEHOLD_NAME` and
-//!   `LEASEHOLD_FENCING_TOKEN` in its environment. SIGINT, SIGTERM and SIGHUP
-//!   sent to the tool are forwarded to CMD; the lock is released after CMD
-//!   exits. (Ctrl-C in a terminal signals the whole foreground process
-//!   group, so CMD then sees SIGINT twice.) If the lock is lost while CMD
-//!   runs, a warning is printed, CMD is sent SIGTERM, then SIGKILL if it
-//!   has not exited `--kill-after` SECS later (default 5), and the tool
-//!   exits with status 75 whatever CMD's own status was.
+//!   (the lease is renewed in the background) and releases it once CMD and
+//!   every process left in CMD's process group have exited. CMD inherits
+//!   stdio and gets `LEASEHOLD_NAME` and `LEASEHOLD_FENCING_TOKEN` in its
+//!   environment.
 //!
-//!   CMD dies with the tool: if the tool dies without releasing the lock
-//!   (SIGKILL, the OOM killer, a crash), the kernel sends CMD SIGKILL
-//!   (Linux's `PR_SET_PDEATHSIG`), so CMD never runs on without the lock.
-//!   This covers CMD itself, not the processes CMD starts: a shell script
-//!   should `exec` its long-running command, and a script's background jobs
-//!   are on their own. Nor does it cover a set-user-ID, set-group-ID or
-//!   file-capability CMD (`sudo`), for which the kernel clears the setting;
-//!   nor other systems than Linux, where CMD may outlive a killed tool.
+//!   CMD runs in a process group of its own, which its children join
+//!   unless they leave it. That group is what the tool signals, waits for
+//!   and kills. Like flock(1), where every process that inherited the lock
+//!   keeps it, the lock stays held (and renewed) after CMD exits while
+//!   anything it started is still running in its group (`sh -c 'job &'`);
+//!   the tool then exits with CMD's own status. SIGINT, SIGTERM and SIGHUP
+//!   sent to the tool are forwarded to the group. If the lock is lost, a
+//!   warning is printed, the group is sent SIGTERM, then SIGKILL if it is
+//!   not empty `--kill-after` SECS later (default 5), and the tool exits
+//!   with status 75 whatever CMD's own status was.
+//!
+//!   The group dies with the tool: if the tool dies without releasing the
+//!   lock (SIGKILL, the OOM killer, a crash), a watchdog process it started
+//!   before taking the lock (this same binary, in a group of its own,
+//!   immune to SIGINT, SIGTERM and SIGHUP) sees its pipe from the tool
+//!   close and SIGKILLs CMD's group; on Linux the kernel also SIGKILLs CMD
+//!   itself (`PR_SET_PDEATHSIG`). So CMD and its group never run on
+//!   without the lock. If the watchdog cannot be started, CMD is not run
+//!   (status 2). Not covered: a process that leaves the group (`setsid`,
+//!   `setpgid`, a daemon), which is on its own; a set-user-ID,
+//!   set-group-ID or file-capability process (`sudo`), which the tool may
+//!   not signal (the lock then stays held until it exits, and a killed
+//!   tool cannot stop it); a killed watchdog. The kill is asynchronous:
+//!   CMD's group dies moments after the tool, not at the same instant.
+//!
+//!   In a terminal: when stdin is a terminal whose foreground process group
+//!   is the tool's, the tool hands the terminal to CMD's group and takes it
+//!   back before exiting, so CMD can use it and Ctrl-C signals CMD's group
+//!   directly (the tool does not see it; it waits for the group as usual).
+//!   Otherwise CMD's group is in the background: a CMD that reads the
+//!   terminal through `/dev/tty` while stdin is not the terminal is stopped
+//!   (SIGTTIN). Job control is not supported: Ctrl-Z stops CMD's group but
+//!   not the tool, and the shell waits for the tool (still holding the
+//!   lock) until CMD is continued (`kill -CONT`) or killed from elsewhere.
 //! - `holder` tells who holds NAME; `list` shows every lock in the
 //!   directory; `clean` removes stale locks and crash leftovers (never a
 //!   live lock), or with `--dry-run` says what it would remove.
@@ -44,11 +65,11 @@
 //!
 //! | code | meaning |
 //! |---|---|
-//! | CMD's status | `run`: CMD ran; 128+N if it was killed by signal N |
+//! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N |
 //! | 0 | `holder`: the lock is held; `list`, `clean`: success |
 //! | 1 | `run`: the lock was held (`--no-wait`) or `--wait` ran out (see `--conflict-exit-code`); `holder`: the lock is free |
-//! | 2 | bad usage, or an error from the lock library (printed as `leasehold: ...`) |
-//! | 75 | `run`: the lock was lost while CMD ran; CMD was stopped (or had already exited) |
+//! | 2 | bad usage, or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) |
+//! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) |
 //! | 126, 127 | `run`: CMD could not be executed, or was not found |
 //! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) |
 //!
@@ -101,19 +122,27 @@ const EXIT_LOST: u8 = 75;
 /// The end of `leasehold run --help`.
 const RUN_HELP: &str = "\
 Exit status:
-  CMD's status  CMD ran and exited (128+N if it was killed by signal N)
+  CMD's status  CMD ran and exited, and its process group is empty (128+N if CMD
+                was killed by signal N)
   1             the lock was held (--no-wait) or --wait ran out; see --conflict-exit-code
-  2             bad usage, or an error from the lock library
-  75            the lock was lost while CMD ran: CMD was sent SIGTERM, then SIGKILL
-                after --kill-after (or it had already exited when the loss was found)
+  2             bad usage, an error from the lock library, or the watchdog could not
+                be started (then CMD never ran)
+  75            the lock was lost while CMD or its group ran: the group was sent
+                SIGTERM, then SIGKILL after --kill-after (or it had already exited
+                when the loss was found)
   126, 127      CMD could not be executed, or was not found
   128+N         signal N arrived while waiting for the lock (CMD never ran)
 
-SIGINT, SIGTERM and SIGHUP are forwarded to CMD. If leasehold dies without
-releasing the lock (SIGKILL, the OOM killer), the kernel sends CMD SIGKILL
-(Linux only), so CMD never runs on without the lock. Only CMD itself is
-covered, not processes it starts: in a script, `exec` the long-running
-command. A set-user-ID or file-capability CMD (sudo) is not covered.";
+CMD runs in a process group of its own. The lock is held until CMD and every
+process left in its group have exited (like flock(1), a background job of CMD
+keeps the lock); the status is then CMD's own. SIGINT, SIGTERM and SIGHUP are
+forwarded to the group; a lost lock stops the whole group. If leasehold dies
+without releasing the lock (SIGKILL, the OOM killer), a watchdog process
+SIGKILLs CMD's group, so nothing of CMD runs on without the lock; if the
+watchdog cannot be started, CMD is not run. A process that leaves the group
+(setsid, a daemon) is not covered, nor a set-user-ID or file-capability one
+(sudo). In a terminal, CMD's group gets the terminal while it runs (Ctrl-C goes
+to it); Ctrl-Z (job control) is not supported.";
 
 type Failure = Box<dyn StdError + Send + Sync>;
 
@@ -190,7 +219,7 @@ struct RunArgs {
     // 5 s is inside the 7.5 s safety margin of the default 30 s lease: when
     // failing renewals report the loss at that margin, a CMD that ignores
     // SIGTERM is killed before anyone else may take the lock.
-    /// If the lock is lost, CMD gets SIGTERM, then SIGKILL this many seconds later.
+    /// If the lock is lost, CMD's process group gets SIGTERM, then SIGKILL this many seconds later.
     #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "5")]
     kill_after: Duration,
     /// The command to run, and its arguments (after `--`).
@@ -531,6 +560,9 @@ fn watchdog() -> ExitCode {
         blocked.add(sig);
     }
     let _ = blocked.thread_block();
+    // Started as /proc/self/exe, it would show as `exe` in ps and top.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let _ = nix::sys::prctl::set_name(c"leasehold-wd");
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
         warn("the watchdog is internal to `leasehold run`");
