@@ -424,7 +424,15 @@ fn help_for_each_subcommand() {
         }
     }
     let run = finish(&["run", "--help"]).stdout;
-    for documented in ["Exit status", "75", "lock was lost", "SIGKILL", "exec"] {
+    for documented in [
+        "Exit status",
+        "75",
+        "lock was lost",
+        "SIGKILL",
+        "process group",
+        "watchdog",
+        "setsid",
+    ] {
         assert!(run.contains(documented), "run --help lacks {documented:?}: {run}");
     }
     let top = finish(&["--help"]);
@@ -540,4 +548,133 @@ fn a_lost_lock_fails_the_run_even_if_the_command_exits_cleanly() {
     let status = tool.wait();
     std::mem::forget(cmd);
     assert_eq!(status.code(), Some(75), "not the command's 0: {status:?}");
+}
+
+/// Reads lines until one starting with `prefix`, and parses the pid after it.
+fn pid_after(tool: &Proc, prefix: &str) -> i32 {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = tool
+            .lines
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("no {prefix:?} line: {e}"));
+        if let Some(pid) = line.strip_prefix(prefix) {
+            return pid.parse().expect("pid");
+        }
+    }
+}
+
+/// Waits until `pid` has exited; panics after `within`.
+fn await_exit(pid: i32, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while !exited(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) still runs after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_killed_tool_takes_the_commands_whole_process_group_with_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let log = tmp.path().join("log");
+    let log = log.to_str().unwrap();
+    // The work runs in a child of CMD, as in nearly every script; CMD
+    // itself never writes the log.
+    let worker = "echo \"worker $$\"; while :; do echo first >> \"$1\"; sleep 0.05 >/dev/null; done";
+    let script = format!("echo \"cmd $$\"; sh -c '{worker}' sh \"$1\"; true");
+    let mut tool = Proc::spawn(leasehold(&[
+        "run", "job", "--dir", d, "--", "sh", "-c", &script, "sh", log,
+    ]));
+    let cmd = KillOnDrop(pid_after(&tool, "cmd "));
+    let worker = KillOnDrop(pid_after(&tool, "worker "));
+    let deadline = Instant::now() + BOUND;
+    while std::fs::metadata(log).map_or(true, |m| m.len() == 0) {
+        assert!(Instant::now() < deadline, "the worker never wrote");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The next run is already waiting when the tool dies.
+    let second = "echo second-start >> \"$1\"; sleep 0.5; echo second-end >> \"$1\"";
+    let mut next = Proc::spawn(leasehold(&[
+        "run", "job", "--dir", d, "--wait", "20", "--", "sh", "-c", second, "sh", log,
+    ]));
+
+    tool.signal(Signal::SIGKILL);
+    assert_eq!(tool.wait().signal(), Some(9));
+    await_exit(worker.0, Duration::from_secs(5), "the command's child");
+    await_exit(cmd.0, Duration::from_secs(5), "the command");
+    // Exited: their pids may be reused, so no kill at the end.
+    std::mem::forget(worker);
+    std::mem::forget(cmd);
+
+    assert_eq!(next.wait().code(), Some(0));
+    let text = std::fs::read_to_string(log).unwrap();
+    let during: Vec<&str> = text.lines().skip_while(|l| *l != "second-start").collect();
+    assert_eq!(during, ["second-start", "second-end"], "overlap: {text}");
+}
+
+#[test]
+fn a_lost_lock_stops_the_commands_whole_process_group_and_exits_75() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    // CMD dies of the SIGTERM; its child ignores it (as do the child's
+    // sleeps, which inherit that), so only the SIGKILL to the group, sent
+    // after CMD itself has exited, stops it.
+    let worker = "trap \"\" TERM; echo \"worker $$\"; while :; do sleep 0.05 >/dev/null; done";
+    let script = format!("echo \"cmd $$\"; sh -c '{worker}'; true");
+    let mut tool = Proc::spawn(leasehold(&[
+        "run",
+        "job",
+        "--dir",
+        d,
+        "--kill-after",
+        "0.5",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    let cmd = KillOnDrop(pid_after(&tool, "cmd "));
+    let worker = KillOnDrop(pid_after(&tool, "worker "));
+
+    // Noticed at the next renewal: within a third of the 30 s lease.
+    std::fs::remove_file(lock_path(tmp.path(), "job")).unwrap();
+    let status = tool.wait();
+    assert_eq!(status.code(), Some(75), "{status:?}");
+    // Not a moment later: the tool exits only once the group is empty.
+    assert!(exited(cmd.0), "the command outlived the tool");
+    assert!(exited(worker.0), "the command's child outlived the tool");
+    std::mem::forget(worker);
+    std::mem::forget(cmd);
+}
+
+#[test]
+fn a_background_child_keeps_the_lock_held_until_it_exits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    // CMD exits at once, leaving a background child running, as flock(1)
+    // keeps the lock for every process that inherited it.
+    let script = "sleep 3 >/dev/null 2>&1 & echo \"bg $!\"; echo started; exit 3";
+    let mut tool = Proc::spawn(leasehold(&["run", "job", "--dir", d, "--", "sh", "-c", script]));
+    let bg = KillOnDrop(pid_after(&tool, "bg "));
+    tool.expect_line("started");
+
+    let busy = finish(&["run", "job", "--dir", d, "--no-wait", "--", "true"]);
+    assert_eq!(busy.code, Some(1), "held: {}", busy.stderr);
+    assert!(
+        !exited(bg.0),
+        "the check must run while the background child lives; a slow machine?"
+    );
+    assert!(tool.running(), "the tool waits for the background child");
+
+    assert_eq!(tool.wait().code(), Some(3), "the command's own status");
+    assert!(exited(bg.0), "the tool exited before the background child");
+    std::mem::forget(bg);
+    assert_eq!(finish(&["holder", "job", "--dir", d]).code, Some(1), "free");
+    let done = finish(&["run", "job", "--dir", d, "--no-wait", "--", "true"]);
+    assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
 }

@@ -10,24 +10,45 @@
 //!
 //! - `run` takes the lock NAME (waiting as long as it takes, at most SECS
 //!   with `--wait`, not at all with `--no-wait`), runs CMD while holding it
-//!   (the lease is renewed in the background) and releases it when CMD
-//!   exits. CMD inherits stdio and gets `LEASEHOLD_NAME` and
-//!   `LEASEHOLD_FENCING_TOKEN` in its environment. SIGINT, SIGTERM and SIGHUP
-//!   sent to the tool are forwarded to CMD; the lock is released after CMD
-//!   exits. (Ctrl-C in a terminal signals the whole foreground process
-//!   group, so CMD then sees SIGINT twice.) If the lock is lost while CMD
-//!   runs, a warning is printed, CMD is sent SIGTERM, then SIGKILL if it
-//!   has not exited `--kill-after` SECS later (default 5), and the tool
-//!   exits with status 75 whatever CMD's own status was.
+//!   (the lease is renewed in the background) and releases it once CMD and
+//!   every process left in CMD's process group have exited. CMD inherits
+//!   stdio and gets `LEASEHOLD_NAME` and `LEASEHOLD_FENCING_TOKEN` in its
+//!   environment.
 //!
-//!   CMD dies with the tool: if the tool dies without releasing the lock
-//!   (SIGKILL, the OOM killer, a crash), the kernel sends CMD SIGKILL
-//!   (Linux's `PR_SET_PDEATHSIG`), so CMD never runs on without the lock.
-//!   This covers CMD itself, not the processes CMD starts: a shell script
-//!   should `exec` its long-running command, and a script's background jobs
-//!   are on their own. Nor does it cover a set-user-ID, set-group-ID or
-//!   file-capability CMD (`sudo`), for which the kernel clears the setting;
-//!   nor other systems than Linux, where CMD may outlive a killed tool.
+//!   CMD runs in a process group of its own, which its children join
+//!   unless they leave it. That group is what the tool signals, waits for
+//!   and kills. Like flock(1), where every process that inherited the lock
+//!   keeps it, the lock stays held (and renewed) after CMD exits while
+//!   anything it started is still running in its group (`sh -c 'job &'`);
+//!   the tool then exits with CMD's own status. SIGINT, SIGTERM and SIGHUP
+//!   sent to the tool are forwarded to the group. If the lock is lost, a
+//!   warning is printed, the group is sent SIGTERM, then SIGKILL if it is
+//!   not empty `--kill-after` SECS later (default 5), and the tool exits
+//!   with status 75 whatever CMD's own status was.
+//!
+//!   The group dies with the tool: if the tool dies without releasing the
+//!   lock (SIGKILL, the OOM killer, a crash), a watchdog process it started
+//!   before taking the lock (this same binary, in a group of its own,
+//!   immune to SIGINT, SIGTERM and SIGHUP) sees its pipe from the tool
+//!   close and SIGKILLs CMD's group; on Linux the kernel also SIGKILLs CMD
+//!   itself (`PR_SET_PDEATHSIG`). So CMD and its group never run on
+//!   without the lock. If the watchdog cannot be started, CMD is not run
+//!   (status 2). Not covered: a process that leaves the group (`setsid`,
+//!   `setpgid`, a daemon), which is on its own; a set-user-ID,
+//!   set-group-ID or file-capability process (`sudo`), which the tool may
+//!   not signal (the lock then stays held until it exits, and a killed
+//!   tool cannot stop it); a killed watchdog. The kill is asynchronous:
+//!   CMD's group dies moments after the tool, not at the same instant.
+//!
+//!   In a terminal: when stdin is a terminal whose foreground process group
+//!   is the tool's, the tool hands the terminal to CMD's group and takes it
+//!   back before exiting, so CMD can use it and Ctrl-C signals CMD's group
+//!   directly (the tool does not see it; it waits for the group as usual).
+//!   Otherwise CMD's group is in the background: a CMD that reads the
+//!   terminal through `/dev/tty` while stdin is not the terminal is stopped
+//!   (SIGTTIN). Job control is not supported: Ctrl-Z stops CMD's group but
+//!   not the tool, and the shell waits for the tool (still holding the
+//!   lock) until CMD is continued (`kill -CONT`) or killed from elsewhere.
 //! - `holder` tells who holds NAME; `list` shows every lock in the
 //!   directory; `clean` removes stale locks and crash leftovers (never a
 //!   live lock), or with `--dry-run` says what it would remove.
@@ -44,11 +65,11 @@
 //!
 //! | code | meaning |
 //! |---|---|
-//! | CMD's status | `run`: CMD ran; 128+N if it was killed by signal N |
+//! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N |
 //! | 0 | `holder`: the lock is held; `list`, `clean`: success |
 //! | 1 | `run`: the lock was held (`--no-wait`) or `--wait` ran out (see `--conflict-exit-code`); `holder`: the lock is free |
-//! | 2 | bad usage, or an error from the lock library (printed as `leasehold: ...`) |
-//! | 75 | `run`: the lock was lost while CMD ran; CMD was stopped (or had already exited) |
+//! | 2 | bad usage, or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) |
+//! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) |
 //! | 126, 127 | `run`: CMD could not be executed, or was not found |
 //! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) |
 //!
@@ -71,8 +92,8 @@
 //! | `state` | string | `"held"` or `"stale"`; for `holder` also `"free"` (then the owner keys are null) |
 //! | `staleReason` | string or null | why a stale lock is stale, e.g. `"owner process is dead"` |
 
-// Denied, not forbidden: making CMD die with this process needs one
-// `pre_exec` hook, fenced in `die_with_parent`. The library forbids it.
+// Denied, not forbidden: guarding CMD between fork and exec needs one
+// `pre_exec` hook, fenced in `guard_command`. The library forbids it.
 #![deny(unsafe_code)]
 
 use std::error::Error as StdError;
@@ -84,7 +105,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use leasehold::{LockInfo, Locker, Owner, Strategy};
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
@@ -101,19 +122,27 @@ const EXIT_LOST: u8 = 75;
 /// The end of `leasehold run --help`.
 const RUN_HELP: &str = "\
 Exit status:
-  CMD's status  CMD ran and exited (128+N if it was killed by signal N)
+  CMD's status  CMD ran and exited, and its process group is empty (128+N if CMD
+                was killed by signal N)
   1             the lock was held (--no-wait) or --wait ran out; see --conflict-exit-code
-  2             bad usage, or an error from the lock library
-  75            the lock was lost while CMD ran: CMD was sent SIGTERM, then SIGKILL
-                after --kill-after (or it had already exited when the loss was found)
+  2             bad usage, an error from the lock library, or the watchdog could not
+                be started (then CMD never ran)
+  75            the lock was lost while CMD or its group ran: the group was sent
+                SIGTERM, then SIGKILL after --kill-after (or it had already exited
+                when the loss was found)
   126, 127      CMD could not be executed, or was not found
   128+N         signal N arrived while waiting for the lock (CMD never ran)
 
-SIGINT, SIGTERM and SIGHUP are forwarded to CMD. If leasehold dies without
-releasing the lock (SIGKILL, the OOM killer), the kernel sends CMD SIGKILL
-(Linux only), so CMD never runs on without the lock. Only CMD itself is
-covered, not processes it starts: in a script, `exec` the long-running
-command. A set-user-ID or file-capability CMD (sudo) is not covered.";
+CMD runs in a process group of its own. The lock is held until CMD and every
+process left in its group have exited (like flock(1), a background job of CMD
+keeps the lock); the status is then CMD's own. SIGINT, SIGTERM and SIGHUP are
+forwarded to the group; a lost lock stops the whole group. If leasehold dies
+without releasing the lock (SIGKILL, the OOM killer), a watchdog process
+SIGKILLs CMD's group, so nothing of CMD runs on without the lock; if the
+watchdog cannot be started, CMD is not run. A process that leaves the group
+(setsid, a daemon) is not covered, nor a set-user-ID or file-capability one
+(sudo). In a terminal, CMD's group gets the terminal while it runs (Ctrl-C goes
+to it); Ctrl-Z (job control) is not supported.";
 
 type Failure = Box<dyn StdError + Send + Sync>;
 
@@ -148,6 +177,9 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Internal to `run`: kills CMD's process group if `run` dies.
+    #[command(name = WATCHDOG, hide = true)]
+    Watchdog,
 }
 
 #[derive(Debug, Args)]
@@ -187,7 +219,7 @@ struct RunArgs {
     // 5 s is inside the 7.5 s safety margin of the default 30 s lease: when
     // failing renewals report the loss at that margin, a CMD that ignores
     // SIGTERM is killed before anyone else may take the lock.
-    /// If the lock is lost, CMD gets SIGTERM, then SIGKILL this many seconds later.
+    /// If the lock is lost, CMD's process group gets SIGTERM, then SIGKILL this many seconds later.
     #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "5")]
     kill_after: Duration,
     /// The command to run, and its arguments (after `--`).
@@ -205,6 +237,17 @@ enum StrategyArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    match cli.command {
+        Command::Watchdog => return watchdog(),
+        // In every thread, so before the runtime starts any: handing the
+        // terminal back from the background needs it, and the tool must not
+        // be stopped by writing a warning while CMD's group has the
+        // terminal (`stty tostop`): stopped, it would not renew the lease.
+        Command::Run(_) => {
+            let _ = nix::sys::signal::SigSet::from(Signal::SIGTTOU).thread_block();
+        }
+        _ => {}
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -222,6 +265,7 @@ fn main() -> ExitCode {
             Command::Holder { name, opts } => holder(&name, &opts).await,
             Command::List(opts) => list(&opts).await,
             Command::Clean { opts, dry_run } => clean(&opts, dry_run).await,
+            Command::Watchdog => Ok(EXIT_ERROR),
         }
     });
     // Nothing of ours should linger, but never hang on exit if it does.
@@ -259,7 +303,7 @@ fn locker(common: &Common, fencing: bool) -> Result<Locker, leasehold::Error> {
     builder.build()
 }
 
-/// Signals the tool forwards to CMD. Installed before the wait for the lock,
+/// Signals the tool forwards to CMD's process group. Installed before the wait for the lock,
 /// so a signal is never lost between taking the lock and spawning CMD.
 struct Forwarded([tokio::signal::unix::Signal; 3]);
 
@@ -288,6 +332,19 @@ impl Forwarded {
 
 async fn run(args: RunArgs) -> Result<u8, Failure> {
     let mut signals = Forwarded::install()?;
+    // Before the lock is taken, so that a tool that cannot guard CMD never
+    // takes it: CMD must not run without the watchdog.
+    let watchdog = match Watchdog::start() {
+        Ok(watchdog) => watchdog,
+        Err(e) => {
+            warn(&format!(
+                "cannot start the watchdog that stops the command if leasehold dies: {}; not running the command",
+                chain(&*e)
+            ));
+            return Ok(EXIT_ERROR);
+        }
+    };
+    become_subreaper()?;
     let locker = locker(&args.common, true)?;
     let name = args.name.as_str();
     let attempt = async {
@@ -327,47 +384,78 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
     if let Some(token) = guard.fencing_token() {
         command.env("LEASEHOLD_FENCING_TOKEN", token.to_string());
     }
+    // CMD leads a process group of its own: the unit that is signalled,
+    // waited for and, by the watchdog, killed.
+    command.process_group(0);
+    let terminal = Terminal::if_foreground();
     // No `.await` from here to the spawn: it forks on the thread checked.
-    die_with_parent(&mut command)?;
-    let mut child = match command.spawn() {
+    guard_command(&mut command, &watchdog, terminal.is_some())?;
+    let spawned = command.spawn();
+    if let (Some(terminal), Ok(child)) = (&terminal, &spawned) {
+        // CMD's hook did this already; shells do it on both sides too.
+        terminal.give_to(child.id().and_then(|p| i32::try_from(p).ok()));
+    }
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
+            drop(terminal);
+            watchdog.disarm();
             warn(&format!("cannot run {program:?}: {e}"));
             let _ = guard.release().await;
             let not_found = e.kind() == std::io::ErrorKind::NotFound;
             return Ok(if not_found { 127 } else { 126 });
         }
     };
-    // Taken now: once reaped, the child no longer reports its pid.
-    let pid = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
+    // Taken now: once reaped, the child no longer reports its pid. CMD's
+    // pid is its process group id.
+    let Some(group) = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw) else {
+        // Cannot happen before the child is waited for; never leave it unguarded.
+        let _ = child.start_kill();
+        return Err("internal error: the command has no process id".into());
+    };
     let mut lost = false;
-    // When CMD gets SIGKILL, once the lock is lost; `None` before, after, or
-    // for a grace too long to represent (then SIGTERM is all it gets).
+    // When the group gets SIGKILL, once the lock is lost; `None` before,
+    // after, or for a grace too long to represent (then SIGTERM is all).
     let mut kill_at: Option<tokio::time::Instant> = None;
-    let status = loop {
+    // CMD's own status, once Tokio has collected it.
+    let mut status: Option<std::io::Result<std::process::ExitStatus>> = None;
+    loop {
+        if status.is_some() {
+            // Only now: before CMD's status is collected, this would take
+            // it from Tokio.
+            reap_orphans();
+            if group_is_empty(group) {
+                break;
+            }
+        }
         tokio::select! {
             biased;
-            status = child.wait() => break status,
-            sig = signals.recv() => forward(pid, sig),
+            done = child.wait(), if status.is_none() => status = Some(done),
+            sig = signals.recv() => signal_group(group, sig),
             () = guard.lost(), if !lost => {
                 lost = true;
                 warn(&format!(
-                    "warning: lock {name:?} was lost while the command ran; sending it SIGTERM, and SIGKILL in {:?}",
+                    "warning: lock {name:?} was lost while the command ran; sending its process group SIGTERM, and SIGKILL in {:?}",
                     args.kill_after
                 ));
-                forward(pid, Signal::SIGTERM);
+                signal_group(group, Signal::SIGTERM);
                 kill_at = tokio::time::Instant::now().checked_add(args.kill_after);
             }
             () = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
                 kill_at = None;
                 warn(&format!(
-                    "warning: the command did not exit within {:?} of SIGTERM; sending it SIGKILL",
+                    "warning: the command's process group did not exit within {:?} of SIGTERM; sending it SIGKILL",
                     args.kill_after
                 ));
-                forward(pid, Signal::SIGKILL);
+                signal_group(group, Signal::SIGKILL);
             }
+            () = tokio::time::sleep(GROUP_POLL), if status.is_some() => {}
         }
-    };
+    }
+    // The group is empty: nothing is left for the watchdog to kill, and
+    // CMD's pid may now be reused by an unrelated process group.
+    watchdog.disarm();
+    drop(terminal);
     match guard.release().await {
         Ok(()) => {}
         Err(e) if e.is_lost() && lost => {}
@@ -382,7 +470,9 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
         Err(e) => warn(&format!("warning: {}", chain(&e))),
     }
-    let status = status.map_err(|e| format!("cannot wait for the command: {e}"))?;
+    let status = status
+        .unwrap_or_else(|| Err(std::io::Error::other("no status")))
+        .map_err(|e| format!("cannot wait for the command: {e}"))?;
     if lost {
         return Ok(EXIT_LOST);
     }
@@ -394,54 +484,244 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
     })
 }
 
-/// Makes the kernel SIGKILL CMD when this process dies, so that CMD never
-/// runs on after the lock is freed by our death.
+/// How often `run` checks whether CMD's process group is empty, once CMD
+/// itself has exited.
+const GROUP_POLL: Duration = Duration::from_millis(50);
+
+/// The hidden subcommand `run` starts its watchdog with.
+const WATCHDOG: &str = "__watchdog";
+
+/// The byte `run` sends its watchdog once CMD's process group is empty.
+const DISARM: u8 = b'd';
+
+/// The watchdog of one `run`: a child process (this same binary, in a
+/// process group of its own) reading a pipe whose write end only `run`
+/// holds. CMD writes its pid, which is its process group id, to the pipe
+/// before it execs; `run` writes [`DISARM`] once the group is empty. At EOF
+/// without it, `run` is gone (SIGKILL, the OOM killer, a crash) and the
+/// watchdog SIGKILLs CMD's group. See [`watchdog`].
+struct Watchdog {
+    pipe: std::sync::Arc<std::io::PipeWriter>,
+    // Never waited for: it exits only after we do, at EOF.
+    _process: std::process::Child,
+}
+
+impl Watchdog {
+    fn start() -> Result<Self, Failure> {
+        use std::os::unix::process::CommandExt;
+        let (read, write) = std::io::pipe().map_err(|e| format!("cannot create a pipe: {e}"))?;
+        // This very binary even if it was replaced or deleted since.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        let exe = PathBuf::from("/proc/self/exe");
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        let exe = std::env::current_exe()?;
+        let process = std::process::Command::new(exe)
+            .arg0("leasehold")
+            .arg(WATCHDOG)
+            .stdin(read)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .current_dir("/")
+            // Out of our group, so that a signal to our whole job (Ctrl-C,
+            // `timeout`, a shell's SIGHUP) never reaches it.
+            .process_group(0)
+            .spawn()?;
+        Ok(Self {
+            pipe: std::sync::Arc::new(write),
+            _process: process,
+        })
+    }
+
+    /// CMD's group is empty: the watchdog exits without killing anything.
+    fn disarm(&self) {
+        let _ = (&*self.pipe).write_all(&[DISARM]);
+    }
+}
+
+/// `leasehold __watchdog`, started by `run` (see [`Watchdog`]): reads CMD's
+/// process group id from stdin, then waits for EOF, and SIGKILLs the group
+/// unless `run` disarmed it first. Runs without the async runtime.
+fn watchdog() -> ExitCode {
+    use nix::sys::signal::SigSet;
+    use std::io::{IsTerminal, Read};
+    // Blocked, not ignored: the mask is ours alone (std clears it in the
+    // processes it spawns), and blocking needs no unsafe code. Only an
+    // explicit SIGKILL or SIGSTOP stops the watchdog.
+    let mut blocked = SigSet::empty();
+    for sig in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
+    ] {
+        blocked.add(sig);
+    }
+    let _ = blocked.thread_block();
+    // Started as /proc/self/exe, it would show as `exe` in ps and top.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let _ = nix::sys::prctl::set_name(c"leasehold-wd");
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        warn("the watchdog is internal to `leasehold run`");
+        return ExitCode::from(EXIT_ERROR);
+    }
+    let mut stdin = stdin.lock();
+    let mut pid = [0; 4];
+    if stdin.read_exact(&mut pid).is_err() {
+        // `run` ended before CMD started.
+        return ExitCode::SUCCESS;
+    }
+    let group = Pid::from_raw(i32::from_ne_bytes(pid));
+    // kill(-1) would signal every process we may signal.
+    if group.as_raw() <= 1 || group == nix::unistd::getpgrp() {
+        return ExitCode::from(EXIT_ERROR);
+    }
+    let mut byte = [0; 1];
+    loop {
+        match stdin.read(&mut byte) {
+            Ok(0) => break,
+            Ok(_) if byte[0] == DISARM => return ExitCode::SUCCESS,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let _ = nix::sys::signal::killpg(group, Signal::SIGKILL);
+    ExitCode::SUCCESS
+}
+
+/// Orphaned descendants of CMD are reparented to us, not to init, so that
+/// we can reap them: a zombie still counts as a member of its group.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn become_subreaper() -> Result<(), Failure> {
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| format!("cannot become a child subreaper: {e}").into())
+}
+
+/// Elsewhere init reaps orphans, a little later.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn become_subreaper() -> Result<(), Failure> {
+    Ok(())
+}
+
+/// Reaps every exited child: orphans of CMD's group, reparented to us. Call
+/// only after Tokio has collected CMD's own status.
+fn reap_orphans() {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+/// Whether no process is left in the group; EPERM (a member we may not
+/// signal, e.g. set-user-ID) counts as alive.
+fn group_is_empty(group: Pid) -> bool {
+    nix::sys::signal::killpg(group, None) == Err(nix::errno::Errno::ESRCH)
+}
+
+/// A failed kill only means the group is already gone, which the loop in
+/// `run` notices.
+fn signal_group(group: Pid, sig: Signal) {
+    let _ = nix::sys::signal::killpg(group, sig);
+}
+
+/// The terminal on stdin, when our process group is its foreground group:
+/// CMD's group takes it over (or CMD would be stopped by SIGTTIN/SIGTTOU
+/// on using it), and it is handed back to our group when dropped. SIGTTOU,
+/// which a background group changing the terminal's foreground group would
+/// get, is blocked in every thread of `run` (see `main`).
+struct Terminal;
+
+impl Terminal {
+    fn if_foreground() -> Option<Self> {
+        let foreground = nix::unistd::tcgetpgrp(std::io::stdin()).ok()?;
+        (foreground == nix::unistd::getpgrp()).then_some(Self)
+    }
+
+    fn give_to(&self, group: Option<i32>) {
+        if let Some(group) = group {
+            let _ = nix::unistd::tcsetpgrp(std::io::stdin(), Pid::from_raw(group));
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = nix::unistd::tcsetpgrp(std::io::stdin(), nix::unistd::getpgrp());
+    }
+}
+
+/// Guards CMD between fork and exec, so that it never runs on without the
+/// lock: it tells the watchdog its pid (its process group id) before it
+/// can start anything, takes the terminal if `terminal`, and on Linux dies
+/// with this process (`PR_SET_PDEATHSIG`, SIGKILL).
 ///
 /// `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, not the
 /// process: CMD must be forked from the main thread, whose exit is the
 /// process's. `run` is polled by `block_on` on the main thread, and Tokio's
 /// `Command::spawn` forks on the calling thread; the check below keeps that
 /// true (a runtime worker or a blocking-pool thread may exit while we live).
-#[cfg(any(target_os = "linux", target_os = "android"))]
 #[allow(unsafe_code)]
-fn die_with_parent(command: &mut tokio::process::Command) -> Result<(), Failure> {
+fn guard_command(
+    command: &mut tokio::process::Command,
+    watchdog: &Watchdog,
+    terminal: bool,
+) -> Result<(), Failure> {
     use nix::errno::Errno;
-    use nix::sys::prctl::set_pdeathsig;
-    use nix::unistd::{getpid, getppid, gettid};
+    use nix::sys::signal::SigSet;
+    use nix::unistd::{getpid, tcsetpgrp, write};
 
     let parent = getpid();
-    if gettid() != parent {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if nix::unistd::gettid() != parent {
         return Err("internal error: the command must be started from the main thread".into());
     }
+    let pipe = std::sync::Arc::clone(&watchdog.pipe);
+    // `Stdin::as_fd` borrows fd 0 without locking or allocating.
+    let stdin = std::io::stdin();
     // SAFETY: the hook runs in the child between fork and exec, where only
-    // async-signal-safe calls are sound. It makes two syscalls through nix's
-    // thin wrappers (prctl, getppid), which neither allocate nor take locks,
-    // and its error is an errno value, built without allocating.
+    // async-signal-safe calls are sound. The child is already the leader of
+    // its own process group (std's `process_group` runs before the hook)
+    // and its signal mask is empty (std clears it before the hook). The
+    // hook makes syscalls only, through nix's thin wrappers (prctl,
+    // getppid, getpid, write, pthread_sigmask, tcsetpgrp, all
+    // async-signal-safe), on values built before the fork or on the stack;
+    // nothing allocates or takes a lock, and its errors are errno values,
+    // built without allocating.
     unsafe {
         command.pre_exec(move || {
-            set_pdeathsig(Signal::SIGKILL)?;
-            // We may have died between fork and prctl, and then no death
-            // signal will ever come: the child has been reparented.
-            if getppid() != parent {
-                return Err(Errno::ESRCH.into());
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                // We may have died between fork and prctl, and then no
+                // death signal will ever come: the child has been reparented.
+                if nix::unistd::getppid() != parent {
+                    return Err(Errno::ESRCH.into());
+                }
+            }
+            // From here on, the watchdog kills our group if the tool dies.
+            // If it is gone already, the write fails: CMD never runs.
+            let pid = getpid().as_raw().to_ne_bytes();
+            if write(&*pipe, &pid)? != pid.len() {
+                return Err(Errno::EPIPE.into());
+            }
+            if terminal {
+                let mut ttou = SigSet::empty();
+                ttou.add(Signal::SIGTTOU);
+                ttou.thread_block()?;
+                // Failing leaves CMD in the background: not a reason to refuse.
+                let _ = tcsetpgrp(&stdin, getpid());
+                ttou.thread_unblock()?;
             }
             Ok(())
         });
     }
     Ok(())
-}
-
-/// No parent-death signal here: CMD may outlive a killed tool (documented).
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn die_with_parent(_: &mut tokio::process::Command) -> Result<(), Failure> {
-    Ok(())
-}
-
-/// A failed kill only means CMD is already gone, which `wait` will report.
-fn forward(pid: Option<Pid>, sig: Signal) {
-    if let Some(pid) = pid {
-        let _ = kill(pid, sig);
-    }
 }
 
 /// Who a conflict was with, in words: the point of the message is to tell
