@@ -40,13 +40,15 @@
 //!   tool cannot stop it); a killed watchdog. The kill is asynchronous:
 //!   CMD's group dies moments after the tool, not at the same instant.
 //!
-//!   In a terminal: when stdin is a terminal whose foreground process group
-//!   is the tool's, the tool hands the terminal to CMD's group and takes it
-//!   back before exiting, so CMD can use it and Ctrl-C signals CMD's group
-//!   directly (the tool does not see it; it waits for the group as usual).
-//!   Otherwise CMD's group is in the background: a CMD that reads the
-//!   terminal through `/dev/tty` while stdin is not the terminal is stopped
-//!   (SIGTTIN). Job control is not supported: Ctrl-Z stops CMD's group but
+//!   In a terminal: when the tool has a controlling terminal whose
+//!   foreground process group is the tool's (whatever stdin is), the tool
+//!   hands the terminal to CMD's group and takes it back before exiting,
+//!   so CMD can use it (prompts through `/dev/tty` included) and Ctrl-C
+//!   signals CMD's group directly (the tool does not see it; it waits for
+//!   the group as usual; a producer piped into the tool is not signalled,
+//!   and ends at its next write once CMD is gone). Run in the background
+//!   (`&`, cron), CMD's group is in the background too. Job control is not
+//!   supported: Ctrl-Z stops CMD's group but
 //!   not the tool, and the shell waits for the tool (still holding the
 //!   lock) until CMD is continued (`kill -CONT`) or killed from elsewhere.
 //! - `holder` tells who holds NAME; `list` shows every lock in the
@@ -389,7 +391,7 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
     command.process_group(0);
     let terminal = Terminal::if_foreground();
     // No `.await` from here to the spawn: it forks on the thread checked.
-    guard_command(&mut command, &watchdog, terminal.is_some())?;
+    guard_command(&mut command, &watchdog, terminal.as_ref())?;
     let spawned = command.spawn();
     if let (Some(terminal), Ok(child)) = (&terminal, &spawned) {
         // CMD's hook did this already; shells do it on both sides too.
@@ -630,29 +632,40 @@ fn signal_group(group: Pid, sig: Signal) {
     let _ = nix::sys::signal::killpg(group, sig);
 }
 
-/// The terminal on stdin, when our process group is its foreground group:
-/// CMD's group takes it over (or CMD would be stopped by SIGTTIN/SIGTTOU
-/// on using it), and it is handed back to our group when dropped. SIGTTOU,
-/// which a background group changing the terminal's foreground group would
-/// get, is blocked in every thread of `run` (see `main`).
-struct Terminal;
+/// The controlling terminal (`/dev/tty`, whatever stdin is), when our
+/// process group is its foreground group: CMD's group takes it over (or
+/// CMD would be stopped by SIGTTIN/SIGTTOU on using it, a password prompt
+/// through `/dev/tty` included), and it is handed back to our group when
+/// dropped. SIGTTOU, which a background group changing the terminal's
+/// foreground group would get, is blocked in every thread of `run` (see
+/// `main`).
+struct Terminal {
+    tty: std::fs::File,
+}
 
 impl Terminal {
     fn if_foreground() -> Option<Self> {
-        let foreground = nix::unistd::tcgetpgrp(std::io::stdin()).ok()?;
-        (foreground == nix::unistd::getpgrp()).then_some(Self)
+        use std::os::unix::fs::OpenOptionsExt;
+        let tty = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(nix::fcntl::OFlag::O_NOCTTY.bits() | nix::fcntl::OFlag::O_CLOEXEC.bits())
+            .open("/dev/tty")
+            .ok()?;
+        let foreground = nix::unistd::tcgetpgrp(&tty).ok()?;
+        (foreground == nix::unistd::getpgrp()).then_some(Self { tty })
     }
 
     fn give_to(&self, group: Option<i32>) {
         if let Some(group) = group {
-            let _ = nix::unistd::tcsetpgrp(std::io::stdin(), Pid::from_raw(group));
+            let _ = nix::unistd::tcsetpgrp(&self.tty, Pid::from_raw(group));
         }
     }
 }
 
 impl Drop for Terminal {
     fn drop(&mut self) {
-        let _ = nix::unistd::tcsetpgrp(std::io::stdin(), nix::unistd::getpgrp());
+        let _ = nix::unistd::tcsetpgrp(&self.tty, nix::unistd::getpgrp());
     }
 }
 
@@ -670,7 +683,7 @@ impl Drop for Terminal {
 fn guard_command(
     command: &mut tokio::process::Command,
     watchdog: &Watchdog,
-    terminal: bool,
+    terminal: Option<&Terminal>,
 ) -> Result<(), Failure> {
     use nix::errno::Errno;
     use nix::sys::signal::SigSet;
@@ -682,8 +695,17 @@ fn guard_command(
         return Err("internal error: the command must be started from the main thread".into());
     }
     let pipe = std::sync::Arc::clone(&watchdog.pipe);
-    // `Stdin::as_fd` borrows fd 0 without locking or allocating.
-    let stdin = std::io::stdin();
+    // The terminal's descriptor, duplicated before the fork (CLOEXEC, so CMD
+    // does not keep it past exec).
+    let tty = match terminal {
+        Some(terminal) => Some(
+            terminal
+                .tty
+                .try_clone()
+                .map_err(|e| format!("cannot use the terminal: {e}"))?,
+        ),
+        None => None,
+    };
     // SAFETY: the hook runs in the child between fork and exec, where only
     // async-signal-safe calls are sound. The child is already the leader of
     // its own process group (std's `process_group` runs before the hook)
@@ -710,12 +732,12 @@ fn guard_command(
             if write(&*pipe, &pid)? != pid.len() {
                 return Err(Errno::EPIPE.into());
             }
-            if terminal {
+            if let Some(tty) = &tty {
                 let mut ttou = SigSet::empty();
                 ttou.add(Signal::SIGTTOU);
                 ttou.thread_block()?;
                 // Failing leaves CMD in the background: not a reason to refuse.
-                let _ = tcsetpgrp(&stdin, getpid());
+                let _ = tcsetpgrp(tty, getpid());
                 ttou.thread_unblock()?;
             }
             Ok(())
