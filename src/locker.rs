@@ -598,6 +598,17 @@ pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
             reason: "the default lock directory belongs to another user",
         });
     }
+    // In a shared root, anyone may plant a symlink at our name, pointing at
+    // a private directory of ours (it would pass the checks above) and
+    // later somewhere else: the name itself must be the directory opened.
+    let itself = std::fs::symlink_metadata(dir.configured())
+        .is_ok_and(|at| at.is_dir() && at.dev() == meta.dev() && at.ino() == meta.ino());
+    if !itself {
+        return Err(Error::InsecureDirectory {
+            path: dir.configured().to_owned(),
+            reason: "the default lock directory is a symlink, or was replaced while it was opened",
+        });
+    }
     if meta.mode() & 0o077 != 0 {
         return Err(Error::InsecureDirectory {
             path: dir.path().to_owned(),
@@ -1473,6 +1484,24 @@ mod tests {
                 "{d:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_symlink_planted_at_the_default_name_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let real = root.path().join("mine");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let planted = root.path().join("leasehold-me");
+        std::os::unix::fs::symlink(&real, &planted).unwrap();
+        let dir = LockDir::open(&planted, false).unwrap();
+        match check_private(&dir) {
+            Err(Error::InsecureDirectory { path, .. }) => assert_eq!(path, planted),
+            other => panic!("expected InsecureDirectory, got {other:?}"),
+        }
+        // The directory itself, private and ours, passes.
+        check_private(&LockDir::open(&real, false).unwrap()).unwrap();
     }
 
     #[test]
