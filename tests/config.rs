@@ -1,6 +1,5 @@
 //! Every configuration `build()` accepts keeps a live holder's lock.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold::{Error, Locker, Strategy};
@@ -120,56 +119,4 @@ fn a_renewal_after_the_safety_margin_is_refused() {
         .is_err()
     );
     assert!(build(dir.path(), strategy, Duration::from_secs(1), Duration::ZERO).is_err());
-    let _ = Arc::new(());
-}
-
-/// The shortest accepted lease, renewed every half lease, on a real disk,
-/// while three other `Locker`s take and release other names with durable
-/// fencing as fast as they can: every renewal needs the directory lock
-/// they keep taking, and still the holder keeps its lock.
-#[test]
-fn the_shortest_lease_survives_busy_fencing_neighbours() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let lease = Duration::from_millis(200);
-    let holder = build(dir.path(), Strategy::ExclusiveFile, lease, lease / 2).unwrap();
-    let guard = runtime.block_on(holder.acquire("victim")).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let neighbours: Vec<_> = (0..3)
-        .map(|n| {
-            let locker = Locker::builder()
-                .directory(dir.path())
-                .fencing(true)
-                .build()
-                .unwrap();
-            let stop = Arc::clone(&stop);
-            runtime.spawn(async move {
-                let name = format!("neighbour-{n}");
-                let mut rounds = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    locker.acquire(&name).await.unwrap().release().await.unwrap();
-                    rounds += 1;
-                }
-                rounds
-            })
-        })
-        .collect();
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(4) && !guard.is_lost() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    stop.store(true, Ordering::Relaxed);
-    let rounds: u64 = neighbours.into_iter().map(|n| runtime.block_on(n).unwrap()).sum();
-    assert!(rounds > 10, "the neighbours barely ran: {rounds}");
-    assert!(
-        !guard.is_lost(),
-        "lost after {:?} ({rounds} neighbour rounds): {:?}",
-        started.elapsed(),
-        runtime.block_on(guard.ensure_held())
-    );
 }
