@@ -30,10 +30,19 @@ use crate::sys;
 /// [`lost`](Self::lost) resolves and [`is_lost`](Self::is_lost) turns true;
 /// nothing panics.
 ///
-/// Dropping the guard stops the renewal task and removes the lock
-/// synchronously (a few syscalls, no `.await`), so when `drop` returns
-/// another process can take the lock at once. It works outside a runtime
-/// too, for example after the runtime has shut down. Failures while dropping
+/// Dropping the guard stops the renewal task and releases the lock
+/// without an `.await`, so it works outside a runtime too, for example
+/// after the runtime has shut down. How, depends on where the locks live:
+///
+/// - **Files** (both strategies): the lock is removed synchronously, a few
+///   syscalls under the directory's lock, so when `drop` returns another
+///   process can take it at once. (If a process frozen while holding the
+///   directory lock keeps it, the drop waits for it up to half a second,
+///   then leaves the lock for others to judge: its holder is gone.)
+/// - **PostgreSQL**: the unlock is queued on the `Locker`'s session and
+///   sent by its thread at once, without waiting for the server; other
+///   hosts see the name free a round trip later.
+///   [`release`](Self::release)`.await` waits for the server's answer. Failures while dropping
 /// are reported through `tracing`; call [`release`](Self::release) to get
 /// them as a `Result`. Two exceptions, both by design: a task of the same
 /// [`Locker`](crate::Locker) waiting for the name receives the lock directly

@@ -849,8 +849,14 @@ mod tests {
     fn keys_are_stable_and_distinct() {
         assert_eq!(key("reindex"), key("reindex"));
         assert_ne!(key("reindex"), key("reindex2"));
-        // Pinned: changing it would let two versions hold one name at once.
-        assert_eq!(key(""), key(""));
+        // Pinned to literal values (the first 8 bytes, big-endian, of
+        // SHA-256 of "leasehold\0" + name, computed independently):
+        // changing the derivation would let two versions hold one name at
+        // once.
+        assert_eq!(key(""), 881_046_124_959_875_681);
+        assert_eq!(key("reindex"), -4_731_462_604_616_021_856);
+        assert_eq!(key("nightly-report"), 2_890_748_606_779_939_386);
+        assert_eq!(key("ünïcode/name"), -1_729_549_082_967_962_973);
         let t = tokens(2048);
         assert_eq!((t.next, t.last), (1025, 2048));
     }
