@@ -42,8 +42,9 @@ use crate::sys;
 /// - **PostgreSQL**: the unlock is queued on the `Locker`'s session and
 ///   sent by its thread at once, without waiting for the server; other
 ///   hosts see the name free a round trip later.
-///   [`release`](Self::release)`.await` waits for the server's answer. Failures while dropping
-/// are reported through `tracing`; call [`release`](Self::release) to get
+///   [`release`](Self::release)`.await` waits for the server's answer.
+///
+/// Failures while dropping are reported through `tracing`; call [`release`](Self::release) to get
 /// them as a `Result`. Two exceptions, both by design: a task of the same
 /// [`Locker`](crate::Locker) waiting for the name receives the lock directly
 /// instead (see *Fairness* on `Locker`), and inside a
