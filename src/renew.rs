@@ -94,16 +94,8 @@ impl Drop for Registration {
         if let Some(shared) = self.shared.upgrade() {
             let mut state = shared.state();
             state.leases.remove(&self.id);
-            // Dropped entries stay in the heap until due; rebuild it if they
-            // pile up (many short holds).
-            if state.due.len() > 2 * state.leases.len() + 64 {
-                let due = state
-                    .leases
-                    .iter()
-                    .map(|(id, (at, _))| Reverse((*at, *id)))
-                    .collect();
-                state.due = due;
-            }
+            let State { due, leases, .. } = &mut *state;
+            crate::timer::compact(due, leases);
         }
     }
 }

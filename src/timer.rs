@@ -155,6 +155,16 @@ impl Drop for Sleep {
     }
 }
 
+/// Entries removed from a deadline queue's map stay in its heap until due
+/// (finding them there would cost a search); the heap is rebuilt from the
+/// live entries once they pile up (many waits ended early, many short
+/// holds). Shared by the timer and the renewal thread.
+pub(crate) fn compact<T>(due: &mut BinaryHeap<Reverse<(Instant, u64)>>, live: &HashMap<u64, (Instant, T)>) {
+    if due.len() > 2 * live.len() + 64 {
+        *due = live.iter().map(|(id, (at, _))| Reverse((*at, *id))).collect();
+    }
+}
+
 #[derive(Debug, Default)]
 struct Timer {
     state: Mutex<State>,
@@ -230,16 +240,8 @@ impl Timer {
     fn cancel(&self, id: u64) {
         let mut state = self.state();
         let removed = state.waiting.remove(&id);
-        // Cancelled entries stay in the heap until due; rebuild it if they
-        // pile up (many waits ended early).
-        if state.due.len() > 2 * state.waiting.len() + 64 {
-            let due = state
-                .waiting
-                .iter()
-                .map(|(id, (at, _))| Reverse((*at, *id)))
-                .collect();
-            state.due = due;
-        }
+        let State { due, waiting, .. } = &mut *state;
+        compact(due, waiting);
         drop(state);
         drop(removed);
     }
