@@ -706,14 +706,15 @@ impl Held {
     /// when it was ours to the end; otherwise why it was not (a lock in a
     /// moved directory is removed there all the same, but was not a lock).
     ///
-    /// `confirm` only matters on a lock server: wait for its answer rather
-    /// than queueing the unlock.
-    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    /// `confirm`: the caller waits for the whole truth (`release().await`).
+    /// On a lock server, wait for its answer rather than queueing the
+    /// unlock; in a directory, also look whether the directory was moved
+    /// (a path lookup a guard's `Drop`, which reports nothing, is spared).
     pub(crate) fn release(self, confirm: bool) -> Result<Option<LossReason>> {
         let taken = self.taken_reason();
         let moved = match self.parts() {
-            Some((ctx, ..)) => ctx.dir_moved(),
-            None => None,
+            Some((ctx, ..)) if confirm => ctx.dir_moved(),
+            _ => None,
         };
         let released = match self {
             Held::File(f) => f.release(),
