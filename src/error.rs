@@ -138,7 +138,16 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
-    /// The platform or configuration cannot do what was asked.
+    /// The Tokio runtime shut down before a blocking operation could run.
+    #[error("cannot {op}: the Tokio runtime is shutting down")]
+    Runtime {
+        /// The operation, e.g. `"run a lock operation on the blocking pool"`.
+        op: &'static str,
+    },
+
+    /// The platform (or the backend) lacks what was asked: a filesystem
+    /// without `flock` or `renameat2`, a lock path on a server, a Tokio
+    /// runtime for `acquire`.
     #[error("unsupported: {what}")]
     Unsupported {
         /// What is not supported.
@@ -155,16 +164,6 @@ impl Error {
         } else {
             Error::Io { op, path, source }
         }
-    }
-
-    /// `map_err` helper for [`io`](Self::io).
-    pub(crate) fn from_io(op: &'static str, path: PathBuf) -> impl FnOnce(io::Error) -> Self {
-        move |source| Self::io(op, path, source)
-    }
-
-    /// Wraps an errno from `nix`, keeping `nix` out of the public API.
-    pub(crate) fn errno(op: &'static str, path: impl Into<PathBuf>, errno: nix::errno::Errno) -> Self {
-        Self::io(op, path, io::Error::from(errno))
     }
 
     /// Whether this error says the lock was lost.
@@ -187,6 +186,21 @@ impl Error {
     /// ```
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })
+    }
+}
+
+/// Attaches the operation and the path to a failed system call: the one
+/// way leasehold builds an [`Error::Io`] (or [`Error::PermissionDenied`])
+/// from an OS error, after tempfile's `IoResultExt`.
+pub(crate) trait IoResultExt<T> {
+    /// `Err` becomes [`Error::io`] of `op` on the path that `path` returns
+    /// (computed only on failure).
+    fn context<P: Into<PathBuf>>(self, op: &'static str, path: impl FnOnce() -> P) -> Result<T>;
+}
+
+impl<T, E: Into<io::Error>> IoResultExt<T> for std::result::Result<T, E> {
+    fn context<P: Into<PathBuf>>(self, op: &'static str, path: impl FnOnce() -> P) -> Result<T> {
+        self.map_err(|e| Error::io(op, path(), e.into()))
     }
 }
 

@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::backend::{BackendLock, Kept, Renewal, Tokens};
 use crate::error::{Error, LossReason, Result};
 use crate::owner::Owner;
 use crate::queue::Slot;
 use crate::renew::{Registration, Renewer};
 use crate::stats::{Counters, bump};
-use crate::strategy::{Held, Renewal, Tokens};
+use crate::store::StoreLock as Held;
 use crate::sys;
 
 /// A held lock. Dropping it releases the lock.
@@ -164,8 +165,8 @@ impl Keeper {
         let first = renewal_due_in(&held, self.renew_interval);
         let lease = Arc::new(Lease {
             name: name.into(),
-            owner: held.owner(),
-            deadline_ms: AtomicU64::new(held.lease_deadline_boot_ms()),
+            owner: Owner::from_record(&held.record().parsed()),
+            deadline_ms: AtomicU64::new(lease_deadline_boot_ms(&held)),
             held: Mutex::new(Some(held)),
             lost: watch::Sender::new(None),
             renew_interval: self.renew_interval,
@@ -193,11 +194,14 @@ fn renewal_due_in(held: &Held, interval: Duration) -> Duration {
     interval.saturating_sub(since)
 }
 
-impl Hold {
-    /// Reserves the first block of fencing tokens of a hold taken from the
-    /// disk. `Ok(false)` when the lock is no longer ours (or the directory
-    /// is busy): the caller drops the hold, which releases the lock.
-    pub(crate) fn reserve_tokens(&self) -> Result<bool> {
+/// The boot-clock millisecond at which the lease last written runs out.
+fn lease_deadline_boot_ms(held: &Held) -> u64 {
+    let record = held.record();
+    record.renewed_at_boot.saturating_add(record.lease_ms)
+}
+
+impl Kept for Hold {
+    fn reserve_tokens(&self) -> Result<bool> {
         let mut held = self.lease.held();
         let Some(block) = held.as_mut().map(Held::reserve_tokens).transpose()?.flatten() else {
             return Ok(false);
@@ -205,7 +209,9 @@ impl Hold {
         *lock(&self.lease.tokens) = Some(block);
         Ok(true)
     }
+}
 
+impl Hold {
     pub(crate) fn since(&self) -> Instant {
         self.since
     }
@@ -223,7 +229,7 @@ impl Hold {
 
     /// Whether taking the next token needs the disk.
     pub(crate) fn tokens_exhausted(&self) -> bool {
-        matches!(*lock(&self.lease.tokens), Some(t) if t.next > t.last)
+        lock(&self.lease.tokens).is_some_and(|t| t.is_used_up())
     }
 
     /// Removes the lock from disk if it is still ours; failures go to
@@ -630,7 +636,7 @@ impl Lease {
         match held.renew(cutoff) {
             Ok(Renewal::Renewed) => {
                 self.deadline_ms
-                    .store(held.lease_deadline_boot_ms(), Ordering::Release);
+                    .store(lease_deadline_boot_ms(held), Ordering::Release);
                 bump(&self.counters.renewals);
                 *lock(&self.failing) = None;
                 tracing::trace!(lock = &*self.name, "lease renewed");

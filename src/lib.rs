@@ -197,12 +197,17 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![doc(test(attr(deny(warnings))))]
 
-mod dir;
+mod acquire;
+mod backend;
+mod builder;
+mod engine;
 mod error;
+mod fs;
 mod guard;
 mod locker;
 mod name;
 mod owner;
+mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod queue;
@@ -211,19 +216,19 @@ mod renew;
 mod scope;
 mod stale;
 mod stats;
-mod strategy;
+mod store;
 mod sys;
 pub mod testing;
 mod timer;
-mod wake;
 
+pub use builder::LockerBuilder;
 pub use error::{Error, LossReason, Result};
+pub use fs::Strategy;
 pub use guard::LockGuard;
-pub use locker::{Locker, LockerBuilder};
+pub use locker::Locker;
 pub use name::PathStyle;
 pub use owner::{LockInfo, Owner};
 pub use stats::Stats;
-pub use strategy::Strategy;
 
 #[doc = include_str!("../docs/format.md")]
 pub mod format {}

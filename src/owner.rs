@@ -178,7 +178,7 @@ impl Owner {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct LockInfo {
-    path: std::path::PathBuf,
+    path: Option<std::path::PathBuf>,
     name: String,
     owner: Owner,
     stale: Option<&'static str>,
@@ -186,7 +186,7 @@ pub struct LockInfo {
 
 impl LockInfo {
     pub(crate) fn new(
-        path: std::path::PathBuf,
+        path: Option<std::path::PathBuf>,
         name: String,
         owner: Owner,
         stale: Option<&'static str>,
@@ -199,9 +199,10 @@ impl LockInfo {
         }
     }
 
-    /// The lock's path.
+    /// The lock's path; empty for a lock on a PostgreSQL server, which has
+    /// none.
     pub fn path(&self) -> &std::path::Path {
-        &self.path
+        self.path.as_deref().unwrap_or(std::path::Path::new(""))
     }
 
     /// The lock name: from the record when it has one (leasehold records

@@ -219,6 +219,32 @@ pub(crate) struct OwnRecord {
 const SLACK: usize = 16;
 
 impl OwnRecord {
+    /// The record a new holder of `name` writes (or, on a server, keeps),
+    /// with a lease of `lease` from now.
+    pub(crate) fn new(holder_id: &str, lease: Duration, name: &crate::name::LockName) -> Self {
+        let me = crate::sys::identity();
+        let now = SystemTime::now();
+        OwnRecord {
+            uuid: acquisition_id(),
+            pid: me.pid,
+            start_time: me.start_time,
+            holder_id: holder_id.to_owned(),
+            hostname: me.hostname.clone(),
+            acquired_at: format_time(now),
+            lease_expires_at: format_time(now + lease),
+            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            leasehold: FORMAT_VERSION,
+            boot_id: me.boot_id.clone(),
+            pid_ns: me.pid_ns.clone(),
+            time_ns: me.time_ns.clone(),
+            proc_start: me.start.map(|s| s.ticks),
+            renewed_at_boot: crate::sys::boot_clock_ms(),
+            machine_id: me.machine_id.clone(),
+            name: name.as_str().to_owned(),
+            fencing_token: None,
+        }
+    }
+
     /// Serializes, padded with trailing spaces (which every JSON reader,
     /// and the second seed's `trim()`, ignores) to at least `len` bytes.
     pub(crate) fn to_bytes(&self, len: usize) -> Vec<u8> {
@@ -246,6 +272,31 @@ impl OwnRecord {
             _ => Record::default(),
         }
     }
+}
+
+/// A fresh version-4 UUID for an acquisition, without a `getrandom` call
+/// per lock: see [`unique_bits`].
+fn acquisition_id() -> String {
+    let (hi, lo) = unique_bits();
+    uuid::Builder::from_random_bytes(uuid::Uuid::from_u64_pair(hi, lo).into_bytes())
+        .into_uuid()
+        .to_string()
+}
+
+/// 128 bits that no other call in this process returns and that other
+/// processes are unlikely to: one random seed per process, plus a counter,
+/// so that taking a lock costs no `getrandom` call.
+pub(crate) fn unique_bits() -> (u64, u64) {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEED: OnceLock<(u64, u64)> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let (hi, lo) = *SEED.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair());
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // Mix the counter into the random half with an odd multiplier: a
+    // bijection of the counter (of its low bits, too), so values stay unique
+    // and do not look sequential.
+    (hi, lo ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 #[cfg(test)]

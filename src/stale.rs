@@ -77,10 +77,13 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::locker::MAX_LEASE;
-
 use crate::record::{Parsed, Record, epoch_ms};
 use crate::sys::{self, Identity, Probe, ProcStart};
+
+/// Leases beyond this are almost certainly a unit mistake, and would
+/// overflow time arithmetic long before they meant anything: `build()`
+/// refuses them, and a record stating one is capped to it.
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Why a lock was found stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

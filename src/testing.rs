@@ -144,8 +144,8 @@ fn locker() -> &'static Locker {
         let (dir, per_user) = directory();
         let cannot = |e: Error| -> ! { panic!("leasehold::testing: cannot use {}: {e}", dir.display()) };
         if per_user {
-            let opened = crate::dir::LockDir::open(&dir, false).unwrap_or_else(|e| cannot(e));
-            crate::locker::check_private(&opened).unwrap_or_else(|e| cannot(e));
+            let opened = crate::fs::LockDir::open(&dir, false).unwrap_or_else(|e| cannot(e));
+            crate::fs::check_private(&opened).unwrap_or_else(|e| cannot(e));
         }
         Locker::new(&dir).unwrap_or_else(|e| cannot(e))
     })
@@ -175,7 +175,7 @@ fn directory() -> (PathBuf, bool) {
     let exe = std::env::current_exe().and_then(|exe| exe.canonicalize()).ok();
     match exe.as_deref().and_then(target_directory) {
         Some(target) => (target.join("leasehold-serial"), false),
-        None => (crate::locker::per_user_directory("leasehold-serial"), true),
+        None => (crate::fs::per_user_directory("leasehold-serial"), true),
     }
 }
 

@@ -1,4 +1,5 @@
-//! The future behind [`Locker::acquire`] and [`Locker::acquire_timeout`].
+//! The future behind [`Locker::acquire`](crate::Locker::acquire) and
+//! [`Locker::acquire_timeout`](crate::Locker::acquire_timeout).
 //!
 //! Written by hand rather than as an `async fn` because of what a *queued*
 //! call costs: with ten thousand tasks waiting on one name, each waits in
@@ -18,7 +19,7 @@ use std::time::Duration;
 use std::time::Instant;
 use tracing::Span;
 
-use super::{Locker, far_future};
+use crate::engine::{Engine, far_future};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::name::LockName;
@@ -26,8 +27,8 @@ use crate::queue::{Head, Join, Slot, Ticket, Turn};
 use crate::timer::{self, Sleep};
 
 /// An acquisition in progress.
-pub(super) struct Acquire<'a> {
-    locker: &'a Locker,
+pub(crate) struct Acquire<'a> {
+    engine: &'a Engine,
     /// The acquisition's span; boxed, and only when it is enabled, so that
     /// with tracing off it costs a null pointer.
     span: Option<Box<Span>>,
@@ -56,14 +57,14 @@ enum Stage<'a> {
 }
 
 impl<'a> Acquire<'a> {
-    pub(super) fn new(locker: &'a Locker, op: &'static str, name: &str, timeout: Option<Duration>) -> Self {
-        let span = locker.span(op, name);
+    pub(crate) fn new(engine: &'a Engine, op: &'static str, name: &str, timeout: Option<Duration>) -> Self {
+        let span = engine.span(op, name);
         let span = (!span.is_none()).then(|| Box::new(span));
-        let stage = match LockName::new(name, locker.inner.path_style) {
+        let stage = match LockName::new(name, engine.path_style) {
             Ok(name) => Stage::Start { name, timeout },
             Err(e) => Stage::Invalid(Box::new(e)),
         };
-        Self { locker, span, stage }
+        Self { engine, span, stage }
     }
 
     /// The boxed work of the turn's holder.
@@ -76,9 +77,9 @@ impl<'a> Acquire<'a> {
         deadline: Option<Instant>,
         started: Instant,
     ) -> Stage<'a> {
-        let locker = self.locker;
+        let engine = self.engine;
         Stage::Head(Box::pin(async move {
-            locker.take_turn(&name, slot, turn, head, deadline, started).await
+            engine.take_turn(&name, slot, turn, head, deadline, started).await
         }))
     }
 }
@@ -96,7 +97,7 @@ impl Future for Acquire<'_> {
                     else {
                         unreachable!("matched above");
                     };
-                    let locker = this.locker;
+                    let engine = this.engine;
                     // Attempts run on Tokio's blocking pool: say so rather
                     // than fail later. (Waiting needs no time driver:
                     // leasehold sleeps on its own timer.)
@@ -105,13 +106,13 @@ impl Future for Acquire<'_> {
                             what: "leasehold's async methods must run inside a Tokio runtime",
                         }));
                     }
-                    if let Some(guard) = locker.reenter(&name) {
+                    if let Some(guard) = engine.reenter(&name) {
                         return Poll::Ready(guard);
                     }
                     let started = timer::now();
                     let deadline =
                         timeout.map(|timeout| started.checked_add(timeout).unwrap_or_else(far_future));
-                    let slot = locker.inner.slots.get(&name);
+                    let slot = engine.slots.get(&name);
                     // The queue's copy of the name, so that queued tasks
                     // share one.
                     let name = if slot.name == name {
@@ -147,7 +148,7 @@ impl Future for Acquire<'_> {
                         if let Some(sleep) = deadline
                             && Pin::new(&mut **sleep).poll(cx).is_ready()
                         {
-                            let error = this.locker.timed_out(name, *started);
+                            let error = this.engine.timed_out(name, *started);
                             // Leaves the queue, or passes on a turn granted
                             // meanwhile.
                             this.stage = Stage::Done;

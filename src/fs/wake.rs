@@ -10,10 +10,10 @@
 //! remains as a safety net against missed events, and is the only mechanism
 //! where the watcher cannot run.
 
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::dir::LockDir;
-use crate::queue::Slots;
+use super::dir::LockDir;
+use crate::backend::Waiters;
 use crate::sys::{self, DirEvent, DirWatch};
 
 #[derive(Debug, Default)]
@@ -27,26 +27,26 @@ pub(crate) struct Watcher {
 impl Watcher {
     /// Starts the watcher if it is not running; returns whether events will
     /// arrive (otherwise the caller must poll).
-    pub(crate) fn ensure(&self, dir: &LockDir, slots: &Arc<Slots>) -> bool {
+    pub(crate) fn ensure(&self, dir: &LockDir, waiters: &Waiters) -> bool {
         let watch = self.watch.get_or_init(|| {
-            let weak: Weak<Slots> = Arc::downgrade(slots);
+            let weak = waiters.clone();
             let gone = Arc::clone(&self.gone);
             let watch = sys::watch_dir(
                 dir.fd(),
                 Box::new(move |event| {
-                    let Some(slots) = weak.upgrade() else {
+                    let Some(waiters) = weak.upgrade() else {
                         return false;
                     };
                     match event {
                         DirEvent::Changed(name) => {
                             if let Some(name) = name.to_str() {
-                                slots.changed(name);
+                                waiters.changed(name);
                             }
                         }
-                        DirEvent::Overflow => slots.all_changed(),
+                        DirEvent::Overflow => waiters.all_changed(),
                         DirEvent::Gone => {
                             *gone.lock().unwrap_or_else(|e| e.into_inner()) = true;
-                            slots.all_changed();
+                            waiters.all_changed();
                         }
                         DirEvent::Idle => {}
                     }

@@ -1,4 +1,5 @@
-//! The directory strategy, laid out as the first seed lays it out.
+//! The directory strategy, laid out as velocious's `AdvisoryLockFileBackend`
+//! lays it out.
 //!
 //! A lock is a directory, `<dir>/<name>.lock/`, holding `owner.json`. It is
 //! published by filling a private directory, `<name>.lock.pending-XXXXXX`
@@ -18,40 +19,23 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use nix::errno::Errno;
-use nix::fcntl::{OFlag, openat, renameat};
-use nix::sys::stat::{Mode, mkdirat};
-use nix::unistd::{UnlinkatFlags, unlinkat};
-
-use super::{Ctx, LEFTOVER_SETTLE, Leftover, leftover_kind, names, read_record, unique_bits};
-use crate::dir::MutationLock;
-use crate::error::{Error, Result};
+use super::context::Ctx;
+use super::dir::MutationLock;
+use super::leftover::{self, LEFTOVER_SETTLE, Leftover, leftover_kind};
+use super::lock::{FsLock, Node};
+use super::syscall::{self, Errno, Open, read_record};
+use crate::backend::Inspection;
+use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
-use crate::record::OwnRecord;
+use crate::record::{OwnRecord, unique_bits};
 use crate::sys::{self, RenameError};
 
 const OWNER: &str = "owner.json";
 const NEXT: &str = "owner.json.next";
-
-/// A lock directory this process published. Dropping it removes the
-/// directory if, and only if, the path still names it.
-#[derive(Debug)]
-pub(crate) struct DirLock {
-    ctx: Arc<Ctx>,
-    name: LockName,
-    dir: File,
-    /// The current `owner.json`, kept open for writing only so that its
-    /// close — at renewal, or when this process dies — is an inotify event
-    /// that wakes waiters.
-    _record_file: File,
-    dev: u64,
-    ino: u64,
-    record: OwnRecord,
-    armed: bool,
-}
 
 /// A private name's 12 hex digits: unique within this process, random
 /// across processes.
@@ -60,55 +44,44 @@ fn suffix() -> String {
 }
 
 /// Publishes a new lock directory; `None` if the path is taken.
-pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>> {
+pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FsLock>> {
     let mut pending = format!("{}.pending-{}", name.file_name(), suffix());
     // Another process's pending directory could have the same name, once
     // in 2^48; then another name is tried, a few times at most.
     let mut tries = 0;
-    while let Err(e) = mkdirat(ctx.dir.fd(), pending.as_str(), Mode::from_bits_truncate(0o700)) {
+    while let Err(e) = syscall::mkdir_at(ctx.dir.fd(), &pending) {
         tries += 1;
         if e != Errno::EEXIST || tries == 4 {
-            return Err(Error::errno(
-                "create pending lock directory",
-                ctx.dir.path_of(&pending),
-                e,
-            ));
+            return Err(e).context("create pending lock directory", || ctx.path_of(&pending));
         }
         pending = format!("{}.pending-{}", name.file_name(), suffix());
     }
-    let path = || ctx.dir.path_of(&pending);
+    let path = || ctx.path_of(&pending);
     let mut cleanup = Pending {
         ctx,
         name: &pending,
         armed: true,
     };
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let dir = match openat(ctx.dir.fd(), pending.as_str(), flags, Mode::empty()) {
-        Ok(fd) => File::from(fd),
+    let dir = match syscall::open_at(ctx.dir.fd(), pending.as_str(), Open::Dir) {
+        Ok(dir) => dir,
         // Collected as abandoned while this process stood still between
         // mkdir and flock (see `clean_leftovers`): no lock was made; the
         // caller looks at the lock path again.
         Err(Errno::ENOENT) => return Ok(None),
-        Err(e) => return Err(Error::errno("open pending lock directory", path(), e)),
+        Err(e) => return Err(e).context("open pending lock directory", path),
     };
-    let meta = dir
-        .metadata()
-        .map_err(|e| Error::io("inspect pending lock directory", path(), e))?;
+    let meta = dir.metadata().context("inspect pending lock directory", path)?;
     // Nobody else knows this directory yet, so the flock is free; it is
     // ours before the directory can be seen at the lock path.
-    dir.try_lock().map_err(|e| {
-        Error::io(
-            "lock pending lock directory",
-            path(),
-            io::Error::other(e.to_string()),
-        )
-    })?;
+    dir.try_lock()
+        .map_err(|e| io::Error::other(e.to_string()))
+        .context("lock pending lock directory", path)?;
     let record = ctx.own_record(name);
     let record_file = match write_owner(&dir, OWNER, &record, ctx.durable) {
         Ok(file) => file,
         // As above: the pending directory was collected before our flock.
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io("write lock record", path(), e)),
+        Err(e) => return Err(e).context("write lock record", path),
     };
     match sys::rename_noreplace(ctx.dir.fd(), &pending, name.file_name()) {
         Ok(()) => {}
@@ -120,17 +93,16 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>>
                        use Strategy::ExclusiveFile",
             });
         }
-        Err(RenameError::Io(e)) => return Err(Error::io("publish lock directory", path(), e)),
+        Err(RenameError::Io(e)) => return Err(e).context("publish lock directory", path),
     }
     cleanup.armed = false;
-    Ok(Some(DirLock {
+    Ok(Some(FsLock {
         ctx: Arc::clone(ctx),
         name: name.clone(),
-        dir,
-        _record_file: record_file,
         dev: meta.dev(),
         ino: meta.ino(),
         record,
+        node: Node::Dir { dir, record_file },
         armed: true,
     }))
 }
@@ -139,8 +111,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<DirLock>>
 /// that name (only ever our own pending or `.next` file), and returns it
 /// still open.
 fn write_owner(dir: &File, file_name: &str, record: &OwnRecord, durable: bool) -> io::Result<File> {
-    let flags = OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let file = File::from(openat(dir, file_name, flags, Mode::from_bits_truncate(0o600))?);
+    let file = syscall::open_at(dir, file_name, Open::Replace)?;
     file.write_all_at(&record.to_bytes(0), 0)?;
     if durable {
         file.sync_data()?;
@@ -148,13 +119,28 @@ fn write_owner(dir: &File, file_name: &str, record: &OwnRecord, durable: bool) -
     Ok(file)
 }
 
+/// Replaces `owner.json` atomically inside the directory we published:
+/// written as `owner.json.next` through our descriptor, then renamed.
+/// Returns the new record file, kept open (see [`Node::Dir`]).
+pub(super) fn rewrite(dir: &File, record: &OwnRecord, path: impl Fn() -> PathBuf) -> Result<File> {
+    let path = || path().join(OWNER);
+    let next = write_owner(dir, NEXT, record, false).context("rewrite lock record", path)?;
+    syscall::rename_at(dir, NEXT, OWNER).context("rewrite lock record", path)?;
+    Ok(next)
+}
+
+/// Removes `owner.json` from a lock directory that is no longer ours, to
+/// help whoever retired it empty it.
+pub(super) fn forget_record(dir: &File) {
+    let _ = syscall::unlink_at(dir, OWNER);
+}
+
 /// Reads `owner.json` from an open lock directory: its bytes and mtime, or
 /// `None` if there is none (or it is not a regular file, which is never
 /// followed).
 pub(super) fn read_owner(dir: &File) -> io::Result<Option<(Vec<u8>, SystemTime)>> {
-    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
-    let file = match openat(dir, OWNER, flags, Mode::empty()) {
-        Ok(fd) => File::from(fd),
+    let file = match syscall::open_at(dir, OWNER, Open::Read) {
+        Ok(file) => file,
         Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO | Errno::EISDIR) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
@@ -170,32 +156,23 @@ pub(super) fn read_owner(dir: &File) -> io::Result<Option<(Vec<u8>, SystemTime)>
 /// lock path is free) and has checked that the path names `node`.
 pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: MutationLock<'_>) -> Result<bool> {
     let trash = format!("{}.trash-{}", name.file_name(), suffix());
-    match renameat(ctx.dir.fd(), name.file_name(), ctx.dir.fd(), trash.as_str()) {
+    match syscall::rename_at(ctx.dir.fd(), name.file_name(), &trash) {
         Ok(()) => {}
         Err(Errno::ENOENT) => return Ok(false),
-        Err(e) => {
-            return Err(Error::errno(
-                "move lock directory away",
-                ctx.dir.path_of(name.file_name()),
-                e,
-            ));
-        }
+        Err(e) => return Err(e).context("move lock directory away", || ctx.path_of(name.file_name())),
     }
     // Under the directory lock no cooperating process can have replaced
     // the path since the caller checked it; a process that ignores the
     // lock can. What was moved is then not what was judged: put it back
     // (if the path is still free) and remove nothing.
-    let moved = nix::sys::stat::fstatat(
-        ctx.dir.fd(),
-        trash.as_str(),
-        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-    );
+    let moved = syscall::stat_at(ctx.dir.fd(), &trash);
     let judged = node.metadata().ok();
-    let same = matches!((&moved, &judged), (Ok(st), Some(meta)) if st.st_dev == meta.dev() && st.st_ino == meta.ino());
+    let same =
+        matches!((&moved, &judged), (Ok(st), Some(meta)) if st.dev == meta.dev() && st.ino == meta.ino());
     if !same {
         if sys::rename_noreplace(ctx.dir.fd(), &trash, name.file_name()).is_err() {
             tracing::warn!(
-                path = %ctx.dir.path_of(&trash).display(),
+                path = %ctx.path_of(&trash).display(),
                 "the lock path was replaced behind the directory lock; left what was there in the trash"
             );
         }
@@ -212,22 +189,22 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
 /// removed is logged.
 fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
     // Usually the record is all there is: try without listing first.
-    let _ = unlinkat(node, OWNER, UnlinkatFlags::NoRemoveDir);
-    if let Ok(()) | Err(Errno::ENOENT) = unlinkat(ctx.dir.fd(), dir_name, UnlinkatFlags::RemoveDir) {
+    let _ = syscall::unlink_at(node, OWNER);
+    if let Ok(()) | Err(Errno::ENOENT) = syscall::rmdir_at(ctx.dir.fd(), dir_name) {
         return;
     }
     for attempt in 0..5 {
         if let Err(error) = empty(node) {
             tracing::debug!(dir = dir_name, %error, "emptying a lock directory failed");
         }
-        match unlinkat(ctx.dir.fd(), dir_name, UnlinkatFlags::RemoveDir) {
+        match syscall::rmdir_at(ctx.dir.fd(), dir_name) {
             Ok(()) | Err(Errno::ENOENT) => return,
             Err(Errno::ENOTEMPTY | Errno::EEXIST) if attempt < 4 => {
                 std::thread::sleep(Duration::from_millis(2));
             }
             Err(e) => {
                 tracing::warn!(
-                    path = %ctx.dir.path_of(dir_name).display(),
+                    path = %ctx.path_of(dir_name).display(),
                     error = %e,
                     "could not remove a retired lock directory"
                 );
@@ -242,11 +219,7 @@ fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
 /// shorter) and `.trash-*` directories nobody holds (a releaser that died
 /// while emptying one); nobody else uses either. At most `limit` are
 /// removed.
-pub(super) fn clean_leftovers(
-    ctx: &Ctx,
-    dry_run: bool,
-    limit: usize,
-) -> Result<Vec<(LockName, super::Inspection)>> {
+pub(super) fn clean_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
     let names =
         ctx.entries(|name| matches!(leftover_kind(name), Some(Leftover::Pending | Leftover::Trash)))?;
     let mut cleaned = Vec::new();
@@ -254,11 +227,9 @@ pub(super) fn clean_leftovers(
         if cleaned.len() >= limit {
             break;
         }
-        let open = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let Ok(fd) = openat(ctx.dir.fd(), name.as_str(), open, Mode::empty()) else {
+        let Ok(node) = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Dir) else {
             continue;
         };
-        let node = File::from(fd);
         // A publisher flocks its pending directory right after creating it,
         // and a holder keeps its flock on a directory it is retiring: busy
         // means in use. A pending directory is also spared while younger
@@ -282,7 +253,7 @@ pub(super) fn clean_leftovers(
         if !dry_run {
             remove_dir(ctx, &name, &node);
         }
-        cleaned.push((LockName::from_file_name(&name), super::Inspection::leftover()));
+        cleaned.push((LockName::from_file_name(&name), leftover::inspection(ctx, &name)));
     }
     Ok(cleaned)
 }
@@ -290,69 +261,13 @@ pub(super) fn clean_leftovers(
 /// Unlinks every non-directory entry of `node`; subdirectories, which
 /// leasehold never creates, are left alone.
 fn empty(node: &File) -> io::Result<()> {
-    // A fresh open each time: a duplicate would share the directory offset,
-    // and a second pass would see nothing.
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-    let mut listing = nix::dir::Dir::openat(node, ".", flags, Mode::empty())?;
-    let names: Vec<std::ffi::CString> = listing
-        .iter()
-        .filter_map(|entry| entry.ok())
-        .map(|entry| entry.file_name().to_owned())
-        .filter(|name| name.as_bytes() != b"." && name.as_bytes() != b"..")
-        .collect();
-    for name in names {
-        match unlinkat(node, name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
+    for name in syscall::list_at(node)? {
+        match syscall::unlink_at(node, name.as_os_str()) {
             Ok(()) | Err(Errno::ENOENT | Errno::EISDIR | Errno::EPERM) => {}
             Err(e) => return Err(e.into()),
         }
     }
     Ok(())
-}
-
-impl DirLock {
-    pub(crate) fn record(&self) -> &OwnRecord {
-        &self.record
-    }
-
-    pub(crate) fn parts(&self) -> (&Arc<Ctx>, &LockName, u64, u64) {
-        (&self.ctx, &self.name, self.dev, self.ino)
-    }
-
-    /// Replaces `owner.json` atomically inside the directory we published:
-    /// written as `owner.json.next` through our descriptor, then renamed.
-    pub(crate) fn write_record(&mut self, record: OwnRecord) -> Result<()> {
-        let path = || self.ctx.dir.path_of(self.name.file_name()).join(OWNER);
-        let next = write_owner(&self.dir, NEXT, &record, false)
-            .map_err(|e| Error::io("rewrite lock record", path(), e))?;
-        renameat(&self.dir, NEXT, &self.dir, OWNER)
-            .map_err(|e| Error::errno("rewrite lock record", path(), e))?;
-        self._record_file = next;
-        self.record = record;
-        Ok(())
-    }
-
-    pub(crate) fn release(mut self) -> Result<bool> {
-        self.armed = false;
-        self.remove()
-    }
-
-    fn remove(&self) -> Result<bool> {
-        let mutation = self.ctx.dir.mutation_lock()?;
-        if !names(&self.ctx, &self.name, self.dev, self.ino)? {
-            // Retired by a reclaimer: help it empty our old directory.
-            let _ = unlinkat(&self.dir, OWNER, UnlinkatFlags::NoRemoveDir);
-            return Ok(false);
-        }
-        retire(&self.ctx, &self.name, &self.dir, mutation)
-    }
-}
-
-impl Drop for DirLock {
-    fn drop(&mut self) {
-        if std::mem::take(&mut self.armed) {
-            super::log_drop_failure(&self.name, self.remove());
-        }
-    }
 }
 
 /// Removes a pending directory that was never published.
@@ -369,13 +284,11 @@ impl Drop for Pending<'_> {
         }
         // Usually still empty: removed without a descriptor, which matters
         // when the attempt failed for want of descriptors (EMFILE).
-        if let Ok(()) | Err(Errno::ENOENT) = unlinkat(self.ctx.dir.fd(), self.name, UnlinkatFlags::RemoveDir)
-        {
+        if let Ok(()) | Err(Errno::ENOENT) = syscall::rmdir_at(self.ctx.dir.fd(), self.name) {
             return;
         }
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        match openat(self.ctx.dir.fd(), self.name, flags, Mode::empty()) {
-            Ok(fd) => remove_dir(self.ctx, self.name, &File::from(fd)),
+        match syscall::open_at(self.ctx.dir.fd(), self.name, Open::Dir) {
+            Ok(node) => remove_dir(self.ctx, self.name, &node),
             Err(error) => {
                 tracing::warn!(dir = self.name, %error, "could not remove a pending lock directory")
             }

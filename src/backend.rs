@@ -1,0 +1,213 @@
+//! The contract every backend speaks.
+//!
+//! A backend is where locks live: files in a lock directory
+//! ([`fs`](crate::fs)) or advisory locks on a PostgreSQL server
+//! ([`postgres`](crate::postgres)). Everything above it — the queue, the
+//! guard, the lease and its renewal, waiting — is the same for all of them
+//! and speaks to a backend only through the two traits here: [`Backend`]
+//! for the store as a whole and [`BackendLock`] for one lock it gave out.
+//! [`store`](crate::store) is the one place that dispatches over the
+//! backends; neither backend imports the other.
+//!
+//! What a backend cannot do is said in the types: a server has no lock
+//! path ([`Backend::lock_path`] is `None`), no uncontended shortcut
+//! ([`Backend::attempt_inline`] defaults to `None`), and nothing to clean.
+
+use std::path::{Path, PathBuf};
+use std::sync::Weak;
+use std::time::{Instant, SystemTime};
+
+use crate::error::{LossReason, Result};
+use crate::name::LockName;
+use crate::owner::Owner;
+use crate::record::OwnRecord;
+use crate::stale::StaleReason;
+
+/// The result of one attempt to take a lock. `K` is what the caller's
+/// `arm` made of the lock: the lock with its renewal running.
+#[derive(Debug)]
+pub(crate) enum Attempt<K> {
+    /// Ours, its renewal armed, with fencing tokens reserved when fencing
+    /// is on.
+    Acquired(K),
+    /// Someone else holds it.
+    Busy {
+        /// The holder, if it could be read.
+        owner: Option<Owner>,
+        /// When the lock could next become stale without any event (its
+        /// lease runs out, or an unreadable record's grace ends).
+        recheck_at: Option<SystemTime>,
+    },
+}
+
+/// What a reader finds of one lock.
+#[derive(Debug)]
+pub(crate) struct Inspection {
+    pub(crate) owner: Owner,
+    /// Why the next attempt would reclaim it; `None` while it is held.
+    pub(crate) stale: Option<StaleReason>,
+    /// Where it lives, for a backend with paths.
+    pub(crate) path: Option<PathBuf>,
+}
+
+/// What a renewal found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    Renewed,
+    /// The lock is no longer ours, for this reason (the boot clock passed
+    /// the cutoff before the renewal could be made: `LeaseExpired`).
+    Lost(LossReason),
+}
+
+/// A block of fencing tokens reserved in the store, `next..=last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tokens {
+    pub(crate) next: u64,
+    pub(crate) last: u64,
+}
+
+impl Tokens {
+    /// The next unused token, if any is left.
+    pub(crate) fn take(&mut self) -> Option<u64> {
+        if self.next > self.last {
+            return None;
+        }
+        let token = self.next;
+        // At `u64::MAX` the block is simply used up (`next > last` cannot
+        // hold then, so `last` is lowered instead of wrapping `next`).
+        match self.next.checked_add(1) {
+            Some(next) => self.next = next,
+            None => self.last = self.next - 1,
+        }
+        Some(token)
+    }
+
+    /// Whether every token of the block was handed out.
+    pub(crate) fn is_used_up(&self) -> bool {
+        self.next > self.last
+    }
+}
+
+/// A lock with its renewal running: what the caller's `arm` makes of a
+/// lock the moment the backend has it, so that the lease is kept from the
+/// instant the record exists, on whatever thread took it.
+pub(crate) trait Kept {
+    /// Reserves the first block of fencing tokens. `Ok(false)` when the
+    /// lock is no longer ours (or the store is busy): the backend drops the
+    /// kept lock, which releases it.
+    fn reserve_tokens(&self) -> Result<bool>;
+}
+
+/// Whom a backend tells that a lock may have become free (a release, a
+/// holder's death), so that the waiter for it tries again at once.
+pub(crate) trait Wake: Send + Sync {
+    /// The lock whose [`LockName::file_name`] is `key` may be free.
+    fn changed(&self, key: &str);
+    /// Any lock may be free (events were lost).
+    fn all_changed(&self);
+}
+
+/// A backend's way to its [`Wake`]: weak, so a backend thread that
+/// outlives its `Locker` finds nobody and stops.
+pub(crate) type Waiters = Weak<dyn Wake>;
+
+/// How a backend hands a lock it just took to the layers above.
+pub(crate) type Arm<'a, L, K> = &'a dyn Fn(L, Option<Tokens>) -> K;
+
+/// A store of named locks.
+///
+/// Every method may block (syscalls, a server round trip): the engine calls
+/// them on the blocking pool, except [`attempt_inline`](Self::attempt_inline).
+pub(crate) trait Backend {
+    /// One lock this backend gave out.
+    type Lock: BackendLock;
+
+    /// A short name for logs and spans.
+    fn kind(&self) -> &'static str;
+
+    /// One attempt to take `name`. A lock taken is passed to `arm` at once
+    /// (with the tokens already reserved for it, if the backend reserves
+    /// them together with the lock), before anything else can fail.
+    /// `deadline` bounds a backend that may wait on a server.
+    fn attempt<K: Kept>(
+        &self,
+        name: &LockName,
+        deadline: Option<Instant>,
+        arm: Arm<'_, Self::Lock, K>,
+    ) -> Result<Attempt<K>>;
+
+    /// The uncontended case, without blocking the caller's thread: `None`
+    /// when the backend cannot tell that cheaply; then [`attempt`](Self::attempt)
+    /// on the blocking pool.
+    fn attempt_inline<K: Kept>(&self, name: &LockName, arm: Arm<'_, Self::Lock, K>) -> Result<Option<K>> {
+        let _ = (name, arm);
+        Ok(None)
+    }
+
+    /// The lock `name` as the store has it, held or stale.
+    fn inspect(&self, name: &LockName) -> Result<Option<Inspection>>;
+
+    /// Every lock in the store, held or stale.
+    fn list(&self) -> Result<Vec<(LockName, Inspection)>>;
+
+    /// Removes stale locks and what crashed processes left behind (or, with
+    /// `dry_run`, reports them).
+    fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>>;
+
+    /// Makes sure a waiter for `name` is woken by events when the lock may
+    /// have become free; `false` when it must poll instead.
+    fn watch(&self, name: &LockName) -> bool;
+
+    /// The lock directory, for a backend that keeps locks in one.
+    fn directory(&self) -> Option<&Path> {
+        None
+    }
+
+    /// The path of the lock `name`, for a backend that keeps locks in files.
+    fn lock_path(&self, name: &LockName) -> Option<PathBuf> {
+        let _ = name;
+        None
+    }
+}
+
+/// One lock a backend gave out. Dropping it releases it without waiting
+/// for anything that could block for long, reporting failures through
+/// `tracing`.
+pub(crate) trait BackendLock: Send {
+    /// The record written (or kept) for this holding.
+    fn record(&self) -> &OwnRecord;
+
+    /// Extends the lease, unless the boot clock has reached `cutoff`.
+    fn renew(&mut self, cutoff: u64) -> Result<Renewal>;
+
+    /// `None` while the lock is still ours; otherwise why it is not.
+    fn check(&self) -> Result<Option<LossReason>>;
+
+    /// Reserves the next block of fencing tokens and records the first in
+    /// the owner record. `None` if the lock is no longer ours.
+    fn reserve_tokens(&mut self) -> Result<Option<Tokens>>;
+
+    /// Releases the lock if it is still ours. `None` when it was ours to
+    /// the end; otherwise why it was not. `confirm`: the caller waits for
+    /// the whole truth (on a server, the answer; in a directory, also
+    /// whether the directory was moved).
+    fn release(self, confirm: bool) -> Result<Option<LossReason>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_block_ending_at_the_top_is_used_up_not_wrapped() {
+        let mut block = Tokens {
+            next: u64::MAX - 1,
+            last: u64::MAX,
+        };
+        assert_eq!(block.take(), Some(u64::MAX - 1));
+        assert_eq!(block.take(), Some(u64::MAX));
+        assert!(block.is_used_up());
+        assert_eq!(block.take(), None);
+        assert_eq!(block.take(), None);
+    }
+}

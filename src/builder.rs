@@ -1,0 +1,393 @@
+//! [`LockerBuilder`]: the settings, their validation, and the backend
+//! they build.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::Waiters;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::fs::{self, Fs, Strategy};
+use crate::locker::Locker;
+use crate::name::PathStyle;
+use crate::stale::MAX_LEASE;
+use crate::store::Store;
+
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+const DEFAULT_POLL: Duration = Duration::from_millis(50);
+/// pi-research's `lockStaleThreshold`.
+const DEFAULT_GRACE: Duration = Duration::from_secs(15);
+/// pi-research's `liveOwnerStaleThreshold`.
+const DEFAULT_FOREIGN_LEASE: Duration = Duration::from_secs(120);
+/// A renewal is a few syscalls on the renewal thread; below this lease,
+/// the time they take is a real part of the lease, and one slow `write`
+/// would cost the lock.
+const MIN_LEASE: Duration = Duration::from_millis(200);
+/// Records count time in milliseconds.
+const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
+
+/// Configures and builds a [`Locker`].
+///
+/// Setters never fail; [`build`](Self::build) checks the settings together
+/// and opens the directory.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`directory`](Self::directory) | `/run/lock/leasehold-<uid>`, else `/tmp/leasehold-<uid>` (never from the environment) |
+/// | [`lease`](Self::lease) | 30 s |
+/// | [`renew_interval`](Self::renew_interval) | a third of the lease |
+/// | [`poll_interval`](Self::poll_interval) | 50 ms |
+/// | [`unreadable_grace`](Self::unreadable_grace) | 15 s |
+/// | [`foreign_lease`](Self::foreign_lease) | 120 s |
+/// | [`durable`](Self::durable) | `true` |
+/// | [`fencing`](Self::fencing) | `false` |
+/// | [`strategy`](Self::strategy) | [`Strategy::ExclusiveFile`] |
+/// | [`path_style`](Self::path_style) | [`PathStyle::Hashed`] |
+///
+/// # Examples
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// use std::time::Duration;
+/// use leasehold::Locker;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = Locker::builder()
+///     .directory(dir.path())
+///     .lease(Duration::from_secs(10))
+///     .renew_interval(Duration::from_secs(2))
+///     .build()?;
+///
+/// // Renewing every 800 ms leaves no time to spare in a 1 s lease.
+/// let bad = Locker::builder()
+///     .directory(dir.path())
+///     .lease(Duration::from_secs(1))
+///     .renew_interval(Duration::from_millis(800))
+///     .build();
+/// assert!(matches!(bad, Err(leasehold::Error::InvalidConfig { .. })));
+/// # drop(locker); Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until `build` is called"]
+#[derive(Debug, Clone)]
+pub struct LockerBuilder {
+    directory: Option<PathBuf>,
+    lease: Duration,
+    renew_interval: Option<Duration>,
+    poll_interval: Duration,
+    grace: Duration,
+    foreign_lease: Option<Duration>,
+    durable: bool,
+    fencing: bool,
+    strategy: Strategy,
+    path_style: PathStyle,
+    allow_insecure_directory: bool,
+    #[cfg(feature = "postgres")]
+    postgres: Option<String>,
+}
+
+impl Default for LockerBuilder {
+    fn default() -> Self {
+        Self {
+            directory: None,
+            lease: DEFAULT_LEASE,
+            renew_interval: None,
+            poll_interval: DEFAULT_POLL,
+            grace: DEFAULT_GRACE,
+            foreign_lease: Some(DEFAULT_FOREIGN_LEASE),
+            durable: true,
+            fencing: false,
+            strategy: Strategy::default(),
+            path_style: PathStyle::default(),
+            allow_insecure_directory: false,
+            #[cfg(feature = "postgres")]
+            postgres: None,
+        }
+    }
+}
+
+impl LockerBuilder {
+    /// The directory that holds the lock files. Created (mode 0700, the
+    /// umask untouched) if missing, and resolved to an absolute path once,
+    /// at [`build`](Self::build).
+    ///
+    /// # The default
+    ///
+    /// Without this setting the directory depends only on the effective
+    /// uid and the host, never on environment variables, so that every
+    /// process of one user (a cron job, a systemd unit, `sudo -u`, ssh, a
+    /// login shell with any `XDG_RUNTIME_DIR`, `TMPDIR` or `HOME`) meets in
+    /// the same one:
+    ///
+    /// - `/run/lock/leasehold-<uid>` when `/run/lock` is a directory owned
+    ///   by root, world-writable and sticky (Debian, Ubuntu: a tmpfs emptied
+    ///   at boot). `/var/lock` is not consulted; where it exists it is
+    ///   usually a link to `/run/lock`.
+    /// - otherwise `/tmp/leasehold-<uid>`: the literal `/tmp`, never
+    ///   `$TMPDIR`.
+    ///
+    /// [`build`](Self::build) refuses the default directory
+    /// ([`Error::InsecureDirectory`]) unless it belongs to the user and is
+    /// closed to others (mode 0700), and fails if it is on a read-only
+    /// mount. Known limits: a systemd unit with `PrivateTmp=` has a `/tmp`
+    /// of its own, so on a host without a shared `/run/lock` it does not
+    /// meet other processes; under `ProtectSystem=strict`, `/run/lock` is
+    /// read-only and `build` fails rather than locking nothing (give such a
+    /// unit an explicit, writable directory). Processes of different users
+    /// never share the default; give them an explicit directory.
+    pub fn directory(mut self, path: impl AsRef<Path>) -> Self {
+        self.directory = Some(path.as_ref().to_owned());
+        self
+    }
+
+    /// How long a lock stays valid without renewal. A holder that cannot
+    /// renew (its process is paused, its disk is gone) loses the lock after
+    /// this long, and other processes may then take it. This is also the
+    /// only way a lock held from another host is ever reclaimed.
+    ///
+    /// At least 200 ms and at most a year; [`build`](Self::build) rejects
+    /// others.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often a guard renews its lease: by default a third of the
+    /// lease.
+    ///
+    /// It must be at most **half the lease** (and at least 1 ms), or
+    /// [`build`](Self::build) returns [`Error::InvalidConfig`]. A guard
+    /// counts its lock as lost once the lease comes within its safety
+    /// margin, `min(renew_interval, lease / 4)`, of running out, so that
+    /// it learns of the loss before anyone else may take the lock; the
+    /// first renewal, one interval after the record was written, must land
+    /// before that point with time to spare. With at most half the lease,
+    /// a renewal has at least a quarter of the lease to run late.
+    ///
+    /// One thread per `Locker` renews all its leases, one after another,
+    /// each a few syscalls (tens of microseconds; more on a busy disk).
+    /// Keep the number of locks one `Locker` holds at once times that
+    /// cost well below the interval: a few thousand locks at a 50 ms
+    /// interval, far more at the default.
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.renew_interval = Some(interval);
+        self
+    }
+
+    /// How long a waiter sleeps between attempts (with ±25 % jitter) when
+    /// the lock directory cannot be watched. Where it can (inotify on
+    /// Linux), waiters wake on the filesystem event that frees the lock,
+    /// and check at least every `max(poll_interval, 1 s)` as a safety net
+    /// against missed events.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How long an unreadable record (empty, torn, not a lock record) is
+    /// left alone before it may be reclaimed: its writer may be in the
+    /// middle of writing it.
+    pub fn unreadable_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Whether to `fdatasync` each new owner record before the lock counts
+    /// as held (the default). Turning it off makes acquisition much cheaper
+    /// on real disks; what it costs is only after a power loss, where a
+    /// record that never reached the disk reads as unreadable and is
+    /// reclaimed after the grace period instead of at once.
+    pub fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// The implied lease of a lock whose record carries none (records
+    /// written by the second seed's code), counted from the record's last
+    /// change: after it, the lock is reclaimed even if its owner process
+    /// lives, as the second seed itself would do. Values over a year count
+    /// as a year.
+    ///
+    /// `None` never reclaims the record without a lease of an owner that
+    /// is provably alive: a live process of this host, or a leasehold
+    /// holder whose `flock` is held. One whose owner cannot be checked
+    /// (another host or pid namespace, no pid) is still reclaimed 24 hours
+    /// after its last change.
+    pub fn foreign_lease(mut self, lease: Option<Duration>) -> Self {
+        self.foreign_lease = lease;
+        self
+    }
+
+    /// Whether acquisitions get fencing tokens (off by default).
+    ///
+    /// With fencing, each acquisition of a name gets a number greater than
+    /// every earlier acquisition's, in every process that shares the
+    /// directory with fencing on, across crashes and restarts
+    /// ([`LockGuard::fencing_token`]). The counter is kept beside the lock
+    /// in `<lock file>.fence`, advanced in blocks of 1,024 so in-process
+    /// handoffs do not touch the disk; it costs one more write (and, when
+    /// durable, two more syncs) per acquisition from the disk. Records from
+    /// processes without fencing, the seeds' included, carry no token.
+    pub fn fencing(mut self, fencing: bool) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// The on-disk layout of locks.
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Keep the locks on a PostgreSQL server instead of in a directory
+    /// (feature `postgres`), for processes on several hosts. `url` is a
+    /// libpq-style connection string or URL (`postgres://user@host/db`,
+    /// `host=/run/postgresql user=app`). The settings for lock files
+    /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`)
+    /// cannot be combined with it: [`build`](Self::build) refuses them
+    /// rather than ignore them. `durable` is unused; fencing tokens are
+    /// always on. See the crate docs, *PostgreSQL*.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> leasehold::Result<()> {
+    /// let locker = leasehold::Locker::builder()
+    ///     .postgres("host=/run/postgresql user=app dbname=app")
+    ///     .build()?; // connects, and fails here if it cannot
+    /// let guard = locker.acquire("nightly-report").await?;
+    /// assert!(guard.fencing_token().is_some());
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres(mut self, url: impl Into<String>) -> Self {
+        self.postgres = Some(url.into());
+        self
+    }
+
+    /// How lock names become file names.
+    pub fn path_style(mut self, style: PathStyle) -> Self {
+        self.path_style = style;
+        self
+    }
+
+    /// Accept a world-writable lock directory without the sticky bit, where
+    /// any local user can remove or replace lock files. Only for
+    /// directories whose access you control by other means.
+    pub fn allow_insecure_directory(mut self, allow: bool) -> Self {
+        self.allow_insecure_directory = allow;
+        self
+    }
+
+    /// Checks the settings, creates and opens the directory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when the lease is below 200 ms or above a
+    /// year, the renew interval is above half the lease (see
+    /// [`renew_interval`](Self::renew_interval)), or another duration is
+    /// zero;
+    /// [`Error::InsecureDirectory`] for a world-writable directory without
+    /// the sticky bit, or a default directory owned by another user or open
+    /// to others; an I/O error for a default directory on a read-only
+    /// mount; I/O errors from creating or opening the directory;
+    /// [`Error::Backend`] when the PostgreSQL server cannot be reached;
+    /// [`Error::InvalidConfig`] also when a setting for lock files
+    /// (`directory`, `strategy`, `path_style`,
+    /// `allow_insecure_directory`) is combined with `postgres`.
+    pub fn build(self) -> Result<Locker> {
+        let renew_interval = self.validate()?;
+        let holder_id = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
+        let (lease, poll_interval, path_style) =
+            (self.lease, self.poll_interval, self.effective_path_style());
+        let engine = Engine::new(
+            lease,
+            renew_interval,
+            poll_interval,
+            path_style,
+            |counters, waiters| self.store(holder_id, counters, waiters),
+        )?;
+        Ok(Locker::from_engine(engine))
+    }
+
+    /// Checks the settings together; returns the renew interval.
+    fn validate(&self) -> Result<Duration> {
+        let renew_interval = self.renew_interval.unwrap_or(self.lease / 3);
+        let invalid = |reason: String| Err(Error::InvalidConfig { reason });
+        if self.lease < MIN_LEASE {
+            return invalid(format!(
+                "the lease {:?} is below {MIN_LEASE:?}: shorter leases cannot be renewed reliably",
+                self.lease
+            ));
+        }
+        if self.lease > MAX_LEASE {
+            return invalid(format!("the lease {:?} exceeds one year", self.lease));
+        }
+        if renew_interval < MIN_RENEW_INTERVAL || renew_interval > self.lease / 2 {
+            return invalid(format!(
+                "the renew interval {renew_interval:?} must be at least {MIN_RENEW_INTERVAL:?} and at most \
+                 half the lease {:?}: a guard counts its lock lost once the lease is within \
+                 min(renew interval, lease / 4) of running out, and each renewal needs time to spare \
+                 before that",
+                self.lease
+            ));
+        }
+        if self.poll_interval.is_zero() {
+            return invalid("the poll interval must be above zero".into());
+        }
+        if self.grace.is_zero() {
+            return invalid("the unreadable grace period must be above zero".into());
+        }
+        #[cfg(feature = "postgres")]
+        if self.postgres.is_some() {
+            let files_only = [
+                (self.directory.is_some(), "directory"),
+                (self.strategy != Strategy::default(), "strategy"),
+                (self.path_style != PathStyle::default(), "path_style"),
+                (self.allow_insecure_directory, "allow_insecure_directory"),
+            ];
+            if let Some((_, setting)) = files_only.iter().find(|(set, _)| *set) {
+                return invalid(format!(
+                    "`{setting}` is a setting for locks in a directory; a Locker on PostgreSQL has none"
+                ));
+            }
+        }
+        Ok(renew_interval)
+    }
+
+    /// Connects to the server, or opens the lock directory.
+    fn store(
+        self,
+        holder_id: String,
+        counters: Arc<crate::stats::Counters>,
+        waiters: Waiters,
+    ) -> Result<Store> {
+        #[cfg(feature = "postgres")]
+        if let Some(url) = &self.postgres {
+            let pg = crate::postgres::Pg::connect(url, holder_id, self.lease, waiters)?;
+            return Ok(Store::Postgres(Arc::new(pg)));
+        }
+        let settings = fs::Settings {
+            directory: self.directory,
+            allow_insecure: self.allow_insecure_directory,
+            strategy: self.strategy,
+            lease: self.lease,
+            grace: self.grace,
+            foreign_lease: self.foreign_lease,
+            durable: self.durable,
+            fencing: self.fencing,
+        };
+        Ok(Store::Fs(Arc::new(Fs::open(
+            settings, holder_id, counters, waiters,
+        )?)))
+    }
+
+    /// How lock names become file names (on a server, names are keys).
+    pub(crate) fn effective_path_style(&self) -> PathStyle {
+        #[cfg(feature = "postgres")]
+        if self.postgres.is_some() {
+            return PathStyle::Hashed;
+        }
+        self.path_style
+    }
+}

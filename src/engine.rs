@@ -1,0 +1,369 @@
+//! The acquisition engine: the turn taking, the waiting, the attempts.
+//!
+//! The head of a name's queue ([`queue`](crate::queue)) takes its turn
+//! here: it takes a lock handed over by the previous local holder, or goes
+//! to the store for it, attempt after attempt, sleeping between them until
+//! an event, the lock's lease end, a safety-net poll or the deadline. What
+//! it gets becomes a [`LockGuard`] in [`Engine::finish`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::backend::{Attempt, Backend, Waiters, Wake};
+use crate::error::{Error, Result};
+use crate::guard::{Hold, Keeper, LockGuard, Share, TokenStep};
+use crate::name::{LockName, PathStyle};
+use crate::owner::Owner;
+use crate::pool::blocking;
+use crate::queue::{COURTESY, Head, Slot, Slots, Turn};
+use crate::renew::Renewer;
+use crate::scope;
+use crate::stats::{Counters, bump};
+use crate::store::Store;
+use crate::timer;
+
+/// How often a waiter that is woken by events checks anyway.
+const SAFETY_NET_POLL: Duration = Duration::from_secs(1);
+/// A dying holder's close event can arrive a moment before the kernel
+/// drops its flock: look once more this long after an event.
+const RECHECK_AFTER_EVENT: Duration = Duration::from_millis(10);
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Everything a `Locker` shares between its clones.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    /// Tells this `Locker`'s holds apart from other `Locker`s' in a scope.
+    id: u64,
+    pub(crate) store: Store,
+    pub(crate) counters: Arc<Counters>,
+    /// Arms the renewal of every lock taken; shares `counters`.
+    keeper: Keeper,
+    poll_interval: Duration,
+    pub(crate) slots: Arc<Slots>,
+    pub(crate) path_style: PathStyle,
+}
+
+impl Wake for Slots {
+    fn changed(&self, key: &str) {
+        Slots::changed(self, key);
+    }
+
+    fn all_changed(&self) {
+        Slots::all_changed(self);
+    }
+}
+
+impl Engine {
+    /// An engine on the store that `store` opens, given the counters to
+    /// keep and the queues to wake.
+    pub(crate) fn new(
+        lease: Duration,
+        renew_interval: Duration,
+        poll_interval: Duration,
+        path_style: PathStyle,
+        store: impl FnOnce(Arc<Counters>, Waiters) -> Result<Store>,
+    ) -> Result<Self> {
+        let counters: Arc<Counters> = Arc::default();
+        let slots: Arc<Slots> = Arc::default();
+        let waiters: Waiters = Arc::downgrade(&slots) as Waiters;
+        let store = store(Arc::clone(&counters), waiters)?;
+        let keeper = Keeper {
+            lease,
+            renew_interval,
+            counters: Arc::clone(&counters),
+            renewer: Renewer::default(),
+        };
+        Ok(Engine {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            store,
+            counters,
+            keeper,
+            poll_interval,
+            slots,
+            path_style,
+        })
+    }
+
+    /// One attempt to take `name` without waiting for other tasks or
+    /// processes: `None` when anyone holds it (or waits for it here).
+    pub(crate) async fn try_acquire(&self, name: &str) -> Result<Option<LockGuard>> {
+        let name = LockName::new(name, self.path_style)?;
+        if let Some(guard) = self.reenter(&name) {
+            return guard.map(Some);
+        }
+        let started = timer::now();
+        let slot = self.slots.get(&name);
+        // Another task of this Locker holds it, or is waiting on the disk
+        // because another process does: either way, not free.
+        let Some(head) = slot.try_head() else {
+            return Ok(None);
+        };
+        match self.attempt(&name, None).await? {
+            Attempt::Acquired(hold) => {
+                head.disarm();
+                self.finish(&name, hold, slot, started, false).await.map(Some)
+            }
+            Attempt::Busy { .. } => Ok(None),
+        }
+    }
+
+    /// The work of the task holding the name's turn: take the lock handed
+    /// over to it, or go to the disk for it. Without `head`, the turn came
+    /// from the queue.
+    pub(crate) async fn take_turn(
+        &self,
+        name: &LockName,
+        slot: Arc<Slot>,
+        mut turn: Turn,
+        mut head: Option<Head>,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<LockGuard> {
+        let queued = head.is_none();
+        let counters = &self.counters;
+        let (hold, contended) = loop {
+            match turn {
+                Turn::Handoff(hold) if !hold.is_lost() => {
+                    bump(&counters.handoffs);
+                    break (hold, true);
+                }
+                Turn::Handoff(lost) => {
+                    // Lost between its last holder and us: the turn is ours
+                    // now, the lock is not.
+                    lost.release_sync();
+                    turn = Turn::Fresh { courtesy: false };
+                }
+                Turn::Fresh { courtesy } => {
+                    // Our turn: passed on to the next waiter if we fail or
+                    // are dropped before we hold the lock.
+                    let head = head.take().unwrap_or_else(|| Head::adopt(&slot));
+                    if courtesy {
+                        timer::sleep(COURTESY).await;
+                    }
+                    let (hold, waited) = self.wait_on_disk(name, &slot, deadline, started).await?;
+                    head.disarm();
+                    break (hold, queued || waited);
+                }
+            }
+        };
+        self.finish(name, hold, slot, started, contended).await
+    }
+
+    /// The span every acquisition runs in; `waited_ms`, `contended` and
+    /// `fencing_token` are recorded when it succeeds.
+    pub(crate) fn span(&self, op: &'static str, name: &str) -> tracing::Span {
+        tracing::debug_span!(
+            "leasehold",
+            op,
+            lock = name,
+            strategy = self.store.kind(),
+            waited_ms = tracing::field::Empty,
+            contended = tracing::field::Empty,
+            fencing_token = tracing::field::Empty,
+        )
+    }
+
+    /// A re-entrant guard, if the current scope holds `name`.
+    pub(crate) fn reenter(&self, name: &LockName) -> Option<Result<LockGuard>> {
+        let guard = scope::find(self.id, name.file_name())?.guard()?;
+        if guard.is_ok() {
+            bump(&self.counters.reentrant);
+        }
+        Some(guard)
+    }
+
+    /// Turns a hold into the caller's guard: takes the acquisition's
+    /// fencing token, counts it, and remembers it in the current scope.
+    async fn finish(
+        &self,
+        name: &LockName,
+        hold: Hold,
+        slot: Arc<Slot>,
+        started: Instant,
+        contended: bool,
+    ) -> Result<LockGuard> {
+        // From here the hold lives in a share, which passes it on if this
+        // future is dropped while a token is fetched from disk.
+        let share = Share::new(hold, slot);
+        let token = match share.take_token() {
+            TokenStep::Ready(token) => token?,
+            TokenStep::FromDisk(lease) => blocking(move || lease.next_token()).await??,
+        };
+        let counters = &self.counters;
+        bump(&counters.acquisitions);
+        if contended {
+            bump(&counters.contended);
+        }
+        let waited = timer::since(started);
+        counters.waited(waited);
+        let guard = share.first_guard(token);
+        scope::remember(self.id, name.file_name(), &share);
+        let span = tracing::Span::current();
+        span.record("waited_ms", waited.as_secs_f64() * 1000.0);
+        span.record("contended", contended);
+        if let Some(token) = token {
+            span.record("fencing_token", token);
+        }
+        tracing::debug!(
+            lock = name.as_str(),
+            strategy = self.store.kind(),
+            ?waited,
+            contended,
+            fencing_token = token,
+            "lock acquired"
+        );
+        Ok(guard)
+    }
+
+    /// Waits on the disk until the lock is ours. Only the head of the
+    /// name's queue runs this, so one task per name touches the disk.
+    async fn wait_on_disk(
+        &self,
+        name: &LockName,
+        slot: &Slot,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<(Hold, bool)> {
+        let _waiter = self.counters.fs_waiter();
+        let mut jitter = None;
+        let mut waited = false;
+        let mut woken_by_event = false;
+        loop {
+            // Armed before the attempt, so an event during it is not lost.
+            let changed = slot.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let recheck_at = match self.attempt(name, deadline).await? {
+                Attempt::Acquired(hold) => return Ok((hold, waited)),
+                Attempt::Busy { owner, recheck_at } => {
+                    if !waited {
+                        tracing::debug!(
+                            lock = name.as_str(),
+                            holder_pid = owner.as_ref().and_then(Owner::pid),
+                            holder_host = owner.as_ref().and_then(Owner::hostname),
+                            "lock is held elsewhere; waiting"
+                        );
+                    }
+                    recheck_at
+                }
+            };
+            waited = true;
+            let now = timer::now();
+            // With events, polling is only a safety net.
+            let watched = self.store.watch(name);
+            let mut wake = later(
+                now,
+                if watched {
+                    self.poll_interval.max(SAFETY_NET_POLL)
+                } else {
+                    jitter.get_or_insert_with(Jitter::new).around(self.poll_interval)
+                },
+            );
+            // Come back when the lock can turn stale by time alone.
+            if let Some(at) = recheck_at {
+                let left = at
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default();
+                wake = wake.min(later(now, left.saturating_add(Duration::from_millis(1))));
+            }
+            // A dying holder's close event can arrive a moment before the
+            // kernel drops its flock: look once more shortly after an event.
+            if woken_by_event {
+                wake = wake.min(later(now, RECHECK_AFTER_EVENT));
+            }
+            if let Some(deadline) = deadline {
+                if now >= deadline {
+                    return Err(self.timed_out(name, started));
+                }
+                wake = wake.min(deadline);
+            }
+            woken_by_event = tokio::select! {
+                _ = changed => true,
+                _ = timer::sleep_until(wake) => false,
+            };
+        }
+    }
+
+    pub(crate) fn timed_out(&self, name: &LockName, started: Instant) -> Error {
+        bump(&self.counters.timeouts);
+        tracing::debug!(lock = name.as_str(), waited = ?timer::since(started), "timed out waiting for lock");
+        Error::Timeout {
+            name: name.as_str().to_owned(),
+            waited: timer::since(started),
+        }
+    }
+
+    /// One attempt. The uncontended case without syncing is a handful of
+    /// short syscalls, tried inline; everything else (syncing, judging a
+    /// record, reclaiming, fencing) runs as one call on the blocking pool.
+    /// Its result travels back over a channel rather than the task's join
+    /// handle so that if this future was dropped meanwhile, the attempt's
+    /// lock is dropped (and so removed) right there in the blocking task.
+    ///
+    /// A lock server is told `deadline`, so that a statement stuck there
+    /// cannot keep the caller past it.
+    async fn attempt(&self, name: &LockName, deadline: Option<Instant>) -> Result<Attempt<Hold>> {
+        bump(&self.counters.fs_attempts);
+        let keeper = &self.keeper;
+        let arm = |lock, tokens| keeper.hold(name.as_str(), lock, tokens);
+        if let Some(hold) = self.store.attempt_inline(name, &arm)? {
+            return Ok(Attempt::Acquired(hold));
+        }
+        let (store, name, keeper) = (self.store.clone(), name.clone(), self.keeper.clone());
+        blocking(move || {
+            let arm = |lock, tokens| keeper.hold(name.as_str(), lock, tokens);
+            store.attempt(&name, deadline, &arm)
+        })
+        .await?
+    }
+}
+
+pub(crate) fn far_future() -> Instant {
+    later(timer::now(), Duration::from_secs(86_400 * 365 * 30))
+}
+
+/// `now + d`, saturating instead of panicking on overflow.
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(86_400 * 365)))
+        .unwrap_or(now)
+}
+
+/// Cheap jitter for poll intervals, seeded per waiter.
+#[derive(Debug)]
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Self {
+        Self(uuid::Uuid::new_v4().as_u64_pair().0 | 1)
+    }
+
+    /// `base` scaled by a factor in [0.75, 1.25).
+    fn around(&mut self, base: Duration) -> Duration {
+        // xorshift64
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let permille = 750 + (self.0 % 500);
+        Duration::try_from_secs_f64(base.as_secs_f64() * permille as f64 / 1000.0).unwrap_or(base)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_a_quarter() {
+        let mut j = Jitter::new();
+        for _ in 0..1000 {
+            let d = j.around(Duration::from_millis(100));
+            assert!(
+                d >= Duration::from_millis(75) && d < Duration::from_millis(125),
+                "{d:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The filesystem backend: locks as files (or directories) in one lock
+//! directory.
+//!
+//! Each layout ([`Strategy`]) knows how to *create* a lock or find the
+//! path taken ([`file`], [`directory`]); what an existing lock is and how
+//! to reclaim it ([`found`]), fencing counters ([`fence`]) and leftovers
+//! of crashed processes ([`leftover`]) are shared; a created lock of
+//! either layout is one type, [`FsLock`]. Every syscall goes through
+//! [`syscall`], relative to the directory's descriptor ([`dir`]). This file
+//! is the backend's side of the contract: the create-or-reclaim loop, and
+//! reading and cleaning the directory.
+
+mod context;
+mod dir;
+mod directory;
+mod fence;
+mod file;
+mod found;
+mod layout;
+mod leftover;
+mod lock;
+mod syscall;
+mod wake;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Waiters};
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::stale::{self, Verdict};
+use crate::stats::Counters;
+
+use context::Ctx;
+pub(crate) use dir::{LockDir, check_private, per_user_directory};
+use found::Found;
+pub use layout::Strategy;
+pub(crate) use lock::FsLock;
+use wake::Watcher;
+
+/// Create-or-reclaim rounds in one attempt before reporting contention; a
+/// round only repeats when the lock changed hands under us.
+const ROUNDS: usize = 4;
+
+/// The settings of a `Locker` that keeps its locks in a directory.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    /// `None`: the per-user default directory.
+    pub(crate) directory: Option<PathBuf>,
+    pub(crate) allow_insecure: bool,
+    pub(crate) strategy: Strategy,
+    pub(crate) lease: Duration,
+    pub(crate) grace: Duration,
+    pub(crate) foreign_lease: Option<Duration>,
+    pub(crate) durable: bool,
+    pub(crate) fencing: bool,
+}
+
+/// Locks in a lock directory.
+#[derive(Debug)]
+pub(crate) struct Fs {
+    ctx: Arc<Ctx>,
+    watcher: Watcher,
+    waiters: Waiters,
+}
+
+impl Fs {
+    /// Opens (creating it if needed) and checks the lock directory, and
+    /// collects what crashed processes left there while nobody looked (a
+    /// bounded collection, sparing what is in use).
+    pub(crate) fn open(
+        settings: Settings,
+        holder_id: String,
+        counters: Arc<Counters>,
+        waiters: Waiters,
+    ) -> Result<Self> {
+        let dir = match &settings.directory {
+            Some(path) => LockDir::open(path, settings.allow_insecure)?,
+            None => {
+                let dir = LockDir::open(&dir::default_directory(), settings.allow_insecure)?;
+                check_private(&dir)?;
+                dir
+            }
+        };
+        let ctx = Ctx {
+            dir,
+            strategy: settings.strategy,
+            lease: settings.lease,
+            grace: settings.grace,
+            foreign_lease: settings.foreign_lease,
+            durable: settings.durable,
+            fencing: settings.fencing,
+            holder_id,
+            counters,
+            first_seen: Default::default(),
+            last_sweep_ms: Default::default(),
+        };
+        leftover::sweep(&ctx);
+        Ok(Fs {
+            ctx: Arc::new(ctx),
+            watcher: Watcher::default(),
+            waiters,
+        })
+    }
+
+    fn create_or_reclaim<K: Kept>(&self, name: &LockName, arm: Arm<'_, FsLock, K>) -> Result<Attempt<K>> {
+        let ctx = &self.ctx;
+        for _ in 0..ROUNDS {
+            let created = match ctx.strategy {
+                Strategy::ExclusiveFile => file::create(ctx, name, true)?,
+                // Publishing makes (and, when the path is taken, removes) a
+                // pending directory: not worth it when the path is plainly
+                // taken, and what a waiter killed meanwhile would leave.
+                Strategy::Directory if ctx.path_taken(name) => None,
+                Strategy::Directory => directory::create(ctx, name)?,
+            };
+            if let Some(lock) = created {
+                let kept = arm(lock, None);
+                // A lock lost before it could take a token is no lock:
+                // dropping it removes it.
+                if ctx.fencing && !kept.reserve_tokens()? {
+                    continue;
+                }
+                return Ok(Attempt::Acquired(kept));
+            }
+            let Some(mut found) = Found::open(ctx, name)? else {
+                continue;
+            };
+            match found.judge(ctx) {
+                Verdict::Stale(reason) => {
+                    found.reclaim(ctx, name, reason)?;
+                }
+                _ => {
+                    leftover::sweep(ctx);
+                    return Ok(Attempt::Busy {
+                        owner: Some(found.owner()),
+                        recheck_at: stale::recheck_at(&found.parsed, found.mtime, ctx.rules()),
+                    });
+                }
+            }
+        }
+        Ok(Attempt::Busy {
+            owner: None,
+            recheck_at: None,
+        })
+    }
+}
+
+impl Backend for Fs {
+    type Lock = FsLock;
+
+    fn kind(&self) -> &'static str {
+        self.ctx.strategy.as_str()
+    }
+
+    /// Creates the lock, or judges and maybe reclaims what holds its path.
+    ///
+    /// Fails with [`Error::DirectoryReplaced`], whatever it found, when the
+    /// directory's path no longer names this `Locker`'s directory: a lock
+    /// taken there would exclude nobody, and waiting there would wait for
+    /// nothing.
+    fn attempt<K: Kept>(
+        &self,
+        name: &LockName,
+        _deadline: Option<Instant>,
+        arm: Arm<'_, FsLock, K>,
+    ) -> Result<Attempt<K>> {
+        // Checked after the attempt, so a lock created in a directory
+        // moved meanwhile is dropped (and so removed) here; and checked on
+        // failure, which a removed directory causes.
+        let attempt = self.create_or_reclaim(name, arm);
+        self.ctx.ensure_dir_in_place()?;
+        attempt
+    }
+
+    /// One attempt to create the lock, never sleeping, never taking the
+    /// directory lock, and syncing only where that cannot block (a
+    /// directory in memory). `None` when anything more is needed (the path
+    /// is taken, a record to judge, fencing, a sync to a disk).
+    fn attempt_inline<K: Kept>(&self, name: &LockName, arm: Arm<'_, FsLock, K>) -> Result<Option<K>> {
+        let ctx = &self.ctx;
+        if (ctx.durable && !ctx.dir.in_memory()) || ctx.fencing {
+            return Ok(None);
+        }
+        let created = match ctx.strategy {
+            Strategy::ExclusiveFile => file::create(ctx, name, false),
+            // Publishing a directory takes a dozen calls even when it
+            // fails; one lookup spares them when the lock is plainly held.
+            // (Freed a moment later, the full attempt takes it.)
+            Strategy::Directory if ctx.path_taken(name) => return Ok(None),
+            Strategy::Directory => directory::create(ctx, name),
+        };
+        let created = match created {
+            Ok(created) => created,
+            Err(error) => {
+                ctx.ensure_dir_in_place()?;
+                return Err(error);
+            }
+        };
+        let Some(lock) = created else {
+            return Ok(None);
+        };
+        let kept = arm(lock, None);
+        // As in `attempt`: dropping the kept lock removes it.
+        ctx.ensure_dir_in_place()?;
+        Ok(Some(kept))
+    }
+
+    fn inspect(&self, name: &LockName) -> Result<Option<Inspection>> {
+        let ctx = &self.ctx;
+        let Some(mut found) = Found::open(ctx, name)? else {
+            return Ok(None);
+        };
+        let stale = match found.judge(ctx) {
+            Verdict::Stale(reason) => Some(reason),
+            _ => None,
+        };
+        Ok(Some(Inspection {
+            owner: found.owner(),
+            stale,
+            path: Some(ctx.path_of(name.file_name())),
+        }))
+    }
+
+    /// Every lock in the directory of this strategy's kind, judged. Entries
+    /// that vanish while listed, and those of another kind, are skipped.
+    fn list(&self) -> Result<Vec<(LockName, Inspection)>> {
+        let names = self.ctx.entries(|name| name.ends_with(".lock"))?;
+        let mut locks = Vec::new();
+        for file_name in names {
+            let name = LockName::from_file_name(&file_name);
+            match self.inspect(&name) {
+                Ok(Some(inspection)) => locks.push((name, inspection)),
+                Ok(None) | Err(Error::UnexpectedFile { .. }) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(locks)
+    }
+
+    /// Reclaims every stale lock (race-safely, as an attempt would) and
+    /// removes what crashed processes left behind.
+    fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
+        let ctx = &self.ctx;
+        let mut cleaned = Vec::new();
+        for (name, inspection) in self.list()? {
+            let Some(reason) = inspection.stale else { continue };
+            if dry_run {
+                cleaned.push((name, inspection));
+                continue;
+            }
+            let Some(mut found) = Found::open(ctx, &name)? else {
+                continue;
+            };
+            // Judge again: it may have changed hands since it was listed.
+            if found.judge(ctx) == Verdict::Stale(reason) && found.reclaim(ctx, &name, reason)? {
+                cleaned.push((name, inspection));
+            }
+        }
+        cleaned.extend(leftover::clean(ctx, dry_run, usize::MAX)?);
+        Ok(cleaned)
+    }
+
+    /// Starts the directory watcher (and, for the directory strategy, a
+    /// watch inside the lock's directory, whose holder's death is a close
+    /// there).
+    fn watch(&self, name: &LockName) -> bool {
+        self.watcher.ensure(&self.ctx.dir, &self.waiters)
+            && (self.ctx.strategy != Strategy::Directory || self.watcher.ensure_child(name.file_name()))
+    }
+
+    fn directory(&self) -> Option<&Path> {
+        Some(self.ctx.dir.path())
+    }
+
+    fn lock_path(&self, name: &LockName) -> Option<PathBuf> {
+        Some(self.ctx.path_of(name.file_name()))
+    }
+}

@@ -1,0 +1,111 @@
+//! What every part of the filesystem backend works in: the lock directory
+//! and the settings that decide how locks are made and judged.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::dir::LockDir;
+use super::layout::Strategy;
+use super::syscall::{self, Errno};
+use crate::error::{Error, IoResultExt, LossReason, Result};
+use crate::name::LockName;
+use crate::record::OwnRecord;
+use crate::stale;
+use crate::stats::Counters;
+use crate::sys;
+
+/// The lock directory and the `Locker`'s settings for it.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub(crate) dir: LockDir,
+    pub(crate) strategy: Strategy,
+    pub(crate) lease: Duration,
+    pub(crate) grace: Duration,
+    pub(crate) foreign_lease: Option<Duration>,
+    pub(crate) durable: bool,
+    pub(crate) fencing: bool,
+    pub(crate) holder_id: String,
+    pub(crate) counters: Arc<Counters>,
+    /// When each lock file was first seen, for [`Ctx::known_for`].
+    pub(crate) first_seen: Mutex<HashMap<(u64, u64), u64>>,
+    /// The boot-clock millisecond of the last leftover sweep; 0: never.
+    pub(crate) last_sweep_ms: AtomicU64,
+}
+
+impl Ctx {
+    /// The path of `file_name` in the lock directory, for messages.
+    pub(crate) fn path_of(&self, file_name: &str) -> PathBuf {
+        self.dir.path_of(file_name)
+    }
+
+    /// The names in the lock directory that `keep` accepts, sorted.
+    pub(crate) fn entries(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<String>> {
+        let mut names: Vec<String> = syscall::list_at(self.dir.fd())
+            .context("list lock directory", || self.dir.path())?
+            .into_iter()
+            .filter_map(|name| name.into_string().ok())
+            .filter(|name| keep(name))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// How long this `Locker` has known the file `(dev, ino)`, on the boot
+    /// clock: the age of a record whose modification time is in the future.
+    pub(crate) fn known_for(&self, dev: u64, ino: u64) -> Duration {
+        let now = sys::boot_clock_ms();
+        let mut seen = self.first_seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() > 4096 {
+            seen.clear();
+        }
+        let first = *seen.entry((dev, ino)).or_insert(now);
+        Duration::from_millis(now.saturating_sub(first))
+    }
+
+    pub(crate) fn rules(&self) -> stale::Rules {
+        stale::Rules {
+            grace: self.grace,
+            foreign_lease: self.foreign_lease,
+        }
+    }
+
+    /// Whether something is at the lock path (a lookup, nothing opened).
+    pub(crate) fn path_taken(&self, name: &LockName) -> bool {
+        syscall::stat_at(self.dir.fd(), name.file_name()).is_ok()
+    }
+
+    /// Whether the lock path still names the inode `(dev, ino)`.
+    pub(crate) fn names(&self, name: &LockName, dev: u64, ino: u64) -> Result<bool> {
+        match syscall::stat_at(self.dir.fd(), name.file_name()) {
+            Ok(st) => Ok(st.dev == dev && st.ino == ino),
+            Err(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(e).context("inspect lock", || self.path_of(name.file_name())),
+        }
+    }
+
+    /// `Some` when the directory's path no longer names the directory
+    /// this `Locker` opened (see [`LockDir::moved`]).
+    pub(crate) fn dir_moved(&self) -> Option<LossReason> {
+        self.dir.moved().then(|| LossReason::DirectoryReplaced {
+            path: self.dir.configured().to_owned(),
+        })
+    }
+
+    /// [`Error::DirectoryReplaced`] when the directory was moved.
+    pub(crate) fn ensure_dir_in_place(&self) -> Result<()> {
+        match self.dir.moved() {
+            false => Ok(()),
+            true => Err(Error::DirectoryReplaced {
+                path: self.dir.configured().to_owned(),
+            }),
+        }
+    }
+
+    /// The record a new holder of `name` writes.
+    pub(crate) fn own_record(&self, name: &LockName) -> OwnRecord {
+        OwnRecord::new(&self.holder_id, self.lease, name)
+    }
+}

@@ -1,0 +1,155 @@
+//! An existing lock, opened for judging and, when stale, reclaiming.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::context::Ctx;
+use super::layout::Strategy;
+use super::syscall::{self, Errno, Open, read_record};
+use super::{directory, file};
+use crate::error::{Error, IoResultExt, Result};
+use crate::name::LockName;
+use crate::owner::Owner;
+use crate::record::{self, Parsed};
+use crate::stale::{self, Evidence, StaleReason, Verdict};
+
+/// What is at a lock path: the lock file, or the lock directory and its
+/// `owner.json`, with the record as read.
+pub(super) struct Found {
+    /// The lock file or directory; a test `flock` goes on it.
+    node: File,
+    dev: u64,
+    ino: u64,
+    bytes: Vec<u8>,
+    pub(super) parsed: Parsed,
+    pub(super) mtime: SystemTime,
+    flocked: bool,
+}
+
+impl Found {
+    /// Opens what is at the lock path, refusing anything but what the
+    /// strategy creates without opening it (a FIFO or device node could
+    /// block or have side effects, a symlink could lead anywhere). `None`
+    /// when the path is empty or changed while we looked.
+    pub(super) fn open(ctx: &Ctx, name: &LockName) -> Result<Option<Self>> {
+        let path = || ctx.path_of(name.file_name());
+        let st = match syscall::stat_at(ctx.dir.fd(), name.file_name()) {
+            Ok(st) => st,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(e).context("inspect lock", path),
+        };
+        if st.kind != ctx.strategy.expected_kind() {
+            return Err(Error::UnexpectedFile {
+                name: name.as_str().to_owned(),
+                path: path(),
+                found: st.kind.as_str(),
+            });
+        }
+        let how = match ctx.strategy {
+            Strategy::ExclusiveFile => Open::Read,
+            Strategy::Directory => Open::Dir,
+        };
+        let node = match syscall::open_at(ctx.dir.fd(), name.file_name(), how) {
+            Ok(node) => node,
+            // Replaced between the stat and the open: look again.
+            Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO | Errno::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(e).context("open lock", path),
+        };
+        let meta = node.metadata().context("inspect lock", path)?;
+        if meta.dev() != st.dev || meta.ino() != st.ino {
+            return Ok(None);
+        }
+        let (bytes, mtime) = match ctx.strategy {
+            Strategy::ExclusiveFile => {
+                let bytes = read_record(&node).context("read lock record", path)?;
+                (bytes, meta.modified().unwrap_or(UNIX_EPOCH))
+            }
+            Strategy::Directory => match directory::read_owner(&node) {
+                Ok(Some((bytes, mtime))) => (bytes, mtime),
+                // No owner.json (yet): judged like an empty record, by the
+                // directory's age.
+                Ok(None) => (Vec::new(), meta.modified().unwrap_or(UNIX_EPOCH)),
+                Err(e) => return Err(e).context("read lock record", || path().join("owner.json")),
+            },
+        };
+        Ok(Some(Found {
+            parsed: record::parse(&bytes),
+            node,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            bytes,
+            mtime,
+            flocked: false,
+        }))
+    }
+
+    fn reread(&self, ctx: &Ctx) -> std::io::Result<Vec<u8>> {
+        match ctx.strategy {
+            Strategy::ExclusiveFile => read_record(&self.node),
+            Strategy::Directory => Ok(directory::read_owner(&self.node)?
+                .map(|(b, _)| b)
+                .unwrap_or_default()),
+        }
+    }
+
+    pub(super) fn judge(&mut self, ctx: &Ctx) -> Verdict {
+        let host = stale::System;
+        let mut evidence = Evidence {
+            parsed: &self.parsed,
+            mtime: self.mtime,
+            flock_free: None,
+            known_for: ctx.known_for(self.dev, self.ino),
+        };
+        let verdict = stale::judge(&evidence, ctx.rules(), &host);
+        if verdict != Verdict::NeedsFlockTest {
+            return verdict;
+        }
+        // Keep the flock if we get it: while we hold it nobody else can
+        // judge this inode abandoned, and the holder cannot be alive.
+        self.flocked = self.node.try_lock().is_ok();
+        evidence.flock_free = Some(self.flocked);
+        stale::judge(&evidence, ctx.rules(), &host)
+    }
+
+    pub(super) fn owner(&self) -> Owner {
+        Owner::from_parsed(&self.parsed)
+    }
+
+    /// Removes the stale lock if the path still names the inode we judged
+    /// and, unless our flock proves the holder gone, its record has not
+    /// changed since we read it (a renewal may have raced our read).
+    pub(super) fn reclaim(&self, ctx: &Ctx, name: &LockName, reason: StaleReason) -> Result<bool> {
+        let path = || ctx.path_of(name.file_name());
+        // Busy (a frozen process holds the directory lock): not now.
+        let Some(mutation) = ctx.dir.try_mutation_lock()? else {
+            return Ok(false);
+        };
+        if !ctx.names(name, self.dev, self.ino)? {
+            return Ok(false);
+        }
+        if !self.flocked {
+            let now = self.reread(ctx).context("read lock record", path)?;
+            if now != self.bytes {
+                return Ok(false);
+            }
+        }
+        let removed = match ctx.strategy {
+            Strategy::ExclusiveFile => file::unlink(ctx, name)?,
+            Strategy::Directory => directory::retire(ctx, name, &self.node, mutation)?,
+        };
+        if !removed {
+            return Ok(false);
+        }
+        ctx.counters.reclaimed(reason);
+        let owner = self.owner();
+        tracing::info!(
+            lock = name.as_str(),
+            reason = reason.as_str(),
+            owner_pid = owner.pid(),
+            owner_host = owner.hostname(),
+            "reclaimed stale lock"
+        );
+        Ok(true)
+    }
+}

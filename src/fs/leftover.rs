@@ -1,0 +1,179 @@
+//! What crashed processes leave in the lock directory besides locks, and
+//! its collection: on demand (`clean`) and, bounded, on the way.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::context::Ctx;
+use super::directory;
+use super::layout::Strategy;
+use super::syscall::{self, Errno};
+use crate::backend::Inspection;
+use crate::error::Result;
+use crate::name::LockName;
+use crate::owner::Owner;
+use crate::record::Parsed;
+use crate::stale::StaleReason;
+use crate::sys;
+
+/// How often one `Locker` collects leftovers on its own.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// How many leftovers one collection removes at most.
+const SWEEP_LIMIT: usize = 256;
+
+/// How long a leftover-shaped entry is spared after its last change: the
+/// process making it may be between two steps.
+pub(super) const LEFTOVER_SETTLE: Duration = Duration::from_secs(2);
+
+/// What a crashed process can leave in the lock directory besides locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Leftover {
+    /// `<lock>.pending-<12 hex>`: a directory being published.
+    Pending,
+    /// `<lock>.trash-<12 hex>`: a directory being released or reclaimed.
+    Trash,
+    /// `<lock>.fence.tmp-<32 hex>`: a fencing counter being replaced.
+    FenceTmp,
+}
+
+/// Recognizes leftovers by their exact shape. Every lock's own file name
+/// ends in `.lock`, whatever its lock name, so none can match.
+pub(super) fn leftover_kind(file_name: &str) -> Option<Leftover> {
+    let (base, suffix) = file_name.rsplit_once('.')?;
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if base.ends_with(".lock") {
+        if suffix.strip_prefix("pending-").is_some_and(|id| hex(id, 12)) {
+            return Some(Leftover::Pending);
+        }
+        if suffix.strip_prefix("trash-").is_some_and(|id| hex(id, 12)) {
+            return Some(Leftover::Trash);
+        }
+    }
+    if base.ends_with(".lock.fence") && suffix.strip_prefix("tmp-").is_some_and(|id| hex(id, 32)) {
+        return Some(Leftover::FenceTmp);
+    }
+    None
+}
+
+/// How a removed leftover is reported.
+pub(super) fn inspection(ctx: &Ctx, file_name: &str) -> Inspection {
+    Inspection {
+        owner: Owner::from_parsed(&Parsed::Unreadable),
+        stale: Some(StaleReason::Leftover),
+        path: Some(ctx.path_of(file_name)),
+    }
+}
+
+/// Removes at most `limit` of what crashed processes left behind, never
+/// what a live process is using: `.pending-*` and `.trash-*` directories
+/// (directory strategy) and temporary fencing counters.
+pub(super) fn clean(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
+    let mut cleaned = Vec::new();
+    if ctx.strategy == Strategy::Directory {
+        cleaned.extend(directory::clean_leftovers(ctx, dry_run, limit)?);
+    }
+    let left = limit.saturating_sub(cleaned.len());
+    cleaned.extend(clean_fence_leftovers(ctx, dry_run, left)?);
+    Ok(cleaned)
+}
+
+/// Collects leftovers of crashed processes without being asked: when
+/// a `Locker` is built, and when an attempt meets contention (where
+/// waiters that were killed leave them), at most once per
+/// [`SWEEP_EVERY`] per `Locker` and [`SWEEP_LIMIT`] entries at a time,
+/// so a long-running service's directory does not grow without bound.
+/// Failures only postpone the collection.
+pub(super) fn sweep(ctx: &Ctx) {
+    let now = sys::boot_clock_ms();
+    let last = ctx.last_sweep_ms.load(Ordering::Relaxed);
+    let every = u64::try_from(SWEEP_EVERY.as_millis()).unwrap_or(u64::MAX);
+    if last != 0 && now.saturating_sub(last) < every {
+        return;
+    }
+    // One sweeper at a time per Locker: whoever swaps the stamp.
+    let swapped = ctx
+        .last_sweep_ms
+        .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed);
+    if swapped.is_err() {
+        return;
+    }
+    match clean(ctx, false, SWEEP_LIMIT) {
+        Ok(cleaned) if !cleaned.is_empty() => {
+            tracing::debug!(
+                removed = cleaned.len(),
+                "collected leftovers of crashed processes"
+            );
+        }
+        Ok(_) => {}
+        Err(error) => tracing::debug!(%error, "collecting leftovers failed; trying later"),
+    }
+}
+
+/// Fencing counters are only written under the directory lock, so a
+/// temporary counter file found while holding it belongs to a process
+/// that died between writing and renaming it.
+fn clean_fence_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
+    let mut found = ctx.entries(|name| leftover_kind(name) == Some(Leftover::FenceTmp))?;
+    // A counter being advanced lives a write and a sync before its
+    // writer takes the directory lock: spare the young.
+    found.retain(|name| {
+        syscall::stat_at(ctx.dir.fd(), name).is_ok_and(|st| {
+            st.mtime
+                .elapsed()
+                .is_ok_and(|age| age >= ctx.grace.min(LEFTOVER_SETTLE))
+        })
+    });
+    found.truncate(limit);
+    if found.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Listed before the lock, judged under it: one that a live writer
+    // was about to rename is gone by the time we hold it.
+    let Some(_mutation) = ctx.dir.try_mutation_lock()? else {
+        return Ok(Vec::new());
+    };
+    let mut cleaned = Vec::new();
+    for name in found {
+        let removed = dry_run
+            || matches!(
+                syscall::unlink_at(ctx.dir.fd(), name.as_str()),
+                Ok(()) | Err(Errno::ENOENT)
+            );
+        if removed {
+            cleaned.push((LockName::from_file_name(&name), inspection(ctx, &name)));
+        }
+    }
+    Ok(cleaned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leftovers_are_recognized_by_their_exact_shape() {
+        assert_eq!(
+            leftover_kind("a-0123456789abcdef.lock.pending-0123456789ab"),
+            Some(Leftover::Pending)
+        );
+        assert_eq!(
+            leftover_kind("state.lock.trash-abcdefabcdef"),
+            Some(Leftover::Trash)
+        );
+        assert_eq!(
+            leftover_kind("x.lock.fence.tmp-0123456789abcdef0123456789abcdef"),
+            Some(Leftover::FenceTmp)
+        );
+        // Lock names that merely contain the markers are locks.
+        for lock in [
+            "jobs.lock.trash-1-0123456789abcdef.lock",
+            "x.lock.pending-0123456789ab.lock",
+            "x.lock.trash-0123456789ab-0011223344556677.lock",
+        ] {
+            assert_eq!(leftover_kind(lock), None, "{lock}");
+        }
+        assert_eq!(leftover_kind("x.lock.trash-xyz"), None);
+        assert_eq!(leftover_kind("x.lock.fence"), None);
+    }
+}

@@ -1,0 +1,146 @@
+//! A lock this process created, in either layout: its identity, its
+//! record, renewal, release, and removal on drop.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::context::Ctx;
+use super::{directory, fence, file};
+use crate::backend::{BackendLock, Renewal, Tokens};
+use crate::error::{LossReason, Result};
+use crate::name::LockName;
+use crate::record::OwnRecord;
+use crate::sys;
+
+/// A lock this process created and still holds. Dropping it removes it
+/// (synchronously, reporting failures through `tracing`) if, and only if,
+/// the lock path still names it, so a lock created by an attempt whose
+/// caller went away is never orphaned.
+#[derive(Debug)]
+pub(crate) struct FsLock {
+    pub(super) ctx: Arc<Ctx>,
+    pub(super) name: LockName,
+    /// The identity of what this process created at the lock path.
+    pub(super) dev: u64,
+    pub(super) ino: u64,
+    pub(super) record: OwnRecord,
+    pub(super) node: Node,
+    pub(super) armed: bool,
+}
+
+/// What the layout keeps open while the lock is held; the `flock` on the
+/// node is the liveness signal other leasehold processes read.
+#[derive(Debug)]
+pub(crate) enum Node {
+    /// The lock file itself; renewals rewrite it in place, padded to
+    /// `record_len`, the length on disk.
+    File { file: File, record_len: usize },
+    /// The lock directory, and its current `owner.json` kept open for
+    /// writing only so that its close (at renewal, or when this process
+    /// dies) is an inotify event that wakes waiters.
+    Dir { dir: File, record_file: File },
+}
+
+impl FsLock {
+    /// Replaces the record on disk with `record`, through this lock's own
+    /// descriptors.
+    pub(super) fn write_record(&mut self, record: OwnRecord) -> Result<()> {
+        let path = || self.ctx.path_of(self.name.file_name());
+        match &mut self.node {
+            Node::File { file, record_len } => file::rewrite(file, record_len, &record, path)?,
+            Node::Dir { dir, record_file } => *record_file = directory::rewrite(dir, &record, path)?,
+        }
+        self.record = record;
+        Ok(())
+    }
+
+    /// Removes the lock if the path still names it; `false` if it did not.
+    fn remove(&self) -> Result<bool> {
+        let mutation = self.ctx.dir.mutation_lock()?;
+        let ours = self.ctx.names(&self.name, self.dev, self.ino)?;
+        match &self.node {
+            Node::File { .. } if ours => file::unlink(&self.ctx, &self.name),
+            Node::File { .. } => Ok(false),
+            Node::Dir { dir, .. } if ours => directory::retire(&self.ctx, &self.name, dir, mutation),
+            Node::Dir { dir, .. } => {
+                // Retired by a reclaimer: help it empty our old directory.
+                directory::forget_record(dir);
+                Ok(false)
+            }
+        }
+    }
+}
+
+impl BackendLock for FsLock {
+    fn record(&self) -> &OwnRecord {
+        &self.record
+    }
+
+    /// Runs under the directory's mutation lock, so it is ordered with any
+    /// reclaim: either the reclaimer's re-read sees the renewed record and
+    /// backs off, or this finds the lock gone.
+    fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
+        let ctx = Arc::clone(&self.ctx);
+        // A lock in a directory that its path no longer names is invisible
+        // to everyone who opens the path now: it excludes nobody. Looked at
+        // before the directory lock, which must never wait on a path walk
+        // (a hung mount on the way would hold up every process).
+        if let Some(moved) = ctx.dir_moved() {
+            return Ok(Renewal::Lost(moved));
+        }
+        // Never wait for the directory lock past the cutoff: a late renewal
+        // must not delay the report of a loss.
+        let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
+        let _mutation = ctx.dir.mutation_lock_within(left)?;
+        if !ctx.names(&self.name, self.dev, self.ino)? {
+            return Ok(Renewal::Lost(LossReason::Replaced));
+        }
+        let boot = sys::boot_clock_ms();
+        if boot >= cutoff {
+            return Ok(Renewal::Lost(LossReason::LeaseExpired));
+        }
+        let mut record = self.record.clone();
+        record.renew(SystemTime::now(), boot);
+        self.write_record(record)?;
+        Ok(Renewal::Renewed)
+    }
+
+    fn check(&self) -> Result<Option<LossReason>> {
+        if let Some(moved) = self.ctx.dir_moved() {
+            return Ok(Some(moved));
+        }
+        let ours = self.ctx.names(&self.name, self.dev, self.ino)?;
+        Ok((!ours).then_some(LossReason::Replaced))
+    }
+
+    fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
+        fence::reserve(self)
+    }
+
+    /// A lock in a moved directory is removed there all the same, but was
+    /// not a lock. The path lookup that tells is made only with `confirm`:
+    /// a guard's `Drop`, which reports nothing, is spared it.
+    fn release(mut self, confirm: bool) -> Result<Option<LossReason>> {
+        let moved = if confirm { self.ctx.dir_moved() } else { None };
+        self.armed = false;
+        let released = self.remove()?;
+        Ok(moved.or((!released).then_some(LossReason::Replaced)))
+    }
+}
+
+impl Drop for FsLock {
+    fn drop(&mut self) {
+        if std::mem::take(&mut self.armed)
+            && let Err(error) = self.remove()
+        {
+            // The lock stays until it is judged stale (at once, since our
+            // flock goes with it).
+            tracing::warn!(
+                lock = self.name.as_str(),
+                %error,
+                "releasing a dropped lock failed; it stays until it is judged stale"
+            );
+        }
+    }
+}

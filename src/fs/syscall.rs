@@ -1,0 +1,206 @@
+//! The filesystem backend's syscalls, relative to a directory descriptor.
+//!
+//! Every lock file is reached with `*at` calls on the lock directory's
+//! descriptor, never by path. The open flags are named here once, one set
+//! per purpose, and `nix` is used nowhere else in the backend. Failures
+//! come back as [`Errno`], which callers match on (`ENOENT`: gone,
+//! `EEXIST`: taken, ...) before turning the rest into [`Error`]s with
+//! [`IoResultExt`](crate::error::IoResultExt).
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::unix::ffi::OsStringExt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::NixPath;
+use nix::fcntl::{AtFlags, OFlag, openat, renameat};
+use nix::sys::stat::{Mode, SFlag, fstatat, mkdirat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
+
+pub(crate) use nix::errno::Errno;
+
+/// What a file is opened for; each names one set of flags. All of them
+/// refuse to follow a symlink at the last component and close on exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Open {
+    /// A new regular file, mode 0600, that must not exist yet (a lock
+    /// file, a temporary fencing counter). Never a controlling terminal.
+    CreateNew,
+    /// A regular file to replace inside a directory of our own
+    /// (`owner.json`, `owner.json.next`), mode 0600, truncated.
+    Replace,
+    /// An existing file to read. Non-blocking, so a FIFO planted at its
+    /// name cannot hang the open; never a controlling terminal.
+    Read,
+    /// An existing directory, to hold (and `flock`) or to work inside.
+    Dir,
+    /// A directory to list (a fresh descriptor: a duplicate would share
+    /// the other's offset). The one open that may follow a symlink: it
+    /// only ever opens `.`.
+    List,
+}
+
+impl Open {
+    fn flags(self) -> OFlag {
+        let base = OFlag::O_CLOEXEC;
+        base | match self {
+            Open::CreateNew => {
+                OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_NOCTTY
+            }
+            Open::Replace => OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_WRONLY | OFlag::O_NOFOLLOW,
+            Open::Read => OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
+            Open::Dir => OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
+            Open::List => OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        }
+    }
+
+    fn mode(self) -> Mode {
+        match self {
+            Open::CreateNew | Open::Replace => Mode::from_bits_truncate(0o600),
+            Open::Read | Open::Dir | Open::List => Mode::empty(),
+        }
+    }
+}
+
+/// Opens `name` in `dir` for `how`.
+pub(crate) fn open_at<P: ?Sized + NixPath>(dir: &File, name: &P, how: Open) -> Result<File, Errno> {
+    openat(dir, name, how.flags(), how.mode()).map(File::from)
+}
+
+/// What kind of file a path names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    Device,
+    Other,
+}
+
+impl Kind {
+    /// The kind, as an error message says it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Kind::File => "regular file",
+            Kind::Dir => "directory",
+            Kind::Symlink => "symlink",
+            Kind::Fifo => "FIFO",
+            Kind::Socket => "socket",
+            Kind::Device => "device node",
+            Kind::Other => "special file",
+        }
+    }
+}
+
+/// What `fstatat` says of a path, without following a symlink.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stat {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+    pub(crate) kind: Kind,
+    /// The modification time, to the second.
+    pub(crate) mtime: SystemTime,
+}
+
+/// Looks at `name` in `dir` without opening it or following a symlink.
+pub(crate) fn stat_at(dir: &File, name: &str) -> Result<Stat, Errno> {
+    let st = fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+    let kind = match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+        k if k == SFlag::S_IFREG => Kind::File,
+        k if k == SFlag::S_IFDIR => Kind::Dir,
+        k if k == SFlag::S_IFLNK => Kind::Symlink,
+        k if k == SFlag::S_IFIFO => Kind::Fifo,
+        k if k == SFlag::S_IFSOCK => Kind::Socket,
+        k if k == SFlag::S_IFCHR || k == SFlag::S_IFBLK => Kind::Device,
+        _ => Kind::Other,
+    };
+    let mtime = UNIX_EPOCH + Duration::from_secs(u64::try_from(st.st_mtime).unwrap_or(0));
+    #[allow(clippy::useless_conversion)] // `dev_t` and `ino_t` differ by platform.
+    Ok(Stat {
+        dev: u64::from(st.st_dev),
+        ino: u64::from(st.st_ino),
+        kind,
+        mtime,
+    })
+}
+
+/// Removes the file (not a directory) `name` in `dir`.
+pub(crate) fn unlink_at<P: ?Sized + NixPath>(dir: &File, name: &P) -> Result<(), Errno> {
+    unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)
+}
+
+/// Removes the empty directory `name` in `dir`.
+pub(crate) fn rmdir_at(dir: &File, name: &str) -> Result<(), Errno> {
+    unlinkat(dir, name, UnlinkatFlags::RemoveDir)
+}
+
+/// Renames `from` to `to`, both in `dir`, replacing what `to` names.
+pub(crate) fn rename_at(dir: &File, from: &str, to: &str) -> Result<(), Errno> {
+    renameat(dir, from, dir, to)
+}
+
+/// Creates the directory `name` in `dir`, mode 0700.
+pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
+    mkdirat(dir, name, Mode::from_bits_truncate(0o700))
+}
+
+/// The names in the directory `dir` (`.` and `..` left out), in no
+/// particular order. Entries that cannot be read are skipped.
+pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
+    let mut listing = nix::dir::Dir::openat(dir, ".", Open::List.flags(), Open::List.mode())?;
+    Ok(listing
+        .iter()
+        .filter_map(|entry| entry.ok())
+        .map(|entry| OsString::from_vec(entry.file_name().to_bytes().to_vec()))
+        .filter(|name| name != "." && name != "..")
+        .collect())
+}
+
+/// Reads a record through a descriptor, up to just past the size limit.
+pub(crate) fn read_record(file: &File) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            if buf.len() > crate::record::MAX_RECORD_LEN {
+                break;
+            }
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// Whether the filesystem of `file` is mounted read-only.
+pub(crate) fn read_only(file: &File) -> bool {
+    use nix::sys::statvfs::{FsFlags, fstatvfs};
+    fstatvfs(file).is_ok_and(|fs| fs.flags().contains(FsFlags::ST_RDONLY))
+}
+
+/// Whether the filesystem of `file` keeps everything in memory (tmpfs),
+/// where a sync returns at once and nothing outlives a reboot anyway.
+#[cfg(target_os = "linux")]
+pub(crate) fn in_memory(file: &File) -> bool {
+    use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
+    fstatfs(file).is_ok_and(|fs| fs.filesystem_type() == TMPFS_MAGIC)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn in_memory(_: &File) -> bool {
+    false
+}
+
+/// The effective user id, which the default directory is named after.
+pub(crate) fn euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
