@@ -22,8 +22,9 @@ use tracing::Span;
 use crate::engine::{Engine, far_future};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::lease::Hold;
 use crate::name::LockName;
-use crate::queue::{Head, Join, Slot, Ticket, Turn};
+use crate::queue::{Head, Join, Queue, Ticket, Turn};
 use crate::timer::{self, Sleep};
 
 /// An acquisition in progress.
@@ -45,7 +46,7 @@ enum Stage<'a> {
     Invalid(Box<Error>),
     /// Queued behind another task of this `Locker`.
     Queued {
-        ticket: Ticket,
+        ticket: Ticket<Hold>,
         name: LockName,
         started: Instant,
         /// The deadline's timer, when there is a deadline.
@@ -71,15 +72,17 @@ impl<'a> Acquire<'a> {
     fn head(
         &self,
         name: LockName,
-        slot: Arc<Slot>,
-        turn: Turn,
-        head: Option<Head>,
+        queue: Arc<Queue<Hold>>,
+        turn: Turn<Hold>,
+        head: Option<Head<Hold>>,
         deadline: Option<Instant>,
         started: Instant,
     ) -> Stage<'a> {
         let engine = self.engine;
         Stage::Head(Box::pin(async move {
-            engine.take_turn(&name, slot, turn, head, deadline, started).await
+            engine
+                .take_turn(&name, queue, turn, head, deadline, started)
+                .await
         }))
     }
 }
@@ -112,18 +115,18 @@ impl Future for Acquire<'_> {
                     let started = timer::now();
                     let deadline =
                         timeout.map(|timeout| started.checked_add(timeout).unwrap_or_else(far_future));
-                    let slot = engine.slots.get(&name);
+                    let queue = engine.queues.get(&name);
                     // The queue's copy of the name, so that queued tasks
                     // share one.
-                    let name = if slot.name == name {
-                        slot.name.clone()
+                    let name = if queue.name == name {
+                        queue.name.clone()
                     } else {
                         name
                     };
-                    this.stage = match slot.join(cx.waker()) {
+                    this.stage = match queue.join(cx.waker()) {
                         Join::Head(head) => {
                             let fresh = Turn::Fresh { courtesy: false };
-                            this.head(name, slot, fresh, Some(head), deadline, started)
+                            this.head(name, queue, fresh, Some(head), deadline, started)
                         }
                         Join::Queued(ticket) => Stage::Queued {
                             ticket,
@@ -139,10 +142,10 @@ impl Future for Acquire<'_> {
                     started,
                     deadline,
                 } => match ticket.poll_turn(cx) {
-                    Poll::Ready((turn, slot)) => {
+                    Poll::Ready((turn, queue)) => {
                         let (name, started) = (name.clone(), *started);
                         let deadline = deadline.as_ref().map(|sleep| sleep.deadline());
-                        this.stage = this.head(name, slot, turn, None, deadline, started);
+                        this.stage = this.head(name, queue, turn, None, deadline, started);
                     }
                     Poll::Pending => {
                         if let Some(sleep) = deadline

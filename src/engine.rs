@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Attempt, Backend, Waiters, Wake};
 use crate::error::{Error, Result};
-use crate::guard::{Hold, Keeper, LockGuard, Share, TokenStep};
+use crate::guard::{COURTESY, Grant, LockGuard, TokenStep};
+use crate::lease::{Hold, Keeper};
 use crate::name::{LockName, PathStyle};
 use crate::owner::Owner;
 use crate::pool::blocking;
-use crate::queue::{COURTESY, Head, Slot, Slots, Turn};
+use crate::queue::{Head, Queue, Queues, Turn};
 use crate::renew::Renewer;
 use crate::scope;
 use crate::stats::{Counters, bump};
@@ -41,17 +42,17 @@ pub(crate) struct Engine {
     /// Arms the renewal of every lock taken; shares `counters`.
     keeper: Keeper,
     poll_interval: Duration,
-    pub(crate) slots: Arc<Slots>,
+    pub(crate) queues: Arc<Queues<Hold>>,
     pub(crate) path_style: PathStyle,
 }
 
-impl Wake for Slots {
+impl Wake for Queues<Hold> {
     fn changed(&self, key: &str) {
-        Slots::changed(self, key);
+        Queues::changed(self, key);
     }
 
     fn all_changed(&self) {
-        Slots::all_changed(self);
+        Queues::all_changed(self);
     }
 }
 
@@ -66,8 +67,8 @@ impl Engine {
         store: impl FnOnce(Arc<Counters>, Waiters) -> Result<Store>,
     ) -> Result<Self> {
         let counters: Arc<Counters> = Arc::default();
-        let slots: Arc<Slots> = Arc::default();
-        let waiters: Waiters = Arc::downgrade(&slots) as Waiters;
+        let queues: Arc<Queues<Hold>> = Arc::default();
+        let waiters: Waiters = Arc::downgrade(&queues) as Waiters;
         let store = store(Arc::clone(&counters), waiters)?;
         let keeper = Keeper {
             lease,
@@ -81,7 +82,7 @@ impl Engine {
             counters,
             keeper,
             poll_interval,
-            slots,
+            queues,
             path_style,
         })
     }
@@ -94,16 +95,16 @@ impl Engine {
             return guard.map(Some);
         }
         let started = timer::now();
-        let slot = self.slots.get(&name);
+        let queue = self.queues.get(&name);
         // Another task of this Locker holds it, or is waiting on the disk
         // because another process does: either way, not free.
-        let Some(head) = slot.try_head() else {
+        let Some(head) = queue.try_head() else {
             return Ok(None);
         };
         match self.attempt(&name, None).await? {
             Attempt::Acquired(hold) => {
                 head.disarm();
-                self.finish(&name, hold, slot, started, false).await.map(Some)
+                self.finish(&name, hold, queue, started, false).await.map(Some)
             }
             Attempt::Busy { .. } => Ok(None),
         }
@@ -115,9 +116,9 @@ impl Engine {
     pub(crate) async fn take_turn(
         &self,
         name: &LockName,
-        slot: Arc<Slot>,
-        mut turn: Turn,
-        mut head: Option<Head>,
+        queue: Arc<Queue<Hold>>,
+        mut turn: Turn<Hold>,
+        mut head: Option<Head<Hold>>,
         deadline: Option<Instant>,
         started: Instant,
     ) -> Result<LockGuard> {
@@ -132,23 +133,23 @@ impl Engine {
                 Turn::Handoff(lost) => {
                     // Lost between its last holder and us: the turn is ours
                     // now, the lock is not.
-                    lost.release_sync();
+                    drop(lost);
                     turn = Turn::Fresh { courtesy: false };
                 }
                 Turn::Fresh { courtesy } => {
                     // Our turn: passed on to the next waiter if we fail or
                     // are dropped before we hold the lock.
-                    let head = head.take().unwrap_or_else(|| Head::adopt(&slot));
+                    let head = head.take().unwrap_or_else(|| Head::adopt(&queue));
                     if courtesy {
                         timer::sleep(COURTESY).await;
                     }
-                    let (hold, waited) = self.wait_on_disk(name, &slot, deadline, started).await?;
+                    let (hold, waited) = self.wait_on_disk(name, &queue, deadline, started).await?;
                     head.disarm();
                     break (hold, queued || waited);
                 }
             }
         };
-        self.finish(name, hold, slot, started, contended).await
+        self.finish(name, hold, queue, started, contended).await
     }
 
     /// The span every acquisition runs in; `waited_ms`, `contended` and
@@ -180,14 +181,14 @@ impl Engine {
         &self,
         name: &LockName,
         hold: Hold,
-        slot: Arc<Slot>,
+        queue: Arc<Queue<Hold>>,
         started: Instant,
         contended: bool,
     ) -> Result<LockGuard> {
-        // From here the hold lives in a share, which passes it on if this
+        // From here the hold lives in a grant, which passes it on if this
         // future is dropped while a token is fetched from disk.
-        let share = Share::new(hold, slot);
-        let token = match share.take_token() {
+        let grant = Grant::new(hold, queue);
+        let token = match grant.take_token() {
             TokenStep::Ready(token) => token?,
             TokenStep::FromDisk(lease) => blocking(move || lease.next_token()).await??,
         };
@@ -198,8 +199,8 @@ impl Engine {
         }
         let waited = timer::since(started);
         counters.waited(waited);
-        let guard = share.first_guard(token);
-        scope::remember(self.id, name.file_name(), &share);
+        let guard = grant.first_guard(token);
+        scope::remember(self.id, name.file_name(), &grant);
         let span = tracing::Span::current();
         span.record("waited_ms", waited.as_secs_f64() * 1000.0);
         span.record("contended", contended);
@@ -222,7 +223,7 @@ impl Engine {
     async fn wait_on_disk(
         &self,
         name: &LockName,
-        slot: &Slot,
+        queue: &Queue<Hold>,
         deadline: Option<Instant>,
         started: Instant,
     ) -> Result<(Hold, bool)> {
@@ -232,7 +233,7 @@ impl Engine {
         let mut woken_by_event = false;
         loop {
             // Armed before the attempt, so an event during it is not lost.
-            let changed = slot.changed.notified();
+            let changed = queue.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             let recheck_at = match self.attempt(name, deadline).await? {

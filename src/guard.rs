@@ -1,31 +1,35 @@
-//! The RAII guard, the hold it shares, and the lease state the renewal task
-//! keeps alive.
+//! The RAII guard, the grant it shares, and the release policy.
 //!
-//! Ownership, from the outside in: a [`LockGuard`] holds an `Arc<Share>`;
+//! Ownership, from the outside in: a [`LockGuard`] holds an `Arc<Grant>`;
 //! every guard that re-entered the lock in one scope holds the same
-//! `Share`. The `Share` owns the [`Hold`] (the lock as this process holds
-//! it: lease plus renewal task). When the last guard goes, the `Share` gives
-//! the `Hold` back to the name's queue, which hands it to the next local
-//! waiter or releases it on disk.
+//! `Grant`. The `Grant` owns the [`Hold`] (the lock as this process holds
+//! it: lease plus renewal). When the last guard goes, [`hand_on`] decides
+//! what becomes of the hold, for `Drop` and `release()` alike: it passes
+//! to the next local waiter through the name's queue, or it is released in
+//! the store and the queue's turn passes on.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::backend::{BackendLock, Kept, Renewal, Tokens};
 use crate::error::{Error, LossReason, Result};
+use crate::lease::{Hold, Lease};
 use crate::owner::Owner;
-use crate::queue::Slot;
-use crate::renew::{Registration, Renewer};
-use crate::stats::{Counters, bump};
-use crate::store::StoreLock as Held;
-use crate::sys;
+use crate::pool::blocking;
+use crate::queue::Queue;
+
+/// How long a lock may pass between the tasks of one `Locker` before it is
+/// released in the store for other processes.
+pub(crate) const HANDOFF_WINDOW: Duration = Duration::from_millis(10);
+
+/// How long the next local waiter holds back after such a release, so
+/// that waiters in other processes get their chance.
+pub(crate) const COURTESY: Duration = Duration::from_millis(1);
 
 /// A held lock. Dropping it releases the lock.
 ///
-/// The guard owns a share in a background task that renews the lease every
+/// The guard owns a share in a background thread that renews the lease every
 /// `renew_interval`. If the lock is lost anyway (the lease ran out while the
 /// process was paused, someone removed the lock file, the disk failed),
 /// [`lost`](Self::lost) resolves and [`is_lost`](Self::is_lost) turns true;
@@ -73,24 +77,24 @@ use crate::sys;
 #[derive(Debug)]
 pub struct LockGuard {
     /// `None` once `release` took it.
-    share: Option<Arc<Share>>,
+    grant: Option<Arc<Grant>>,
     lease: Arc<Lease>,
     lost: watch::Receiver<Option<LossReason>>,
     token: Option<u64>,
 }
 
-/// One holding of a lock (one acquisition), shared by the guards that
-/// re-entered it.
+/// One grant of a lock to this process (one acquisition), shared by the
+/// guards that re-entered it.
 #[derive(Debug)]
-pub(crate) struct Share {
+pub(crate) struct Grant {
     hold: Mutex<Option<Hold>>,
     /// The hold's lease, for guards to observe.
     lease: Arc<Lease>,
-    slot: Arc<Slot>,
-    token: std::sync::OnceLock<Option<u64>>,
+    queue: Arc<Queue<Hold>>,
+    token: OnceLock<Option<u64>>,
 }
 
-/// How a new share gets its fencing token.
+/// How a new grant gets its fencing token.
 #[derive(Debug)]
 pub(crate) enum TokenStep {
     /// At hand (or fencing is off).
@@ -100,148 +104,34 @@ pub(crate) enum TokenStep {
     FromDisk(Arc<Lease>),
 }
 
-/// The lock as this process holds it. It moves from guard to guard on an
-/// in-process handoff, lease and renewal included.
+/// What the release policy made of a hold whose last guard went.
 #[derive(Debug)]
-pub(crate) struct Hold {
-    lease: Arc<Lease>,
-    /// When this hold was taken from the disk (handoffs do not reset it).
-    since: Instant,
+enum Next {
+    /// A local waiter has it now (and the queue's turn).
+    HandedOn,
+    /// Release it in the store, then pass the turn on, with a courtesy
+    /// pause for the next local waiter if set.
+    Release { hold: Hold, courtesy: bool },
 }
 
-/// State shared between a hold and the renewal thread (which holds only a
-/// `Weak` to it).
-#[derive(Debug)]
-pub(crate) struct Lease {
-    name: Arc<str>,
-    held: Mutex<Option<Held>>,
-    lost: watch::Sender<Option<LossReason>>,
-    owner: Owner,
-    renew_interval: Duration,
-    margin_ms: u64,
-    /// The lease's end on the boot clock, as last written to disk.
-    deadline_ms: AtomicU64,
-    /// Fencing tokens left in the block reserved on disk.
-    tokens: Mutex<Option<Tokens>>,
-    counters: Arc<Counters>,
-    registration: Mutex<Option<Registration>>,
-    /// The error of the last renewal, while renewals are failing: the
-    /// true reason if the lease then runs out.
-    failing: Mutex<Option<String>>,
-}
-
-/// What the renewal task should do next.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// Renew again after this long.
-    Again(Duration),
-    /// The lock is released or lost: stop.
-    Stop,
-}
-
-/// Turns a lock just taken into a [`Hold`] whose lease is kept alive.
-///
-/// The code that wrote the record calls [`hold`](Self::hold) the moment the
-/// record is on disk, on whatever thread that is (the blocking pool, the
-/// runtime's thread, the session thread of a server): the lease runs from
-/// the record's own renewal time, so renewal must not wait until the
-/// acquiring task is polled again, which a stalled runtime can delay past
-/// the lease. A hold whose acquiring future is gone is dropped where it
-/// stands, and dropping it releases the lock.
-#[derive(Debug, Clone)]
-pub(crate) struct Keeper {
-    pub(crate) lease: Duration,
-    pub(crate) renew_interval: Duration,
-    pub(crate) counters: Arc<Counters>,
-    pub(crate) renewer: Renewer,
-}
-
-impl Keeper {
-    /// Arms renewal of `held`, the first one due `renew_interval` after the
-    /// record was written.
-    pub(crate) fn hold(&self, name: &str, held: Held, tokens: Option<Tokens>) -> Hold {
-        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
-        let renew_ms = u64::try_from(self.renew_interval.as_millis()).unwrap_or(u64::MAX);
-        let first = renewal_due_in(&held, self.renew_interval);
-        let lease = Arc::new(Lease {
-            name: name.into(),
-            owner: Owner::from_record(&held.record().parsed()),
-            deadline_ms: AtomicU64::new(lease_deadline_boot_ms(&held)),
-            held: Mutex::new(Some(held)),
-            lost: watch::Sender::new(None),
-            renew_interval: self.renew_interval,
-            margin_ms: margin_ms(lease_ms, renew_ms),
-            tokens: Mutex::new(tokens),
-            counters: Arc::clone(&self.counters),
-            registration: Mutex::new(None),
-            failing: Mutex::new(None),
-        });
-        let registration = self.renewer.add(&lease, first);
-        *lock(&lease.registration) = registration;
-        Hold {
-            lease,
-            since: Instant::now(),
+/// The release policy, one for `Drop` and [`LockGuard::release`]: within
+/// [`HANDOFF_WINDOW`] of taking the lock from the store, a lock that is
+/// not lost passes straight to the next local waiter; otherwise it is
+/// released in the store, and the next local waiter (after a
+/// [`COURTESY`] pause) competes for it afresh with other processes.
+fn hand_on(hold: Hold, queue: &Queue<Hold>) -> Next {
+    let within_window = hold.since().elapsed() < HANDOFF_WINDOW;
+    let hold = if within_window && !hold.is_lost() {
+        match queue.offer(hold) {
+            None => return Next::HandedOn,
+            Some(hold) => hold,
         }
-    }
-}
-
-/// How long until `held` is due for renewal: `interval` after its record
-/// was last written, measured on the boot clock the record was stamped
-/// with, however long ago that was.
-fn renewal_due_in(held: &Held, interval: Duration) -> Duration {
-    let written = held.record().renewed_at_boot;
-    let since = Duration::from_millis(sys::boot_clock_ms().saturating_sub(written));
-    interval.saturating_sub(since)
-}
-
-/// The boot-clock millisecond at which the lease last written runs out.
-fn lease_deadline_boot_ms(held: &Held) -> u64 {
-    let record = held.record();
-    record.renewed_at_boot.saturating_add(record.lease_ms)
-}
-
-impl Kept for Hold {
-    fn reserve_tokens(&self) -> Result<bool> {
-        let mut held = self.lease.held();
-        let Some(block) = held.as_mut().map(Held::reserve_tokens).transpose()?.flatten() else {
-            return Ok(false);
-        };
-        *lock(&self.lease.tokens) = Some(block);
-        Ok(true)
-    }
-}
-
-impl Hold {
-    pub(crate) fn since(&self) -> Instant {
-        self.since
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lease.is_lost()
-    }
-
-    /// The next fencing token of this hold's reserved block; `Ok(None)` when
-    /// fencing is off. Refills the block from disk (blocking I/O) when it is
-    /// used up.
-    pub(crate) fn next_token(&self) -> Result<Option<u64>> {
-        self.lease.next_token()
-    }
-
-    /// Whether taking the next token needs the disk.
-    pub(crate) fn tokens_exhausted(&self) -> bool {
-        lock(&self.lease.tokens).is_some_and(|t| t.is_used_up())
-    }
-
-    /// Removes the lock from disk if it is still ours; failures go to
-    /// `tracing`. The renewal thread finds the lease empty and drops it.
-    pub(crate) fn release_sync(self) {
-        match self.lease.release_now(false) {
-            Ok(None) => {}
-            Ok(Some(reason)) => {
-                tracing::debug!(lock = &*self.lease.name, %reason, "released a lock that was no longer ours");
-            }
-            Err(error) => tracing::warn!(lock = &*self.lease.name, %error, "releasing a lock failed"),
-        }
+    } else {
+        hold
+    };
+    Next::Release {
+        hold,
+        courtesy: !within_window && queue.has_waiters(),
     }
 }
 
@@ -250,36 +140,36 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Share {
-    /// A share holding `hold`.
-    pub(crate) fn new(hold: Hold, slot: Arc<Slot>) -> Arc<Self> {
-        Arc::new(Share {
-            lease: Arc::clone(&hold.lease),
+impl Grant {
+    /// A grant holding `hold`, whose queue is `queue`.
+    pub(crate) fn new(hold: Hold, queue: Arc<Queue<Hold>>) -> Arc<Self> {
+        Arc::new(Grant {
+            lease: Arc::clone(hold.lease()),
             hold: Mutex::new(Some(hold)),
-            slot,
-            token: std::sync::OnceLock::new(),
+            queue,
+            token: OnceLock::new(),
         })
     }
 
     /// This acquisition's fencing token, without I/O if it is at hand.
     pub(crate) fn take_token(&self) -> TokenStep {
-        let slot = lock(&self.hold);
-        let Some(hold) = slot.as_ref() else {
+        let hold = lock(&self.hold);
+        let Some(hold) = hold.as_ref() else {
             return TokenStep::Ready(Ok(None));
         };
         if hold.tokens_exhausted() {
-            TokenStep::FromDisk(Arc::clone(&hold.lease))
+            TokenStep::FromDisk(Arc::clone(hold.lease()))
         } else {
-            TokenStep::Ready(hold.next_token())
+            TokenStep::Ready(hold.lease().next_token())
         }
     }
 
-    /// The guard of the acquisition that created this share.
+    /// The guard of the acquisition that made this grant.
     pub(crate) fn first_guard(self: &Arc<Self>, token: Option<u64>) -> LockGuard {
         let token = *self.token.get_or_init(|| token);
         LockGuard {
-            share: Some(Arc::clone(self)),
-            lost: self.lease.lost.subscribe(),
+            grant: Some(Arc::clone(self)),
+            lost: self.lease.subscribe(),
             lease: Arc::clone(&self.lease),
             token,
         }
@@ -289,7 +179,7 @@ impl Share {
         lock(&self.hold).take()
     }
 
-    /// Another guard on this share (a re-entry): `None` if it was released,
+    /// Another guard on this grant (a re-entry): `None` if it was released,
     /// `Err(Lost)` if the lock was lost.
     pub(crate) fn guard(self: &Arc<Self>) -> Option<Result<LockGuard>> {
         lock(&self.hold).as_ref()?;
@@ -298,18 +188,23 @@ impl Share {
             return Some(Err(lease.lost_error()));
         }
         Some(Ok(LockGuard {
-            share: Some(Arc::clone(self)),
-            lost: lease.lost.subscribe(),
+            grant: Some(Arc::clone(self)),
+            lost: lease.subscribe(),
             lease,
             token: self.token.get().copied().flatten(),
         }))
     }
 }
 
-impl Drop for Share {
+impl Drop for Grant {
     fn drop(&mut self) {
-        if let Some(hold) = self.take() {
-            self.slot.pass_on(hold);
+        let Some(hold) = self.take() else {
+            return;
+        };
+        if let Next::Release { hold, courtesy } = hand_on(hold, &self.queue) {
+            // Dropping a hold releases it (see `Hold`'s `Drop`).
+            drop(hold);
+            self.queue.pass_fresh(courtesy);
         }
     }
 }
@@ -317,12 +212,12 @@ impl Drop for Share {
 impl LockGuard {
     /// The lock name, as given to `acquire`.
     pub fn name(&self) -> &str {
-        &self.lease.name
+        self.lease.name()
     }
 
     /// The record written when the lock was taken from the disk.
     pub fn owner(&self) -> &Owner {
-        &self.lease.owner
+        self.lease.owner()
     }
 
     /// This acquisition's fencing token, when the `Locker` was built with
@@ -389,13 +284,7 @@ impl LockGuard {
             return Err(self.lease.lost_error());
         }
         let lease = Arc::clone(&self.lease);
-        let held = match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => runtime
-                .spawn_blocking(move || lease.verify())
-                .await
-                .map_err(|e| Error::io("check lock", "", std::io::Error::other(e)))??,
-            Err(_) => lease.verify()?,
-        };
+        let held = blocking(move || lease.verify()).await??;
         if held {
             Ok(())
         } else {
@@ -469,210 +358,44 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(mut self) -> Result<()> {
-        let lost = |guard: &Self| Err(guard.lease.lost_error());
-        let Some(share) = self.share.take() else {
+        let Some(grant) = self.grant.take() else {
             return Ok(());
         };
-        let Ok(share) = Arc::try_unwrap(share) else {
+        let Ok(grant) = Arc::try_unwrap(grant) else {
             // Other guards of a scope still hold it.
-            return if self.is_lost() { lost(&self) } else { Ok(()) };
+            return if self.is_lost() {
+                Err(self.lease.lost_error())
+            } else {
+                Ok(())
+            };
         };
-        let Some(hold) = share.take() else {
+        let Some(hold) = grant.take() else {
             return Ok(());
         };
-        if hold.is_lost() {
-            hold.release_sync();
-            share.slot.pass_fresh(false);
-            return lost(&self);
-        }
-        let slot = Arc::clone(&share.slot);
-        if slot.has_waiters() {
-            slot.pass_on(hold);
+        let Next::Release { hold, courtesy } = hand_on(hold, &grant.queue) else {
             return Ok(());
-        }
-        // Release on the blocking pool. The queue's turn is passed on when
-        // this future completes or is dropped, whichever comes first.
-        struct PassOn(Arc<Slot>);
+        };
+        // The queue's turn is passed on when this future completes or is
+        // dropped, whichever comes first; the release itself finishes on
+        // the blocking pool either way.
+        struct PassOn(Arc<Queue<Hold>>, bool);
         impl Drop for PassOn {
             fn drop(&mut self) {
-                self.0.pass_fresh(false);
+                self.0.pass_fresh(self.1);
             }
         }
-        let _pass_on = PassOn(slot);
-        let lease = Arc::clone(&hold.lease);
-        let released = match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => runtime
-                .spawn_blocking(move || lease.release_now(true))
-                .await
-                .map_err(|e| Error::io("release lock", "", std::io::Error::other(e)))??,
-            // Polled outside Tokio: do it here, as `Drop` would.
-            Err(_) => lease.release_now(true)?,
-        };
+        let _pass_on = PassOn(Arc::clone(&grant.queue), courtesy);
+        let lost = hold.is_lost();
+        let released = blocking(move || hold.release(true)).await??;
+        if lost {
+            return Err(self.lease.lost_error());
+        }
         match released {
             None => Ok(()),
             Some(reason) => Err(Error::Lost {
-                name: self.lease.name.to_string(),
+                name: self.lease.name().to_owned(),
                 reason,
             }),
-        }
-    }
-}
-
-/// `min(renew_interval, lease / 4)`.
-fn margin_ms(lease_ms: u64, renew_ms: u64) -> u64 {
-    renew_ms.min(lease_ms / 4)
-}
-
-impl Lease {
-    fn held(&self) -> MutexGuard<'_, Option<Held>> {
-        lock(&self.held)
-    }
-
-    /// The boot-clock millisecond after which this lease must not be
-    /// renewed any more, and the holder counts it as lost.
-    fn cutoff(&self) -> u64 {
-        self.deadline_ms
-            .load(Ordering::Acquire)
-            .saturating_sub(self.margin_ms)
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost.borrow().is_some() || sys::boot_clock_ms() >= self.cutoff()
-    }
-
-    /// Why the lock was lost; a loss not reported yet can only be the
-    /// clock reaching the cutoff.
-    fn loss_reason(&self) -> LossReason {
-        self.lost.borrow().clone().unwrap_or(LossReason::LeaseExpired)
-    }
-
-    fn lost_error(&self) -> Error {
-        Error::Lost {
-            name: self.name.to_string(),
-            reason: self.loss_reason(),
-        }
-    }
-
-    pub(crate) fn next_token(&self) -> Result<Option<u64>> {
-        let mut tokens = lock(&self.tokens);
-        let Some(block) = tokens.as_mut() else {
-            return Ok(None);
-        };
-        if let Some(token) = block.take() {
-            return Ok(Some(token));
-        }
-        let mut held = self.held();
-        let refill = match held.as_mut() {
-            Some(held) => held.reserve_tokens()?,
-            None => None,
-        };
-        let Some(mut block) = refill else {
-            return Err(self.lost_error());
-        };
-        let token = block.take();
-        *tokens = Some(block);
-        Ok(token)
-    }
-
-    /// Whether the lock is still ours on disk; marks it lost if not.
-    fn verify(&self) -> Result<bool> {
-        let mut slot = self.held();
-        let lost = match slot.as_ref() {
-            Some(held) => held.check()?,
-            None => Some(self.loss_reason()),
-        };
-        match lost {
-            None => Ok(true),
-            Some(reason) => {
-                if self.lost.borrow().is_none() {
-                    self.lose(&mut slot, reason);
-                }
-                Ok(false)
-            }
-        }
-    }
-
-    /// Releases if still held. `Ok(None)` when the lock was ours to the
-    /// end; otherwise why it was not (already lost, taken over, or in a
-    /// directory that was moved).
-    ///
-    /// `confirm` waits for a lock server's answer; without it an unlock on
-    /// a server is only queued (files are always removed at once).
-    pub(crate) fn release_now(&self, confirm: bool) -> Result<Option<LossReason>> {
-        let held = self.held().take();
-        *lock(&self.registration) = None;
-        match held {
-            Some(held) => held.release(confirm),
-            None => Ok(Some(self.loss_reason())),
-        }
-    }
-
-    /// One renewal, run on the renewal thread.
-    pub(crate) fn renew_once(&self) -> Step {
-        let mut slot = match self.held.try_lock() {
-            Ok(slot) => slot,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            // Busy reserving fencing tokens (which may wait for the
-            // directory lock) or being released: come back shortly rather
-            // than hold up the thread every lease shares.
-            Err(std::sync::TryLockError::WouldBlock) => {
-                return Step::Again(
-                    (self.renew_interval / 16).clamp(Duration::from_millis(1), Duration::from_millis(10)),
-                );
-            }
-        };
-        let Some(held) = slot.as_mut() else {
-            return Step::Stop;
-        };
-        let cutoff = self.cutoff();
-        if sys::boot_clock_ms() >= cutoff {
-            let reason = match lock(&self.failing).take() {
-                Some(error) => LossReason::RenewalFailed { error },
-                None => LossReason::LeaseExpired,
-            };
-            self.lose(&mut slot, reason);
-            return Step::Stop;
-        }
-        match held.renew(cutoff) {
-            Ok(Renewal::Renewed) => {
-                self.deadline_ms
-                    .store(lease_deadline_boot_ms(held), Ordering::Release);
-                bump(&self.counters.renewals);
-                *lock(&self.failing) = None;
-                tracing::trace!(lock = &*self.name, "lease renewed");
-                Step::Again(renewal_due_in(held, self.renew_interval))
-            }
-            Ok(Renewal::Lost(reason)) => {
-                self.lose(&mut slot, reason);
-                Step::Stop
-            }
-            Err(error) => {
-                bump(&self.counters.renewal_failures);
-                let now = sys::boot_clock_ms();
-                if now >= cutoff {
-                    let error = error.to_string();
-                    self.lose(&mut slot, LossReason::RenewalFailed { error });
-                    return Step::Stop;
-                }
-                tracing::warn!(lock = &*self.name, %error, "lease renewal failed; retrying");
-                *lock(&self.failing) = Some(error.to_string());
-                let retry = (self.renew_interval / 4).max(Duration::from_millis(1));
-                Step::Again(retry.min(Duration::from_millis(cutoff - now)))
-            }
-        }
-    }
-
-    fn lose(&self, slot: &mut MutexGuard<'_, Option<Held>>, reason: LossReason) {
-        tracing::warn!(lock = &*self.name, %reason, "lock lost");
-        bump(&self.counters.lost);
-        // Tell the holder first: cleaning up below may wait on the disk.
-        self.lost.send_replace(Some(reason));
-        if let Some(held) = slot.take() {
-            // Still ours on disk (say our lease ran out while we were
-            // paused, and nobody took it yet)? Then free it for others.
-            if let Err(error) = held.release(false) {
-                tracing::debug!(lock = &*self.name, %error, "could not remove a lost lock");
-            }
         }
     }
 }
@@ -680,12 +403,6 @@ impl Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn margin_is_bounded_by_both_settings() {
-        assert_eq!(margin_ms(30_000, 10_000), 7_500);
-        assert_eq!(margin_ms(30_000, 1_000), 1_000);
-    }
 
     #[test]
     fn guard_is_an_owned_permit() {

@@ -36,7 +36,7 @@
 //! events (inotify), with polling as a safety net, and use no CPU while they
 //! wait. [`Locker::stats`] counts what happened.
 //!
-//! The owner record is a JSON object that both seeds' readers understand:
+//! The owner record is a JSON object that both systems leasehold descends from understand:
 //!
 //! | field | type | meaning |
 //! |---|---|---|
@@ -117,11 +117,11 @@
 //! [`Strategy::ExclusiveFile`] (the default) is the one to use: one file
 //! per lock, the fewest syscalls, and instant detection of dead holders
 //! through `flock`. It shares lock files with programs that use `O_EXCL`
-//! lock files holding a `{"uuid", "pid"}` JSON record (the second seed;
+//! lock files holding a `{"uuid", "pid"}` JSON record (pi-research's `FileLockService`;
 //! pair it with [`PathStyle::Plain`] for names like `state.lock`).
 //!
 //! [`Strategy::Directory`] is for sharing locks with programs that publish
-//! a lock as a directory holding `owner.json` (the first seed). It costs a
+//! a lock as a directory holding `owner.json` (velocious's `AdvisoryLockFileBackend`). It costs a
 //! few more syscalls per acquisition and needs `renameat2(RENAME_NOREPLACE)`
 //! on Linux.
 //!
@@ -204,6 +204,7 @@ mod engine;
 mod error;
 mod fs;
 mod guard;
+mod lease;
 mod locker;
 mod name;
 mod owner;

@@ -1,38 +1,32 @@
-//! The per-name FIFO queue of one `Locker`.
+//! The per-name FIFO queue of one `Locker`, generic over what it hands on.
 //!
-//! Exactly one task per name holds the *turn*: either it is waiting on the
-//! disk for the lock (the only task of this `Locker` that touches the disk
-//! for that name), or it holds the lock. Everyone else waits in arrival
-//! order for the turn to be passed on. A holder that finishes passes the
-//! lock itself to the next waiter, without touching the disk, for up to
-//! [`HANDOFF_WINDOW`] in a row; then it releases the lock on disk and the
-//! next waiter, after a [`COURTESY`] pause, competes for it afresh, so
-//! waiters in other processes get their chance.
+//! Exactly one task per name holds the *turn*: either it is getting the
+//! lock from the store (the only task of this `Locker` that touches the
+//! store for that name), or it holds the lock. Everyone else waits in
+//! arrival order for the turn to be passed on, with a payload (the lock
+//! itself, handed over without touching the store) or without one (take
+//! it from the store yourself). The queue knows nothing of locks, guards
+//! or disks: when to hand a lock on, and how to release one, is the
+//! guard's release policy. A payload the queue cannot deliver (its waiter
+//! went away and nobody else waits) is dropped, so dropping a payload must
+//! release whatever it holds.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::guard::Hold;
 use crate::name::LockName;
-
-/// How long a lock may pass between the tasks of one `Locker` before it is
-/// released on disk for other processes.
-pub(crate) const HANDOFF_WINDOW: Duration = Duration::from_millis(10);
-
-/// How long the next local waiter holds back after such a release.
-pub(crate) const COURTESY: Duration = Duration::from_millis(1);
 
 /// What the head of the queue receives.
 #[derive(Debug)]
-pub(crate) enum Turn {
-    /// Take the lock from the disk yourself (after a courtesy pause if set).
+pub(crate) enum Turn<T> {
+    /// Take the lock from the store yourself (after a courtesy pause if
+    /// set).
     Fresh { courtesy: bool },
-    /// The previous holder's lock, still held and renewed.
-    Handoff(Hold),
+    /// The previous holder's lock, still held.
+    Handoff(T),
 }
 
 /// One name's queue.
@@ -41,16 +35,16 @@ pub(crate) enum Turn {
 /// nothing else: there is at most one turn in flight, so the turn being
 /// passed waits in [`State::granted`] rather than in a channel per waiter.
 #[derive(Debug)]
-pub(crate) struct Slot {
+pub(crate) struct Queue<T> {
     /// The name this queue is for, shared with the tasks queued on it.
     pub(crate) name: LockName,
-    state: Mutex<State>,
-    /// Woken when the lock file may have become free; awaited by the head.
+    state: Mutex<State<T>>,
+    /// Woken when the lock may have become free; awaited by the head.
     pub(crate) changed: Notify,
 }
 
-#[derive(Debug, Default)]
-struct State {
+#[derive(Debug)]
+struct State<T> {
     /// Someone holds the turn (or it is granted and not yet picked up).
     busy: bool,
     next_ticket: u64,
@@ -59,7 +53,18 @@ struct State {
     /// The turn, popped off `waiting` with this ticket number and not yet
     /// picked up by its task. Only the turn's holder passes it on, so there
     /// is never more than one.
-    granted: Option<(u64, Turn)>,
+    granted: Option<(u64, Turn<T>)>,
+}
+
+impl<T> Default for State<T> {
+    fn default() -> Self {
+        State {
+            busy: false,
+            next_ticket: 0,
+            waiting: VecDeque::new(),
+            granted: None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -68,13 +73,13 @@ struct Waiter {
     waker: Waker,
 }
 
-impl State {
+impl<T> State<T> {
     fn position(&self, ticket: u64) -> Option<usize> {
         self.waiting.binary_search_by_key(&ticket, |w| w.ticket).ok()
     }
 
     /// Gives `turn` to the first waiter; gives it back if there is none.
-    fn grant(&mut self, turn: Turn) -> Result<Waker, Turn> {
+    fn grant(&mut self, turn: Turn<T>) -> Result<Waker, Turn<T>> {
         let Some(waiter) = self.waiting.pop_front() else {
             return Err(turn);
         };
@@ -83,7 +88,7 @@ impl State {
         Ok(waiter.waker)
     }
 
-    fn take_granted(&mut self, ticket: u64) -> Option<Turn> {
+    fn take_granted(&mut self, ticket: u64) -> Option<Turn<T>> {
         match &self.granted {
             Some((granted, _)) if *granted == ticket => self.granted.take().map(|(_, turn)| turn),
             _ => None,
@@ -93,15 +98,15 @@ impl State {
 
 /// Where `join` put the caller.
 #[derive(Debug)]
-pub(crate) enum Join {
+pub(crate) enum Join<T> {
     /// The turn is ours at once.
-    Head(Head),
+    Head(Head<T>),
     /// Wait for the turn.
-    Queued(Ticket),
+    Queued(Ticket<T>),
 }
 
-impl Slot {
-    fn new(name: LockName) -> Self {
+impl<T> Queue<T> {
+    pub(crate) fn new(name: LockName) -> Self {
         Self {
             name,
             state: Mutex::default(),
@@ -109,13 +114,13 @@ impl Slot {
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, State<T>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Takes the turn if it is free, else joins the back of the queue, to
     /// be woken through `waker` when the turn comes.
-    pub(crate) fn join(self: &Arc<Self>, waker: &Waker) -> Join {
+    pub(crate) fn join(self: &Arc<Self>, waker: &Waker) -> Join<T> {
         let mut state = self.state();
         if !state.busy {
             state.busy = true;
@@ -128,13 +133,13 @@ impl Slot {
             waker: waker.clone(),
         });
         Join::Queued(Ticket {
-            slot: Some(Arc::clone(self)),
+            queue: Some(Arc::clone(self)),
             ticket,
         })
     }
 
     /// Takes the turn only if it is free.
-    pub(crate) fn try_head(self: &Arc<Self>) -> Option<Head> {
+    pub(crate) fn try_head(self: &Arc<Self>) -> Option<Head<T>> {
         let mut state = self.state();
         if state.busy {
             return None;
@@ -143,20 +148,21 @@ impl Slot {
         Some(Head::new(self))
     }
 
-    /// Hands a held lock to the next waiter; gives it back if nobody is
-    /// waiting.
-    fn offer(&self, hold: Hold) -> Option<Hold> {
-        let granted = self.state().grant(Turn::Handoff(hold));
+    /// Hands `payload` (and the turn) to the next waiter; gives it back if
+    /// nobody is waiting, the caller keeping the turn.
+    pub(crate) fn offer(&self, payload: T) -> Option<T> {
+        let granted = self.state().grant(Turn::Handoff(payload));
         match granted {
             Ok(waker) => {
                 waker.wake();
                 None
             }
-            Err(turn) => turn.into_hold(),
+            Err(Turn::Handoff(payload)) => Some(payload),
+            Err(Turn::Fresh { .. }) => unreachable!("offered a handoff"),
         }
     }
 
-    /// Passes the turn, without a lock, to the next waiter, or frees it.
+    /// Passes the turn, without a payload, to the next waiter, or frees it.
     pub(crate) fn pass_fresh(&self, courtesy: bool) {
         let mut state = self.state();
         match state.grant(Turn::Fresh { courtesy }) {
@@ -168,27 +174,16 @@ impl Slot {
         }
     }
 
-    /// Called when the last guard of a hold goes: hand the lock on, or
-    /// release it on disk and pass the turn.
-    pub(crate) fn pass_on(&self, hold: Hold) {
-        let within_window = hold.since().elapsed() < HANDOFF_WINDOW;
-        let hold = if within_window && !hold.is_lost() {
-            match self.offer(hold) {
-                None => return,
-                Some(hold) => hold,
-            }
-        } else {
-            hold
-        };
-        let courtesy = !within_window && self.has_waiters();
-        hold.release_sync();
-        self.pass_fresh(courtesy);
-    }
-
-    /// Passes on a turn that was granted but will never be used.
-    fn pass_unused(&self, turn: Turn) {
+    /// Passes on a turn that was granted but will never be used: its
+    /// payload to the next waiter, or, with nobody waiting, dropped.
+    fn pass_unused(&self, turn: Turn<T>) {
         match turn {
-            Turn::Handoff(hold) => self.pass_on(hold),
+            Turn::Handoff(payload) => {
+                if let Some(payload) = self.offer(payload) {
+                    drop(payload);
+                    self.pass_fresh(false);
+                }
+            }
             Turn::Fresh { courtesy } => self.pass_fresh(courtesy),
         }
     }
@@ -198,39 +193,30 @@ impl Slot {
     }
 }
 
-impl Turn {
-    fn into_hold(self) -> Option<Hold> {
-        match self {
-            Turn::Handoff(hold) => Some(hold),
-            Turn::Fresh { .. } => None,
-        }
-    }
-}
-
 /// A place in the queue. Dropping it before the turn arrives leaves the
 /// queue as if it had never joined; if the turn arrived but was never
 /// taken, it is passed on.
 #[derive(Debug)]
-pub(crate) struct Ticket {
+pub(crate) struct Ticket<T> {
     /// `None` once the turn was taken.
-    slot: Option<Arc<Slot>>,
+    queue: Option<Arc<Queue<T>>>,
     ticket: u64,
 }
 
-impl Ticket {
+impl<T> Ticket<T> {
     /// The turn, once it is this ticket's; until then the latest waker is
     /// kept in the queue.
-    pub(crate) fn poll_turn(&mut self, cx: &Context<'_>) -> Poll<(Turn, Arc<Slot>)> {
-        let Some(slot) = &self.slot else {
+    pub(crate) fn poll_turn(&mut self, cx: &Context<'_>) -> Poll<(Turn<T>, Arc<Queue<T>>)> {
+        let Some(queue) = &self.queue else {
             // Polled again after the turn was taken: a caller bug, and
             // waiting forever would hide it.
             panic!("queue ticket polled after its turn was taken");
         };
-        let mut state = slot.state();
+        let mut state = queue.state();
         if let Some(turn) = state.take_granted(self.ticket) {
             drop(state);
-            let slot = self.slot.take().expect("checked above");
-            return Poll::Ready((turn, slot));
+            let queue = self.queue.take().expect("checked above");
+            return Poll::Ready((turn, queue));
         }
         match state.position(self.ticket) {
             Some(at) => {
@@ -253,8 +239,8 @@ impl Ticket {
                 if !state.busy {
                     state.busy = true;
                     drop(state);
-                    let slot = self.slot.take().expect("checked above");
-                    return Poll::Ready((Turn::Fresh { courtesy: false }, slot));
+                    let queue = self.queue.take().expect("checked above");
+                    return Poll::Ready((Turn::Fresh { courtesy: false }, queue));
                 }
                 self.ticket = state.next_ticket;
                 state.next_ticket += 1;
@@ -268,12 +254,12 @@ impl Ticket {
     }
 }
 
-impl Drop for Ticket {
+impl<T> Drop for Ticket<T> {
     fn drop(&mut self) {
-        let Some(slot) = self.slot.take() else {
+        let Some(queue) = self.queue.take() else {
             return;
         };
-        let mut state = slot.state();
+        let mut state = queue.state();
         if let Some(at) = state.position(self.ticket) {
             let left = state.waiting.remove(at);
             // Its waker is dropped after unlocking.
@@ -285,85 +271,297 @@ impl Drop for Ticket {
         let unused = state.take_granted(self.ticket);
         drop(state);
         if let Some(turn) = unused {
-            slot.pass_unused(turn);
+            queue.pass_unused(turn);
         }
     }
 }
 
-/// The turn, held by a task that is going to the disk for the lock. Passed
-/// on if dropped (the attempt failed, timed out or was cancelled).
+/// The turn, held by a task that is going to the store for the lock.
+/// Passed on if dropped (the attempt failed, timed out or was cancelled).
 #[derive(Debug)]
-pub(crate) struct Head {
-    slot: Arc<Slot>,
+pub(crate) struct Head<T> {
+    queue: Arc<Queue<T>>,
     armed: bool,
 }
 
-impl Head {
-    fn new(slot: &Arc<Slot>) -> Self {
+impl<T> Head<T> {
+    fn new(queue: &Arc<Queue<T>>) -> Self {
         Self {
-            slot: Arc::clone(slot),
+            queue: Arc::clone(queue),
             armed: true,
         }
     }
 
     /// The turn, received from the queue, of a task that must now go to
-    /// the disk.
-    pub(crate) fn adopt(slot: &Arc<Slot>) -> Self {
-        Self::new(slot)
+    /// the store.
+    pub(crate) fn adopt(queue: &Arc<Queue<T>>) -> Self {
+        Self::new(queue)
     }
 
-    /// The lock was taken: the turn now travels with the hold.
+    /// The lock was taken: the turn now travels with it.
     pub(crate) fn disarm(mut self) {
         self.armed = false;
     }
 }
 
-impl Drop for Head {
+impl<T> Drop for Head<T> {
     fn drop(&mut self) {
         if self.armed {
-            self.slot.pass_fresh(false);
+            self.queue.pass_fresh(false);
         }
     }
 }
 
 /// Every queue of one `Locker`, by lock file name.
-#[derive(Debug, Default)]
-pub(crate) struct Slots {
-    map: Mutex<HashMap<String, Arc<Slot>>>,
+#[derive(Debug)]
+pub(crate) struct Queues<T> {
+    map: Mutex<HashMap<String, Arc<Queue<T>>>>,
 }
 
-impl Slots {
-    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Slot>>> {
+impl<T> Default for Queues<T> {
+    fn default() -> Self {
+        Queues {
+            map: Mutex::default(),
+        }
+    }
+}
+
+impl<T> Queues<T> {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Queue<T>>>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn get(&self, name: &LockName) -> Arc<Slot> {
+    pub(crate) fn get(&self, name: &LockName) -> Arc<Queue<T>> {
         let mut map = self.map();
-        if let Some(slot) = map.get(name.file_name()) {
-            return Arc::clone(slot);
+        if let Some(queue) = map.get(name.file_name()) {
+            return Arc::clone(queue);
         }
         // Forget idle queues now and then, so a service that locks many
         // distinct names does not keep one queue per name forever.
         if map.len() >= 64 && map.len().is_power_of_two() {
             // Only the map holds an idle queue.
-            map.retain(|_, slot| Arc::strong_count(slot) > 1);
+            map.retain(|_, queue| Arc::strong_count(queue) > 1);
         }
-        let slot = Arc::new(Slot::new(name.clone()));
-        map.insert(name.file_name().to_owned(), Arc::clone(&slot));
-        slot
+        let queue = Arc::new(Queue::new(name.clone()));
+        map.insert(name.file_name().to_owned(), Arc::clone(&queue));
+        queue
     }
 
     /// Wakes the head waiting for `file_name`, if any.
     pub(crate) fn changed(&self, file_name: &str) {
-        if let Some(slot) = self.map().get(file_name) {
-            slot.changed.notify_waiters();
+        if let Some(queue) = self.map().get(file_name) {
+            queue.changed.notify_waiters();
         }
     }
 
     /// Wakes every head (events were lost).
     pub(crate) fn all_changed(&self) {
-        for slot in self.map().values() {
-            slot.changed.notify_waiters();
+        for queue in self.map().values() {
+            queue.changed.notify_waiters();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    use super::*;
+
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn waker() -> (Arc<Count>, Waker) {
+        let count = Arc::new(Count::default());
+        (Arc::clone(&count), Waker::from(count))
+    }
+
+    /// A payload that records its drop.
+    #[derive(Debug)]
+    struct Payload(u32, Arc<AtomicUsize>);
+
+    impl Drop for Payload {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn queue() -> Arc<Queue<Payload>> {
+        Arc::new(Queue::new(LockName::from_file_name("q")))
+    }
+
+    fn queued(join: Join<Payload>) -> Ticket<Payload> {
+        match join {
+            Join::Queued(ticket) => ticket,
+            Join::Head(_) => panic!("expected to queue"),
+        }
+    }
+
+    fn head(join: Join<Payload>) -> Head<Payload> {
+        match join {
+            Join::Head(head) => head,
+            Join::Queued(_) => panic!("expected the turn"),
+        }
+    }
+
+    fn poll(ticket: &mut Ticket<Payload>) -> Poll<Turn<Payload>> {
+        let (_, w) = waker();
+        ticket.poll_turn(&Context::from_waker(&w)).map(|(turn, _)| turn)
+    }
+
+    #[test]
+    fn turns_come_in_arrival_order() {
+        let q = queue();
+        let (_, w) = waker();
+        let first = head(q.join(&w));
+        let mut tickets: Vec<_> = (0..5).map(|_| queued(q.join(&w))).collect();
+        first.disarm();
+        for i in 0..5 {
+            q.pass_fresh(false);
+            for (j, ticket) in tickets.iter_mut().enumerate().skip(i) {
+                let ready = poll(ticket).is_ready();
+                assert_eq!(ready, j == i, "after {i} passes, ticket {j}");
+                if ready {
+                    break;
+                }
+            }
+        }
+        // Everyone had the turn; the last one passes it back to nobody.
+        q.pass_fresh(false);
+        assert!(q.try_head().is_some(), "the turn is free again");
+    }
+
+    #[test]
+    fn a_handoff_reaches_the_next_waiter_with_its_payload() {
+        let q = queue();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (woken, w) = waker();
+        head(q.join(&w)).disarm();
+        let mut next = queued(q.join(&w));
+        assert!(
+            q.offer(Payload(7, Arc::clone(&dropped))).is_none(),
+            "taken by the waiter"
+        );
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "the waiter was woken");
+        match poll(&mut next) {
+            Poll::Ready(Turn::Handoff(Payload(7, _))) => {}
+            other => panic!("expected the handoff, got {other:?}"),
+        }
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            1,
+            "delivered, then dropped by the test"
+        );
+    }
+
+    #[test]
+    fn an_offer_without_waiters_comes_back() {
+        let q = queue();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (_, w) = waker();
+        head(q.join(&w)).disarm();
+        let back = q.offer(Payload(1, Arc::clone(&dropped)));
+        assert!(matches!(back, Some(Payload(1, _))));
+        assert!(q.try_head().is_none(), "the offerer keeps the turn");
+    }
+
+    #[test]
+    fn a_waiter_cancelled_before_its_turn_leaves_no_trace() {
+        let q = queue();
+        let (_, w) = waker();
+        head(q.join(&w)).disarm();
+        let gone = queued(q.join(&w));
+        let mut stays = queued(q.join(&w));
+        drop(gone);
+        q.pass_fresh(false);
+        assert!(poll(&mut stays).is_ready(), "the cancelled waiter was skipped");
+        assert!(!q.has_waiters());
+    }
+
+    #[test]
+    fn a_fresh_turn_granted_to_a_cancelled_waiter_moves_on() {
+        let q = queue();
+        let (_, w) = waker();
+        head(q.join(&w)).disarm();
+        let gone = queued(q.join(&w));
+        let mut next = queued(q.join(&w));
+        q.pass_fresh(true);
+        drop(gone); // granted, never picked up
+        match poll(&mut next) {
+            Poll::Ready(Turn::Fresh { courtesy: true }) => {}
+            other => panic!("expected the fresh turn, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_handoff_to_a_cancelled_waiter_moves_on_or_is_dropped() {
+        let q = queue();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (_, w) = waker();
+        head(q.join(&w)).disarm();
+        let gone = queued(q.join(&w));
+        let mut next = queued(q.join(&w));
+        assert!(q.offer(Payload(3, Arc::clone(&dropped))).is_none());
+        drop(gone);
+        let turn = poll(&mut next);
+        assert!(
+            matches!(turn, Poll::Ready(Turn::Handoff(Payload(3, _)))),
+            "{turn:?}"
+        );
+        drop(turn);
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+
+        // Nobody left to take it: the payload is dropped (released) and
+        // the turn is free.
+        let gone = queued(q.join(&w));
+        assert!(q.offer(Payload(4, Arc::clone(&dropped))).is_none());
+        drop(gone);
+        assert_eq!(dropped.load(Ordering::SeqCst), 2, "dropped, so released");
+        assert!(q.try_head().is_some(), "and the turn is free");
+    }
+
+    #[test]
+    fn a_dropped_head_passes_the_turn() {
+        let q = queue();
+        let (_, w) = waker();
+        let first = head(q.join(&w));
+        let mut next = queued(q.join(&w));
+        assert!(poll(&mut next).is_pending());
+        drop(first); // the attempt failed or was cancelled
+        assert!(matches!(
+            poll(&mut next),
+            Poll::Ready(Turn::Fresh { courtesy: false })
+        ));
+    }
+
+    #[test]
+    fn the_latest_waker_is_the_one_woken() {
+        let q = queue();
+        let (_, w) = waker();
+        head(q.join(&w)).disarm();
+        let mut ticket = queued(q.join(&w));
+        let (later, w2) = waker();
+        assert!(ticket.poll_turn(&Context::from_waker(&w2)).is_pending());
+        q.pass_fresh(false);
+        assert_eq!(later.0.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn idle_queues_are_forgotten() {
+        let queues: Queues<Payload> = Queues::default();
+        let kept = queues.get(&LockName::from_file_name("kept"));
+        for i in 0..200 {
+            drop(queues.get(&LockName::from_file_name(&format!("n{i}"))));
+        }
+        assert!(queues.map().len() < 200, "idle queues were dropped");
+        assert!(Arc::ptr_eq(&kept, &queues.get(&LockName::from_file_name("kept"))));
     }
 }

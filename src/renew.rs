@@ -13,7 +13,21 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use crate::guard::{Lease, Step};
+/// What the renewal thread renews: a lease, as far as the thread knows.
+pub(crate) trait Renewable: Send + Sync {
+    /// Renews once (or finds the lease lost or released) and says when to
+    /// come back.
+    fn renew_once(&self) -> Step;
+}
+
+/// What the renewal thread should do next with a lease.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Renew again after this long.
+    Again(Duration),
+    /// The lock is released or lost: stop.
+    Stop,
+}
 
 /// Hands leases to the renewal thread. Clones share the thread.
 #[derive(Debug, Default, Clone)]
@@ -30,7 +44,7 @@ struct Shared {
 #[derive(Debug, Default)]
 struct State {
     due: BinaryHeap<Reverse<(Instant, u64)>>,
-    leases: HashMap<u64, (Instant, Weak<Lease>)>,
+    leases: HashMap<u64, (Instant, Weak<dyn Renewable>)>,
     next_id: u64,
     running: bool,
     /// When the thread will wake by itself; `None` while it idles.
@@ -55,7 +69,11 @@ impl Renewer {
     /// then says when the next one is due), starting the thread if needed.
     /// `None` if no thread could be started; the lease then lapses, and its
     /// guard reports the loss from the clock.
-    pub(crate) fn add(&self, lease: &Arc<Lease>, first: Duration) -> Option<Registration> {
+    pub(crate) fn add<R: Renewable + 'static>(
+        &self,
+        lease: &Arc<R>,
+        first: Duration,
+    ) -> Option<Registration> {
         let mut state = self.shared.state();
         let id = state.next_id;
         state.next_id += 1;
@@ -64,7 +82,8 @@ impl Renewer {
         // The thread sleeps until the earliest due renewal; only a lease due
         // sooner than that (or an idle thread) needs to wake it.
         let sooner = state.sleeping_until.is_none_or(|until| at < until);
-        state.leases.insert(id, (at, Arc::downgrade(lease)));
+        let weak: Weak<dyn Renewable> = Arc::downgrade(lease) as Weak<dyn Renewable>;
+        state.leases.insert(id, (at, weak));
         state.due.push(Reverse((at, id)));
         if state.running {
             if sooner {
@@ -163,5 +182,131 @@ fn run(shared: &Arc<Shared>) {
                 state.leases.remove(&id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A lease that logs its renewals and asks to come back as told.
+    struct Fake {
+        id: u32,
+        log: Arc<Mutex<Vec<(u32, Instant)>>>,
+        again: Mutex<Vec<Step>>,
+    }
+
+    impl Renewable for Fake {
+        fn renew_once(&self) -> Step {
+            self.log.lock().unwrap().push((self.id, Instant::now()));
+            self.again.lock().unwrap().pop().unwrap_or(Step::Stop)
+        }
+    }
+
+    fn fake(id: u32, log: &Arc<Mutex<Vec<(u32, Instant)>>>, again: Vec<Step>) -> Arc<Fake> {
+        Arc::new(Fake {
+            id,
+            log: Arc::clone(log),
+            again: Mutex::new(again),
+        })
+    }
+
+    fn wait_for(log: &Arc<Mutex<Vec<(u32, Instant)>>>, n: usize) {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while log.lock().unwrap().len() < n {
+            assert!(Instant::now() < give_up, "only {:?}", log.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn leases_are_renewed_in_deadline_order() {
+        let renewer = Renewer::default();
+        let log = Arc::default();
+        let late = fake(2, &log, vec![]);
+        let soon = fake(1, &log, vec![]);
+        let start = Instant::now();
+        let _late = renewer.add(&late, Duration::from_millis(120));
+        let _soon = renewer.add(&soon, Duration::from_millis(20));
+        wait_for(&log, 2);
+        let log = log.lock().unwrap();
+        assert_eq!(log.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [1, 2]);
+        assert!(
+            log[0].1 >= start + Duration::from_millis(20),
+            "not before it was due"
+        );
+        assert!(
+            log[1].1 >= start + Duration::from_millis(120),
+            "not before it was due"
+        );
+    }
+
+    #[test]
+    fn a_lease_comes_back_after_the_delay_it_asked_for() {
+        let renewer = Renewer::default();
+        let log = Arc::default();
+        // Popped from the back: 30 ms, then 10 ms, then stop.
+        let lease = fake(
+            1,
+            &log,
+            vec![
+                Step::Again(Duration::from_millis(10)),
+                Step::Again(Duration::from_millis(30)),
+            ],
+        );
+        let _registration = renewer.add(&lease, Duration::ZERO);
+        wait_for(&log, 3);
+        let at: Vec<Instant> = log.lock().unwrap().iter().map(|(_, at)| *at).collect();
+        // "Delay" scheduling: each gap is at least what was asked, counted
+        // from when the renewal ran, however late it ran.
+        assert!(at[1] - at[0] >= Duration::from_millis(30), "{at:?}");
+        assert!(at[2] - at[1] >= Duration::from_millis(10), "{at:?}");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(log.lock().unwrap().len(), 3, "stopped when told");
+    }
+
+    #[test]
+    fn a_lease_due_sooner_than_the_thread_sleeps_wakes_it() {
+        let renewer = Renewer::default();
+        let log = Arc::default();
+        let far = fake(1, &log, vec![]);
+        let _far = renewer.add(&far, Duration::from_secs(3600));
+        // The thread now sleeps for an hour; a lease due at once must not
+        // wait for that.
+        std::thread::sleep(Duration::from_millis(20));
+        let near = fake(2, &log, vec![]);
+        let _near = renewer.add(&near, Duration::ZERO);
+        wait_for(&log, 1);
+        assert_eq!(log.lock().unwrap()[0].0, 2);
+    }
+
+    #[test]
+    fn a_removed_lease_is_not_renewed() {
+        let renewer = Renewer::default();
+        let log = Arc::default();
+        let removed = fake(1, &log, vec![]);
+        let kept = fake(2, &log, vec![]);
+        let registration = renewer.add(&removed, Duration::from_millis(30));
+        let _kept = renewer.add(&kept, Duration::from_millis(60));
+        drop(registration);
+        wait_for(&log, 1);
+        std::thread::sleep(Duration::from_millis(50));
+        let ids: Vec<u32> = log.lock().unwrap().iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [2]);
+        assert!(renewer.shared.state().leases.is_empty(), "stopped and forgotten");
+    }
+
+    #[test]
+    fn a_dropped_lease_is_skipped() {
+        let renewer = Renewer::default();
+        let log = Arc::default();
+        let gone = fake(1, &log, vec![Step::Again(Duration::from_millis(1))]);
+        let registration = renewer.add(&gone, Duration::from_millis(10));
+        drop(gone); // only the thread's weak reference is left
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(log.lock().unwrap().is_empty());
+        drop(registration);
     }
 }

@@ -17,7 +17,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::guard::Share;
+use crate::guard::Grant;
 
 tokio::task_local! {
     static HELD: Arc<Held>;
@@ -46,7 +46,7 @@ struct Held {
 /// One remembered hold.
 #[derive(Debug)]
 struct Entry {
-    share: Weak<Share>,
+    grant: Weak<Grant>,
     /// The tick it was remembered at.
     at: u64,
 }
@@ -71,7 +71,7 @@ pub(crate) async fn run<F: Future>(fut: F) -> F::Output {
 /// The live hold of `file_name` by locker `id` visible in the current
 /// scope: its own, or one an enclosing scope held when the scope below it
 /// started.
-pub(crate) fn find(id: u64, file_name: &str) -> Option<Arc<Share>> {
+pub(crate) fn find(id: u64, file_name: &str) -> Option<Arc<Grant>> {
     HELD.try_with(|held| {
         let key = (id, file_name.to_owned());
         let mut set = held;
@@ -81,7 +81,7 @@ pub(crate) fn find(id: u64, file_name: &str) -> Option<Arc<Share>> {
                 let map = set.map.lock().unwrap_or_else(|e| e.into_inner());
                 map.get(&key)
                     .filter(|entry| entry.at < before)
-                    .and_then(|entry| entry.share.upgrade())
+                    .and_then(|entry| entry.grant.upgrade())
             };
             if found.is_some() {
                 return found;
@@ -96,12 +96,12 @@ pub(crate) fn find(id: u64, file_name: &str) -> Option<Arc<Share>> {
 
 /// Remembers a new hold in the current scope (not in the ones enclosing
 /// it), if there is one.
-pub(crate) fn remember(id: u64, file_name: &str, share: &Arc<Share>) {
+pub(crate) fn remember(id: u64, file_name: &str, grant: &Arc<Grant>) {
     let _ = HELD.try_with(|held| {
         let mut map = held.map.lock().unwrap_or_else(|e| e.into_inner());
-        map.retain(|_, entry| entry.share.strong_count() > 0);
+        map.retain(|_, entry| entry.grant.strong_count() > 0);
         let entry = Entry {
-            share: Arc::downgrade(share),
+            grant: Arc::downgrade(grant),
             at: tick(),
         };
         map.insert((id, file_name.to_owned()), entry);

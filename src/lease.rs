@@ -1,0 +1,351 @@
+//! The lease of a held lock, and what keeps it: [`Keeper`] arms renewal
+//! the moment a lock is taken, [`Hold`] is the lock as this process holds
+//! it (moved whole on an in-process handoff), and [`Lease`] is the state
+//! the renewal thread ([`renew`](crate::renew)) works on, deciding for each
+//! renewal whether to go on, retry, or report the lock lost.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::backend::{BackendLock, Kept, Renewal, Tokens};
+use crate::error::{Error, LossReason, Result};
+use crate::owner::Owner;
+use crate::renew::{Registration, Renewable, Renewer, Step};
+use crate::stats::{Counters, bump};
+use crate::store::StoreLock as Held;
+use crate::sys;
+
+/// The lock as this process holds it. It moves from guard to guard on an
+/// in-process handoff, lease and renewal included.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    lease: Arc<Lease>,
+    /// When this hold was taken from the disk (handoffs do not reset it).
+    since: Instant,
+}
+
+/// State shared between a hold and the renewal thread (which holds only a
+/// `Weak` to it).
+#[derive(Debug)]
+pub(crate) struct Lease {
+    name: Arc<str>,
+    held: Mutex<Option<Held>>,
+    lost: watch::Sender<Option<LossReason>>,
+    owner: Owner,
+    renew_interval: Duration,
+    margin_ms: u64,
+    /// The lease's end on the boot clock, as last written to disk.
+    deadline_ms: AtomicU64,
+    /// Fencing tokens left in the block reserved on disk.
+    tokens: Mutex<Option<Tokens>>,
+    counters: Arc<Counters>,
+    registration: Mutex<Option<Registration>>,
+    /// The error of the last renewal, while renewals are failing: the
+    /// true reason if the lease then runs out.
+    failing: Mutex<Option<String>>,
+}
+
+/// Turns a lock just taken into a [`Hold`] whose lease is kept alive.
+///
+/// The code that wrote the record calls [`hold`](Self::hold) the moment the
+/// record is on disk, on whatever thread that is (the blocking pool, the
+/// runtime's thread, the session thread of a server): the lease runs from
+/// the record's own renewal time, so renewal must not wait until the
+/// acquiring task is polled again, which a stalled runtime can delay past
+/// the lease. A hold whose acquiring future is gone is dropped where it
+/// stands, and dropping it releases the lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Keeper {
+    pub(crate) lease: Duration,
+    pub(crate) renew_interval: Duration,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) renewer: Renewer,
+}
+
+impl Keeper {
+    /// Arms renewal of `held`, the first one due `renew_interval` after the
+    /// record was written.
+    pub(crate) fn hold(&self, name: &str, held: Held, tokens: Option<Tokens>) -> Hold {
+        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        let renew_ms = u64::try_from(self.renew_interval.as_millis()).unwrap_or(u64::MAX);
+        let first = renewal_due_in(&held, self.renew_interval);
+        let lease = Arc::new(Lease {
+            name: name.into(),
+            owner: Owner::from_record(&held.record().parsed()),
+            deadline_ms: AtomicU64::new(lease_deadline_boot_ms(&held)),
+            held: Mutex::new(Some(held)),
+            lost: watch::Sender::new(None),
+            renew_interval: self.renew_interval,
+            margin_ms: margin_ms(lease_ms, renew_ms),
+            tokens: Mutex::new(tokens),
+            counters: Arc::clone(&self.counters),
+            registration: Mutex::new(None),
+            failing: Mutex::new(None),
+        });
+        let registration = self.renewer.add(&lease, first);
+        *lock(&lease.registration) = registration;
+        Hold {
+            lease,
+            since: Instant::now(),
+        }
+    }
+}
+
+/// How long until `held` is due for renewal: `interval` after its record
+/// was last written, measured on the boot clock the record was stamped
+/// with, however long ago that was.
+fn renewal_due_in(held: &Held, interval: Duration) -> Duration {
+    let written = held.record().renewed_at_boot;
+    let since = Duration::from_millis(sys::boot_clock_ms().saturating_sub(written));
+    interval.saturating_sub(since)
+}
+
+/// The boot-clock millisecond at which the lease last written runs out.
+fn lease_deadline_boot_ms(held: &Held) -> u64 {
+    let record = held.record();
+    record.renewed_at_boot.saturating_add(record.lease_ms)
+}
+
+impl Kept for Hold {
+    fn reserve_tokens(&self) -> Result<bool> {
+        let mut held = self.lease.held();
+        let Some(block) = held.as_mut().map(Held::reserve_tokens).transpose()?.flatten() else {
+            return Ok(false);
+        };
+        *lock(&self.lease.tokens) = Some(block);
+        Ok(true)
+    }
+}
+
+impl Hold {
+    pub(crate) fn since(&self) -> Instant {
+        self.since
+    }
+
+    pub(crate) fn lease(&self) -> &Arc<Lease> {
+        &self.lease
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// Whether taking the next token needs the store.
+    pub(crate) fn tokens_exhausted(&self) -> bool {
+        lock(&self.lease.tokens).is_some_and(|t| t.is_used_up())
+    }
+
+    /// Releases the lock if it is still ours, and says what happened:
+    /// `None` when it was ours to the end; otherwise why it was not.
+    /// `confirm` waits for the whole truth (see [`BackendLock::release`]).
+    pub(crate) fn release(self, confirm: bool) -> Result<Option<LossReason>> {
+        match self.lease.take_lock() {
+            Some(held) => held.release(confirm),
+            None => Ok(Some(self.lease.loss_reason())),
+        }
+    }
+}
+
+impl Drop for Hold {
+    /// Releases the lock if it is still ours, without waiting on a server;
+    /// failures go to `tracing`. A hold is dropped when nobody will use it
+    /// any more: its last guard went (and no local waiter took it over),
+    /// or its acquisition was abandoned.
+    fn drop(&mut self) {
+        let Some(held) = self.lease.take_lock() else {
+            return;
+        };
+        match held.release(false) {
+            Ok(None) => {}
+            Ok(Some(reason)) => {
+                tracing::debug!(lock = &*self.lease.name, %reason, "released a lock that was no longer ours");
+            }
+            Err(error) => tracing::warn!(lock = &*self.lease.name, %error, "releasing a lock failed"),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks cannot leave the data torn.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `min(renew_interval, lease / 4)`.
+fn margin_ms(lease_ms: u64, renew_ms: u64) -> u64 {
+    renew_ms.min(lease_ms / 4)
+}
+
+impl Lease {
+    fn held(&self) -> MutexGuard<'_, Option<Held>> {
+        lock(&self.held)
+    }
+
+    /// The boot-clock millisecond after which this lease must not be
+    /// renewed any more, and the holder counts it as lost.
+    fn cutoff(&self) -> u64 {
+        self.deadline_ms
+            .load(Ordering::Acquire)
+            .saturating_sub(self.margin_ms)
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.borrow().is_some() || sys::boot_clock_ms() >= self.cutoff()
+    }
+
+    /// Why the lock was lost; a loss not reported yet can only be the
+    /// clock reaching the cutoff.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// A receiver for the loss report.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Option<LossReason>> {
+        self.lost.subscribe()
+    }
+
+    /// Takes the lock out of the lease (to release it), ending renewal.
+    fn take_lock(&self) -> Option<Held> {
+        let held = self.held().take();
+        *lock(&self.registration) = None;
+        held
+    }
+
+    fn loss_reason(&self) -> LossReason {
+        self.lost.borrow().clone().unwrap_or(LossReason::LeaseExpired)
+    }
+
+    pub(crate) fn lost_error(&self) -> Error {
+        Error::Lost {
+            name: self.name.to_string(),
+            reason: self.loss_reason(),
+        }
+    }
+
+    pub(crate) fn next_token(&self) -> Result<Option<u64>> {
+        let mut tokens = lock(&self.tokens);
+        let Some(block) = tokens.as_mut() else {
+            return Ok(None);
+        };
+        if let Some(token) = block.take() {
+            return Ok(Some(token));
+        }
+        let mut held = self.held();
+        let refill = match held.as_mut() {
+            Some(held) => held.reserve_tokens()?,
+            None => None,
+        };
+        let Some(mut block) = refill else {
+            return Err(self.lost_error());
+        };
+        let token = block.take();
+        *tokens = Some(block);
+        Ok(token)
+    }
+
+    /// Whether the lock is still ours on disk; marks it lost if not.
+    pub(crate) fn verify(&self) -> Result<bool> {
+        let mut slot = self.held();
+        let lost = match slot.as_ref() {
+            Some(held) => held.check()?,
+            None => Some(self.loss_reason()),
+        };
+        match lost {
+            None => Ok(true),
+            Some(reason) => {
+                if self.lost.borrow().is_none() {
+                    self.lose(&mut slot, reason);
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    fn lose(&self, slot: &mut MutexGuard<'_, Option<Held>>, reason: LossReason) {
+        tracing::warn!(lock = &*self.name, %reason, "lock lost");
+        bump(&self.counters.lost);
+        // Tell the holder first: cleaning up below may wait on the store.
+        self.lost.send_replace(Some(reason));
+        if let Some(held) = slot.take() {
+            // Still ours in the store (say our lease ran out while we were
+            // paused, and nobody took it yet)? Then free it for others.
+            if let Err(error) = held.release(false) {
+                tracing::debug!(lock = &*self.name, %error, "could not remove a lost lock");
+            }
+        }
+    }
+}
+
+impl Renewable for Lease {
+    /// One renewal, run on the renewal thread.
+    fn renew_once(&self) -> Step {
+        let mut slot = match self.held.try_lock() {
+            Ok(slot) => slot,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            // Busy reserving fencing tokens (which may wait for the
+            // directory lock) or being released: come back shortly rather
+            // than hold up the thread every lease shares.
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Step::Again(
+                    (self.renew_interval / 16).clamp(Duration::from_millis(1), Duration::from_millis(10)),
+                );
+            }
+        };
+        let Some(held) = slot.as_mut() else {
+            return Step::Stop;
+        };
+        let cutoff = self.cutoff();
+        if sys::boot_clock_ms() >= cutoff {
+            let reason = match lock(&self.failing).take() {
+                Some(error) => LossReason::RenewalFailed { error },
+                None => LossReason::LeaseExpired,
+            };
+            self.lose(&mut slot, reason);
+            return Step::Stop;
+        }
+        match held.renew(cutoff) {
+            Ok(Renewal::Renewed) => {
+                self.deadline_ms
+                    .store(lease_deadline_boot_ms(held), Ordering::Release);
+                bump(&self.counters.renewals);
+                *lock(&self.failing) = None;
+                tracing::trace!(lock = &*self.name, "lease renewed");
+                Step::Again(renewal_due_in(held, self.renew_interval))
+            }
+            Ok(Renewal::Lost(reason)) => {
+                self.lose(&mut slot, reason);
+                Step::Stop
+            }
+            Err(error) => {
+                bump(&self.counters.renewal_failures);
+                let now = sys::boot_clock_ms();
+                if now >= cutoff {
+                    let error = error.to_string();
+                    self.lose(&mut slot, LossReason::RenewalFailed { error });
+                    return Step::Stop;
+                }
+                tracing::warn!(lock = &*self.name, %error, "lease renewal failed; retrying");
+                *lock(&self.failing) = Some(error.to_string());
+                let retry = (self.renew_interval / 4).max(Duration::from_millis(1));
+                Step::Again(retry.min(Duration::from_millis(cutoff - now)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn margin_is_bounded_by_both_settings() {
+        assert_eq!(margin_ms(30_000, 10_000), 7_500);
+        assert_eq!(margin_ms(30_000, 1_000), 1_000);
+    }
+}
