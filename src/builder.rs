@@ -203,9 +203,9 @@ impl LockerBuilder {
     }
 
     /// The implied lease of a lock whose record carries none (records
-    /// written by the second seed's code), counted from the record's last
+    /// written by pi-research's code), counted from the record's last
     /// change: after it, the lock is reclaimed even if its owner process
-    /// lives, as the second seed itself would do. Values over a year count
+    /// lives, as pi-research itself would do. Values over a year count
     /// as a year.
     ///
     /// `None` never reclaims the record without a lease of an owner that
@@ -223,11 +223,11 @@ impl LockerBuilder {
     /// With fencing, each acquisition of a name gets a number greater than
     /// every earlier acquisition's, in every process that shares the
     /// directory with fencing on, across crashes and restarts
-    /// ([`LockGuard::fencing_token`]). The counter is kept beside the lock
+    /// ([`LockGuard::fencing_token`](crate::LockGuard::fencing_token)). The counter is kept beside the lock
     /// in `<lock file>.fence`, advanced in blocks of 1,024 so in-process
     /// handoffs do not touch the disk; it costs one more write (and, when
     /// durable, two more syncs) per acquisition from the disk. Records from
-    /// processes without fencing, the seeds' included, carry no token.
+    /// processes without fencing, velocious's and pi-research's included, carry no token.
     pub fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;
         self

@@ -2,7 +2,7 @@
 //! directory.
 //!
 //! Each layout ([`Strategy`]) knows how to *create* a lock or find the
-//! path taken ([`file`], [`directory`]); what an existing lock is and how
+//! path taken ([`file`](mod@file), [`directory`]); what an existing lock is and how
 //! to reclaim it ([`found`]), fencing counters ([`fence`]) and leftovers
 //! of crashed processes ([`leftover`]) are shared; a created lock of
 //! either layout is one type, [`FsLock`]. Every syscall goes through

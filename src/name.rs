@@ -4,7 +4,7 @@
 //! locks with programs that use such names; such names are validated.
 //!
 //! Any string except the empty one and those containing NUL is a lock name.
-//! On disk it becomes `<safeName>-<hash16>.lock`, exactly as the first seed
+//! On disk it becomes `<safeName>-<hash16>.lock`, exactly as velocious
 //! derives it: every character outside `[A-Za-z0-9._-]` is replaced by `_`
 //! (once per UTF-16 code unit, as JavaScript's `String.replace` does), the
 //! result is cut to 64 characters, and the first 16 hex digits of the
@@ -43,11 +43,11 @@ const PLAIN_NAME_MAX: usize = 200;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum PathStyle {
-    /// `<safeName>-<hash16>.lock`: any name, no collisions, as the first
-    /// seed derives it. The default.
+    /// `<safeName>-<hash16>.lock`: any name, no collisions, as velocious's
+    /// `AdvisoryLockFileBackend` derives it. The default.
     #[default]
     Hashed,
-    /// `<name>.lock`, for existing lock files (the second seed's, say).
+    /// `<name>.lock`, for existing lock files (pi-research's, say).
     /// Names must be usable as one file name: not empty, at most 200 bytes,
     /// no `/`, no `..`, no NUL or other control characters, not `.`.
     Plain,

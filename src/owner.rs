@@ -7,7 +7,7 @@ use crate::record::{Parsed, Record};
 /// Who holds a lock, as its record says.
 ///
 /// Every field is optional because leasehold also reads records written by
-/// other programs (the seeds' layouts) that omit some of them, and a record
+/// other programs (velocious's and pi-research's layouts) that omit some of them, and a record
 /// that is still being written has none yet.
 ///
 /// # Examples
@@ -115,13 +115,13 @@ impl Owner {
         self.hostname.as_deref()
     }
 
-    /// The id of the holding [`Locker`](crate::Locker) instance (the first
-    /// seed's `holderId`).
+    /// The id of the holding [`Locker`](crate::Locker) instance (velocious's
+    /// `holderId`).
     pub fn holder_id(&self) -> Option<&str> {
         self.holder_id.as_deref()
     }
 
-    /// The id of this one acquisition (the second seed's `uuid`).
+    /// The id of this one acquisition (pi-research's `uuid`).
     pub fn uuid(&self) -> Option<&str> {
         self.uuid.as_deref()
     }

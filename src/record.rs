@@ -1,12 +1,12 @@
 //! Owner records: what a holder writes into its lock, and what leasehold can
-//! read from its own records and from the seeds'.
+//! read from its own records and from those of the two systems it descends from.
 //!
-//! leasehold writes one JSON object that is a superset of both seeds'
+//! leasehold writes one JSON object that is a superset of both original systems'
 //! layouts (see the crate docs for the field list). It reads:
 //! - any JSON object with at least one of `uuid`, `pid`, `holderId`
 //!   (unknown fields are ignored, and never rewritten: leasehold only ever
 //!   rewrites records it created);
-//! - the second seed's legacy layout, a bare UUID string;
+//! - pi-research's legacy layout, a bare UUID string;
 //! - anything else (empty, truncated, binary) as unreadable, which the
 //!   staleness rules leave alone for a grace period.
 
@@ -31,7 +31,7 @@ pub(crate) const MAX_RECORD_LEN: usize = 64 * 1024;
 pub(crate) enum Parsed {
     /// A JSON object with owner fields.
     Record(Box<Record>),
-    /// The second seed's legacy format: the content is a bare UUID.
+    /// pi-research's legacy format: the content is a bare UUID.
     Legacy { uuid: String },
     /// Empty, truncated or not a record at all.
     Unreadable,
@@ -91,7 +91,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Parsed {
     }
 }
 
-/// The second seed's legacy records are one UUID; anything else that is not
+/// pi-research's legacy records are one UUID; anything else that is not
 /// JSON (a torn write, say) must stay unreadable, not become an owner.
 fn looks_like_bare_uuid(text: &str) -> bool {
     text.len() <= 128
@@ -246,7 +246,7 @@ impl OwnRecord {
     }
 
     /// Serializes, padded with trailing spaces (which every JSON reader,
-    /// and the second seed's `trim()`, ignores) to at least `len` bytes.
+    /// and pi-research's `trim()`, ignores) to at least `len` bytes.
     pub(crate) fn to_bytes(&self, len: usize) -> Vec<u8> {
         let mut out = serde_json::to_vec(self).unwrap_or_default();
         let want = if len == 0 {

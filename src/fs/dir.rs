@@ -154,16 +154,23 @@ impl LockDir {
     /// process kept the lock past the patience (say it is frozen while
     /// holding it): for callers that can simply come back later.
     pub(crate) fn try_mutation_lock(&self) -> Result<Option<MutationLock<'_>>> {
-        match self.mutation_lock() {
-            Ok(lock) => Ok(Some(lock)),
-            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::TimedOut => Ok(None),
-            Err(error) => Err(error),
-        }
+        self.lock_within(MUTATION_PATIENCE)
     }
 
     /// As [`mutation_lock`](Self::mutation_lock), waiting at most
     /// `patience` (for callers with a deadline of their own).
     pub(crate) fn mutation_lock_within(&self, patience: Duration) -> Result<MutationLock<'_>> {
+        self.lock_within(patience)?.ok_or_else(|| {
+            Error::io(
+                "lock (another process kept it too long)",
+                &self.path,
+                io::Error::from(io::ErrorKind::TimedOut),
+            )
+        })
+    }
+
+    /// The mutation lock, or `None` when the patience ran out first.
+    fn lock_within(&self, patience: Duration) -> Result<Option<MutationLock<'_>>> {
         // One flock on the shared descriptor excludes other processes (a
         // lock on an open file description does not exclude our own
         // threads), and a mutex our threads. Both are only ever tried, in
@@ -180,23 +187,19 @@ impl LockDir {
             if let Some(threads) = threads {
                 match self.fd.try_lock() {
                     Ok(()) => {
-                        return Ok(MutationLock {
+                        return Ok(Some(MutationLock {
                             fd: &self.fd,
                             _threads: threads,
-                        });
+                        }));
                     }
                     Err(std::fs::TryLockError::WouldBlock) => {}
                     Err(std::fs::TryLockError::Error(e)) => {
-                        return Err(Error::io("lock", &self.path, e));
+                        return Err(Error::io("lock the lock directory", &self.path, e));
                     }
                 }
             }
             if Instant::now() >= deadline {
-                return Err(Error::io(
-                    "lock (another process kept it too long)",
-                    &self.path,
-                    io::Error::from(io::ErrorKind::TimedOut),
-                ));
+                return Ok(None);
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(2));

@@ -4,7 +4,7 @@
 //! descriptor, never by path. The open flags are named here once, one set
 //! per purpose, and `nix` is used nowhere else in the backend. Failures
 //! come back as [`Errno`], which callers match on (`ENOENT`: gone,
-//! `EEXIST`: taken, ...) before turning the rest into [`Error`]s with
+//! `EEXIST`: taken, ...) before turning the rest into [`Error`](crate::Error)s with
 //! [`IoResultExt`](crate::error::IoResultExt).
 
 use std::ffi::OsString;
