@@ -1,12 +1,12 @@
 //! The contract every backend speaks.
 //!
 //! A backend is where locks live: files in a lock directory
-//! ([`fs`](crate::fs)) or advisory locks on a PostgreSQL server
-//! ([`postgres`](crate::postgres)). Everything above it — the queue, the
+//! (`fs`) or advisory locks on a PostgreSQL server (`postgres`).
+//! Everything above it — the queue, the
 //! guard, the lease and its renewal, waiting — is the same for all of them
 //! and speaks to a backend only through the two traits here: [`Backend`]
 //! for the store as a whole and [`BackendLock`] for one lock it gave out.
-//! [`store`](crate::store) is the one place that dispatches over the
+//! `store` is the one place that dispatches over the
 //! backends; neither backend imports the other.
 //!
 //! What a backend cannot do is said in the types: a server has no lock

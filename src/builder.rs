@@ -1,5 +1,6 @@
 //! [`LockerBuilder`]: the settings, their validation, and the backend
-//! they build.
+//! they build. (`build` itself is in `locker.rs`, which wraps the engine
+//! built here in a [`Locker`](crate::Locker).)
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,7 +10,6 @@ use crate::backend::Waiters;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::fs::{self, Fs, Strategy};
-use crate::locker::Locker;
 use crate::name::PathStyle;
 use crate::stale::MAX_LEASE;
 use crate::store::Store;
@@ -27,7 +27,7 @@ const MIN_LEASE: Duration = Duration::from_millis(200);
 /// Records count time in milliseconds.
 const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 
-/// Configures and builds a [`Locker`].
+/// Configures and builds a [`Locker`](crate::Locker).
 ///
 /// Setters never fail; [`build`](Self::build) checks the settings together
 /// and opens the directory.
@@ -279,35 +279,20 @@ impl LockerBuilder {
         self
     }
 
-    /// Checks the settings, creates and opens the directory.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidConfig`] when the lease is below 200 ms or above a
-    /// year, the renew interval is above half the lease (see
-    /// [`renew_interval`](Self::renew_interval)), or another duration is
-    /// zero;
-    /// [`Error::InsecureDirectory`] for a world-writable directory without
-    /// the sticky bit, or a default directory owned by another user or open
-    /// to others; an I/O error for a default directory on a read-only
-    /// mount; I/O errors from creating or opening the directory;
-    /// [`Error::Backend`] when the PostgreSQL server cannot be reached;
-    /// [`Error::InvalidConfig`] also when a setting for lock files
-    /// (`directory`, `strategy`, `path_style`,
-    /// `allow_insecure_directory`) is combined with `postgres`.
-    pub fn build(self) -> Result<Locker> {
+    /// The engine a `Locker` runs on: the settings checked, the backend
+    /// built. [`build`](Self::build) wraps it.
+    pub(crate) fn engine(self) -> Result<Engine> {
         let renew_interval = self.validate()?;
         let holder_id = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
         let (lease, poll_interval, path_style) =
             (self.lease, self.poll_interval, self.effective_path_style());
-        let engine = Engine::new(
+        Engine::new(
             lease,
             renew_interval,
             poll_interval,
             path_style,
             |counters, waiters| self.store(holder_id, counters, waiters),
-        )?;
-        Ok(Locker::from_engine(engine))
+        )
     }
 
     /// Checks the settings together; returns the renew interval.

@@ -142,7 +142,7 @@ impl Locker {
         LockerBuilder::default()
     }
 
-    pub(crate) fn from_engine(engine: Engine) -> Self {
+    fn from_engine(engine: Engine) -> Self {
         Locker {
             engine: Arc::new(engine),
         }
@@ -628,6 +628,28 @@ impl Locker {
     /// ```
     pub fn stats(&self) -> Stats {
         self.engine.counters.snapshot()
+    }
+}
+
+impl LockerBuilder {
+    /// Checks the settings, creates and opens the directory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when the lease is below 200 ms or above a
+    /// year, the renew interval is above half the lease (see
+    /// [`renew_interval`](Self::renew_interval)), or another duration is
+    /// zero;
+    /// [`Error::InsecureDirectory`] for a world-writable directory without
+    /// the sticky bit, or a default directory owned by another user or open
+    /// to others; an I/O error for a default directory on a read-only
+    /// mount; I/O errors from creating or opening the directory;
+    /// [`Error::Backend`] when the PostgreSQL server cannot be reached;
+    /// [`Error::InvalidConfig`] also when a setting for lock files
+    /// (`directory`, `strategy`, `path_style`,
+    /// `allow_insecure_directory`) is combined with `postgres`.
+    pub fn build(self) -> Result<Locker> {
+        Ok(Locker::from_engine(self.engine()?))
     }
 }
 

@@ -454,3 +454,42 @@ fn server() -> (Server, LockerBuilder) {
 
 // The behaviour every backend shares, as the file strategies run it.
 api_conformance!(conformance, server());
+
+/// Settings that only mean something for lock files are refused with a
+/// PostgreSQL server, not silently ignored: a user who set a directory
+/// expects the locks there. Checked before connecting (no server needed).
+#[test]
+fn file_settings_with_a_server_are_refused() {
+    use leasehold::{PathStyle, Strategy};
+    let dir = tempfile::tempdir().unwrap();
+    let server = "host=/nonexistent-leasehold-test user=nobody";
+    let cases: [(&str, LockerBuilder); 4] = [
+        (
+            "directory",
+            Locker::builder().postgres(server).directory(dir.path()),
+        ),
+        (
+            "strategy",
+            Locker::builder().postgres(server).strategy(Strategy::Directory),
+        ),
+        (
+            "path_style",
+            Locker::builder().postgres(server).path_style(PathStyle::Plain),
+        ),
+        (
+            "allow_insecure_directory",
+            Locker::builder().postgres(server).allow_insecure_directory(true),
+        ),
+    ];
+    for (setting, builder) in cases {
+        match builder.build() {
+            Err(Error::InvalidConfig { reason }) => assert!(reason.contains(setting), "{reason}"),
+            other => panic!("{setting}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+    // Without them, the same builder gets as far as connecting.
+    match Locker::builder().postgres(server).build() {
+        Err(Error::Backend { .. }) => {}
+        other => panic!("expected a connection failure, got {other:?}"),
+    }
+}
