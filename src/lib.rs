@@ -204,6 +204,7 @@ mod engine;
 mod error;
 mod fs;
 mod guard;
+mod inspect;
 mod lease;
 mod locker;
 mod name;

@@ -38,6 +38,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::{Client, NoTls};
 use sha2::{Digest, Sha256};
 
 use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Waiters};
@@ -45,7 +47,7 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
 pub(crate) use session::PgLock;
-use session::{ANSWER_PATIENCE, Command, Line, Session, listen, no_answer, session_stopped};
+use session::{ANSWER_PATIENCE, Command, Line, Session, no_answer, session_stopped};
 
 /// The least time an attempt is given, however close its deadline: a few
 /// round trips, so that `acquire_timeout(Duration::ZERO)` still makes one.
@@ -234,6 +236,37 @@ impl Pg {
                 (LockName::from_name(&name), inspection)
             })
             .collect())
+    }
+}
+
+/// Receives the names of locks released anywhere (`pg_notify` on channel
+/// `leasehold`) on a connection of its own, reconnecting as needed, until
+/// the store is dropped.
+fn listen(url: &str, on_notify: &dyn Fn(&str), listening: &AtomicBool, closed: &AtomicBool) {
+    while !closed.load(Ordering::Acquire) {
+        let mut client = match Client::connect(url, NoTls) {
+            Ok(client) => client,
+            Err(_) => {
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+        };
+        if client.batch_execute("LISTEN leasehold").is_err() {
+            continue;
+        }
+        listening.store(true, Ordering::Release);
+        'connected: while !closed.load(Ordering::Acquire) {
+            let mut notifications = client.notifications();
+            let mut waiting = notifications.timeout_iter(Duration::from_millis(500));
+            loop {
+                match FallibleIterator::next(&mut waiting) {
+                    Ok(Some(notification)) => on_notify(notification.payload()),
+                    Ok(None) => break,
+                    Err(_) => break 'connected,
+                }
+            }
+        }
+        listening.store(false, Ordering::Release);
     }
 }
 

@@ -46,22 +46,18 @@ impl LockDir {
             path.to_owned()
         } else {
             std::env::current_dir()
-                .map_err(|e| Error::io("resolve the current directory for", path, e))?
+                .context("resolve the current directory for", || path)?
                 .join(path)
         };
         match DirBuilder::new().recursive(true).mode(0o700).create(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(Error::io("create lock directory", &path, e)),
+            Err(e) => return Err(e).context("create lock directory", || &path),
         }
         let configured = path.clone();
-        let path = path
-            .canonicalize()
-            .map_err(|e| Error::io("resolve lock directory", &path, e))?;
-        let fd = File::open(&path).map_err(|e| Error::io("open lock directory", &path, e))?;
-        let meta = fd
-            .metadata()
-            .map_err(|e| Error::io("inspect lock directory", &path, e))?;
+        let path = path.canonicalize().context("resolve lock directory", || &path)?;
+        let fd = File::open(&path).context("open lock directory", || &path)?;
+        let meta = fd.metadata().context("inspect lock directory", || &path)?;
         if !meta.is_dir() {
             return Err(Error::InvalidConfig {
                 reason: format!("{} is not a directory", path.display()),

@@ -2,12 +2,11 @@
 //! locks on, driven by a thread of its own, and the listener that wakes
 //! waiters when a lock is released anywhere.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant, SystemTime};
 
 use postgres::error::SqlState;
-use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 
 use crate::backend::{BackendLock, Renewal, Tokens};
@@ -229,37 +228,6 @@ impl Drop for PgLock {
                 tracing::warn!(lock = self.name.as_str(), %error, "cannot queue an unlock");
             }
         }
-    }
-}
-
-/// Receives the names of locks released anywhere (`pg_notify` on channel
-/// `leasehold`) on a connection of its own, reconnecting as needed, until
-/// the store is dropped.
-pub(super) fn listen(url: &str, on_notify: &dyn Fn(&str), listening: &AtomicBool, closed: &AtomicBool) {
-    while !closed.load(Ordering::Acquire) {
-        let mut client = match Client::connect(url, NoTls) {
-            Ok(client) => client,
-            Err(_) => {
-                std::thread::sleep(Duration::from_secs(1));
-                continue;
-            }
-        };
-        if client.batch_execute("LISTEN leasehold").is_err() {
-            continue;
-        }
-        listening.store(true, Ordering::Release);
-        'connected: while !closed.load(Ordering::Acquire) {
-            let mut notifications = client.notifications();
-            let mut waiting = notifications.timeout_iter(Duration::from_millis(500));
-            loop {
-                match FallibleIterator::next(&mut waiting) {
-                    Ok(Some(notification)) => on_notify(notification.payload()),
-                    Ok(None) => break,
-                    Err(_) => break 'connected,
-                }
-            }
-        }
-        listening.store(false, Ordering::Release);
     }
 }
 
