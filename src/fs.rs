@@ -108,12 +108,11 @@ impl Fs {
         let ctx = &self.ctx;
         for _ in 0..ROUNDS {
             let created = match ctx.strategy {
-                Strategy::ExclusiveFile => file::create(ctx, name, true)?,
                 // Publishing makes (and, when the path is taken, removes) a
                 // pending directory: not worth it when the path is plainly
                 // taken, and what a waiter killed meanwhile would leave.
                 Strategy::Directory if ctx.path_taken(name) => None,
-                Strategy::Directory => directory::create(ctx, name)?,
+                _ => FsLock::create(ctx, name, true)?,
             };
             if let Some(lock) = created {
                 let kept = arm(lock, None);
@@ -183,15 +182,13 @@ impl Backend for Fs {
         if (ctx.durable && !ctx.dir.in_memory()) || ctx.fencing {
             return Ok(None);
         }
-        let created = match ctx.strategy {
-            Strategy::ExclusiveFile => file::create(ctx, name, false),
-            // Publishing a directory takes a dozen calls even when it
-            // fails; one lookup spares them when the lock is plainly held.
-            // (Freed a moment later, the full attempt takes it.)
-            Strategy::Directory if ctx.path_taken(name) => return Ok(None),
-            Strategy::Directory => directory::create(ctx, name),
-        };
-        let created = match created {
+        // Publishing a directory takes a dozen calls even when it fails;
+        // one lookup spares them when the lock is plainly held. (Freed a
+        // moment later, the full attempt takes it.)
+        if ctx.strategy == Strategy::Directory && ctx.path_taken(name) {
+            return Ok(None);
+        }
+        let created = match FsLock::create(ctx, name, false) {
             Ok(created) => created,
             Err(error) => {
                 ctx.ensure_dir_in_place()?;

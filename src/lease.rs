@@ -15,7 +15,7 @@ use crate::error::{Error, LossReason, Result};
 use crate::owner::Owner;
 use crate::renew::{Registration, Renewable, Renewer, Step};
 use crate::stats::{Counters, bump};
-use crate::store::StoreLock as Held;
+use crate::store::StoreLock;
 use crate::sys;
 
 /// The lock as this process holds it. It moves from guard to guard on an
@@ -32,7 +32,7 @@ pub(crate) struct Hold {
 #[derive(Debug)]
 pub(crate) struct Lease {
     name: Arc<str>,
-    held: Mutex<Option<Held>>,
+    held: Mutex<Option<StoreLock>>,
     lost: watch::Sender<Option<LossReason>>,
     owner: Owner,
     renew_interval: Duration,
@@ -68,7 +68,7 @@ pub(crate) struct Keeper {
 impl Keeper {
     /// Arms renewal of `held`, the first one due `renew_interval` after the
     /// record was written.
-    pub(crate) fn hold(&self, name: &str, held: Held, tokens: Option<Tokens>) -> Hold {
+    pub(crate) fn hold(&self, name: &str, held: StoreLock, tokens: Option<Tokens>) -> Hold {
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         let renew_ms = u64::try_from(self.renew_interval.as_millis()).unwrap_or(u64::MAX);
         let first = renewal_due_in(&held, self.renew_interval);
@@ -97,14 +97,14 @@ impl Keeper {
 /// How long until `held` is due for renewal: `interval` after its record
 /// was last written, measured on the boot clock the record was stamped
 /// with, however long ago that was.
-fn renewal_due_in(held: &Held, interval: Duration) -> Duration {
+fn renewal_due_in(held: &StoreLock, interval: Duration) -> Duration {
     let written = held.record().renewed_at_boot;
     let since = Duration::from_millis(sys::boot_clock_ms().saturating_sub(written));
     interval.saturating_sub(since)
 }
 
 /// The boot-clock millisecond at which the lease last written runs out.
-fn lease_deadline_boot_ms(held: &Held) -> u64 {
+fn lease_deadline_boot_ms(held: &StoreLock) -> u64 {
     let record = held.record();
     record.renewed_at_boot.saturating_add(record.lease_ms)
 }
@@ -112,7 +112,12 @@ fn lease_deadline_boot_ms(held: &Held) -> u64 {
 impl Kept for Hold {
     fn reserve_tokens(&self) -> Result<bool> {
         let mut held = self.lease.held();
-        let Some(block) = held.as_mut().map(Held::reserve_tokens).transpose()?.flatten() else {
+        let Some(block) = held
+            .as_mut()
+            .map(StoreLock::reserve_tokens)
+            .transpose()?
+            .flatten()
+        else {
             return Ok(false);
         };
         *lock(&self.lease.tokens) = Some(block);
@@ -179,7 +184,7 @@ fn margin_ms(lease_ms: u64, renew_ms: u64) -> u64 {
 }
 
 impl Lease {
-    fn held(&self) -> MutexGuard<'_, Option<Held>> {
+    fn held(&self) -> MutexGuard<'_, Option<StoreLock>> {
         lock(&self.held)
     }
 
@@ -211,7 +216,7 @@ impl Lease {
     }
 
     /// Takes the lock out of the lease (to release it), ending renewal.
-    fn take_lock(&self) -> Option<Held> {
+    fn take_lock(&self) -> Option<StoreLock> {
         let held = self.held().take();
         *lock(&self.registration) = None;
         held
@@ -267,7 +272,7 @@ impl Lease {
         }
     }
 
-    fn lose(&self, slot: &mut MutexGuard<'_, Option<Held>>, reason: LossReason) {
+    fn lose(&self, slot: &mut MutexGuard<'_, Option<StoreLock>>, reason: LossReason) {
         tracing::warn!(lock = &*self.name, %reason, "lock lost");
         bump(&self.counters.lost);
         // Tell the holder first: cleaning up below may wait on the store.

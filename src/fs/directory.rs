@@ -20,15 +20,11 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::context::Ctx;
 use super::dir::MutationLock;
-use super::leftover::{self, LEFTOVER_SETTLE, Leftover, leftover_kind};
-use super::lock::{FsLock, Node};
 use super::syscall::{self, Errno, Open, read_record};
-use crate::backend::Inspection;
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::record::{OwnRecord, unique_bits};
@@ -43,8 +39,14 @@ fn suffix() -> String {
     format!("{:012x}", unique_bits().1 & 0xffff_ffff_ffff)
 }
 
-/// Publishes a new lock directory; `None` if the path is taken.
-pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FsLock>> {
+/// Publishes a new lock directory holding `record`; `None` if the path is
+/// taken. Returns the directory (flocked), its `owner.json` (kept open)
+/// and its identity.
+pub(super) fn create(
+    ctx: &Ctx,
+    name: &LockName,
+    record: &OwnRecord,
+) -> Result<Option<(File, File, u64, u64)>> {
     let mut pending = format!("{}.pending-{}", name.file_name(), suffix());
     // Another process's pending directory could have the same name, once
     // in 2^48; then another name is tried, a few times at most.
@@ -76,8 +78,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FsLock>> 
     dir.try_lock()
         .map_err(|e| io::Error::other(e.to_string()))
         .context("lock pending lock directory", path)?;
-    let record = ctx.own_record(name);
-    let record_file = match write_owner(&dir, OWNER, &record, ctx.durable) {
+    let record_file = match write_owner(&dir, OWNER, record, ctx.durable) {
         Ok(file) => file,
         // As above: the pending directory was collected before our flock.
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -96,15 +97,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<FsLock>> 
         Err(RenameError::Io(e)) => return Err(e).context("publish lock directory", path),
     }
     cleanup.armed = false;
-    Ok(Some(FsLock {
-        ctx: Arc::clone(ctx),
-        name: name.clone(),
-        dev: meta.dev(),
-        ino: meta.ino(),
-        record,
-        node: Node::Dir { dir, record_file },
-        armed: true,
-    }))
+    Ok(Some((dir, record_file, meta.dev(), meta.ino())))
 }
 
 /// Writes a record to `file_name` inside `dir`, replacing any old one of
@@ -187,7 +180,7 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
 /// Best effort: a holder that has not yet noticed it lost the lock may
 /// still rename a renewal into it, hence the retries; what cannot be
 /// removed is logged.
-fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
+pub(super) fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
     // Usually the record is all there is: try without listing first.
     let _ = syscall::unlink_at(node, OWNER);
     if let Ok(()) | Err(Errno::ENOENT) = syscall::rmdir_at(ctx.dir.fd(), dir_name) {
@@ -212,50 +205,6 @@ fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
             }
         }
     }
-}
-
-/// Removes `.pending-*` directories whose publisher is gone (no flock, and
-/// unchanged for [`LEFTOVER_SETTLE`] or the grace period, whichever is
-/// shorter) and `.trash-*` directories nobody holds (a releaser that died
-/// while emptying one); nobody else uses either. At most `limit` are
-/// removed.
-pub(super) fn clean_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
-    let names =
-        ctx.entries(|name| matches!(leftover_kind(name), Some(Leftover::Pending | Leftover::Trash)))?;
-    let mut cleaned = Vec::new();
-    for name in names {
-        if cleaned.len() >= limit {
-            break;
-        }
-        let Ok(node) = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Dir) else {
-            continue;
-        };
-        // A publisher flocks its pending directory right after creating it,
-        // and a holder keeps its flock on a directory it is retiring: busy
-        // means in use. A pending directory is also spared while younger
-        // than the grace period, for the instant between mkdir and flock.
-        if node.try_lock().is_err() {
-            continue;
-        }
-        let young = leftover_kind(&name) == Some(Leftover::Pending)
-            && node
-                .metadata()
-                .ok()
-                .and_then(|m| m.modified().ok())
-                .and_then(|t| t.elapsed().ok())
-                // Its publisher takes the flock two syscalls after `mkdir`:
-                // only one that stood still this long in between finds it
-                // gone, and then makes no lock and looks again.
-                .is_none_or(|age| age < ctx.grace.min(LEFTOVER_SETTLE));
-        if young {
-            continue;
-        }
-        if !dry_run {
-            remove_dir(ctx, &name, &node);
-        }
-        cleaned.push((LockName::from_file_name(&name), leftover::inspection(ctx, &name)));
-    }
-    Ok(cleaned)
 }
 
 /// Unlinks every non-directory entry of `node`; subdirectories, which

@@ -3,7 +3,6 @@
 use std::os::unix::fs::FileExt;
 
 use super::context::Ctx;
-use super::lock::FsLock;
 use super::syscall::{self, Errno, Open, read_record};
 use crate::backend::Tokens;
 use crate::error::{Error, IoResultExt, Result};
@@ -17,18 +16,23 @@ const TOKEN_BLOCK: u64 = 1024;
 /// only repeats when the counter changed under us.
 const ROUNDS: usize = 4;
 
-/// Reserves the next block of fencing tokens for `lock` and records the
-/// first one in its owner record. `None` if the lock is no longer ours (or
-/// the directory is busy).
+/// Reserves the next block of fencing tokens for the lock `name`, which
+/// this process created as the inode `(dev, ino)`, and has `record_first`
+/// record the first token in the owner record while the counter is still
+/// under the directory lock. `None` if the lock is no longer ours (or the
+/// directory is busy).
 ///
 /// The counter is only ever advanced under the directory's mutation lock
 /// by a process that has just checked that it holds the lock, so blocks
 /// are handed out in the order the lock was held. It is replaced by rename
 /// (and synced, when durable), so a crash never leaves it behind a token
 /// already handed out.
-pub(super) fn reserve(lock: &mut FsLock) -> Result<Option<Tokens>> {
-    let ctx = std::sync::Arc::clone(&lock.ctx);
-    let name = lock.name.clone();
+pub(super) fn reserve(
+    ctx: &Ctx,
+    name: &LockName,
+    (dev, ino): (u64, u64),
+    record_first: &mut dyn FnMut(u64) -> Result<()>,
+) -> Result<Option<Tokens>> {
     let fence = format!("{}.fence", name.file_name());
     // Every renewal in the directory waits for the directory lock, so it
     // is held here only to compare and rename: the counter's next value
@@ -37,7 +41,7 @@ pub(super) fn reserve(lock: &mut FsLock) -> Result<Option<Tokens>> {
     // counter, so the value read before the lock is almost always still
     // the current one; if not, start over.
     for _ in 0..ROUNDS {
-        let last = read_fence(&ctx, &name, &fence)?;
+        let last = read_fence(ctx, name, &fence)?;
         let end = last.checked_add(TOKEN_BLOCK).ok_or_else(|| {
             Error::io(
                 "advance fencing counter (it is within one block of u64::MAX)",
@@ -45,21 +49,19 @@ pub(super) fn reserve(lock: &mut FsLock) -> Result<Option<Tokens>> {
                 std::io::Error::from(std::io::ErrorKind::InvalidData),
             )
         })?;
-        let next = FenceTmp::write(&ctx, &fence, end)?;
+        let next = FenceTmp::write(ctx, &fence, end)?;
         // Busy (a frozen process holds the directory lock): give the
         // lock up and let the caller try again later.
         let Some(mutation) = ctx.dir.try_mutation_lock()? else {
             return Ok(None);
         };
-        if !ctx.names(&name, lock.dev, lock.ino)? {
+        if !ctx.names(name, dev, ino)? {
             return Ok(None);
         }
-        if read_fence(&ctx, &name, &fence)? != last || !next.install(&fence)? {
+        if read_fence(ctx, name, &fence)? != last || !next.install(&fence)? {
             continue;
         }
-        let mut record = lock.record.clone();
-        record.fencing_token = Some(last + 1);
-        lock.write_record(record)?;
+        record_first(last + 1)?;
         drop(mutation);
         // No token of the block is handed out before the rename is on
         // disk; a later block's sync covers this rename too.

@@ -16,19 +16,19 @@
 use std::fs::{File, TryLockError};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::context::Ctx;
-use super::lock::{FsLock, Node};
 use super::syscall::{self, Errno, Open};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
 
-/// Creates the lock file; `None` if the path is taken. Impatient callers
-/// (running on the runtime's thread) never sleep here.
-pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName, patient: bool) -> Result<Option<FsLock>> {
+/// Creates the lock file and takes its `flock`, before anything is
+/// written; `None` if the path is taken. Returns the file and its
+/// identity. Impatient callers (running on the runtime's thread) never
+/// sleep here.
+pub(super) fn create(ctx: &Ctx, name: &LockName, patient: bool) -> Result<Option<(File, u64, u64)>> {
     let path = || ctx.path_of(name.file_name());
     let file = match syscall::open_at(ctx.dir.fd(), name.file_name(), Open::CreateNew) {
         Ok(file) => file,
@@ -66,29 +66,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName, patient: bool) -> Result<O
     if meta.nlink() == 0 {
         return Ok(None);
     }
-    let record = ctx.own_record(name);
-    let bytes = record.to_bytes(0);
-    // Armed from here on: any failure below removes the half-made lock.
-    let lock = FsLock {
-        ctx: Arc::clone(ctx),
-        name: name.clone(),
-        dev: meta.dev(),
-        ino: meta.ino(),
-        record,
-        node: Node::File {
-            file,
-            record_len: bytes.len(),
-        },
-        armed: true,
-    };
-    let Node::File { file, .. } = &lock.node else {
-        unreachable!("made above");
-    };
-    file.write_all_at(&bytes, 0).context("write lock record", path)?;
-    if ctx.durable {
-        file.sync_data().context("sync lock record", path)?;
-    }
-    Ok(Some(lock))
+    Ok(Some((file, meta.dev(), meta.ino())))
 }
 
 /// `flock` failing outright (not just contended) means the filesystem
@@ -103,19 +81,22 @@ fn flock_error(e: std::io::Error, path: PathBuf) -> Error {
     }
 }
 
-/// Rewrites the record in place through the lock's descriptor, padded to
-/// the length already on disk so no stale bytes remain.
-pub(super) fn rewrite(
+/// Writes `record` in place through the lock's descriptor, padded to
+/// `record_len` (the length already on disk) so no stale bytes remain,
+/// and syncs it if `sync`; returns the new length on disk.
+pub(super) fn write(
     file: &File,
-    record_len: &mut usize,
+    record_len: usize,
     record: &OwnRecord,
-    path: impl FnOnce() -> PathBuf,
-) -> Result<()> {
-    let bytes = record.to_bytes(*record_len);
-    file.write_all_at(&bytes, 0)
-        .context("rewrite lock record", path)?;
-    *record_len = bytes.len();
-    Ok(())
+    sync: bool,
+    path: impl Fn() -> PathBuf,
+) -> Result<usize> {
+    let bytes = record.to_bytes(record_len);
+    file.write_all_at(&bytes, 0).context("write lock record", &path)?;
+    if sync {
+        file.sync_data().context("sync lock record", &path)?;
+    }
+    Ok(bytes.len())
 }
 
 /// Removes the lock file; the caller holds the mutation lock and has

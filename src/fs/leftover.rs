@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::context::Ctx;
 use super::directory;
 use super::layout::Strategy;
-use super::syscall::{self, Errno};
+use super::syscall::{self, Errno, Open};
 use crate::backend::Inspection;
 use crate::error::Result;
 use crate::name::LockName;
@@ -71,7 +71,7 @@ pub(super) fn inspection(ctx: &Ctx, file_name: &str) -> Inspection {
 pub(super) fn clean(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
     let mut cleaned = Vec::new();
     if ctx.strategy == Strategy::Directory {
-        cleaned.extend(directory::clean_leftovers(ctx, dry_run, limit)?);
+        cleaned.extend(clean_dir_leftovers(ctx, dry_run, limit)?);
     }
     let left = limit.saturating_sub(cleaned.len());
     cleaned.extend(clean_fence_leftovers(ctx, dry_run, left)?);
@@ -108,6 +108,50 @@ pub(super) fn sweep(ctx: &Ctx) {
         Ok(_) => {}
         Err(error) => tracing::debug!(%error, "collecting leftovers failed; trying later"),
     }
+}
+
+/// Removes `.pending-*` directories whose publisher is gone (no flock, and
+/// unchanged for [`LEFTOVER_SETTLE`] or the grace period, whichever is
+/// shorter) and `.trash-*` directories nobody holds (a releaser that died
+/// while emptying one); nobody else uses either. At most `limit` are
+/// removed.
+fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
+    let names =
+        ctx.entries(|name| matches!(leftover_kind(name), Some(Leftover::Pending | Leftover::Trash)))?;
+    let mut cleaned = Vec::new();
+    for name in names {
+        if cleaned.len() >= limit {
+            break;
+        }
+        let Ok(node) = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Dir) else {
+            continue;
+        };
+        // A publisher flocks its pending directory right after creating it,
+        // and a holder keeps its flock on a directory it is retiring: busy
+        // means in use. A pending directory is also spared while younger
+        // than the grace period, for the instant between mkdir and flock.
+        if node.try_lock().is_err() {
+            continue;
+        }
+        let young = leftover_kind(&name) == Some(Leftover::Pending)
+            && node
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                // Its publisher takes the flock two syscalls after `mkdir`:
+                // only one that stood still this long in between finds it
+                // gone, and then makes no lock and looks again.
+                .is_none_or(|age| age < ctx.grace.min(LEFTOVER_SETTLE));
+        if young {
+            continue;
+        }
+        if !dry_run {
+            directory::remove_dir(ctx, &name, &node);
+        }
+        cleaned.push((LockName::from_file_name(&name), inspection(ctx, &name)));
+    }
+    Ok(cleaned)
 }
 
 /// Fencing counters are only written under the directory lock, so a

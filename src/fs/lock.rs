@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::context::Ctx;
+use super::layout::Strategy;
 use super::{directory, fence, file};
 use crate::backend::{BackendLock, Renewal, Tokens};
 use crate::error::{LossReason, Result};
@@ -19,20 +20,20 @@ use crate::sys;
 /// caller went away is never orphaned.
 #[derive(Debug)]
 pub(crate) struct FsLock {
-    pub(super) ctx: Arc<Ctx>,
-    pub(super) name: LockName,
+    ctx: Arc<Ctx>,
+    name: LockName,
     /// The identity of what this process created at the lock path.
-    pub(super) dev: u64,
-    pub(super) ino: u64,
-    pub(super) record: OwnRecord,
-    pub(super) node: Node,
-    pub(super) armed: bool,
+    dev: u64,
+    ino: u64,
+    record: OwnRecord,
+    node: Node,
+    armed: bool,
 }
 
 /// What the layout keeps open while the lock is held; the `flock` on the
 /// node is the liveness signal other leasehold processes read.
 #[derive(Debug)]
-pub(crate) enum Node {
+enum Node {
     /// The lock file itself; renewals rewrite it in place, padded to
     /// `record_len`, the length on disk.
     File { file: File, record_len: usize },
@@ -43,12 +44,46 @@ pub(crate) enum Node {
 }
 
 impl FsLock {
+    /// Creates the lock `name` in the layout of `ctx`, its record written
+    /// (and synced when durable); `None` if the path is taken. Callers on
+    /// the runtime's thread pass `patient: false` and never sleep here.
+    pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName, patient: bool) -> Result<Option<Self>> {
+        let record = ctx.own_record(name);
+        let (node, dev, ino) = match ctx.strategy {
+            Strategy::ExclusiveFile => match file::create(ctx, name, patient)? {
+                Some((file, dev, ino)) => (Node::File { file, record_len: 0 }, dev, ino),
+                None => return Ok(None),
+            },
+            Strategy::Directory => match directory::create(ctx, name, &record)? {
+                Some((dir, record_file, dev, ino)) => (Node::Dir { dir, record_file }, dev, ino),
+                None => return Ok(None),
+            },
+        };
+        // Armed from here on: a failure below removes the half-made lock.
+        let mut lock = FsLock {
+            ctx: Arc::clone(ctx),
+            name: name.clone(),
+            dev,
+            ino,
+            record,
+            node,
+            armed: true,
+        };
+        if let Node::File { file, record_len } = &mut lock.node {
+            let path = || ctx.path_of(name.file_name());
+            *record_len = file::write(file, 0, &lock.record, ctx.durable, path)?;
+        }
+        Ok(Some(lock))
+    }
+
     /// Replaces the record on disk with `record`, through this lock's own
     /// descriptors.
-    pub(super) fn write_record(&mut self, record: OwnRecord) -> Result<()> {
+    fn write_record(&mut self, record: OwnRecord) -> Result<()> {
         let path = || self.ctx.path_of(self.name.file_name());
         match &mut self.node {
-            Node::File { file, record_len } => file::rewrite(file, record_len, &record, path)?,
+            Node::File { file, record_len } => {
+                *record_len = file::write(file, *record_len, &record, false, path)?
+            }
             Node::Dir { dir, record_file } => *record_file = directory::rewrite(dir, &record, path)?,
         }
         self.record = record;
@@ -115,7 +150,13 @@ impl BackendLock for FsLock {
     }
 
     fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
-        fence::reserve(self)
+        let (ctx, name) = (Arc::clone(&self.ctx), self.name.clone());
+        let identity = (self.dev, self.ino);
+        fence::reserve(&ctx, &name, identity, &mut |first| {
+            let mut record = self.record.clone();
+            record.fencing_token = Some(first);
+            self.write_record(record)
+        })
     }
 
     /// A lock in a moved directory is removed there all the same, but was
