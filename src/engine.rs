@@ -67,7 +67,7 @@ impl Engine {
         store: impl FnOnce(Arc<Counters>, Waiters) -> Result<Store>,
     ) -> Result<Self> {
         let counters: Arc<Counters> = Arc::default();
-        let queues: Arc<Queues<Hold>> = Arc::default();
+        let queues: Arc<Queues<Hold>> = Arc::new(Queues::new(crate::guard::pass_on));
         let waiters: Waiters = Arc::downgrade(&queues) as Waiters;
         let store = store(Arc::clone(&counters), waiters)?;
         let keeper = Keeper {

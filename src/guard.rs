@@ -196,15 +196,21 @@ impl Grant {
     }
 }
 
+/// The release policy carried out without waiting: hand the hold on, or
+/// release it (dropping a hold releases it, see `Hold`'s `Drop`) and pass
+/// the turn. What `Drop` does, and what the queue does with a hold whose
+/// waiter went away before picking it up (its [`Dispose`](crate::queue::Dispose)).
+pub(crate) fn pass_on(hold: Hold, queue: &Queue<Hold>) {
+    if let Next::Release { hold, courtesy } = hand_on(hold, queue) {
+        drop(hold);
+        queue.pass_fresh(courtesy);
+    }
+}
+
 impl Drop for Grant {
     fn drop(&mut self) {
-        let Some(hold) = self.take() else {
-            return;
-        };
-        if let Next::Release { hold, courtesy } = hand_on(hold, &self.queue) {
-            // Dropping a hold releases it (see `Hold`'s `Drop`).
-            drop(hold);
-            self.queue.pass_fresh(courtesy);
+        if let Some(hold) = self.take() {
+            pass_on(hold, &self.queue);
         }
     }
 }

@@ -7,9 +7,9 @@
 //! itself, handed over without touching the store) or without one (take
 //! it from the store yourself). The queue knows nothing of locks, guards
 //! or disks: when to hand a lock on, and how to release one, is the
-//! guard's release policy. A payload the queue cannot deliver (its waiter
-//! went away and nobody else waits) is dropped, so dropping a payload must
-//! release whatever it holds.
+//! guard's release policy, which the queue is given as a function
+//! ([`Dispose`]) and applies to a payload whose waiter went away before
+//! picking it up.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,6 +29,12 @@ pub(crate) enum Turn<T> {
     Handoff(T),
 }
 
+/// What becomes of a payload that was granted to a waiter that went away
+/// before picking it up: the owner's release policy, which either offers it
+/// to the next waiter ([`Queue::offer`]) or releases it and passes a fresh
+/// turn ([`Queue::pass_fresh`]). Either way the turn must move on.
+pub(crate) type Dispose<T> = fn(T, &Queue<T>);
+
 /// One name's queue.
 ///
 /// A queued task costs one entry here (its ticket number and waker) and
@@ -41,6 +47,7 @@ pub(crate) struct Queue<T> {
     state: Mutex<State<T>>,
     /// Woken when the lock may have become free; awaited by the head.
     pub(crate) changed: Notify,
+    dispose: Dispose<T>,
 }
 
 #[derive(Debug)]
@@ -106,11 +113,12 @@ pub(crate) enum Join<T> {
 }
 
 impl<T> Queue<T> {
-    pub(crate) fn new(name: LockName) -> Self {
+    pub(crate) fn new(name: LockName, dispose: Dispose<T>) -> Self {
         Self {
             name,
             state: Mutex::default(),
             changed: Notify::new(),
+            dispose,
         }
     }
 
@@ -174,16 +182,11 @@ impl<T> Queue<T> {
         }
     }
 
-    /// Passes on a turn that was granted but will never be used: its
-    /// payload to the next waiter, or, with nobody waiting, dropped.
+    /// Passes on a turn that was granted but will never be used: a fresh
+    /// one as it is, a payload through the owner's policy.
     fn pass_unused(&self, turn: Turn<T>) {
         match turn {
-            Turn::Handoff(payload) => {
-                if let Some(payload) = self.offer(payload) {
-                    drop(payload);
-                    self.pass_fresh(false);
-                }
-            }
+            Turn::Handoff(payload) => (self.dispose)(payload, self),
             Turn::Fresh { courtesy } => self.pass_fresh(courtesy),
         }
     }
@@ -316,17 +319,18 @@ impl<T> Drop for Head<T> {
 #[derive(Debug)]
 pub(crate) struct Queues<T> {
     map: Mutex<HashMap<String, Arc<Queue<T>>>>,
-}
-
-impl<T> Default for Queues<T> {
-    fn default() -> Self {
-        Queues {
-            map: Mutex::default(),
-        }
-    }
+    dispose: Dispose<T>,
 }
 
 impl<T> Queues<T> {
+    /// Queues whose unused payloads go to `dispose`.
+    pub(crate) fn new(dispose: Dispose<T>) -> Self {
+        Queues {
+            map: Mutex::default(),
+            dispose,
+        }
+    }
+
     fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Queue<T>>>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -342,7 +346,7 @@ impl<T> Queues<T> {
             // Only the map holds an idle queue.
             map.retain(|_, queue| Arc::strong_count(queue) > 1);
         }
-        let queue = Arc::new(Queue::new(name.clone()));
+        let queue = Arc::new(Queue::new(name.clone(), self.dispose));
         map.insert(name.file_name().to_owned(), Arc::clone(&queue));
         queue
     }
@@ -394,8 +398,16 @@ mod tests {
         }
     }
 
+    /// The simplest policy: offer it on, else drop it and free the turn.
+    fn pass_along(payload: Payload, queue: &Queue<Payload>) {
+        if let Some(payload) = queue.offer(payload) {
+            drop(payload);
+            queue.pass_fresh(false);
+        }
+    }
+
     fn queue() -> Arc<Queue<Payload>> {
-        Arc::new(Queue::new(LockName::from_file_name("q")))
+        Arc::new(Queue::new(LockName::from_file_name("q"), pass_along))
     }
 
     fn queued(join: Join<Payload>) -> Ticket<Payload> {
@@ -502,6 +514,28 @@ mod tests {
     }
 
     #[test]
+    fn a_handoff_left_by_a_cancelled_waiter_goes_through_the_owners_policy() {
+        // A policy that never hands on: drop (release) and pass fresh.
+        fn release(payload: Payload, queue: &Queue<Payload>) {
+            drop(payload);
+            queue.pass_fresh(true);
+        }
+        let q = Arc::new(Queue::new(LockName::from_file_name("q"), release));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (_, w) = waker();
+        head(q.join(&w)).disarm();
+        let gone = queued(q.join(&w));
+        let mut next = queued(q.join(&w));
+        assert!(q.offer(Payload(5, Arc::clone(&dropped))).is_none());
+        drop(gone);
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "released by the policy");
+        match poll(&mut next) {
+            Poll::Ready(Turn::Fresh { courtesy: true }) => {}
+            other => panic!("expected the policy's fresh turn, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn a_handoff_to_a_cancelled_waiter_moves_on_or_is_dropped() {
         let q = queue();
         let dropped = Arc::new(AtomicUsize::new(0));
@@ -556,7 +590,7 @@ mod tests {
 
     #[test]
     fn idle_queues_are_forgotten() {
-        let queues: Queues<Payload> = Queues::default();
+        let queues: Queues<Payload> = Queues::new(pass_along);
         let kept = queues.get(&LockName::from_file_name("kept"));
         for i in 0..200 {
             drop(queues.get(&LockName::from_file_name(&format!("n{i}"))));

@@ -1,0 +1,143 @@
+//! The release policy (hand the lock to a local waiter within the handoff
+//! window, else release it in the store) holds on every path: a guard's
+//! drop, `release().await` cancelled half-way, and a handoff whose waiter
+//! went away before picking it up. Found by a review of the backend-seam
+//! restructure.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use leasehold::Locker;
+
+fn locker(dir: &std::path::Path) -> Locker {
+    Locker::builder().directory(dir).durable(false).build().unwrap()
+}
+
+/// Polls `fut` once, with this task's waker.
+async fn poll_once<F: Future + ?Sized>(fut: &mut Pin<Box<F>>) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
+}
+
+/// Control: a handoff granted within the window and picked up is a
+/// handoff (so the drop below really happens within the window).
+#[tokio::test(flavor = "current_thread")]
+async fn control_a_handoff_within_the_window_is_a_handoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let first = locker.acquire("q").await.unwrap();
+    let first_uuid = first.owner().uuid().unwrap().to_owned();
+    let mut next = Box::pin(locker.acquire("q"));
+    assert!(poll_once(&mut next).await.is_pending());
+    drop(first);
+    let next = tokio::time::timeout(Duration::from_secs(5), next)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.owner().uuid(), Some(first_uuid.as_str()));
+    assert_eq!(locker.stats().handoffs, 1);
+}
+
+/// The lock passes between tasks of one `Locker` "for at most 10 ms in a
+/// row; then the lock is released on disk" (Locker docs, *Fairness*). A
+/// handoff granted to a waiter that is cancelled before it picks it up
+/// must go through the same policy when it moves on, not be offered to the
+/// next waiter however old (or lost) it is.
+#[tokio::test(flavor = "current_thread")]
+async fn a_handoff_left_by_a_cancelled_waiter_past_the_window_goes_back_to_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let first = locker.acquire("q").await.unwrap();
+    let first_uuid = first.owner().uuid().unwrap().to_owned();
+    let mut cancelled = Box::pin(locker.acquire("q"));
+    let mut next = Box::pin(locker.acquire("q"));
+    assert!(poll_once(&mut cancelled).await.is_pending());
+    assert!(poll_once(&mut next).await.is_pending());
+    // Within the window: granted to `cancelled`, which never picks it up.
+    drop(first);
+    // Well past the 10 ms window.
+    std::thread::sleep(Duration::from_millis(40));
+    drop(cancelled);
+    let next = tokio::time::timeout(Duration::from_secs(5), next)
+        .await
+        .expect("the next waiter got the lock")
+        .unwrap();
+    assert_eq!(
+        locker.stats().handoffs,
+        0,
+        "a hold past the handoff window was handed on instead of released to the store"
+    );
+    assert_ne!(
+        next.owner().uuid(),
+        Some(first_uuid.as_str()),
+        "the next waiter holds the first acquisition's lock, 40 ms after it was taken"
+    );
+}
+
+/// A lock created by the inline (no blocking pool) attempt in
+/// a directory that was moved away is removed there, and the attempt fails
+/// with `DirectoryReplaced`, for both layouts.
+#[tokio::test(flavor = "current_thread")]
+async fn an_inline_attempt_in_a_moved_directory_leaves_nothing() {
+    for strategy in [leasehold::Strategy::ExclusiveFile, leasehold::Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let locks = dir.path().join("locks");
+        let old = dir.path().join("locks.old");
+        let locker = Locker::builder()
+            .directory(&locks)
+            .strategy(strategy)
+            .durable(false)
+            .build()
+            .unwrap();
+        std::fs::rename(&locks, &old).unwrap();
+        for name in ["a", "b"] {
+            match locker.try_acquire(name).await {
+                Err(leasehold::Error::DirectoryReplaced { .. }) => {}
+                other => panic!("{strategy:?}: expected DirectoryReplaced, got {other:?}"),
+            }
+            match locker.acquire_timeout(name, Duration::from_millis(200)).await {
+                Err(leasehold::Error::DirectoryReplaced { .. }) => {}
+                other => panic!("{strategy:?}: expected DirectoryReplaced, got {other:?}"),
+            }
+        }
+        let left: Vec<_> = std::fs::read_dir(&old)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{strategy:?}: left {left:?}");
+    }
+}
+
+/// `release().await` dropped after its first poll (the
+/// release running on the blocking pool) still releases, and passes the
+/// queue's turn on, with and without a local waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_cancelled_mid_way_still_releases_and_passes_the_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    for with_waiter in [false, true] {
+        let guard = locker.acquire("r").await.unwrap();
+        let waiter = with_waiter.then(|| {
+            let l = locker.clone();
+            tokio::spawn(async move { l.acquire("r").await.map(drop) })
+        });
+        // Past the handoff window: released in the store, not handed on.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let mut release = Box::pin(guard.release());
+        let _ = poll_once(&mut release).await;
+        drop(release);
+        if let Some(waiter) = waiter {
+            tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("the waiter got the lock")
+                .unwrap()
+                .unwrap();
+        }
+        let free = tokio::time::timeout(Duration::from_secs(5), locker.acquire("r"))
+            .await
+            .expect("the lock is free again")
+            .unwrap();
+        drop(free);
+    }
+}
