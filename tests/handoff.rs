@@ -141,3 +141,27 @@ async fn a_release_cancelled_mid_way_still_releases_and_passes_the_turn() {
         drop(free);
     }
 }
+
+/// `release().await` past the window, with a local waiter, releases in the
+/// store and reports success: the lock was this guard's to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_past_the_window_with_a_waiter_reports_success() {
+    let dir = tempfile::tempdir().unwrap();
+    for durable in [false, true] {
+        let locker = Locker::builder()
+            .directory(dir.path())
+            .durable(durable)
+            .build()
+            .unwrap();
+        let guard = locker.acquire("w").await.unwrap();
+        let l = locker.clone();
+        let waiter = tokio::spawn(async move { l.acquire("w").await.map(drop) });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        guard.release().await.expect("the lock was ours to the end");
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter got the lock")
+            .unwrap()
+            .unwrap();
+    }
+}
