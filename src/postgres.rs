@@ -335,6 +335,16 @@ mod tests {
         assert_eq!(key("reindex"), -4_731_462_604_616_021_856);
         assert_eq!(key("nightly-report"), 2_890_748_606_779_939_386);
         assert_eq!(key("ünïcode/name"), -1_729_549_082_967_962_973);
+        // The same, as the bytes of the digest (SHA-256 of "leasehold\0" +
+        // name, first 8 bytes, as `sha256sum` prints them).
+        assert_eq!(
+            key("reindex").to_be_bytes(),
+            [0xbe, 0x56, 0x77, 0xd4, 0x57, 0xd1, 0x48, 0xa0]
+        );
+        assert_eq!(
+            key("nightly-report").to_be_bytes(),
+            [0x28, 0x1e, 0x00, 0x8a, 0xc2, 0x12, 0xda, 0x3a]
+        );
         let t = tokens(2048);
         assert_eq!((t.next, t.last), (1025, 2048));
     }
