@@ -243,9 +243,10 @@ impl LockerBuilder {
     /// (feature `postgres`), for processes on several hosts. `url` is a
     /// libpq-style connection string or URL (`postgres://user@host/db`,
     /// `host=/run/postgresql user=app`). The settings for lock files
-    /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`)
-    /// cannot be combined with it: [`build`](Self::build) refuses them
-    /// rather than ignore them. `durable` is unused; fencing tokens are
+    /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`,
+    /// `durable`, `unreadable_grace`, `foreign_lease`) cannot be combined
+    /// with it: [`build`](Self::build) refuses them rather than ignore them
+    /// (set to their defaults, they count as unset). Fencing tokens are
     /// always on. See the crate docs, *PostgreSQL*.
     ///
     /// # Examples
@@ -330,6 +331,9 @@ impl LockerBuilder {
                 (self.strategy != Strategy::default(), "strategy"),
                 (self.path_style != PathStyle::default(), "path_style"),
                 (self.allow_insecure_directory, "allow_insecure_directory"),
+                (!self.durable, "durable"),
+                (self.grace != DEFAULT_GRACE, "unreadable_grace"),
+                (self.foreign_lease != Some(DEFAULT_FOREIGN_LEASE), "foreign_lease"),
             ];
             if let Some((_, setting)) = files_only.iter().find(|(set, _)| *set) {
                 return invalid(format!(

@@ -22,7 +22,8 @@
 //! [`LockGuard`]. The guard carries a *lease*: its record says until when
 //! the lock is valid, and a renewal thread (one per `Locker`, independent of
 //! the Tokio runtime) renews it every `renew_interval`. Dropping the guard
-//! removes the lock synchronously. With [`LockerBuilder::fencing`], every
+//! removes the lock file synchronously (on PostgreSQL it queues the unlock;
+//! see [`LockGuard`]). With [`LockerBuilder::fencing`], every
 //! acquisition also gets a fencing token that grows with each acquisition
 //! of the name, for resources that must refuse a holder that was overtaken.
 //!

@@ -464,8 +464,9 @@ impl LockerBuilder {
     /// mount; I/O errors from creating or opening the directory;
     /// [`Error::Backend`] when the PostgreSQL server cannot be reached;
     /// [`Error::InvalidConfig`] also when a setting for lock files
-    /// (`directory`, `strategy`, `path_style`,
-    /// `allow_insecure_directory`) is combined with `postgres`.
+    /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`,
+    /// `durable`, `unreadable_grace`, `foreign_lease`) is combined with
+    /// `postgres`.
     pub fn build(self) -> Result<Locker> {
         Ok(Locker::from_engine(self.engine()?))
     }

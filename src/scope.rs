@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::guard::Grant;
 
 tokio::task_local! {
-    static HELD: Arc<Held>;
+    static SCOPE: Arc<ScopeSet>;
 }
 
 /// Orders scope entries and remembered holds, across all scopes, so that
@@ -34,10 +34,10 @@ static CLOCK: AtomicU64 = AtomicU64::new(0);
 /// and dropped there lets its entry lapse on its own, and a lapsed entry is
 /// never re-entered.
 #[derive(Debug)]
-struct Held {
+struct ScopeSet {
     map: Mutex<HashMap<(u64, String), Entry>>,
     /// The set of the scope this one was entered in.
-    parent: Option<Arc<Held>>,
+    parent: Option<Arc<ScopeSet>>,
     /// The tick this scope started at: of the parent's entries, only those
     /// remembered before it are visible here.
     started: u64,
@@ -60,44 +60,45 @@ fn tick() -> u64 {
 
 /// Runs `fut` in a new scope, nested in the current one if there is one.
 pub(crate) async fn run<F: Future>(fut: F) -> F::Output {
-    let held = Held {
+    let held = ScopeSet {
         map: Mutex::default(),
-        parent: HELD.try_with(Arc::clone).ok(),
+        parent: SCOPE.try_with(Arc::clone).ok(),
         started: tick(),
     };
-    HELD.scope(Arc::new(held), fut).await
+    SCOPE.scope(Arc::new(held), fut).await
 }
 
 /// The live hold of `file_name` by locker `id` visible in the current
 /// scope: its own, or one an enclosing scope held when the scope below it
 /// started.
 pub(crate) fn find(id: u64, file_name: &str) -> Option<Arc<Grant>> {
-    HELD.try_with(|held| {
-        let key = (id, file_name.to_owned());
-        let mut set = held;
-        let mut before = u64::MAX;
-        loop {
-            let found = {
-                let map = set.map.lock().unwrap_or_else(|e| e.into_inner());
-                map.get(&key)
-                    .filter(|entry| entry.at < before)
-                    .and_then(|entry| entry.grant.upgrade())
-            };
-            if found.is_some() {
-                return found;
+    SCOPE
+        .try_with(|held| {
+            let key = (id, file_name.to_owned());
+            let mut set = held;
+            let mut before = u64::MAX;
+            loop {
+                let found = {
+                    let map = set.map.lock().unwrap_or_else(|e| e.into_inner());
+                    map.get(&key)
+                        .filter(|entry| entry.at < before)
+                        .and_then(|entry| entry.grant.upgrade())
+                };
+                if found.is_some() {
+                    return found;
+                }
+                before = set.started;
+                set = set.parent.as_ref()?;
             }
-            before = set.started;
-            set = set.parent.as_ref()?;
-        }
-    })
-    .ok()
-    .flatten()
+        })
+        .ok()
+        .flatten()
 }
 
 /// Remembers a new hold in the current scope (not in the ones enclosing
 /// it), if there is one.
 pub(crate) fn remember(id: u64, file_name: &str, grant: &Arc<Grant>) {
-    let _ = HELD.try_with(|held| {
+    let _ = SCOPE.try_with(|held| {
         let mut map = held.map.lock().unwrap_or_else(|e| e.into_inner());
         map.retain(|_, entry| entry.grant.strong_count() > 0);
         let entry = Entry {

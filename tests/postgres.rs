@@ -463,7 +463,7 @@ fn file_settings_with_a_server_are_refused() {
     use leasehold::{PathStyle, Strategy};
     let dir = tempfile::tempdir().unwrap();
     let server = "host=/nonexistent-leasehold-test user=nobody";
-    let cases: [(&str, LockerBuilder); 4] = [
+    let cases: [(&str, LockerBuilder); 7] = [
         (
             "directory",
             Locker::builder().postgres(server).directory(dir.path()),
@@ -479,6 +479,17 @@ fn file_settings_with_a_server_are_refused() {
         (
             "allow_insecure_directory",
             Locker::builder().postgres(server).allow_insecure_directory(true),
+        ),
+        ("durable", Locker::builder().postgres(server).durable(false)),
+        (
+            "unreadable_grace",
+            Locker::builder()
+                .postgres(server)
+                .unreadable_grace(Duration::from_secs(3)),
+        ),
+        (
+            "foreign_lease",
+            Locker::builder().postgres(server).foreign_lease(None),
         ),
     ];
     for (setting, builder) in cases {

@@ -1,6 +1,6 @@
 //! The session thread: the one connection a PostgreSQL `Locker` holds its
-//! locks on, driven by a thread of its own, and the listener that wakes
-//! waiters when a lock is released anywhere.
+//! locks on, driven by a thread of its own, and [`PgLock`], a lock held on
+//! it. (The listener that wakes waiters is in `postgres.rs`.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
