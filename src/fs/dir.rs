@@ -1,9 +1,11 @@
 //! The lock directory: opened once, used only through its descriptor.
 
+use std::collections::{HashMap, VecDeque};
 use std::fs::{DirBuilder, File};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, IoResultExt, Result};
@@ -32,7 +34,9 @@ pub(crate) struct LockDir {
     ino: u64,
     /// Whether an inconclusive look at `configured` was reported already.
     moved_warned: std::sync::atomic::AtomicBool,
-    threads: std::sync::Mutex<()>,
+    /// This process's threads that want the directory lock, whatever
+    /// `Locker` they belong to, in arrival order.
+    turnstile: Arc<Turnstile>,
     /// On tmpfs, where `fdatasync` returns at once (and nothing outlives a
     /// reboot anyway).
     in_memory: bool,
@@ -78,7 +82,7 @@ impl LockDir {
             ino: meta.ino(),
             path,
             fd,
-            threads: std::sync::Mutex::new(()),
+            turnstile: Turnstile::of(meta.dev(), meta.ino()),
             in_memory,
         })
     }
@@ -167,31 +171,29 @@ impl LockDir {
 
     /// The mutation lock, or `None` when the patience ran out first.
     fn lock_within(&self, patience: Duration) -> Result<Option<MutationLock<'_>>> {
-        // One flock on the shared descriptor excludes other processes (a
-        // lock on an open file description does not exclude our own
-        // threads), and a mutex our threads. Both are only ever tried, in
-        // one loop bounded by the patience, and nobody sleeps holding
-        // either: the mutex is held for a few syscalls at a time.
+        // The flock excludes other processes (a lock on an open file
+        // description does not exclude our own threads); the turnstile, one
+        // per directory for the whole process, excludes our threads and
+        // serves them in arrival order, so only one of them polls the flock
+        // and a thread that takes the lock every few milliseconds cannot
+        // starve one that backs off between polls. Nobody sleeps holding
+        // the flock, and both waits are bounded by the patience.
         let deadline = Instant::now() + patience.min(MUTATION_PATIENCE);
+        let Some(turn) = self.turnstile.enter(deadline) else {
+            return Ok(None);
+        };
         let mut pause = Duration::from_micros(20);
         loop {
-            let threads = match self.threads.try_lock() {
-                Ok(guard) => Some(guard),
-                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
-            };
-            if let Some(threads) = threads {
-                match self.fd.try_lock() {
-                    Ok(()) => {
-                        return Ok(Some(MutationLock {
-                            fd: &self.fd,
-                            _threads: threads,
-                        }));
-                    }
-                    Err(std::fs::TryLockError::WouldBlock) => {}
-                    Err(std::fs::TryLockError::Error(e)) => {
-                        return Err(Error::io("lock the lock directory", &self.path, e));
-                    }
+            match self.fd.try_lock() {
+                Ok(()) => {
+                    return Ok(Some(MutationLock {
+                        fd: &self.fd,
+                        _turn: turn,
+                    }));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(Error::io("lock the lock directory", &self.path, e));
                 }
             }
             if Instant::now() >= deadline {
@@ -274,11 +276,87 @@ pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
     Ok(())
 }
 
+/// The threads of this process waiting for one directory's lock, served in
+/// arrival order, each for at most its own patience.
+#[derive(Debug, Default)]
+struct Turnstile {
+    line: Mutex<Line>,
+    moved: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Line {
+    next_ticket: u64,
+    waiting: VecDeque<u64>,
+    taken: bool,
+}
+
+/// A thread's turn at the directory lock; dropping it lets the next in.
+#[derive(Debug)]
+struct Turn<'a>(&'a Turnstile);
+
+impl Turnstile {
+    /// The turnstile of the directory `(dev, ino)`, shared by every
+    /// `Locker` of this process on it.
+    fn of(dev: u64, ino: u64) -> Arc<Self> {
+        type ByDirectory = HashMap<(u64, u64), Weak<Turnstile>>;
+        static ALL: OnceLock<Mutex<ByDirectory>> = OnceLock::new();
+        let mut all = lock(ALL.get_or_init(Mutex::default));
+        if let Some(turnstile) = all.get(&(dev, ino)).and_then(Weak::upgrade) {
+            return turnstile;
+        }
+        all.retain(|_, t| t.strong_count() > 0);
+        let turnstile = Arc::new(Turnstile::default());
+        all.insert((dev, ino), Arc::downgrade(&turnstile));
+        turnstile
+    }
+
+    /// Waits for this thread's turn, in arrival order, until `deadline`.
+    fn enter(&self, deadline: Instant) -> Option<Turn<'_>> {
+        let mut line = lock(&self.line);
+        let me = line.next_ticket;
+        line.next_ticket += 1;
+        line.waiting.push_back(me);
+        loop {
+            if !line.taken && line.waiting.front() == Some(&me) {
+                line.waiting.pop_front();
+                line.taken = true;
+                return Some(Turn(self));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                line.waiting.retain(|&ticket| ticket != me);
+                drop(line);
+                // Whoever was behind us may be first now.
+                self.moved.notify_all();
+                return None;
+            }
+            line = self
+                .moved
+                .wait_timeout(line, deadline - now)
+                .map(|(line, _)| line)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.line).taken = false;
+        self.0.moved.notify_all();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing here can be left torn by a panic.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Held while removing a lock path; dropping it unlocks.
 #[derive(Debug)]
 pub(crate) struct MutationLock<'a> {
     fd: &'a File,
-    _threads: std::sync::MutexGuard<'a, ()>,
+    _turn: Turn<'a>,
 }
 
 impl Drop for MutationLock<'_> {
@@ -309,5 +387,51 @@ mod tests {
         }
         // The directory itself, private and ours, passes.
         check_private(&LockDir::open(&real, false).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn the_turnstile_serves_in_arrival_order_and_a_timed_out_waiter_leaves_the_line() {
+        let turnstile = Arc::new(Turnstile::default());
+        let far = || Instant::now() + Duration::from_secs(10);
+        let first = turnstile.enter(far()).expect("free");
+        // A waiter whose patience runs out leaves without blocking others.
+        assert!(
+            turnstile
+                .enter(Instant::now() + Duration::from_millis(20))
+                .is_none()
+        );
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut threads = Vec::new();
+        for n in 0..4 {
+            let (t, order) = (Arc::clone(&turnstile), Arc::clone(&order));
+            threads.push(std::thread::spawn(move || {
+                let _turn = t.enter(Instant::now() + Duration::from_secs(10)).expect("served");
+                order.lock().unwrap().push(n);
+            }));
+            // Let each one queue before the next arrives.
+            while lock(&turnstile.line).waiting.len() < n + 1 {
+                std::thread::yield_now();
+            }
+        }
+        drop(first);
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
+        assert!(turnstile.enter(far()).is_some(), "free again");
+    }
+
+    #[test]
+    fn lockers_of_one_process_share_a_directorys_turnstile() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = LockDir::open(dir.path(), false).unwrap();
+        let b = LockDir::open(dir.path(), false).unwrap();
+        assert!(Arc::ptr_eq(&a.turnstile, &b.turnstile));
+        let held = a.mutation_lock().unwrap();
+        let started = Instant::now();
+        assert!(b.lock_within(Duration::from_millis(30)).unwrap().is_none());
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        drop(held);
+        assert!(b.try_mutation_lock().unwrap().is_some());
     }
 }
