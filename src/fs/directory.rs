@@ -39,14 +39,20 @@ fn suffix() -> String {
     format!("{:012x}", unique_bits().1 & 0xffff_ffff_ffff)
 }
 
-/// Publishes a new lock directory holding `record`; `None` if the path is
-/// taken. Returns the directory (flocked), its `owner.json` (kept open)
-/// and its identity.
-pub(super) fn create(
-    ctx: &Ctx,
-    name: &LockName,
-    record: &OwnRecord,
-) -> Result<Option<(File, File, u64, u64)>> {
+/// A lock directory this process just published.
+pub(super) struct Published {
+    /// The directory, flocked.
+    pub(super) dir: File,
+    /// Its `owner.json`, kept open.
+    pub(super) record_file: File,
+    pub(super) record: OwnRecord,
+    pub(super) dev: u64,
+    pub(super) ino: u64,
+}
+
+/// Publishes a new lock directory holding a new owner record; `None` if
+/// the path is taken.
+pub(super) fn create(ctx: &Ctx, name: &LockName) -> Result<Option<Published>> {
     let mut pending = format!("{}.pending-{}", name.file_name(), suffix());
     // Another process's pending directory could have the same name, once
     // in 2^48; then another name is tried, a few times at most.
@@ -78,7 +84,8 @@ pub(super) fn create(
     dir.try_lock()
         .map_err(|e| io::Error::other(e.to_string()))
         .context("lock pending lock directory", path)?;
-    let record_file = match write_owner(&dir, OWNER, record, ctx.durable) {
+    let record = ctx.own_record(name);
+    let record_file = match write_owner(&dir, OWNER, &record, ctx.durable) {
         Ok(file) => file,
         // As above: the pending directory was collected before our flock.
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -97,7 +104,13 @@ pub(super) fn create(
         Err(RenameError::Io(e)) => return Err(e).context("publish lock directory", path),
     }
     cleanup.armed = false;
-    Ok(Some((dir, record_file, meta.dev(), meta.ino())))
+    Ok(Some(Published {
+        dir,
+        record_file,
+        record,
+        dev: meta.dev(),
+        ino: meta.ino(),
+    }))
 }
 
 /// Writes a record to `file_name` inside `dir`, replacing any old one of

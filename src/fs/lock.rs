@@ -48,14 +48,26 @@ impl FsLock {
     /// (and synced when durable); `None` if the path is taken. Callers on
     /// the runtime's thread pass `patient: false` and never sleep here.
     pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName, patient: bool) -> Result<Option<Self>> {
-        let record = ctx.own_record(name);
-        let (node, dev, ino) = match ctx.strategy {
+        // The record is made once the path is ours (a directory's, once
+        // its pending directory is): an attempt that finds the lock taken
+        // makes none, and the lease is stamped as late as it can be.
+        let (node, record, dev, ino) = match ctx.strategy {
             Strategy::ExclusiveFile => match file::create(ctx, name, patient)? {
-                Some((file, dev, ino)) => (Node::File { file, record_len: 0 }, dev, ino),
+                Some((file, dev, ino)) => {
+                    (Node::File { file, record_len: 0 }, ctx.own_record(name), dev, ino)
+                }
                 None => return Ok(None),
             },
-            Strategy::Directory => match directory::create(ctx, name, &record)? {
-                Some((dir, record_file, dev, ino)) => (Node::Dir { dir, record_file }, dev, ino),
+            Strategy::Directory => match directory::create(ctx, name)? {
+                Some(p) => (
+                    Node::Dir {
+                        dir: p.dir,
+                        record_file: p.record_file,
+                    },
+                    p.record,
+                    p.dev,
+                    p.ino,
+                ),
                 None => return Ok(None),
             },
         };
