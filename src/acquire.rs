@@ -19,6 +19,7 @@ use std::time::Duration;
 use std::time::Instant;
 use tracing::Span;
 
+use crate::backend::Mode;
 use crate::engine::{Engine, far_future};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
@@ -30,6 +31,8 @@ use crate::timer::{self, Sleep};
 /// An acquisition in progress.
 pub(crate) struct Acquire<'a> {
     engine: &'a Engine,
+    /// What kind of holding is asked for.
+    mode: Mode,
     /// The acquisition's span; boxed, and only when it is enabled, so that
     /// with tracing off it costs a null pointer.
     span: Option<Box<Span>>,
@@ -58,14 +61,25 @@ enum Stage<'a> {
 }
 
 impl<'a> Acquire<'a> {
-    pub(crate) fn new(engine: &'a Engine, op: &'static str, name: &str, timeout: Option<Duration>) -> Self {
+    pub(crate) fn new(
+        engine: &'a Engine,
+        op: &'static str,
+        name: &str,
+        timeout: Option<Duration>,
+        mode: Mode,
+    ) -> Self {
         let span = engine.span(op, name);
         let span = (!span.is_none()).then(|| Box::new(span));
         let stage = match LockName::new(name, engine.path_style) {
             Ok(name) => Stage::Start { name, timeout },
             Err(e) => Stage::Invalid(Box::new(e)),
         };
-        Self { engine, span, stage }
+        Self {
+            engine,
+            mode,
+            span,
+            stage,
+        }
     }
 
     /// The boxed work of the turn's holder.
@@ -78,10 +92,10 @@ impl<'a> Acquire<'a> {
         deadline: Option<Instant>,
         started: Instant,
     ) -> Stage<'a> {
-        let engine = self.engine;
+        let (engine, mode) = (self.engine, self.mode);
         Stage::Head(Box::pin(async move {
             engine
-                .take_turn(&name, queue, turn, head, deadline, started)
+                .take_turn(&name, mode, queue, turn, head, deadline, started)
                 .await
         }))
     }
@@ -109,7 +123,7 @@ impl Future for Acquire<'_> {
                             what: "leasehold's async methods must run inside a Tokio runtime",
                         }));
                     }
-                    if let Some(guard) = engine.reenter(&name) {
+                    if let Some(guard) = engine.reenter(&name, this.mode) {
                         return Poll::Ready(guard);
                     }
                     let started = timer::now();
@@ -123,7 +137,7 @@ impl Future for Acquire<'_> {
                     } else {
                         name
                     };
-                    this.stage = match queue.join(cx.waker()) {
+                    this.stage = match queue.join(cx.waker(), this.mode == Mode::Exclusive) {
                         Join::Head(head) => {
                             let fresh = Turn::Fresh { courtesy: false };
                             this.head(name, queue, fresh, Some(head), deadline, started)

@@ -14,14 +14,37 @@
 //! ([`Backend::attempt_inline`] defaults to `None`), and nothing to clean.
 
 use std::path::{Path, PathBuf};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::{Instant, SystemTime};
 
 use crate::error::{LossReason, Result};
 use crate::name::LockName;
 use crate::owner::Owner;
 use crate::record::OwnRecord;
+use crate::renew::Renewable;
 use crate::stale::StaleReason;
+
+/// What kind of holding an acquisition asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Mode {
+    /// One holder, nobody else.
+    Exclusive,
+    /// Any number of shared holders, no exclusive one.
+    Shared,
+    /// At most this many holders (a counting semaphore's permits).
+    Permit(u32),
+}
+
+impl Mode {
+    /// The name a record and a listing give this kind of holding.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+            Mode::Permit(_) => "semaphore",
+        }
+    }
+}
 
 /// The result of one attempt to take a lock. `K` is what the caller's
 /// `arm` made of the lock: the lock with its renewal running.
@@ -37,6 +60,10 @@ pub(crate) enum Attempt<K> {
         /// When the lock could next become stale without any event (its
         /// lease runs out, or an unreadable record's grace ends).
         recheck_at: Option<SystemTime>,
+        /// Held by shared holders (or semaphore permits): an exclusive
+        /// waiter should [announce](Backend::announce) itself, so that no
+        /// new ones join ahead of it.
+        sharers: bool,
     },
 }
 
@@ -44,6 +71,11 @@ pub(crate) enum Attempt<K> {
 #[derive(Debug)]
 pub(crate) struct Inspection {
     pub(crate) owner: Owner,
+    /// Every holder: the owner alone for an exclusive lock, every live
+    /// shared holder (or permit holder) otherwise.
+    pub(crate) holders: Vec<Owner>,
+    /// How it is held.
+    pub(crate) mode: Mode,
     /// Why the next attempt would reclaim it; `None` while it is held.
     pub(crate) stale: Option<StaleReason>,
     /// Where it lives, for a backend with paths.
@@ -132,6 +164,7 @@ pub(crate) trait Backend {
     fn attempt<K: Kept>(
         &self,
         name: &LockName,
+        mode: Mode,
         deadline: Option<Instant>,
         arm: Arm<'_, Self::Lock, K>,
     ) -> Result<Attempt<K>>;
@@ -139,8 +172,23 @@ pub(crate) trait Backend {
     /// The uncontended case, without blocking the caller's thread: `None`
     /// when the backend cannot tell that cheaply; then [`attempt`](Self::attempt)
     /// on the blocking pool.
-    fn attempt_inline<K: Kept>(&self, name: &LockName, arm: Arm<'_, Self::Lock, K>) -> Result<Option<K>> {
-        let _ = (name, arm);
+    fn attempt_inline<K: Kept>(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        arm: Arm<'_, Self::Lock, K>,
+    ) -> Result<Option<K>> {
+        let _ = (name, mode, arm);
+        Ok(None)
+    }
+
+    /// Says in the store that an exclusive acquisition waits for `name`,
+    /// which shared holders (or permit holders) hold, so that new ones
+    /// queue behind it. The announcement lasts while the returned value
+    /// lives and is renewed through it; `None` when the store orders
+    /// waiters by itself.
+    fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
+        let _ = name;
         Ok(None)
     }
 

@@ -6,11 +6,12 @@
 //! an event, the lock's lease end, a safety-net poll or the deadline. What
 //! it gets becomes a [`LockGuard`] in [`Engine::finish`].
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::backend::{Attempt, Backend, Waiters, Wake};
+use crate::backend::{Attempt, Backend, Mode, Waiters, Wake};
 use crate::error::{Error, Result};
 use crate::guard::{COURTESY, Grant, LockGuard, TokenStep};
 use crate::lease::{Hold, Keeper};
@@ -44,6 +45,9 @@ pub(crate) struct Engine {
     poll_interval: Duration,
     pub(crate) queues: Arc<Queues<Hold>>,
     pub(crate) path_style: PathStyle,
+    /// The shared hold of each name this `Locker` holds shared: new shared
+    /// acquisitions join it rather than go to the store.
+    shared: Mutex<HashMap<String, Weak<Grant>>>,
 }
 
 impl Wake for Queues<Hold> {
@@ -84,14 +88,16 @@ impl Engine {
             poll_interval,
             queues,
             path_style,
+            shared: Mutex::default(),
         })
     }
 
-    /// One attempt to take `name` without waiting for other tasks or
-    /// processes: `None` when anyone holds it (or waits for it here).
-    pub(crate) async fn try_acquire(&self, name: &str) -> Result<Option<LockGuard>> {
+    /// One attempt to take `name` as `mode` without waiting for other
+    /// tasks or processes: `None` when anyone holds it in a way that
+    /// excludes `mode` (or waits for it here).
+    pub(crate) async fn try_acquire(&self, name: &str, mode: Mode) -> Result<Option<LockGuard>> {
         let name = LockName::new(name, self.path_style)?;
-        if let Some(guard) = self.reenter(&name) {
+        if let Some(guard) = self.reenter(&name, mode) {
             return guard.map(Some);
         }
         let started = timer::now();
@@ -101,21 +107,58 @@ impl Engine {
         let Some(head) = queue.try_head() else {
             return Ok(None);
         };
-        match self.attempt(&name, None).await? {
+        if let Some(guard) = self.join_shared(&name, mode) {
+            return Ok(Some(guard));
+        }
+        match self.attempt(&name, mode, None).await? {
             Attempt::Acquired(hold) => {
-                head.disarm();
-                self.finish(&name, hold, queue, started, false).await.map(Some)
+                let guard = self.finish(&name, hold, Arc::clone(&queue), started, false).await;
+                self.settle(head, mode);
+                guard.map(Some)
             }
             Attempt::Busy { .. } => Ok(None),
         }
     }
 
+    /// After an acquisition as `mode`: an exclusive hold keeps the queue's
+    /// turn until it is released; a shared hold or a permit passes it on at
+    /// once, so the next local waiter can join (or take another permit).
+    fn settle(&self, head: Head<Hold>, mode: Mode) {
+        if mode == Mode::Exclusive {
+            head.disarm();
+        } else {
+            drop(head);
+        }
+    }
+
+    /// A guard on the shared hold this `Locker` already has of `name`, if
+    /// `mode` is shared and there is one, still held.
+    fn join_shared(&self, name: &LockName, mode: Mode) -> Option<LockGuard> {
+        if mode != Mode::Shared {
+            return None;
+        }
+        let grant = {
+            let shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            shared.get(name.file_name())?.upgrade()?
+        };
+        if grant.is_lost() {
+            return None;
+        }
+        let guard = grant.guard()?.ok()?;
+        bump(&self.counters.acquisitions);
+        bump(&self.counters.shared_acquisitions);
+        scope::remember(self.id, name.file_name(), &grant);
+        Some(guard)
+    }
+
     /// The work of the task holding the name's turn: take the lock handed
     /// over to it, or go to the disk for it. Without `head`, the turn came
     /// from the queue.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn take_turn(
         &self,
         name: &LockName,
+        mode: Mode,
         queue: Arc<Queue<Hold>>,
         mut turn: Turn<Hold>,
         mut head: Option<Head<Hold>>,
@@ -124,6 +167,24 @@ impl Engine {
     ) -> Result<LockGuard> {
         let queued = head.is_none();
         let counters = &self.counters;
+        if mode != Mode::Exclusive && !matches!(turn, Turn::Handoff(_)) {
+            // Our turn: join this Locker's shared hold if it has one, else
+            // take a hold (or permit) from the store; either way the turn
+            // goes on to the next local waiter right after.
+            let head = head.take().unwrap_or_else(|| Head::adopt(&queue));
+            if let Some(guard) = self.join_shared(name, mode) {
+                return Ok(guard);
+            }
+            if let Turn::Fresh { courtesy: true } = turn {
+                timer::sleep(COURTESY).await;
+            }
+            let (hold, waited) = self.wait_on_disk(name, mode, &queue, deadline, started).await?;
+            let guard = self
+                .finish(name, hold, Arc::clone(&queue), started, queued || waited)
+                .await;
+            self.settle(head, mode);
+            return guard;
+        }
         let (hold, contended) = loop {
             match turn {
                 Turn::Handoff(hold) if !hold.is_lost() => {
@@ -143,7 +204,7 @@ impl Engine {
                     if courtesy {
                         timer::sleep(COURTESY).await;
                     }
-                    let (hold, waited) = self.wait_on_disk(name, &queue, deadline, started).await?;
+                    let (hold, waited) = self.wait_on_disk(name, mode, &queue, deadline, started).await?;
                     head.disarm();
                     break (hold, queued || waited);
                 }
@@ -166,9 +227,28 @@ impl Engine {
         )
     }
 
-    /// A re-entrant guard, if the current scope holds `name`.
-    pub(crate) fn reenter(&self, name: &LockName) -> Option<Result<LockGuard>> {
-        let guard = scope::find(self.id, name.file_name())?.guard()?;
+    /// A re-entrant guard, if the current scope holds `name` in a way that
+    /// covers `mode`: an exclusive hold covers every kind, a shared hold
+    /// covers shared, a permit covers a permit of the same semaphore. An
+    /// exclusive acquisition of a name the scope holds otherwise would wait
+    /// for itself: an error. Other mixes are the kind mismatch they would
+    /// be in the store.
+    pub(crate) fn reenter(&self, name: &LockName, mode: Mode) -> Option<Result<LockGuard>> {
+        let grant = scope::find(self.id, name.file_name())?;
+        let held = grant.mode();
+        if held != Mode::Exclusive && held != mode {
+            return Some(Err(match mode {
+                Mode::Exclusive => Error::WouldDeadlock {
+                    name: name.as_str().to_owned(),
+                },
+                _ => Error::KindMismatch {
+                    name: name.as_str().to_owned(),
+                    held: describe(held),
+                    asked: describe(mode),
+                },
+            }));
+        }
+        let guard = grant.guard()?;
         if guard.is_ok() {
             bump(&self.counters.reentrant);
         }
@@ -194,6 +274,18 @@ impl Engine {
         };
         let counters = &self.counters;
         bump(&counters.acquisitions);
+        match grant.mode() {
+            Mode::Exclusive => {}
+            Mode::Shared => {
+                bump(&counters.shared_acquisitions);
+                let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+                if shared.len() > 1024 {
+                    shared.retain(|_, grant| grant.strong_count() > 0);
+                }
+                shared.insert(name.file_name().to_owned(), Arc::downgrade(&grant));
+            }
+            Mode::Permit(_) => bump(&counters.permit_acquisitions),
+        }
         if contended {
             bump(&counters.contended);
         }
@@ -223,6 +315,7 @@ impl Engine {
     async fn wait_on_disk(
         &self,
         name: &LockName,
+        mode: Mode,
         queue: &Queue<Hold>,
         deadline: Option<Instant>,
         started: Instant,
@@ -231,14 +324,24 @@ impl Engine {
         let mut jitter = None;
         let mut waited = false;
         let mut woken_by_event = false;
+        // An exclusive waiter's announcement to shared holders, renewed
+        // while it waits and withdrawn when this returns (or is dropped).
+        let mut announced = None;
         loop {
             // Armed before the attempt, so an event during it is not lost.
             let changed = queue.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let recheck_at = match self.attempt(name, deadline).await? {
+            let recheck_at = match self.attempt(name, mode, deadline).await? {
                 Attempt::Acquired(hold) => return Ok((hold, waited)),
-                Attempt::Busy { owner, recheck_at } => {
+                Attempt::Busy {
+                    owner,
+                    recheck_at,
+                    sharers,
+                } => {
+                    if sharers && mode == Mode::Exclusive && announced.is_none() {
+                        announced = self.announce(name).await?;
+                    }
                     if !waited {
                         tracing::debug!(
                             lock = name.as_str(),
@@ -305,19 +408,52 @@ impl Engine {
     ///
     /// A lock server is told `deadline`, so that a statement stuck there
     /// cannot keep the caller past it.
-    async fn attempt(&self, name: &LockName, deadline: Option<Instant>) -> Result<Attempt<Hold>> {
+    async fn attempt(&self, name: &LockName, mode: Mode, deadline: Option<Instant>) -> Result<Attempt<Hold>> {
         bump(&self.counters.fs_attempts);
         let keeper = &self.keeper;
-        let arm = |lock, tokens| keeper.hold(name.as_str(), lock, tokens);
-        if let Some(hold) = self.store.attempt_inline(name, &arm)? {
+        let arm = |lock, tokens| keeper.hold(name.as_str(), mode, lock, tokens);
+        if let Some(hold) = self.store.attempt_inline(name, mode, &arm)? {
             return Ok(Attempt::Acquired(hold));
         }
         let (store, name, keeper) = (self.store.clone(), name.clone(), self.keeper.clone());
         blocking(move || {
-            let arm = |lock, tokens| keeper.hold(name.as_str(), lock, tokens);
-            store.attempt(&name, deadline, &arm)
+            let arm = |lock, tokens| keeper.hold(name.as_str(), mode, lock, tokens);
+            store.attempt(&name, mode, deadline, &arm)
         })
         .await?
+    }
+
+    /// Announces an exclusive waiter for `name` to its shared holders and
+    /// has the renewal thread keep the announcement current. Dropping the
+    /// result withdraws it.
+    async fn announce(&self, name: &LockName) -> Result<Option<Announced>> {
+        let (store, name) = (self.store.clone(), name.clone());
+        let Some(announcement) = blocking(move || store.announce(&name)).await?? else {
+            return Ok(None);
+        };
+        let registration = self
+            .keeper
+            .renewer
+            .add_weak(Arc::downgrade(&announcement), self.keeper.renew_interval);
+        Ok(Some(Announced {
+            _registration: registration,
+            _announcement: announcement,
+        }))
+    }
+}
+
+/// An exclusive waiter's announcement, kept current by the renewal
+/// thread; withdrawn when dropped.
+struct Announced {
+    _registration: Option<crate::renew::Registration>,
+    _announcement: Arc<dyn crate::renew::Renewable>,
+}
+
+/// How a kind of holding reads in an [`Error::KindMismatch`].
+fn describe(mode: Mode) -> String {
+    match mode {
+        Mode::Permit(n) => format!("a semaphore of {n} permits"),
+        other => other.as_str().to_owned(),
     }
 }
 

@@ -128,6 +128,32 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// The name is held as another kind of lock than the one asked for:
+    /// shared holders found a semaphore, or a semaphore of another permit
+    /// count (processes must agree on a semaphore's count: see
+    /// [`Locker::semaphore`](crate::Locker::semaphore)). Exclusive
+    /// acquisitions never get this: they wait for every kind.
+    #[error("lock {name:?} is held as {held}, not as {asked}")]
+    KindMismatch {
+        /// The lock name.
+        name: String,
+        /// How it is held, e.g. `"a semaphore of 3 permits"`.
+        held: String,
+        /// How it was asked for, e.g. `"shared"`.
+        asked: String,
+    },
+
+    /// The acquisition would wait for a lock its own scope holds: an
+    /// exclusive acquisition of a name that the current
+    /// [`scope`](crate::Locker::scope) holds shared. Upgrades are not
+    /// offered (two scopes upgrading at once would wait for each other
+    /// forever); release the shared guard first.
+    #[error("acquiring {name:?} exclusively would wait forever: this scope holds it shared")]
+    WouldDeadlock {
+        /// The lock name.
+        name: String,
+    },
+
     /// The lock server (PostgreSQL) failed or could not be reached.
     #[error("cannot {op}")]
     Backend {

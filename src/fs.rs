@@ -16,6 +16,7 @@ mod directory;
 mod fence;
 mod file;
 mod found;
+mod group;
 mod layout;
 mod leftover;
 mod lock;
@@ -26,17 +27,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Waiters};
+use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters};
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::renew::Renewable;
 use crate::stale::{self, Verdict};
 use crate::stats::Counters;
 
 use context::Ctx;
 pub(crate) use dir::{LockDir, check_private, per_user_directory};
 use found::Found;
+use group::Joined;
 pub use layout::Strategy;
 pub(crate) use lock::FsLock;
+use lock::Whole;
 use wake::Watcher;
 
 /// Create-or-reclaim rounds in one attempt before reporting contention; a
@@ -104,15 +108,34 @@ impl Fs {
         })
     }
 
-    fn create_or_reclaim<K: Kept>(&self, name: &LockName, arm: Arm<'_, FsLock, K>) -> Result<Attempt<K>> {
+    fn create_or_reclaim<K: Kept>(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        arm: Arm<'_, FsLock, K>,
+    ) -> Result<Attempt<K>> {
         let ctx = &self.ctx;
         for _ in 0..ROUNDS {
-            let created = match ctx.strategy {
+            let created = match (mode, ctx.strategy) {
+                (Mode::Shared | Mode::Permit(_), _) => match group::join(ctx, name, mode)? {
+                    Joined::Member(member) => Some(FsLock::Member(*member)),
+                    Joined::Busy { owner, recheck_at } => {
+                        leftover::sweep(ctx);
+                        return Ok(Attempt::Busy {
+                            owner,
+                            recheck_at,
+                            sharers: true,
+                        });
+                    }
+                    Joined::Again => continue,
+                    // Held exclusively: judged below.
+                    Joined::NotShared => None,
+                },
                 // Publishing makes (and, when the path is taken, removes) a
                 // pending directory: not worth it when the path is plainly
                 // taken, and what a waiter killed meanwhile would leave.
-                Strategy::Directory if ctx.path_taken(name) => None,
-                _ => FsLock::create(ctx, name, true)?,
+                (Mode::Exclusive, Strategy::Directory) if ctx.path_taken(name) => None,
+                (Mode::Exclusive, _) => Whole::create(ctx, name, true)?.map(FsLock::Whole),
             };
             if let Some(lock) = created {
                 let kept = arm(lock, None);
@@ -126,15 +149,23 @@ impl Fs {
             let Some(mut found) = Found::open(ctx, name)? else {
                 continue;
             };
-            match found.judge(ctx) {
+            match found.judge(ctx, name) {
                 Verdict::Stale(reason) => {
                     found.reclaim(ctx, name, reason)?;
                 }
                 _ => {
                     leftover::sweep(ctx);
+                    let sharers = group::marker(&found.parsed).is_some();
+                    // A marker's lease says nothing: its holders' deaths
+                    // are events in the members directory.
+                    let recheck_at = match sharers {
+                        true => None,
+                        false => stale::recheck_at(&found.parsed, found.mtime, ctx.rules()),
+                    };
                     return Ok(Attempt::Busy {
                         owner: Some(found.owner()),
-                        recheck_at: stale::recheck_at(&found.parsed, found.mtime, ctx.rules()),
+                        recheck_at,
+                        sharers,
                     });
                 }
             }
@@ -142,6 +173,7 @@ impl Fs {
         Ok(Attempt::Busy {
             owner: None,
             recheck_at: None,
+            sharers: false,
         })
     }
 }
@@ -162,13 +194,14 @@ impl Backend for Fs {
     fn attempt<K: Kept>(
         &self,
         name: &LockName,
+        mode: Mode,
         _deadline: Option<Instant>,
         arm: Arm<'_, FsLock, K>,
     ) -> Result<Attempt<K>> {
         // Checked after the attempt, so a lock created in a directory
         // moved meanwhile is dropped (and so removed) here; and checked on
         // failure, which a removed directory causes.
-        let attempt = self.create_or_reclaim(name, arm);
+        let attempt = self.create_or_reclaim(name, mode, arm);
         self.ctx.ensure_dir_in_place()?;
         attempt
     }
@@ -176,10 +209,16 @@ impl Backend for Fs {
     /// One attempt to create the lock, never sleeping, never taking the
     /// directory lock, and syncing only where that cannot block (a
     /// directory in memory). `None` when anything more is needed (the path
-    /// is taken, a record to judge, fencing, a sync to a disk).
-    fn attempt_inline<K: Kept>(&self, name: &LockName, arm: Arm<'_, FsLock, K>) -> Result<Option<K>> {
+    /// is taken, a record to judge, fencing, a sync to a disk, a shared
+    /// lock's group to join under the directory lock).
+    fn attempt_inline<K: Kept>(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        arm: Arm<'_, FsLock, K>,
+    ) -> Result<Option<K>> {
         let ctx = &self.ctx;
-        if (ctx.durable && !ctx.dir.in_memory()) || ctx.fencing {
+        if (ctx.durable && !ctx.dir.in_memory()) || ctx.fencing || mode != Mode::Exclusive {
             return Ok(None);
         }
         // Publishing a directory takes a dozen calls even when it fails;
@@ -188,7 +227,7 @@ impl Backend for Fs {
         if ctx.strategy == Strategy::Directory && ctx.path_taken(name) {
             return Ok(None);
         }
-        let created = match FsLock::create(ctx, name, false) {
+        let created = match Whole::create(ctx, name, false) {
             Ok(created) => created,
             Err(error) => {
                 ctx.ensure_dir_in_place()?;
@@ -198,7 +237,7 @@ impl Backend for Fs {
         let Some(lock) = created else {
             return Ok(None);
         };
-        let kept = arm(lock, None);
+        let kept = arm(FsLock::Whole(lock), None);
         // As in `attempt`: dropping the kept lock removes it.
         ctx.ensure_dir_in_place()?;
         Ok(Some(kept))
@@ -209,12 +248,19 @@ impl Backend for Fs {
         let Some(mut found) = Found::open(ctx, name)? else {
             return Ok(None);
         };
-        let stale = match found.judge(ctx) {
+        let stale = match found.judge(ctx, name) {
             Verdict::Stale(reason) => Some(reason),
             _ => None,
         };
+        let owner = found.owner();
+        let (mode, holders) = match group::marker(&found.parsed) {
+            Some(marked) => (group::mode_of(marked), group::holders(ctx, name)?),
+            None => (Mode::Exclusive, vec![owner.clone()]),
+        };
         Ok(Some(Inspection {
-            owner: found.owner(),
+            owner,
+            holders,
+            mode,
             stale,
             path: Some(ctx.path_of(name.file_name())),
         }))
@@ -251,7 +297,7 @@ impl Backend for Fs {
                 continue;
             };
             // Judge again: it may have changed hands since it was listed.
-            if found.judge(ctx) == Verdict::Stale(reason) && found.reclaim(ctx, &name, reason)? {
+            if found.judge(ctx, &name) == Verdict::Stale(reason) && found.reclaim(ctx, &name, reason)? {
                 cleaned.push((name, inspection));
             }
         }
@@ -262,9 +308,19 @@ impl Backend for Fs {
     /// Starts the directory watcher (and, for the directory strategy, a
     /// watch inside the lock's directory, whose holder's death is a close
     /// there).
+    /// A shared lock's (or semaphore's) members directory is watched too,
+    /// when there is one: a holder's death is a close there.
     fn watch(&self, name: &LockName) -> bool {
-        self.watcher.ensure(&self.ctx.dir, &self.waiters)
-            && (self.ctx.strategy != Strategy::Directory || self.watcher.ensure_child(name.file_name()))
+        let watched = self.watcher.ensure(&self.ctx.dir, &self.waiters)
+            && (self.ctx.strategy != Strategy::Directory || self.watcher.ensure_child(name.file_name()));
+        if watched {
+            self.watcher.ensure_child(&group::members_dir(name.file_name()));
+        }
+        watched
+    }
+
+    fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
+        Ok(group::announce(&self.ctx, name)?.map(|a| Arc::new(a) as Arc<dyn Renewable>))
     }
 
     fn directory(&self) -> Option<&Path> {

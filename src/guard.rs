@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::backend::Mode;
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Hold, Lease};
 use crate::owner::Owner;
@@ -152,6 +153,16 @@ impl Grant {
     }
 
     /// This acquisition's fencing token, without I/O if it is at hand.
+    /// What kind of holding this is.
+    pub(crate) fn mode(&self) -> Mode {
+        self.lease.mode()
+    }
+
+    /// Whether the lock was lost.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
     pub(crate) fn take_token(&self) -> TokenStep {
         let hold = lock(&self.hold);
         let Some(hold) = hold.as_ref() else {
@@ -210,7 +221,14 @@ pub(crate) fn pass_on(hold: Hold, queue: &Queue<Hold>) {
 impl Drop for Grant {
     fn drop(&mut self) {
         if let Some(hold) = self.take() {
-            pass_on(hold, &self.queue);
+            if self.lease.mode() == Mode::Exclusive {
+                pass_on(hold, &self.queue);
+            } else {
+                // A shared hold or a permit never held the queue's turn:
+                // leave, then wake whoever waits on the disk here.
+                drop(hold);
+                self.queue.changed.notify_waiters();
+            }
         }
     }
 }
@@ -224,6 +242,30 @@ impl LockGuard {
     /// The record written when the lock was taken from the disk.
     pub fn owner(&self) -> &Owner {
         self.lease.owner()
+    }
+
+    /// Whether this guard holds the name shared (from
+    /// [`acquire_shared`](crate::Locker::acquire_shared) and its kin):
+    /// other shared guards, in this process or others, may hold it at the
+    /// same time, but no exclusive one. `false` for an exclusive guard, for
+    /// a semaphore permit, and for a shared acquisition that re-entered an
+    /// exclusive hold of its [`scope`](crate::Locker::scope) (which holds
+    /// the name exclusively).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let reader = locker.acquire_shared("catalog").await?;
+    /// let other = locker.acquire_shared("catalog").await?;
+    /// assert!(reader.is_shared() && other.is_shared());
+    /// assert!(locker.try_acquire("catalog").await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_shared(&self) -> bool {
+        self.lease.mode() == Mode::Shared
     }
 
     /// This acquisition's fencing token, when the `Locker` was built with
@@ -378,6 +420,20 @@ impl LockGuard {
         let Some(hold) = grant.take() else {
             return Ok(());
         };
+        if grant.mode() != Mode::Exclusive {
+            // Never held the queue's turn: leave, then wake the local waiter.
+            let lost = hold.is_lost();
+            let released = blocking(move || hold.release(true)).await;
+            grant.queue.changed.notify_waiters();
+            return match (lost, released??) {
+                (true, _) => Err(self.lease.lost_error()),
+                (false, None) => Ok(()),
+                (false, Some(reason)) => Err(Error::Lost {
+                    name: self.lease.name().to_owned(),
+                    reason,
+                }),
+            };
+        }
         let Next::Release { hold, courtesy } = hand_on(hold, &grant.queue) else {
             return Ok(());
         };

@@ -7,7 +7,7 @@ use crate::backend::{Backend, Inspection};
 use crate::error::Result;
 use crate::locker::Locker;
 use crate::name::LockName;
-use crate::owner::{LockInfo, Owner};
+use crate::owner::{LockInfo, LockKind, Owner};
 use crate::pool::blocking;
 use crate::stale::StaleReason;
 
@@ -44,6 +44,41 @@ impl Locker {
         Ok(inspection
             .filter(|(_, i)| i.stale.is_none())
             .map(|(_, i)| i.owner))
+    }
+
+    /// Every live holder of `name`: the one exclusive holder, or every
+    /// shared holder (every permit holder of a semaphore), oldest first.
+    /// Empty when nobody holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`holder`](Self::holder).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let one = leasehold::Locker::new(dir.path())?;
+    /// let two = leasehold::Locker::new(dir.path())?;
+    /// let _a = one.acquire_shared("catalog").await?;
+    /// let _b = two.acquire_shared("catalog").await?;
+    /// let holders = one.holders("catalog").await?;
+    /// assert_eq!(holders.len(), 2);
+    /// assert!(holders.iter().all(|h| h.pid() == Some(std::process::id())));
+    /// # Ok(()) }
+    /// ```
+    pub async fn holders(&self, name: &str) -> Result<Vec<Owner>> {
+        let name = LockName::new(name, self.engine.path_style)?;
+        let inspection = self.lookup(Some(name)).await?.pop();
+        Ok(inspection
+            .filter(|(_, i)| i.stale.is_none())
+            .map(|(_, i)| i.holders)
+            .unwrap_or_default())
     }
 
     /// One lock (or, with `None`, every lock) as the store has it.
@@ -163,6 +198,7 @@ impl Locker {
                     inspection.owner,
                     inspection.stale.map(StaleReason::as_str),
                 )
+                .with_holders(LockKind::from_mode(inspection.mode), inspection.holders)
             })
             .collect()
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::backend::{BackendLock, Kept, Renewal, Tokens};
+use crate::backend::{BackendLock, Kept, Mode, Renewal, Tokens};
 use crate::error::{Error, LossReason, Result};
 use crate::owner::Owner;
 use crate::renew::{Registration, Renewable, Renewer, Step};
@@ -32,6 +32,8 @@ pub(crate) struct Hold {
 #[derive(Debug)]
 pub(crate) struct Lease {
     name: Arc<str>,
+    /// What kind of holding it is.
+    mode: Mode,
     held: Mutex<Option<StoreLock>>,
     lost: watch::Sender<Option<LossReason>>,
     owner: Owner,
@@ -68,12 +70,13 @@ pub(crate) struct Keeper {
 impl Keeper {
     /// Arms renewal of `held`, the first one due `renew_interval` after the
     /// record was written.
-    pub(crate) fn hold(&self, name: &str, held: StoreLock, tokens: Option<Tokens>) -> Hold {
+    pub(crate) fn hold(&self, name: &str, mode: Mode, held: StoreLock, tokens: Option<Tokens>) -> Hold {
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         let renew_ms = u64::try_from(self.renew_interval.as_millis()).unwrap_or(u64::MAX);
         let first = renewal_due_in(&held, self.renew_interval);
         let lease = Arc::new(Lease {
             name: name.into(),
+            mode,
             owner: Owner::from_record(&held.record().parsed()),
             deadline_ms: AtomicU64::new(lease_deadline_boot_ms(&held)),
             held: Mutex::new(Some(held)),
@@ -208,6 +211,10 @@ impl Lease {
 
     pub(crate) fn owner(&self) -> &Owner {
         &self.owner
+    }
+
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// A receiver for the loss report.

@@ -217,6 +217,8 @@ mod queue;
 mod record;
 mod renew;
 mod scope;
+mod semaphore;
+mod shared;
 mod stale;
 mod stats;
 mod store;
@@ -230,7 +232,8 @@ pub use fs::Strategy;
 pub use guard::LockGuard;
 pub use locker::Locker;
 pub use name::PathStyle;
-pub use owner::{LockInfo, Owner};
+pub use owner::{LockInfo, LockKind, Owner};
+pub use semaphore::Semaphore;
 pub use stats::Stats;
 
 #[doc = include_str!("../docs/format.md")]

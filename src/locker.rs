@@ -11,7 +11,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use crate::acquire::Acquire;
-use crate::backend::Backend;
+use crate::backend::{Backend, Mode};
 use crate::builder::LockerBuilder;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -229,7 +229,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub fn acquire(&self, name: &str) -> impl Future<Output = Result<LockGuard>> + Send + use<'_> {
-        Acquire::new(&self.engine, "acquire", name, None)
+        Acquire::new(&self.engine, "acquire", name, None, Mode::Exclusive)
     }
 
     /// Acquires the lock `name` if that can be done without waiting.
@@ -258,7 +258,7 @@ impl Locker {
     /// ```
     pub async fn try_acquire(&self, name: &str) -> Result<Option<LockGuard>> {
         self.engine
-            .try_acquire(name)
+            .try_acquire(name, Mode::Exclusive)
             .instrument(self.engine.span("try_acquire", name))
             .await
     }
@@ -297,7 +297,13 @@ impl Locker {
         name: &str,
         timeout: Duration,
     ) -> impl Future<Output = Result<LockGuard>> + Send + use<'_> {
-        Acquire::new(&self.engine, "acquire_timeout", name, Some(timeout))
+        Acquire::new(
+            &self.engine,
+            "acquire_timeout",
+            name,
+            Some(timeout),
+            Mode::Exclusive,
+        )
     }
 
     /// Runs `fut` in a re-entrancy scope.

@@ -182,6 +182,49 @@ pub struct LockInfo {
     name: String,
     owner: Owner,
     stale: Option<&'static str>,
+    kind: LockKind,
+    holders: Vec<Owner>,
+}
+
+/// How a name is held.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// use leasehold::LockKind;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = leasehold::Locker::new(dir.path())?;
+/// let _permit = locker.semaphore("gpu", 2)?.acquire().await?;
+/// let info = locker.inspect("gpu").await?.unwrap();
+/// assert_eq!(info.kind(), LockKind::Semaphore { permits: 2 });
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// One holder ([`Locker::acquire`](crate::Locker::acquire)).
+    Exclusive,
+    /// Shared holders ([`Locker::acquire_shared`](crate::Locker::acquire_shared)).
+    Shared,
+    /// Permit holders of a [`Semaphore`](crate::Semaphore) of this many
+    /// permits.
+    Semaphore {
+        /// The semaphore's permit count.
+        permits: u32,
+    },
+}
+
+impl LockKind {
+    pub(crate) fn from_mode(mode: crate::backend::Mode) -> Self {
+        use crate::backend::Mode;
+        match mode {
+            Mode::Exclusive => LockKind::Exclusive,
+            Mode::Shared => LockKind::Shared,
+            Mode::Permit(permits) => LockKind::Semaphore { permits },
+        }
+    }
 }
 
 impl LockInfo {
@@ -194,9 +237,31 @@ impl LockInfo {
         Self {
             path,
             name,
+            holders: vec![owner.clone()],
             owner,
             stale,
+            kind: LockKind::Exclusive,
         }
+    }
+
+    /// The same, held as `kind` by `holders`.
+    pub(crate) fn with_holders(mut self, kind: LockKind, holders: Vec<Owner>) -> Self {
+        self.kind = kind;
+        self.holders = holders;
+        self
+    }
+
+    /// How the name is held: exclusively, shared, or as a semaphore.
+    pub fn kind(&self) -> LockKind {
+        self.kind
+    }
+
+    /// Every holder: the owner alone for an exclusive lock; for a shared
+    /// lock or a semaphore, every live holder, oldest first (pid, host,
+    /// and since when, in [`Owner::acquired_at`]). For a shared lock
+    /// [`owner`](Self::owner) is the one whose record the lock path shows.
+    pub fn holders(&self) -> &[Owner] {
+        &self.holders
     }
 
     /// The lock's path; empty for a lock on a PostgreSQL server, which has

@@ -42,7 +42,7 @@ use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 use sha2::{Digest, Sha256};
 
-use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Waiters};
+use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
@@ -158,9 +158,15 @@ impl Backend for Pg {
     fn attempt<K: Kept>(
         &self,
         name: &LockName,
+        mode: Mode,
         deadline: Option<Instant>,
         arm: Arm<'_, PgLock, K>,
     ) -> Result<Attempt<K>> {
+        if mode != Mode::Exclusive {
+            return Err(Error::Unsupported {
+                what: "shared locks and semaphores on PostgreSQL",
+            });
+        }
         let now = Instant::now();
         let slice = self.lease / 4;
         let budget = match deadline {
@@ -192,6 +198,7 @@ impl Backend for Pg {
             None => Attempt::Busy {
                 owner: None,
                 recheck_at: None,
+                sharers: false,
             },
         })
     }
@@ -229,7 +236,9 @@ impl Pg {
             .into_iter()
             .map(|(name, owner)| {
                 let inspection = Inspection {
+                    holders: vec![owner.clone()],
                     owner,
+                    mode: Mode::Exclusive,
                     stale: None,
                     path: None,
                 };

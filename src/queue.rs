@@ -78,6 +78,8 @@ impl<T> Default for State<T> {
 struct Waiter {
     ticket: u64,
     waker: Waker,
+    /// Whether a payload (the previous holder's lock) may be handed to it.
+    takes_handoff: bool,
 }
 
 impl<T> State<T> {
@@ -127,8 +129,10 @@ impl<T> Queue<T> {
     }
 
     /// Takes the turn if it is free, else joins the back of the queue, to
-    /// be woken through `waker` when the turn comes.
-    pub(crate) fn join(self: &Arc<Self>, waker: &Waker) -> Join<T> {
+    /// be woken through `waker` when the turn comes. A waiter that does not
+    /// `take_handoff` is never handed a payload: the turn comes to it
+    /// fresh.
+    pub(crate) fn join(self: &Arc<Self>, waker: &Waker, takes_handoff: bool) -> Join<T> {
         let mut state = self.state();
         if !state.busy {
             state.busy = true;
@@ -139,6 +143,7 @@ impl<T> Queue<T> {
         state.waiting.push_back(Waiter {
             ticket,
             waker: waker.clone(),
+            takes_handoff,
         });
         Join::Queued(Ticket {
             queue: Some(Arc::clone(self)),
@@ -157,9 +162,15 @@ impl<T> Queue<T> {
     }
 
     /// Hands `payload` (and the turn) to the next waiter; gives it back if
-    /// nobody is waiting, the caller keeping the turn.
+    /// nobody is waiting (or the next one takes no handoff), the caller
+    /// keeping the turn.
     pub(crate) fn offer(&self, payload: T) -> Option<T> {
-        let granted = self.state().grant(Turn::Handoff(payload));
+        let mut state = self.state();
+        if !state.waiting.front().is_some_and(|w| w.takes_handoff) {
+            return Some(payload);
+        }
+        let granted = state.grant(Turn::Handoff(payload));
+        drop(state);
         match granted {
             Ok(waker) => {
                 waker.wake();
@@ -250,6 +261,7 @@ impl<T> Ticket<T> {
                 state.waiting.push_back(Waiter {
                     ticket: self.ticket,
                     waker: cx.waker().clone(),
+                    takes_handoff: false,
                 });
                 Poll::Pending
             }
@@ -433,8 +445,8 @@ mod tests {
     fn turns_come_in_arrival_order() {
         let q = queue();
         let (_, w) = waker();
-        let first = head(q.join(&w));
-        let mut tickets: Vec<_> = (0..5).map(|_| queued(q.join(&w))).collect();
+        let first = head(q.join(&w, true));
+        let mut tickets: Vec<_> = (0..5).map(|_| queued(q.join(&w, true))).collect();
         first.disarm();
         for i in 0..5 {
             q.pass_fresh(false);
@@ -456,8 +468,8 @@ mod tests {
         let q = queue();
         let dropped = Arc::new(AtomicUsize::new(0));
         let (woken, w) = waker();
-        head(q.join(&w)).disarm();
-        let mut next = queued(q.join(&w));
+        head(q.join(&w, true)).disarm();
+        let mut next = queued(q.join(&w, true));
         assert!(
             q.offer(Payload(7, Arc::clone(&dropped))).is_none(),
             "taken by the waiter"
@@ -479,7 +491,7 @@ mod tests {
         let q = queue();
         let dropped = Arc::new(AtomicUsize::new(0));
         let (_, w) = waker();
-        head(q.join(&w)).disarm();
+        head(q.join(&w, true)).disarm();
         let back = q.offer(Payload(1, Arc::clone(&dropped)));
         assert!(matches!(back, Some(Payload(1, _))));
         assert!(q.try_head().is_none(), "the offerer keeps the turn");
@@ -489,9 +501,9 @@ mod tests {
     fn a_waiter_cancelled_before_its_turn_leaves_no_trace() {
         let q = queue();
         let (_, w) = waker();
-        head(q.join(&w)).disarm();
-        let gone = queued(q.join(&w));
-        let mut stays = queued(q.join(&w));
+        head(q.join(&w, true)).disarm();
+        let gone = queued(q.join(&w, true));
+        let mut stays = queued(q.join(&w, true));
         drop(gone);
         q.pass_fresh(false);
         assert!(poll(&mut stays).is_ready(), "the cancelled waiter was skipped");
@@ -502,9 +514,9 @@ mod tests {
     fn a_fresh_turn_granted_to_a_cancelled_waiter_moves_on() {
         let q = queue();
         let (_, w) = waker();
-        head(q.join(&w)).disarm();
-        let gone = queued(q.join(&w));
-        let mut next = queued(q.join(&w));
+        head(q.join(&w, true)).disarm();
+        let gone = queued(q.join(&w, true));
+        let mut next = queued(q.join(&w, true));
         q.pass_fresh(true);
         drop(gone); // granted, never picked up
         match poll(&mut next) {
@@ -523,9 +535,9 @@ mod tests {
         let q = Arc::new(Queue::new(LockName::from_file_name("q"), release));
         let dropped = Arc::new(AtomicUsize::new(0));
         let (_, w) = waker();
-        head(q.join(&w)).disarm();
-        let gone = queued(q.join(&w));
-        let mut next = queued(q.join(&w));
+        head(q.join(&w, true)).disarm();
+        let gone = queued(q.join(&w, true));
+        let mut next = queued(q.join(&w, true));
         assert!(q.offer(Payload(5, Arc::clone(&dropped))).is_none());
         drop(gone);
         assert_eq!(dropped.load(Ordering::SeqCst), 1, "released by the policy");
@@ -540,9 +552,9 @@ mod tests {
         let q = queue();
         let dropped = Arc::new(AtomicUsize::new(0));
         let (_, w) = waker();
-        head(q.join(&w)).disarm();
-        let gone = queued(q.join(&w));
-        let mut next = queued(q.join(&w));
+        head(q.join(&w, true)).disarm();
+        let gone = queued(q.join(&w, true));
+        let mut next = queued(q.join(&w, true));
         assert!(q.offer(Payload(3, Arc::clone(&dropped))).is_none());
         drop(gone);
         let turn = poll(&mut next);
@@ -555,7 +567,7 @@ mod tests {
 
         // Nobody left to take it: the payload is dropped (released) and
         // the turn is free.
-        let gone = queued(q.join(&w));
+        let gone = queued(q.join(&w, true));
         assert!(q.offer(Payload(4, Arc::clone(&dropped))).is_none());
         drop(gone);
         assert_eq!(dropped.load(Ordering::SeqCst), 2, "dropped, so released");
@@ -566,8 +578,8 @@ mod tests {
     fn a_dropped_head_passes_the_turn() {
         let q = queue();
         let (_, w) = waker();
-        let first = head(q.join(&w));
-        let mut next = queued(q.join(&w));
+        let first = head(q.join(&w, true));
+        let mut next = queued(q.join(&w, true));
         assert!(poll(&mut next).is_pending());
         drop(first); // the attempt failed or was cancelled
         assert!(matches!(
@@ -580,8 +592,8 @@ mod tests {
     fn the_latest_waker_is_the_one_woken() {
         let q = queue();
         let (_, w) = waker();
-        head(q.join(&w)).disarm();
-        let mut ticket = queued(q.join(&w));
+        head(q.join(&w, true)).disarm();
+        let mut ticket = queued(q.join(&w, true));
         let (later, w2) = waker();
         assert!(ticket.poll_turn(&Context::from_waker(&w2)).is_pending());
         q.pass_fresh(false);

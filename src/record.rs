@@ -64,6 +64,14 @@ pub(crate) struct Record {
     pub(crate) machine_id: Option<String>,
     pub(crate) fencing_token: Option<u64>,
     pub(crate) name: Option<String>,
+    /// `"shared"` or `"semaphore"` in the records of shared holders and
+    /// permit holders (and in the lock path's marker); absent for an
+    /// exclusive lock.
+    pub(crate) mode: Option<String>,
+    /// A semaphore's permit count.
+    pub(crate) permits: Option<u64>,
+    /// The run of shared holders (or permit holders) the record belongs to.
+    pub(crate) group: Option<String>,
 }
 
 impl Record {
@@ -119,6 +127,9 @@ fn from_map(map: &Map<String, Value>) -> Parsed {
         machine_id: string("machineId"),
         fencing_token: map.get("fencingToken").and_then(as_count),
         name: string("name"),
+        mode: string("mode"),
+        permits: map.get("permits").and_then(as_count),
+        group: string("group"),
     };
     if record.uuid.is_none() && record.pid.is_none() && record.holder_id.is_none() {
         return Parsed::Unreadable;
@@ -212,6 +223,15 @@ pub(crate) struct OwnRecord {
     pub(crate) name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) fencing_token: Option<u64>,
+    /// `"shared"` or `"semaphore"`; absent for an exclusive lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) mode: Option<&'static str>,
+    /// A semaphore's permit count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) permits: Option<u32>,
+    /// The run of shared holders (or permit holders) this one joined.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) group: Option<String>,
 }
 
 /// Room left at the end of a record so a renewal that grows a number by a
@@ -242,6 +262,9 @@ impl OwnRecord {
             machine_id: me.machine_id.clone(),
             name: name.as_str().to_owned(),
             fencing_token: None,
+            mode: None,
+            permits: None,
+            group: None,
         }
     }
 
@@ -274,9 +297,9 @@ impl OwnRecord {
     }
 }
 
-/// A fresh version-4 UUID for an acquisition, without a `getrandom` call
+/// A fresh version-4 UUID (for an acquisition, a group of shared holders), without a `getrandom` call
 /// per lock: see [`unique_bits`].
-fn acquisition_id() -> String {
+pub(crate) fn acquisition_id() -> String {
     let (hi, lo) = unique_bits();
     uuid::Builder::from_random_bytes(uuid::Uuid::from_u64_pair(hi, lo).into_bytes())
         .into_uuid()
@@ -364,6 +387,9 @@ mod tests {
             machine_id: None,
             name: "n".into(),
             fencing_token: None,
+            mode: Some("semaphore"),
+            permits: Some(3),
+            group: Some("g".into()),
         };
         let first = rec.to_bytes(0);
         rec.renew(now + Duration::from_secs(3600), 99_999);

@@ -74,6 +74,11 @@ impl Renewer {
         lease: &Arc<R>,
         first: Duration,
     ) -> Option<Registration> {
+        self.add_weak(Arc::downgrade(lease) as Weak<dyn Renewable>, first)
+    }
+
+    /// As [`add`](Self::add), for a renewable known only as a trait object.
+    pub(crate) fn add_weak(&self, weak: Weak<dyn Renewable>, first: Duration) -> Option<Registration> {
         let mut state = self.shared.state();
         let id = state.next_id;
         state.next_id += 1;
@@ -82,7 +87,6 @@ impl Renewer {
         // The thread sleeps until the earliest due renewal; only a lease due
         // sooner than that (or an idle thread) needs to wake it.
         let sooner = state.sleeping_until.is_none_or(|until| at < until);
-        let weak: Weak<dyn Renewable> = Arc::downgrade(lease) as Weak<dyn Renewable>;
         state.leases.insert(id, (at, weak));
         state.due.push(Reverse((at, id)));
         if state.running {

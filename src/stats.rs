@@ -23,8 +23,16 @@ use crate::stale::StaleReason;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Locks handed to callers (not counting re-entrant guards).
+    /// Locks handed to callers (not counting re-entrant guards), of every
+    /// kind.
     pub acquisitions: u64,
+    /// Of `acquisitions`, the shared ones ([`Locker::acquire_shared`](crate::Locker::acquire_shared)
+    /// and its kin), counting each guard, also those that joined a shared
+    /// hold this process already had.
+    pub shared_acquisitions: u64,
+    /// Of `acquisitions`, the semaphore permits
+    /// ([`Semaphore::acquire`](crate::Semaphore::acquire) and its kin).
+    pub permit_acquisitions: u64,
     /// Acquisitions that had to wait for another holder first.
     pub contended: u64,
     /// Re-entrant guards handed out inside a [`scope`](crate::Locker::scope).
@@ -65,6 +73,8 @@ pub struct Stats {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) acquisitions: AtomicU64,
+    pub(crate) shared_acquisitions: AtomicU64,
+    pub(crate) permit_acquisitions: AtomicU64,
     pub(crate) contended: AtomicU64,
     pub(crate) reentrant: AtomicU64,
     pub(crate) handoffs: AtomicU64,
@@ -91,6 +101,8 @@ impl Counters {
     pub(crate) fn snapshot(&self) -> Stats {
         Stats {
             acquisitions: self.acquisitions.load(Relaxed),
+            shared_acquisitions: self.shared_acquisitions.load(Relaxed),
+            permit_acquisitions: self.permit_acquisitions.load(Relaxed),
             contended: self.contended.load(Relaxed),
             reentrant: self.reentrant.load(Relaxed),
             handoffs: self.handoffs.load(Relaxed),

@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::{Arm, Attempt, Backend, BackendLock, Inspection, Kept, Renewal, Tokens};
+use crate::backend::{Arm, Attempt, Backend, BackendLock, Inspection, Kept, Mode, Renewal, Tokens};
 use crate::error::{LossReason, Result};
 use crate::fs::{Fs, FsLock};
 use crate::name::LockName;
 #[cfg(feature = "postgres")]
 use crate::postgres::{Pg, PgLock};
 use crate::record::OwnRecord;
+use crate::renew::Renewable;
 
 /// Where a `Locker`'s locks live. Cheap to clone, for the blocking pool.
 #[derive(Debug, Clone)]
@@ -48,25 +49,41 @@ impl Backend for Store {
     fn attempt<K: Kept>(
         &self,
         name: &LockName,
+        mode: Mode,
         deadline: Option<Instant>,
         arm: Arm<'_, StoreLock, K>,
     ) -> Result<Attempt<K>> {
         match self {
-            Store::Fs(fs) => fs.attempt(name, deadline, &|lock, tokens| arm(StoreLock::Fs(lock), tokens)),
+            Store::Fs(fs) => fs.attempt(name, mode, deadline, &|lock, tokens| {
+                arm(StoreLock::Fs(lock), tokens)
+            }),
             #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.attempt(name, deadline, &|lock, tokens| {
+            Store::Postgres(pg) => pg.attempt(name, mode, deadline, &|lock, tokens| {
                 arm(StoreLock::Postgres(lock), tokens)
             }),
         }
     }
 
-    fn attempt_inline<K: Kept>(&self, name: &LockName, arm: Arm<'_, StoreLock, K>) -> Result<Option<K>> {
+    fn attempt_inline<K: Kept>(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        arm: Arm<'_, StoreLock, K>,
+    ) -> Result<Option<K>> {
         match self {
-            Store::Fs(fs) => fs.attempt_inline(name, &|lock, tokens| arm(StoreLock::Fs(lock), tokens)),
+            Store::Fs(fs) => fs.attempt_inline(name, mode, &|lock, tokens| arm(StoreLock::Fs(lock), tokens)),
             #[cfg(feature = "postgres")]
             Store::Postgres(pg) => {
-                pg.attempt_inline(name, &|lock, tokens| arm(StoreLock::Postgres(lock), tokens))
+                pg.attempt_inline(name, mode, &|lock, tokens| arm(StoreLock::Postgres(lock), tokens))
             }
+        }
+    }
+
+    fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
+        match self {
+            Store::Fs(fs) => fs.announce(name),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => pg.announce(name),
         }
     }
 

@@ -53,6 +53,40 @@ pub(super) struct Published {
 /// Publishes a new lock directory holding a new owner record; `None` if
 /// the path is taken.
 pub(super) fn create(ctx: &Ctx, name: &LockName) -> Result<Option<Published>> {
+    let mut record = None;
+    let published = publish(ctx, name, &mut || {
+        let made = ctx.own_record(name);
+        let bytes = made.to_bytes(0);
+        record = Some(made);
+        bytes
+    })?;
+    Ok(published.and_then(|(dir, record_file, dev, ino)| {
+        Some(Published {
+            dir,
+            record_file,
+            record: record.take()?,
+            dev,
+            ino,
+        })
+    }))
+}
+
+/// Publishes a lock directory whose `owner.json` holds `bytes` (a shared
+/// lock's marker), and lets go of it: the marker's holders are judged by
+/// their own records. `None` if the path is taken.
+pub(super) fn publish_bytes(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<Option<()>> {
+    Ok(publish(ctx, name, &mut || bytes.to_vec())?.map(drop))
+}
+
+/// Publishes a new lock directory whose `owner.json` holds what `record`
+/// makes (once the pending directory is ours): the directory (flocked),
+/// the record file, and the directory's identity; `None` if the path is
+/// taken.
+fn publish(
+    ctx: &Ctx,
+    name: &LockName,
+    record: &mut dyn FnMut() -> Vec<u8>,
+) -> Result<Option<(File, File, u64, u64)>> {
     let mut pending = format!("{}.pending-{}", name.file_name(), suffix());
     // Another process's pending directory could have the same name, once
     // in 2^48; then another name is tried, a few times at most.
@@ -84,8 +118,7 @@ pub(super) fn create(ctx: &Ctx, name: &LockName) -> Result<Option<Published>> {
     dir.try_lock()
         .map_err(|e| io::Error::other(e.to_string()))
         .context("lock pending lock directory", path)?;
-    let record = ctx.own_record(name);
-    let record_file = match write_owner(&dir, OWNER, &record, ctx.durable) {
+    let record_file = match write_owner(&dir, OWNER, &record(), ctx.durable) {
         Ok(file) => file,
         // As above: the pending directory was collected before our flock.
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -104,21 +137,15 @@ pub(super) fn create(ctx: &Ctx, name: &LockName) -> Result<Option<Published>> {
         Err(RenameError::Io(e)) => return Err(e).context("publish lock directory", path),
     }
     cleanup.armed = false;
-    Ok(Some(Published {
-        dir,
-        record_file,
-        record,
-        dev: meta.dev(),
-        ino: meta.ino(),
-    }))
+    Ok(Some((dir, record_file, meta.dev(), meta.ino())))
 }
 
 /// Writes a record to `file_name` inside `dir`, replacing any old one of
 /// that name (only ever our own pending or `.next` file), and returns it
 /// still open.
-fn write_owner(dir: &File, file_name: &str, record: &OwnRecord, durable: bool) -> io::Result<File> {
+fn write_owner(dir: &File, file_name: &str, bytes: &[u8], durable: bool) -> io::Result<File> {
     let file = syscall::open_at(dir, file_name, Open::Replace)?;
-    file.write_all_at(&record.to_bytes(0), 0)?;
+    file.write_all_at(bytes, 0)?;
     if durable {
         file.sync_data()?;
     }
@@ -129,8 +156,13 @@ fn write_owner(dir: &File, file_name: &str, record: &OwnRecord, durable: bool) -
 /// written as `owner.json.next` through our descriptor, then renamed.
 /// Returns the new record file, kept open (see [`Node::Dir`]).
 pub(super) fn rewrite(dir: &File, record: &OwnRecord, path: impl Fn() -> PathBuf) -> Result<File> {
+    rewrite_bytes(dir, &record.to_bytes(0), path)
+}
+
+/// As [`rewrite`], with the record's bytes.
+pub(super) fn rewrite_bytes(dir: &File, bytes: &[u8], path: impl Fn() -> PathBuf) -> Result<File> {
     let path = || path().join(OWNER);
-    let next = write_owner(dir, NEXT, record, false).context("rewrite lock record", path)?;
+    let next = write_owner(dir, NEXT, bytes, false).context("rewrite lock record", path)?;
     syscall::rename_at(dir, NEXT, OWNER).context("rewrite lock record", path)?;
     Ok(next)
 }

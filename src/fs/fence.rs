@@ -17,7 +17,7 @@ const TOKEN_BLOCK: u64 = 1024;
 const ROUNDS: usize = 4;
 
 /// Reserves the next block of fencing tokens for the lock `name`, which
-/// this process created as the inode `(dev, ino)`, and has `record_first`
+/// this process holds while `still_ours` says so, and has `record_first`
 /// record the first token in the owner record while the counter is still
 /// under the directory lock. `None` if the lock is no longer ours (or the
 /// directory is busy).
@@ -30,7 +30,7 @@ const ROUNDS: usize = 4;
 pub(super) fn reserve(
     ctx: &Ctx,
     name: &LockName,
-    (dev, ino): (u64, u64),
+    still_ours: &dyn Fn() -> Result<bool>,
     record_first: &mut dyn FnMut(u64) -> Result<()>,
 ) -> Result<Option<Tokens>> {
     let fence = format!("{}.fence", name.file_name());
@@ -55,7 +55,7 @@ pub(super) fn reserve(
         let Some(mutation) = ctx.dir.try_mutation_lock()? else {
             return Ok(None);
         };
-        if !ctx.names(name, dev, ino)? {
+        if !still_ours()? {
             return Ok(None);
         }
         if read_fence(ctx, name, &fence)? != last || !next.install(&fence)? {
@@ -77,6 +77,13 @@ pub(super) fn reserve(
         }));
     }
     Ok(None)
+}
+
+/// The fencing counter of `name` as it stands: no less than any token
+/// handed out so far, less than any handed out from now on (0 if there is
+/// none yet). The caller holds the mutation lock.
+pub(super) fn current(ctx: &Ctx, name: &LockName) -> Result<u64> {
+    read_fence(ctx, name, &format!("{}.fence", name.file_name()))
 }
 
 /// The last token handed out for a lock, from its `.fence` counter (0 if

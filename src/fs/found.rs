@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::context::Ctx;
 use super::layout::Strategy;
 use super::syscall::{self, Errno, Open, read_record};
-use super::{directory, file};
+use super::{directory, file, group};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::owner::Owner;
@@ -93,7 +93,14 @@ impl Found {
         }
     }
 
-    pub(super) fn judge(&mut self, ctx: &Ctx) -> Verdict {
+    /// Whether the holder is alive. A shared lock's (or semaphore's)
+    /// marker is held while any of its holders is: its own record, a copy
+    /// of one holder's, decides nothing. A members directory that cannot
+    /// be read leaves the marker held.
+    pub(super) fn judge(&mut self, ctx: &Ctx, name: &LockName) -> Verdict {
+        if group::marker(&self.parsed).is_some() {
+            return group::judge_marker(ctx, name).unwrap_or(Verdict::Live);
+        }
         let host = stale::System;
         let mut evidence = Evidence {
             parsed: &self.parsed,
@@ -110,6 +117,16 @@ impl Found {
         self.flocked = self.node.try_lock().is_ok();
         evidence.flock_free = Some(self.flocked);
         stale::judge(&evidence, ctx.rules(), &host)
+    }
+
+    /// The `(dev, ino)` of what was found.
+    pub(super) fn identity(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+
+    /// The lock file or directory, open.
+    pub(super) fn node(&self) -> &File {
+        &self.node
     }
 
     pub(super) fn owner(&self) -> Owner {
@@ -133,6 +150,10 @@ impl Found {
             if now != self.bytes {
                 return Ok(false);
             }
+        }
+        // A marker: judged again now that no holder can join or leave.
+        if group::marker(&self.parsed).is_some() && group::tidy(ctx, name)? {
+            return Ok(false);
         }
         let removed = match ctx.strategy {
             Strategy::ExclusiveFile => file::unlink(ctx, name)?,

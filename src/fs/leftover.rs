@@ -8,7 +8,7 @@ use super::context::Ctx;
 use super::directory;
 use super::layout::Strategy;
 use super::syscall::{self, Errno, Open};
-use crate::backend::Inspection;
+use crate::backend::{Inspection, Mode};
 use crate::error::Result;
 use crate::name::LockName;
 use crate::owner::Owner;
@@ -60,6 +60,8 @@ pub(super) fn leftover_kind(file_name: &str) -> Option<Leftover> {
 pub(super) fn inspection(ctx: &Ctx, file_name: &str) -> Inspection {
     Inspection {
         owner: Owner::from_parsed(&Parsed::Unreadable),
+        holders: Vec::new(),
+        mode: Mode::Exclusive,
         stale: Some(StaleReason::Leftover),
         path: Some(ctx.path_of(file_name)),
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::context::Ctx;
+use super::group::Member;
 use super::layout::Strategy;
 use super::{directory, fence, file};
 use crate::backend::{BackendLock, Renewal, Tokens};
@@ -14,12 +15,20 @@ use crate::name::LockName;
 use crate::record::OwnRecord;
 use crate::sys;
 
+/// A lock this process holds in the directory: the whole lock path
+/// (exclusive), or a place among a shared lock's or semaphore's holders.
+#[derive(Debug)]
+pub(crate) enum FsLock {
+    Whole(Whole),
+    Member(Member),
+}
+
 /// A lock this process created and still holds. Dropping it removes it
 /// (synchronously, reporting failures through `tracing`) if, and only if,
 /// the lock path still names it, so a lock created by an attempt whose
 /// caller went away is never orphaned.
 #[derive(Debug)]
-pub(crate) struct FsLock {
+pub(crate) struct Whole {
     ctx: Arc<Ctx>,
     name: LockName,
     /// The identity of what this process created at the lock path.
@@ -43,7 +52,7 @@ enum Node {
     Dir { dir: File, record_file: File },
 }
 
-impl FsLock {
+impl Whole {
     /// Creates the lock `name` in the layout of `ctx`, its record written
     /// (and synced when durable); `None` if the path is taken. Callers on
     /// the runtime's thread pass `patient: false` and never sleep here.
@@ -72,7 +81,7 @@ impl FsLock {
             },
         };
         // Armed from here on: a failure below removes the half-made lock.
-        let mut lock = FsLock {
+        let mut lock = Whole {
             ctx: Arc::clone(ctx),
             name: name.clone(),
             dev,
@@ -121,13 +130,46 @@ impl FsLock {
 
 impl BackendLock for FsLock {
     fn record(&self) -> &OwnRecord {
-        &self.record
+        match self {
+            FsLock::Whole(lock) => &lock.record,
+            FsLock::Member(member) => member.record(),
+        }
     }
 
+    fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
+        match self {
+            FsLock::Whole(lock) => lock.renew(cutoff),
+            FsLock::Member(member) => member.renew(cutoff),
+        }
+    }
+
+    fn check(&self) -> Result<Option<LossReason>> {
+        match self {
+            FsLock::Whole(lock) => lock.check(),
+            FsLock::Member(member) => member.check(),
+        }
+    }
+
+    fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
+        match self {
+            FsLock::Whole(lock) => lock.reserve_tokens(),
+            FsLock::Member(member) => member.reserve_tokens(),
+        }
+    }
+
+    fn release(self, confirm: bool) -> Result<Option<LossReason>> {
+        match self {
+            FsLock::Whole(lock) => lock.release(confirm),
+            FsLock::Member(member) => member.release(confirm),
+        }
+    }
+}
+
+impl Whole {
     /// Runs under the directory's mutation lock, so it is ordered with any
     /// reclaim: either the reclaimer's re-read sees the renewed record and
     /// backs off, or this finds the lock gone.
-    fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
+    pub(super) fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
         let ctx = Arc::clone(&self.ctx);
         // A lock in a directory that its path no longer names is invisible
         // to everyone who opens the path now: it excludes nobody. Looked at
@@ -163,8 +205,9 @@ impl BackendLock for FsLock {
 
     fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
         let (ctx, name) = (Arc::clone(&self.ctx), self.name.clone());
-        let identity = (self.dev, self.ino);
-        fence::reserve(&ctx, &name, identity, &mut |first| {
+        let (dev, ino) = (self.dev, self.ino);
+        let still_ours = || ctx.names(&name, dev, ino);
+        fence::reserve(&ctx, &name, &still_ours, &mut |first| {
             let mut record = self.record.clone();
             record.fencing_token = Some(first);
             self.write_record(record)
@@ -182,7 +225,7 @@ impl BackendLock for FsLock {
     }
 }
 
-impl Drop for FsLock {
+impl Drop for Whole {
     fn drop(&mut self) {
         if std::mem::take(&mut self.armed)
             && let Err(error) = self.remove()

@@ -29,6 +29,9 @@ pub(crate) enum Open {
     /// A regular file to replace inside a directory of our own
     /// (`owner.json`, `owner.json.next`), mode 0600, truncated.
     Replace,
+    /// An existing regular file to rewrite in place (a shared lock's
+    /// marker). Non-blocking and never a controlling terminal, as `Read`.
+    Write,
     /// An existing file to read. Non-blocking, so a FIFO planted at its
     /// name cannot hang the open; never a controlling terminal.
     Read,
@@ -49,6 +52,7 @@ impl Open {
             }
             Open::Replace => OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_WRONLY | OFlag::O_NOFOLLOW,
             Open::Read => OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
+            Open::Write => OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
             Open::Dir => OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
             Open::List => OFlag::O_RDONLY | OFlag::O_DIRECTORY,
         }
@@ -57,7 +61,7 @@ impl Open {
     fn mode(self) -> Mode {
         match self {
             Open::CreateNew | Open::Replace => Mode::from_bits_truncate(0o600),
-            Open::Read | Open::Dir | Open::List => Mode::empty(),
+            Open::Read | Open::Write | Open::Dir | Open::List => Mode::empty(),
         }
     }
 }

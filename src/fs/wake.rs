@@ -40,7 +40,9 @@ impl Watcher {
                     match event {
                         DirEvent::Changed(name) => {
                             if let Some(name) = name.to_str() {
-                                waiters.changed(name);
+                                // A shared lock's members directory speaks
+                                // for its lock.
+                                waiters.changed(name.strip_suffix(".members").unwrap_or(name));
                             }
                         }
                         DirEvent::Overflow => waiters.all_changed(),

@@ -1,0 +1,824 @@
+//! Shared locks and counting semaphores in the lock directory.
+//!
+//! A name held shared (or as a semaphore) has two parts on disk:
+//!
+//! - its lock path, `<name>.lock`, laid out exactly as an exclusive lock
+//!   of the strategy (a file, or a directory holding `owner.json`). Its
+//!   record is the *marker*: a copy of one holder's record (the
+//!   representative), whose `mode`, `permits` and `group` fields say what
+//!   it is. The lock path exists while anyone holds the name this way, so
+//!   every exclusive locker (leasehold's, velocious's, pi-research's) finds
+//!   it taken; the representative's pid and renewed lease keep it looking
+//!   held to those that judge by them.
+//! - its members directory, `<name>.lock.members/`, which the other
+//!   systems never look at: one record per holder, `m-<uuid>.json`, each
+//!   created, `flock`ed and renewed by its holder like a lock file, and one
+//!   per waiting exclusive acquisition, `w-<uuid>.json` (an
+//!   [`Announcement`]), which keeps new shared holders out until it has
+//!   had its turn.
+//!
+//! Every change to a group (joining, leaving, reclaiming, re-signing the
+//! marker) happens under the directory's mutation lock, so counting the
+//! members and adding one is one step for every leasehold process. The
+//! members are judged by the same rules as lock files ([`stale`]): a dead
+//! holder's flock is free at once, a frozen one's lease runs out.
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::context::Ctx;
+use super::dir::MutationLock;
+use super::found::Found;
+use super::layout::Strategy;
+use super::syscall::{self, Errno, Open, read_record};
+use super::{directory, fence, file};
+use crate::backend::{Mode, Renewal, Tokens};
+use crate::error::{Error, IoResultExt, LossReason, Result};
+use crate::name::LockName;
+use crate::owner::Owner;
+use crate::record::{self, OwnRecord, Parsed, Record};
+use crate::renew::{Renewable, Step};
+use crate::stale::{self, Evidence, StaleReason, Verdict};
+use crate::sys;
+
+const MEMBER: &str = "m-";
+const WAITER: &str = "w-";
+const JSON: &str = ".json";
+
+/// The members directory of `name`.
+pub(super) fn members_dir(file_name: &str) -> String {
+    format!("{file_name}.members")
+}
+
+/// How `mode` reads in a [`Error::KindMismatch`].
+fn describe(mode: Option<&str>, permits: Option<u64>) -> String {
+    match (mode, permits) {
+        (Some("semaphore"), Some(n)) => format!("a semaphore of {n} permits"),
+        (Some("shared"), _) => "shared".to_owned(),
+        (Some(other), _) => format!("{other:?}"),
+        (None, _) => "exclusive".to_owned(),
+    }
+}
+
+fn describe_mode(mode: Mode) -> String {
+    match mode {
+        Mode::Permit(n) => describe(Some("semaphore"), Some(u64::from(n))),
+        other => describe(Some(other.as_str()), None),
+    }
+}
+
+/// Whether a record's kind is `mode`.
+fn same_kind(record: &Record, mode: Mode) -> bool {
+    match mode {
+        Mode::Exclusive => record.mode.is_none(),
+        Mode::Shared => record.mode.as_deref() == Some("shared"),
+        Mode::Permit(n) => {
+            record.mode.as_deref() == Some("semaphore") && record.permits == Some(u64::from(n))
+        }
+    }
+}
+
+/// The kind a marker or member record says.
+pub(super) fn mode_of(record: &Record) -> Mode {
+    match (record.mode.as_deref(), record.permits) {
+        (Some("semaphore"), Some(n)) => Mode::Permit(u32::try_from(n).unwrap_or(u32::MAX)),
+        (Some(_), _) => Mode::Shared,
+        (None, _) => Mode::Exclusive,
+    }
+}
+
+/// The marker's record, if `parsed` is a shared lock's or a semaphore's
+/// marker (written by leasehold, with a `mode`).
+pub(super) fn marker(parsed: &Parsed) -> Option<&Record> {
+    match parsed {
+        Parsed::Record(r) if r.is_leasehold() && r.mode.is_some() => Some(r),
+        _ => None,
+    }
+}
+
+/// One record in a members directory, judged.
+struct Entry {
+    file_name: String,
+    bytes: Vec<u8>,
+    parsed: Parsed,
+    live: bool,
+    reason: Option<StaleReason>,
+    mtime: SystemTime,
+}
+
+impl Entry {
+    fn record(&self) -> Option<&Record> {
+        match &self.parsed {
+            Parsed::Record(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    fn is_member(&self) -> bool {
+        self.file_name.starts_with(MEMBER)
+    }
+}
+
+/// The records of a members directory: holders and waiters, judged.
+struct Scan {
+    members: Vec<Entry>,
+    waiters: Vec<Entry>,
+}
+
+impl Scan {
+    fn live_members(&self) -> impl Iterator<Item = &Entry> {
+        self.members.iter().filter(|e| e.live)
+    }
+
+    fn live_waiters(&self) -> usize {
+        self.waiters.iter().filter(|e| e.live).count()
+    }
+}
+
+/// Opens the members directory of `name`; `None` if there is none.
+fn open_members(ctx: &Ctx, name: &LockName) -> Result<Option<File>> {
+    let dir_name = members_dir(name.file_name());
+    match syscall::open_at(ctx.dir.fd(), dir_name.as_str(), Open::Dir) {
+        Ok(dir) => Ok(Some(dir)),
+        // Absent, or something that is not a directory (never followed).
+        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => Ok(None),
+        Err(e) => Err(e).context("open members directory", || ctx.path_of(&dir_name)),
+    }
+}
+
+/// Opens the members directory of `name`, creating it if needed (under the
+/// mutation lock).
+fn ensure_members(ctx: &Ctx, name: &LockName) -> Result<File> {
+    let dir_name = members_dir(name.file_name());
+    match syscall::mkdir_at(ctx.dir.fd(), &dir_name) {
+        Ok(()) | Err(Errno::EEXIST) => {}
+        Err(e) => return Err(e).context("create members directory", || ctx.path_of(&dir_name)),
+    }
+    match syscall::open_at(ctx.dir.fd(), dir_name.as_str(), Open::Dir) {
+        Ok(dir) => Ok(dir),
+        Err(Errno::ENOTDIR | Errno::ELOOP) => Err(Error::UnexpectedFile {
+            name: name.as_str().to_owned(),
+            path: ctx.path_of(&dir_name),
+            found: "something other than a directory",
+        }),
+        Err(e) => Err(e).context("open members directory", || ctx.path_of(&dir_name)),
+    }
+}
+
+/// Reads and judges every record of the members directory `dir`. Entries
+/// of other shapes are ignored, never touched.
+fn scan(ctx: &Ctx, dir: &File, path: &dyn Fn() -> PathBuf) -> Result<Scan> {
+    let mut found = Scan {
+        members: Vec::new(),
+        waiters: Vec::new(),
+    };
+    let names = syscall::list_at(dir).context("list members directory", path)?;
+    for name in names {
+        let Some(name) = name.to_str() else { continue };
+        let waiter = name.starts_with(WAITER);
+        if !(name.starts_with(MEMBER) || waiter) || !name.ends_with(JSON) {
+            continue;
+        }
+        let Some(entry) = judge_entry(ctx, dir, name)? else {
+            continue;
+        };
+        if waiter {
+            found.waiters.push(entry);
+        } else {
+            found.members.push(entry);
+        }
+    }
+    // Oldest first: the representative is the longest holder.
+    found.members.sort_by_key(|e| e.mtime);
+    Ok(found)
+}
+
+/// Reads and judges one record; `None` if it vanished or is not a regular
+/// file.
+fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<Entry>> {
+    let file = match syscall::open_at(dir, name, Open::Read) {
+        Ok(file) => file,
+        Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO | Errno::EISDIR) => return Ok(None),
+        Err(e) => return Err(e).context("open member record", || PathBuf::from(name)),
+    };
+    let meta = file
+        .metadata()
+        .context("inspect member record", || PathBuf::from(name))?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    let bytes = read_record(&file).context("read member record", || PathBuf::from(name))?;
+    let parsed = record::parse(&bytes);
+    let mtime = meta.modified().unwrap_or(UNIX_EPOCH);
+    let mut evidence = Evidence {
+        parsed: &parsed,
+        mtime,
+        flock_free: None,
+        known_for: ctx.known_for(meta.dev(), meta.ino()),
+    };
+    let host = stale::System;
+    let mut verdict = stale::judge(&evidence, ctx.rules(), &host);
+    if verdict == Verdict::NeedsFlockTest {
+        // A free flock means its holder is gone; ours is dropped with
+        // `file` right after.
+        evidence.flock_free = Some(file.try_lock().is_ok());
+        verdict = stale::judge(&evidence, ctx.rules(), &host);
+    }
+    let reason = match verdict {
+        Verdict::Stale(reason) => Some(reason),
+        _ => None,
+    };
+    Ok(Some(Entry {
+        file_name: name.to_owned(),
+        live: reason.is_none(),
+        bytes,
+        parsed,
+        reason,
+        mtime,
+    }))
+}
+
+/// Removes the records of `scan` that were judged stale. Under the
+/// mutation lock, so no holder renews one meanwhile.
+fn remove_dead(ctx: &Ctx, dir: &File, scan: &mut Scan) {
+    for entries in [&mut scan.members, &mut scan.waiters] {
+        entries.retain(|entry| {
+            if entry.live {
+                return true;
+            }
+            match syscall::unlink_at(dir, entry.file_name.as_str()) {
+                Ok(()) | Err(Errno::ENOENT) => {
+                    if let Some(reason) = entry.reason
+                        && entry.is_member()
+                    {
+                        ctx.counters.reclaimed(reason);
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(entry = entry.file_name, %error, "could not remove a stale member")
+                }
+            }
+            false
+        });
+    }
+}
+
+/// Whether a holder of the shared lock (or semaphore) marked at `name` is
+/// alive, for judging the marker. Only reads.
+pub(super) fn judge_marker(ctx: &Ctx, name: &LockName) -> Result<Verdict> {
+    let Some(dir) = open_members(ctx, name)? else {
+        return Ok(Verdict::Stale(StaleReason::DeadOwner));
+    };
+    let path = || ctx.path_of(&members_dir(name.file_name()));
+    let scan = scan(ctx, &dir, &path)?;
+    if scan.live_members().next().is_some() {
+        return Ok(Verdict::Live);
+    }
+    let reason = scan.members.iter().find_map(|e| e.reason);
+    Ok(Verdict::Stale(reason.unwrap_or(StaleReason::DeadOwner)))
+}
+
+/// The live holders of the shared lock (or semaphore) `name`, oldest
+/// first. Only reads.
+pub(super) fn holders(ctx: &Ctx, name: &LockName) -> Result<Vec<Owner>> {
+    let Some(dir) = open_members(ctx, name)? else {
+        return Ok(Vec::new());
+    };
+    let path = || ctx.path_of(&members_dir(name.file_name()));
+    let scan = scan(ctx, &dir, &path)?;
+    Ok(scan
+        .live_members()
+        .map(|e| Owner::from_parsed(&e.parsed))
+        .collect())
+}
+
+/// Before a stale marker is removed (under the mutation lock): removes
+/// the dead members, and the members directory if nothing is left in it.
+/// `true` if a live member remains, and so the marker must stay.
+pub(super) fn tidy(ctx: &Ctx, name: &LockName) -> Result<bool> {
+    let Some(dir) = open_members(ctx, name)? else {
+        return Ok(false);
+    };
+    let dir_name = members_dir(name.file_name());
+    let path = || ctx.path_of(&dir_name);
+    let mut scan = scan(ctx, &dir, &path)?;
+    remove_dead(ctx, &dir, &mut scan);
+    if scan.live_members().next().is_some() {
+        return Ok(true);
+    }
+    if scan.waiters.is_empty() {
+        remove_members_dir(ctx, &dir_name);
+    }
+    Ok(false)
+}
+
+/// Removes an empty members directory; one that is not empty (a waiter,
+/// a stranger's file) stays.
+fn remove_members_dir(ctx: &Ctx, dir_name: &str) {
+    match syscall::rmdir_at(ctx.dir.fd(), dir_name) {
+        Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::EEXIST) => {}
+        Err(error) => tracing::debug!(dir = dir_name, %error, "could not remove a members directory"),
+    }
+}
+
+/// What a join found.
+pub(super) enum Joined {
+    /// We are a holder.
+    Member(Box<Member>),
+    /// Full, or an exclusive acquisition waits for its turn.
+    Busy {
+        owner: Option<Owner>,
+        recheck_at: Option<SystemTime>,
+    },
+    /// The lock path holds an exclusive lock (or something else that is
+    /// not a marker): the caller judges it as such.
+    NotShared,
+    /// A marker nobody holds was removed: try again.
+    Again,
+}
+
+/// Joins the holders of `name` as `mode` (shared or a permit), under the
+/// mutation lock: starts the group (marker and members directory) if
+/// nobody holds the name, joins it if it is held the same way, there is
+/// room and no exclusive acquisition is waiting.
+pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined> {
+    let Some(mutation) = ctx.dir.try_mutation_lock()? else {
+        return Ok(Joined::Busy {
+            owner: None,
+            recheck_at: None,
+        });
+    };
+    let found = Found::open(ctx, name)?;
+    let mut group = None;
+    let marked = found.is_some();
+    if let Some(found) = &found {
+        let Some(marked) = marker(&found.parsed) else {
+            return Ok(Joined::NotShared);
+        };
+        group = marked.group.clone();
+    }
+    let dir_name = members_dir(name.file_name());
+    let dir = ensure_members(ctx, name)?;
+    let path = || ctx.path_of(&dir_name);
+    let mut scan = scan(ctx, &dir, &path)?;
+    remove_dead(ctx, &dir, &mut scan);
+    let live: Vec<&Entry> = scan.live_members().collect();
+    if let Some(found) = found {
+        let marked = marker(&found.parsed).expect("checked above");
+        if live.is_empty() {
+            // Nobody holds it any more: remove the marker and start anew.
+            remove_marker(ctx, name, &found, mutation)?;
+            return Ok(Joined::Again);
+        }
+        if !same_kind(marked, mode) {
+            return Err(Error::KindMismatch {
+                name: name.as_str().to_owned(),
+                held: describe(marked.mode.as_deref(), marked.permits),
+                asked: describe_mode(mode),
+            });
+        }
+    }
+    // Holders of another kind whose marker was removed under them still
+    // count: they hold until they notice.
+    if let Some(other) = live
+        .iter()
+        .filter_map(|e| e.record())
+        .find(|r| !same_kind(r, mode))
+    {
+        return Err(Error::KindMismatch {
+            name: name.as_str().to_owned(),
+            held: describe(other.mode.as_deref(), other.permits),
+            asked: describe_mode(mode),
+        });
+    }
+    let busy = || Joined::Busy {
+        owner: live.first().map(|e| Owner::from_parsed(&e.parsed)),
+        recheck_at: None,
+    };
+    if scan.live_waiters() > 0 {
+        return Ok(busy());
+    }
+    if let Mode::Permit(permits) = mode
+        && live.len() >= permits as usize
+    {
+        return Ok(busy());
+    }
+    let group = group
+        .or_else(|| live.iter().find_map(|e| e.record().and_then(|r| r.group.clone())))
+        .unwrap_or_else(record::acquisition_id);
+    let member = Member::create(ctx, name, mode, group, dir)?;
+    if marked {
+        return Ok(Joined::Member(Box::new(member)));
+    }
+    // First holder (or the first since the marker was removed under the
+    // holders): mark the lock path.
+    let published = publish_marker(ctx, name, &member.record.to_bytes(0));
+    // Leaving takes the mutation lock: release ours first.
+    drop(mutation);
+    match published {
+        Ok(true) => Ok(Joined::Member(Box::new(member))),
+        // Taken exclusively between our look and now (creating needs no
+        // mutation lock): not ours to join.
+        Ok(false) => Ok(Joined::NotShared),
+        Err(error) => Err(error),
+    }
+}
+
+/// Creates the marker at the lock path, holding `bytes`; `false` if the
+/// path is taken.
+fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<bool> {
+    let path = || ctx.path_of(name.file_name());
+    match ctx.strategy {
+        Strategy::ExclusiveFile => {
+            let file = match syscall::open_at(ctx.dir.fd(), name.file_name(), Open::CreateNew) {
+                Ok(file) => file,
+                Err(Errno::EEXIST) => return Ok(false),
+                Err(e) => return Err(e).context("create lock file", path),
+            };
+            let written = file
+                .write_all_at(bytes, 0)
+                .and_then(|()| if ctx.durable { file.sync_data() } else { Ok(()) });
+            if let Err(e) = written {
+                let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
+                return Err(e).context("write lock record", path);
+            }
+            Ok(true)
+        }
+        Strategy::Directory => Ok(directory::publish_bytes(ctx, name, bytes)?.is_some()),
+    }
+}
+
+/// Replaces the marker `found` (which the caller checked is its group's,
+/// under the mutation lock) with `bytes`: the record of a live holder.
+/// A marker file is rewritten in place, padded to its length on disk; a
+/// directory's `owner.json` is replaced by rename. Either is an event
+/// that wakes the waiters of other processes.
+fn write_marker(ctx: &Ctx, name: &LockName, found: &Found, bytes: &[u8]) -> Result<()> {
+    let path = || ctx.path_of(name.file_name());
+    match ctx.strategy {
+        Strategy::ExclusiveFile => {
+            let file = match syscall::open_at(ctx.dir.fd(), name.file_name(), Open::Write) {
+                Ok(file) => file,
+                Err(Errno::ENOENT) => return Ok(()),
+                Err(e) => return Err(e).context("rewrite lock record", path),
+            };
+            let meta = file.metadata().context("rewrite lock record", path)?;
+            if (meta.dev(), meta.ino()) != found.identity() || !meta.is_file() {
+                return Ok(());
+            }
+            let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+            file.write_all_at(&padded(bytes, len), 0)
+                .context("rewrite lock record", path)
+        }
+        Strategy::Directory => {
+            directory::rewrite_bytes(found.node(), bytes, path)?;
+            Ok(())
+        }
+    }
+}
+
+/// `bytes` (a record ending in a newline) padded with spaces before the
+/// newline to at least `len` bytes, so no stale bytes remain after it.
+fn padded(bytes: &[u8], len: usize) -> Vec<u8> {
+    let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    let mut out = body.to_vec();
+    out.resize(len.max(body.len() + 1) - 1, b' ');
+    out.push(b'\n');
+    out
+}
+
+/// Removes the marker `found` from the lock path (the caller checked,
+/// under `mutation`, that nobody holds it any more).
+fn remove_marker(ctx: &Ctx, name: &LockName, found: &Found, mutation: MutationLock<'_>) -> Result<bool> {
+    let (dev, ino) = found.identity();
+    if !ctx.names(name, dev, ino)? {
+        return Ok(false);
+    }
+    match ctx.strategy {
+        Strategy::ExclusiveFile => file::unlink(ctx, name),
+        Strategy::Directory => directory::retire(ctx, name, found.node(), mutation),
+    }
+}
+
+/// One holder of a shared lock or a semaphore permit: its record in the
+/// members directory, created, flocked and renewed by this process.
+/// Dropping it leaves the group (synchronously, as `FsLock` does), and
+/// the last holder to leave removes the marker.
+#[derive(Debug)]
+pub(crate) struct Member {
+    ctx: Arc<Ctx>,
+    name: LockName,
+    mode: Mode,
+    /// The members directory and its identity.
+    dir: File,
+    dir_id: (u64, u64),
+    file: File,
+    file_name: String,
+    id: (u64, u64),
+    record: OwnRecord,
+    record_len: usize,
+    armed: bool,
+}
+
+impl Member {
+    /// Creates our record in `dir`, flocked before it is written.
+    fn create(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, group: String, dir: File) -> Result<Self> {
+        let mut record = ctx.own_record(name);
+        record.mode = Some(mode.as_str());
+        record.permits = match mode {
+            Mode::Permit(n) => Some(n),
+            _ => None,
+        };
+        record.group = Some(group);
+        let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
+        let path = || ctx.path_of(&members_dir(name.file_name())).join(&file_name);
+        let file = syscall::open_at(&dir, file_name.as_str(), Open::CreateNew)
+            .context("create member record", path)?;
+        let path = path();
+        let path = || path.clone();
+        let meta = file.metadata().context("inspect member record", path)?;
+        let dir_meta = dir.metadata().context("inspect members directory", path)?;
+        // Nobody knows the file yet but a reader listing the directory,
+        // whose test flock is brief.
+        let mut tries = 0;
+        while file.try_lock().is_err() {
+            tries += 1;
+            if tries == 50 {
+                let _ = syscall::unlink_at(&dir, file_name.as_str());
+                return Err(Error::io(
+                    "lock member record",
+                    path(),
+                    std::io::Error::from(std::io::ErrorKind::WouldBlock),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let mut member = Member {
+            ctx: Arc::clone(ctx),
+            name: name.clone(),
+            mode,
+            dir,
+            dir_id: (dir_meta.dev(), dir_meta.ino()),
+            file,
+            file_name,
+            id: (meta.dev(), meta.ino()),
+            record,
+            record_len: 0,
+            armed: true,
+        };
+        let path = || member.path();
+        match file::write(&member.file, 0, &member.record, ctx.durable, path) {
+            Ok(len) => member.record_len = len,
+            Err(error) => {
+                // Not a member yet, and the caller holds the mutation lock
+                // that leaving would take: just remove the record.
+                member.armed = false;
+                let _ = syscall::unlink_at(&member.dir, member.file_name.as_str());
+                return Err(error);
+            }
+        }
+        Ok(member)
+    }
+
+    pub(crate) fn record(&self) -> &OwnRecord {
+        &self.record
+    }
+
+    fn path(&self) -> PathBuf {
+        self.ctx
+            .path_of(&members_dir(self.name.file_name()))
+            .join(&self.file_name)
+    }
+
+    /// Whether our record is still where we made it.
+    fn still_here(&self) -> Result<bool> {
+        let ctx = &self.ctx;
+        let dir_name = members_dir(self.name.file_name());
+        match syscall::stat_at(ctx.dir.fd(), &dir_name) {
+            Ok(st) if (st.dev, st.ino) == self.dir_id => {}
+            Ok(_) | Err(Errno::ENOENT) => return Ok(false),
+            Err(e) => return Err(e).context("inspect members directory", || ctx.path_of(&dir_name)),
+        }
+        match syscall::stat_at(&self.dir, &self.file_name) {
+            Ok(st) => Ok((st.dev, st.ino) == self.id),
+            Err(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(e).context("inspect member record", || self.path()),
+        }
+    }
+
+    /// The marker at the lock path, if it is our group's.
+    fn our_marker(&self) -> Result<Option<Found>> {
+        let Some(found) = Found::open(&self.ctx, &self.name)? else {
+            return Ok(None);
+        };
+        let ours = marker(&found.parsed).is_some_and(|r| r.group == self.record.group);
+        Ok(ours.then_some(found))
+    }
+
+    /// `None` while we still hold; otherwise why not.
+    fn lost(&self) -> Result<Option<LossReason>> {
+        if let Some(moved) = self.ctx.dir_moved() {
+            return Ok(Some(moved));
+        }
+        if !self.still_here()? || self.our_marker()?.is_none() {
+            return Ok(Some(LossReason::Replaced));
+        }
+        Ok(None)
+    }
+
+    /// Extends our lease, under the mutation lock; keeps the marker naming
+    /// a live holder (us, if its holder is gone) and its lease current.
+    pub(crate) fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
+        let ctx = Arc::clone(&self.ctx);
+        if let Some(moved) = ctx.dir_moved() {
+            return Ok(Renewal::Lost(moved));
+        }
+        let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
+        let _mutation = ctx.dir.mutation_lock_within(left)?;
+        if !self.still_here()? {
+            return Ok(Renewal::Lost(LossReason::Replaced));
+        }
+        let Some(found) = self.our_marker()? else {
+            return Ok(Renewal::Lost(LossReason::Replaced));
+        };
+        let boot = sys::boot_clock_ms();
+        if boot >= cutoff {
+            return Ok(Renewal::Lost(LossReason::LeaseExpired));
+        }
+        let mut record = self.record.clone();
+        record.renew(SystemTime::now(), boot);
+        let path = || self.path();
+        self.record_len = file::write(&self.file, self.record_len, &record, false, path)?;
+        self.record = record;
+        // The marker's holder is us, or gone: the marker takes our record.
+        let representative = marker(&found.parsed).and_then(|r| r.uuid.clone());
+        let ours = representative.as_deref() == Some(self.record.uuid.as_str());
+        let gone = || match &representative {
+            Some(uuid) => judge_entry(&ctx, &self.dir, &format!("{MEMBER}{uuid}{JSON}"))
+                .map(|e| e.is_none_or(|e| !e.live)),
+            None => Ok(true),
+        };
+        if ours || gone()? {
+            write_marker(&ctx, &self.name, &found, &self.record.to_bytes(0))?;
+        }
+        Ok(Renewal::Renewed)
+    }
+
+    pub(crate) fn check(&self) -> Result<Option<LossReason>> {
+        self.lost()
+    }
+
+    /// A shared holder's token: the fencing counter as it stands (every
+    /// exclusive holder before us had one no greater, every one after us
+    /// gets a greater one). A permit's: the next token of the name's
+    /// counter, one per acquisition.
+    pub(crate) fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
+        let ctx = Arc::clone(&self.ctx);
+        let name = self.name.clone();
+        if self.mode == Mode::Shared {
+            let _mutation = ctx.dir.mutation_lock()?;
+            if !self.still_here()? {
+                return Ok(None);
+            }
+            let now = fence::current(&ctx, &name)?;
+            return Ok(Some(Tokens { next: now, last: now }));
+        }
+        let mut first = None;
+        let tokens = fence::reserve(&ctx, &name, &|| self.still_here(), &mut |token| {
+            first = Some(token);
+            Ok(())
+        })?;
+        if let Some(token) = first {
+            let mut record = self.record.clone();
+            record.fencing_token = Some(token);
+            let path = || self.path();
+            self.record_len = file::write(&self.file, self.record_len, &record, false, path)?;
+            self.record = record;
+        }
+        Ok(tokens)
+    }
+
+    /// Leaves the group; `None` when we held to the end, otherwise why not.
+    pub(crate) fn release(mut self, confirm: bool) -> Result<Option<LossReason>> {
+        let moved = if confirm { self.ctx.dir_moved() } else { None };
+        self.armed = false;
+        let was_here = self.leave()?;
+        Ok(moved.or((!was_here).then_some(LossReason::Replaced)))
+    }
+
+    /// Removes our record and, if we were the last holder, the marker; if
+    /// not, re-signs the marker with a live holder's record (which also
+    /// wakes the waiters of other processes: a permit is free).
+    fn leave(&self) -> Result<bool> {
+        let ctx = &self.ctx;
+        let mutation = ctx.dir.mutation_lock()?;
+        let here = self.still_here()?;
+        if here {
+            match syscall::unlink_at(&self.dir, self.file_name.as_str()) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(e).context("remove member record", || self.path()),
+            }
+        }
+        let dir_name = members_dir(self.name.file_name());
+        let path = || ctx.path_of(&dir_name);
+        let mut scan = scan(ctx, &self.dir, &path)?;
+        remove_dead(ctx, &self.dir, &mut scan);
+        let Some(found) = self.our_marker()? else {
+            return Ok(false);
+        };
+        match scan.live_members().next() {
+            Some(next) => write_marker(ctx, &self.name, &found, &next.bytes)?,
+            None => {
+                if scan.waiters.is_empty() {
+                    remove_members_dir(ctx, &dir_name);
+                }
+                remove_marker(ctx, &self.name, &found, mutation)?;
+            }
+        }
+        Ok(here)
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if std::mem::take(&mut self.armed)
+            && let Err(error) = self.leave()
+        {
+            tracing::warn!(
+                lock = self.name.as_str(),
+                %error,
+                "leaving a shared lock failed; the record stays until it is judged stale"
+            );
+        }
+    }
+}
+
+/// An exclusive acquisition waiting for shared holders (or permit
+/// holders) to leave, said on disk (`w-<uuid>.json`, flocked, renewed
+/// while it waits) so that no new ones join meanwhile. Removed when
+/// dropped; a waiter that died or froze past its lease is ignored.
+#[derive(Debug)]
+pub(crate) struct Announcement {
+    ctx: Arc<Ctx>,
+    name: LockName,
+    dir: File,
+    file: File,
+    file_name: String,
+    state: std::sync::Mutex<(OwnRecord, usize)>,
+}
+
+/// Announces an exclusive waiter for `name`; `None` if the directory is
+/// busy (the next attempt tries again).
+pub(super) fn announce(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<Announcement>> {
+    let Some(_mutation) = ctx.dir.try_mutation_lock()? else {
+        return Ok(None);
+    };
+    let dir = ensure_members(ctx, name)?;
+    let record = ctx.own_record(name);
+    let file_name = format!("{WAITER}{}{JSON}", record.uuid);
+    let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
+    let file = syscall::open_at(&dir, file_name.as_str(), Open::CreateNew)
+        .context("announce an exclusive waiter", || path.clone())?;
+    // Brand new and listed only under the mutation lock we hold: free.
+    let _ = file.try_lock();
+    let len = file::write(&file, 0, &record, false, || path.clone())?;
+    Ok(Some(Announcement {
+        ctx: Arc::clone(ctx),
+        name: name.clone(),
+        dir,
+        file,
+        file_name,
+        state: std::sync::Mutex::new((record, len)),
+    }))
+}
+
+impl Renewable for Announcement {
+    fn renew_once(&self) -> Step {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (record, len) = &mut *state;
+        record.renew(SystemTime::now(), sys::boot_clock_ms());
+        let path = || PathBuf::from(&self.file_name);
+        match file::write(&self.file, *len, record, false, path) {
+            Ok(written) => *len = written,
+            Err(error) => tracing::debug!(%error, "renewing an exclusive waiter's announcement failed"),
+        }
+        Step::Again((self.ctx.lease / 3).max(Duration::from_millis(1)))
+    }
+}
+
+impl Drop for Announcement {
+    /// Removes the announcement, and the members directory if that leaves
+    /// it empty (under the mutation lock: a joiner may be about to use it).
+    fn drop(&mut self) {
+        let _ = syscall::unlink_at(&self.dir, self.file_name.as_str());
+        if let Ok(Some(_mutation)) = self.ctx.dir.try_mutation_lock() {
+            let empty = syscall::list_at(&self.dir).is_ok_and(|names| names.is_empty());
+            if empty {
+                remove_members_dir(&self.ctx, &members_dir(self.name.file_name()));
+            }
+        }
+    }
+}
