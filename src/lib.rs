@@ -58,8 +58,10 @@
 //! # Guarantees and non-guarantees
 //!
 //! - **Exclusion.** Among leasehold processes sharing a local directory, at
-//!   most one guard per name is valid at a time. A guard is valid until it
-//!   is dropped or [`LockGuard::lost`] fires.
+//!   most one exclusive guard per name is valid at a time, and never
+//!   together with a shared guard or a semaphore permit of that name; at
+//!   most `permits` permits of a semaphore are valid at a time. A guard is
+//!   valid until it is dropped or [`LockGuard::lost`] fires.
 //! - **Staleness.** A lock is reclaimed only when its holder is provably
 //!   gone (a free `flock` on a leasehold record; ESRCH or a reused pid for
 //!   other writers; a record from an earlier boot), when its lease ran out,
@@ -112,6 +114,37 @@
 //!   `/tmp` of its own (one reason `/run/lock` comes first), and one under
 //!   `ProtectSystem=strict` cannot write `/run/lock`; give such units an
 //!   explicit directory.
+//!
+//! # Which lock do you need?
+//!
+//! | you need | use | holders at once |
+//! |---|---|---|
+//! | one process at a time (a migration, a cron job, a writer) | [`Locker::acquire`] | one |
+//! | many readers, or one writer (a cache rebuild vs its readers) | [`Locker::acquire_shared`] for readers, [`Locker::acquire`] for the writer | any number of shared, or one exclusive |
+//! | at most N at once (GPUs, build slots, API quota) | [`Locker::semaphore`] | at most N |
+//!
+//! All three have the same guarantees: leases renewed in the background,
+//! a dead holder's lock freed at once, [`LockGuard::lost`], fencing
+//! tokens, [`Locker::holders`] and [`Locker::list`] showing every holder,
+//! and the same waiting, timeouts and cancellation. Shared locks prefer
+//! writers: once an exclusive acquisition waits (in any process), new
+//! shared ones queue behind it. An exclusive acquisition of a semaphore's
+//! name waits for every permit to be returned.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+//! let dir = tempfile::tempdir().unwrap();
+//! let locker = leasehold::Locker::new(dir.path())?;
+//!
+//! let reader = locker.acquire_shared("catalog").await?; // many at once
+//! drop(reader);
+//! let writer = locker.acquire("catalog").await?; // alone
+//! drop(writer);
+//!
+//! let gpus = locker.semaphore("gpu", 2)?; // two at once
+//! let _permit = gpus.acquire().await?;
+//! # Ok(()) }
+//! ```
 //!
 //! # Which strategy should you use?
 //!
