@@ -302,6 +302,7 @@ impl Backend for Fs {
             }
         }
         cleaned.extend(leftover::clean(ctx, dry_run, usize::MAX)?);
+        cleaned.extend(group::clean_orphans(ctx, dry_run)?);
         Ok(cleaned)
     }
 

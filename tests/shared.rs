@@ -152,3 +152,108 @@ async fn an_exclusive_acquisition_inside_a_shared_scope_is_refused() {
         })
         .await;
 }
+
+#[tokio::test]
+async fn a_marker_whose_holders_are_dead_is_reclaimed_and_clean_removes_orphans() {
+    for strategy in BOTH {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = Locker::builder()
+            .directory(dir.path())
+            .strategy(strategy)
+            .build()
+            .unwrap();
+        let path = locker.lock_path("cat").unwrap();
+        let marker = r#"{"uuid":"x","pid":999999999,"leasehold":1,"mode":"shared","group":"g"}"#;
+        match strategy {
+            Strategy::Directory => {
+                std::fs::create_dir(&path).unwrap();
+                std::fs::write(path.join("owner.json"), marker).unwrap();
+            }
+            _ => std::fs::write(&path, marker).unwrap(),
+        }
+        let members = path.with_file_name(format!("{}.members", path.file_name().unwrap().to_str().unwrap()));
+        std::fs::create_dir(&members).unwrap();
+        std::fs::write(members.join("m-x.json"), r#"{"uuid":"x","pid":999999999}"#).unwrap();
+        let info = locker.inspect("cat").await.unwrap().unwrap();
+        assert_eq!(info.kind(), LockKind::Shared);
+        assert!(info.is_stale(), "{strategy:?}: no live holder");
+        assert!(locker.holders("cat").await.unwrap().is_empty());
+        let guard = locker.try_acquire("cat").await.unwrap().expect("reclaimed");
+        drop(guard);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{strategy:?}: {left:?}");
+
+        // A members directory without its lock path, holding only the dead.
+        std::fs::create_dir(&members).unwrap();
+        std::fs::write(members.join("m-y.json"), r#"{"uuid":"y","pid":999999999}"#).unwrap();
+        std::fs::write(members.join("w-z.json"), r#"{"uuid":"z","pid":999999999}"#).unwrap();
+        let cleaned = locker.clean(false).await.unwrap();
+        assert_eq!(cleaned.len(), 1, "{cleaned:?}");
+        assert!(!members.exists(), "{strategy:?}");
+    }
+}
+
+#[tokio::test]
+async fn shared_guards_of_one_locker_share_one_hold_and_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .fencing(true)
+        .build()
+        .unwrap();
+    let w = locker.acquire("cat").await.unwrap().fencing_token().unwrap();
+    let r1 = locker.acquire_shared("cat").await.unwrap();
+    let r2 = locker.acquire_shared("cat").await.unwrap();
+    let token = r1.fencing_token().unwrap();
+    assert!(
+        token >= w,
+        "a reader's token is no less than the writer's before it"
+    );
+    assert_eq!(r2.fencing_token(), Some(token));
+    assert_eq!(locker.holders("cat").await.unwrap().len(), 1);
+    let stats = locker.stats();
+    assert_eq!(stats.shared_acquisitions, 2);
+    drop((r1, r2));
+    let after = locker.acquire("cat").await.unwrap().fencing_token().unwrap();
+    assert!(after > token, "a writer after the readers has a greater token");
+    let s = locker.semaphore("gpu", 2).unwrap();
+    let p1 = s.acquire().await.unwrap().fencing_token().unwrap();
+    let p2 = s.acquire().await.unwrap().fencing_token().unwrap();
+    assert!(p2 > p1, "each permit gets a token of its own");
+    assert_eq!(locker.stats().permit_acquisitions, 2);
+}
+
+#[tokio::test]
+async fn cancelled_shared_and_permit_waiters_leave_nothing() {
+    for strategy in BOTH {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = lockers(dir.path(), strategy);
+        let w = a.acquire("cat").await.unwrap();
+        let s = b.semaphore("gpu", 1).unwrap();
+        let p = a.semaphore("gpu", 1).unwrap().acquire().await.unwrap();
+        for _ in 0..3 {
+            let r = tokio::time::timeout(Duration::from_millis(50), b.acquire_shared("cat")).await;
+            assert!(r.is_err());
+            let r = tokio::time::timeout(Duration::from_millis(50), s.acquire()).await;
+            assert!(r.is_err());
+        }
+        // A writer waiting on readers, cancelled, withdraws its announcement.
+        drop(w);
+        let r = b.acquire_shared("cat").await.unwrap();
+        let waited = tokio::time::timeout(Duration::from_millis(300), a.acquire("cat")).await;
+        assert!(waited.is_err());
+        assert!(
+            b.try_acquire_shared("cat").await.unwrap().is_some(),
+            "{strategy:?}: the cancelled writer still holds readers back"
+        );
+        drop((r, p));
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{strategy:?}: {left:?}");
+    }
+}

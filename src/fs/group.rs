@@ -35,7 +35,7 @@ use super::found::Found;
 use super::layout::Strategy;
 use super::syscall::{self, Errno, Open, read_record};
 use super::{directory, fence, file};
-use crate::backend::{Mode, Renewal, Tokens};
+use crate::backend::{Inspection, Mode, Renewal, Tokens};
 use crate::error::{Error, IoResultExt, LossReason, Result};
 use crate::name::LockName;
 use crate::owner::Owner;
@@ -313,6 +313,53 @@ pub(super) fn tidy(ctx: &Ctx, name: &LockName) -> Result<bool> {
         remove_members_dir(ctx, &dir_name);
     }
     Ok(false)
+}
+
+/// Members directories whose lock path is gone (a crash between two
+/// steps, an announcement whose waiter died): their dead records are
+/// removed, and the directory too once nothing live is left in it. Those
+/// cleaned (or, with `dry_run`, that would be) are returned.
+pub(super) fn clean_orphans(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
+    let suffix = members_dir("");
+    let mut cleaned = Vec::new();
+    for dir_name in ctx.entries(|name| name.ends_with(&suffix))? {
+        let lock = &dir_name[..dir_name.len() - suffix.len()];
+        if ctx.path_taken(&LockName::from_file_name(lock)) {
+            continue;
+        }
+        let inspection = || Inspection {
+            owner: Owner::from_parsed(&Parsed::Unreadable),
+            holders: Vec::new(),
+            mode: Mode::Shared,
+            stale: Some(StaleReason::Leftover),
+            path: Some(ctx.path_of(&dir_name)),
+        };
+        let Some(_mutation) = ctx.dir.try_mutation_lock()? else {
+            continue;
+        };
+        let name = LockName::from_file_name(lock);
+        if ctx.path_taken(&name) {
+            continue;
+        }
+        let Some(dir) = open_members(ctx, &name)? else {
+            continue;
+        };
+        let path = || ctx.path_of(&dir_name);
+        let mut scan = scan(ctx, &dir, &path)?;
+        let live = scan.live_members().count() + scan.live_waiters();
+        if dry_run {
+            if live == 0 {
+                cleaned.push((name, inspection()));
+            }
+            continue;
+        }
+        remove_dead(ctx, &dir, &mut scan);
+        if live == 0 {
+            remove_members_dir(ctx, &dir_name);
+            cleaned.push((name, inspection()));
+        }
+    }
+    Ok(cleaned)
 }
 
 /// Removes an empty members directory; one that is not empty (a waiter,
