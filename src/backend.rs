@@ -182,6 +182,16 @@ pub(crate) trait Backend {
         Ok(None)
     }
 
+    /// Whether a new shared acquisition may join the shared hold this
+    /// process already has of `name` without asking the store: not while an
+    /// exclusive acquisition waits for the name in another process (or the
+    /// readers of this one would starve it), and not when the backend cannot
+    /// tell cheaply. Must not block: it runs on the caller's thread.
+    fn may_join_locally(&self, name: &LockName) -> bool {
+        let _ = name;
+        false
+    }
+
     /// Says in the store that an exclusive acquisition waits for `name`,
     /// which shared holders (or permit holders) hold, so that new ones
     /// queue behind it. The announcement lasts while the returned value

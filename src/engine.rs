@@ -141,7 +141,9 @@ impl Engine {
             let shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
             shared.get(name.file_name())?.upgrade()?
         };
-        if grant.is_lost() {
+        // Not past an exclusive waiter of another process: to the store,
+        // which keeps this acquisition out until the waiter had its turn.
+        if grant.is_lost() || !self.store.may_join_locally(name) {
             return None;
         }
         let guard = grant.guard()?.ok()?;

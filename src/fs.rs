@@ -320,6 +320,13 @@ impl Backend for Fs {
         watched
     }
 
+    /// A look at the members directory (three short syscalls): no
+    /// announcement of an exclusive waiter there, live or not (a dead one
+    /// is judged, and removed, by the store's join).
+    fn may_join_locally(&self, name: &LockName) -> bool {
+        !group::announced(&self.ctx, name)
+    }
+
     fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
         Ok(group::announce(&self.ctx, name)?.map(|a| Arc::new(a) as Arc<dyn Renewable>))
     }

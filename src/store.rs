@@ -79,6 +79,14 @@ impl Backend for Store {
         }
     }
 
+    fn may_join_locally(&self, name: &LockName) -> bool {
+        match self {
+            Store::Fs(fs) => fs.may_join_locally(name),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => pg.may_join_locally(name),
+        }
+    }
+
     fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
         match self {
             Store::Fs(fs) => fs.announce(name),

@@ -257,3 +257,47 @@ async fn cancelled_shared_and_permit_waiters_leave_nothing() {
         assert!(left.is_empty(), "{strategy:?}: {left:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_stream_of_local_readers_does_not_starve_a_writer_elsewhere() {
+    for strategy in BOTH {
+        let dir = tempfile::tempdir().unwrap();
+        let (readers, writer) = lockers(dir.path(), strategy);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stream = tokio::spawn({
+            let (readers, stop) = (readers.clone(), stop.clone());
+            async move {
+                let mut tasks = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let readers = readers.clone();
+                    tasks.push(tokio::spawn(async move {
+                        let guard = readers.acquire_shared("cat").await.unwrap();
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        drop(guard);
+                    }));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                for task in tasks {
+                    task.await.unwrap();
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(
+            writer.try_acquire("cat").await.unwrap().is_none(),
+            "the readers overlap"
+        );
+        let started = std::time::Instant::now();
+        let w = tokio::time::timeout(Duration::from_secs(10), writer.acquire("cat"))
+            .await
+            .expect("the writer starved")
+            .unwrap();
+        let waited = started.elapsed();
+        drop(w);
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        stream.await.unwrap();
+        // The readers it found (100 ms each) plus one reader's hold, with
+        // room for a slow machine.
+        assert!(waited < Duration::from_secs(3), "{strategy:?}: waited {waited:?}");
+    }
+}

@@ -817,6 +817,20 @@ pub(crate) struct Announcement {
     state: std::sync::Mutex<(OwnRecord, usize)>,
 }
 
+/// Whether an exclusive waiter has announced itself for `name` (its
+/// record is there, whatever its state); `true` when that cannot be told.
+pub(super) fn announced(ctx: &Ctx, name: &LockName) -> bool {
+    let Ok(Some(dir)) = open_members(ctx, name) else {
+        return true;
+    };
+    match syscall::list_at(&dir) {
+        Ok(names) => names
+            .iter()
+            .any(|n| n.to_str().is_none_or(|n| n.starts_with(WAITER))),
+        Err(_) => true,
+    }
+}
+
 /// Announces an exclusive waiter for `name`; `None` if the directory is
 /// busy (the next attempt tries again).
 pub(super) fn announce(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<Announcement>> {
