@@ -295,7 +295,7 @@ impl Backend for Pg {
         };
         Ok(match answer {
             // Armed where it was taken, as with files.
-            Answer::Taken(lock, tokens) => Attempt::Acquired(arm(lock, Some(tokens))),
+            Answer::Taken(lock, tokens) => Attempt::Acquired(arm(*lock, Some(tokens))),
             Answer::Busy { sharers } => Attempt::Busy {
                 owner: None,
                 recheck_at: None,

@@ -135,7 +135,8 @@ const JOIN_KEY: &str = "SELECT CASE
 /// Takes the first free slot among the keys `$1`. `Limit` pulls one row at
 /// a time from the scan and stops at the first that passes the filter, so
 /// exactly one lock is taken when any is free.
-const TAKE_SLOT: &str = "SELECT s.k FROM unnest($1::bigint[]) AS s(k) WHERE pg_try_advisory_lock(s.k) LIMIT 1";
+const TAKE_SLOT: &str =
+    "SELECT s.k FROM unnest($1::bigint[]) AS s(k) WHERE pg_try_advisory_lock(s.k) LIMIT 1";
 
 /// A live holder of the name `$1` of another kind than `$2` (`'shared'`
 /// or `'semaphore'`) with `$3` permits. `pg_locks` is read only for rows
@@ -311,7 +312,7 @@ enum Lock {
 #[derive(Debug)]
 pub(super) enum Answer {
     /// Taken, with the first block of fencing tokens.
-    Taken(PgLock, Tokens),
+    Taken(Box<PgLock>, Tokens),
     /// Held elsewhere; `sharers` when held shared (or by permit holders).
     Busy { sharers: bool },
 }
@@ -423,7 +424,12 @@ impl Line {
     /// Announces an exclusive waiter for `name`; `None` when the intent
     /// key is taken (another waiter announced itself, or a reader probes
     /// it at this instant): the next attempt tries again.
-    pub(super) fn announce(&self, name: &LockName, keys: Keys, every: Duration) -> Result<Option<Announcement>> {
+    pub(super) fn announce(
+        &self,
+        name: &LockName,
+        keys: Keys,
+        every: Duration,
+    ) -> Result<Option<Announcement>> {
         let (key, intent) = (keys.name, keys.intent);
         let announced = self.call(|reply| Command::Announce { key, intent, reply })?;
         Ok(announced.then(|| Announcement {
@@ -542,7 +548,12 @@ impl BackendLock for PgLock {
     }
 
     fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
-        let (key, held, generation, name) = (self.key, self.held, self.generation, self.name.as_str().to_owned());
+        let (key, held, generation, name) = (
+            self.key,
+            self.held,
+            self.generation,
+            self.name.as_str().to_owned(),
+        );
         self.line.call(|reply| Command::Reserve {
             name,
             key,
@@ -702,7 +713,7 @@ impl Session {
                             record,
                             armed: true,
                         };
-                        Answer::Taken(lock, tokens)
+                        Answer::Taken(Box::new(lock), tokens)
                     }
                     Try::Busy { sharers } => Answer::Busy { sharers },
                 });
@@ -777,7 +788,14 @@ impl Session {
 
     /// One attempt, over by `until`: `Busy` when the lock is taken
     /// elsewhere, or could not be recorded in time (and is let go again).
-    fn try_lock(&mut self, name: &str, keys: Keys, mode: Mode, owner: &OwnRecord, until: Instant) -> Result<Try> {
+    fn try_lock(
+        &mut self,
+        name: &str,
+        keys: Keys,
+        mode: Mode,
+        owner: &OwnRecord,
+        until: Instant,
+    ) -> Result<Try> {
         // Queued behind slower commands until its caller gave up.
         if Instant::now() >= until {
             return Ok(BUSY);
@@ -818,7 +836,9 @@ impl Session {
         if !taken {
             // Held shared, if a shared request would be granted: then the
             // caller announces itself, so that no new sharers join.
-            let probe = self.same("look for shared holders")?.query_one(PROBE_SHARERS, &[&key]);
+            let probe = self
+                .same("look for shared holders")?
+                .query_one(PROBE_SHARERS, &[&key]);
             return match probe {
                 Ok(row) => Ok(Try::Busy { sharers: row.get(0) }),
                 Err(e) => {
@@ -851,7 +871,14 @@ impl Session {
     /// A shared or permit attempt: the name's key shared (unless an
     /// exclusive waiter announced itself), a permit slot, then the holder
     /// row, unless the name is held as another kind.
-    fn try_join(&mut self, name: &str, keys: Keys, mode: Mode, owner: &OwnRecord, until: Instant) -> Result<Try> {
+    fn try_join(
+        &mut self,
+        name: &str,
+        keys: Keys,
+        mode: Mode,
+        owner: &OwnRecord,
+        until: Instant,
+    ) -> Result<Try> {
         let key = keys.name;
         if self
             .locals
@@ -860,9 +887,7 @@ impl Session {
         {
             return Ok(BUSY);
         }
-        let joined = self
-            .client()?
-            .query_one(JOIN_KEY, &[&key, &keys.intent]);
+        let joined = self.client()?.query_one(JOIN_KEY, &[&key, &keys.intent]);
         let joined: Option<bool> = match joined {
             Ok(row) => row.get(0),
             Err(e) => {
