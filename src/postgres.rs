@@ -465,6 +465,15 @@ mod tests {
             key("nightly-report").to_be_bytes(),
             [0x28, 0x1e, 0x00, 0x8a, 0xc2, 0x12, 0xda, 0x3a]
         );
+        // The keys of a name's other roles, pinned the same way (SHA-256
+        // of "leasehold-" + role + "\0" + name, and "\0" + the big-endian
+        // index for a slot): every version must agree on them too.
+        let keys = Keys::of("reindex");
+        assert_eq!(keys.name, key("reindex"));
+        assert_eq!(keys.intent, -2_873_772_019_053_410_495);
+        assert_eq!(keys.join, -8_327_747_811_861_364_901);
+        assert_eq!(slot_key("reindex", 0), -4_442_260_240_349_315_333);
+        assert_eq!(slot_key("reindex", 7), 1_983_168_917_083_701_099);
         let t = tokens(2048);
         assert_eq!((t.next, t.last), (1025, 2048));
     }

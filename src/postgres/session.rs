@@ -56,7 +56,7 @@ const SCHEMA: &str = "
         name text NOT NULL,
         key bigint NOT NULL,
         mode text NOT NULL,
-        permits integer,
+        permits bigint,
         slot bigint,
         holder_id text,
         hostname text,
@@ -145,7 +145,7 @@ macro_rules! other_kind {
     () => {
         concat!(
             "SELECT h.mode, h.permits FROM leasehold_holders h
-             WHERE h.name = $1 AND NOT (h.mode = $2 AND h.permits IS NOT DISTINCT FROM $3::integer) AND ",
+             WHERE h.name = $1 AND NOT (h.mode = $2 AND h.permits IS NOT DISTINCT FROM $3::bigint) AND ",
             live!(),
             " LIMIT 1"
         )
@@ -164,7 +164,7 @@ const JOIN_SHARED: &str = concat!(
     "), mine AS (
         INSERT INTO leasehold_holders
             (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token)
-        SELECT $4::text, $1::text, $5::bigint, $2::text, $3::integer, $6::bigint, $7::text, $8::text,
+        SELECT $4::text, $1::text, $5::bigint, $2::text, $3::bigint, $6::bigint, $7::text, $8::text,
             $9::integer, now(), pg_backend_pid(),
             COALESCE((SELECT l.fencing_token FROM leasehold_locks l WHERE l.name = $1), 0)
         WHERE NOT EXISTS (SELECT 1 FROM other)
@@ -187,7 +187,7 @@ const JOIN_PERMIT: &str = concat!(
     ), mine AS (
         INSERT INTO leasehold_holders
             (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token)
-        SELECT $4::text, $1::text, $5::bigint, $2::text, $3::integer, $6::bigint, $7::text, $8::text,
+        SELECT $4::text, $1::text, $5::bigint, $2::text, $3::bigint, $6::bigint, $7::text, $8::text,
             $9::integer, now(), pg_backend_pid(),
             c.fencing_token - $10 + 1
         FROM counter c
@@ -199,7 +199,7 @@ const JOIN_PERMIT: &str = concat!(
 /// permit holders from `leasehold_holders`: by name, oldest first.
 const INSPECT: &str = concat!(
     "SELECT name, mode, permits, holder_id, hostname, pid, acquired_at, holder_token FROM (
-        SELECT l.name, 'exclusive'::text AS mode, NULL::integer AS permits, l.holder_id, l.hostname,
+        SELECT l.name, 'exclusive'::text AS mode, NULL::bigint AS permits, l.holder_id, l.hostname,
             l.pid, l.acquired_at, l.holder_token, 0 AS rank
         FROM leasehold_locks l WHERE ($1::text IS NULL OR l.name = $1) AND ",
     held!(),
@@ -246,15 +246,15 @@ impl Held {
 }
 
 /// A kind of holding as `leasehold_holders` spells it.
-fn kind_columns(mode: Mode) -> (&'static str, Option<i32>) {
+fn kind_columns(mode: Mode) -> (&'static str, Option<i64>) {
     match mode {
-        Mode::Permit(n) => ("semaphore", Some(i32::try_from(n).unwrap_or(i32::MAX))),
+        Mode::Permit(n) => ("semaphore", Some(i64::from(n))),
         other => (other.as_str(), None),
     }
 }
 
 /// The kind of holding a row says.
-fn kind_of(mode: &str, permits: Option<i32>) -> Mode {
+fn kind_of(mode: &str, permits: Option<i64>) -> Mode {
     match (mode, permits) {
         ("exclusive", _) => Mode::Exclusive,
         ("semaphore", Some(n)) => Mode::Permit(u32::try_from(n).unwrap_or(0)),
