@@ -23,6 +23,53 @@
 //! hosts; a poll remains as the safety net (and is what notices a holder's
 //! session dying, which sends no notification).
 //!
+//! **Shared locks and semaphores.** A shared holder takes the same key with
+//! `pg_try_advisory_lock_shared`, so the server keeps exclusive and shared
+//! holders apart by itself. A permit holder of a semaphore of `n` permits
+//! holds the name's key shared too (so an exclusive acquisition of the
+//! name waits for every permit holder, and excludes new ones), and one
+//! *slot* exclusively: the key of `(name, i)` for the first free `i < n`
+//! (see [`slot_key`]), so at most `n` sessions hold a slot at once. Each
+//! shared holder and permit holder has a row in `leasehold_holders`
+//! (its owner, kind, permit count, fencing token and server process id),
+//! shown by `holders()` and `list()` while its session holds the name's
+//! key shared (`pg_locks`), deleted when it lets go. Rows left by a
+//! session that died are never shown, and are removed by the next session
+//! to connect.
+//!
+//! *Kinds.* The row is written in a transaction that first takes the
+//! name's *join* key as a transaction-level advisory lock, and is written
+//! only if no live row of another kind is found: so a name is never held
+//! shared and by permits at once, nor by semaphores of two different
+//! counts (processes that disagree on `n` never exceed the smaller one:
+//! they never hold at once at all). The later acquisition gets
+//! [`Error::KindMismatch`]. A permit acquisition that finds every slot
+//! taken also looks for holders of another kind, so a mismatch is reported
+//! rather than waited on.
+//!
+//! *Writer preference.* PostgreSQL orders only *queued* lock requests, and
+//! every attempt here is a `try` (the session must stay free for
+//! heartbeats): a waiting exclusive acquisition would be overtaken by new
+//! shared holders forever. So an exclusive attempt that finds the key held
+//! shared (a shared `try` on it would succeed) *announces* itself: it takes
+//! the name's *intent* key exclusively for as long as it waits (and takes
+//! it again after a reconnection). A shared or permit acquisition first
+//! probes the intent key with a shared `try`, let go in the same statement,
+//! and stays out while it is taken; the holders the waiter found finish,
+//! and it gets in. Two waiting writers do not both need the intent key: one
+//! announced writer keeps new readers out, and the next one announces
+//! itself when it finds readers in turn. The server cannot tell a session
+//! from itself (its locks are re-entrant per session), so the session
+//! thread counts what it holds of each name and keeps its own holders
+//! apart: an exclusive attempt while its own `Locker` holds the name
+//! shared is busy, a permit never reuses its own session's slot.
+//!
+//! *Fencing.* A permit holder reserves a block of tokens from the name's
+//! counter as an exclusive holder does (a fresh token per acquisition). A
+//! shared holder's token is the counter as it stands, without advancing
+//! it: no less than any earlier exclusive holder's token, less than any
+//! later one's.
+//!
 //! **Connection poolers.** Session locks need a session: behind a pooler in
 //! transaction mode (PgBouncer `pool_mode = transaction`) each statement may
 //! run on another server connection, so a lock taken by one statement is
@@ -46,8 +93,9 @@ use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
+use crate::renew::Renewable;
 pub(crate) use session::PgLock;
-use session::{ANSWER_PATIENCE, Command, Line, Session, no_answer, session_stopped};
+use session::{ANSWER_PATIENCE, Answer, Command, Line, Session, no_answer, session_stopped};
 
 /// The least time an attempt is given, however close its deadline: a few
 /// round trips, so that `acquire_timeout(Duration::ZERO)` still makes one.
@@ -66,6 +114,55 @@ pub(crate) fn key(name: &str) -> i64 {
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     i64::from_be_bytes(first)
+}
+
+/// A key of one role in the locking of `name` (the intent key, the join
+/// key, a permit slot): the first 8 bytes of SHA-256 of `"leasehold-" +
+/// role + "\0" + name`, with `"\0"` and the big-endian index after it for
+/// a slot. The prefix differs from the name key's in its tenth byte, and
+/// names hold no NUL, so no two roles (or names) share an input.
+fn derived(role: &str, name: &str, index: Option<u32>) -> i64 {
+    let mut hasher = Sha256::new();
+    hasher.update(b"leasehold-");
+    hasher.update(role.as_bytes());
+    hasher.update(b"\0");
+    hasher.update(name.as_bytes());
+    if let Some(index) = index {
+        hasher.update(b"\0");
+        hasher.update(index.to_be_bytes());
+    }
+    let digest = hasher.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// The key of permit slot `index` of the semaphore `name`.
+pub(crate) fn slot_key(name: &str, index: u32) -> i64 {
+    derived("slot", name, Some(index))
+}
+
+/// The keys of one name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keys {
+    /// The lock itself: exclusive, or shared by shared and permit holders.
+    pub(crate) name: i64,
+    /// Held exclusively by an exclusive acquisition waiting for shared
+    /// holders (its announcement).
+    pub(crate) intent: i64,
+    /// Serializes the recording of shared and permit holders (a
+    /// transaction-level lock).
+    pub(crate) join: i64,
+}
+
+impl Keys {
+    pub(crate) fn of(name: &str) -> Keys {
+        Keys {
+            name: key(name),
+            intent: derived("intent", name, None),
+            join: derived("join", name, None),
+        }
+    }
 }
 
 /// A `Locker`'s connection to the server.
@@ -162,10 +259,13 @@ impl Backend for Pg {
         deadline: Option<Instant>,
         arm: Arm<'_, PgLock, K>,
     ) -> Result<Attempt<K>> {
+        let mut owner = OwnRecord::new(&self.holder_id, self.lease, name);
         if mode != Mode::Exclusive {
-            return Err(Error::Unsupported {
-                what: "shared locks and semaphores on PostgreSQL",
-            });
+            owner.mode = Some(mode.as_str());
+            owner.permits = match mode {
+                Mode::Permit(n) => Some(n),
+                _ => None,
+            };
         }
         let now = Instant::now();
         let slice = self.lease / 4;
@@ -179,28 +279,38 @@ impl Backend for Pg {
         let (reply, answer) = mpsc::channel();
         self.line.send(Command::TryLock {
             name: name.clone(),
-            key: key(name.as_str()),
-            owner: Box::new(OwnRecord::new(&self.holder_id, self.lease, name)),
+            keys: Keys::of(name.as_str()),
+            mode,
+            owner: Box::new(owner),
             until: now + budget,
             line: self.line.clone(),
             reply,
         })?;
-        let taken = match answer.recv_timeout(budget + ANSWER_GRACE) {
-            Ok(taken) => taken?,
+        let answer = match answer.recv_timeout(budget + ANSWER_GRACE) {
+            Ok(answer) => answer?,
             // A lock granted from now on is dropped with `answer`, or by
             // the session thread when it finds `answer` gone: unlocked.
-            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Timeout) => Answer::Busy { sharers: false },
             Err(RecvTimeoutError::Disconnected) => return Err(session_stopped()),
         };
-        Ok(match taken {
+        Ok(match answer {
             // Armed where it was taken, as with files.
-            Some((lock, tokens)) => Attempt::Acquired(arm(lock, Some(tokens))),
-            None => Attempt::Busy {
+            Answer::Taken(lock, tokens) => Attempt::Acquired(arm(*lock, Some(tokens))),
+            Answer::Busy { sharers } => Attempt::Busy {
                 owner: None,
                 recheck_at: None,
-                sharers: false,
+                sharers,
             },
         })
+    }
+
+    /// Takes the name's intent key for an exclusive acquisition waiting
+    /// for shared holders, so that new ones stay out (see the module
+    /// documentation); `None` while another waiter holds it.
+    fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
+        let every = (self.lease / 3).max(Duration::from_millis(1));
+        let announced = self.line.announce(name, Keys::of(name.as_str()), every)?;
+        Ok(announced.map(|a| Arc::new(a) as Arc<dyn Renewable>))
     }
 
     fn inspect(&self, name: &LockName) -> Result<Option<Inspection>> {
@@ -234,15 +344,15 @@ impl Pg {
             .line
             .inspect(name)?
             .into_iter()
-            .map(|(name, owner)| {
+            .filter_map(|(name, mode, holders)| {
                 let inspection = Inspection {
-                    holders: vec![owner.clone()],
-                    owner,
-                    mode: Mode::Exclusive,
+                    owner: holders.first()?.clone(),
+                    holders,
+                    mode,
                     stale: None,
                     path: None,
                 };
-                (LockName::from_name(&name), inspection)
+                Some((LockName::from_name(&name), inspection))
             })
             .collect())
     }
@@ -310,7 +420,8 @@ mod tests {
             .send(Command::TryLock {
                 owner: Box::new(OwnRecord::new("test", lease, &name)),
                 name: name.clone(),
-                key: key("gone"),
+                keys: Keys::of("gone"),
+                mode: Mode::Exclusive,
                 until: Instant::now() + Duration::from_secs(10),
                 line: store.line.clone(),
                 reply,
@@ -354,6 +465,15 @@ mod tests {
             key("nightly-report").to_be_bytes(),
             [0x28, 0x1e, 0x00, 0x8a, 0xc2, 0x12, 0xda, 0x3a]
         );
+        // The keys of a name's other roles, pinned the same way (SHA-256
+        // of "leasehold-" + role + "\0" + name, and "\0" + the big-endian
+        // index for a slot): every version must agree on them too.
+        let keys = Keys::of("reindex");
+        assert_eq!(keys.name, key("reindex"));
+        assert_eq!(keys.intent, -2_873_772_019_053_410_495);
+        assert_eq!(keys.join, -8_327_747_811_861_364_901);
+        assert_eq!(slot_key("reindex", 0), -4_442_260_240_349_315_333);
+        assert_eq!(slot_key("reindex", 7), 1_983_168_917_083_701_099);
         let t = tokens(2048);
         assert_eq!((t.next, t.last), (1025, 2048));
     }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold::{Error, Locker, LockerBuilder, LossReason};
+use leasehold::{Error, LockKind, Locker, LockerBuilder, LossReason};
 
 #[path = "support/pg_server.rs"]
 mod pg_server;
@@ -440,6 +440,531 @@ async fn a_failed_unlock_resets_the_session_and_frees_the_lock() {
         let again = a.acquire_timeout(&x, Duration::from_secs(5)).await.unwrap();
         again.release().await.unwrap();
     }
+}
+
+/// Waits until `check` holds, for at most `within`.
+async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How many Lockers (holder ids) `holders` come from.
+fn lockers_of(holders: &[leasehold::Owner]) -> usize {
+    let mut ids: Vec<_> = holders.iter().map(|h| h.holder_id().unwrap()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.len()
+}
+
+/// Readers on two connections overlap, and keep a writer out until the
+/// last one leaves; a shared holder's token is the counter as it stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_readers_overlap_and_exclude_a_writer() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let cat = unique("cat");
+
+    let first = a.acquire(&cat).await.unwrap();
+    let written = first.fencing_token().unwrap();
+    assert!(
+        b.try_acquire_shared(&cat).await.unwrap().is_none(),
+        "a reader beside a writer"
+    );
+    drop(first);
+
+    let r1 = tokio::time::timeout(Duration::from_secs(3), a.acquire_shared(&cat))
+        .await
+        .expect("free once the writer left")
+        .unwrap();
+    let r2 = b.acquire_shared(&cat).await.unwrap();
+    let r3 = a.acquire_shared(&cat).await.unwrap();
+    assert!(r1.is_shared() && r2.is_shared() && r3.is_shared());
+    for r in [&r1, &r2, &r3] {
+        let token = r.fencing_token().unwrap();
+        assert!(
+            token >= written,
+            "a reader's token {token} is below the writer's {written}"
+        );
+    }
+    assert!(b.try_acquire(&cat).await.unwrap().is_none());
+    assert!(a.try_acquire(&cat).await.unwrap().is_none(), "nor its own Locker");
+    assert!(
+        b.acquire_timeout(&cat, Duration::from_millis(200))
+            .await
+            .unwrap_err()
+            .is_timeout()
+    );
+    let info = b.inspect(&cat).await.unwrap().expect("held");
+    assert_eq!(info.kind(), LockKind::Shared);
+    assert!(!info.is_stale());
+    // Two Lockers (a Locker's shared guards may share one hold, or not).
+    assert_eq!(lockers_of(info.holders()), 2, "{:?}", info.holders());
+
+    drop(r1);
+    assert!(b.try_acquire(&cat).await.unwrap().is_none(), "r3 still reads");
+    drop(r3);
+    assert!(b.try_acquire(&cat).await.unwrap().is_none(), "r2 still reads");
+    let writer = {
+        let (b, cat) = (b.clone(), cat.clone());
+        tokio::spawn(async move { b.acquire(&cat).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(r2);
+    let w = tokio::time::timeout(Duration::from_secs(3), writer)
+        .await
+        .expect("the writer gets in once every reader left")
+        .unwrap();
+    assert!(!w.is_shared());
+    let token = w.fencing_token().unwrap();
+    assert!(
+        token > written,
+        "tokens grow past the readers': {token} after {written}"
+    );
+    assert!(a.try_acquire_shared(&cat).await.unwrap().is_none());
+    drop(w);
+    let again = tokio::time::timeout(Duration::from_secs(3), a.acquire_shared(&cat))
+        .await
+        .unwrap()
+        .unwrap();
+    again.release().await.unwrap();
+    assert!(a.holders(&cat).await.unwrap().is_empty());
+    assert!(!b.list().await.unwrap().iter().any(|l| l.name() == cat));
+}
+
+/// A writer waiting for readers keeps new readers out (of every Locker);
+/// the readers it found finish, then it gets in, then the held-back
+/// readers do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_holds_back_new_readers_on_a_server() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let c = builder(&server).build().unwrap();
+    let late = builder(&server).build().unwrap();
+    let cat = unique("cat");
+    let r1 = a.acquire_shared(&cat).await.unwrap();
+    let r2 = c.acquire_shared(&cat).await.unwrap();
+    let writer = {
+        let (b, cat) = (b.clone(), cat.clone());
+        tokio::spawn(async move {
+            let w = b.acquire(&cat).await.unwrap();
+            (Instant::now(), w)
+        })
+    };
+    // Give the writer time to find the readers and announce itself.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        late.try_acquire_shared(&cat).await.unwrap().is_none(),
+        "a reader overtook a waiting writer"
+    );
+    assert!(b.try_acquire_shared(&cat).await.unwrap().is_none());
+    let sem = late.semaphore(&unique("other"), 2).unwrap();
+    assert!(
+        sem.try_acquire().await.unwrap().is_some(),
+        "other names are not held back"
+    );
+    let held_back = {
+        let (late, cat) = (late.clone(), cat.clone());
+        tokio::spawn(async move {
+            let r = late.acquire_shared(&cat).await.unwrap();
+            (Instant::now(), r)
+        })
+    };
+    // The readers the writer found keep reading, and it keeps waiting.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!r1.is_lost() && !r2.is_lost());
+        assert!(!writer.is_finished() && !held_back.is_finished());
+        assert!(late.try_acquire_shared(&cat).await.unwrap().is_none());
+    }
+    drop(r1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!writer.is_finished(), "r2 still reads");
+    assert!(!held_back.is_finished(), "a reader overtook the writer");
+    drop(r2);
+    let (wrote, w) = tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .expect("the writer gets in")
+        .unwrap();
+    assert!(!w.is_shared());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!held_back.is_finished(), "a reader beside the writer");
+    drop(w);
+    let (read, r) = tokio::time::timeout(Duration::from_secs(5), held_back)
+        .await
+        .expect("the held-back reader gets in after the writer")
+        .unwrap();
+    assert!(read > wrote);
+    assert!(r.is_shared());
+}
+
+/// Tasks on two Lockers share a semaphore of three permits: never more
+/// than three inside at once, every permit with a token of its own, and
+/// each holder holds the name's key shared and one slot on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_never_exceeds_its_permits_on_a_server() {
+    let server = Server::start();
+    let lockers = [
+        builder(&server).build().unwrap(),
+        builder(&server).build().unwrap(),
+    ];
+    let gpu = unique("gpu");
+    let inside = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for locker in &lockers {
+        let sem = locker.semaphore(&gpu, 3).unwrap();
+        for _ in 0..4 {
+            let (sem, inside, most, tokens) = (
+                sem.clone(),
+                Arc::clone(&inside),
+                Arc::clone(&most),
+                Arc::clone(&tokens),
+            );
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..15 {
+                    let permit = sem.acquire().await.unwrap();
+                    let now = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                    assert!(now <= 3, "{now} holders of 3 permits");
+                    tokens.lock().unwrap().push(permit.fencing_token().unwrap());
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    drop(permit);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        most.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "the permits were shared"
+    );
+    let mut tokens = tokens.lock().unwrap().clone();
+    let all = tokens.len();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), all, "a token of its own per permit");
+
+    // Three permits held: three slots and three shared holds of the name,
+    // nothing more (one slot per attempt).
+    let sems: Vec<_> = lockers.iter().map(|l| l.semaphore(&gpu, 3).unwrap()).collect();
+    let p1 = sems[0].acquire().await.unwrap();
+    let p2 = sems[0].acquire().await.unwrap();
+    let p3 = sems[1].acquire().await.unwrap();
+    assert!(sems[0].try_acquire().await.unwrap().is_none());
+    assert!(sems[1].try_acquire().await.unwrap().is_none());
+    let info = lockers[1].inspect(&gpu).await.unwrap().expect("held");
+    assert_eq!(info.kind(), LockKind::Semaphore { permits: 3 });
+    assert_eq!(info.holders().len(), 3);
+    let conn = Conn::open(server.url());
+    let (exclusive, shared): (i64, i64) = conn
+        .run(|c| {
+            let row = c
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE mode = 'ExclusiveLock'),
+                            count(*) FILTER (WHERE mode = 'ShareLock')
+                     FROM pg_locks WHERE locktype = 'advisory' AND granted",
+                    &[],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        })
+        .await;
+    // A session holding the key shared twice shows one row.
+    assert_eq!((exclusive, shared), (3, 2));
+    // An exclusive acquisition waits for every permit holder.
+    assert!(lockers[1].try_acquire(&gpu).await.unwrap().is_none());
+    drop((p1, p2, p3));
+    let w = tokio::time::timeout(Duration::from_secs(3), lockers[1].acquire(&gpu))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        sems[0].try_acquire().await.unwrap().is_none(),
+        "a permit beside a writer"
+    );
+    drop(w);
+    eventually(Duration::from_secs(3), "locks left on the server", || async {
+        conn.advisory_locks().await == 0
+    })
+    .await;
+}
+
+/// A name is held one way at a time: a semaphore of another count, or
+/// shared and semaphore holders, are refused with `KindMismatch`, whether
+/// a slot is free or not, and on the same Locker too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinds_and_permit_counts_must_agree_on_a_server() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let gpu = unique("gpu");
+    let two_a = a.semaphore(&gpu, 2).unwrap();
+    let two_b = b.semaphore(&gpu, 2).unwrap();
+    let p1 = two_a.acquire().await.unwrap();
+    let p2 = two_b.acquire().await.unwrap();
+    assert!(two_a.try_acquire().await.unwrap().is_none());
+    // A slot free for three permits: taken, then refused.
+    let three = b.semaphore(&gpu, 3).unwrap();
+    match three.try_acquire().await {
+        Err(Error::KindMismatch { name, held, asked }) => {
+            assert_eq!(name, gpu);
+            assert!(held.contains('2') && asked.contains('3'), "{held} / {asked}");
+        }
+        other => panic!("expected a kind mismatch, got {other:?}"),
+    }
+    assert!(matches!(
+        three.acquire_timeout(Duration::from_secs(1)).await,
+        Err(Error::KindMismatch { .. })
+    ));
+    // No slot free for one permit: refused all the same.
+    let one = a.semaphore(&gpu, 1).unwrap();
+    assert!(matches!(one.try_acquire().await, Err(Error::KindMismatch { .. })));
+    for locker in [&a, &b] {
+        assert!(matches!(
+            locker.try_acquire_shared(&gpu).await,
+            Err(Error::KindMismatch { .. })
+        ));
+    }
+    assert_eq!(
+        a.holders(&gpu).await.unwrap().len(),
+        2,
+        "the refused left no holder"
+    );
+    drop((p1, p2));
+
+    // Shared holders refuse semaphores.
+    let r = a.acquire_shared(&gpu).await.unwrap();
+    assert!(matches!(
+        two_b.try_acquire().await,
+        Err(Error::KindMismatch { .. })
+    ));
+    assert!(matches!(
+        two_a.try_acquire().await,
+        Err(Error::KindMismatch { .. })
+    ));
+    drop(r);
+    // Free again: any kind may take it.
+    let p = tokio::time::timeout(Duration::from_secs(3), three.acquire())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        b.inspect(&gpu).await.unwrap().unwrap().kind(),
+        LockKind::Semaphore { permits: 3 }
+    );
+    drop(p);
+    let conn = Conn::open(server.url());
+    eventually(Duration::from_secs(3), "locks left on the server", || async {
+        conn.advisory_locks().await == 0
+    })
+    .await;
+}
+
+/// `holders()` and `list()` show every shared holder (one per Locker) and
+/// every permit holder, with its pid and token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_lists_every_shared_holder_on_a_server() {
+    let server = Server::start();
+    let lockers: Vec<Locker> = (0..3).map(|_| builder(&server).build().unwrap()).collect();
+    let (cat, gpu) = (unique("cat"), unique("gpu"));
+    let mut guards = Vec::new();
+    for locker in &lockers {
+        guards.push(locker.acquire_shared(&cat).await.unwrap());
+        guards.push(locker.acquire_shared(&cat).await.unwrap());
+        guards.push(locker.semaphore(&gpu, 5).unwrap().acquire().await.unwrap());
+    }
+    let holders = lockers[0].holders(&cat).await.unwrap();
+    // Every Locker's hold: one per Locker, or one per guard if a Locker
+    // does not join its own hold.
+    assert_eq!(lockers_of(&holders), 3, "{holders:?}");
+    assert!(holders.len() == 3 || holders.len() == 6, "{holders:?}");
+    assert!(holders.iter().all(|h| h.pid() == Some(std::process::id())));
+    assert!(
+        holders
+            .windows(2)
+            .all(|w| w[0].acquired_at() <= w[1].acquired_at()),
+        "oldest first"
+    );
+    let owner = lockers[1].holder(&cat).await.unwrap().expect("held");
+    assert_eq!(owner, holders[0]);
+    let list = lockers[2].list().await.unwrap();
+    let shown = list.iter().find(|l| l.name() == cat).expect("listed");
+    assert_eq!(shown.kind(), LockKind::Shared);
+    assert_eq!(shown.holders().len(), holders.len());
+    let sem = list.iter().find(|l| l.name() == gpu).expect("listed");
+    assert_eq!(sem.kind(), LockKind::Semaphore { permits: 5 });
+    assert_eq!(sem.holders().len(), 3);
+    let mut tokens: Vec<_> = sem.holders().iter().map(|h| h.fencing_token().unwrap()).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "a token per permit");
+
+    // Leaving shows at once.
+    guards.truncate(3);
+    let conn = Conn::open(server.url());
+    eventually(Duration::from_secs(3), "left holders still shown", || async {
+        lockers_of(&lockers[0].holders(&cat).await.unwrap()) == 1
+            && lockers[0].holders(&gpu).await.unwrap().len() == 1
+    })
+    .await;
+    drop(guards);
+    eventually(Duration::from_secs(3), "rows left behind", || async {
+        conn.run(|c| {
+            c.query_one("SELECT count(*) FROM leasehold_holders", &[])
+                .unwrap()
+                .get::<_, i64>(0)
+        })
+        .await
+            == 0
+    })
+    .await;
+    assert!(lockers[0].list().await.unwrap().is_empty());
+}
+
+/// A shared holder whose session is terminated reports the loss at its
+/// next heartbeat; the server drops its hold, so a writer gets in, and it
+/// is no longer listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_sessions_shared_hold_is_freed() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let c = builder(&server).build().unwrap();
+    let cat = unique("cat");
+    let doomed = a.acquire_shared(&cat).await.unwrap();
+    let alive = c.acquire_shared(&cat).await.unwrap();
+    let permit = a.semaphore(&unique("gpu"), 1).unwrap().acquire().await.unwrap();
+    let id = doomed.owner().holder_id().unwrap().to_owned();
+    let writer = {
+        let (b, cat) = (b.clone(), cat.clone());
+        tokio::spawn(async move { b.acquire(&cat).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let name = cat.clone();
+    server.sql(move |c| {
+        let backend: i32 = c
+            .query_one(
+                "SELECT backend_pid FROM leasehold_holders WHERE name = $1 AND holder_id = $2",
+                &[&name, &id],
+            )
+            .unwrap()
+            .get(0);
+        c.query_one("SELECT pg_terminate_backend($1)", &[&backend])
+            .unwrap();
+    });
+    for guard in [&doomed, &permit] {
+        tokio::time::timeout(Duration::from_secs(2), guard.lost())
+            .await
+            .expect("lost() within the heartbeat");
+    }
+    assert!(!alive.is_lost());
+    let holders = b.holders(&cat).await.unwrap();
+    assert_eq!(holders.len(), 1, "the dead holder is not listed: {holders:?}");
+    assert_eq!(holders[0].holder_id(), alive.owner().holder_id());
+    assert!(!writer.is_finished(), "the live reader still reads");
+    drop(alive);
+    let w = tokio::time::timeout(Duration::from_secs(3), writer)
+        .await
+        .expect("the dead reader's hold is gone")
+        .unwrap();
+    drop(w);
+    drop((doomed, permit));
+    // The Locker reconnects for new acquisitions.
+    let again = tokio::time::timeout(Duration::from_secs(5), a.acquire_shared(&cat))
+        .await
+        .unwrap()
+        .unwrap();
+    again.release().await.unwrap();
+}
+
+/// Shared, permit and announced exclusive acquisitions dropped at every
+/// point leave nothing held on the server: no advisory lock, no holder row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_shared_and_permit_waits_leave_nothing() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let (x, y) = (unique("x"), unique("y"));
+    let conn = Conn::open(server.url());
+    // x is held exclusively: shared and permit attempts wait.
+    let writer = b.acquire(&x).await.unwrap();
+    // y is read: an exclusive waiter announces itself, then goes away.
+    let reader = b.acquire_shared(&y).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..150u64 {
+        let a = a.clone();
+        let (x, y) = (x.clone(), y.clone());
+        let wait = Duration::from_micros(i * 53 % 5000);
+        tasks.push(tokio::spawn(async move {
+            let _ = match i % 3 {
+                0 => a.acquire_shared_timeout(&x, wait).await,
+                1 => a.semaphore(&x, 2).unwrap().acquire_timeout(wait).await,
+                _ => a.acquire_timeout(&y, wait).await,
+            };
+        }));
+    }
+    let aborted: Vec<_> = (0..3)
+        .map(|i| {
+            let (a, x, y) = (a.clone(), x.clone(), y.clone());
+            tokio::spawn(async move {
+                let _ = match i {
+                    0 => a.acquire_shared(&x).await,
+                    1 => a.semaphore(&x, 2).unwrap().acquire().await,
+                    _ => a.acquire(&y).await,
+                };
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for t in aborted {
+        t.abort();
+        let _ = t.await;
+    }
+    drop((writer, reader));
+    eventually(
+        Duration::from_secs(5),
+        "locks or rows left on the server",
+        || async {
+            let locks = conn.advisory_locks().await;
+            let rows: i64 = conn
+                .run(|c| {
+                    c.query_one("SELECT count(*) FROM leasehold_holders", &[])
+                        .unwrap()
+                        .get(0)
+                })
+                .await;
+            locks == 0 && rows == 0
+        },
+    )
+    .await;
+    // Nothing keeps anyone out.
+    let r = b.try_acquire_shared(&x).await.unwrap().expect("x is free");
+    drop(r);
+    let w = tokio::time::timeout(Duration::from_secs(3), b.acquire(&x))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(w);
+    assert!(
+        b.try_acquire_shared(&y).await.unwrap().is_some(),
+        "no announcement is left"
+    );
 }
 
 #[path = "support/api_conformance.rs"]
