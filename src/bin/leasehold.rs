@@ -870,7 +870,7 @@ fn conflict(found: Option<&LockInfo>, want: &Want) -> String {
     let how = match info.kind() {
         LockKind::Exclusive => String::new(),
         LockKind::Shared => " shared".to_owned(),
-        LockKind::Semaphore { permits } => format!(" as a semaphore of {permits} permits"),
+        LockKind::Semaphore { .. } => format!(" as a {}", kind_text(info.kind())),
         _ => " as an unknown kind of lock".to_owned(),
     };
     let mut text = format!("held{how} by {}", holders_of(info));
@@ -885,7 +885,11 @@ fn conflict(found: Option<&LockInfo>, want: &Want) -> String {
             if taken < usize::try_from(permits).unwrap_or(usize::MAX) {
                 text.push_str(waiting_writer);
             } else {
-                text.push_str(&format!("; all {permits} permits are taken"));
+                text.push_str(&if permits == 1 {
+                    "; its only permit is taken".to_owned()
+                } else {
+                    format!("; all {permits} permits are taken")
+                });
             }
         }
         _ => {}
@@ -945,8 +949,9 @@ async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
                 "lock {name:?} is held shared ({} alive)\n",
                 count(info.holders().len(), "holder")
             ),
-            LockKind::Semaphore { permits } => format!(
-                "lock {name:?} is held as a semaphore of {permits} permits ({} taken)\n",
+            LockKind::Semaphore { .. } => format!(
+                "lock {name:?} is held as a {} ({} taken)\n",
+                kind_text(info.kind()),
                 info.holders().len()
             ),
             _ => format!("lock {name:?} is held (holders alive)\n"),
@@ -1011,7 +1016,10 @@ fn kind_text(kind: LockKind) -> String {
     match kind {
         LockKind::Exclusive => "exclusive".to_owned(),
         LockKind::Shared => "shared".to_owned(),
-        LockKind::Semaphore { permits } => format!("semaphore of {permits} permits"),
+        LockKind::Semaphore { permits } => format!(
+            "semaphore of {}",
+            count(usize::try_from(permits).unwrap_or(usize::MAX), "permit")
+        ),
         _ => "unknown".to_owned(),
     }
 }
