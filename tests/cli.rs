@@ -143,11 +143,17 @@ fn finish(args: &[&str]) -> Done {
 /// A `run` of `name` whose command prints `started` and then holds the
 /// lock until the file `go` appears in `dir` (or a minute passes).
 fn holding(dir: &str, name: &str) -> Proc {
+    holding_as(dir, name, &[])
+}
+
+/// [`holding`], with more options for `run` (`--shared`, `--permits N`).
+fn holding_as(dir: &str, name: &str, options: &[&str]) -> Proc {
     let script =
         "echo started; i=0; while [ ! -e \"$1/go\" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
-    let p = Proc::spawn(leasehold(&[
-        "run", name, "--dir", dir, "--", "sh", "-c", script, "sh", dir,
-    ]));
+    let mut args = vec!["run", name, "--dir", dir];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["--", "sh", "-c", script, "sh", dir]);
+    let p = Proc::spawn(leasehold(&args));
     p.expect_line("started");
     p
 }
@@ -406,6 +412,9 @@ fn help_for_each_subcommand() {
                 "--strategy",
                 "--conflict-exit-code",
                 "--kill-after",
+                "--shared",
+                "-s",
+                "--permits",
             ],
         ),
         ("holder", &["--dir", "--strategy", "--json"]),
@@ -432,6 +441,8 @@ fn help_for_each_subcommand() {
         "process group",
         "watchdog",
         "setsid",
+        "78",
+        "--permits 0",
     ] {
         assert!(run.contains(documented), "run --help lacks {documented:?}: {run}");
     }
@@ -677,4 +688,381 @@ fn a_background_child_keeps_the_lock_held_until_it_exits() {
     assert_eq!(finish(&["holder", "job", "--dir", d]).code, Some(1), "free");
     let done = finish(&["run", "job", "--dir", d, "--no-wait", "--", "true"]);
     assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+}
+
+/// Two `run --shared` of `name`, each of whose command creates its marker
+/// (`a` or `b`) in `dir` and succeeds only once it sees the other's, within
+/// `BOUND`: both exit 0 only if they held the lock at the same time.
+#[test]
+fn shared_runs_overlap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let script = "touch \"$1/$2\"; i=0; while [ ! -e \"$1/$3\" ]; do \
+                  [ $i -ge 300 ] && exit 9; sleep 0.1; i=$((i+1)); done; echo saw-$3";
+    let run = |short: bool, me: &str, other: &str| {
+        let flag = if short { "-s" } else { "--shared" };
+        Proc::spawn(leasehold(&[
+            "run", "catalog", flag, "--dir", d, "--", "sh", "-c", script, "sh", d, me, other,
+        ]))
+    };
+    let mut a = run(true, "a", "b");
+    let mut b = run(false, "b", "a");
+    a.expect_line("saw-b");
+    b.expect_line("saw-a");
+    assert_eq!(a.wait().code(), Some(0));
+    assert_eq!(b.wait().code(), Some(0));
+    assert_eq!(finish(&["holder", "catalog", "--dir", d]).code, Some(1), "free");
+}
+
+#[test]
+fn shared_and_exclusive_runs_exclude_each_other() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+
+    // An exclusive holder keeps shared runs out.
+    let mut writer = holding(d, "catalog");
+    let busy = finish(&[
+        "run",
+        "catalog",
+        "--shared",
+        "--dir",
+        d,
+        "--no-wait",
+        "--",
+        "true",
+    ]);
+    assert_eq!(busy.code, Some(1), "stderr: {}", busy.stderr);
+    assert!(
+        busy.stderr.contains(&format!("held by pid {}", writer.pid())),
+        "names the holder: {}",
+        busy.stderr
+    );
+    let timed_out = finish(&["run", "catalog", "-s", "--dir", d, "--wait", "0.2", "--", "true"]);
+    assert_eq!(timed_out.code, Some(1), "stderr: {}", timed_out.stderr);
+    std::fs::write(tmp.path().join("go"), "").unwrap();
+    assert_eq!(writer.wait().code(), Some(0));
+    std::fs::remove_file(tmp.path().join("go")).unwrap();
+
+    // Shared holders keep an exclusive run out, and it says how.
+    let mut reader = holding_as(d, "catalog", &["--shared"]);
+    let busy = finish(&["run", "catalog", "--dir", d, "--no-wait", "--", "true"]);
+    assert_eq!(busy.code, Some(1), "stderr: {}", busy.stderr);
+    assert!(
+        busy.stderr
+            .contains(&format!("held shared by pid {}", reader.pid())),
+        "{}",
+        busy.stderr
+    );
+    // More readers may join while no writer waits.
+    let joined = finish(&[
+        "run",
+        "catalog",
+        "--shared",
+        "--dir",
+        d,
+        "--no-wait",
+        "--",
+        "true",
+    ]);
+    assert_eq!(joined.code, Some(0), "stderr: {}", joined.stderr);
+
+    // A waiting writer runs only after the reader, and holds back new readers.
+    let log = tmp.path().join("log");
+    let log = log.to_str().unwrap();
+    let mut writer = Proc::spawn(leasehold(&[
+        "run",
+        "catalog",
+        "--dir",
+        d,
+        "--wait",
+        "20",
+        "--",
+        "sh",
+        "-c",
+        "echo writer >> \"$1\"; echo writer-ran",
+        "sh",
+        log,
+    ]));
+    let deadline = Instant::now() + BOUND;
+    let held_back = loop {
+        let done = finish(&["run", "catalog", "-s", "--dir", d, "--no-wait", "--", "true"]);
+        if done.code == Some(1) {
+            break done;
+        }
+        assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+        assert!(
+            Instant::now() < deadline,
+            "the waiting writer never held readers back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        held_back.stderr.contains("an exclusive run is waiting"),
+        "{}",
+        held_back.stderr
+    );
+    assert!(writer.running(), "the writer must not run while a reader holds");
+    assert!(!Path::new(log).exists(), "the writer ran alongside a reader");
+    std::fs::write(tmp.path().join("go"), "").unwrap();
+    assert_eq!(reader.wait().code(), Some(0));
+    writer.expect_line("writer-ran");
+    assert_eq!(writer.wait().code(), Some(0));
+}
+
+#[test]
+fn a_semaphore_admits_its_permits_and_no_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let mut one = holding_as(d, "gpu", &["--permits", "2"]);
+    let mut two = holding_as(d, "gpu", &["--permits", "2"]);
+
+    let third = finish(&[
+        "run",
+        "gpu",
+        "--permits",
+        "2",
+        "--dir",
+        d,
+        "--no-wait",
+        "--",
+        "true",
+    ]);
+    assert_eq!(third.code, Some(1), "stderr: {}", third.stderr);
+    assert_eq!(third.stderr.lines().count(), 1, "one line: {}", third.stderr);
+    for pid in [one.pid(), two.pid()] {
+        assert!(
+            third.stderr.contains(&format!("pid {pid}")),
+            "names every holder: {}",
+            third.stderr
+        );
+    }
+    assert!(
+        third.stderr.contains("all 2 permits are taken"),
+        "{}",
+        third.stderr
+    );
+    let third = finish(&[
+        "run",
+        "gpu",
+        "--permits",
+        "2",
+        "--dir",
+        d,
+        "--wait",
+        "0.2",
+        "--conflict-exit-code",
+        "9",
+        "--",
+        "true",
+    ]);
+    assert_eq!(third.code, Some(9), "stderr: {}", third.stderr);
+    // Nor does an exclusive run get in.
+    let exclusive = finish(&["run", "gpu", "--dir", d, "--no-wait", "--", "true"]);
+    assert_eq!(exclusive.code, Some(1), "stderr: {}", exclusive.stderr);
+
+    // `holder` and `list` show the kind and both holders.
+    let held = finish(&["holder", "gpu", "--dir", d, "--json"]);
+    assert_eq!(held.code, Some(0), "stderr: {}", held.stderr);
+    let doc = held.json();
+    assert_eq!(doc["kind"], "semaphore", "{doc}");
+    assert_eq!(doc["permits"], 2, "{doc}");
+    assert_eq!(doc["state"], "held", "{doc}");
+    let mut pids: Vec<u64> = doc["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| h["pid"].as_u64().expect("pid"))
+        .collect();
+    pids.sort_unstable();
+    let mut expected = vec![u64::from(one.pid()), u64::from(two.pid())];
+    expected.sort_unstable();
+    assert_eq!(pids, expected, "{doc}");
+    for holder in doc["holders"].as_array().unwrap() {
+        assert!(holder["acquiredAt"].is_string(), "{doc}");
+        assert!(holder["hostname"].is_string(), "{doc}");
+    }
+    let text = finish(&["holder", "gpu", "--dir", d]).stdout;
+    assert!(text.contains("semaphore of 2 permits"), "{text}");
+    for pid in &expected {
+        assert!(text.contains(&pid.to_string()), "{text}");
+    }
+    let listed = finish(&["list", "--dir", d, "--json"]).json();
+    assert_eq!(listed[0]["kind"], "semaphore", "{listed}");
+    assert_eq!(listed[0]["holders"].as_array().map(Vec::len), Some(2), "{listed}");
+    let text = finish(&["list", "--dir", d]).stdout;
+    assert!(text.contains("semaphore 2"), "{text}");
+    assert!(text.contains("2 holders"), "{text}");
+    for pid in &expected {
+        assert!(text.contains(&format!("pid {pid}")), "{text}");
+    }
+
+    // A waiter gets the permit freed by the first holder to finish.
+    let mut waiter = Proc::spawn(leasehold(&[
+        "run",
+        "gpu",
+        "--permits",
+        "2",
+        "--dir",
+        d,
+        "--wait",
+        "20",
+        "--",
+        "echo",
+        "third",
+    ]));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        waiter.running(),
+        "the third must wait while both permits are taken"
+    );
+    std::fs::write(tmp.path().join("go"), "").unwrap();
+    assert_eq!(one.wait().code(), Some(0));
+    assert_eq!(two.wait().code(), Some(0));
+    waiter.expect_line("third");
+    assert_eq!(waiter.wait().code(), Some(0));
+}
+
+#[test]
+fn a_kind_mismatch_exits_78_without_waiting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let ran = tmp.path().join("ran");
+    let ran = ran.to_str().unwrap();
+    let mut gpu = holding_as(d, "gpu", &["--permits", "2"]);
+    let mut catalog = holding_as(d, "catalog", &["-s"]);
+
+    for (args, held) in [
+        (&["gpu", "--permits", "3"][..], "a semaphore of 2 permits"),
+        (
+            &["gpu", "--permits", "3", "--no-wait"],
+            "a semaphore of 2 permits",
+        ),
+        (&["gpu", "--shared"], "a semaphore of 2 permits"),
+        (&["gpu", "-s", "--wait", "20"], "a semaphore of 2 permits"),
+        (&["catalog", "--permits", "2"], "shared"),
+    ] {
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--dir", d, "--", "touch", ran]);
+        let started = Instant::now();
+        let done = finish(&all);
+        assert_eq!(done.code, Some(78), "{args:?}: {}", done.stderr);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{args:?} waited {:?}",
+            started.elapsed()
+        );
+        assert!(done.stderr.starts_with("leasehold: "), "{}", done.stderr);
+        assert_eq!(done.stderr.lines().count(), 1, "one line: {}", done.stderr);
+        assert!(
+            done.stderr.contains(&format!("is held as {held}")),
+            "{args:?}: {}",
+            done.stderr
+        );
+        assert!(!Path::new(ran).exists(), "{args:?}: the command ran");
+    }
+    // The holders are untouched.
+    assert_eq!(finish(&["holder", "gpu", "--dir", d]).code, Some(0));
+    assert_eq!(finish(&["holder", "catalog", "--dir", d]).code, Some(0));
+    // The same count is fine.
+    let same = finish(&[
+        "run",
+        "gpu",
+        "--permits",
+        "2",
+        "--dir",
+        d,
+        "--no-wait",
+        "--",
+        "true",
+    ]);
+    assert_eq!(same.code, Some(0), "stderr: {}", same.stderr);
+
+    std::fs::write(tmp.path().join("go"), "").unwrap();
+    assert_eq!(gpu.wait().code(), Some(0));
+    assert_eq!(catalog.wait().code(), Some(0));
+    // Once free, a name may become any kind.
+    let now = finish(&[
+        "run",
+        "gpu",
+        "--permits",
+        "3",
+        "--dir",
+        d,
+        "--no-wait",
+        "--",
+        "true",
+    ]);
+    assert_eq!(now.code, Some(0), "stderr: {}", now.stderr);
+}
+
+#[test]
+fn bad_permits_are_usage_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let ran = tmp.path().join("ran");
+    let ran = ran.to_str().unwrap();
+    for (args, says) in [
+        (&["--permits", "0"][..], "at least one permit"),
+        (&["--permits=-1"], "not a number of permits"),
+        (&["--permits", "two"], "not a number of permits"),
+        (&["--permits", "4294967296"], "not a number of permits"),
+        (&["--permits", "2", "--shared"], "cannot be used with"),
+        (&["-s", "--permits", "2"], "cannot be used with"),
+    ] {
+        let mut all = vec!["run", "job", "--dir", d];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--", "touch", ran]);
+        let done = finish(&all);
+        assert_eq!(done.code, Some(2), "{args:?}: {}", done.stderr);
+        assert!(done.stderr.contains(says), "{args:?}: {}", done.stderr);
+        assert!(!done.stderr.contains("panicked"), "{args:?}: {}", done.stderr);
+        assert!(!Path::new(ran).exists(), "{args:?}: the command ran");
+    }
+}
+
+#[test]
+fn a_lost_shared_lock_stops_the_command_and_exits_75() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let script = "trap 'echo got-term; exit 0' TERM; echo \"pid $$\"; echo started; \
+                  while :; do sleep 0.1 >/dev/null; done";
+    let mut tool = Proc::spawn(leasehold(&[
+        "run", "catalog", "--shared", "--dir", d, "--", "sh", "-c", script,
+    ]));
+    let cmd = KillOnDrop(command_pid(&tool));
+    tool.expect_line("started");
+
+    // The marker at the lock path goes: every shared holder has lost it,
+    // noticed at the next renewal.
+    std::fs::remove_file(lock_path(tmp.path(), "catalog")).unwrap();
+    tool.expect_line("got-term");
+    let status = tool.wait();
+    std::mem::forget(cmd);
+    assert_eq!(status.code(), Some(75), "not the command's 0: {status:?}");
+}
+
+#[test]
+fn a_signal_while_waiting_for_a_permit_ends_the_wait() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let mut holder = holding_as(d, "gpu", &["--permits", "1"]);
+    let mut waiter = Proc::spawn(leasehold(&[
+        "run",
+        "gpu",
+        "--permits",
+        "1",
+        "--dir",
+        d,
+        "--",
+        "echo",
+        "never",
+    ]));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(waiter.running(), "the waiter must wait");
+    waiter.signal(Signal::SIGTERM);
+    assert_eq!(waiter.wait().code(), Some(128 + 15));
+    std::fs::write(tmp.path().join("go"), "").unwrap();
+    assert_eq!(holder.wait().code(), Some(0));
+    assert_eq!(finish(&["holder", "gpu", "--dir", d]).code, Some(1), "free");
 }

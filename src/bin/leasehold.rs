@@ -1,8 +1,9 @@
 //! `leasehold`: named cross-process locks from the shell.
 //!
 //! ```text
-//! leasehold run NAME [--dir DIR] [--wait SECS | --no-wait] [--strategy file|dir]
-//!                    [--conflict-exit-code N] [--kill-after SECS] -- CMD ARGS...
+//! leasehold run NAME [--shared | --permits N] [--dir DIR] [--wait SECS | --no-wait]
+//!                    [--strategy file|dir] [--conflict-exit-code N] [--kill-after SECS]
+//!                    -- CMD ARGS...
 //! leasehold holder NAME [--dir DIR] [--strategy file|dir] [--json]
 //! leasehold list [--dir DIR] [--strategy file|dir] [--json]
 //! leasehold clean [--dir DIR] [--strategy file|dir] [--dry-run] [--json]
@@ -14,6 +15,19 @@
 //!   every process left in CMD's process group have exited. CMD inherits
 //!   stdio and gets `LEASEHOLD_NAME` and `LEASEHOLD_FENCING_TOKEN` in its
 //!   environment.
+//!
+//!   By default the lock is exclusive: one `run` of NAME at a time. With
+//!   `--shared` (`-s`) it is held shared: any number of `--shared` runs of
+//!   NAME at once, never together with an exclusive one. Shared runs
+//!   prefer writers: once an exclusive `run` waits for NAME, new shared
+//!   runs queue behind it (and `--no-wait` ones give up). With
+//!   `--permits N`, NAME is a counting semaphore and the run holds one of
+//!   its N permits: at most N such runs at once, never together with an
+//!   exclusive one. Every `--permits` run of NAME must give the same N,
+//!   and NAME cannot be held shared and as a semaphore at once: such a
+//!   mismatch fails at once with status 78, without waiting. Everything
+//!   else (waiting, `--wait`, `--no-wait`, signals, the watchdog, the
+//!   lease and its loss, exit statuses) is the same for the three kinds.
 //!
 //!   CMD runs in a process group of its own, which its children join
 //!   unless they leave it. That group is what the tool signals, waits for
@@ -51,8 +65,10 @@
 //!   supported: Ctrl-Z stops CMD's group but
 //!   not the tool, and the shell waits for the tool (still holding the
 //!   lock) until CMD is continued (`kill -CONT`) or killed from elsewhere.
-//! - `holder` tells who holds NAME; `list` shows every lock in the
-//!   directory; `clean` removes stale locks and crash leftovers (never a
+//! - `holder` tells who holds NAME and how (exclusive, shared, or a
+//!   semaphore of N permits), listing every holder of a shared lock or a
+//!   semaphore; `list` shows every lock in the directory, with its kind
+//!   and holders; `clean` removes stale locks and crash leftovers (never a
 //!   live lock), or with `--dry-run` says what it would remove.
 //!
 //! The directory is `--dir`, else `$LEASEHOLD_DIR` (an explicit choice,
@@ -70,7 +86,8 @@
 //! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N |
 //! | 0 | `holder`: the lock is held; `list`, `clean`: success |
 //! | 1 | `run`: the lock was held (`--no-wait`) or `--wait` ran out (see `--conflict-exit-code`); `holder`: the lock is free |
-//! | 2 | bad usage, or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) |
+//! | 2 | bad usage (`--permits 0`, `--shared` with `--permits`, ...), or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) |
+//! | 78 | `run --shared` or `run --permits N`: NAME is held as another kind (a semaphore of another count, a semaphore when asked shared, or shared when asked for a permit); CMD never ran. sysexits' `EX_CONFIG`: the processes using NAME disagree on what it is |
 //! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) |
 //! | 126, 127 | `run`: CMD could not be executed, or was not found |
 //! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) |
@@ -79,7 +96,9 @@
 //!
 //! With `--json`, stdout is one JSON document: for `holder` an object, for
 //! `list` and `clean` an array of objects (for `clean`, the locks removed,
-//! or that would be with `--dry-run`). Every object has these keys:
+//! or that would be with `--dry-run`). Every object has these keys (the
+//! owner keys are those of the holder whose record the lock path shows,
+//! for a shared lock or a semaphore one of its holders):
 //!
 //! | key | type | meaning |
 //! |---|---|---|
@@ -93,6 +112,9 @@
 //! | `fencingToken` | number or null | the holder's fencing token |
 //! | `state` | string | `"held"` or `"stale"`; for `holder` also `"free"` (then the owner keys are null) |
 //! | `staleReason` | string or null | why a stale lock is stale, e.g. `"owner process is dead"` |
+//! | `kind` | string or null | `"exclusive"`, `"shared"` or `"semaphore"`; null for a free lock |
+//! | `permits` | number or null | a semaphore's permit count; null for other kinds |
+//! | `holders` | array | every holder, oldest first: one for an exclusive lock, each shared holder or permit holder otherwise, none for a free lock. Each is an object with the keys `pid`, `hostname`, `holderId`, `acquiredAt`, `leaseExpiresAt` and `fencingToken`, as above |
 
 // Denied, not forbidden: guarding CMD between fork and exec needs one
 // `pre_exec` hook, fenced in `guard_command`. The library forbids it.
@@ -106,7 +128,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use leasehold::{LockInfo, Locker, Owner, Strategy};
+use leasehold::{LockGuard, LockInfo, LockKind, Locker, Owner, Semaphore, Strategy};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -121,19 +143,32 @@ const EXIT_ERROR: u8 = 2;
 /// `EX_TEMPFAIL`, distinct from the tool's other statuses.
 const EXIT_LOST: u8 = 75;
 
+/// Exit status of `run --shared` or `run --permits` when NAME is held as
+/// another kind: sysexits' `EX_CONFIG`, for processes that disagree on
+/// what NAME is.
+const EXIT_KIND_MISMATCH: u8 = 78;
+
 /// The end of `leasehold run --help`.
 const RUN_HELP: &str = "\
 Exit status:
   CMD's status  CMD ran and exited, and its process group is empty (128+N if CMD
                 was killed by signal N)
   1             the lock was held (--no-wait) or --wait ran out; see --conflict-exit-code
-  2             bad usage, an error from the lock library, or the watchdog could not
-                be started (then CMD never ran)
+  2             bad usage (e.g. --permits 0, or --shared with --permits), an error
+                from the lock library, or the watchdog could not be started (then
+                CMD never ran)
+  78            --shared or --permits N: NAME is held as another kind (a semaphore of
+                another count, or shared vs semaphore); CMD never ran
   75            the lock was lost while CMD or its group ran: the group was sent
                 SIGTERM, then SIGKILL after --kill-after (or it had already exited
                 when the loss was found)
   126, 127      CMD could not be executed, or was not found
   128+N         signal N arrived while waiting for the lock (CMD never ran)
+
+Kinds: without --shared or --permits the lock is exclusive (one run at a time).
+--shared runs overlap each other but never an exclusive run; a waiting exclusive
+run holds back new shared runs. --permits N runs hold one of N permits of the
+semaphore NAME (at most N at once); every run of NAME must give the same N.
 
 CMD runs in a process group of its own. The lock is held until CMD and every
 process left in its group have exited (like flock(1), a background job of CMD
@@ -159,7 +194,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run CMD while holding the lock NAME; exit with CMD's status.
+    /// Run CMD while holding the lock NAME (exclusive, shared, or one permit of a semaphore); exit with CMD's status.
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
     /// Show who holds the lock NAME; exit 0 if held, 1 if free.
@@ -207,6 +242,12 @@ struct Common {
 struct RunArgs {
     /// The lock name.
     name: String,
+    /// Hold NAME shared: --shared runs of NAME overlap, but never an exclusive one.
+    #[arg(short = 's', long, conflicts_with = "permits")]
+    shared: bool,
+    /// Hold one permit of the semaphore NAME of N permits: at most N such runs at once. Every run of NAME must give the same N.
+    #[arg(long, value_name = "N", value_parser = parse_permits)]
+    permits: Option<u32>,
     #[command(flatten)]
     common: Common,
     /// Wait at most SECS seconds (fractions allowed) for the lock [default: forever]
@@ -286,6 +327,63 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a usable number of seconds"))
 }
 
+/// `--permits`: a semaphore needs at least one permit, and no more than
+/// the library counts.
+fn parse_permits(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(0) => Err("a semaphore needs at least one permit".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a number of permits (1 to {})", u32::MAX)),
+    }
+}
+
+/// How `run` holds NAME.
+enum Want {
+    Exclusive,
+    Shared,
+    Permit(Semaphore),
+}
+
+impl Want {
+    fn new(args: &RunArgs, locker: &Locker) -> Result<Self, leasehold::Error> {
+        Ok(match (args.shared, args.permits) {
+            (_, Some(permits)) => Want::Permit(locker.semaphore(&args.name, permits)?),
+            (true, None) => Want::Shared,
+            (false, None) => Want::Exclusive,
+        })
+    }
+
+    /// Every acquisition below is cancel safe, as the library's are.
+    async fn try_acquire(&self, locker: &Locker, name: &str) -> leasehold::Result<Option<LockGuard>> {
+        match self {
+            Want::Exclusive => locker.try_acquire(name).await,
+            Want::Shared => locker.try_acquire_shared(name).await,
+            Want::Permit(semaphore) => semaphore.try_acquire().await,
+        }
+    }
+
+    async fn acquire(&self, locker: &Locker, name: &str) -> leasehold::Result<LockGuard> {
+        match self {
+            Want::Exclusive => locker.acquire(name).await,
+            Want::Shared => locker.acquire_shared(name).await,
+            Want::Permit(semaphore) => semaphore.acquire().await,
+        }
+    }
+
+    async fn acquire_timeout(
+        &self,
+        locker: &Locker,
+        name: &str,
+        wait: Duration,
+    ) -> leasehold::Result<LockGuard> {
+        match self {
+            Want::Exclusive => locker.acquire_timeout(name, wait).await,
+            Want::Shared => locker.acquire_shared_timeout(name, wait).await,
+            Want::Permit(semaphore) => semaphore.acquire_timeout(wait).await,
+        }
+    }
+}
+
 /// Not calling `.directory()` at all is what selects the library's per-user
 /// default, with its ownership checks.
 fn locker(common: &Common, fencing: bool) -> Result<Locker, leasehold::Error> {
@@ -349,13 +447,14 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
     become_subreaper()?;
     let locker = locker(&args.common, true)?;
     let name = args.name.as_str();
+    let want = Want::new(&args, &locker)?;
     let attempt = async {
         if args.no_wait {
-            return locker.try_acquire(name).await;
+            return want.try_acquire(&locker, name).await;
         }
         match args.wait {
-            None => locker.acquire(name).await.map(Some),
-            Some(wait) => match locker.acquire_timeout(name, wait).await {
+            None => want.acquire(&locker, name).await.map(Some),
+            Some(wait) => match want.acquire_timeout(&locker, name, wait).await {
                 Err(e) if e.is_timeout() => Ok(None),
                 other => other.map(Some),
             },
@@ -363,12 +462,28 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
     };
     // Dropping the attempt on a signal is safe: acquisition is cancel safe.
     let guard = tokio::select! {
-        guard = attempt => guard?,
+        guard = attempt => guard,
         sig = signals.recv() => return Ok(128 + sig as u8),
     };
+    let guard = match guard {
+        Ok(guard) => guard,
+        Err(e @ leasehold::Error::KindMismatch { .. }) => {
+            let found = locker.inspect(name).await.ok().flatten();
+            let holders = match found.filter(|l| !l.is_stale()) {
+                Some(info) => format!(" (by {})", holders_of(&info)),
+                None => String::new(),
+            };
+            warn(&format!(
+                "{}{holders}; the runs of a name must agree: every --permits run of it gives the same N, and it is never held with --shared and --permits at once",
+                chain(&e)
+            ));
+            return Ok(EXIT_KIND_MISMATCH);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let Some(guard) = guard else {
-        let owner = locker.holder(name).await.ok().flatten();
-        let held = held_by(owner.as_ref());
+        let found = locker.inspect(name).await.ok().flatten();
+        let held = conflict(found.as_ref(), &want);
         match args.wait {
             Some(wait) => warn(&format!(
                 "gave up after {wait:?} waiting for lock {name:?}: {held}"
@@ -747,59 +862,166 @@ fn guard_command(
 }
 
 /// Who a conflict was with, in words: the point of the message is to tell
-/// the user which process to look at.
-fn held_by(owner: Option<&Owner>) -> String {
-    match (owner.and_then(Owner::pid), owner.and_then(Owner::hostname)) {
-        (Some(pid), Some(host)) => format!("held by pid {pid} on host {}", host.escape_debug()),
-        (Some(pid), None) => format!("held by pid {pid}"),
-        _ => "held by another process".to_owned(),
+/// the user which processes to look at.
+fn conflict(found: Option<&LockInfo>, want: &Want) -> String {
+    let Some(info) = found.filter(|l| !l.is_stale()) else {
+        return "held by another process".to_owned();
+    };
+    let how = match info.kind() {
+        LockKind::Exclusive => String::new(),
+        LockKind::Shared => " shared".to_owned(),
+        LockKind::Semaphore { .. } => format!(" as a {}", kind_text(info.kind())),
+        _ => " as an unknown kind of lock".to_owned(),
+    };
+    let mut text = format!("held{how} by {}", holders_of(info));
+    // Held the way we asked and still refused: a waiting exclusive run
+    // holds new shared runs and permits back, or every permit is taken.
+    let waiting_writer =
+        "; an exclusive run is waiting for it, and new shared runs and permits queue behind it";
+    match (want, info.kind()) {
+        (Want::Shared, LockKind::Shared) => text.push_str(waiting_writer),
+        (Want::Permit(semaphore), LockKind::Semaphore { permits }) if permits == semaphore.permits() => {
+            let taken = info.holders().len();
+            if taken < usize::try_from(permits).unwrap_or(usize::MAX) {
+                text.push_str(waiting_writer);
+            } else {
+                text.push_str(&if permits == 1 {
+                    "; its only permit is taken".to_owned()
+                } else {
+                    format!("; all {permits} permits are taken")
+                });
+            }
+        }
+        _ => {}
     }
+    text
+}
+
+/// Who holds a lock: `pid 1 on host h`, or for a shared lock or a
+/// semaphore `pid 1 on host h, pid 2 on host h`.
+fn holders_of(info: &LockInfo) -> String {
+    /// Enough to find the processes; the rest is in `leasehold holder`.
+    const SHOWN: usize = 8;
+    let holders = info.holders();
+    let mut who: Vec<String> = holders
+        .iter()
+        .take(SHOWN)
+        .map(|owner| match (owner.pid(), owner.hostname()) {
+            (Some(pid), Some(host)) => format!("pid {pid} on host {}", host.escape_debug()),
+            (Some(pid), None) => format!("pid {pid}"),
+            _ => "another process".to_owned(),
+        })
+        .collect();
+    if holders.len() > SHOWN {
+        who.push(format!("and {} more", holders.len() - SHOWN));
+    }
+    if who.is_empty() {
+        who.push("another process".to_owned());
+    }
+    who.join(", ")
 }
 
 async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
     let locker = locker(&opts.common, false)?;
     let path = locker.lock_path(name)?;
     let found = locker.inspect(name).await?;
-    let owner = found
-        .as_ref()
-        .filter(|l| !l.is_stale())
-        .map(|l| l.owner().clone());
-    let stale = found.filter(LockInfo::is_stale);
-    let (doc, code) = match (&owner, &stale) {
-        (Some(owner), _) => (entry(name, &path, Some(owner), "held", None), 0),
+    let live = found.as_ref().filter(|l| !l.is_stale());
+    let stale = found.as_ref().filter(|l| l.is_stale());
+    let (doc, code) = match (live, stale) {
+        (Some(info), _) => {
+            let mut doc = info_entry(info);
+            // As asked, as when this showed the owner alone.
+            doc["name"] = json!(name);
+            doc["path"] = json!(path.to_string_lossy());
+            (doc, 0)
+        }
         (None, Some(info)) => (info_entry(info), 1),
-        (None, None) => (entry(name, &path, None, "free", None), 1),
+        (None, None) => (free_entry(name, &path), 1),
     };
     if opts.json {
         emit(&to_json(&doc));
         return Ok(code);
     }
-    let mut text = match (&owner, &stale) {
-        (Some(_), _) => format!("lock {name:?} is held (holder alive)\n"),
+    let mut text = match (live, stale) {
+        (Some(info), _) => match info.kind() {
+            LockKind::Exclusive => format!("lock {name:?} is held (holder alive)\n"),
+            LockKind::Shared => format!(
+                "lock {name:?} is held shared ({} alive)\n",
+                count(info.holders().len(), "holder")
+            ),
+            LockKind::Semaphore { .. } => format!(
+                "lock {name:?} is held as a {} ({} taken)\n",
+                kind_text(info.kind()),
+                info.holders().len()
+            ),
+            _ => format!("lock {name:?} is held (holders alive)\n"),
+        },
         (None, Some(info)) => format!(
             "lock {name:?} is free; a stale lock remains ({}), which `leasehold clean` removes\n",
             info.stale_reason().unwrap_or("stale")
         ),
         (None, None) => format!("lock {name:?} is free\n"),
     };
+    let line = |text: &mut String, label: &str, value: &Value| match value {
+        Value::Null => {}
+        Value::String(s) => text.push_str(&format!("  {label:<15}{}\n", s.escape_debug())),
+        other => text.push_str(&format!("  {label:<15}{other}\n")),
+    };
+    let nested = |text: &mut String, label: &str, value: &Value| match value {
+        Value::Null => {}
+        Value::String(s) => text.push_str(&format!("    {label:<15}{}\n", s.escape_debug())),
+        other => text.push_str(&format!("    {label:<15}{other}\n")),
+    };
+    if let Some(kind) = found.as_ref().map(|l| kind_text(l.kind())) {
+        line(&mut text, "kind:", &Value::String(kind));
+    }
     // The same fields as the JSON, so the two outputs cannot disagree.
-    for (key, label) in [
+    let fields = [
         ("pid", "pid:"),
         ("hostname", "host:"),
         ("holderId", "holder id:"),
         ("acquiredAt", "since:"),
         ("leaseExpiresAt", "lease expires:"),
         ("fencingToken", "fencing token:"),
-        ("path", "path:"),
-    ] {
-        match &doc[key] {
-            Value::Null => {}
-            Value::String(s) => text.push_str(&format!("  {label:<15}{}\n", s.escape_debug())),
-            other => text.push_str(&format!("  {label:<15}{other}\n")),
+    ];
+    if live.is_some_and(|l| l.kind() != LockKind::Exclusive) {
+        // Every holder of a shared lock or a semaphore, one block each.
+        line(&mut text, "path:", &doc["path"]);
+        for (n, holder) in doc["holders"].as_array().into_iter().flatten().enumerate() {
+            text.push_str(&format!("  holder {}:\n", n + 1));
+            for (key, label) in fields {
+                nested(&mut text, label, &holder[key]);
+            }
+        }
+    } else {
+        for (key, label) in fields.into_iter().chain([("path", "path:")]) {
+            line(&mut text, label, &doc[key]);
         }
     }
     emit(&text);
     Ok(code)
+}
+
+/// `1 holder`, `2 holders`.
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+/// `exclusive`, `shared` or `semaphore of N permits`.
+fn kind_text(kind: LockKind) -> String {
+    match kind {
+        LockKind::Exclusive => "exclusive".to_owned(),
+        LockKind::Shared => "shared".to_owned(),
+        LockKind::Semaphore { permits } => format!(
+            "semaphore of {}",
+            count(usize::try_from(permits).unwrap_or(usize::MAX), "permit")
+        ),
+        _ => "unknown".to_owned(),
+    }
 }
 
 async fn list(opts: &Inspect) -> Result<u8, Failure> {
@@ -829,50 +1051,113 @@ async fn clean(opts: &Inspect, dry_run: bool) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// One line per lock. Names and hosts come from files anyone sharing the
-/// directory may write, so they are escaped before reaching a terminal.
+/// One line per lock, with its kind (`exclusive`, `shared`, `semaphore N`)
+/// and holder; a shared lock or a semaphore has one more line per holder.
+/// Names and hosts come from files anyone sharing the directory may
+/// write, so they are escaped before reaching a terminal.
 fn table(locks: &[LockInfo], label: impl Fn(&LockInfo) -> &'static str) -> String {
     let names: Vec<String> = locks
         .iter()
         .map(|l| l.name().escape_debug().to_string())
         .collect();
+    let kinds: Vec<String> = locks
+        .iter()
+        .map(|l| match l.kind() {
+            LockKind::Semaphore { permits } => format!("semaphore {permits}"),
+            other => kind_text(other),
+        })
+        .collect();
     let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+    let kind_width = kinds.iter().map(String::len).max().unwrap_or(0);
     let mut text = String::new();
-    for (lock, name) in locks.iter().zip(&names) {
-        let owner = lock.owner();
-        let mut line = format!("{:<12} {name:<width$}", label(lock));
-        match owner.pid() {
-            Some(pid) => line.push_str(&format!("  pid {pid}")),
-            None if !owner.is_readable() => line.push_str("  (record unreadable)"),
-            None => {}
-        }
-        if let Some(host) = owner.hostname() {
-            line.push_str(&format!(" on {}", host.escape_debug()));
+    for ((lock, name), kind) in locks.iter().zip(&names).zip(&kinds) {
+        let mut line = format!("{:<12} {name:<width$}  {kind:<kind_width$}", label(lock));
+        let several = lock.kind() != LockKind::Exclusive && !lock.holders().is_empty();
+        if several {
+            line.push_str(&format!("  {}", count(lock.holders().len(), "holder")));
+        } else {
+            line.push_str(&holder_text(lock.owner()));
         }
         if let Some(reason) = lock.stale_reason() {
             line.push_str(&format!("  ({reason})"));
         }
         text.push_str(line.trim_end());
         text.push('\n');
+        if several {
+            for holder in lock.holders() {
+                text.push_str(&format!("{:12}{}\n", "", holder_text(holder).trim_end()));
+            }
+        }
+    }
+    text
+}
+
+/// `  pid 1 on host since 2025-01-02T03:04:05Z`, as much of it as the
+/// record says.
+fn holder_text(owner: &Owner) -> String {
+    let mut text = String::new();
+    match owner.pid() {
+        Some(pid) => text.push_str(&format!("  pid {pid}")),
+        None if !owner.is_readable() => text.push_str("  (record unreadable)"),
+        None => {}
+    }
+    if let Some(host) = owner.hostname() {
+        text.push_str(&format!(" on {}", host.escape_debug()));
+    }
+    if let Some(since) = owner.acquired_at().and_then(|t| rfc3339(t, false)) {
+        text.push_str(&format!(" since {since}"));
     }
     text
 }
 
 fn info_entry(info: &LockInfo) -> Value {
     let state = if info.is_stale() { "stale" } else { "held" };
-    entry(
+    let mut doc = entry(
         info.name(),
         info.path(),
         Some(info.owner()),
         state,
         info.stale_reason(),
-    )
+    );
+    let (kind, permits) = match info.kind() {
+        LockKind::Exclusive => ("exclusive", None),
+        LockKind::Shared => ("shared", None),
+        LockKind::Semaphore { permits } => ("semaphore", Some(permits)),
+        _ => ("unknown", None),
+    };
+    doc["kind"] = json!(kind);
+    doc["permits"] = json!(permits);
+    doc["holders"] = Value::Array(info.holders().iter().map(holder_entry).collect());
+    doc
+}
+
+/// A lock nobody holds: the owner keys are null, and there are no holders.
+fn free_entry(name: &str, path: &Path) -> Value {
+    let mut doc = entry(name, path, None, "free", None);
+    doc["kind"] = Value::Null;
+    doc["permits"] = Value::Null;
+    doc["holders"] = json!([]);
+    doc
+}
+
+/// One holder, in the `holders` array: the owner keys of [`entry`].
+fn holder_entry(owner: &Owner) -> Value {
+    let doc = entry("", Path::new(""), Some(owner), "held", None);
+    let keys = [
+        "pid",
+        "hostname",
+        "holderId",
+        "acquiredAt",
+        "leaseExpiresAt",
+        "fencingToken",
+    ];
+    Value::Object(keys.iter().map(|k| ((*k).to_owned(), doc[*k].clone())).collect())
 }
 
 /// The one JSON shape of a lock, documented in the module docs; every key
 /// is always present so consumers need no existence checks.
 fn entry(name: &str, path: &Path, owner: Option<&Owner>, state: &str, reason: Option<&str>) -> Value {
-    let time = |f: fn(&Owner) -> Option<SystemTime>| owner.and_then(f).and_then(rfc3339);
+    let time = |f: fn(&Owner) -> Option<SystemTime>| owner.and_then(f).and_then(|t| rfc3339(t, true));
     json!({
         "name": name,
         "path": path.to_string_lossy(),
@@ -887,17 +1172,21 @@ fn entry(name: &str, path: &Path, owner: Option<&Owner>, state: &str, reason: Op
     })
 }
 
-/// RFC 3339 in UTC, or `None` for a time `time` cannot represent: records
-/// written by other programs may hold any value, and this must not panic.
-fn rfc3339(t: SystemTime) -> Option<String> {
+/// RFC 3339 in UTC (to the second unless `fraction`), or `None` for a
+/// time `time` cannot represent: records written by other programs may
+/// hold any value, and this must not panic.
+fn rfc3339(t: SystemTime, fraction: bool) -> Option<String> {
     let nanos = match t.duration_since(UNIX_EPOCH) {
         Ok(after) => i128::try_from(after.as_nanos()).ok()?,
         Err(before) => -i128::try_from(before.duration().as_nanos()).ok()?,
     };
-    OffsetDateTime::from_unix_timestamp_nanos(nanos)
-        .ok()?
-        .format(&Rfc3339)
-        .ok()
+    let t = OffsetDateTime::from_unix_timestamp_nanos(nanos).ok()?;
+    let t = if fraction {
+        t
+    } else {
+        t.replace_nanosecond(0).ok()?
+    };
+    t.format(&Rfc3339).ok()
 }
 
 /// Pretty-printed, one document, ending in a newline.
