@@ -141,6 +141,153 @@ macro_rules! api_conformance {
                 }
                 assert_eq!(b.stats().timeouts, 1);
             }
+
+            /// `ready` returns `Some` within two seconds (a release on a
+            /// server is seen a round trip later).
+            async fn eventually<T, F, Fut>(mut ready: F, what: &str) -> T
+            where
+                F: FnMut() -> Fut,
+                Fut: std::future::Future<Output = Option<T>>,
+            {
+                let deadline = Instant::now() + Duration::from_secs(2);
+                loop {
+                    if let Some(value) = ready().await {
+                        return value;
+                    }
+                    assert!(Instant::now() < deadline, "{what}");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_readers_overlap_and_exclude_a_writer() {
+                let (_keep, builder) = $setup;
+                let (a, b) = (quick(&builder), quick(&builder));
+                let r1 = a.acquire_shared("catalog").await.unwrap();
+                let r2 = b.acquire_shared("catalog").await.unwrap();
+                assert!(r1.is_shared() && r2.is_shared());
+                assert!(a.try_acquire("catalog").await.unwrap().is_none());
+                assert!(b.try_acquire("catalog").await.unwrap().is_none());
+                let holders = b.holders("catalog").await.unwrap();
+                assert_eq!(holders.len(), 2, "{holders:?}");
+                let info = b
+                    .list()
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .find(|l| l.name() == "catalog");
+                assert_eq!(info.expect("listed").kind(), leasehold::LockKind::Shared);
+                drop(r1);
+                assert!(
+                    b.try_acquire("catalog").await.unwrap().is_none(),
+                    "one reader is left"
+                );
+                drop(r2);
+                let w = eventually(
+                    || async { b.try_acquire("catalog").await.unwrap() },
+                    "free after the readers",
+                )
+                .await;
+                assert!(!w.is_shared());
+                assert!(a.try_acquire_shared("catalog").await.unwrap().is_none());
+                match a
+                    .acquire_shared_timeout("catalog", Duration::from_millis(100))
+                    .await
+                {
+                    Err(Error::Timeout { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
+                drop(w);
+                eventually(
+                    || async { a.try_acquire_shared("catalog").await.unwrap() },
+                    "free after the writer",
+                )
+                .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_a_waiting_writer_holds_back_new_readers() {
+                let (_keep, builder) = $setup;
+                let (a, b, c) = (quick(&builder), quick(&builder), quick(&builder));
+                let reader = a.acquire_shared("catalog").await.unwrap();
+                let writer = tokio::spawn({
+                    let b = b.clone();
+                    async move { b.acquire("catalog").await.unwrap() }
+                });
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                assert!(
+                    c.try_acquire_shared("catalog").await.unwrap().is_none(),
+                    "a reader overtook the writer"
+                );
+                let late = tokio::spawn({
+                    let c = c.clone();
+                    async move { c.acquire_shared("catalog").await.unwrap() }
+                });
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                assert!(!late.is_finished(), "a reader overtook the writer");
+                drop(reader);
+                let w = tokio::time::timeout(Duration::from_secs(5), writer)
+                    .await
+                    .expect("writer starved")
+                    .unwrap();
+                assert!(!late.is_finished(), "a reader ran with the writer");
+                drop(w);
+                let r = tokio::time::timeout(Duration::from_secs(5), late)
+                    .await
+                    .expect("reader stuck")
+                    .unwrap();
+                assert!(r.is_shared());
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_a_semaphore_never_exceeds_its_permits() {
+                let (_keep, builder) = $setup;
+                let lockers = [quick(&builder), quick(&builder)];
+                let inside = Arc::new(AtomicU32::new(0));
+                let most = Arc::new(AtomicU32::new(0));
+                let mut tasks = Vec::new();
+                for locker in &lockers {
+                    let gpu = locker.semaphore("gpu", 2).unwrap();
+                    for _ in 0..3 {
+                        let (gpu, inside, most) = (gpu.clone(), inside.clone(), most.clone());
+                        tasks.push(tokio::spawn(async move {
+                            for _ in 0..5 {
+                                let permit = gpu.acquire().await.unwrap();
+                                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                                most.fetch_max(now, Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                                inside.fetch_sub(1, Ordering::SeqCst);
+                                drop(permit);
+                            }
+                        }));
+                    }
+                }
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                let most = most.load(Ordering::SeqCst);
+                assert!(most <= 2, "{most} holders of a 2-permit semaphore");
+                assert_eq!(
+                    lockers[0].stats().permit_acquisitions + lockers[1].stats().permit_acquisitions,
+                    30
+                );
+                // The count is the name's while anyone holds a permit.
+                let one = lockers[0].semaphore("slots", 1).unwrap();
+                let held = one.acquire().await.unwrap();
+                assert!(one.try_acquire().await.unwrap().is_none());
+                match one.acquire_timeout(Duration::from_millis(50)).await {
+                    Err(Error::Timeout { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
+                let three = lockers[1].semaphore("slots", 3).unwrap();
+                assert!(matches!(
+                    three.try_acquire().await,
+                    Err(Error::KindMismatch { .. })
+                ));
+                assert!(lockers[1].try_acquire("slots").await.unwrap().is_none());
+                assert!(lockers[0].semaphore("slots", 0).is_err());
+                drop(held);
+            }
         }
     };
 }
