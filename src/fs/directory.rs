@@ -54,7 +54,7 @@ pub(super) struct Published {
 /// the path is taken.
 pub(super) fn create(ctx: &Ctx, name: &LockName) -> Result<Option<Published>> {
     let mut record = None;
-    let published = publish(ctx, name, &mut || {
+    let published = publish(ctx, name, false, &mut || {
         let made = ctx.own_record(name);
         let bytes = made.to_bytes(0);
         record = Some(made);
@@ -72,10 +72,11 @@ pub(super) fn create(ctx: &Ctx, name: &LockName) -> Result<Option<Published>> {
 }
 
 /// Publishes a lock directory whose `owner.json` holds `bytes` (a shared
-/// lock's marker), and lets go of it: the marker's holders are judged by
-/// their own records. `None` if the path is taken.
-pub(super) fn publish_bytes(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<Option<()>> {
-    Ok(publish(ctx, name, &mut || bytes.to_vec())?.map(drop))
+/// lock's marker), flocked shared rather than exclusively: every holder
+/// of the shared lock holds a share of it. Returns the directory, or
+/// `None` if the path is taken.
+pub(super) fn publish_bytes(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<Option<File>> {
+    Ok(publish(ctx, name, true, &mut || bytes.to_vec())?.map(|(dir, ..)| dir))
 }
 
 /// Publishes a new lock directory whose `owner.json` holds what `record`
@@ -85,6 +86,7 @@ pub(super) fn publish_bytes(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<
 fn publish(
     ctx: &Ctx,
     name: &LockName,
+    shared: bool,
     record: &mut dyn FnMut() -> Vec<u8>,
 ) -> Result<Option<(File, File, u64, u64)>> {
     let mut pending = format!("{}.pending-{}", name.file_name(), suffix());
@@ -115,7 +117,12 @@ fn publish(
     let meta = dir.metadata().context("inspect pending lock directory", path)?;
     // Nobody else knows this directory yet, so the flock is free; it is
     // ours before the directory can be seen at the lock path.
-    dir.try_lock()
+    let locked = if shared {
+        dir.try_lock_shared()
+    } else {
+        dir.try_lock()
+    };
+    locked
         .map_err(|e| io::Error::other(e.to_string()))
         .context("lock pending lock directory", path)?;
     let record_file = match write_owner(&dir, OWNER, &record(), ctx.durable) {

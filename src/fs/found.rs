@@ -129,6 +129,11 @@ impl Found {
         &self.node
     }
 
+    /// The lock file or directory, kept open.
+    pub(super) fn into_node(self) -> File {
+        self.node
+    }
+
     pub(super) fn owner(&self) -> Owner {
         Owner::from_parsed(&self.parsed)
     }
@@ -145,14 +150,17 @@ impl Found {
         if !ctx.names(name, self.dev, self.ino)? {
             return Ok(false);
         }
-        if !self.flocked {
-            let now = self.reread(ctx).context("read lock record", path)?;
-            if now != self.bytes {
-                return Ok(false);
-            }
+        // Read again even when our flock proves the record's writer
+        // gone: a marker (whose holders flock it only shared, and whose
+        // first holder may have written it since we read it empty) is
+        // judged by its holders, now that none can join or leave.
+        let now = self.reread(ctx).context("read lock record", path)?;
+        if !self.flocked && now != self.bytes {
+            return Ok(false);
         }
-        // A marker: judged again now that no holder can join or leave.
-        if group::marker(&self.parsed).is_some() && group::tidy(ctx, name)? {
+        let is_marker =
+            group::marker(&self.parsed).is_some() || group::marker(&record::parse(&now)).is_some();
+        if is_marker && group::tidy(ctx, name)? {
             return Ok(false);
         }
         let removed = match ctx.strategy {

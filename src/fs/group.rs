@@ -47,6 +47,8 @@ use crate::sys;
 const MEMBER: &str = "m-";
 const WAITER: &str = "w-";
 const JSON: &str = ".json";
+/// A record being written, before it is renamed to its name.
+const TMP: &str = ".tmp-";
 
 /// The members directory of `name`.
 pub(super) fn members_dir(file_name: &str) -> String {
@@ -126,6 +128,8 @@ impl Entry {
 struct Scan {
     members: Vec<Entry>,
     waiters: Vec<Entry>,
+    /// Private names of records being made (see `create_record`).
+    unfinished: Vec<String>,
 }
 
 impl Scan {
@@ -168,16 +172,56 @@ fn ensure_members(ctx: &Ctx, name: &LockName) -> Result<File> {
     }
 }
 
+/// Creates the record `file_name` in the members directory `dir`, whole:
+/// written (and synced when `durable`) under a private name with our
+/// flock on it, then renamed, so nobody ever finds an empty or half-made
+/// record of a live holder. The caller holds the mutation lock (under
+/// which any private name still there belongs to a process that died
+/// making it: see `remove_dead`). Returns the record open, flocked.
+fn create_record(
+    dir: &File,
+    file_name: &str,
+    record: &OwnRecord,
+    durable: bool,
+    path: &dyn Fn() -> PathBuf,
+) -> Result<(File, usize)> {
+    let tmp = format!("{TMP}{file_name}");
+    let file = syscall::open_at(dir, tmp.as_str(), Open::CreateNew).context("create member record", path)?;
+    // Brand new, and a private name nobody tests: the flock is free.
+    let made = file
+        .try_lock()
+        .map_err(|e| std::io::Error::other(e.to_string()))
+        .context("lock member record", path)
+        .and_then(|()| file::write(&file, 0, record, durable, path))
+        .and_then(|len| {
+            syscall::rename_at(dir, &tmp, file_name)
+                .context("create member record", path)
+                .map(|()| len)
+        });
+    match made {
+        Ok(len) => Ok((file, len)),
+        Err(error) => {
+            let _ = syscall::unlink_at(dir, tmp.as_str());
+            Err(error)
+        }
+    }
+}
+
 /// Reads and judges every record of the members directory `dir`. Entries
 /// of other shapes are ignored, never touched.
 fn scan(ctx: &Ctx, dir: &File, path: &dyn Fn() -> PathBuf) -> Result<Scan> {
     let mut found = Scan {
         members: Vec::new(),
         waiters: Vec::new(),
+        unfinished: Vec::new(),
     };
     let names = syscall::list_at(dir).context("list members directory", path)?;
     for name in names {
         let Some(name) = name.to_str() else { continue };
+        if name.starts_with(TMP) && name.ends_with(JSON) {
+            found.unfinished.push(name.to_owned());
+            continue;
+        }
         let waiter = name.starts_with(WAITER);
         if !(name.starts_with(MEMBER) || waiter) || !name.ends_with(JSON) {
             continue;
@@ -241,9 +285,13 @@ fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<Entry>> {
     }))
 }
 
-/// Removes the records of `scan` that were judged stale. Under the
-/// mutation lock, so no holder renews one meanwhile.
+/// Removes the records of `scan` that were judged stale, and records left
+/// unfinished. Under the mutation lock, so no holder renews one meanwhile
+/// and nobody is making one.
 fn remove_dead(ctx: &Ctx, dir: &File, scan: &mut Scan) {
+    for name in scan.unfinished.drain(..) {
+        let _ = syscall::unlink_at(dir, name.as_str());
+    }
     for entries in [&mut scan.members, &mut scan.waiters] {
         entries.retain(|entry| {
             if entry.live {
@@ -413,11 +461,11 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
     let mut scan = scan(ctx, &dir, &path)?;
     remove_dead(ctx, &dir, &mut scan);
     let live: Vec<&Entry> = scan.live_members().collect();
-    if let Some(found) = found {
+    if let Some(found) = &found {
         let marked = marker(&found.parsed).expect("checked above");
         if live.is_empty() {
             // Nobody holds it any more: remove the marker and start anew.
-            remove_marker(ctx, name, &found, mutation)?;
+            remove_marker(ctx, name, found, mutation)?;
             return Ok(Joined::Again);
         }
         if !same_kind(marked, mode) {
@@ -456,35 +504,76 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
     let group = group
         .or_else(|| live.iter().find_map(|e| e.record().and_then(|r| r.group.clone())))
         .unwrap_or_else(record::acquisition_id);
-    let member = Member::create(ctx, name, mode, group, dir)?;
-    if marked {
+    if let Some(found) = found {
+        // Our share of the marker's flock first: from then on no reader
+        // testing its flock takes it for abandoned.
+        let node = found.into_node();
+        if !lock_shared(&node) {
+            return Ok(Joined::Busy {
+                owner: None,
+                recheck_at: None,
+            });
+        }
+        let mut member = Member::create(ctx, name, mode, group, dir)?;
+        member.marker = Some(node);
         return Ok(Joined::Member(Box::new(member)));
     }
+    debug_assert!(!marked);
+    let mut member = Member::create(ctx, name, mode, group, dir)?;
     // First holder (or the first since the marker was removed under the
     // holders): mark the lock path.
     let published = publish_marker(ctx, name, &member.record.to_bytes(0));
     // Leaving takes the mutation lock: release ours first.
     drop(mutation);
     match published {
-        Ok(true) => Ok(Joined::Member(Box::new(member))),
+        Ok(Some(node)) => {
+            member.marker = Some(node);
+            Ok(Joined::Member(Box::new(member)))
+        }
         // Taken exclusively between our look and now (creating needs no
         // mutation lock): not ours to join.
-        Ok(false) => Ok(Joined::NotShared),
+        Ok(None) => Ok(Joined::NotShared),
         Err(error) => Err(error),
     }
 }
 
-/// Creates the marker at the lock path, holding `bytes`; `false` if the
-/// path is taken.
-fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<bool> {
+/// Takes a shared flock on a marker, waiting briefly for a reader that
+/// tests it (such a test never holds it for long); `false` if it stays
+/// taken exclusively.
+fn lock_shared(node: &File) -> bool {
+    for _ in 0..50 {
+        match node.try_lock_shared() {
+            Ok(()) => return true,
+            Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(Duration::from_micros(200)),
+            // No flock on this filesystem: nobody can test one either.
+            Err(std::fs::TryLockError::Error(_)) => return true,
+        }
+    }
+    false
+}
+
+/// Creates the marker at the lock path, holding `bytes`, with a shared
+/// flock on it taken before anything is written (so that a reader of the
+/// format, which promises a flock on every leasehold record, never finds
+/// it free while the marker stands); returns the marker's node, or `None`
+/// if the path is taken. The caller holds the mutation lock, so nobody
+/// can remove the path meanwhile.
+fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<Option<File>> {
     let path = || ctx.path_of(name.file_name());
     match ctx.strategy {
         Strategy::ExclusiveFile => {
             let file = match syscall::open_at(ctx.dir.fd(), name.file_name(), Open::CreateNew) {
                 Ok(file) => file,
-                Err(Errno::EEXIST) => return Ok(false),
+                Err(Errno::EEXIST) => return Ok(None),
                 Err(e) => return Err(e).context("create lock file", path),
             };
+            if !lock_shared(&file) {
+                // A reader took our empty file for abandoned and holds
+                // its flock: the path is still ours (removals need the
+                // mutation lock); give it up.
+                let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
+                return Ok(None);
+            }
             let written = file
                 .write_all_at(bytes, 0)
                 .and_then(|()| if ctx.durable { file.sync_data() } else { Ok(()) });
@@ -492,9 +581,9 @@ fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<bool> {
                 let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
                 return Err(e).context("write lock record", path);
             }
-            Ok(true)
+            Ok(Some(file))
         }
-        Strategy::Directory => Ok(directory::publish_bytes(ctx, name, bytes)?.is_some()),
+        Strategy::Directory => directory::publish_bytes(ctx, name, bytes),
     }
 }
 
@@ -567,6 +656,8 @@ pub(crate) struct Member {
     id: (u64, u64),
     record: OwnRecord,
     record_len: usize,
+    /// The marker's node, under our shared flock while we hold.
+    marker: Option<File>,
     armed: bool,
 }
 
@@ -581,29 +672,15 @@ impl Member {
         };
         record.group = Some(group);
         let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
-        let path = || ctx.path_of(&members_dir(name.file_name())).join(&file_name);
-        let file = syscall::open_at(&dir, file_name.as_str(), Open::CreateNew)
-            .context("create member record", path)?;
-        let path = path();
-        let path = || path.clone();
-        let meta = file.metadata().context("inspect member record", path)?;
-        let dir_meta = dir.metadata().context("inspect members directory", path)?;
-        // Nobody knows the file yet but a reader listing the directory,
-        // whose test flock is brief.
-        let mut tries = 0;
-        while file.try_lock().is_err() {
-            tries += 1;
-            if tries == 50 {
-                let _ = syscall::unlink_at(&dir, file_name.as_str());
-                return Err(Error::io(
-                    "lock member record",
-                    path(),
-                    std::io::Error::from(std::io::ErrorKind::WouldBlock),
-                ));
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        let mut member = Member {
+        let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
+        let (file, record_len) = create_record(&dir, &file_name, &record, ctx.durable, &|| path.clone())?;
+        let meta = file
+            .metadata()
+            .context("inspect member record", || path.clone())?;
+        let dir_meta = dir
+            .metadata()
+            .context("inspect members directory", || path.clone())?;
+        let member = Member {
             ctx: Arc::clone(ctx),
             name: name.clone(),
             mode,
@@ -613,20 +690,10 @@ impl Member {
             file_name,
             id: (meta.dev(), meta.ino()),
             record,
-            record_len: 0,
+            record_len,
+            marker: None,
             armed: true,
         };
-        let path = || member.path();
-        match file::write(&member.file, 0, &member.record, ctx.durable, path) {
-            Ok(len) => member.record_len = len,
-            Err(error) => {
-                // Not a member yet, and the caller holds the mutation lock
-                // that leaving would take: just remove the record.
-                member.armed = false;
-                let _ = syscall::unlink_at(&member.dir, member.file_name.as_str());
-                return Err(error);
-            }
-        }
         Ok(member)
     }
 
@@ -665,11 +732,17 @@ impl Member {
         Ok(ours.then_some(found))
     }
 
-    /// `None` while we still hold; otherwise why not.
+    /// `None` while we still hold; otherwise why not. A marker being
+    /// rewritten in place can be read torn: a look that says "lost" is
+    /// made again under the mutation lock before it counts.
     fn lost(&self) -> Result<Option<LossReason>> {
         if let Some(moved) = self.ctx.dir_moved() {
             return Ok(Some(moved));
         }
+        if self.still_here()? && self.our_marker()?.is_some() {
+            return Ok(None);
+        }
+        let _mutation = self.ctx.dir.mutation_lock()?;
         if !self.still_here()? || self.our_marker()?.is_none() {
             return Ok(Some(LossReason::Replaced));
         }
@@ -826,7 +899,8 @@ pub(super) fn announced(ctx: &Ctx, name: &LockName) -> bool {
     match syscall::list_at(&dir) {
         Ok(names) => names
             .iter()
-            .any(|n| n.to_str().is_none_or(|n| n.starts_with(WAITER))),
+            .filter_map(|n| n.to_str())
+            .any(|n| n.starts_with(WAITER) && n.ends_with(JSON)),
         Err(_) => true,
     }
 }
@@ -841,11 +915,7 @@ pub(super) fn announce(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<Announc
     let record = ctx.own_record(name);
     let file_name = format!("{WAITER}{}{JSON}", record.uuid);
     let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
-    let file = syscall::open_at(&dir, file_name.as_str(), Open::CreateNew)
-        .context("announce an exclusive waiter", || path.clone())?;
-    // Brand new and listed only under the mutation lock we hold: free.
-    let _ = file.try_lock();
-    let len = file::write(&file, 0, &record, false, || path.clone())?;
+    let (file, len) = create_record(&dir, &file_name, &record, false, &|| path.clone())?;
     Ok(Some(Announcement {
         ctx: Arc::clone(ctx),
         name: name.clone(),
@@ -875,7 +945,10 @@ impl Drop for Announcement {
     /// it empty (under the mutation lock: a joiner may be about to use it).
     fn drop(&mut self) {
         let _ = syscall::unlink_at(&self.dir, self.file_name.as_str());
-        if let Ok(Some(_mutation)) = self.ctx.dir.try_mutation_lock() {
+        // Never waits: this runs on a runtime thread (or the renewal
+        // thread). A directory left behind goes with the next leaver, or
+        // `clean`.
+        if let Ok(_mutation) = self.ctx.dir.mutation_lock_within(Duration::ZERO) {
             let empty = syscall::list_at(&self.dir).is_ok_and(|names| names.is_empty());
             if empty {
                 remove_members_dir(&self.ctx, &members_dir(self.name.file_name()));

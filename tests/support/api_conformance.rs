@@ -198,11 +198,12 @@ macro_rules! api_conformance {
                     other => panic!("{other:?}"),
                 }
                 drop(w);
-                eventually(
+                let again = eventually(
                     || async { a.try_acquire_shared("catalog").await.unwrap() },
                     "free after the writer",
                 )
                 .await;
+                assert!(again.is_shared());
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
