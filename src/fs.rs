@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters};
+use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters, Wake};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::renew::Renewable;
@@ -66,7 +66,40 @@ pub(crate) struct Settings {
 pub(crate) struct Fs {
     ctx: Arc<Ctx>,
     watcher: Watcher,
+    /// Whom the watcher tells: the waiters, and the groups we hold a place
+    /// in.
+    events: Arc<Events>,
+}
+
+/// What the directory watcher reports to: a change at a lock path wakes
+/// its waiters; a change in a members directory may also mean that the
+/// holder its marker names died, which one of our holders then fixes.
+#[derive(Debug)]
+struct Events {
     waiters: Waiters,
+    signers: group::Signers,
+}
+
+impl Wake for Events {
+    fn changed(&self, key: &str) {
+        let lock = match key.strip_suffix(".members") {
+            Some(lock) => {
+                self.signers.changed(lock);
+                lock
+            }
+            None => key,
+        };
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.changed(lock);
+        }
+    }
+
+    fn all_changed(&self) {
+        self.signers.all_changed();
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.all_changed();
+        }
+    }
 }
 
 impl Fs {
@@ -104,8 +137,16 @@ impl Fs {
         Ok(Fs {
             ctx: Arc::new(ctx),
             watcher: Watcher::default(),
-            waiters,
+            events: Arc::new(Events {
+                waiters,
+                signers: group::Signers::default(),
+            }),
         })
+    }
+
+    /// The watcher's way to us (weak: a watcher outliving us stops).
+    fn waiters(&self) -> Waiters {
+        Arc::downgrade(&self.events) as Waiters
     }
 
     fn create_or_reclaim<K: Kept>(
@@ -118,7 +159,15 @@ impl Fs {
         for _ in 0..ROUNDS {
             let created = match (mode, ctx.strategy) {
                 (Mode::Shared | Mode::Permit(_), _) => match group::join(ctx, name, mode)? {
-                    Joined::Member(member) => Some(FsLock::Member(*member)),
+                    Joined::Member(member) => {
+                        // Watch the group, to re-sign its marker when the
+                        // holder it names dies.
+                        member.sign_with(&self.events.signers);
+                        if self.watcher.ensure(&ctx.dir, &self.waiters()) {
+                            self.watcher.ensure_child(&group::members_dir(name.file_name()));
+                        }
+                        Some(FsLock::Member(*member))
+                    }
                     Joined::Busy { owner, recheck_at } => {
                         leftover::sweep(ctx);
                         return Ok(Attempt::Busy {
@@ -312,7 +361,7 @@ impl Backend for Fs {
     /// A shared lock's (or semaphore's) members directory is watched too,
     /// when there is one: a holder's death is a close there.
     fn watch(&self, name: &LockName) -> bool {
-        let watched = self.watcher.ensure(&self.ctx.dir, &self.waiters)
+        let watched = self.watcher.ensure(&self.ctx.dir, &self.waiters())
             && (self.ctx.strategy != Strategy::Directory || self.watcher.ensure_child(name.file_name()));
         if watched {
             self.watcher.ensure_child(&group::members_dir(name.file_name()));

@@ -639,6 +639,107 @@ fn remove_marker(ctx: &Ctx, name: &LockName, found: &Found, mutation: MutationLo
     }
 }
 
+/// What a holder's process needs to re-sign its group's marker when the
+/// holder the marker names dies: shared between the [`Member`] (which
+/// keeps `bytes`, its latest record, current) and the process's
+/// [`Signers`], which the directory watcher calls on a change in the
+/// members directory.
+#[derive(Debug)]
+pub(crate) struct Sign {
+    ctx: Arc<Ctx>,
+    name: LockName,
+    group: Option<String>,
+    file_name: String,
+    bytes: std::sync::Mutex<Vec<u8>>,
+}
+
+/// The groups this `Locker` holds a place in, by lock file name.
+#[derive(Debug, Default)]
+pub(crate) struct Signers {
+    map: std::sync::Mutex<std::collections::HashMap<String, Vec<std::sync::Weak<Sign>>>>,
+}
+
+impl Signers {
+    fn add(&self, sign: &Arc<Sign>) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let signs = map.entry(sign.name.file_name().to_owned()).or_default();
+        signs.retain(|s| s.strong_count() > 0);
+        signs.push(Arc::downgrade(sign));
+    }
+
+    /// Something changed in the members directory of the lock
+    /// `file_name`: if a holder died, and the marker names it, put one of
+    /// ours there, so the marker never names a dead process for long
+    /// (programs that judge a lock by its pid would take it).
+    pub(crate) fn changed(&self, file_name: &str) {
+        let sign = {
+            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(signs) = map.get_mut(file_name) else {
+                return;
+            };
+            signs.retain(|s| s.strong_count() > 0);
+            let sign = signs.iter().find_map(std::sync::Weak::upgrade);
+            if signs.is_empty() {
+                map.remove(file_name);
+            }
+            sign
+        };
+        if let Some(sign) = sign
+            && let Err(error) = sign.resign()
+        {
+            tracing::debug!(lock = sign.name.as_str(), %error, "re-signing a shared lock's marker failed");
+        }
+    }
+
+    /// Events were lost: look at every group.
+    pub(crate) fn all_changed(&self) {
+        let names: Vec<String> = self
+            .map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        for name in names {
+            self.changed(&name);
+        }
+    }
+}
+
+impl Sign {
+    /// Re-signs the marker with our record if the holder it names is gone
+    /// and we still hold.
+    fn resign(&self) -> Result<()> {
+        let ctx = &self.ctx;
+        let _mutation = ctx.dir.mutation_lock()?;
+        let Some(dir) = open_members(ctx, &self.name)? else {
+            return Ok(());
+        };
+        if !matches!(judge_entry(ctx, &dir, &self.file_name)?, Some(e) if e.live) {
+            return Ok(());
+        }
+        let Some(found) = Found::open(ctx, &self.name)? else {
+            return Ok(());
+        };
+        let Some(marked) = marker(&found.parsed).filter(|r| r.group == self.group) else {
+            return Ok(());
+        };
+        let named = marked.uuid.as_ref().map(|uuid| format!("{MEMBER}{uuid}{JSON}"));
+        if named.as_deref() == Some(self.file_name.as_str()) {
+            return Ok(());
+        }
+        let alive = match &named {
+            Some(named) => judge_entry(ctx, &dir, named)?.is_some_and(|e| e.live),
+            None => false,
+        };
+        if !alive {
+            let bytes = self.bytes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            write_marker(ctx, &self.name, &found, &bytes)?;
+        }
+        Ok(())
+    }
+}
+
 /// One holder of a shared lock or a semaphore permit: its record in the
 /// members directory, created, flocked and renewed by this process.
 /// Dropping it leaves the group (synchronously, as `FsLock` does), and
@@ -658,6 +759,8 @@ pub(crate) struct Member {
     record_len: usize,
     /// The marker's node, under our shared flock while we hold.
     marker: Option<File>,
+    /// For re-signing the marker when its holder dies.
+    sign: Arc<Sign>,
     armed: bool,
 }
 
@@ -680,6 +783,13 @@ impl Member {
         let dir_meta = dir
             .metadata()
             .context("inspect members directory", || path.clone())?;
+        let sign = Arc::new(Sign {
+            ctx: Arc::clone(ctx),
+            name: name.clone(),
+            group: record.group.clone(),
+            file_name: file_name.clone(),
+            bytes: std::sync::Mutex::new(record.to_bytes(0)),
+        });
         let member = Member {
             ctx: Arc::clone(ctx),
             name: name.clone(),
@@ -692,6 +802,7 @@ impl Member {
             record,
             record_len,
             marker: None,
+            sign,
             armed: true,
         };
         Ok(member)
@@ -699,6 +810,11 @@ impl Member {
 
     pub(crate) fn record(&self) -> &OwnRecord {
         &self.record
+    }
+
+    /// Has `signers` re-sign the marker for us when its holder dies.
+    pub(super) fn sign_with(&self, signers: &Signers) {
+        signers.add(&self.sign);
     }
 
     fn path(&self) -> PathBuf {
@@ -773,6 +889,7 @@ impl Member {
         let path = || self.path();
         self.record_len = file::write(&self.file, self.record_len, &record, false, path)?;
         self.record = record;
+        *self.sign.bytes.lock().unwrap_or_else(|e| e.into_inner()) = self.record.to_bytes(0);
         // The marker's holder is us, or gone: the marker takes our record.
         let representative = marker(&found.parsed).and_then(|r| r.uuid.clone());
         let ours = representative.as_deref() == Some(self.record.uuid.as_str());

@@ -40,9 +40,7 @@ impl Watcher {
                     match event {
                         DirEvent::Changed(name) => {
                             if let Some(name) = name.to_str() {
-                                // A shared lock's members directory speaks
-                                // for its lock.
-                                waiters.changed(name.strip_suffix(".members").unwrap_or(name));
+                                waiters.changed(name);
                             }
                         }
                         DirEvent::Overflow => waiters.all_changed(),
