@@ -1,0 +1,282 @@
+//! One holder of a shared lock or a semaphore permit, as this process
+//! holds it: its record, its share of the marker's flock, renewal and
+//! leaving.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use super::sign::{Sign, Signers};
+use super::{
+    Found, JSON, MEMBER, create_record, judge_entry, marker, members_dir, remove_dead, remove_marker,
+    remove_members_dir, scan, write_marker,
+};
+use crate::backend::{Mode, Renewal, Tokens};
+use crate::error::{IoResultExt, LossReason, Result};
+use crate::fs::context::Ctx;
+use crate::fs::syscall::{self, Errno};
+use crate::fs::{fence, file};
+use crate::name::LockName;
+use crate::record::OwnRecord;
+use crate::sys;
+
+/// One holder of a shared lock or a semaphore permit: its record in the
+/// members directory, created, flocked and renewed by this process.
+/// Dropping it leaves the group (synchronously, as `FsLock` does), and
+/// the last holder to leave removes the marker.
+#[derive(Debug)]
+pub(crate) struct Member {
+    ctx: Arc<Ctx>,
+    name: LockName,
+    mode: Mode,
+    /// The members directory and its identity.
+    dir: File,
+    dir_id: (u64, u64),
+    file: File,
+    file_name: String,
+    id: (u64, u64),
+    pub(super) record: OwnRecord,
+    record_len: usize,
+    /// The marker's node, under our shared flock while we hold.
+    pub(super) marker: Option<File>,
+    /// For re-signing the marker when its holder dies.
+    sign: Arc<Sign>,
+    armed: bool,
+}
+
+impl Member {
+    /// Creates our record in `dir`, flocked before it is written.
+    pub(super) fn create(
+        ctx: &Arc<Ctx>,
+        name: &LockName,
+        mode: Mode,
+        group: String,
+        dir: File,
+    ) -> Result<Self> {
+        let mut record = ctx.own_record(name);
+        record.mode = Some(mode.as_str());
+        record.permits = match mode {
+            Mode::Permit(n) => Some(n),
+            _ => None,
+        };
+        record.group = Some(group);
+        let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
+        let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
+        let (file, record_len) = create_record(&dir, &file_name, &record, ctx.durable, &|| path.clone())?;
+        let meta = file
+            .metadata()
+            .context("inspect member record", || path.clone())?;
+        let dir_meta = dir
+            .metadata()
+            .context("inspect members directory", || path.clone())?;
+        let sign = Arc::new(Sign {
+            ctx: Arc::clone(ctx),
+            name: name.clone(),
+            group: record.group.clone(),
+            file_name: file_name.clone(),
+            bytes: Mutex::new(record.to_bytes(0)),
+        });
+        let member = Member {
+            ctx: Arc::clone(ctx),
+            name: name.clone(),
+            mode,
+            dir,
+            dir_id: (dir_meta.dev(), dir_meta.ino()),
+            file,
+            file_name,
+            id: (meta.dev(), meta.ino()),
+            record,
+            record_len,
+            marker: None,
+            sign,
+            armed: true,
+        };
+        Ok(member)
+    }
+
+    pub(crate) fn record(&self) -> &OwnRecord {
+        &self.record
+    }
+
+    /// Has `signers` re-sign the marker for us when its holder dies.
+    pub(in crate::fs) fn sign_with(&self, signers: &Signers) {
+        signers.add(&self.sign);
+    }
+
+    fn path(&self) -> PathBuf {
+        self.ctx
+            .path_of(&members_dir(self.name.file_name()))
+            .join(&self.file_name)
+    }
+
+    /// Whether our record is still where we made it.
+    fn still_here(&self) -> Result<bool> {
+        let ctx = &self.ctx;
+        let dir_name = members_dir(self.name.file_name());
+        match syscall::stat_at(ctx.dir.fd(), &dir_name) {
+            Ok(st) if (st.dev, st.ino) == self.dir_id => {}
+            Ok(_) | Err(Errno::ENOENT) => return Ok(false),
+            Err(e) => return Err(e).context("inspect members directory", || ctx.path_of(&dir_name)),
+        }
+        match syscall::stat_at(&self.dir, &self.file_name) {
+            Ok(st) => Ok((st.dev, st.ino) == self.id),
+            Err(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(e).context("inspect member record", || self.path()),
+        }
+    }
+
+    /// The marker at the lock path, if it is our group's.
+    fn our_marker(&self) -> Result<Option<Found>> {
+        let Some(found) = Found::open(&self.ctx, &self.name)? else {
+            return Ok(None);
+        };
+        let ours = marker(&found.parsed).is_some_and(|r| r.group == self.record.group);
+        Ok(ours.then_some(found))
+    }
+
+    /// `None` while we still hold; otherwise why not. A marker being
+    /// rewritten in place can be read torn: a look that says "lost" is
+    /// made again under the mutation lock before it counts.
+    fn lost(&self) -> Result<Option<LossReason>> {
+        if let Some(moved) = self.ctx.dir_moved() {
+            return Ok(Some(moved));
+        }
+        if self.still_here()? && self.our_marker()?.is_some() {
+            return Ok(None);
+        }
+        let _mutation = self.ctx.dir.mutation_lock()?;
+        if !self.still_here()? || self.our_marker()?.is_none() {
+            return Ok(Some(LossReason::Replaced));
+        }
+        Ok(None)
+    }
+
+    /// Extends our lease, under the mutation lock; keeps the marker naming
+    /// a live holder (us, if its holder is gone) and its lease current.
+    pub(crate) fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
+        let ctx = Arc::clone(&self.ctx);
+        if let Some(moved) = ctx.dir_moved() {
+            return Ok(Renewal::Lost(moved));
+        }
+        let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
+        let _mutation = ctx.dir.mutation_lock_within(left)?;
+        if !self.still_here()? {
+            return Ok(Renewal::Lost(LossReason::Replaced));
+        }
+        let Some(found) = self.our_marker()? else {
+            return Ok(Renewal::Lost(LossReason::Replaced));
+        };
+        let boot = sys::boot_clock_ms();
+        if boot >= cutoff {
+            return Ok(Renewal::Lost(LossReason::LeaseExpired));
+        }
+        let mut record = self.record.clone();
+        record.renew(SystemTime::now(), boot);
+        let path = || self.path();
+        self.record_len = file::write(&self.file, self.record_len, &record, false, path)?;
+        self.record = record;
+        *self.sign.bytes.lock().unwrap_or_else(|e| e.into_inner()) = self.record.to_bytes(0);
+        // The marker's holder is us, or gone: the marker takes our record.
+        let representative = marker(&found.parsed).and_then(|r| r.uuid.clone());
+        let ours = representative.as_deref() == Some(self.record.uuid.as_str());
+        let gone = || match &representative {
+            Some(uuid) => judge_entry(&ctx, &self.dir, &format!("{MEMBER}{uuid}{JSON}"))
+                .map(|e| e.is_none_or(|e| !e.live)),
+            None => Ok(true),
+        };
+        if ours || gone()? {
+            write_marker(&ctx, &self.name, &found, &self.record.to_bytes(0))?;
+        }
+        Ok(Renewal::Renewed)
+    }
+
+    pub(crate) fn check(&self) -> Result<Option<LossReason>> {
+        self.lost()
+    }
+
+    /// A shared holder's token: the fencing counter as it stands (every
+    /// exclusive holder before us had one no greater, every one after us
+    /// gets a greater one). A permit's: the next token of the name's
+    /// counter, one per acquisition.
+    pub(crate) fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
+        let ctx = Arc::clone(&self.ctx);
+        let name = self.name.clone();
+        if self.mode == Mode::Shared {
+            let _mutation = ctx.dir.mutation_lock()?;
+            if !self.still_here()? {
+                return Ok(None);
+            }
+            let now = fence::current(&ctx, &name)?;
+            return Ok(Some(Tokens { next: now, last: now }));
+        }
+        let mut first = None;
+        let tokens = fence::reserve(&ctx, &name, &|| self.still_here(), &mut |token| {
+            first = Some(token);
+            Ok(())
+        })?;
+        if let Some(token) = first {
+            let mut record = self.record.clone();
+            record.fencing_token = Some(token);
+            let path = || self.path();
+            self.record_len = file::write(&self.file, self.record_len, &record, false, path)?;
+            self.record = record;
+        }
+        Ok(tokens)
+    }
+
+    /// Leaves the group; `None` when we held to the end, otherwise why not.
+    pub(crate) fn release(mut self, confirm: bool) -> Result<Option<LossReason>> {
+        let moved = if confirm { self.ctx.dir_moved() } else { None };
+        self.armed = false;
+        let was_here = self.leave()?;
+        Ok(moved.or((!was_here).then_some(LossReason::Replaced)))
+    }
+
+    /// Removes our record and, if we were the last holder, the marker; if
+    /// not, re-signs the marker with a live holder's record (which also
+    /// wakes the waiters of other processes: a permit is free).
+    fn leave(&self) -> Result<bool> {
+        let ctx = &self.ctx;
+        let mutation = ctx.dir.mutation_lock()?;
+        let here = self.still_here()?;
+        if here {
+            match syscall::unlink_at(&self.dir, self.file_name.as_str()) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(e).context("remove member record", || self.path()),
+            }
+        }
+        let dir_name = members_dir(self.name.file_name());
+        let path = || ctx.path_of(&dir_name);
+        let mut scan = scan(ctx, &self.dir, &path)?;
+        remove_dead(ctx, &self.dir, &mut scan);
+        let Some(found) = self.our_marker()? else {
+            return Ok(false);
+        };
+        match scan.live_members().next() {
+            Some(next) => write_marker(ctx, &self.name, &found, &next.bytes)?,
+            None => {
+                if scan.waiters.is_empty() {
+                    remove_members_dir(ctx, &dir_name);
+                }
+                remove_marker(ctx, &self.name, &found, mutation)?;
+            }
+        }
+        Ok(here)
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if std::mem::take(&mut self.armed)
+            && let Err(error) = self.leave()
+        {
+            tracing::warn!(
+                lock = self.name.as_str(),
+                %error,
+                "leaving a shared lock failed; the record stays until it is judged stale"
+            );
+        }
+    }
+}

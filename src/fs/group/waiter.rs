@@ -1,0 +1,98 @@
+//! Exclusive waiters' announcements: how a waiting writer keeps new
+//! shared holders (and permit holders) out until it has had its turn.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use super::{JSON, WAITER, create_record, ensure_members, members_dir, open_members, remove_members_dir};
+use crate::error::Result;
+use crate::fs::context::Ctx;
+use crate::fs::file;
+use crate::fs::syscall;
+use crate::name::LockName;
+use crate::record::OwnRecord;
+use crate::renew::{Renewable, Step};
+use crate::sys;
+
+/// An exclusive acquisition waiting for shared holders (or permit
+/// holders) to leave, said on disk (`w-<uuid>.json`, flocked, renewed
+/// while it waits) so that no new ones join meanwhile. Removed when
+/// dropped; a waiter that died or froze past its lease is ignored.
+#[derive(Debug)]
+pub(crate) struct Announcement {
+    ctx: Arc<Ctx>,
+    name: LockName,
+    dir: File,
+    file: File,
+    file_name: String,
+    state: Mutex<(OwnRecord, usize)>,
+}
+
+/// Whether an exclusive waiter has announced itself for `name` (its
+/// record is there, whatever its state); `true` when that cannot be told.
+pub(in crate::fs) fn announced(ctx: &Ctx, name: &LockName) -> bool {
+    let Ok(Some(dir)) = open_members(ctx, name) else {
+        return true;
+    };
+    match syscall::list_at(&dir) {
+        Ok(names) => names
+            .iter()
+            .filter_map(|n| n.to_str())
+            .any(|n| n.starts_with(WAITER) && n.ends_with(JSON)),
+        Err(_) => true,
+    }
+}
+
+/// Announces an exclusive waiter for `name`; `None` if the directory is
+/// busy (the next attempt tries again).
+pub(in crate::fs) fn announce(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<Announcement>> {
+    let Some(_mutation) = ctx.dir.try_mutation_lock()? else {
+        return Ok(None);
+    };
+    let dir = ensure_members(ctx, name)?;
+    let record = ctx.own_record(name);
+    let file_name = format!("{WAITER}{}{JSON}", record.uuid);
+    let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
+    let (file, len) = create_record(&dir, &file_name, &record, false, &|| path.clone())?;
+    Ok(Some(Announcement {
+        ctx: Arc::clone(ctx),
+        name: name.clone(),
+        dir,
+        file,
+        file_name,
+        state: Mutex::new((record, len)),
+    }))
+}
+
+impl Renewable for Announcement {
+    fn renew_once(&self) -> Step {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (record, len) = &mut *state;
+        record.renew(SystemTime::now(), sys::boot_clock_ms());
+        let path = || PathBuf::from(&self.file_name);
+        match file::write(&self.file, *len, record, false, path) {
+            Ok(written) => *len = written,
+            Err(error) => tracing::debug!(%error, "renewing an exclusive waiter's announcement failed"),
+        }
+        Step::Again((self.ctx.lease / 3).max(Duration::from_millis(1)))
+    }
+}
+
+impl Drop for Announcement {
+    /// Removes the announcement, and the members directory if that leaves
+    /// it empty (under the mutation lock: a joiner may be about to use it).
+    fn drop(&mut self) {
+        let _ = syscall::unlink_at(&self.dir, self.file_name.as_str());
+        // Never waits: this runs on a runtime thread (or the renewal
+        // thread). A directory left behind goes with the next leaver, or
+        // `clean`.
+        if let Ok(_mutation) = self.ctx.dir.mutation_lock_within(Duration::ZERO) {
+            let empty = syscall::list_at(&self.dir).is_ok_and(|names| names.is_empty());
+            if empty {
+                remove_members_dir(&self.ctx, &members_dir(self.name.file_name()));
+            }
+        }
+    }
+}
