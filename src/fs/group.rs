@@ -117,6 +117,18 @@ impl Entry {
         }
     }
 
+    /// When its lease ends, as far as its record says.
+    fn lease_end(&self) -> SystemTime {
+        self.record()
+            .and_then(|r| r.lease_expires_at)
+            .unwrap_or(self.mtime)
+    }
+
+    /// When it was acquired, as far as its record says.
+    fn acquired(&self) -> SystemTime {
+        self.record().and_then(|r| r.acquired_at).unwrap_or(self.mtime)
+    }
+
     fn is_member(&self) -> bool {
         self.file_name.starts_with(MEMBER)
     }
@@ -233,8 +245,8 @@ fn scan(ctx: &Ctx, dir: &File, path: &dyn Fn() -> PathBuf) -> Result<Scan> {
             found.members.push(entry);
         }
     }
-    // Oldest first: the representative is the longest holder.
-    found.members.sort_by_key(|e| e.mtime);
+    // Longest held first.
+    found.members.sort_by_key(Entry::acquired);
     Ok(found)
 }
 

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use super::sign::{Sign, Signers};
 use super::{
-    Found, JSON, MEMBER, create_record, judge_entry, marker, members_dir, remove_dead, remove_marker,
-    remove_members_dir, scan, write_marker,
+    Found, JSON, MEMBER, create_record, marker, members_dir, remove_dead, remove_marker, remove_members_dir,
+    scan, write_marker,
 };
 use crate::backend::{Mode, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
@@ -178,17 +178,11 @@ impl Member {
         self.record_len = file::write(&self.file, self.record_len, &record, false, path)?;
         self.record = record;
         *self.sign.bytes.lock().unwrap_or_else(|e| e.into_inner()) = self.record.to_bytes(0);
-        // The marker's holder is us, or gone: the marker takes our record.
-        let representative = marker(&found.parsed).and_then(|r| r.uuid.clone());
-        let ours = representative.as_deref() == Some(self.record.uuid.as_str());
-        let gone = || match &representative {
-            Some(uuid) => judge_entry(&ctx, &self.dir, &format!("{MEMBER}{uuid}{JSON}"))
-                .map(|e| e.is_none_or(|e| !e.live)),
-            None => Ok(true),
-        };
-        if ours || gone()? {
-            write_marker(&ctx, &self.name, &found, &self.record.to_bytes(0))?;
-        }
+        // The marker takes the record just renewed, whoever it named: its
+        // lease then always ends after every holder's last renewal, and a
+        // holder frozen since never leaves it showing a lapsed lease to
+        // programs that judge the lock path by its lease.
+        write_marker(&ctx, &self.name, &found, &self.record.to_bytes(0))?;
         Ok(Renewal::Renewed)
     }
 
@@ -222,6 +216,7 @@ impl Member {
             let path = || self.path();
             self.record_len = file::write(&self.file, self.record_len, &record, false, path)?;
             self.record = record;
+            *self.sign.bytes.lock().unwrap_or_else(|e| e.into_inner()) = self.record.to_bytes(0);
         }
         Ok(tokens)
     }
@@ -252,9 +247,16 @@ impl Member {
         let mut scan = scan(ctx, &self.dir, &path)?;
         remove_dead(ctx, &self.dir, &mut scan);
         let Some(found) = self.our_marker()? else {
+            // Never marked (the path was taken first) or taken over: the
+            // members directory goes if nothing is left in it.
+            if scan.live_members().next().is_none() && scan.waiters.is_empty() {
+                remove_members_dir(ctx, &dir_name);
+            }
             return Ok(false);
         };
-        match scan.live_members().next() {
+        // The marker takes the record of the holder renewed last, whose
+        // lease ends last.
+        match scan.live_members().max_by_key(|e| e.lease_end()) {
             Some(next) => write_marker(ctx, &self.name, &found, &next.bytes)?,
             None => {
                 if scan.waiters.is_empty() {

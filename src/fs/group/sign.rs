@@ -31,6 +31,9 @@ pub(crate) struct Signers {
 impl Signers {
     pub(super) fn add(&self, sign: &Arc<Sign>) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() > 1024 {
+            map.retain(|_, signs| signs.iter().any(|s| s.strong_count() > 0));
+        }
         let signs = map.entry(sign.name.file_name().to_owned()).or_default();
         signs.retain(|s| s.strong_count() > 0);
         signs.push(Arc::downgrade(sign));
@@ -80,7 +83,12 @@ impl Sign {
     /// and we still hold.
     fn resign(&self) -> Result<()> {
         let ctx = &self.ctx;
-        let _mutation = ctx.dir.mutation_lock()?;
+        // On the watcher thread: never hold up its wake-ups for long. A
+        // busy directory means another process is at work; this holder's
+        // next renewal re-signs anyway.
+        let Ok(_mutation) = ctx.dir.mutation_lock_within(std::time::Duration::from_millis(20)) else {
+            return Ok(());
+        };
         let Some(dir) = open_members(ctx, &self.name)? else {
             return Ok(());
         };

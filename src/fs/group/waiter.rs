@@ -37,10 +37,16 @@ pub(in crate::fs) fn announced(ctx: &Ctx, name: &LockName) -> bool {
         return true;
     };
     match syscall::list_at(&dir) {
+        // A waiter's flock is held while it lives: one that is free is a
+        // dead waiter's record, which the store's join removes.
         Ok(names) => names
             .iter()
             .filter_map(|n| n.to_str())
-            .any(|n| n.starts_with(WAITER) && n.ends_with(JSON)),
+            .filter(|n| n.starts_with(WAITER) && n.ends_with(JSON))
+            .any(|n| match syscall::open_at(&dir, n, syscall::Open::Read) {
+                Ok(file) => file.try_lock().is_err(),
+                Err(_) => false,
+            }),
         Err(_) => true,
     }
 }
