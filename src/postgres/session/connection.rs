@@ -1,0 +1,204 @@
+//! The connection the session thread owns ([`Session`]): connecting and
+//! reconnecting, checking that it still holds a lock, and what it holds
+//! of each name ([`Local`], [`Held`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use postgres::{Client, NoTls};
+
+use super::tables::{SCHEMA, TIDY};
+use crate::backend::{Mode, Tokens};
+use crate::error::{Error, Result};
+
+pub(super) fn pg_error(op: &'static str) -> impl FnOnce(postgres::Error) -> Error {
+    move |source| Error::Backend {
+        op,
+        source: Box::new(source),
+    }
+}
+
+fn closed_during(op: &'static str) -> Error {
+    Error::Backend {
+        op,
+        source: "the connection closed during the attempt".into(),
+    }
+}
+
+/// How a lock is held on the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::postgres) enum Held {
+    /// The name's key, exclusively.
+    Exclusive,
+    /// The name's key, shared.
+    Shared,
+    /// The name's key shared, and the key of one permit slot exclusively.
+    Permit { permits: u32, slot: i64 },
+}
+
+impl Held {
+    pub(super) fn mode(self) -> Mode {
+        match self {
+            Held::Exclusive => Mode::Exclusive,
+            Held::Shared => Mode::Shared,
+            Held::Permit { permits, .. } => Mode::Permit(permits),
+        }
+    }
+}
+
+/// What the session holds of one name's keys. The server's advisory locks
+/// are re-entrant per session (a session never conflicts with itself), so
+/// the session thread keeps count to keep its own holders apart: an
+/// exclusive attempt while this session holds the name shared, a second
+/// holder of one permit slot, a reader behind this session's own waiting
+/// writer.
+#[derive(Debug, Default)]
+pub(super) struct Local {
+    pub(super) exclusive: bool,
+    /// Shared holds of the name's key: shared holders and permit holders.
+    pub(super) shared: u32,
+    /// The permit slots held.
+    pub(super) slots: Vec<i64>,
+    /// An exclusive waiter of this session holds the intent key.
+    pub(super) announced: bool,
+}
+
+impl Local {
+    fn is_empty(&self) -> bool {
+        !self.exclusive && self.shared == 0 && self.slots.is_empty() && !self.announced
+    }
+}
+
+/// What the session thread found, before it becomes an
+/// [`Answer`](super::lock::Answer).
+pub(super) enum Try {
+    Taken(Held, Tokens),
+    Busy { sharers: bool },
+}
+
+pub(super) const BUSY: Try = Try::Busy { sharers: false };
+
+/// The connection, owned by the session thread.
+pub(in crate::postgres) struct Session {
+    pub(super) url: String,
+    pub(super) client: Option<Client>,
+    pub(super) backend_pid: i32,
+    /// Counts connections: locks are tied to the one they were taken on.
+    pub(super) generation: u64,
+    /// What this connection holds, by the name's key.
+    pub(super) locals: HashMap<i64, Local>,
+}
+
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
+impl Session {
+    /// A session on `url`, not connected yet.
+    pub(in crate::postgres) fn new(url: &str) -> Self {
+        Session {
+            url: url.to_owned(),
+            client: None,
+            backend_pid: 0,
+            generation: 0,
+            locals: HashMap::new(),
+        }
+    }
+
+    /// The live connection, reconnecting if the last one died. A new
+    /// connection is a new generation: no lock of the old one survives.
+    pub(in crate::postgres) fn client(&mut self) -> Result<&mut Client> {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            self.drop_connection();
+        }
+        if self.client.is_none() {
+            let mut client = Client::connect(&self.url, NoTls).map_err(pg_error("connect to PostgreSQL"))?;
+            client
+                .batch_execute(SCHEMA)
+                .map_err(pg_error("create the leasehold tables"))?;
+            client
+                .batch_execute(TIDY)
+                .map_err(pg_error("remove the rows of dead shared holders"))?;
+            let row = client
+                .query_one("SELECT pg_backend_pid()", &[])
+                .map_err(pg_error("start a PostgreSQL session"))?;
+            self.backend_pid = row.get(0);
+            self.generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
+            self.client = Some(client);
+        }
+        match self.client.as_mut() {
+            Some(client) => Ok(client),
+            None => Err(Error::Backend {
+                op: "connect to PostgreSQL",
+                source: "no connection".into(),
+            }),
+        }
+    }
+
+    /// The connection an attempt started on, never a new one: the locks
+    /// it took are on this one.
+    pub(super) fn same(&mut self, op: &'static str) -> Result<&mut Client> {
+        self.live().ok_or_else(|| closed_during(op))
+    }
+
+    /// Forgets the connection, and with it every lock it held.
+    pub(super) fn drop_connection(&mut self) {
+        self.client = None;
+        self.locals.clear();
+    }
+
+    /// After an error, a connection that is closed is forgotten, so the
+    /// next command reconnects (and the old locks count as lost).
+    pub(super) fn settle<T>(&mut self, result: Result<T>) -> Result<T> {
+        if result.is_err() && self.client.as_ref().is_some_and(Client::is_closed) {
+            self.drop_connection();
+        }
+        result
+    }
+
+    pub(super) fn local(&mut self, key: i64) -> &mut Local {
+        self.locals.entry(key).or_default()
+    }
+
+    /// Updates what the session holds of `key`, if it knows of it.
+    pub(super) fn forget(&mut self, key: i64, update: impl FnOnce(&mut Local)) {
+        if let Some(local) = self.locals.get_mut(&key) {
+            update(local);
+            if local.is_empty() {
+                self.locals.remove(&key);
+            }
+        }
+    }
+
+    /// The connection, if it is up.
+    pub(super) fn live(&mut self) -> Option<&mut Client> {
+        self.client.as_mut().filter(|client| !client.is_closed())
+    }
+
+    pub(super) fn heartbeat(&mut self, key: i64, generation: u64) -> Result<bool> {
+        if generation != self.generation || self.client.is_none() {
+            return Ok(false);
+        }
+        let expected = self.backend_pid;
+        let client = self.client()?;
+        let row = client
+            .query_one(
+                "SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory'
+                     AND k.granted AND k.pid = pg_backend_pid() AND k.objsubid = 1
+                     AND k.classid::bigint = (($1::bigint >> 32) & 4294967295)
+                     AND k.objid::bigint = ($1::bigint & 4294967295))",
+                &[&key],
+            )
+            .map_err(pg_error("check the PostgreSQL session"))?;
+        let pid: i32 = row.get(0);
+        if pid != expected {
+            tracing::warn!(
+                expected,
+                pid,
+                "the PostgreSQL session changed under the connection (a pooler in transaction mode?); \
+                 every lock on it is lost"
+            );
+            self.drop_connection();
+            return Ok(false);
+        }
+        Ok(row.get(1))
+    }
+}

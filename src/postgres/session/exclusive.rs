@@ -1,0 +1,125 @@
+//! Exclusive locks: the name's key taken exclusively, and the owner
+//! recorded in `leasehold_locks` with the first block of fencing tokens.
+
+use std::time::{Duration, Instant};
+
+use postgres::error::SqlState;
+
+use super::connection::{BUSY, Held, Session, Try, pg_error};
+use super::fence::{TOKEN_BLOCK, tokens};
+use super::release::Lock;
+use crate::error::Result;
+use crate::record::OwnRecord;
+
+/// Whether a session holds the name's key `$1` shared (shared holders or
+/// permit holders), as a shared request would be granted: asked of an
+/// exclusive acquisition that found the key taken. The lock taken by the
+/// probe is let go in the same statement (`CASE` evaluates in order).
+const PROBE_SHARERS: &str = "SELECT CASE WHEN pg_try_advisory_lock_shared($1)
+    THEN pg_advisory_unlock_shared($1) ELSE false END";
+
+impl Session {
+    /// An exclusive attempt.
+    ///
+    /// `pg_try_advisory_lock` takes no table lock and answers at once
+    /// unless the server itself stalls; the owner record's `INSERT` can
+    /// wait (behind `LOCK TABLE`, a schema change, a row lock), so it runs
+    /// under a `statement_timeout` that ends at `until`.
+    pub(super) fn try_exclusive(
+        &mut self,
+        name: &str,
+        key: i64,
+        owner: &OwnRecord,
+        until: Instant,
+    ) -> Result<Try> {
+        if let Some(local) = self.locals.get(&key) {
+            // Our own shared holders: the server would grant it to us.
+            if local.exclusive || local.shared > 0 {
+                return Ok(Try::Busy {
+                    sharers: local.shared > 0,
+                });
+            }
+        }
+        let taken = self
+            .client()?
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&key]);
+        let taken: bool = match taken {
+            Ok(row) => row.get(0),
+            Err(e) => {
+                // It may have been granted before the error: no session
+                // keeps a lock it does not know it has.
+                self.let_go(key, Lock::Exclusive, false);
+                return Err(pg_error("take an advisory lock")(e));
+            }
+        };
+        if !taken {
+            // Held shared, if a shared request would be granted: then the
+            // caller announces itself, so that no new sharers join.
+            let probe = self
+                .same("look for shared holders")?
+                .query_one(PROBE_SHARERS, &[&key]);
+            return match probe {
+                Ok(row) => Ok(Try::Busy { sharers: row.get(0) }),
+                Err(e) => {
+                    self.unsure(key);
+                    Err(pg_error("look for shared holders")(e))
+                }
+            };
+        }
+        self.local(key).exclusive = true;
+        let left = until.saturating_duration_since(Instant::now());
+        let recorded = if left.is_zero() {
+            Ok(None)
+        } else {
+            self.record(name, key, owner, left)
+        };
+        match recorded {
+            Ok(Some(last)) => Ok(Try::Taken(Held::Exclusive, tokens(last))),
+            // Not recorded, so not ours: let it go again.
+            Ok(None) => {
+                self.release_hold(key, Held::Exclusive);
+                Ok(BUSY)
+            }
+            Err(e) => {
+                self.release_hold(key, Held::Exclusive);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records the owner and reserves the first block of tokens, under a
+    /// `statement_timeout` of `left`; `None` when that ran out.
+    fn record(&mut self, name: &str, key: i64, owner: &OwnRecord, left: Duration) -> Result<Option<i64>> {
+        let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
+        let ms = left.as_millis().clamp(1, i32::MAX as u128);
+        // Never a new connection: the advisory lock is on this one.
+        let client = self.same("record the owner of an advisory lock")?;
+        client
+            .batch_execute(&format!("SET statement_timeout = {ms}"))
+            .map_err(pg_error("set a statement timeout"))?;
+        let row = client.query_one(
+            "INSERT INTO leasehold_locks AS l
+                 (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token)
+             VALUES ($1, $2, $3, $4, $5, $6, now(), pg_backend_pid(), 1)
+             ON CONFLICT (name) DO UPDATE SET fencing_token = l.fencing_token + $3,
+                 holder_id = $4, hostname = $5, pid = $6, acquired_at = now(), backend_pid = pg_backend_pid(),
+                 holder_token = l.fencing_token + 1
+             RETURNING fencing_token",
+            &[&name, &key, &TOKEN_BLOCK, &owner.holder_id, &owner.hostname, &pid],
+        );
+        if let Err(error) = client.batch_execute("RESET statement_timeout") {
+            // Every later statement would run under this attempt's
+            // timeout, heartbeats included: start a fresh session.
+            if !client.is_closed() {
+                tracing::warn!(%error, "cannot reset the statement timeout; resetting the PostgreSQL session");
+            }
+            self.drop_connection();
+            return Err(pg_error("reset the statement timeout")(error));
+        }
+        match row {
+            Ok(row) => Ok(Some(row.get(0))),
+            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(None),
+            Err(e) => Err(pg_error("record the lock owner")(e)),
+        }
+    }
+}

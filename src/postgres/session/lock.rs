@@ -1,0 +1,234 @@
+//! [`PgLock`], a lock held on the session, and the way to the session
+//! thread ([`Line`]) and what it is asked to do ([`Command`]).
+
+use std::sync::mpsc::{self, Sender};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::connection::Held;
+use super::inspect::Found;
+use crate::backend::{BackendLock, Mode, Renewal, Tokens};
+use crate::error::{Error, LossReason, Result};
+use crate::name::LockName;
+use crate::postgres::Keys;
+use crate::record::OwnRecord;
+use crate::sys;
+
+/// How long a caller waits for the session thread's answer to anything
+/// but an attempt.
+pub(in crate::postgres) const ANSWER_PATIENCE: Duration = Duration::from_secs(30);
+
+/// What one attempt found.
+#[derive(Debug)]
+pub(in crate::postgres) enum Answer {
+    /// Taken, with the first block of fencing tokens.
+    Taken(Box<PgLock>, Tokens),
+    /// Held elsewhere; `sharers` when held shared (or by permit holders).
+    Busy { sharers: bool },
+}
+
+/// What the session thread is asked to do.
+pub(in crate::postgres) enum Command {
+    TryLock {
+        name: LockName,
+        keys: Keys,
+        mode: Mode,
+        owner: Box<OwnRecord>,
+        /// When the attempt must be over: the caller stops waiting for the
+        /// answer shortly after.
+        until: Instant,
+        /// For the [`PgLock`] that the answer carries.
+        line: Line,
+        reply: Sender<Result<Answer>>,
+    },
+    Unlock {
+        name: String,
+        key: i64,
+        held: Held,
+        /// The holder row's id (shared holders and permit holders).
+        id: String,
+        generation: u64,
+        reply: Option<Sender<Result<bool>>>,
+    },
+    Heartbeat {
+        key: i64,
+        generation: u64,
+        reply: Sender<Result<bool>>,
+    },
+    Reserve {
+        name: String,
+        key: i64,
+        held: Held,
+        generation: u64,
+        reply: Sender<Result<Option<Tokens>>>,
+    },
+    Inspect {
+        name: Option<String>,
+        reply: Sender<Result<Vec<Found>>>,
+    },
+    /// An exclusive waiter announces itself (takes the intent key), or
+    /// makes sure it still is announced after a reconnection.
+    Announce {
+        key: i64,
+        intent: i64,
+        reply: Sender<Result<bool>>,
+    },
+    /// The waiter is done waiting: lets the intent key go.
+    Withdraw { name: String, key: i64, intent: i64 },
+}
+
+/// The way to the session thread. The thread runs until every `Line` is
+/// gone (the store's and every lock's); closing the connection then drops
+/// whatever is left on the server.
+#[derive(Debug, Clone)]
+pub(crate) struct Line(pub(in crate::postgres) Sender<Command>);
+
+/// The session thread is gone (it could not start a thread, or stopped).
+pub(in crate::postgres) fn session_stopped() -> Error {
+    Error::Backend {
+        op: "reach the PostgreSQL session thread",
+        source: "the session thread has stopped".into(),
+    }
+}
+
+/// The session thread did not answer within [`ANSWER_PATIENCE`].
+pub(in crate::postgres) fn no_answer(op: &'static str) -> Error {
+    Error::Backend {
+        op,
+        source: Box::new(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+    }
+}
+
+impl Line {
+    pub(in crate::postgres) fn send(&self, command: Command) -> Result<()> {
+        self.0.send(command).map_err(|_| session_stopped())
+    }
+
+    pub(super) fn call<T>(&self, make: impl FnOnce(Sender<Result<T>>) -> Command) -> Result<T> {
+        let (reply, answer) = mpsc::channel();
+        self.send(make(reply))?;
+        answer
+            .recv_timeout(ANSWER_PATIENCE)
+            .map_err(|_| no_answer("wait for the PostgreSQL session"))?
+    }
+
+    /// Every live holder known to the tables, by name.
+    pub(in crate::postgres) fn inspect(&self, name: Option<&str>) -> Result<Vec<Found>> {
+        self.call(|reply| Command::Inspect {
+            name: name.map(str::to_owned),
+            reply,
+        })
+    }
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Command")
+    }
+}
+
+/// A lock held on the server by this `Locker`'s session.
+#[derive(Debug)]
+pub(crate) struct PgLock {
+    pub(super) line: Line,
+    pub(super) name: LockName,
+    pub(super) key: i64,
+    pub(super) held: Held,
+    /// The session the lock was taken on; any later one does not hold it.
+    pub(super) generation: u64,
+    pub(super) record: OwnRecord,
+    pub(super) armed: bool,
+}
+
+impl PgLock {
+    /// The key whose lock is this holder's own: the permit slot's for a
+    /// permit, the name's otherwise.
+    fn own_key(&self) -> i64 {
+        match self.held {
+            Held::Permit { slot, .. } => slot,
+            _ => self.key,
+        }
+    }
+
+    fn heartbeat(&self) -> Result<bool> {
+        let (key, generation) = (self.own_key(), self.generation);
+        self.line.call(|reply| Command::Heartbeat {
+            key,
+            generation,
+            reply,
+        })
+    }
+
+    fn unlock(&self, reply: Option<Sender<Result<bool>>>) -> Command {
+        Command::Unlock {
+            name: self.name.as_str().to_owned(),
+            key: self.key,
+            held: self.held,
+            id: self.record.uuid.clone(),
+            generation: self.generation,
+            reply,
+        }
+    }
+}
+
+impl BackendLock for PgLock {
+    fn record(&self) -> &OwnRecord {
+        &self.record
+    }
+
+    /// The heartbeat: the session is alive and still holds the lock.
+    fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
+        if !self.heartbeat()? {
+            return Ok(Renewal::Lost(LossReason::SessionLost));
+        }
+        let boot = sys::boot_clock_ms();
+        if boot >= cutoff {
+            return Ok(Renewal::Lost(LossReason::LeaseExpired));
+        }
+        self.record.renew(SystemTime::now(), boot);
+        Ok(Renewal::Renewed)
+    }
+
+    fn check(&self) -> Result<Option<LossReason>> {
+        Ok((!self.heartbeat()?).then_some(LossReason::SessionLost))
+    }
+
+    fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
+        let (key, held, generation, name) = (
+            self.key,
+            self.held,
+            self.generation,
+            self.name.as_str().to_owned(),
+        );
+        self.line.call(|reply| Command::Reserve {
+            name,
+            key,
+            held,
+            generation,
+            reply,
+        })
+    }
+
+    /// Unlocks: with `confirm`, waits for the server's answer; without,
+    /// queues the unlock (the session thread sends it at once), as `Drop`
+    /// does.
+    fn release(mut self, confirm: bool) -> Result<Option<LossReason>> {
+        if !confirm {
+            return Ok(None); // Drop queues it.
+        }
+        self.armed = false;
+        let released = self.line.call(|reply| self.unlock(Some(reply)))?;
+        Ok((!released).then_some(LossReason::SessionLost))
+    }
+}
+
+impl Drop for PgLock {
+    /// Queues the unlock on the session without waiting for it: the
+    /// session thread sends it at once.
+    fn drop(&mut self) {
+        if std::mem::take(&mut self.armed)
+            && let Err(error) = self.line.send(self.unlock(None))
+        {
+            tracing::warn!(lock = self.name.as_str(), %error, "cannot queue an unlock");
+        }
+    }
+}

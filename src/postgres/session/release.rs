@@ -1,0 +1,158 @@
+//! Letting go: unlocking a key (or resetting the session when that fails),
+//! releasing a lock and deleting its holder row.
+
+use super::connection::{Held, Session};
+use crate::error::Result;
+
+/// How many times an unlock is tried before the session is reset instead.
+const UNLOCK_TRIES: usize = 3;
+
+/// How long a release waits to delete its holder row (behind a table
+/// lock) before it leaves the row to be ignored and cleaned up later.
+const ROW_PATIENCE_MS: u32 = 2_000;
+
+/// A server lock mode, for letting go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lock {
+    Exclusive,
+    Shared,
+}
+
+impl Session {
+    /// After an error that may have come after the server granted a shared
+    /// lock on `key`: lets it go, unless this session holds `key` shared
+    /// for holders of its own too. The server keeps one count per session,
+    /// so theirs could be let go instead: the session is reset.
+    pub(super) fn unsure(&mut self, key: i64) {
+        if self.locals.get(&key).is_some_and(|local| local.shared > 0) {
+            if self.live().is_some() {
+                tracing::warn!(
+                    key,
+                    "a shared lock may have been granted on a failed statement; resetting the \
+                     PostgreSQL session, which releases every lock on it"
+                );
+            }
+            self.drop_connection();
+        } else {
+            self.let_go(key, Lock::Shared, false);
+        }
+    }
+
+    /// Lets go of what `held` took on the name's `key` and forgets it;
+    /// whether it was ours to the end.
+    pub(super) fn release_hold(&mut self, key: i64, held: Held) -> bool {
+        match held {
+            Held::Exclusive => {
+                let ours = self.let_go(key, Lock::Exclusive, true);
+                self.forget(key, |local| local.exclusive = false);
+                ours
+            }
+            Held::Shared => {
+                let ours = self.let_go(key, Lock::Shared, true);
+                self.forget(key, |local| local.shared = local.shared.saturating_sub(1));
+                ours
+            }
+            Held::Permit { slot, .. } => {
+                let slot_ours = self.let_go(slot, Lock::Exclusive, true);
+                self.forget(key, |local| local.slots.retain(|s| *s != slot));
+                self.release_hold(key, Held::Shared) && slot_ours
+            }
+        }
+    }
+
+    /// Unlocks `key` (`lock` says how it is held), which this session holds
+    /// if `held`, trying again after a failure; if it cannot, resets the
+    /// session, which makes the server drop the lock (and every other lock
+    /// of the session: their heartbeats then report them lost). Whether
+    /// the lock was this session's to the end.
+    ///
+    /// The session thread's count ([`Local`](super::connection::Local))
+    /// keeps its own holders apart on the server: at most one attempt or
+    /// lock per exclusive key (the name's key, a permit slot, the intent
+    /// key) is ever on the session, so an unlock never takes away a lock
+    /// that someone else is counting on; shared holds of the name's key
+    /// are counted by the server.
+    pub(super) fn let_go(&mut self, key: i64, lock: Lock, held: bool) -> bool {
+        let statement = match lock {
+            Lock::Exclusive => "SELECT pg_advisory_unlock($1)",
+            Lock::Shared => "SELECT pg_advisory_unlock_shared($1)",
+        };
+        let mut failure = String::new();
+        let mut ours = held;
+        for _ in 0..UNLOCK_TRIES {
+            // A closed connection has already dropped the lock.
+            let Some(client) = self.live() else {
+                self.drop_connection();
+                return false;
+            };
+            match client.query_one(statement, &[&key]) {
+                Ok(row) if row.get::<_, bool>(0) => return true,
+                Ok(_) if !held => return false,
+                Ok(_) => {
+                    ours = false;
+                    failure = "the server says the session does not hold it".to_owned();
+                }
+                Err(error) => failure = error.to_string(),
+            }
+        }
+        if self.live().is_some() {
+            tracing::warn!(
+                key,
+                error = failure,
+                "cannot release an advisory lock; resetting the PostgreSQL session, \
+                 which releases every lock on it"
+            );
+        }
+        self.drop_connection();
+        ours
+    }
+
+    pub(super) fn unlock(
+        &mut self,
+        name: &str,
+        key: i64,
+        held: Held,
+        id: &str,
+        generation: u64,
+    ) -> Result<bool> {
+        if generation != self.generation || self.client.is_none() {
+            return Ok(false);
+        }
+        if held != Held::Exclusive {
+            self.delete_row(name, id);
+        }
+        let released = self.release_hold(key, held);
+        if let Some(client) = self.live() {
+            // Waiters elsewhere also poll: a lost notification only
+            // delays them.
+            if let Err(error) = client.query_one("SELECT pg_notify('leasehold', $1)", &[&name]) {
+                tracing::debug!(lock = name, %error, "cannot notify waiters");
+            }
+        }
+        Ok(released)
+    }
+
+    /// Deletes a shared or permit holder's row, waiting at most
+    /// [`ROW_PATIENCE_MS`] for the table. A row left behind shows nobody
+    /// once the session stops holding the name, and is cleaned up by the
+    /// next session that starts.
+    fn delete_row(&mut self, name: &str, id: &str) {
+        // Our own acquisition id: a UUID, safe to put in the statement,
+        // which then takes one round trip.
+        if !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            tracing::warn!(lock = name, id, "not a holder id; its row stays");
+            return;
+        }
+        let Some(client) = self.live() else { return };
+        let deleted = client.batch_execute(&format!(
+            "BEGIN; SET LOCAL statement_timeout = {ROW_PATIENCE_MS};
+             DELETE FROM leasehold_holders WHERE id = '{id}'; COMMIT"
+        ));
+        if let Err(error) = deleted {
+            tracing::debug!(lock = name, %error, "cannot delete a holder row");
+            if client.batch_execute("ROLLBACK").is_err() {
+                self.drop_connection();
+            }
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! Shared locks and semaphore permits: the name's key taken shared (unless
+//! an exclusive waiter announced itself), a permit slot, and the holder's
+//! row in `leasehold_holders`, unless the name is held as another kind.
+
+use std::time::{Duration, Instant};
+
+use postgres::Client;
+use postgres::error::SqlState;
+
+use super::connection::{BUSY, Held, Session, Try, pg_error};
+use super::fence::{TOKEN_BLOCK, tokens};
+use super::release::Lock;
+use super::tables::{granted, kind_columns, kind_of, live};
+use crate::backend::{Mode, Tokens};
+use crate::error::{Error, Result};
+use crate::postgres::{Keys, slot_key};
+use crate::record::OwnRecord;
+
+/// How many permit slots one statement tries.
+const SLOT_BATCH: u32 = 64;
+
+/// A shared or permit acquisition: first probes the intent key `$2`
+/// (taken exclusively by a waiting exclusive acquisition) with a shared
+/// lock let go at once, then takes the name's key `$1` shared. `NULL`: an
+/// exclusive acquisition waits; `false`: held exclusively; `true`: taken.
+const JOIN_KEY: &str = "SELECT CASE
+    WHEN NOT pg_try_advisory_lock_shared($2) THEN NULL
+    WHEN NOT pg_advisory_unlock_shared($2) THEN NULL
+    ELSE pg_try_advisory_lock_shared($1) END";
+
+/// Takes the first free slot among the keys `$1`. `Limit` pulls one row at
+/// a time from the scan and stops at the first that passes the filter, so
+/// exactly one lock is taken when any is free.
+const TAKE_SLOT: &str =
+    "SELECT s.k FROM unnest($1::bigint[]) AS s(k) WHERE pg_try_advisory_lock(s.k) LIMIT 1";
+
+/// A live holder of the name `$1` of another kind than `$2` (`'shared'`
+/// or `'semaphore'`) with `$3` permits. `pg_locks` is read only for rows
+/// of another kind (the cheap conditions go first).
+macro_rules! other_kind {
+    () => {
+        concat!(
+            "SELECT h.mode, h.permits FROM leasehold_holders h
+             WHERE h.name = $1 AND NOT (h.mode = $2 AND h.permits IS NOT DISTINCT FROM $3::bigint) AND ",
+            live!(),
+            " LIMIT 1"
+        )
+    };
+}
+
+const OTHER_KIND: &str = other_kind!();
+
+/// Records a shared holder (parameters: name, mode, permits, id, key,
+/// slot, holder_id, hostname, pid) unless the name is held as another
+/// kind; its token is the name's fencing counter as it stands. Answers
+/// the other kind, or the token.
+const JOIN_SHARED: &str = concat!(
+    "WITH other AS (",
+    other_kind!(),
+    "), mine AS (
+        INSERT INTO leasehold_holders
+            (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token)
+        SELECT $4::text, $1::text, $5::bigint, $2::text, $3::bigint, $6::bigint, $7::text, $8::text,
+            $9::integer, now(), pg_backend_pid(),
+            COALESCE((SELECT l.fencing_token FROM leasehold_locks l WHERE l.name = $1), 0)
+        WHERE NOT EXISTS (SELECT 1 FROM other)
+        RETURNING holder_token)
+    SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token FROM mine)"
+);
+
+/// Records a permit holder (parameters as [`JOIN_SHARED`], and the token
+/// block `$10`) unless the name is held as another kind (a semaphore of
+/// another count included), reserving a block of fencing tokens. Answers
+/// the other kind, or the block's last token.
+const JOIN_PERMIT: &str = concat!(
+    "WITH other AS (",
+    other_kind!(),
+    "), counter AS (
+        INSERT INTO leasehold_locks AS l (name, key, fencing_token)
+        SELECT $1::text, $5::bigint, $10::bigint WHERE NOT EXISTS (SELECT 1 FROM other)
+        ON CONFLICT (name) DO UPDATE SET fencing_token = l.fencing_token + $10
+        RETURNING l.fencing_token
+    ), mine AS (
+        INSERT INTO leasehold_holders
+            (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token)
+        SELECT $4::text, $1::text, $5::bigint, $2::text, $3::bigint, $6::bigint, $7::text, $8::text,
+            $9::integer, now(), pg_backend_pid(),
+            c.fencing_token - $10 + 1
+        FROM counter c
+        RETURNING holder_token)
+    SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token + $10 - 1 FROM mine)"
+);
+
+/// How a kind of holding reads in an [`Error::KindMismatch`].
+fn describe(mode: Mode) -> String {
+    match mode {
+        Mode::Permit(n) => format!("a semaphore of {n} permits"),
+        other => other.as_str().to_owned(),
+    }
+}
+
+fn mismatch(name: &str, held: Mode, asked: Mode) -> Error {
+    Error::KindMismatch {
+        name: name.to_owned(),
+        held: describe(held),
+        asked: describe(asked),
+    }
+}
+
+impl Session {
+    /// A shared or permit attempt: the name's key shared (unless an
+    /// exclusive waiter announced itself), a permit slot, then the holder
+    /// row, unless the name is held as another kind.
+    pub(super) fn try_join(
+        &mut self,
+        name: &str,
+        keys: Keys,
+        mode: Mode,
+        owner: &OwnRecord,
+        until: Instant,
+    ) -> Result<Try> {
+        let key = keys.name;
+        if self
+            .locals
+            .get(&key)
+            .is_some_and(|local| local.exclusive || local.announced)
+        {
+            return Ok(BUSY);
+        }
+        let joined = self.client()?.query_one(JOIN_KEY, &[&key, &keys.intent]);
+        let joined: Option<bool> = match joined {
+            Ok(row) => row.get(0),
+            Err(e) => {
+                // This session never holds the intent key shared otherwise.
+                self.let_go(keys.intent, Lock::Shared, false);
+                self.unsure(key);
+                return Err(pg_error("take a shared advisory lock")(e));
+            }
+        };
+        if joined != Some(true) {
+            return Ok(BUSY);
+        }
+        self.local(key).shared += 1;
+        let mut held = Held::Shared;
+        if let Mode::Permit(permits) = mode {
+            match self.take_slot(name, key, permits, until) {
+                Ok(Some(slot)) => held = Held::Permit { permits, slot },
+                Ok(None) => {
+                    self.release_hold(key, Held::Shared);
+                    // Full, or held as another kind: say which.
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(BUSY);
+                    }
+                    return match self.other_kind(name, mode, left)? {
+                        Some(other) => Err(mismatch(name, other, mode)),
+                        None => Ok(BUSY),
+                    };
+                }
+                Err(e) => {
+                    self.release_hold(key, Held::Shared);
+                    return Err(e);
+                }
+            }
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        let joined = if left.is_zero() {
+            Ok(None)
+        } else {
+            self.join(name, keys, held, owner, left)
+        };
+        match joined {
+            Ok(Some(Ok(tokens))) => Ok(Try::Taken(held, tokens)),
+            Ok(Some(Err(other))) => {
+                self.release_hold(key, held);
+                Err(mismatch(name, other, mode))
+            }
+            Ok(None) => {
+                self.release_hold(key, held);
+                Ok(BUSY)
+            }
+            Err(e) => {
+                self.release_hold(key, held);
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes a free permit slot of `name` (the keys `slot_key(name, i)`,
+    /// `i < permits`, a batch per statement), skipping this session's own;
+    /// `None` if every one is taken.
+    fn take_slot(&mut self, name: &str, key: i64, permits: u32, until: Instant) -> Result<Option<i64>> {
+        let mine = self
+            .locals
+            .get(&key)
+            .map(|local| local.slots.clone())
+            .unwrap_or_default();
+        let mut start = 0;
+        while start < permits {
+            if Instant::now() >= until {
+                return Ok(None);
+            }
+            let end = start.saturating_add(SLOT_BATCH).min(permits);
+            let batch: Vec<i64> = (start..end)
+                .map(|i| slot_key(name, i))
+                .filter(|slot| !mine.contains(slot))
+                .collect();
+            start = end;
+            if batch.is_empty() {
+                continue;
+            }
+            match self.same("take a permit slot")?.query_opt(TAKE_SLOT, &[&batch]) {
+                Ok(Some(row)) => {
+                    let slot: i64 = row.get(0);
+                    self.local(key).slots.push(slot);
+                    return Ok(Some(slot));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    // Any of them may have been granted; none was ours.
+                    for slot in batch {
+                        self.let_go(slot, Lock::Exclusive, false);
+                    }
+                    return Err(pg_error("take a permit slot")(e));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Records a shared or permit holder, unless the name is held as
+    /// another kind: its first block of tokens, or the other kind. `None`
+    /// when `left` ran out.
+    ///
+    /// Recording runs under the name's join lock (a transaction-level
+    /// advisory lock), so two holders of different kinds cannot both find
+    /// the other absent: of two acquisitions of different kinds, the later
+    /// one sees the earlier one's row.
+    fn join(
+        &mut self,
+        name: &str,
+        keys: Keys,
+        held: Held,
+        owner: &OwnRecord,
+        left: Duration,
+    ) -> Result<Option<std::result::Result<Tokens, Mode>>> {
+        let (mode, permits) = kind_columns(held.mode());
+        let slot = match held {
+            Held::Permit { slot, .. } => Some(slot),
+            _ => None,
+        };
+        let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
+        let (id, holder_id, hostname) = (&owner.uuid, &owner.holder_id, &owner.hostname);
+        let key = keys.name;
+        self.transaction(Some(keys.join), left, "record a shared holder", |client| {
+            let row = match held {
+                Held::Permit { .. } => client.query_one(
+                    JOIN_PERMIT,
+                    &[
+                        &name,
+                        &mode,
+                        &permits,
+                        id,
+                        &key,
+                        &slot,
+                        holder_id,
+                        hostname,
+                        &pid,
+                        &TOKEN_BLOCK,
+                    ],
+                )?,
+                _ => client.query_one(
+                    JOIN_SHARED,
+                    &[&name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid],
+                )?,
+            };
+            let other: Option<String> = row.get(0);
+            if let Some(other) = other {
+                return Ok(Err(kind_of(&other, row.get(1))));
+            }
+            let token: i64 = row.get::<_, Option<i64>>(2).unwrap_or(0);
+            Ok(Ok(match held {
+                Held::Permit { .. } => tokens(token),
+                _ => {
+                    // The counter as it stands: no less than any exclusive
+                    // holder's token before us, less than any after us.
+                    let now = u64::try_from(token).unwrap_or(0);
+                    Tokens { next: now, last: now }
+                }
+            }))
+        })
+    }
+
+    /// A live holder of `name` of another kind than `mode`, if any.
+    fn other_kind(&mut self, name: &str, mode: Mode, left: Duration) -> Result<Option<Mode>> {
+        let (mode, permits) = kind_columns(mode);
+        let other = self.transaction(None, left, "look for holders of another kind", |client| {
+            let row = client.query_opt(OTHER_KIND, &[&name, &mode, &permits])?;
+            Ok(row.map(|row| kind_of(row.get(0), row.get(1))))
+        })?;
+        Ok(other.flatten())
+    }
+
+    /// Runs `op` in a transaction under a `statement_timeout` of `left`,
+    /// first taking the transaction-level advisory lock `join` if given;
+    /// `None` when the timeout ran out. Nothing of a failed `op` stays.
+    fn transaction<T>(
+        &mut self,
+        join: Option<i64>,
+        left: Duration,
+        op: &'static str,
+        body: impl FnOnce(&mut Client) -> std::result::Result<T, postgres::Error>,
+    ) -> Result<Option<T>> {
+        let ms = left.as_millis().clamp(1, i32::MAX as u128);
+        let mut begin = format!("BEGIN; SET LOCAL statement_timeout = {ms}");
+        if let Some(join) = join {
+            begin.push_str(&format!("; SELECT pg_advisory_xact_lock({join})"));
+        }
+        let client = self.same(op)?;
+        let result = client.batch_execute(&begin).and_then(|()| body(client));
+        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        if let Err(error) = client.batch_execute(end) {
+            // Whether it committed is unknown. A fresh session drops this
+            // one's advisory locks, so a row that did commit names a holder
+            // that holds nothing: it is never shown, and is cleaned up.
+            if !client.is_closed() {
+                tracing::warn!(%error, "cannot end a transaction; resetting the PostgreSQL session");
+            }
+            self.drop_connection();
+            return Err(pg_error("end a transaction")(error));
+        }
+        match result {
+            Ok(value) => Ok(Some(value)),
+            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(None),
+            Err(e) => Err(pg_error(op)(e)),
+        }
+    }
+}

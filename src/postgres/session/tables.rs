@@ -1,0 +1,107 @@
+//! The owner tables, `leasehold_locks` (exclusive holders and every name's
+//! fencing counter) and `leasehold_holders` (shared holders and permit
+//! holders): their schema, when a row names a live holder, and how a kind
+//! of holding is spelled in them.
+
+use crate::backend::Mode;
+
+pub(super) const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS leasehold_locks (
+        name text PRIMARY KEY,
+        key bigint NOT NULL,
+        fencing_token bigint NOT NULL DEFAULT 0,
+        holder_id text,
+        hostname text,
+        pid integer,
+        acquired_at timestamptz,
+        backend_pid integer,
+        holder_token bigint
+    );
+    ALTER TABLE leasehold_locks ADD COLUMN IF NOT EXISTS holder_token bigint;
+    CREATE TABLE IF NOT EXISTS leasehold_holders (
+        id text PRIMARY KEY,
+        name text NOT NULL,
+        key bigint NOT NULL,
+        mode text NOT NULL,
+        permits bigint,
+        slot bigint,
+        holder_id text,
+        hostname text,
+        pid integer,
+        acquired_at timestamptz,
+        backend_pid integer NOT NULL,
+        holder_token bigint
+    );
+    CREATE INDEX IF NOT EXISTS leasehold_holders_name ON leasehold_holders (name);";
+
+/// `pg_locks` has a row for a granted advisory lock on `$key` (the
+/// one-`bigint` form, `objsubid` 1) in this database.
+macro_rules! granted {
+    ($key:literal) => {
+        concat!(
+            "k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+             AND k.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+             AND k.classid::bigint = ((",
+            $key,
+            " >> 32) & 4294967295) AND k.objid::bigint = (",
+            $key,
+            " & 4294967295)"
+        )
+    };
+}
+
+pub(super) use granted;
+
+/// An exclusive holder's row (`l`) in `leasehold_locks` names a holder
+/// that holds the lock: its session holds the name's key exclusively.
+macro_rules! held {
+    () => {
+        concat!(
+            "EXISTS (SELECT 1 FROM pg_locks k WHERE ",
+            granted!("l.key"),
+            " AND k.mode = 'ExclusiveLock' AND k.pid = l.backend_pid)"
+        )
+    };
+}
+
+pub(super) use held;
+
+/// A shared holder's or permit holder's row (`h`) in `leasehold_holders`
+/// names a holder that holds the lock: its session holds the name's key
+/// shared.
+macro_rules! live {
+    () => {
+        concat!(
+            "EXISTS (SELECT 1 FROM pg_locks k WHERE ",
+            granted!("h.key"),
+            " AND k.mode = 'ShareLock' AND k.pid = h.backend_pid)"
+        )
+    };
+}
+
+pub(super) use live;
+
+/// Rows of `leasehold_holders` whose holder holds nothing any more (it
+/// died without deleting its row), and rows a dead session with our
+/// process id left (the pid was reused: they would look live to us).
+pub(super) const TIDY: &str = concat!(
+    "DELETE FROM leasehold_holders h WHERE h.backend_pid = pg_backend_pid() OR NOT ",
+    live!()
+);
+
+/// A kind of holding as `leasehold_holders` spells it.
+pub(super) fn kind_columns(mode: Mode) -> (&'static str, Option<i64>) {
+    match mode {
+        Mode::Permit(n) => ("semaphore", Some(i64::from(n))),
+        other => (other.as_str(), None),
+    }
+}
+
+/// The kind of holding a row says.
+pub(super) fn kind_of(mode: &str, permits: Option<i64>) -> Mode {
+    match (mode, permits) {
+        ("exclusive", _) => Mode::Exclusive,
+        ("semaphore", Some(n)) => Mode::Permit(u32::try_from(n).unwrap_or(0)),
+        _ => Mode::Shared,
+    }
+}
