@@ -104,7 +104,12 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
         }
         // dir name: wait for `name` exclusively (announcing) until killed.
         "wait_exclusive" => {
-            let l = locker(&args[0], strategy_from_env(), Duration::from_millis(3000), Duration::from_millis(1000));
+            let l = locker(
+                &args[0],
+                strategy_from_env(),
+                Duration::from_millis(3000),
+                Duration::from_millis(1000),
+            );
             say("waiting");
             let _g = l.acquire(&args[1]).await;
             say("acquired");
@@ -128,7 +133,14 @@ impl Kid {
         let mut command = reexec::child_process();
         command
             .env(ROLE_ENV, role)
-            .env(STRATEGY_ENV, if strategy == Strategy::Directory { "dir" } else { "file" })
+            .env(
+                STRATEGY_ENV,
+                if strategy == Strategy::Directory {
+                    "dir"
+                } else {
+                    "file"
+                },
+            )
             .env(ARGS_ENV, args.join("\u{1f}"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -225,7 +237,11 @@ fn marker_never_shows_an_expired_lease_while_a_live_reader_holds() {
         let guard = rt.block_on(reader.acquire_shared("catalog")).unwrap();
         let path = reader.lock_path("catalog").unwrap();
         let marker = read_marker(&path, strategy).expect("marker");
-        assert_eq!(marker["pid"].as_u64(), Some(u64::from(rep.pid())), "the first joiner represents");
+        assert_eq!(
+            marker["pid"].as_u64(),
+            Some(u64::from(rep.pid())),
+            "the first joiner represents"
+        );
         // Out of phase with the reader's renewals.
         std::thread::sleep(Duration::from_millis(250));
         rep.signal(Signal::SIGSTOP);
@@ -286,9 +302,19 @@ fn cancelled_shared_and_permit_acquisitions_keep_the_promise() {
         rt.block_on(async {
             let mut set = tokio::task::JoinSet::new();
             for i in 0..8u64 {
-                let l = locker(&d, strategy, Duration::from_millis(3000), Duration::from_millis(1000));
-                let (readers, writers, permits, bad, done) =
-                    (readers.clone(), writers.clone(), permits.clone(), bad.clone(), done.clone());
+                let l = locker(
+                    &d,
+                    strategy,
+                    Duration::from_millis(3000),
+                    Duration::from_millis(1000),
+                );
+                let (readers, writers, permits, bad, done) = (
+                    readers.clone(),
+                    writers.clone(),
+                    permits.clone(),
+                    bad.clone(),
+                    done.clone(),
+                );
                 set.spawn(async move {
                     let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (i * 7919);
                     let mut rnd = move || {
@@ -401,7 +427,12 @@ fn a_leaving_representative_hands_the_marker_to_a_renewing_holder() {
         rep.expect("acquired", Duration::from_secs(30));
         let frozen = Kid::spawn(strategy, "hold_shared", &[d, "catalog", "3000", "200"]);
         frozen.expect("acquired", Duration::from_secs(30));
-        let reader = locker(d, strategy, Duration::from_millis(3000), Duration::from_millis(200));
+        let reader = locker(
+            d,
+            strategy,
+            Duration::from_millis(3000),
+            Duration::from_millis(200),
+        );
         let guard = rt.block_on(reader.acquire_shared("catalog")).unwrap();
         let path = reader.lock_path("catalog").unwrap();
         frozen.signal(Signal::SIGSTOP);
@@ -444,13 +475,27 @@ fn a_dead_waiters_record_makes_a_second_member_for_one_locker() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let strategy = Strategy::ExclusiveFile;
-    let reader = locker(d, strategy, Duration::from_millis(3000), Duration::from_millis(1000));
+    let reader = locker(
+        d,
+        strategy,
+        Duration::from_millis(3000),
+        Duration::from_millis(1000),
+    );
     let first = rt.block_on(reader.acquire_shared("catalog")).unwrap();
-    let members = PathBuf::from(format!("{}.members", reader.lock_path("catalog").unwrap().display()));
+    let members = PathBuf::from(format!(
+        "{}.members",
+        reader.lock_path("catalog").unwrap().display()
+    ));
     let count = |prefix: &str| {
         std::fs::read_dir(&members)
             .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(prefix))
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(prefix)
+            })
             .count()
     };
     let waiter = Kid::spawn(strategy, "wait_exclusive", &[d, "catalog"]);
