@@ -397,6 +397,13 @@ fn cancelled_shared_and_permit_acquisitions_keep_the_promise() {
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| !n.ends_with(".fence"))
+            // A cancelled writer whose announcement's drop found the
+            // directory busy leaves its group's members directory empty
+            // (documented: `clean` or the next group takes it): harmless.
+            .filter(|n| {
+                !(n.ends_with(".members")
+                    && std::fs::read_dir(dir.path().join(n)).is_ok_and(|mut d| d.next().is_none()))
+            })
             .collect();
         left.sort();
         eprintln!("{strategy:?}: {} acquisitions; left {left:?}", done.load(SeqCst));

@@ -82,6 +82,12 @@ impl Sign {
     /// Re-signs the marker with our record if the holder it names is gone
     /// and we still hold.
     fn resign(&self) -> Result<()> {
+        // Most events are joins, leaves and renewals, not deaths: look
+        // first without the directory lock (and without holding up the
+        // processes that work under it), then again under it.
+        if !self.marker_names_the_dead()? {
+            return Ok(());
+        }
         let ctx = &self.ctx;
         // On the watcher thread: never hold up its wake-ups for long. A
         // busy directory means another process is at work; this holder's
@@ -95,24 +101,38 @@ impl Sign {
         if !matches!(judge_entry(ctx, &dir, &self.file_name)?, Some(e) if e.live) {
             return Ok(());
         }
+        if !self.marker_names_the_dead()? {
+            return Ok(());
+        }
         let Some(found) = Found::open(ctx, &self.name)? else {
             return Ok(());
         };
-        let Some(marked) = marker(&found.parsed).filter(|r| r.group == self.group) else {
-            return Ok(());
-        };
-        let named = marked.uuid.as_ref().map(|uuid| format!("{MEMBER}{uuid}{JSON}"));
-        if named.as_deref() == Some(self.file_name.as_str()) {
-            return Ok(());
-        }
-        let alive = match &named {
-            Some(named) => judge_entry(ctx, &dir, named)?.is_some_and(|e| e.live),
-            None => false,
-        };
-        if !alive {
+        if marker(&found.parsed).is_some_and(|r| r.group == self.group) {
             let bytes = self.bytes.lock().unwrap_or_else(|e| e.into_inner()).clone();
             write_marker(ctx, &self.name, &found, &bytes)?;
         }
         Ok(())
+    }
+
+    /// Whether our group's marker names a holder that is not alive (and
+    /// not us).
+    fn marker_names_the_dead(&self) -> Result<bool> {
+        let ctx = &self.ctx;
+        let Some(found) = Found::open(ctx, &self.name)? else {
+            return Ok(false);
+        };
+        let Some(marked) = marker(&found.parsed).filter(|r| r.group == self.group) else {
+            return Ok(false);
+        };
+        let Some(named) = marked.uuid.as_ref().map(|uuid| format!("{MEMBER}{uuid}{JSON}")) else {
+            return Ok(true);
+        };
+        if named == self.file_name {
+            return Ok(false);
+        }
+        let Some(dir) = open_members(ctx, &self.name)? else {
+            return Ok(false);
+        };
+        Ok(!judge_entry(ctx, &dir, &named)?.is_some_and(|e| e.live))
     }
 }

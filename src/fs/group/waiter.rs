@@ -91,10 +91,10 @@ impl Drop for Announcement {
     /// it empty (under the mutation lock: a joiner may be about to use it).
     fn drop(&mut self) {
         let _ = syscall::unlink_at(&self.dir, self.file_name.as_str());
-        // Never waits: this runs on a runtime thread (or the renewal
-        // thread). A directory left behind goes with the next leaver, or
+        // Waits at most a few milliseconds: this runs on a runtime thread
+        // (or the renewal thread). A directory left behind goes with the next leaver, or
         // `clean`.
-        if let Ok(_mutation) = self.ctx.dir.mutation_lock_within(Duration::ZERO) {
+        if let Ok(_mutation) = self.ctx.dir.mutation_lock_within(Duration::from_millis(5)) {
             let empty = syscall::list_at(&self.dir).is_ok_and(|names| names.is_empty());
             if empty {
                 remove_members_dir(&self.ctx, &members_dir(self.name.file_name()));
