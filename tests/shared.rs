@@ -301,3 +301,18 @@ async fn a_steady_stream_of_local_readers_does_not_starve_a_writer_elsewhere() {
         assert!(waited < Duration::from_secs(3), "{strategy:?}: waited {waited:?}");
     }
 }
+
+#[test]
+fn a_semaphore_is_a_shareable_handle() {
+    fn assert_handle<T: Clone + Send + Sync + std::fmt::Debug + 'static>() {}
+    assert_handle::<leasehold::Semaphore>();
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    match locker.semaphore("gpu", 0) {
+        Err(Error::InvalidConfig { reason }) => assert!(reason.contains("permit"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(locker.semaphore("", 2), Err(Error::InvalidName { .. })));
+    let gpu = locker.semaphore("gpu", 3).unwrap();
+    assert_eq!((gpu.name(), gpu.permits()), ("gpu", 3));
+}
