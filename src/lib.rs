@@ -234,6 +234,7 @@
 mod acquire;
 mod backend;
 mod builder;
+mod closure;
 mod engine;
 mod error;
 mod fs;
