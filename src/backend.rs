@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::{Instant, SystemTime};
 
-use crate::error::{LossReason, Result};
+use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
 use crate::owner::Owner;
 use crate::record::OwnRecord;
@@ -42,6 +42,25 @@ impl Mode {
             Mode::Exclusive => "exclusive",
             Mode::Shared => "shared",
             Mode::Permit(_) => "semaphore",
+        }
+    }
+
+    /// The error for an acquisition of `name` as `self` while the name is
+    /// held as `held`.
+    pub(crate) fn mismatch(self, name: &str, held: Mode) -> Error {
+        Error::KindMismatch {
+            name: name.to_owned(),
+            held: held.describe(),
+            asked: self.describe(),
+        }
+    }
+
+    /// How this kind of holding reads in an error.
+    fn describe(self) -> String {
+        match self {
+            Mode::Permit(1) => "a semaphore of 1 permit".to_owned(),
+            Mode::Permit(n) => format!("a semaphore of {n} permits"),
+            other => other.as_str().to_owned(),
         }
     }
 }

@@ -243,11 +243,7 @@ impl Engine {
                 Mode::Exclusive => Error::WouldDeadlock {
                     name: name.as_str().to_owned(),
                 },
-                _ => Error::KindMismatch {
-                    name: name.as_str().to_owned(),
-                    held: describe(held),
-                    asked: describe(mode),
-                },
+                _ => mode.mismatch(name.as_str(), held),
             }));
         }
         let guard = grant.guard()?;
@@ -449,14 +445,6 @@ impl Engine {
 struct Announced {
     _registration: Option<crate::renew::Registration>,
     _announcement: Arc<dyn crate::renew::Renewable>,
-}
-
-/// How a kind of holding reads in an [`Error::KindMismatch`].
-fn describe(mode: Mode) -> String {
-    match mode {
-        Mode::Permit(n) => format!("a semaphore of {n} permits"),
-        other => other.as_str().to_owned(),
-    }
 }
 
 pub(crate) fn far_future() -> Instant {

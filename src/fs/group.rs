@@ -53,23 +53,6 @@ pub(super) fn members_dir(file_name: &str) -> String {
     format!("{file_name}.members")
 }
 
-/// How `mode` reads in a [`Error::KindMismatch`].
-fn describe(mode: Option<&str>, permits: Option<u64>) -> String {
-    match (mode, permits) {
-        (Some("semaphore"), Some(n)) => format!("a semaphore of {n} permits"),
-        (Some("shared"), _) => "shared".to_owned(),
-        (Some(other), _) => format!("{other:?}"),
-        (None, _) => "exclusive".to_owned(),
-    }
-}
-
-fn describe_mode(mode: Mode) -> String {
-    match mode {
-        Mode::Permit(n) => describe(Some("semaphore"), Some(u64::from(n))),
-        other => describe(Some(other.as_str()), None),
-    }
-}
-
 /// Whether a record's kind is `mode`.
 fn same_kind(record: &Record, mode: Mode) -> bool {
     match mode {
@@ -458,12 +441,14 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
     };
     let found = Found::open(ctx, name)?;
     let mut group = None;
-    let marked = found.is_some();
+    // The marker's kind: whether it is ours, and what it is.
+    let mut kind = None;
     if let Some(found) = &found {
-        let Some(marked) = marker(&found.parsed) else {
+        let Some(record) = marker(&found.parsed) else {
             return Ok(Joined::NotShared);
         };
-        group = marked.group.clone();
+        group = record.group.clone();
+        kind = Some((same_kind(record, mode), mode_of(record)));
     }
     let dir_name = members_dir(name.file_name());
     let dir = ensure_members(ctx, name)?;
@@ -471,19 +456,14 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
     let mut scan = scan(ctx, &dir, &path)?;
     remove_dead(ctx, &dir, &mut scan);
     let live: Vec<&Entry> = scan.live_members().collect();
-    if let Some(found) = &found {
-        let marked = marker(&found.parsed).expect("checked above");
+    if let (Some(found), Some((same, held))) = (&found, kind) {
         if live.is_empty() {
             // Nobody holds it any more: remove the marker and start anew.
             remove_marker(ctx, name, found, mutation)?;
             return Ok(Joined::Again);
         }
-        if !same_kind(marked, mode) {
-            return Err(Error::KindMismatch {
-                name: name.as_str().to_owned(),
-                held: describe(marked.mode.as_deref(), marked.permits),
-                asked: describe_mode(mode),
-            });
+        if !same {
+            return Err(mode.mismatch(name.as_str(), held));
         }
     }
     // Holders of another kind whose marker was removed under them still
@@ -493,11 +473,7 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
         .filter_map(|e| e.record())
         .find(|r| !same_kind(r, mode))
     {
-        return Err(Error::KindMismatch {
-            name: name.as_str().to_owned(),
-            held: describe(other.mode.as_deref(), other.permits),
-            asked: describe_mode(mode),
-        });
+        return Err(mode.mismatch(name.as_str(), mode_of(other)));
     }
     let busy = || Joined::Busy {
         owner: live.first().map(|e| Owner::from_parsed(&e.parsed)),
@@ -528,7 +504,6 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
         member.marker = Some(node);
         return Ok(Joined::Member(Box::new(member)));
     }
-    debug_assert!(!marked);
     let mut member = Member::create(ctx, name, mode, group, dir)?;
     // First holder (or the first since the marker was removed under the
     // holders): mark the lock path.

@@ -12,7 +12,7 @@ use super::fence::{TOKEN_BLOCK, tokens};
 use super::release::Lock;
 use super::tables::{granted, kind_columns, kind_of, live};
 use crate::backend::{Mode, Tokens};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::postgres::{Keys, slot_key};
 use crate::record::OwnRecord;
 
@@ -91,22 +91,6 @@ const JOIN_PERMIT: &str = concat!(
     SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token + $10 - 1 FROM mine)"
 );
 
-/// How a kind of holding reads in an [`Error::KindMismatch`].
-fn describe(mode: Mode) -> String {
-    match mode {
-        Mode::Permit(n) => format!("a semaphore of {n} permits"),
-        other => other.as_str().to_owned(),
-    }
-}
-
-fn mismatch(name: &str, held: Mode, asked: Mode) -> Error {
-    Error::KindMismatch {
-        name: name.to_owned(),
-        held: describe(held),
-        asked: describe(asked),
-    }
-}
-
 impl Session {
     /// A shared or permit attempt: the name's key shared (unless an
     /// exclusive waiter announced itself), a permit slot, then the holder
@@ -153,7 +137,7 @@ impl Session {
                         return Ok(BUSY);
                     }
                     return match self.other_kind(name, mode, left)? {
-                        Some(other) => Err(mismatch(name, other, mode)),
+                        Some(other) => Err(mode.mismatch(name, other)),
                         None => Ok(BUSY),
                     };
                 }
@@ -173,7 +157,7 @@ impl Session {
             Ok(Some(Ok(tokens))) => Ok(Try::Taken(held, tokens)),
             Ok(Some(Err(other))) => {
                 self.release_hold(key, held);
-                Err(mismatch(name, other, mode))
+                Err(mode.mismatch(name, other))
             }
             Ok(None) => {
                 self.release_hold(key, held);
