@@ -235,11 +235,37 @@ impl Drop for Grant {
 
 impl LockGuard {
     /// The lock name, as given to `acquire`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("reports/nightly").await?;
+    /// assert_eq!(guard.name(), "reports/nightly");
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> &str {
         self.lease.name()
     }
 
-    /// The record written when the lock was taken from the disk.
+    /// The record written when the lock was taken from the disk (or the
+    /// server): what other processes see as the holder, through
+    /// [`Locker::holder`](crate::Locker::holder).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("reindex").await?;
+    /// assert_eq!(guard.owner().pid(), Some(std::process::id()));
+    /// let seen = locker.holder("reindex").await?.expect("held");
+    /// assert_eq!(seen.uuid(), guard.owner().uuid());
+    /// # Ok(()) }
+    /// ```
     pub fn owner(&self) -> &Owner {
         self.lease.owner()
     }
@@ -299,6 +325,22 @@ impl LockGuard {
     /// the lease has come within its safety margin of running out without
     /// a renewal, whether or not the renewal thread has run. It does not
     /// touch the disk; [`ensure_held`](Self::ensure_held) does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("reindex").await?;
+    /// assert!(!guard.is_lost());
+    ///
+    /// // Someone removes the lock file behind the holder's back.
+    /// std::fs::remove_file(locker.lock_path("reindex")?).unwrap();
+    /// assert!(guard.ensure_held().await.is_err());
+    /// assert!(guard.is_lost());
+    /// # Ok(()) }
+    /// ```
     pub fn is_lost(&self) -> bool {
         self.lease.is_lost()
     }

@@ -37,7 +37,15 @@
 //! events (inotify), with polling as a safety net, and use no CPU while they
 //! wait. [`Locker::stats`] counts what happened.
 //!
-//! The owner record is a JSON object that both systems leasehold descends from understand:
+//! leasehold descends from two lock systems and reads and honours their lock
+//! files: velocious's `AdvisoryLockFileBackend`, a JavaScript backend that
+//! publishes each lock as a directory holding an `owner.json` lease record
+//! (leasehold's directory strategy), and pi-research's `FileLockService`, a
+//! TypeScript service that creates each lock file with `O_EXCL` and judges
+//! its owner by pid and process start time (leasehold's default, exclusive-file
+//! strategy).
+//!
+//! The owner record is a JSON object that both of them understand:
 //!
 //! | field | type | meaning |
 //! |---|---|---|

@@ -135,7 +135,23 @@ impl Locker {
         Self::builder().directory(directory).build()
     }
 
-    /// A builder with default settings.
+    /// A builder with default settings; see [`LockerBuilder`] for each
+    /// setting and its default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .lease(Duration::from_secs(10))
+    ///     .build()?;
+    /// assert_eq!(locker.directory(), dir.path().canonicalize().unwrap());
+    /// # Ok(()) }
+    /// ```
     pub fn builder() -> LockerBuilder {
         LockerBuilder::default()
     }
@@ -148,6 +164,17 @@ impl Locker {
 
     /// The absolute path of the lock directory (empty for the PostgreSQL
     /// backend, which has none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path().join("locks"))?; // created
+    /// assert!(locker.directory().is_absolute());
+    /// assert!(locker.directory().ends_with("locks"));
+    /// # Ok(()) }
+    /// ```
     pub fn directory(&self) -> &Path {
         self.engine.store.directory().unwrap_or(Path::new(""))
     }

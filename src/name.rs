@@ -184,7 +184,7 @@ mod tests {
     }
 
     #[test]
-    fn matches_the_first_seed() {
+    fn matches_velocious() {
         // sha256("reindex") starts 2ad945a5430f00fa, as node:crypto computes it.
         let n = hashed("reindex").unwrap();
         assert_eq!(n.file_name(), "reindex-2ad945a5430f00fa.lock");

@@ -328,7 +328,7 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn reads_the_second_seeds_layouts() {
+    fn reads_pi_researchs_layouts() {
         let p = parse(br#"{"uuid":"6a1f","pid":4242,"startTime":1764745566123}"#);
         let Parsed::Record(r) = p else { panic!("{p:?}") };
         assert_eq!(r.uuid.as_deref(), Some("6a1f"));
@@ -344,7 +344,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_the_first_seeds_layout() {
+    fn reads_velociouss_layout() {
         let p = parse(
             br#"{"acquiredAt":"2026-12-03T07:06:06.123Z","holderId":"1-2-x","hostname":"h","leaseExpiresAt":"2026-12-03T07:06:36.123Z","pid":7,"host":"0.0.0.0","port":80}"#,
         );

@@ -97,11 +97,36 @@ impl Locker {
 
 impl Semaphore {
     /// The semaphore's name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let uploads = locker.semaphore("uploads", 4)?;
+    /// assert_eq!(uploads.name(), "uploads");
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// How many holders it allows at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let uploads = locker.semaphore("uploads", 2)?;
+    /// assert_eq!(uploads.permits(), 2);
+    /// let _a = uploads.acquire().await?;
+    /// let _b = uploads.acquire().await?;
+    /// assert!(uploads.try_acquire().await?.is_none()); // both permits taken
+    /// # Ok(()) }
+    /// ```
     pub fn permits(&self) -> u32 {
         self.permits
     }

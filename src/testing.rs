@@ -57,6 +57,16 @@ use std::time::Duration;
 use crate::{Error, LockGuard, Locker};
 
 /// Held while a test runs alone; dropping it lets the next test in.
+///
+/// # Examples
+///
+/// ```
+/// let serial: leasehold::testing::SerialGuard = leasehold::testing::blocking_serial("database");
+/// // ... no other test holding "database", in any process, runs now ...
+/// drop(serial); // the next test may go
+/// let again = leasehold::testing::blocking_serial("database");
+/// # drop(again);
+/// ```
 #[derive(Debug)]
 #[must_use = "the test is serialized only while the guard lives"]
 pub struct SerialGuard {

@@ -129,7 +129,7 @@ fn seed2_locker(dir: &Path) -> Locker {
 }
 
 #[tokio::test]
-async fn second_seed_records_are_read_and_judged() {
+async fn pi_research_records_are_read_and_judged() {
     let dir = tempfile::tempdir().unwrap();
     let locker = seed2_locker(dir.path());
     let me = std::process::id();

@@ -756,7 +756,7 @@ fn seed(which: &str, dir: &Path, name: &str, mode: &[&str], within: Duration) ->
 /// `FileLockService` (a plain `<name>.lock` file) cannot take a name
 /// leasehold readers hold, and can once they left.
 #[test]
-fn the_seeds_own_code_cannot_take_a_name_leasehold_readers_hold() {
+fn velocious_and_pi_research_cannot_take_a_name_leasehold_readers_hold() {
     if !node() {
         return;
     }
@@ -798,7 +798,7 @@ fn the_seeds_own_code_cannot_take_a_name_leasehold_readers_hold() {
 /// killed while another still holds, the seeds, which judge the marker by
 /// its pid, must still find the name taken.
 #[test]
-fn the_seeds_own_code_cannot_take_a_name_whose_first_reader_died() {
+fn velocious_and_pi_research_cannot_take_a_name_whose_first_reader_died() {
     if !node() {
         return;
     }
