@@ -135,6 +135,18 @@ impl LockerBuilder {
     /// read-only and `build` fails rather than locking nothing (give such a
     /// unit an explicit, writable directory). Processes of different users
     /// never share the default; give them an explicit directory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locks = dir.path().join("locks"); // created by `build`, mode 0700
+    /// let locker = leasehold::Locker::builder().directory(&locks).build()?;
+    /// assert!(locks.is_dir());
+    /// assert_eq!(locker.directory().file_name(), locks.file_name());
+    /// # Ok(()) }
+    /// ```
     pub fn directory(mut self, path: impl AsRef<Path>) -> Self {
         self.directory = Some(path.as_ref().to_owned());
         self
@@ -147,6 +159,30 @@ impl LockerBuilder {
     ///
     /// At least 200 ms and at most a year; [`build`](Self::build) rejects
     /// others.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .lease(Duration::from_secs(5))
+    ///     .build()?;
+    /// let guard = locker.acquire("report").await?;
+    /// let owner = guard.owner();
+    /// let lease = owner.lease_expires_at().unwrap().duration_since(owner.acquired_at().unwrap());
+    /// assert_eq!(lease.unwrap(), Duration::from_secs(5));
+    ///
+    /// let too_short = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .lease(Duration::from_millis(10))
+    ///     .build();
+    /// assert!(matches!(too_short, Err(leasehold::Error::InvalidConfig { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -169,6 +205,24 @@ impl LockerBuilder {
     /// Keep the number of locks one `Locker` holds at once times that
     /// cost well below the interval: a few thousand locks at a 50 ms
     /// interval, far more at the default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .lease(Duration::from_millis(300))
+    ///     .renew_interval(Duration::from_millis(50))
+    ///     .build()?;
+    /// let guard = locker.acquire("report").await?;
+    /// tokio::time::sleep(Duration::from_millis(700)).await; // over two leases
+    /// guard.ensure_held().await?; // renewed all along
+    /// # Ok(()) }
+    /// ```
     pub fn renew_interval(mut self, interval: Duration) -> Self {
         self.renew_interval = Some(interval);
         self
@@ -179,6 +233,24 @@ impl LockerBuilder {
     /// Linux), waiters wake on the filesystem event that frees the lock,
     /// and check at least every `max(poll_interval, 1 s)` as a safety net
     /// against missed events.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .poll_interval(Duration::from_millis(10))
+    ///     .build()?;
+    ///
+    /// let zero = leasehold::Locker::builder().directory(dir.path()).poll_interval(Duration::ZERO).build();
+    /// assert!(zero.is_err());
+    /// # drop(locker);
+    /// # Ok(()) }
+    /// ```
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self
@@ -187,6 +259,26 @@ impl LockerBuilder {
     /// How long an unreadable record (empty, torn, not a lock record) is
     /// left alone before it may be reclaimed: its writer may be in the
     /// middle of writing it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .unreadable_grace(Duration::from_secs(60))
+    ///     .build()?;
+    ///
+    /// // A lock file whose writer has not written it yet: not stale for 60 s.
+    /// std::fs::write(locker.lock_path("report")?, b"").unwrap();
+    /// assert!(locker.try_acquire("report").await?.is_none());
+    /// let info = locker.inspect("report").await?.expect("present");
+    /// assert!(!info.owner().is_readable() && !info.is_stale());
+    /// # Ok(()) }
+    /// ```
     pub fn unreadable_grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
@@ -197,6 +289,18 @@ impl LockerBuilder {
     /// on real disks; what it costs is only after a power loss, where a
     /// record that never reached the disk reads as unreadable and is
     /// reclaimed after the grace period instead of at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder().directory(dir.path()).durable(false).build()?;
+    /// let guard = locker.acquire("scratch-build").await?; // no fdatasync
+    /// assert!(locker.is_held("scratch-build").await?);
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
     pub fn durable(mut self, durable: bool) -> Self {
         self.durable = durable;
         self
@@ -213,6 +317,22 @@ impl LockerBuilder {
     /// holder whose `flock` is held. One whose owner cannot be checked
     /// (another host or pid namespace, no pid) is still reclaimed 24 hours
     /// after its last change.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// // Trust a pi-research holder that lives for at most ten minutes.
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .foreign_lease(Some(Duration::from_secs(600)))
+    ///     .build()?;
+    /// # drop(locker);
+    /// # Ok(()) }
+    /// ```
     pub fn foreign_lease(mut self, lease: Option<Duration>) -> Self {
         self.foreign_lease = lease;
         self
@@ -228,12 +348,41 @@ impl LockerBuilder {
     /// handoffs do not touch the disk; it costs one more write (and, when
     /// durable, two more syncs) per acquisition from the disk. Records from
     /// processes without fencing, velocious's and pi-research's included, carry no token.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let fenced = leasehold::Locker::builder().directory(dir.path()).fencing(true).build()?;
+    /// let token = fenced.acquire("ledger").await?.fencing_token();
+    /// assert!(token.is_some());
+    ///
+    /// let plain = leasehold::Locker::new(dir.path())?;
+    /// assert_eq!(plain.acquire("ledger").await?.fencing_token(), None);
+    /// # Ok(()) }
+    /// ```
     pub fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;
         self
     }
 
-    /// The on-disk layout of locks.
+    /// The on-disk layout of locks: see [`Strategy`] and, for choosing, the
+    /// crate docs' *Which strategy should you use?*. Every process sharing
+    /// a lock must use the same one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use leasehold::{Locker, Strategy};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = Locker::builder().directory(dir.path()).strategy(Strategy::Directory).build()?;
+    /// let _guard = locker.acquire("assets").await?;
+    /// assert!(locker.lock_path("assets")?.join("owner.json").is_file());
+    /// # Ok(()) }
+    /// ```
     pub fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
         self
@@ -266,7 +415,20 @@ impl LockerBuilder {
         self
     }
 
-    /// How lock names become file names.
+    /// How lock names become file names: see [`PathStyle`]. Every process
+    /// sharing a lock must use the same one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// use leasehold::{Locker, PathStyle};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = Locker::builder().directory(dir.path()).path_style(PathStyle::Plain).build()?;
+    /// assert_eq!(locker.lock_path("state")?, locker.directory().join("state.lock"));
+    /// # Ok(()) }
+    /// ```
     pub fn path_style(mut self, style: PathStyle) -> Self {
         self.path_style = style;
         self
@@ -275,6 +437,26 @@ impl LockerBuilder {
     /// Accept a world-writable lock directory without the sticky bit, where
     /// any local user can remove or replace lock files. Only for
     /// directories whose access you control by other means.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// use std::os::unix::fs::PermissionsExt;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    ///
+    /// let refused = leasehold::Locker::new(dir.path());
+    /// assert!(matches!(refused, Err(leasehold::Error::InsecureDirectory { .. })));
+    ///
+    /// let accepted = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .allow_insecure_directory(true)
+    ///     .build()?;
+    /// # drop(accepted);
+    /// # Ok(()) }
+    /// ```
     pub fn allow_insecure_directory(mut self, allow: bool) -> Self {
         self.allow_insecure_directory = allow;
         self

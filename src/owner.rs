@@ -106,49 +106,174 @@ impl Owner {
     }
 
     /// The holder's process id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("report").await?;
+    /// let owner = locker.holder("report").await?.expect("held");
+    /// assert_eq!(owner.pid(), Some(std::process::id()));
+    /// # Ok(()) }
+    /// ```
     pub fn pid(&self) -> Option<u32> {
         self.pid
     }
 
     /// The holder's host name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("report").await?;
+    /// let owner = locker.holder("report").await?.expect("held");
+    /// assert!(owner.hostname().is_some_and(|host| !host.is_empty()));
+    /// # Ok(()) }
+    /// ```
     pub fn hostname(&self) -> Option<&str> {
         self.hostname.as_deref()
     }
 
     /// The id of the holding [`Locker`](crate::Locker) instance (velocious's
     /// `holderId`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("report").await?;
+    /// let owner = locker.holder("report").await?.expect("held");
+    /// // One id per Locker: every lock this Locker takes carries it.
+    /// let _other = locker.acquire("audit").await?;
+    /// let other = locker.holder("audit").await?.expect("held");
+    /// assert!(owner.holder_id().is_some());
+    /// assert_eq!(owner.holder_id(), other.holder_id());
+    /// # Ok(()) }
+    /// ```
     pub fn holder_id(&self) -> Option<&str> {
         self.holder_id.as_deref()
     }
 
     /// The id of this one acquisition (pi-research's `uuid`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("report").await?;
+    /// let owner = locker.holder("report").await?.expect("held");
+    /// assert_eq!(owner.uuid(), _guard.owner().uuid());
+    /// assert!(owner.uuid().is_some());
+    /// # Ok(()) }
+    /// ```
     pub fn uuid(&self) -> Option<&str> {
         self.uuid.as_deref()
     }
 
     /// When the lock was acquired.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("report").await?;
+    /// let owner = locker.holder("report").await?.expect("held");
+    /// let since = owner.acquired_at().expect("leasehold records say");
+    /// assert!(since <= std::time::SystemTime::now());
+    /// # Ok(()) }
+    /// ```
     pub fn acquired_at(&self) -> Option<SystemTime> {
         self.acquired_at
     }
 
     /// When the lease runs out unless renewed, as last written by the holder.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("report").await?;
+    /// let owner = locker.holder("report").await?.expect("held");
+    /// // 30 s by default, renewed every 10 s while the guard lives.
+    /// assert!(owner.lease_expires_at() > Some(std::time::SystemTime::now()));
+    /// # Ok(()) }
+    /// ```
     pub fn lease_expires_at(&self) -> Option<SystemTime> {
         self.lease_expires_at
     }
 
     /// `false` when the record could not be parsed (empty, partly written,
     /// or not a lock record); the other fields are then `None`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("report").await?;
+    /// let owner = locker.holder("report").await?.expect("held");
+    /// assert!(owner.is_readable());
+    ///
+    /// // A lock file its writer has not written yet:
+    /// std::fs::write(locker.lock_path("half")?, b"").unwrap();
+    /// let half = locker.holder("half").await?.expect("present");
+    /// assert!(!half.is_readable() && half.pid().is_none());
+    /// # Ok(()) }
+    /// ```
     pub fn is_readable(&self) -> bool {
         self.readable
     }
 
     /// The fencing token the holder took the lock from the disk with, if it
     /// uses fencing (see [`LockerBuilder::fencing`](crate::LockerBuilder::fencing)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("report").await?;
+    /// let owner = locker.holder("report").await?.expect("held");
+    /// assert_eq!(owner.fencing_token(), None); // fencing is off by default
+    ///
+    /// let fenced = leasehold::Locker::builder().directory(dir.path()).fencing(true).build()?;
+    /// let guard = fenced.acquire("ledger").await?;
+    /// let holder = fenced.holder("ledger").await?.expect("held");
+    /// assert_eq!(holder.fencing_token(), guard.fencing_token());
+    /// # Ok(()) }
+    /// ```
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }
 
     /// The lock name, as the holder gave it (leasehold records only).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("report").await?;
+    /// let owner = locker.holder("report").await?.expect("held");
+    /// assert_eq!(owner.name(), Some("report"));
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()
     }
@@ -252,6 +377,19 @@ impl LockInfo {
     }
 
     /// How the name is held: exclusively, shared, or as a semaphore.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("nightly report").await?;
+    /// let info = locker.inspect("nightly report").await?.expect("held");
+    /// assert_eq!(info.kind(), leasehold::LockKind::Exclusive);
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
     pub fn kind(&self) -> LockKind {
         self.kind
     }
@@ -260,23 +398,80 @@ impl LockInfo {
     /// lock or a semaphore, every live holder, oldest first (pid, host,
     /// and since when, in [`Owner::acquired_at`]). For a shared lock
     /// [`owner`](Self::owner) is the one whose record the lock path shows.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("nightly report").await?;
+    /// let info = locker.inspect("nightly report").await?.expect("held");
+    /// assert_eq!(info.holders().len(), 1);
+    /// drop(guard);
+    ///
+    /// let _a = locker.acquire_shared("catalog").await?;
+    /// let reader = leasehold::Locker::new(dir.path())?;
+    /// let _b = reader.acquire_shared("catalog").await?;
+    /// let shared = locker.inspect("catalog").await?.expect("held");
+    /// assert_eq!(shared.holders().len(), 2);
+    /// # Ok(()) }
+    /// ```
     pub fn holders(&self) -> &[Owner] {
         &self.holders
     }
 
     /// The lock's path; empty for a lock on a PostgreSQL server, which has
     /// none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("nightly report").await?;
+    /// let info = locker.inspect("nightly report").await?.expect("held");
+    /// assert_eq!(info.path(), locker.lock_path("nightly report")?);
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
     pub fn path(&self) -> &std::path::Path {
         self.path.as_deref().unwrap_or(std::path::Path::new(""))
     }
 
     /// The lock name: from the record when it has one (leasehold records
     /// do), else the file name without `.lock`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("nightly report").await?;
+    /// let info = locker.inspect("nightly report").await?.expect("held");
+    /// assert_eq!(info.name(), "nightly report");
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// Who holds (or held) it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("nightly report").await?;
+    /// let info = locker.inspect("nightly report").await?.expect("held");
+    /// assert_eq!(info.owner().uuid(), guard.owner().uuid());
+    /// # Ok(()) }
+    /// ```
     pub fn owner(&self) -> &Owner {
         &self.owner
     }
