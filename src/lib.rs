@@ -276,6 +276,7 @@ pub use locker::Locker;
 pub use name::PathStyle;
 pub use owner::{LockInfo, LockKind, Owner};
 pub use semaphore::Semaphore;
+pub use stale::StaleReason;
 pub use stats::Stats;
 
 #[doc = include_str!("../docs/format.md")]

@@ -3,6 +3,7 @@
 use std::time::SystemTime;
 
 use crate::record::{Parsed, Record};
+use crate::stale::StaleReason;
 
 /// Who holds a lock, as its record says.
 ///
@@ -306,7 +307,7 @@ pub struct LockInfo {
     path: Option<std::path::PathBuf>,
     name: String,
     owner: Owner,
-    stale: Option<&'static str>,
+    stale: Option<StaleReason>,
     kind: LockKind,
     holders: Vec<Owner>,
 }
@@ -357,7 +358,7 @@ impl LockInfo {
         path: Option<std::path::PathBuf>,
         name: String,
         owner: Owner,
-        stale: Option<&'static str>,
+        stale: Option<StaleReason>,
     ) -> Self {
         Self {
             path,
@@ -476,14 +477,53 @@ impl LockInfo {
         &self.owner
     }
 
-    /// Whether the next `acquire` would reclaim it.
+    /// Whether the next `acquire` would reclaim it; see
+    /// [`stale_reason`](Self::stale_reason) for why.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("report").await?;
+    /// assert!(!locker.inspect("report").await?.expect("held").is_stale());
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
     pub fn is_stale(&self) -> bool {
         self.stale.is_some()
     }
 
-    /// Why it is stale, in words (`"owner process is dead"`, `"lease
-    /// expired"`, ...).
-    pub fn stale_reason(&self) -> Option<&'static str> {
+    /// Why it is stale, if it is: `None` exactly when
+    /// [`is_stale`](Self::is_stale) is false. Locks on a PostgreSQL server
+    /// are never stale (the server frees a dead session's locks itself).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    /// use leasehold::StaleReason;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .unreadable_grace(Duration::from_millis(50))
+    ///     .build()?;
+    /// std::fs::write(locker.lock_path("report")?, b"{not json").unwrap();
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    ///
+    /// let info = locker.inspect("report").await?.expect("present");
+    /// assert_eq!(info.stale_reason(), Some(StaleReason::Unreadable));
+    /// match info.stale_reason() {
+    ///     Some(StaleReason::DeadOwner | StaleReason::ReusedPid) => println!("its process is gone"),
+    ///     Some(other) => println!("stale: {other}"),
+    ///     None => println!("held"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn stale_reason(&self) -> Option<StaleReason> {
         self.stale
     }
 }

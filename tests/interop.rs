@@ -492,10 +492,7 @@ async fn leasehold_honours_live_pi_research_holders_and_reclaims_reused_pids() {
         Duration::ZERO,
     );
     let info = locker.inspect("state").await.unwrap().expect("held");
-    assert_eq!(
-        info.stale_reason(),
-        Some("owner pid was reused by a newer process")
-    );
+    assert_eq!(info.stale_reason(), Some(leasehold::StaleReason::ReusedPid));
     assert!(locker.try_acquire("state").await.unwrap().is_some());
 }
 

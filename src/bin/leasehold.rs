@@ -958,7 +958,8 @@ async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
         },
         (None, Some(info)) => format!(
             "lock {name:?} is free; a stale lock remains ({}), which `leasehold clean` removes\n",
-            info.stale_reason().unwrap_or("stale")
+            info.stale_reason()
+                .map_or_else(|| "stale".to_owned(), |r| r.to_string())
         ),
         (None, None) => format!("lock {name:?} is free\n"),
     };
@@ -1117,7 +1118,7 @@ fn info_entry(info: &LockInfo) -> Value {
         info.path(),
         Some(info.owner()),
         state,
-        info.stale_reason(),
+        info.stale_reason().map(|r| r.to_string()).as_deref(),
     );
     let (kind, permits) = match info.kind() {
         LockKind::Exclusive => ("exclusive", None),
