@@ -16,6 +16,7 @@ use crate::store::Store;
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 const DEFAULT_POLL: Duration = Duration::from_millis(50);
+const DEFAULT_WAIT_NOTICE: Duration = Duration::from_secs(5);
 /// pi-research's `lockStaleThreshold`.
 const DEFAULT_GRACE: Duration = Duration::from_secs(15);
 /// pi-research's `liveOwnerStaleThreshold`.
@@ -38,6 +39,7 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 /// | [`lease`](Self::lease) | 30 s |
 /// | [`renew_interval`](Self::renew_interval) | a third of the lease |
 /// | [`poll_interval`](Self::poll_interval) | 50 ms |
+/// | [`wait_notice`](Self::wait_notice) | 5 s |
 /// | [`unreadable_grace`](Self::unreadable_grace) | 15 s |
 /// | [`foreign_lease`](Self::foreign_lease) | 120 s |
 /// | [`durable`](Self::durable) | `true` |
@@ -75,6 +77,7 @@ pub struct LockerBuilder {
     lease: Duration,
     renew_interval: Option<Duration>,
     poll_interval: Duration,
+    wait_notice: Option<Duration>,
     grace: Duration,
     foreign_lease: Option<Duration>,
     durable: bool,
@@ -93,6 +96,7 @@ impl Default for LockerBuilder {
             lease: DEFAULT_LEASE,
             renew_interval: None,
             poll_interval: DEFAULT_POLL,
+            wait_notice: Some(DEFAULT_WAIT_NOTICE),
             grace: DEFAULT_GRACE,
             foreign_lease: Some(DEFAULT_FOREIGN_LEASE),
             durable: true,
@@ -253,6 +257,41 @@ impl LockerBuilder {
     /// ```
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
+        self
+    }
+
+    /// After how long a waiting acquisition says whom it waits for: one
+    /// `tracing` event at INFO level (target `leasehold::engine`) naming
+    /// the lock, the holder it found (pid, host, and since when, as the
+    /// holder's record says) and how long it has waited, then the same
+    /// again every six times this (every 30 s with the default 5 s) for
+    /// as long as it waits. `None` turns the notices off; zero is refused
+    /// by [`build`](Self::build).
+    ///
+    /// One task per name and `Locker` waits on the lock itself (the head
+    /// of the `Locker`'s queue for the name); it gives the notices. Tasks
+    /// queued behind it, or behind another task of the same `Locker` that
+    /// holds the lock, give none. A timed-out acquisition names the holder
+    /// last seen in its error: [`Error::holder`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .wait_notice(Some(Duration::from_secs(60)))
+    ///     .build()?;
+    /// # drop(locker);
+    /// let quiet = leasehold::Locker::builder().directory(dir.path()).wait_notice(None).build()?;
+    /// # drop(quiet);
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_notice(mut self, after: Option<Duration>) -> Self {
+        self.wait_notice = after;
         self
     }
 
@@ -467,12 +506,17 @@ impl LockerBuilder {
     pub(crate) fn engine(self) -> Result<Engine> {
         let renew_interval = self.validate()?;
         let holder_id = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
-        let (lease, poll_interval, path_style) =
-            (self.lease, self.poll_interval, self.effective_path_style());
+        let (lease, poll_interval, wait_notice, path_style) = (
+            self.lease,
+            self.poll_interval,
+            self.wait_notice,
+            self.effective_path_style(),
+        );
         Engine::new(
             lease,
             renew_interval,
             poll_interval,
+            wait_notice,
             path_style,
             |counters, waiters| self.store(holder_id, counters, waiters),
         )
@@ -502,6 +546,9 @@ impl LockerBuilder {
         }
         if self.poll_interval.is_zero() {
             return invalid("the poll interval must be above zero".into());
+        }
+        if self.wait_notice.is_some_and(|after| after.is_zero()) {
+            return invalid("the wait notice threshold must be above zero (`None` turns notices off)".into());
         }
         if self.grace.is_zero() {
             return invalid("the unreadable grace period must be above zero".into());
