@@ -185,7 +185,8 @@ pub enum Error {
 
     /// The platform (or the backend) lacks what was asked: a filesystem
     /// without `flock` or `renameat2`, a lock path on a server, a Tokio
-    /// runtime for `acquire`.
+    /// runtime for `acquire`; or a `blocking_*` method called inside a
+    /// Tokio runtime, where it would block a worker.
     #[error("unsupported: {what}")]
     Unsupported {
         /// What is not supported.

@@ -241,6 +241,7 @@
 
 mod acquire;
 mod backend;
+mod blocking;
 mod builder;
 mod closure;
 mod engine;
