@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::backend::Waiters;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::field::{FieldValue, OwnerFields};
 use crate::fs::{self, Fs, Strategy};
 use crate::name::PathStyle;
 use crate::stale::MAX_LEASE;
@@ -46,6 +47,7 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 /// | [`fencing`](Self::fencing) | `false` |
 /// | [`strategy`](Self::strategy) | [`Strategy::ExclusiveFile`] |
 /// | [`path_style`](Self::path_style) | [`PathStyle::Hashed`] |
+/// | [`owner_field`](Self::owner_field) | none |
 ///
 /// # Examples
 ///
@@ -85,6 +87,7 @@ pub struct LockerBuilder {
     strategy: Strategy,
     path_style: PathStyle,
     allow_insecure_directory: bool,
+    owner_fields: Vec<(String, FieldValue)>,
     #[cfg(feature = "postgres")]
     postgres: Option<String>,
 }
@@ -104,6 +107,7 @@ impl Default for LockerBuilder {
             strategy: Strategy::default(),
             path_style: PathStyle::default(),
             allow_insecure_directory: false,
+            owner_fields: Vec::new(),
             #[cfg(feature = "postgres")]
             postgres: None,
         }
@@ -501,6 +505,51 @@ impl LockerBuilder {
         self
     }
 
+    /// A field to publish in every lock record this `Locker` writes (and,
+    /// on PostgreSQL, in its owner table), as velocious's
+    /// `extraOwnerFields` does: its HTTP server lock publishes `host` and
+    /// `port`, so that another process that finds the lock held knows
+    /// where the server runs. Readers get it through
+    /// [`Owner::field`](crate::Owner::field), from
+    /// [`Locker::holder`](crate::Locker::holder) and the other inspection
+    /// methods, in this process and in others; velocious's own reader
+    /// sees it in `owner.json`.
+    ///
+    /// The value is written as a JSON string, number or boolean, after
+    /// the record's own fields, in the order the fields were first set
+    /// (setting a key again replaces its value), and kept across
+    /// renewals. Limits, checked by [`build`](Self::build), which returns
+    /// [`Error::InvalidConfig`] otherwise: a key is 1 to 64 bytes without
+    /// control characters and is not one of the record's own keys (`pid`,
+    /// `uuid`, `hostname`, `holderId`, `acquiredAt`, `leaseExpiresAt`,
+    /// `startTime`, `name`, … : the full list is in the error message and
+    /// in `docs/format.md`); a number is finite; all fields together take
+    /// at most 4 KiB as JSON.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .owner_field("host", "127.0.0.1")
+    ///     .owner_field("port", 8080u16)
+    ///     .build()?;
+    /// let _guard = locker.acquire("dev-server").await?;
+    ///
+    /// let owner = locker.holder("dev-server").await?.expect("held");
+    /// assert_eq!(owner.field("port").and_then(|v| v.as_i64()), Some(8080));
+    ///
+    /// let clash = leasehold::Locker::builder().directory(dir.path()).owner_field("pid", 1u32).build();
+    /// assert!(matches!(clash, Err(leasehold::Error::InvalidConfig { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn owner_field(mut self, key: &str, value: impl Into<FieldValue>) -> Self {
+        self.owner_fields.push((key.to_owned(), value.into()));
+        self
+    }
+
     /// The engine a `Locker` runs on: the settings checked, the backend
     /// built. [`build`](Self::build) wraps it.
     pub(crate) fn engine(self) -> Result<Engine> {
@@ -580,9 +629,10 @@ impl LockerBuilder {
         counters: Arc<crate::stats::Counters>,
         waiters: Waiters,
     ) -> Result<Store> {
+        let fields = OwnerFields::new(&self.owner_fields)?;
         #[cfg(feature = "postgres")]
         if let Some(url) = &self.postgres {
-            let pg = crate::postgres::Pg::connect(url, holder_id, self.lease, waiters)?;
+            let pg = crate::postgres::Pg::connect(url, holder_id, fields, self.lease, waiters)?;
             return Ok(Store::Postgres(Arc::new(pg)));
         }
         let settings = fs::Settings {
@@ -594,6 +644,7 @@ impl LockerBuilder {
             foreign_lease: self.foreign_lease,
             durable: self.durable,
             fencing: self.fencing,
+            fields,
         };
         Ok(Store::Fs(Arc::new(Fs::open(
             settings, holder_id, counters, waiters,

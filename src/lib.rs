@@ -246,6 +246,7 @@ mod builder;
 mod closure;
 mod engine;
 mod error;
+mod field;
 mod fs;
 mod guard;
 mod inspect;
@@ -271,6 +272,7 @@ mod timer;
 
 pub use builder::LockerBuilder;
 pub use error::{Error, LossReason, Result};
+pub use field::FieldValue;
 pub use fs::Strategy;
 pub use guard::LockGuard;
 pub use locker::Locker;

@@ -2,6 +2,7 @@
 
 use std::time::SystemTime;
 
+use crate::field::FieldValue;
 use crate::record::{Parsed, Record};
 use crate::stale::StaleReason;
 
@@ -38,6 +39,7 @@ pub struct Owner {
     leasehold: bool,
     fencing_token: Option<u64>,
     name: Option<String>,
+    fields: Vec<(String, FieldValue)>,
 }
 
 impl Owner {
@@ -65,6 +67,7 @@ impl Owner {
             leasehold: r.is_leasehold(),
             fencing_token: r.fencing_token,
             name: r.name.clone(),
+            fields: r.fields.clone(),
         }
     }
 
@@ -77,6 +80,7 @@ impl Owner {
         pid: Option<u32>,
         acquired_at: Option<SystemTime>,
         fencing_token: Option<u64>,
+        fields: Vec<(String, FieldValue)>,
     ) -> Self {
         Owner {
             pid,
@@ -87,6 +91,7 @@ impl Owner {
             leasehold: true,
             fencing_token,
             name: Some(name.to_owned()),
+            fields,
             ..Self::unreadable()
         }
     }
@@ -103,6 +108,7 @@ impl Owner {
             leasehold: false,
             fencing_token: None,
             name: None,
+            fields: Vec::new(),
         }
     }
 
@@ -281,8 +287,78 @@ impl Owner {
 
     /// Whether the record was written by leasehold (rather than by another
     /// program sharing the directory).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("ours").await?;
+    /// assert!(locker.holder("ours").await?.expect("held").is_leasehold());
+    ///
+    /// // A lock file pi-research's FileLockService wrote:
+    /// let record = format!(r#"{{"uuid":"a1","pid":{}}}"#, std::process::id());
+    /// std::fs::write(locker.lock_path("theirs")?, record).unwrap();
+    /// assert!(!locker.holder("theirs").await?.expect("held").is_leasehold());
+    /// # Ok(()) }
+    /// ```
     pub fn is_leasehold(&self) -> bool {
         self.leasehold
+    }
+
+    /// The owner field `key` the holder published (see
+    /// [`LockerBuilder::owner_field`](crate::LockerBuilder::owner_field)),
+    /// or one that velocious's `extraOwnerFields` put in its record: any
+    /// top-level string, number or boolean that is not one of the record's
+    /// own fields. `None` if the record has no such field.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use leasehold::FieldValue;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let server = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .owner_field("host", "127.0.0.1")
+    ///     .owner_field("port", 8080u16)
+    ///     .build()?;
+    /// let _serving = server.acquire("dev-server").await?;
+    ///
+    /// let other = leasehold::Locker::new(dir.path())?;
+    /// let owner = other.holder("dev-server").await?.expect("held");
+    /// assert_eq!(owner.field("host").and_then(FieldValue::as_str), Some("127.0.0.1"));
+    /// assert_eq!(owner.field("port").and_then(FieldValue::as_i64), Some(8080));
+    /// assert_eq!(owner.field("pid"), None); // the record's own, not a field
+    /// # Ok(()) }
+    /// ```
+    pub fn field(&self, key: &str) -> Option<&FieldValue> {
+        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// Every owner field of the record, in the order of their keys: see
+    /// [`field`](Self::field).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .owner_field("role", "indexer")
+    ///     .owner_field("shard", 3u32)
+    ///     .build()?;
+    /// let guard = locker.acquire("index").await?;
+    /// let keys: Vec<&str> = guard.owner().fields().map(|(key, _)| key).collect();
+    /// assert_eq!(keys, ["role", "shard"]);
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
+    pub fn fields(&self) -> impl Iterator<Item = (&str, &FieldValue)> {
+        self.fields.iter().map(|(k, v)| (k.as_str(), v))
     }
 }
 

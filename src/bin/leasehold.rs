@@ -993,10 +993,17 @@ async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
             for (key, label) in fields {
                 nested(&mut text, label, &holder[key]);
             }
+            for (key, value) in holder["fields"].as_object().into_iter().flatten() {
+                nested(&mut text, &format!("{}:", key.escape_debug()), value);
+            }
         }
     } else {
         for (key, label) in fields.into_iter().chain([("path", "path:")]) {
             line(&mut text, label, &doc[key]);
+        }
+        // Owner fields: `port: 3006`, `host: 127.0.0.1`.
+        for (key, value) in doc["fields"].as_object().into_iter().flatten() {
+            line(&mut text, &format!("{}:", key.escape_debug()), value);
         }
     }
     emit(&text);
@@ -1108,6 +1115,9 @@ fn holder_text(owner: &Owner) -> String {
     if let Some(since) = owner.acquired_at().and_then(|t| rfc3339(t, false)) {
         text.push_str(&format!(" since {since}"));
     }
+    for (key, value) in owner.fields() {
+        text.push_str(&format!(" {}={value}", key.escape_debug()));
+    }
     text
 }
 
@@ -1170,7 +1180,21 @@ fn entry(name: &str, path: &Path, owner: Option<&Owner>, state: &str, reason: Op
         "fencingToken": owner.and_then(Owner::fencing_token),
         "state": state,
         "staleReason": reason,
+        "fields": fields_json(owner),
     })
+}
+
+/// The owner fields as a JSON object (empty without any).
+fn fields_json(owner: Option<&Owner>) -> Value {
+    let fields = owner.into_iter().flat_map(Owner::fields);
+    Value::Object(
+        fields
+            .map(|(key, value)| {
+                let value = serde_json::from_str(&value.to_string()).unwrap_or(Value::Null);
+                (key.to_owned(), value)
+            })
+            .collect(),
+    )
 }
 
 /// RFC 3339 in UTC (to the second unless `fraction`), or `None` for a
