@@ -9,7 +9,9 @@
 //! the lock synchronously.
 
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
@@ -18,11 +20,10 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::locker::Locker;
 
-/// The refusal inside a runtime, where blocking would stall a worker.
-const IN_RUNTIME: &str = "leasehold's blocking_* methods cannot run inside a Tokio runtime, \
-     where they would block a worker thread: use the async methods there \
-     (`locker.acquire(name).await`), or, in `spawn_blocking`, \
-     `Handle::current().block_on(locker.acquire(name))`";
+/// The refusal in async code, where blocking would stall a worker.
+const IN_RUNTIME: &str = "leasehold's blocking_* methods cannot run in async code driven by a Tokio \
+     runtime, where they would block a worker thread: use the async methods there \
+     (`locker.acquire(name).await`), or call them from `tokio::task::spawn_blocking`";
 
 impl Locker {
     /// [`acquire`](Self::acquire) for synchronous code: blocks the calling
@@ -38,10 +39,13 @@ impl Locker {
     /// # Errors
     ///
     /// As [`acquire`](Self::acquire); and [`Error::Unsupported`] when
-    /// called inside a Tokio runtime (on a worker thread, in an `async`
-    /// block, or in `spawn_blocking`), where it would block a thread the
-    /// runtime counts on: use `acquire(name).await` there. It never
-    /// blocks in that case: it returns the error at once.
+    /// called from async code a Tokio runtime drives (a task on a worker
+    /// thread, the body of `#[tokio::main]` or `#[tokio::test]`, of either
+    /// flavor), where it would block a thread the runtime counts on: use
+    /// `acquire(name).await` there. It never blocks in that case: it
+    /// returns the error at once. Like Tokio's own `blocking_*` methods, it
+    /// works in `spawn_blocking`, in `block_in_place`, and on a thread that
+    /// only entered a runtime's handle.
     ///
     /// # Examples
     ///
@@ -124,10 +128,85 @@ impl Locker {
 /// Runs `fut` to completion on this thread, on leasehold's own runtime;
 /// refused inside a runtime.
 fn block_on<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
-    if tokio::runtime::Handle::try_current().is_ok() {
+    if in_async_context() {
         return Err(Error::Unsupported { what: IN_RUNTIME });
     }
     runtime()?.block_on(fut)
+}
+
+/// Whether this thread runs asynchronous code for a Tokio runtime: a task
+/// on a worker, or the future of a runtime's `block_on` (`#[tokio::main]`,
+/// `#[tokio::test]`), of either flavor. There, Tokio's own blocking calls
+/// (`blocking_lock`, `blocking_recv`) panic, and so would our runtime's
+/// `block_on`. A thread of the blocking pool (`spawn_blocking`), one in
+/// `block_in_place`, one that only entered a runtime's handle, or one with
+/// no runtime at all may block.
+///
+/// Tokio has no public question for this; two things it does tell apart,
+/// through its public API:
+///
+/// - Every poll Tokio makes of a task or of a `block_on` future runs on a
+///   cooperative budget (a count of at most 255); `spawn_blocking`,
+///   `block_in_place` and code outside a runtime run unconstrained. Taking
+///   budget until none is left shows which, and the budget is then put
+///   back as it was.
+/// - A task that opted out of the budget (`tokio::task::unconstrained`)
+///   still runs under a scheduler, which keeps a yielding task's waker for
+///   later; outside one, `yield_now` wakes it at once.
+///
+/// One case escapes both: the future of a multi-thread runtime's
+/// `block_on` run `unconstrained`, which is no worker (it blocks only
+/// itself).
+fn in_async_context() -> bool {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return false;
+    }
+    budgeted() || defers_wake_ups()
+}
+
+/// Whether this thread's code runs on a limited cooperative budget.
+fn budgeted() -> bool {
+    use tokio::task::coop;
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut taken = Vec::new();
+    let budgeted = loop {
+        if !coop::has_budget_remaining() {
+            break true;
+        }
+        // A budget fits in a `u8`: past that, there is none.
+        if taken.len() > usize::from(u8::MAX) {
+            break false;
+        }
+        match coop::poll_proceed(&mut cx) {
+            Poll::Ready(restore) => taken.push(restore),
+            Poll::Pending => break true,
+        }
+    };
+    // Each restores the budget as it was before its own step: the first
+    // one taken, dropped last, leaves it as it was before all of them.
+    while let Some(restore) = taken.pop() {
+        drop(restore);
+    }
+    budgeted
+}
+
+/// Whether a scheduler on this thread keeps a yielding task's waker for
+/// later instead of waking it at once.
+fn defers_wake_ups() -> bool {
+    struct Flag(AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(Arc::clone(&flag));
+    let mut yielded = std::pin::pin!(tokio::task::yield_now());
+    let polled = yielded.as_mut().poll(&mut Context::from_waker(&waker));
+    polled.is_pending() && !flag.0.load(Ordering::Relaxed)
 }
 
 /// The process's runtime for blocking calls. A current-thread runtime

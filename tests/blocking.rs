@@ -183,6 +183,10 @@ async fn inside_a_current_thread_runtime_they_refuse_at_once() {
     ));
     let refused = other.blocking_acquire_timeout("job", Duration::from_secs(60));
     assert!(matches!(refused, Err(Error::Unsupported { .. })));
+    // Also from a task that opted out of the cooperative budget.
+    let unconstrained =
+        tokio::task::unconstrained(async { other.blocking_try_acquire("free").map(|g| g.is_some()) }).await;
+    assert!(matches!(unconstrained, Err(Error::Unsupported { .. })));
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(
         locker.lock_path("free").map(|p| !p.exists()).unwrap(),
@@ -191,22 +195,61 @@ async fn inside_a_current_thread_runtime_they_refuse_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inside_a_multi_thread_runtime_and_spawn_blocking_they_refuse() {
+async fn inside_a_multi_thread_runtime_they_refuse_on_workers_and_work_off_them() {
     let dir = tempfile::tempdir().unwrap();
     let locker = locker(dir.path());
+    // The test's body and a spawned task: async code on the runtime.
     let err = locker.blocking_acquire("job").unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
     assert!(err.to_string().contains("acquire(name).await"), "{err}");
+    let on_worker = {
+        let locker = locker.clone();
+        tokio::spawn(async move { locker.blocking_try_acquire("job").map(|g| g.is_some()) })
+    };
+    assert!(matches!(on_worker.await.unwrap(), Err(Error::Unsupported { .. })));
+    let unconstrained = {
+        let locker = locker.clone();
+        tokio::spawn(tokio::task::unconstrained(async move {
+            locker.blocking_acquire("job").map(drop)
+        }))
+    };
+    assert!(matches!(
+        unconstrained.await.unwrap(),
+        Err(Error::Unsupported { .. })
+    ));
+
+    // Off the workers they block, as Tokio's own blocking calls do.
     let in_pool = {
         let locker = locker.clone();
-        tokio::task::spawn_blocking(move || {
-            let refused = matches!(locker.blocking_acquire("job"), Err(Error::Unsupported { .. }));
-            // What the error suggests there works.
-            let guard = tokio::runtime::Handle::current().block_on(locker.acquire("job"));
-            (refused, guard.is_ok())
-        })
+        tokio::task::spawn_blocking(move || locker.blocking_acquire("job").map(drop))
     };
-    assert_eq!(in_pool.await.unwrap(), (true, true));
-    // From a thread of one's own, outside the runtime, they work.
-    let on_thread = std::thread::spawn(move || locker.blocking_acquire("job").map(drop));
-    on_thread.join().unwrap().unwrap();
+    in_pool.await.unwrap().unwrap();
+    let in_place = {
+        let locker = locker.clone();
+        tokio::spawn(async move { tokio::task::block_in_place(|| locker.blocking_acquire("job").map(drop)) })
+    };
+    in_place.await.unwrap().unwrap();
+    let handle = tokio::runtime::Handle::current();
+    let entered = std::thread::spawn(move || {
+        let _entered = handle.enter();
+        locker.blocking_acquire("job").map(drop)
+    });
+    entered.join().unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_acquisition_in_spawn_blocking_waits_for_an_async_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let held = locker.acquire("job").await.unwrap();
+    let other = Locker::new(dir.path()).unwrap();
+    let waiter = tokio::task::spawn_blocking(move || other.blocking_acquire("job").map(drop));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "it waits for the holder");
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
