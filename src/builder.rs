@@ -534,7 +534,7 @@ impl LockerBuilder {
     /// let locker = leasehold::Locker::builder()
     ///     .directory(dir.path())
     ///     .owner_field("host", "127.0.0.1")
-    ///     .owner_field("port", 8080u16)
+    ///     .owner_field("port", 8080)
     ///     .build()?;
     /// let _guard = locker.acquire("dev-server").await?;
     ///

@@ -43,8 +43,8 @@ pub(crate) const RESERVED_KEYS: &[&str] = &[
 /// A value of an owner field: a string, a number or a boolean, as it
 /// appears in the lock record's JSON.
 ///
-/// Made with `From` from `&str`, `String`, `bool`, `i64`, `u16`, `u32`,
-/// `u64` and `f64`; read back with [`as_str`](Self::as_str),
+/// Made with `From` from `&str`, `String`, `bool`, `i32` (an unsuffixed
+/// literal), `i64`, `u16`, `u32`, `u64`, `usize` and `f64`; read back with [`as_str`](Self::as_str),
 /// [`as_i64`](Self::as_i64), [`as_u64`](Self::as_u64),
 /// [`as_f64`](Self::as_f64) and [`as_bool`](Self::as_bool), whoever wrote
 /// it (velocious writes numbers as JSON numbers, so a port it publishes
@@ -64,6 +64,7 @@ pub(crate) const RESERVED_KEYS: &[&str] = &[
 /// assert_eq!(host.as_str(), Some("127.0.0.1"));
 /// assert_eq!(FieldValue::from(true).as_bool(), Some(true));
 /// assert_eq!(host.to_string(), "\"127.0.0.1\""); // as JSON
+/// assert_eq!(FieldValue::from(8080).as_i64(), Some(8080)); // an `i32` literal
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct FieldValue(Repr);
@@ -217,6 +218,19 @@ impl From<bool> for FieldValue {
 impl From<i64> for FieldValue {
     fn from(n: i64) -> Self {
         FieldValue(Repr::Int(n))
+    }
+}
+
+/// Also what an unsuffixed literal is: `owner_field("port", 8080)`.
+impl From<i32> for FieldValue {
+    fn from(n: i32) -> Self {
+        FieldValue(Repr::Int(i64::from(n)))
+    }
+}
+
+impl From<usize> for FieldValue {
+    fn from(n: usize) -> Self {
+        FieldValue::from(n as u64)
     }
 }
 

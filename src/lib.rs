@@ -233,7 +233,7 @@
 //! let server = Locker::builder()
 //!     .directory(dir.path())
 //!     .owner_field("host", "127.0.0.1")
-//!     .owner_field("port", 8080u16)
+//!     .owner_field("port", 8080)
 //!     .build()?;
 //! let _serving = server.acquire("dev-server").await?;
 //!
