@@ -44,6 +44,7 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 /// | [`fencing`](Self::fencing) | `false` |
 /// | [`strategy`](Self::strategy) | [`Strategy::ExclusiveFile`] |
 /// | [`path_style`](Self::path_style) | [`PathStyle::Hashed`] |
+/// | [`create_directory`](Self::create_directory) | `true` |
 ///
 /// # Examples
 ///
@@ -82,6 +83,7 @@ pub struct LockerBuilder {
     strategy: Strategy,
     path_style: PathStyle,
     allow_insecure_directory: bool,
+    create_directory: bool,
     #[cfg(feature = "postgres")]
     postgres: Option<String>,
 }
@@ -100,6 +102,7 @@ impl Default for LockerBuilder {
             strategy: Strategy::default(),
             path_style: PathStyle::default(),
             allow_insecure_directory: false,
+            create_directory: true,
             #[cfg(feature = "postgres")]
             postgres: None,
         }
@@ -393,7 +396,7 @@ impl LockerBuilder {
     /// libpq-style connection string or URL (`postgres://user@host/db`,
     /// `host=/run/postgresql user=app`). The settings for lock files
     /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`,
-    /// `durable`, `unreadable_grace`, `foreign_lease`) cannot be combined
+    /// `create_directory`, `durable`, `unreadable_grace`, `foreign_lease`) cannot be combined
     /// with it: [`build`](Self::build) refuses them rather than ignore them
     /// (set to their defaults, they count as unset). Fencing tokens are
     /// always on. See the crate docs, *PostgreSQL*.
@@ -462,6 +465,34 @@ impl LockerBuilder {
         self
     }
 
+    /// Whether [`build`](Self::build) creates a missing lock directory
+    /// (the default). With `false`, a missing directory fails `build`
+    /// with [`Error::Io`] whose source is [`NotFound`](std::io::ErrorKind::NotFound),
+    /// and nothing is created: for tools that only look (a `holder` or
+    /// `list` command must not make the directory it was asked about), and
+    /// for a directory that must already exist.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let missing = dir.path().join("not-yet");
+    ///
+    /// let refused = leasehold::Locker::builder().directory(&missing).create_directory(false).build();
+    /// assert!(matches!(refused, Err(leasehold::Error::Io { ref source, .. }) if source.kind() == std::io::ErrorKind::NotFound));
+    /// assert!(!missing.exists());
+    ///
+    /// let made = leasehold::Locker::builder().directory(&missing).build()?;
+    /// assert!(missing.is_dir());
+    /// # drop(made);
+    /// # Ok(()) }
+    /// ```
+    pub fn create_directory(mut self, create: bool) -> Self {
+        self.create_directory = create;
+        self
+    }
+
     /// The engine a `Locker` runs on: the settings checked, the backend
     /// built. [`build`](Self::build) wraps it.
     pub(crate) fn engine(self) -> Result<Engine> {
@@ -513,6 +544,7 @@ impl LockerBuilder {
                 (self.strategy != Strategy::default(), "strategy"),
                 (self.path_style != PathStyle::default(), "path_style"),
                 (self.allow_insecure_directory, "allow_insecure_directory"),
+                (!self.create_directory, "create_directory"),
                 (!self.durable, "durable"),
                 (self.grace != DEFAULT_GRACE, "unreadable_grace"),
                 (self.foreign_lease != Some(DEFAULT_FOREIGN_LEASE), "foreign_lease"),
@@ -541,6 +573,7 @@ impl LockerBuilder {
         let settings = fs::Settings {
             directory: self.directory,
             allow_insecure: self.allow_insecure_directory,
+            create: self.create_directory,
             strategy: self.strategy,
             lease: self.lease,
             grace: self.grace,

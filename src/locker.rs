@@ -494,11 +494,12 @@ impl LockerBuilder {
     /// [`Error::InsecureDirectory`] for a world-writable directory without
     /// the sticky bit, or a default directory owned by another user or open
     /// to others; an I/O error for a default directory on a read-only
-    /// mount; I/O errors from creating or opening the directory;
+    /// mount; I/O errors from creating or opening the directory (a missing
+    /// one, with [`create_directory(false)`](LockerBuilder::create_directory));
     /// [`Error::Backend`] when the PostgreSQL server cannot be reached;
     /// [`Error::InvalidConfig`] also when a setting for lock files
     /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`,
-    /// `durable`, `unreadable_grace`, `foreign_lease`) is combined with
+    /// `create_directory`, `durable`, `unreadable_grace`, `foreign_lease`) is combined with
     /// `postgres`.
     pub fn build(self) -> Result<Locker> {
         Ok(Locker::from_engine(self.engine()?))
