@@ -168,7 +168,7 @@ fn run_excludes_a_concurrent_run() {
     let d = tmp.path().to_str().unwrap();
     let mut first = holding(d, "job");
 
-    let busy = finish(&["run", "job", "--dir", d, "--no-wait", "--", "true"]);
+    let busy = finish(&["run", "job", "--dir", d, "--no-wait", "--verbose", "--", "true"]);
     assert_eq!(busy.code, Some(1), "stderr: {}", busy.stderr);
     assert_eq!(busy.stderr.lines().count(), 1, "one line: {}", busy.stderr);
     assert!(busy.stderr.starts_with("leasehold: "), "{}", busy.stderr);
@@ -728,6 +728,7 @@ fn shared_and_exclusive_runs_exclude_each_other() {
         "--dir",
         d,
         "--no-wait",
+        "--verbose",
         "--",
         "true",
     ]);
@@ -745,7 +746,16 @@ fn shared_and_exclusive_runs_exclude_each_other() {
 
     // Shared holders keep an exclusive run out, and it says how.
     let mut reader = holding_as(d, "catalog", &["--shared"]);
-    let busy = finish(&["run", "catalog", "--dir", d, "--no-wait", "--", "true"]);
+    let busy = finish(&[
+        "run",
+        "catalog",
+        "--dir",
+        d,
+        "--no-wait",
+        "--verbose",
+        "--",
+        "true",
+    ]);
     assert_eq!(busy.code, Some(1), "stderr: {}", busy.stderr);
     assert!(
         busy.stderr
@@ -785,7 +795,17 @@ fn shared_and_exclusive_runs_exclude_each_other() {
     ]));
     let deadline = Instant::now() + BOUND;
     let held_back = loop {
-        let done = finish(&["run", "catalog", "-s", "--dir", d, "--no-wait", "--", "true"]);
+        let done = finish(&[
+            "run",
+            "catalog",
+            "-s",
+            "--dir",
+            d,
+            "--no-wait",
+            "--verbose",
+            "--",
+            "true",
+        ]);
         if done.code == Some(1) {
             break done;
         }
@@ -824,6 +844,7 @@ fn a_semaphore_admits_its_permits_and_no_more() {
         "--dir",
         d,
         "--no-wait",
+        "--verbose",
         "--",
         "true",
     ]);

@@ -128,7 +128,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use leasehold::{LockGuard, LockInfo, LockKind, Locker, Owner, Semaphore, Strategy};
+use leasehold::{LockGuard, LockInfo, LockKind, Locker, Owner, PathStyle, Semaphore, Strategy};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -136,8 +136,26 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio::signal::unix::{SignalKind, signal};
 
+// Beside this file, not in src/bin/, where Cargo would take each for a
+// binary of its own.
+#[path = "leasehold/duration.rs"]
+mod duration;
+#[path = "leasehold/status.rs"]
+mod status;
+#[path = "leasehold/target.rs"]
+mod target;
+
+use duration::parse_duration;
+use status::Waiting;
+use target::Target;
+
 /// Exit status for library and setup errors; clap uses it for bad usage too.
 const EXIT_ERROR: u8 = 2;
+
+/// Exit status when the lock directory (or, for a lock given by its path,
+/// its directory) does not exist: sysexits' `EX_NOINPUT`, as flock(1)
+/// exits when it cannot open the lock file.
+const EXIT_NO_DIRECTORY: u8 = 66;
 
 /// Exit status of `run` when the lock was lost while CMD ran: sysexits'
 /// `EX_TEMPFAIL`, distinct from the tool's other statuses.
@@ -214,6 +232,18 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Print the man page (roff) of leasehold, or of one subcommand, to stdout.
+    Man {
+        /// The subcommand whose page to print, e.g. `leasehold man run > leasehold-run.1`.
+        #[arg(value_parser = PAGES.map(|(sub, _)| sub))]
+        subcommand: Option<String>,
+    },
+    /// Print the completion script for SHELL to stdout.
+    Completions {
+        /// e.g. `leasehold completions bash > /etc/bash_completion.d/leasehold`.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Internal to `run`: kills CMD's process group if `run` dies.
     #[command(name = WATCHDOG, hide = true)]
     Watchdog,
@@ -240,34 +270,105 @@ struct Common {
 
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// The lock name.
-    name: String,
-    /// Hold NAME shared: --shared runs of NAME overlap, but never an exclusive one.
-    #[arg(short = 's', long, conflicts_with = "permits")]
+    /// The lock: a NAME in the lock directory, or, as flock(1) takes it, the PATH of a lock file (any argument with a `/`, e.g. /var/lock/backup.lock or ./job.lock).
+    #[arg(value_name = "NAME|PATH", required_unless_present = "file")]
+    lock: Option<String>,
+    /// Lock the file PATH (in its directory, which must exist), even without a `/` in it.
+    #[arg(long, value_name = "PATH")]
+    file: Option<String>,
+    /// Hold the lock shared: shared runs overlap, but never an exclusive one (as flock -s).
+    #[arg(short = 's', long, overrides_with = "exclusive", conflicts_with = "permits")]
     shared: bool,
+    /// Hold the lock exclusively: one run at a time (the default; as flock -x).
+    #[arg(short = 'x', long, overrides_with = "shared", conflicts_with = "permits")]
+    exclusive: bool,
     /// Hold one permit of the semaphore NAME of N permits: at most N such runs at once. Every run of NAME must give the same N.
     #[arg(long, value_name = "N", value_parser = parse_permits)]
     permits: Option<u32>,
     #[command(flatten)]
     common: Common,
-    /// Wait at most SECS seconds (fractions allowed) for the lock [default: forever]
-    #[arg(long, value_name = "SECS", value_parser = parse_secs, conflicts_with = "no_wait")]
+    /// Wait at most DURATION for the lock: seconds (fractions allowed, as flock -w) or e.g. 90s, 5m, 1h30m [default: forever]
+    #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
-    /// Give up at once if the lock is held.
-    #[arg(long)]
+    /// Give up at once if the lock is held (as flock -n).
+    #[arg(short = 'n', long, visible_alias = "nonblock")]
     no_wait: bool,
-    /// Exit status when the lock could not be taken.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    /// Exit status when the lock could not be taken (held with -n, or -w ran out).
+    #[arg(short = 'E', long, value_name = "N", default_value_t = 1)]
     conflict_exit_code: u8,
-    // 5 s is inside the 7.5 s safety margin of the default 30 s lease: when
-    // failing renewals report the loss at that margin, a CMD that ignores
-    // SIGTERM is killed before anyone else may take the lock.
-    /// If the lock is lost, CMD's process group gets SIGTERM, then SIGKILL this many seconds later.
-    #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "5")]
-    kill_after: Duration,
-    /// The command to run, and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+    /// The lease: how long the lock outlives a holder that stops renewing it (frozen, or on a host that went away) [default: 30s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    lease: Option<Duration>,
+    /// If the lock is lost, CMD's process group gets SIGTERM, then SIGKILL this long after [default: 5s, or a sixth of a shorter --lease]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    kill_after: Option<Duration>,
+    /// Accepted for flock(1) compatibility: CMD never holds a descriptor of the lock (leasehold holds it), so there is none to close. The lock is still held until CMD's process group is empty.
+    #[arg(short = 'o', long)]
+    close: bool,
+    /// Say who holds the lock when it must wait, every few seconds while it waits, and how long it waited.
+    #[arg(long)]
+    verbose: bool,
+    /// Run STRING through `sh -c` instead of CMD (as flock -c).
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "STRING",
+        conflicts_with = "command"
+    )]
+    shell_command: Option<OsString>,
+    /// The command to run, and its arguments; `--` before it is needed only when CMD starts with `-`.
+    #[arg(
+        trailing_var_arg = true,
+        value_name = "CMD",
+        required_unless_present = "shell_command"
+    )]
     command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// The lock, and CMD with its arguments, in the order flock(1) allows.
+    fn resolve(&mut self) -> Result<(Target, Vec<OsString>), String> {
+        let target = match (&self.file, &self.lock) {
+            (Some(file), lock) => {
+                // With --file, clap took CMD's first word for the lock.
+                if let Some(first) = lock {
+                    self.command.insert(0, first.into());
+                }
+                Target::parse(file, true)?
+            }
+            (None, Some(lock)) => Target::parse(lock, false)?,
+            (None, None) => return Err("no lock given".to_owned()),
+        };
+        if matches!(target, Target::Path { .. }) && self.common.dir.is_some() {
+            return Err(format!(
+                "--dir cannot be used with a lock given by its path ({:?}): the path says where the lock is",
+                target.shown()
+            ));
+        }
+        let command = match &self.shell_command {
+            Some(_) if !self.command.is_empty() => {
+                return Err(
+                    "-c takes one command string; give CMD and its arguments without -c, or quote them"
+                        .to_owned(),
+                );
+            }
+            Some(script) => vec!["sh".into(), "-c".into(), script.clone()],
+            None if self.command.is_empty() => return Err("no command given".to_owned()),
+            None => std::mem::take(&mut self.command),
+        };
+        Ok((target, command))
+    }
+
+    /// `--kill-after`, else 5 s, which is inside the 7.5 s safety margin
+    /// of the default 30 s lease: when failing renewals report the loss at
+    /// that margin (a quarter of the lease), a CMD that ignores SIGTERM is
+    /// killed before anyone else may take the lock. A shorter lease gets a
+    /// sixth of itself, which keeps that proportion.
+    fn kill_after(&self) -> Duration {
+        let default = Duration::from_secs(5);
+        self.kill_after
+            .unwrap_or_else(|| self.lease.map_or(default, |lease| (lease / 6).min(default)))
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -282,6 +383,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Watchdog => return watchdog(),
+        Command::Man { subcommand } => return man(subcommand.as_deref()),
+        Command::Completions { shell } => return completions(shell),
         // In every thread, so before the runtime starts any: handing the
         // terminal back from the background needs it, and the tool must not
         // be stopped by writing a warning while CMD's group has the
@@ -308,7 +411,7 @@ fn main() -> ExitCode {
             Command::Holder { name, opts } => holder(&name, &opts).await,
             Command::List(opts) => list(&opts).await,
             Command::Clean { opts, dry_run } => clean(&opts, dry_run).await,
-            Command::Watchdog => Ok(EXIT_ERROR),
+            Command::Watchdog | Command::Man { .. } | Command::Completions { .. } => Ok(EXIT_ERROR),
         }
     });
     // Nothing of ours should linger, but never hang on exit if it does.
@@ -319,12 +422,47 @@ fn main() -> ExitCode {
     }))
 }
 
-/// `--wait` and `--kill-after` take fractions, and must never panic on "inf", "-1" or "1e99".
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a usable number of seconds"))
+/// The subcommands with a page of their own, `leasehold-run(1)` and so
+/// on, as git names its pages.
+const PAGES: [(&str, &str); 6] = [
+    ("run", "leasehold-run"),
+    ("holder", "leasehold-holder"),
+    ("list", "leasehold-list"),
+    ("clean", "leasehold-clean"),
+    ("man", "leasehold-man"),
+    ("completions", "leasehold-completions"),
+];
+
+/// `leasehold man [SUBCOMMAND]`: the page, from the parser's own definitions.
+fn man(subcommand: Option<&str>) -> ExitCode {
+    use clap::CommandFactory;
+    let top = Cli::command();
+    let page = match subcommand {
+        None => top,
+        Some(name) => match (
+            top.find_subcommand(name),
+            PAGES.iter().find(|(sub, _)| *sub == name),
+        ) {
+            (Some(sub), Some((_, page))) => sub.clone().name(*page),
+            _ => return ExitCode::from(EXIT_ERROR),
+        },
+    };
+    let mut roff = Vec::new();
+    if let Err(e) = clap_mangen::Man::new(page).render(&mut roff) {
+        warn(&format!("cannot render the man page: {e}"));
+        return ExitCode::from(EXIT_ERROR);
+    }
+    emit(&String::from_utf8_lossy(&roff));
+    ExitCode::SUCCESS
+}
+
+/// `leasehold completions SHELL`.
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut script);
+    emit(&String::from_utf8_lossy(&script));
+    ExitCode::SUCCESS
 }
 
 /// `--permits`: a semaphore needs at least one permit, and no more than
@@ -345,9 +483,9 @@ enum Want {
 }
 
 impl Want {
-    fn new(args: &RunArgs, locker: &Locker) -> Result<Self, leasehold::Error> {
+    fn new(args: &RunArgs, locker: &Locker, name: &str) -> Result<Self, leasehold::Error> {
         Ok(match (args.shared, args.permits) {
-            (_, Some(permits)) => Want::Permit(locker.semaphore(&args.name, permits)?),
+            (_, Some(permits)) => Want::Permit(locker.semaphore(name, permits)?),
             (true, None) => Want::Shared,
             (false, None) => Want::Exclusive,
         })
@@ -384,23 +522,72 @@ impl Want {
     }
 }
 
-/// Not calling `.directory()` at all is what selects the library's per-user
-/// default, with its ownership checks.
-fn locker(common: &Common, fencing: bool) -> Result<Locker, leasehold::Error> {
+/// How a command's `Locker` is built, beyond `--dir` and `--strategy`.
+#[derive(Debug, Default)]
+struct Build {
+    fencing: bool,
+    /// Read-only commands never create the directory they look at.
+    create: bool,
+    lease: Option<Duration>,
+}
+
+/// A `Locker` on the lock directory, or on the directory of a lock given
+/// by its path. Not calling `.directory()` at all is what selects the
+/// library's per-user default, with its ownership checks.
+fn locker(common: &Common, target: Option<&Target>, how: Build) -> Result<Locker, leasehold::Error> {
     let strategy = match common.strategy {
         StrategyArg::File => Strategy::ExclusiveFile,
         StrategyArg::Dir => Strategy::Directory,
     };
-    let mut builder = Locker::builder().strategy(strategy).fencing(fencing);
+    let mut builder = Locker::builder().strategy(strategy).fencing(how.fencing);
+    if let Some(lease) = how.lease {
+        builder = builder.lease(lease);
+    }
     let from_env = || {
         std::env::var_os("LEASEHOLD_DIR")
             .filter(|d| !d.is_empty())
             .map(PathBuf::from)
     };
-    if let Some(dir) = common.dir.clone().or_else(from_env) {
-        builder = builder.directory(dir);
+    if let Some(Target::Path { dir, .. }) = target {
+        // As flock(1): the file may be created, its directory never is;
+        // the directory's security checks (no world-writable directory
+        // without the sticky bit) apply as to any lock directory.
+        builder = builder
+            .directory(dir)
+            .path_style(PathStyle::Exact)
+            .create_directory(false);
+    } else {
+        builder = builder.create_directory(how.create);
+        if let Some(dir) = common.dir.clone().or_else(from_env) {
+            builder = builder.directory(dir);
+        }
     }
     builder.build()
+}
+
+/// The directory a failed `build()` found missing, if that was why.
+fn missing_directory(error: &leasehold::Error) -> Option<&Path> {
+    match error {
+        leasehold::Error::Io { path, source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            Some(path)
+        }
+        _ => None,
+    }
+}
+
+/// Builds the `Locker` of a read-only command, or says that the directory
+/// does not exist (status [`EXIT_NO_DIRECTORY`]) instead of creating it.
+fn inspecting(common: &Common, target: Option<&Target>) -> Result<Result<Locker, u8>, Failure> {
+    match locker(common, target, Build::default()) {
+        Ok(locker) => Ok(Ok(locker)),
+        Err(e) => match missing_directory(&e) {
+            Some(dir) => {
+                warn(&format!("lock directory {} does not exist", dir.display()));
+                Ok(Err(EXIT_NO_DIRECTORY))
+            }
+            None => Err(e.into()),
+        },
+    }
 }
 
 /// Signals the tool forwards to CMD's process group. Installed before the wait for the lock,
@@ -430,7 +617,16 @@ impl Forwarded {
     }
 }
 
-async fn run(args: RunArgs) -> Result<u8, Failure> {
+async fn run(mut args: RunArgs) -> Result<u8, Failure> {
+    let started = std::time::Instant::now();
+    let (target, argv) = match args.resolve() {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            warn(&e);
+            return Ok(EXIT_ERROR);
+        }
+    };
+    let kill_after = args.kill_after();
     let mut signals = Forwarded::install()?;
     // Before the lock is taken, so that a tool that cannot guard CMD never
     // takes it: CMD must not run without the watchdog.
@@ -445,19 +641,50 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     };
     become_subreaper()?;
-    let locker = locker(&args.common, true)?;
-    let name = args.name.as_str();
-    let want = Want::new(&args, &locker)?;
+    let how = Build {
+        fencing: true,
+        create: true,
+        lease: args.lease,
+    };
+    let locker = match locker(&args.common, Some(&target), how) {
+        Ok(locker) => locker,
+        Err(e) => match (&target, missing_directory(&e)) {
+            (Target::Path { given, .. }, Some(dir)) => {
+                // flock(1) says "cannot open lock file", with EX_NOINPUT too.
+                warn(&format!(
+                    "cannot lock {given:?}: its directory {} does not exist (a lock given by its path never creates directories)",
+                    dir.display()
+                ));
+                return Ok(EXIT_NO_DIRECTORY);
+            }
+            _ => return Err(e.into()),
+        },
+    };
+    let (name, shown) = (target.name(), target.shown());
+    let want = Want::new(&args, &locker, name)?;
+    let waiting = Waiting::new(shown, args.verbose, started);
     let attempt = async {
-        if args.no_wait {
-            return want.try_acquire(&locker, name).await;
+        if let Some(guard) = want.try_acquire(&locker, name).await? {
+            return Ok(Some(guard));
         }
-        match args.wait {
-            None => want.acquire(&locker, name).await.map(Some),
-            Some(wait) => match want.acquire_timeout(&locker, name, wait).await {
-                Err(e) if e.is_timeout() => Ok(None),
-                other => other.map(Some),
-            },
+        if args.no_wait || args.wait == Some(Duration::ZERO) {
+            return Ok(None);
+        }
+        let wait = async {
+            match args.wait {
+                None => want.acquire(&locker, name).await.map(Some),
+                Some(wait) => {
+                    let left = wait.saturating_sub(started.elapsed());
+                    match want.acquire_timeout(&locker, name, left).await {
+                        Err(e) if e.is_timeout() => Ok(None),
+                        other => other.map(Some),
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            got = wait => got,
+            never = waiting.report(&locker, name, &want, args.wait) => match never {},
         }
     };
     // Dropping the attempt on a signal is safe: acquisition is cancel safe.
@@ -482,22 +709,29 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         Err(e) => return Err(e.into()),
     };
     let Some(guard) = guard else {
-        let found = locker.inspect(name).await.ok().flatten();
-        let held = conflict(found.as_ref(), &want);
-        match args.wait {
-            Some(wait) => warn(&format!(
-                "gave up after {wait:?} waiting for lock {name:?}: {held}"
-            )),
-            None => warn(&format!("lock {name:?} is {held}")),
+        drop(waiting);
+        // Quiet, as flock(1): a cron job that finds its lock held every
+        // minute must not mail every minute.
+        if args.verbose {
+            let found = locker.inspect(name).await.ok().flatten();
+            let held = conflict(found.as_ref(), &want);
+            match args.wait {
+                Some(wait) if !args.no_wait => warn(&format!(
+                    "gave up after {wait:?} waiting for lock {shown:?}: {held}"
+                )),
+                _ => warn(&format!("lock {shown:?} is {held}")),
+            }
         }
         return Ok(args.conflict_exit_code);
     };
+    waiting.took();
+    drop(waiting);
 
-    let Some((program, rest)) = args.command.split_first() else {
+    let Some((program, rest)) = argv.split_first() else {
         return Err("no command given".into());
     };
     let mut command = tokio::process::Command::new(program);
-    command.args(rest).env("LEASEHOLD_NAME", name);
+    command.args(rest).env("LEASEHOLD_NAME", shown);
     if let Some(token) = guard.fencing_token() {
         command.env("LEASEHOLD_FENCING_TOKEN", token.to_string());
     }
@@ -553,16 +787,16 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
                 lost = true;
                 warn(&format!(
                     "warning: lock {name:?} was lost while the command ran; sending its process group SIGTERM, and SIGKILL in {:?}",
-                    args.kill_after
+                    kill_after
                 ));
                 signal_group(group, Signal::SIGTERM);
-                kill_at = tokio::time::Instant::now().checked_add(args.kill_after);
+                kill_at = tokio::time::Instant::now().checked_add(kill_after);
             }
             () = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
                 kill_at = None;
                 warn(&format!(
                     "warning: the command's process group did not exit within {:?} of SIGTERM; sending it SIGKILL",
-                    args.kill_after
+                    kill_after
                 ));
                 signal_group(group, Signal::SIGKILL);
             }
@@ -897,8 +1131,8 @@ fn conflict(found: Option<&LockInfo>, want: &Want) -> String {
     text
 }
 
-/// Who holds a lock: `pid 1 on host h`, or for a shared lock or a
-/// semaphore `pid 1 on host h, pid 2 on host h`.
+/// Who holds a lock: `pid 1 on host h since 2025-01-02T03:04:05Z`, or for
+/// a shared lock or a semaphore one such entry per holder.
 fn holders_of(info: &LockInfo) -> String {
     /// Enough to find the processes; the rest is in `leasehold holder`.
     const SHOWN: usize = 8;
@@ -906,10 +1140,16 @@ fn holders_of(info: &LockInfo) -> String {
     let mut who: Vec<String> = holders
         .iter()
         .take(SHOWN)
-        .map(|owner| match (owner.pid(), owner.hostname()) {
-            (Some(pid), Some(host)) => format!("pid {pid} on host {}", host.escape_debug()),
-            (Some(pid), None) => format!("pid {pid}"),
-            _ => "another process".to_owned(),
+        .map(|owner| {
+            let mut who = match (owner.pid(), owner.hostname()) {
+                (Some(pid), Some(host)) => format!("pid {pid} on host {}", host.escape_debug()),
+                (Some(pid), None) => format!("pid {pid}"),
+                _ => "another process".to_owned(),
+            };
+            if let Some(since) = owner.acquired_at().and_then(|t| rfc3339(t, false)) {
+                who.push_str(&format!(" since {since}"));
+            }
+            who
         })
         .collect();
     if holders.len() > SHOWN {
@@ -921,8 +1161,25 @@ fn holders_of(info: &LockInfo) -> String {
     who.join(", ")
 }
 
-async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
-    let locker = locker(&opts.common, false)?;
+async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
+    let target = match Target::parse(lock, false) {
+        Ok(Target::Path { .. }) if opts.common.dir.is_some() => {
+            warn(&format!(
+                "--dir cannot be used with a lock given by its path ({lock:?}): the path says where the lock is"
+            ));
+            return Ok(EXIT_ERROR);
+        }
+        Ok(target) => target,
+        Err(e) => {
+            warn(&e);
+            return Ok(EXIT_ERROR);
+        }
+    };
+    let locker = match inspecting(&opts.common, Some(&target))? {
+        Ok(locker) => locker,
+        Err(code) => return Ok(code),
+    };
+    let (name, shown) = (target.name(), target.shown());
     let path = locker.lock_path(name)?;
     let found = locker.inspect(name).await?;
     let live = found.as_ref().filter(|l| !l.is_stale());
@@ -931,12 +1188,12 @@ async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
         (Some(info), _) => {
             let mut doc = info_entry(info);
             // As asked, as when this showed the owner alone.
-            doc["name"] = json!(name);
+            doc["name"] = json!(shown);
             doc["path"] = json!(path.to_string_lossy());
             (doc, 0)
         }
         (None, Some(info)) => (info_entry(info), 1),
-        (None, None) => (free_entry(name, &path), 1),
+        (None, None) => (free_entry(shown, &path), 1),
     };
     if opts.json {
         emit(&to_json(&doc));
@@ -944,23 +1201,23 @@ async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
     }
     let mut text = match (live, stale) {
         (Some(info), _) => match info.kind() {
-            LockKind::Exclusive => format!("lock {name:?} is held (holder alive)\n"),
+            LockKind::Exclusive => format!("lock {shown:?} is held (holder alive)\n"),
             LockKind::Shared => format!(
-                "lock {name:?} is held shared ({} alive)\n",
+                "lock {shown:?} is held shared ({} alive)\n",
                 count(info.holders().len(), "holder")
             ),
             LockKind::Semaphore { .. } => format!(
-                "lock {name:?} is held as a {} ({} taken)\n",
+                "lock {shown:?} is held as a {} ({} taken)\n",
                 kind_text(info.kind()),
                 info.holders().len()
             ),
-            _ => format!("lock {name:?} is held (holders alive)\n"),
+            _ => format!("lock {shown:?} is held (holders alive)\n"),
         },
         (None, Some(info)) => format!(
-            "lock {name:?} is free; a stale lock remains ({}), which `leasehold clean` removes\n",
+            "lock {shown:?} is free; a stale lock remains ({}), which `leasehold clean` removes\n",
             info.stale_reason().unwrap_or("stale")
         ),
-        (None, None) => format!("lock {name:?} is free\n"),
+        (None, None) => format!("lock {shown:?} is free\n"),
     };
     let line = |text: &mut String, label: &str, value: &Value| match value {
         Value::Null => {}
@@ -1025,7 +1282,10 @@ fn kind_text(kind: LockKind) -> String {
 }
 
 async fn list(opts: &Inspect) -> Result<u8, Failure> {
-    let locker = locker(&opts.common, false)?;
+    let locker = match inspecting(&opts.common, None)? {
+        Ok(locker) => locker,
+        Err(code) => return Ok(code),
+    };
     let locks = locker.list().await?;
     if opts.json {
         emit(&to_json(&Value::Array(locks.iter().map(info_entry).collect())));
@@ -1038,7 +1298,10 @@ async fn list(opts: &Inspect) -> Result<u8, Failure> {
 }
 
 async fn clean(opts: &Inspect, dry_run: bool) -> Result<u8, Failure> {
-    let locker = locker(&opts.common, false)?;
+    let locker = match inspecting(&opts.common, None)? {
+        Ok(locker) => locker,
+        Err(code) => return Ok(code),
+    };
     let removed = locker.clean(dry_run).await?;
     if opts.json {
         emit(&to_json(&Value::Array(removed.iter().map(info_entry).collect())));
