@@ -113,7 +113,11 @@ impl Done {
 /// Runs the tool to completion within [`BOUND`]. Only for commands that
 /// leave no background process holding its pipes.
 fn finish(args: &[&str]) -> Done {
-    let mut cmd = leasehold(args);
+    finish_cmd(leasehold(args))
+}
+
+/// [`finish`], for any command.
+fn finish_cmd(mut cmd: Command) -> Done {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1087,3 +1091,8 @@ fn a_signal_while_waiting_for_a_permit_ends_the_wait() {
     assert_eq!(holder.wait().code(), Some(0));
     assert_eq!(finish(&["holder", "gpu", "--dir", d]).code, Some(1), "free");
 }
+
+/// flock(1)'s flags, locks given by their path, quiet and verbose output,
+/// read-only commands, the man page and completions (issue 18).
+#[path = "cli/flock.rs"]
+mod flock;

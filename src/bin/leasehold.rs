@@ -1,20 +1,68 @@
-//! `leasehold`: named cross-process locks from the shell.
+//! `leasehold`: named cross-process locks from the shell, and a drop-in
+//! for flock(1) in scripts and crontabs.
 //!
 //! ```text
-//! leasehold run NAME [--shared | --permits N] [--dir DIR] [--wait SECS | --no-wait]
-//!                    [--strategy file|dir] [--conflict-exit-code N] [--kill-after SECS]
-//!                    -- CMD ARGS...
-//! leasehold holder NAME [--dir DIR] [--strategy file|dir] [--json]
+//! leasehold run [-n | -w DURATION] [-E N] [-s | -x | --permits N] [-o] [--verbose]
+//!               [--dir DIR] [--strategy file|dir] [--lease DURATION] [--kill-after DURATION]
+//!               NAME|PATH [--] CMD ARGS...
+//! leasehold run [options] NAME|PATH -c STRING
+//! leasehold holder NAME|PATH [--dir DIR] [--strategy file|dir] [--json]
 //! leasehold list [--dir DIR] [--strategy file|dir] [--json]
 //! leasehold clean [--dir DIR] [--strategy file|dir] [--dry-run] [--json]
+//! leasehold man [SUBCOMMAND]
+//! leasehold completions bash|zsh|fish|elvish|powershell
+//! leasehold --version
 //! ```
 //!
+//! # As flock(1)
+//!
+//! flock(1)'s options mean the same: `-n`/`--nonblock` (also `--no-wait`),
+//! `-w`/`--timeout` (also `--wait`; seconds with fractions, or `90s`,
+//! `5m`, `1h30m`), `-E`/`--conflict-exit-code` (default 1), `-s`/`--shared`,
+//! `-x`/`--exclusive` (the last of the two wins), `-c`/`--command` (run
+//! through `sh -c`), `-o`/`--close` (accepted: CMD never holds a descriptor
+//! of the lock, the tool does, so there is nothing to close) and
+//! `--verbose`. An argument with a `/` (or `--file PATH`) is a lock file
+//! given by its path, as flock(1) takes it, so a crontab line changes by one
+//! word:
+//!
+//! ```text
+//! */5 * * * *  flock     -n /var/lock/backup.lock /usr/local/bin/backup
+//! */5 * * * *  leasehold run -n /var/lock/backup.lock /usr/local/bin/backup
+//! ```
+//!
+//! That locks exactly `/var/lock/backup.lock`, in `/var/lock` (which must
+//! exist: it is never created; a world-writable directory must be sticky,
+//! as `/var/lock` and `/tmp` are). The file exists while the lock is
+//! held (flock(1)'s stays), and the fencing counter `backup.lock.fence`
+//! stays beside it. A name without `/` is a lock in the lock directory.
+//! Do not take one path with flock(1) and leasehold at the same time:
+//! flock(1) never removes its file, and a waiter of one kind can miss a
+//! file the other removed.
+//!
+//! Like flock(1), the tool prints nothing of its own on success, nor when
+//! `-n` finds the lock held or `-w` runs out (only the exit status tells,
+//! so cron mails nothing). `--verbose` says who holds the lock (pid, host,
+//! since) when it must wait, again every 5 seconds, and how long the wait
+//! took. On a terminal, a wait longer than 2 seconds shows one live line
+//! (`waiting 12s for lock "backup", held by pid 4242 on db1 for 1m3s`),
+//! erased when the wait ends.
+//!
+//! What flock(1) cannot do: a lease (`--lease`, default 30 s) so that a
+//! holder on a frozen or vanished host loses the lock, a lost lock that
+//! stops CMD (`--kill-after`), owner records that `holder`, `list` and
+//! `clean` read, semaphores (`--permits`), `--json`, and locks shared
+//! with services that use the library.
+//!
+//! # Commands
+//!
 //! - `run` takes the lock NAME (waiting as long as it takes, at most SECS
-//!   with `--wait`, not at all with `--no-wait`), runs CMD while holding it
+//!   with `-w`, not at all with `-n`), runs CMD (or `sh -c STRING` with
+//!   `-c`) while holding it
 //!   (the lease is renewed in the background) and releases it once CMD and
 //!   every process left in CMD's process group have exited. CMD inherits
-//!   stdio and gets `LEASEHOLD_NAME` and `LEASEHOLD_FENCING_TOKEN` in its
-//!   environment.
+//!   stdio and gets `LEASEHOLD_NAME` (the NAME or PATH as given) and
+//!   `LEASEHOLD_FENCING_TOKEN` in its environment.
 //!
 //!   By default the lock is exclusive: one `run` of NAME at a time. With
 //!   `--shared` (`-s`) it is held shared: any number of `--shared` runs of
@@ -37,7 +85,9 @@
 //!   the tool then exits with CMD's own status. SIGINT, SIGTERM and SIGHUP
 //!   sent to the tool are forwarded to the group. If the lock is lost, a
 //!   warning is printed, the group is sent SIGTERM, then SIGKILL if it is
-//!   not empty `--kill-after` SECS later (default 5), and the tool exits
+//!   not empty `--kill-after` later (default 5 s, or a sixth of a
+//!   `--lease` shorter than 30 s, which keeps it inside the margin at which
+//!   a failing renewal reports the loss), and the tool exits
 //!   with status 75 whatever CMD's own status was.
 //!
 //!   The group dies with the tool: if the tool dies without releasing the
@@ -69,7 +119,13 @@
 //!   semaphore of N permits), listing every holder of a shared lock or a
 //!   semaphore; `list` shows every lock in the directory, with its kind
 //!   and holders; `clean` removes stale locks and crash leftovers (never a
-//!   live lock), or with `--dry-run` says what it would remove.
+//!   live lock), or with `--dry-run` says what it would remove. None of
+//!   them creates a directory: on one that does not exist they say so and
+//!   exit 66.
+//! - `man [SUBCOMMAND]` writes the man page (roff) of the tool, or of
+//!   `run`, `holder`, ... as `leasehold-run(1)` and so on, to stdout;
+//!   `completions SHELL` writes a completion script. Both come from the
+//!   definitions the parser uses, so they never disagree with it.
 //!
 //! The directory is `--dir`, else `$LEASEHOLD_DIR` (an explicit choice,
 //! like `--dir`), else the library's per-user default,
@@ -81,16 +137,17 @@
 //!
 //! # Exit codes
 //!
-//! | code | meaning |
-//! |---|---|
-//! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N |
-//! | 0 | `holder`: the lock is held; `list`, `clean`: success |
-//! | 1 | `run`: the lock was held (`--no-wait`) or `--wait` ran out (see `--conflict-exit-code`); `holder`: the lock is free |
-//! | 2 | bad usage (`--permits 0`, `--shared` with `--permits`, ...), or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) |
-//! | 78 | `run --shared` or `run --permits N`: NAME is held as another kind (a semaphore of another count, a semaphore when asked shared, or shared when asked for a permit); CMD never ran. sysexits' `EX_CONFIG`: the processes using NAME disagree on what it is |
-//! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) |
-//! | 126, 127 | `run`: CMD could not be executed, or was not found |
-//! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) |
+//! | code | meaning | flock(1) |
+//! |---|---|---|
+//! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N | the same |
+//! | 0 | `holder`: the lock is held; `list`, `clean`, `man`, `completions`: success | |
+//! | 1 | `run`: the lock was held (`-n`) or `-w` ran out (see `-E`); `holder`: the lock is free | the same |
+//! | 2 | bad usage (`--permits 0`, `-w 5x`, `--shared` with `--permits`, ...), or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) | 64 for bad usage |
+//! | 66 | the lock directory does not exist (`holder`, `list`, `clean` never create it), or a PATH's directory does not exist (`run`, `holder`); sysexits' `EX_NOINPUT` | the same, when it cannot open the lock file |
+//! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) | no leases: never |
+//! | 78 | `run --shared` or `run --permits N`: NAME is held as another kind (a semaphore of another count, a semaphore when asked shared, or shared when asked for a permit); CMD never ran. sysexits' `EX_CONFIG`: the processes using NAME disagree on what it is | no semaphores: never |
+//! | 126, 127 | `run`: CMD could not be executed, or was not found (as a shell says) | 69 for both |
+//! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) | dies of the signal |
 //!
 //! # JSON output
 //!
@@ -166,22 +223,43 @@ const EXIT_LOST: u8 = 75;
 /// what NAME is.
 const EXIT_KIND_MISMATCH: u8 = 78;
 
+/// The end of `leasehold run -h`.
+const RUN_SHORT_HELP: &str = "\
+Like flock(1): leasehold run [-n | -w DURATION] [-E N] [-s | -x] NAME|PATH (CMD ARGS... | -c STRING)
+See --help for the exit statuses, the kinds of lock, signals and the differences from flock(1).";
+
 /// The end of `leasehold run --help`.
 const RUN_HELP: &str = "\
 Exit status:
-  CMD's status  CMD ran and exited, and its process group is empty (128+N if CMD
-                was killed by signal N)
-  1             the lock was held (--no-wait) or --wait ran out; see --conflict-exit-code
-  2             bad usage (e.g. --permits 0, or --shared with --permits), an error
-                from the lock library, or the watchdog could not be started (then
-                CMD never ran)
-  78            --shared or --permits N: NAME is held as another kind (a semaphore of
-                another count, or shared vs semaphore); CMD never ran
+  CMD's status  CMD ran and exited, and its process group is empty
+  128+N         CMD was killed by signal N; or signal N arrived while waiting for
+                the lock (CMD never ran)
+  1             the lock was held (-n) or -w ran out; see -E (--conflict-exit-code)
+  2             bad usage (e.g. --permits 0, -w 5x, --shared with --permits), an
+                error from the lock library, or the watchdog could not be started
+                (then CMD never ran)
+  66            the lock's directory does not exist (a PATH's directory is never
+                created; as flock(1), which says it cannot open the lock file)
   75            the lock was lost while CMD or its group ran: the group was sent
                 SIGTERM, then SIGKILL after --kill-after (or it had already exited
                 when the loss was found)
-  126, 127      CMD could not be executed, or was not found
-  128+N         signal N arrived while waiting for the lock (CMD never ran)
+  78            --shared or --permits N: NAME is held as another kind (a semaphore of
+                another count, or shared vs semaphore); CMD never ran
+  126, 127      CMD could not be executed, or was not found (flock(1) says 69)
+
+Output: none of leasehold's own on success, nor on -n or -w giving up (as flock(1),
+so cron mails nothing). --verbose says who holds the lock (pid, host, since) when
+it must wait, again every 5 s, and how long the wait took. On a terminal, a wait
+longer than 2 s shows one live line (waiting Ts for lock NAME, held by pid P on H
+for Ts), erased when the wait ends.
+
+The lock: NAME is a lock in the lock directory (--dir, $LEASEHOLD_DIR, or the
+per-user default). An argument with a `/`, or --file PATH, is a lock file given by
+its path, as flock(1) takes it: exactly that file, in its directory, which must
+exist; --dir does not apply. leasehold creates the file when it takes the lock and
+removes it when it releases it, and keeps its fencing counter beside it
+(PATH.fence). Do not take one path with flock(1) and leasehold at once: flock(1)
+never removes its file, and a waiter of one kind can miss a file the other removed.
 
 Kinds: without --shared or --permits the lock is exclusive (one run at a time).
 --shared runs overlap each other but never an exclusive run; a waiting exclusive
@@ -190,14 +268,20 @@ semaphore NAME (at most N at once); every run of NAME must give the same N.
 
 CMD runs in a process group of its own. The lock is held until CMD and every
 process left in its group have exited (like flock(1), a background job of CMD
-keeps the lock); the status is then CMD's own. SIGINT, SIGTERM and SIGHUP are
-forwarded to the group; a lost lock stops the whole group. If leasehold dies
-without releasing the lock (SIGKILL, the OOM killer), a watchdog process
-SIGKILLs CMD's group, so nothing of CMD runs on without the lock; if the
-watchdog cannot be started, CMD is not run. A process that leaves the group
-(setsid, a daemon) is not covered, nor a set-user-ID or file-capability one
-(sudo). In a terminal, CMD's group gets the terminal while it runs (Ctrl-C goes
-to it); Ctrl-Z (job control) is not supported.";
+keeps the lock); the status is then CMD's own. -o is accepted for flock(1)'s
+sake: CMD never holds a descriptor of the lock, leasehold does, so there is
+nothing to close. SIGINT, SIGTERM and SIGHUP are forwarded to the group; a lost
+lock stops the whole group. If leasehold dies without releasing the lock
+(SIGKILL, the OOM killer), a watchdog process SIGKILLs CMD's group, so nothing of
+CMD runs on without the lock (flock(1)'s lock dies with the last process that
+holds its descriptor); if the watchdog cannot be started, CMD is not run. A
+process that leaves the group (setsid, a daemon) is not covered, nor a
+set-user-ID or file-capability one (sudo). In a terminal, CMD's group gets the
+terminal while it runs (Ctrl-C goes to it); Ctrl-Z (job control) is not
+supported.
+
+Durations: seconds (fractions allowed: 0.5) or units ms, s, m, h, d (90s, 5m,
+1h30m, 1.5h).";
 
 type Failure = Box<dyn StdError + Send + Sync>;
 
@@ -213,18 +297,19 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run CMD while holding the lock NAME (exclusive, shared, or one permit of a semaphore); exit with CMD's status.
-    #[command(after_help = RUN_HELP)]
+    #[command(after_help = RUN_SHORT_HELP, after_long_help = RUN_HELP)]
     Run(RunArgs),
-    /// Show who holds the lock NAME; exit 0 if held, 1 if free.
+    /// Show who holds the lock NAME (or the lock file PATH); exit 0 if held, 1 if free, 66 if its directory does not exist.
     Holder {
-        /// The lock name.
+        /// The lock: a NAME in the lock directory, or the PATH of a lock file (an argument with a `/`).
+        #[arg(value_name = "NAME|PATH")]
         name: String,
         #[command(flatten)]
         opts: Inspect,
     },
-    /// List every lock in the directory, held or stale.
+    /// List every lock in the directory, held or stale; exit 66 if the directory does not exist.
     List(Inspect),
-    /// Remove stale locks and crash leftovers; live locks are never touched.
+    /// Remove stale locks and crash leftovers; live locks are never touched. Exit 66 if the directory does not exist.
     Clean {
         #[command(flatten)]
         opts: Inspect,
@@ -244,9 +329,6 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Internal to `run`: kills CMD's process group if `run` dies.
-    #[command(name = WATCHDOG, hide = true)]
-    Watchdog,
 }
 
 #[derive(Debug, Args)]
@@ -269,11 +351,13 @@ struct Common {
 }
 
 #[derive(Debug, Args)]
+// As getopt in flock(1): a repeated option is no error, the last one wins.
+#[command(args_override_self = true)]
 struct RunArgs {
     /// The lock: a NAME in the lock directory, or, as flock(1) takes it, the PATH of a lock file (any argument with a `/`, e.g. /var/lock/backup.lock or ./job.lock).
     #[arg(value_name = "NAME|PATH", required_unless_present = "file")]
     lock: Option<String>,
-    /// Lock the file PATH (in its directory, which must exist), even without a `/` in it.
+    /// Lock the file PATH (in its directory, which must exist), even without a `/` in it. Put `--` before a CMD with options of its own.
     #[arg(long, value_name = "PATH")]
     file: Option<String>,
     /// Hold the lock shared: shared runs overlap, but never an exclusive one (as flock -s).
@@ -287,10 +371,10 @@ struct RunArgs {
     permits: Option<u32>,
     #[command(flatten)]
     common: Common,
-    /// Wait at most DURATION for the lock: seconds (fractions allowed, as flock -w) or e.g. 90s, 5m, 1h30m [default: forever]
+    /// Wait at most DURATION for the lock: seconds (fractions allowed) or e.g. 90s, 5m, 1h30m (as flock -w, --timeout) [default: forever]
     #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
-    /// Give up at once if the lock is held (as flock -n).
+    /// Give up at once if the lock is held (as flock -n, --nonblock).
     #[arg(short = 'n', long, visible_alias = "nonblock")]
     no_wait: bool,
     /// Exit status when the lock could not be taken (held with -n, or -w ran out).
@@ -329,6 +413,11 @@ impl RunArgs {
     /// The lock, and CMD with its arguments, in the order flock(1) allows.
     fn resolve(&mut self) -> Result<(Target, Vec<OsString>), String> {
         let target = match (&self.file, &self.lock) {
+            (Some(_), Some(first)) if self.shell_command.is_some() => {
+                return Err(format!(
+                    "with --file, put -- before the command: its -c was taken for leasehold's (CMD {first:?})"
+                ));
+            }
             (Some(file), lock) => {
                 // With --file, clap took CMD's first word for the lock.
                 if let Some(first) = lock {
@@ -380,9 +469,16 @@ enum StrategyArg {
 }
 
 fn main() -> ExitCode {
+    // Internal to `run`, so not a subcommand: the man page and the
+    // completions would show it.
+    let mut argv = std::env::args_os().skip(1);
+    if let (Some(first), None) = (argv.next(), argv.next())
+        && first == WATCHDOG
+    {
+        return watchdog();
+    }
     let cli = Cli::parse();
     match cli.command {
-        Command::Watchdog => return watchdog(),
         Command::Man { subcommand } => return man(subcommand.as_deref()),
         Command::Completions { shell } => return completions(shell),
         // In every thread, so before the runtime starts any: handing the
@@ -411,7 +507,7 @@ fn main() -> ExitCode {
             Command::Holder { name, opts } => holder(&name, &opts).await,
             Command::List(opts) => list(&opts).await,
             Command::Clean { opts, dry_run } => clean(&opts, dry_run).await,
-            Command::Watchdog | Command::Man { .. } | Command::Completions { .. } => Ok(EXIT_ERROR),
+            Command::Man { .. } | Command::Completions { .. } => Ok(EXIT_ERROR),
         }
     });
     // Nothing of ours should linger, but never hang on exit if it does.
@@ -839,7 +935,7 @@ async fn run(mut args: RunArgs) -> Result<u8, Failure> {
 /// itself has exited.
 const GROUP_POLL: Duration = Duration::from_millis(50);
 
-/// The hidden subcommand `run` starts its watchdog with.
+/// The only argument `run` starts its watchdog with.
 const WATCHDOG: &str = "__watchdog";
 
 /// The byte `run` sends its watchdog once CMD's process group is empty.
