@@ -35,7 +35,9 @@
 //! exist: it is never created; a world-writable directory must be sticky,
 //! as `/var/lock` and `/tmp` are). The file exists while the lock is
 //! held (flock(1)'s stays), and the fencing counter `backup.lock.fence`
-//! stays beside it. A name without `/` is a lock in the lock directory.
+//! stays beside it. The empty file flock(1) leaves behind is taken over
+//! once it is a second old and nobody holds its `flock`; one that flock(1)
+//! holds is waited for. A name without `/` is a lock in the lock directory.
 //! Do not take one path with flock(1) and leasehold at the same time:
 //! flock(1) never removes its file, and a waiter of one kind can miss a
 //! file the other removed.
@@ -258,8 +260,10 @@ per-user default). An argument with a `/`, or --file PATH, is a lock file given 
 its path, as flock(1) takes it: exactly that file, in its directory, which must
 exist; --dir does not apply. leasehold creates the file when it takes the lock and
 removes it when it releases it, and keeps its fencing counter beside it
-(PATH.fence). Do not take one path with flock(1) and leasehold at once: flock(1)
-never removes its file, and a waiter of one kind can miss a file the other removed.
+(PATH.fence). An empty file that flock(1) left behind is taken over once it is a
+second old and nobody holds it; one that flock(1) holds is waited for. Do not
+take one path with flock(1) and leasehold at once, though: flock(1) never removes
+its file, and a waiter of one kind can miss a file the other removed.
 
 Kinds: without --shared or --permits the lock is exclusive (one run at a time).
 --shared runs overlap each other but never an exclusive run; a waiting exclusive
@@ -627,6 +631,14 @@ struct Build {
     lease: Option<Duration>,
 }
 
+/// How long an empty lock file nobody holds a `flock` on is left alone,
+/// for a lock given by its path. flock(1) leaves such a file behind after
+/// every run; a switched crontab must take it over at once, not after the
+/// library's 15 s (meant for writers that write their record late). A
+/// leasehold writer whose new file is taken meanwhile notices: the file it
+/// then locks has no links left.
+const FLOCK_FILE_GRACE: Duration = Duration::from_secs(1);
+
 /// A `Locker` on the lock directory, or on the directory of a lock given
 /// by its path. Not calling `.directory()` at all is what selects the
 /// library's per-user default, with its ownership checks.
@@ -651,7 +663,8 @@ fn locker(common: &Common, target: Option<&Target>, how: Build) -> Result<Locker
         builder = builder
             .directory(dir)
             .path_style(PathStyle::Exact)
-            .create_directory(false);
+            .create_directory(false)
+            .unreadable_grace(FLOCK_FILE_GRACE);
     } else {
         builder = builder.create_directory(how.create);
         if let Some(dir) = common.dir.clone().or_else(from_env) {

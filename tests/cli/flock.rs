@@ -360,6 +360,33 @@ fn a_path_locks_exactly_that_file_which_flock_sees_held() {
 }
 
 #[test]
+fn a_crontab_switched_from_flock_takes_over_its_lock_file() {
+    if !Path::new(FLOCK).exists() {
+        eprintln!("{FLOCK} not found");
+        return;
+    }
+    let (_tmp, dir, path) = scratch();
+    // flock(1) holds it: leasehold waits, as another flock(1) would.
+    let mut holder = Tool::Flock.holding(&[], &path, &dir);
+    let busy = Tool::Leasehold.finish(&["-n", &path, "true"]);
+    assert_eq!(busy.code, Some(1), "{}", busy.stderr);
+    let mut waiter = Proc::spawn(Tool::Leasehold.cmd(&["-w", "20", &path, "echo", "got-it"]));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(waiter.running(), "ran while flock(1) held the file");
+    release(&dir, &mut holder);
+    waiter.expect_line("got-it");
+    assert_eq!(waiter.wait().code(), Some(0));
+
+    // The empty file the last flock(1) run left behind is no lock.
+    assert_eq!(Tool::Flock.finish(&[&path, "true"]).code, Some(0));
+    assert!(Path::new(&path).is_file(), "flock(1) leaves its file");
+    std::thread::sleep(Duration::from_millis(1200));
+    let done = Tool::Leasehold.finish(&["-n", &path, "true"]);
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    assert_silent(&done, "taking over flock's file");
+}
+
+#[test]
 fn a_path_in_a_missing_directory_is_an_error_and_creates_nothing() {
     let (tmp, dir, _) = scratch();
     let missing = format!("{dir}/nope/backup.lock");
