@@ -225,6 +225,9 @@ const EXIT_LOST: u8 = 75;
 /// what NAME is.
 const EXIT_KIND_MISMATCH: u8 = 78;
 
+/// The library's default lease, which `run` keeps unless `--lease` says.
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
 /// The end of `leasehold run -h`.
 const RUN_SHORT_HELP: &str = "\
 Like flock(1): leasehold run [-n | -w DURATION] [-E N] [-s | -x] NAME|PATH (CMD ARGS... | -c STRING)
@@ -736,6 +739,15 @@ async fn run(mut args: RunArgs) -> Result<u8, Failure> {
         }
     };
     let kill_after = args.kill_after();
+    // A failing renewal reports the loss a quarter of the lease before it
+    // runs out (the renew interval, a third, is longer): a longer grace
+    // lets CMD run on after another process may have taken the lock.
+    let margin = args.lease.unwrap_or(DEFAULT_LEASE) / 4;
+    if kill_after > margin {
+        warn(&format!(
+            "warning: --kill-after {kill_after:?} is longer than the {margin:?} between a failing renewal and the end of the lease: if the lock is lost, the command may still run when another process takes it"
+        ));
+    }
     let mut signals = Forwarded::install()?;
     // Before the lock is taken, so that a tool that cannot guard CMD never
     // takes it: CMD must not run without the watchdog.

@@ -469,6 +469,22 @@ fn flocks_argument_order_needs_no_double_dash() {
     let done = finish(&["run", "-o", "--close", "-n", "-n", "--dir", d, "job", "true"]);
     assert_eq!(done.code, Some(0), "{}", done.stderr);
     assert_silent(&done, "-o");
+    // What -o is for in flock(1): the command holds no descriptor of the
+    // lock (nor of its directory), whatever the kind and -o or not.
+    let path = format!("{d}/held.lock");
+    for options in [&[][..], &["-o"], &["-s"], &["--permits", "2"]] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(options);
+        args.extend_from_slice(&[&path, "sh", "-c", "ls -l /proc/$$/fd/"]);
+        let done = finish(&args);
+        assert_eq!(done.code, Some(0), "{options:?}: {}", done.stderr);
+        assert!(done.stdout.contains(" 0 -> "), "{options:?}: {}", done.stdout);
+        assert!(
+            !done.stdout.contains(d),
+            "{options:?}: CMD holds a lock descriptor: {}",
+            done.stdout
+        );
+    }
 }
 
 #[test]
@@ -602,7 +618,28 @@ fn lease_and_kill_after_take_durations() {
     assert_eq!(finish(&["holder", "job", "--dir", d]).code, Some(0));
     std::fs::write(tmp.path().join("go"), "").unwrap();
     assert_eq!(holder.wait().code(), Some(0));
-    let _ = Value::Null;
+
+    // A grace past the lease's safety margin is allowed, with a warning.
+    let done = finish(&[
+        "run",
+        "--lease",
+        "4s",
+        "--kill-after",
+        "2s",
+        "--dir",
+        d,
+        "job",
+        "true",
+    ]);
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    assert!(
+        done.stderr
+            .contains("warning: --kill-after 2s is longer than the 1s"),
+        "{}",
+        done.stderr
+    );
+    let done = finish(&["run", "--lease", "4s", "--dir", d, "job", "true"]);
+    assert_silent(&done, "the default grace fits a short lease");
 }
 
 #[test]
