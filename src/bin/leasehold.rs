@@ -303,8 +303,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run CMD while holding the lock NAME (exclusive, shared, or one permit of a semaphore); exit with CMD's status.
-    #[command(after_help = RUN_SHORT_HELP, after_long_help = RUN_HELP)]
+    /// Run CMD while holding a lock (exclusive, shared, or one permit of a semaphore), as flock(1) does; exit with CMD's status.
+    #[command(
+        after_help = RUN_SHORT_HELP,
+        after_long_help = RUN_HELP,
+        override_usage = "leasehold run [OPTIONS] NAME|PATH [--] CMD [ARGS]...\n       \
+                          leasehold run [OPTIONS] NAME|PATH -c STRING\n       \
+                          leasehold run [OPTIONS] --file PATH (-- CMD [ARGS]... | -c STRING)"
+    )]
     Run(RunArgs),
     /// Show who holds the lock NAME (or the lock file PATH); exit 0 if held, 1 if free, 66 if its directory does not exist.
     Holder {
