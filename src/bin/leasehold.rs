@@ -174,6 +174,18 @@
 //! | `kind` | string or null | `"exclusive"`, `"shared"` or `"semaphore"`; null for a free lock |
 //! | `permits` | number or null | a semaphore's permit count; null for other kinds |
 //! | `holders` | array | every holder, oldest first: one for an exclusive lock, each shared holder or permit holder otherwise, none for a free lock. Each is an object with the keys `pid`, `hostname`, `holderId`, `acquiredAt`, `leaseExpiresAt` and `fencingToken`, as above |
+//!
+//! `run --json` writes one JSON object per line to stderr (stdout is
+//! CMD's) for what happens to the lock, each with `event` and `lock` (the
+//! NAME or PATH as given), and:
+//!
+//! | `event` | when | more keys |
+//! |---|---|---|
+//! | `"waiting"` | the lock is held: the run waits | `holders` (as above), `waitLimitMs` (number, or null without `-w`) |
+//! | `"acquired"` | the lock is taken; CMD starts | `waitedMs`, `fencingToken` |
+//! | `"busy"` | `-n` found the lock held | `waitedMs`, `holders`, `exitCode` |
+//! | `"timeout"` | `-w` ran out | `waitedMs`, `holders`, `exitCode` |
+//! | `"lost"` | the lock was lost while CMD ran (the warning follows) | `killAfterMs` (null if CMD had already exited) |
 
 // Denied, not forbidden: guarding CMD between fork and exec needs one
 // `pre_exec` hook, fenced in `guard_command`. The library forbids it.
@@ -286,6 +298,11 @@ process that leaves the group (setsid, a daemon) is not covered, nor a
 set-user-ID or file-capability one (sudo). In a terminal, CMD's group gets the
 terminal while it runs (Ctrl-C goes to it); Ctrl-Z (job control) is not
 supported.
+
+--json: one JSON object per line on stderr for each event: {\"event\": \"waiting\" |
+\"acquired\" | \"busy\" | \"timeout\" | \"lost\", \"lock\": ..., ...}, with the holders (as
+`leasehold holder --json` shows them), waitedMs, fencingToken, exitCode or
+killAfterMs.
 
 Durations: seconds (fractions allowed: 0.5) or units ms, s, m, h, d (90s, 5m,
 1h30m, 1.5h).";
@@ -405,6 +422,9 @@ struct RunArgs {
     /// Say who holds the lock when it must wait, every few seconds while it waits, and how long it waited.
     #[arg(long)]
     verbose: bool,
+    /// Write one JSON object per line to stderr for what happens to the lock: waiting, acquired, busy, timeout, lost (see --help).
+    #[arg(long)]
+    json: bool,
     /// Run STRING through `sh -c` instead of CMD (as flock -c).
     #[arg(
         short = 'c',
@@ -789,7 +809,7 @@ async fn run(mut args: RunArgs) -> Result<u8, Failure> {
     };
     let (name, shown) = (target.name(), target.shown());
     let want = Want::new(&args, &locker, name)?;
-    let waiting = Waiting::new(shown, args.verbose, started);
+    let waiting = Waiting::new(shown, args.verbose, args.json, started);
     let attempt = async {
         if let Some(guard) = want.try_acquire(&locker, name).await? {
             return Ok(Some(guard));
@@ -836,9 +856,15 @@ async fn run(mut args: RunArgs) -> Result<u8, Failure> {
         Err(e) => return Err(e.into()),
     };
     let Some(guard) = guard else {
-        drop(waiting);
         // Quiet, as flock(1): a cron job that finds its lock held every
         // minute must not mail every minute.
+        let timed_out = args.wait.is_some() && !args.no_wait;
+        if args.json {
+            let found = locker.inspect(name).await.ok().flatten();
+            let kind = if timed_out { "timeout" } else { "busy" };
+            waiting.gave_up(kind, found.as_ref(), args.conflict_exit_code);
+        }
+        drop(waiting);
         if args.verbose {
             let found = locker.inspect(name).await.ok().flatten();
             let held = conflict(found.as_ref(), &want);
@@ -851,7 +877,7 @@ async fn run(mut args: RunArgs) -> Result<u8, Failure> {
         }
         return Ok(args.conflict_exit_code);
     };
-    waiting.took();
+    waiting.took(guard.fencing_token());
     drop(waiting);
 
     let Some((program, rest)) = argv.split_first() else {
@@ -912,6 +938,10 @@ async fn run(mut args: RunArgs) -> Result<u8, Failure> {
             sig = signals.recv() => signal_group(group, sig),
             () = guard.lost(), if !lost => {
                 lost = true;
+                if args.json {
+                    let kill_after_ms = u64::try_from(kill_after.as_millis()).unwrap_or(u64::MAX);
+                    status::event("lost", shown, json!({ "killAfterMs": kill_after_ms }));
+                }
                 warn(&format!(
                     "warning: lock {name:?} was lost while the command ran; sending its process group SIGTERM, and SIGKILL in {:?}",
                     kill_after
@@ -941,6 +971,9 @@ async fn run(mut args: RunArgs) -> Result<u8, Failure> {
         // alongside another holder all the same: the caller must know.
         Err(e) if e.is_lost() => {
             lost = true;
+            if args.json {
+                status::event("lost", shown, json!({ "killAfterMs": null }));
+            }
             warn(&format!(
                 "warning: the lock was lost while the command ran: {}",
                 chain(&e)

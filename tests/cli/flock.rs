@@ -757,6 +757,8 @@ fn help_documents_the_flock_flags_and_the_exit_statuses() {
         "128+N",
         "1h30m",
         "flock(1)",
+        "--json",
+        "\"acquired\"",
     ] {
         assert!(
             long.contains(documented),
@@ -769,4 +771,95 @@ fn help_documents_the_flock_flags_and_the_exit_statuses() {
         let help = finish(&[sub, "--help"]).stdout;
         assert!(help.contains("66"), "{sub} --help: {help}");
     }
+}
+
+/// The `--json` lines of a finished run, parsed.
+fn events(done: &Done) -> Vec<Value> {
+    done.stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect()
+}
+
+#[test]
+fn json_lines_say_what_happened_to_the_lock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let done = finish(&["run", "--json", "--dir", d, "job", "echo", "ran"]);
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    assert_eq!(done.stdout, "ran\n", "stdout stays the command's");
+    let ev = events(&done);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0]["event"], "acquired");
+    assert_eq!(ev[0]["lock"], "job");
+    assert!(
+        ev[0]["waitedMs"].is_u64() && ev[0]["fencingToken"].is_u64(),
+        "{ev:?}"
+    );
+
+    let mut holder = super::holding(d, "job");
+    let pid = u64::from(holder.pid());
+    let busy = finish(&["run", "--json", "-n", "-E", "3", "--dir", d, "job", "true"]);
+    assert_eq!(busy.code, Some(3));
+    let ev = events(&busy);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0]["event"], "busy");
+    assert_eq!(ev[0]["exitCode"], 3);
+    assert_eq!(ev[0]["holders"][0]["pid"], pid, "{ev:?}");
+
+    let timed_out = finish(&["run", "--json", "-w", "200ms", "--dir", d, "job", "true"]);
+    assert_eq!(timed_out.code, Some(1));
+    let ev = events(&timed_out);
+    let kinds: Vec<&str> = ev.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["waiting", "timeout"], "{ev:?}");
+    assert_eq!(ev[0]["waitLimitMs"], 200);
+    assert_eq!(ev[0]["holders"][0]["pid"], pid, "{ev:?}");
+    assert!(ev[1]["waitedMs"].as_u64().unwrap() >= 200, "{ev:?}");
+
+    let waiter = std::thread::spawn({
+        let d = d.to_owned();
+        move || finish(&["run", "--json", "--dir", &d, "job", "true"])
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(tmp.path().join("go"), "").unwrap();
+    assert_eq!(holder.wait().code(), Some(0));
+    let done = waiter.join().unwrap();
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    let kinds: Vec<String> = events(&done)
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kinds, ["waiting", "acquired"], "{}", done.stderr);
+
+    // A lost lock: the line, then the warning, and status 75.
+    let path = super::lock_path(tmp.path(), "lost");
+    let remover = std::thread::spawn(move || {
+        let deadline = Instant::now() + BOUND;
+        while std::fs::remove_file(&path).is_err() {
+            assert!(Instant::now() < deadline, "the lock never appeared");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let script = "while :; do sleep 0.1 >/dev/null; done";
+    let done = finish(&[
+        "run", "--json", "--lease", "1s", "--dir", d, "lost", "sh", "-c", script,
+    ]);
+    remover.join().unwrap();
+    assert_eq!(done.code, Some(75), "{}", done.stderr);
+    let lines: Vec<&str> = done.stderr.lines().collect();
+    let lost: Vec<Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "lost")
+        .collect();
+    assert_eq!(lost.len(), 1, "{}", done.stderr);
+    assert_eq!(lost[0]["lock"], "lost");
+    assert!(lost[0]["killAfterMs"].is_u64(), "{}", done.stderr);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("leasehold: warning: lock \"lost\" was lost")),
+        "the warning stays: {}",
+        done.stderr
+    );
 }

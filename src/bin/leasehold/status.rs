@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use leasehold::{LockInfo, Locker};
+use serde_json::{Value, json};
 
 use super::duration::short;
-use super::{Want, conflict, warn};
+use super::{Want, conflict, holder_entry, warn};
 
 /// How long a wait goes on before a terminal shows the live line.
 const LIVE_AFTER: Duration = Duration::from_secs(2);
@@ -31,17 +32,22 @@ const LIVE_WIDTH: usize = 79;
 pub(crate) struct Waiting {
     /// The lock as the user gave it, quoted.
     shown: String,
+    /// The lock as the user gave it, unquoted, for `--json`.
+    lock: String,
     verbose: bool,
+    json: bool,
     live: bool,
     started: Instant,
     line_shown: AtomicBool,
 }
 
 impl Waiting {
-    pub(crate) fn new(shown: &str, verbose: bool, started: Instant) -> Self {
+    pub(crate) fn new(shown: &str, verbose: bool, json: bool, started: Instant) -> Self {
         Self {
             shown: format!("{shown:?}"),
+            lock: shown.to_owned(),
             verbose,
+            json,
             live: std::io::stderr().is_terminal(),
             started,
             line_shown: AtomicBool::new(false),
@@ -57,6 +63,15 @@ impl Waiting {
         want: &Want,
         wait: Option<Duration>,
     ) -> Infallible {
+        if self.json {
+            let info = locker.inspect(name).await.ok().flatten();
+            let limit = wait.map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX));
+            event(
+                "waiting",
+                &self.lock,
+                json!({ "holders": holders(info.as_ref()), "waitLimitMs": limit }),
+            );
+        }
         if self.verbose {
             let info = locker.inspect(name).await.ok().flatten();
             let limit = wait.map(|w| format!(" (at most {w:?})")).unwrap_or_default();
@@ -91,8 +106,15 @@ impl Waiting {
     }
 
     /// The lock was taken: with `--verbose`, says after how long.
-    pub(crate) fn took(&self) {
+    pub(crate) fn took(&self, fencing_token: Option<u64>) {
         self.erase();
+        if self.json {
+            event(
+                "acquired",
+                &self.lock,
+                json!({ "waitedMs": self.waited_ms(), "fencingToken": fencing_token }),
+            );
+        }
         if self.verbose {
             warn(&format!(
                 "took lock {} after {:.3}s",
@@ -100,6 +122,23 @@ impl Waiting {
                 self.started.elapsed().as_secs_f64()
             ));
         }
+    }
+
+    /// The lock could not be taken: `-n` found it held (`busy`), or `-w`
+    /// ran out (`timeout`).
+    pub(crate) fn gave_up(&self, kind: &str, info: Option<&LockInfo>, exit_code: u8) {
+        self.erase();
+        if self.json {
+            event(
+                kind,
+                &self.lock,
+                json!({ "waitedMs": self.waited_ms(), "holders": holders(info), "exitCode": exit_code }),
+            );
+        }
+    }
+
+    fn waited_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     fn erase(&self) {
@@ -114,6 +153,25 @@ impl Drop for Waiting {
     fn drop(&mut self) {
         self.erase();
     }
+}
+
+/// One `--json` line on stderr: `{"event": kind, "lock": lock, ...fields}`,
+/// written whole.
+pub(crate) fn event(kind: &str, lock: &str, fields: Value) {
+    let mut line = json!({ "event": kind, "lock": lock });
+    if let (Value::Object(line), Value::Object(fields)) = (&mut line, fields) {
+        line.extend(fields);
+    }
+    let mut text = line.to_string();
+    text.push('\n');
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// The live holders, as `holder --json` lists them; none for a stale lock.
+fn holders(info: Option<&LockInfo>) -> Vec<Value> {
+    info.filter(|i| !i.is_stale())
+        .map(|i| i.holders().iter().map(holder_entry).collect())
+        .unwrap_or_default()
 }
 
 /// Who holds the lock, as the live line shows it.
