@@ -47,6 +47,7 @@
 //! so cron mails nothing). `--verbose` says who holds the lock (pid, host,
 //! since) when it must wait, again every 5 seconds, and how long the wait
 //! took. On a terminal, a wait longer than 2 seconds shows one live line
+//! (instead of the repeated `--verbose` lines)
 //! (`waiting 12s for lock "backup", held by pid 4242 on db1 for 1m3s`),
 //! erased when the wait ends.
 //!
@@ -267,8 +268,8 @@ Exit status:
 Output: none of leasehold's own on success, nor on -n or -w giving up (as flock(1),
 so cron mails nothing). --verbose says who holds the lock (pid, host, since) when
 it must wait, again every 5 s, and how long the wait took. On a terminal, a wait
-longer than 2 s shows one live line (waiting Ts for lock NAME, held by pid P on H
-for Ts), erased when the wait ends.
+longer than 2 s shows one live line instead of the repeated ones (waiting Ts for
+lock NAME, held by pid P on H for Ts), erased when the wait ends.
 
 The lock: NAME is a lock in the lock directory (--dir, $LEASEHOLD_DIR, or the
 per-user default). An argument with a `/`, or --file PATH, is a lock file given by

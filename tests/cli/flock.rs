@@ -506,7 +506,8 @@ fn verbose_says_who_holds_the_lock_while_waiting_and_how_long_it_took() {
         let d = d.to_owned();
         move || finish(&["run", "-w", "1m", "--verbose", "--dir", &d, "job", "true"])
     });
-    std::thread::sleep(Duration::from_millis(6500));
+    // 5 s for the line, and time to spare for a slow start on a loaded machine.
+    std::thread::sleep(Duration::from_millis(9000));
     std::fs::write(tmp.path().join("go"), "").unwrap();
     assert_eq!(holder.wait().code(), Some(0));
     let done = waiter.join().unwrap();
@@ -560,7 +561,8 @@ fn a_terminal_shows_a_live_line_while_waiting_and_erases_it() {
     cmd.args(["-qfec", &line, "/dev/null"])
         .env_remove("LEASEHOLD_DIR");
     let waiter = std::thread::spawn(move || finish_cmd(cmd));
-    std::thread::sleep(Duration::from_millis(4000));
+    // 2 s for the line, and time to spare for a slow start.
+    std::thread::sleep(Duration::from_millis(5000));
     std::fs::write(tmp.path().join("go"), "").unwrap();
     assert_eq!(holder.wait().code(), Some(0));
     let done = waiter.join().unwrap();
