@@ -410,6 +410,29 @@ fn a_path_in_a_missing_directory_is_an_error_and_creates_nothing() {
 }
 
 #[test]
+fn a_symlink_at_the_path_is_never_followed() {
+    let (tmp, dir, path) = scratch();
+    let target = tmp.path().join("precious");
+    std::fs::write(&target, "keep me").unwrap();
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    let ran = format!("{dir}/ran");
+    for args in [
+        &["run", &path, "touch", &ran][..],
+        &["run", "-n", &path, "touch", &ran],
+    ] {
+        let done = finish(args);
+        assert_eq!(done.code, Some(2), "{args:?}: {}", done.stderr);
+        assert!(done.stderr.contains("symlink"), "{args:?}: {}", done.stderr);
+        assert!(!Path::new(&ran).exists(), "{args:?}: the command ran");
+    }
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+    assert!(
+        std::fs::symlink_metadata(&path).unwrap().is_symlink(),
+        "left in place"
+    );
+}
+
+#[test]
 fn a_path_in_a_shared_directory_needs_the_sticky_bit() {
     let (tmp, dir, path) = scratch();
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
