@@ -55,6 +55,48 @@ impl Tool {
     }
 }
 
+/// `leasehold ARGS` with its stderr merged into the stdout that [`Proc`]
+/// reads line by line, so a test can act on what it says as it says it.
+fn merged(args: &[&str]) -> Proc {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "exec \"$0\" \"$@\" 2>&1", env!("CARGO_BIN_EXE_leasehold")])
+        .args(args)
+        .env_remove("LEASEHOLD_DIR")
+        .stdin(Stdio::null());
+    Proc::spawn(cmd)
+}
+
+/// The lines `p` prints up to the first that contains `needle`, included;
+/// panics after [`BOUND`].
+fn lines_until(p: &Proc, needle: &str) -> Vec<String> {
+    let deadline = Instant::now() + BOUND;
+    let mut lines = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match p.lines.recv_timeout(left) {
+            Ok(line) => {
+                let found = line.contains(needle);
+                lines.push(line);
+                if found {
+                    return lines;
+                }
+            }
+            Err(e) => panic!("no line with {needle:?} ({e}): {lines:?}"),
+        }
+    }
+}
+
+/// Waits for `p` to exit, and returns its status and the lines it printed
+/// that were not read yet.
+fn rest(p: &mut Proc) -> (std::process::ExitStatus, Vec<String>) {
+    let status = p.wait();
+    let mut lines = Vec::new();
+    while let Ok(line) = p.lines.recv_timeout(BOUND) {
+        lines.push(line);
+    }
+    (status, lines)
+}
+
 /// Both tools, or leasehold alone where flock(1) is not installed.
 fn tools() -> Vec<Tool> {
     if Path::new(FLOCK).exists() {
@@ -525,34 +567,21 @@ fn verbose_says_who_holds_the_lock_while_waiting_and_how_long_it_took() {
     assert!(timed_out.stderr.contains("gave up after"), "{}", timed_out.stderr);
 
     // A wait of over 5 s: the holder, a line while waiting, the time taken.
-    let waiter = std::thread::spawn({
-        let d = d.to_owned();
-        move || finish(&["run", "-w", "1m", "--verbose", "--dir", &d, "job", "true"])
-    });
-    // 5 s for the line, and time to spare for a slow start on a loaded machine.
-    std::thread::sleep(Duration::from_millis(9000));
-    std::fs::write(tmp.path().join("go"), "").unwrap();
-    assert_eq!(holder.wait().code(), Some(0));
-    let done = waiter.join().unwrap();
-    assert_eq!(done.code, Some(0), "{}", done.stderr);
-    let lines: Vec<&str> = done.stderr.lines().collect();
+    let mut waiter = merged(&["run", "-w", "1m", "--verbose", "--dir", d, "job", "true"]);
+    let mut lines = lines_until(&waiter, "still waiting for lock \"job\" after");
     assert!(
         lines[0].contains(&who) && lines[0].contains("waiting"),
-        "{}",
-        done.stderr
+        "{lines:?}"
     );
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("still waiting for lock \"job\" after")),
-        "{}",
-        done.stderr
-    );
+    std::fs::write(tmp.path().join("go"), "").unwrap();
+    assert_eq!(holder.wait().code(), Some(0));
+    let (status, rest) = rest(&mut waiter);
+    assert_eq!(status.code(), Some(0), "{lines:?} {rest:?}");
+    lines.extend(rest);
     let last = lines.last().unwrap();
     assert!(
         last.starts_with("leasehold: took lock \"job\" after "),
-        "{}",
-        done.stderr
+        "{lines:?}"
     );
     let secs: f64 = last
         .rsplit(' ')
@@ -841,20 +870,19 @@ fn json_lines_say_what_happened_to_the_lock() {
     assert_eq!(ev[0]["holders"][0]["pid"], pid, "{ev:?}");
     assert!(ev[1]["waitedMs"].as_u64().unwrap() >= 200, "{ev:?}");
 
-    let waiter = std::thread::spawn({
-        let d = d.to_owned();
-        move || finish(&["run", "--json", "--dir", &d, "job", "true"])
-    });
-    std::thread::sleep(Duration::from_millis(500));
+    let mut waiter = merged(&["run", "--json", "--dir", d, "job", "true"]);
+    let mut lines = lines_until(&waiter, "\"event\":\"waiting\"");
     std::fs::write(tmp.path().join("go"), "").unwrap();
     assert_eq!(holder.wait().code(), Some(0));
-    let done = waiter.join().unwrap();
-    assert_eq!(done.code, Some(0), "{}", done.stderr);
-    let kinds: Vec<String> = events(&done)
+    let (status, rest) = rest(&mut waiter);
+    assert_eq!(status.code(), Some(0), "{lines:?} {rest:?}");
+    lines.extend(rest);
+    let kinds: Vec<String> = lines
         .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .map(|e| e["event"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(kinds, ["waiting", "acquired"], "{}", done.stderr);
+    assert_eq!(kinds, ["waiting", "acquired"], "{lines:?}");
 
     // A lost lock: the line, then the warning, and status 75.
     let path = super::lock_path(tmp.path(), "lost");
