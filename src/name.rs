@@ -39,6 +39,11 @@ const PLAIN_NAME_MAX: usize = 200;
 /// let plain = Locker::builder().directory(dir.path()).path_style(PathStyle::Plain).build()?;
 /// assert_eq!(plain.lock_path("state")?.file_name().unwrap(), "state.lock");
 /// assert!(plain.lock_path("../state").is_err());
+///
+/// // A flock(1) user's lock file, named in full.
+/// let exact = Locker::builder().directory(dir.path()).path_style(PathStyle::Exact).build()?;
+/// assert_eq!(exact.lock_path("backup")?.file_name().unwrap(), "backup");
+/// assert!(exact.lock_path("backup.fence").is_err()); // a fencing counter's name
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
