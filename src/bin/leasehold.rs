@@ -37,7 +37,10 @@
 //! held (flock(1)'s stays), and the fencing counter `backup.lock.fence`
 //! stays beside it. The empty file flock(1) leaves behind is taken over
 //! once it is a second old and nobody holds its `flock`; one that flock(1)
-//! holds is waited for. A name without `/` is a lock in the lock directory.
+//! holds is waited for. A PATH that holds anything else (a file of data
+//! nobody holds, a directory without `owner.json`), which the library
+//! would judge a stale lock and remove, is refused with status 2 and left
+//! as it is. A name without `/` is a lock in the lock directory.
 //! Do not take one path with flock(1) and leasehold at the same time:
 //! flock(1) never removes its file, and a waiter of one kind can miss a
 //! file the other removed.
@@ -277,7 +280,9 @@ its path, as flock(1) takes it: exactly that file, in its directory, which must
 exist; --dir does not apply. leasehold creates the file when it takes the lock and
 removes it when it releases it, and keeps its fencing counter beside it
 (PATH.fence). An empty file that flock(1) left behind is taken over once it is a
-second old and nobody holds it; one that flock(1) holds is waited for. Do not
+second old and nobody holds it; one that flock(1) holds is waited for. A PATH
+that holds anything else (a file of data, a directory that is no lock) is refused
+(status 2) and left as it is. Do not
 take one path with flock(1) and leasehold at once, though: flock(1) never removes
 its file, and a waiter of one kind can miss a file the other removed.
 
@@ -809,6 +814,13 @@ async fn run(mut args: RunArgs) -> Result<u8, Failure> {
         },
     };
     let (name, shown) = (target.name(), target.shown());
+    if let Target::Path { dir, file, .. } = &target {
+        let directories = matches!(args.common.strategy, StrategyArg::Dir);
+        if let Err(refused) = target::check_lock_path(dir, file, directories) {
+            warn(&refused);
+            return Ok(EXIT_ERROR);
+        }
+    }
     let want = Want::new(&args, &locker, name)?;
     let waiting = Waiting::new(shown, args.verbose, args.json, started);
     let attempt = async {

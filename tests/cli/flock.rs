@@ -475,6 +475,60 @@ fn a_symlink_at_the_path_is_never_followed() {
 }
 
 #[test]
+fn a_path_to_a_file_or_directory_that_is_no_lock_is_refused_and_kept() {
+    let (tmp, dir, _) = scratch();
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let notes = tmp.path().join("notes.txt");
+    std::fs::write(&notes, "precious data\n").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&notes)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let docs = tmp.path().join("docs");
+    std::fs::create_dir(&docs).unwrap();
+    std::fs::write(docs.join("a.txt"), "a").unwrap();
+    let ran = format!("{dir}/ran");
+    let (n, d) = (notes.to_str().unwrap(), docs.to_str().unwrap());
+    for args in [
+        &["run", n, "touch", &ran][..],
+        &["run", "-n", n, "touch", &ran],
+        &["run", "-s", n, "touch", &ran],
+        &["run", "--strategy", "dir", n, "touch", &ran],
+        &["run", "--strategy", "dir", d, "touch", &ran],
+        &["run", d, "touch", &ran],
+    ] {
+        let done = finish(args);
+        assert_eq!(done.code, Some(2), "{args:?}: {}", done.stderr);
+        assert!(!Path::new(&ran).exists(), "{args:?}: the command ran");
+        assert_eq!(
+            std::fs::read_to_string(&notes).unwrap(),
+            "precious data\n",
+            "{args:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(docs.join("a.txt")).unwrap(),
+            "a",
+            "{args:?}"
+        );
+    }
+    let done = finish(&["run", n, "true"]);
+    assert!(done.stderr.contains("not a lock"), "{}", done.stderr);
+    // The same file held by a flock(1) script that wrote its pid in it is
+    // a lock: leasehold waits for it.
+    if Path::new(FLOCK).exists() {
+        let script = "echo $$ > \"$1\"; echo started; while [ ! -e \"$2/go\" ]; do sleep 0.1; done";
+        let mut holder = Proc::spawn(Tool::Flock.cmd(&[n, "sh", "-c", script, "sh", n, &dir]));
+        holder.expect_line("started");
+        let busy = finish(&["run", "-n", n, "true"]);
+        assert_eq!(busy.code, Some(1), "{}", busy.stderr);
+        release(&dir, &mut holder);
+        assert!(notes.exists(), "kept");
+    }
+}
+
+#[test]
 fn a_path_in_a_shared_directory_needs_the_sticky_bit() {
     let (tmp, dir, path) = scratch();
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();

@@ -63,6 +63,88 @@ impl Target {
     }
 }
 
+/// Refuses a lock PATH that names a file or directory holding something
+/// other than a lock, which the library would take for a lock whose record
+/// is unreadable, judge stale, and remove (a file) or empty (a directory,
+/// with the directory strategy): `leasehold run ~/notes.txt` must never
+/// delete the notes. A lock is: nothing yet; an empty file (flock(1)'s, or
+/// one a leasehold process is creating); a file whose `flock` someone
+/// holds; a file holding a lock record (a JSON object naming a holder);
+/// for the directory strategy, a directory holding `owner.json`. Anything
+/// else that is not a regular file or directory the library refuses
+/// itself, without touching it.
+pub(crate) fn check_lock_path(dir: &Path, file: &str, directories: bool) -> Result<(), String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let path = dir.join(file);
+    let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        return Ok(());
+    };
+    let not_a_lock = |what: &str| {
+        Err(format!(
+            "{} {what}, not a lock; leasehold would remove it as a stale lock, so it refuses \
+             (give the path of a lock file, or remove this one if it is a lock nobody uses)",
+            path.display()
+        ))
+    };
+    if meta.is_dir() {
+        let record = std::fs::symlink_metadata(path.join("owner.json"));
+        return match (directories, record) {
+            (true, Ok(record)) if record.is_file() => Ok(()),
+            (true, _) => not_a_lock("is a directory without owner.json"),
+            // The file strategy refuses a directory without touching it.
+            (false, _) => Ok(()),
+        };
+    }
+    if !meta.is_file() || meta.len() == 0 {
+        return Ok(());
+    }
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(&path);
+    let Ok(file) = opened else {
+        // Unreadable to us: the library's own checks decide.
+        return Ok(());
+    };
+    // Held: a live lock, flock(1)'s or leasehold's, whatever it holds.
+    if let Err(std::fs::TryLockError::WouldBlock) = file.try_lock_shared() {
+        return Ok(());
+    }
+    let _ = file.unlock();
+    // A leasehold holder rewrites its record in place: a read may catch it
+    // half-written, so look twice more before judging.
+    for attempt in 0..3 {
+        let mut bytes = Vec::new();
+        if (&file).take(64 * 1024).read_to_end(&mut bytes).is_err() {
+            return Ok(());
+        }
+        if bytes.is_empty() || is_lock_record(&bytes) {
+            return Ok(());
+        }
+        if attempt < 2 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            use std::io::Seek;
+            if (&file).seek(std::io::SeekFrom::Start(0)).is_err() {
+                return Ok(());
+            }
+        }
+    }
+    not_a_lock(&format!("holds {} bytes that are not a lock record", meta.len()))
+}
+
+/// A JSON object naming a holder, as every lock record does (leasehold's,
+/// velocious's and pi-research's).
+fn is_lock_record(bytes: &[u8]) -> bool {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(serde_json::Value::Object(map)) => ["uuid", "pid", "holderId", "leasehold"]
+            .iter()
+            .any(|key| map.contains_key(*key)),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +175,43 @@ mod tests {
             assert!(Target::parse(dir, true).is_err(), "{dir:?} accepted");
         }
         assert!(Target::parse("/var/lock/..", false).is_err());
+    }
+
+    #[test]
+    fn files_that_are_no_lock_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
+        write("empty", "");
+        write("record", r#"{"uuid":"x","pid":1}"#);
+        write("notes", "precious data\n");
+        write("config.json", r#"{"theme":"dark"}"#);
+        write("word", "hello");
+        std::fs::create_dir(dir.join("docs")).unwrap();
+        std::fs::create_dir(dir.join("lockdir")).unwrap();
+        write("lockdir/owner.json", r#"{"uuid":"x","pid":1}"#);
+        for (file, directories) in [
+            ("missing", false),
+            ("empty", false),
+            ("record", false),
+            ("docs", false),
+            ("lockdir", true),
+        ] {
+            assert_eq!(check_lock_path(dir, file, directories), Ok(()), "{file}");
+        }
+        for (file, directories) in [
+            ("notes", false),
+            ("config.json", false),
+            ("word", false),
+            ("notes", true),
+            ("docs", true),
+        ] {
+            let refused = check_lock_path(dir, file, directories).unwrap_err();
+            assert!(refused.contains("not a lock"), "{file}: {refused}");
+        }
+        // A file someone holds is a lock, whatever it holds.
+        let held = std::fs::File::open(dir.join("notes")).unwrap();
+        held.lock().unwrap();
+        assert_eq!(check_lock_path(dir, "notes", false), Ok(()));
     }
 }
