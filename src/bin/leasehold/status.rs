@@ -48,7 +48,8 @@ impl Waiting {
             lock: shown.to_owned(),
             verbose,
             json,
-            live: std::io::stderr().is_terminal(),
+            // Not between JSON lines, which a program reads.
+            live: std::io::stderr().is_terminal() && !json,
             started,
             line_shown: AtomicBool::new(false),
         }
