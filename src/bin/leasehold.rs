@@ -22,7 +22,10 @@
 //! `-x`/`--exclusive` (the last of the two wins), `-c`/`--command` (run
 //! through `sh -c`), `-o`/`--close` (accepted: CMD never holds a descriptor
 //! of the lock, the tool does, so there is nothing to close) and
-//! `--verbose`. An argument with a `/` (or `--file PATH`) is a lock file
+//! `--verbose`. Not taken: flock(1)'s descriptor form (`flock 9` in a
+//! script that opened the file itself), `-u` and `-F` (the tool must stay
+//! to renew the lease and guard CMD); they are usage errors. An argument
+//! with a `/` (or `--file PATH`) is a lock file
 //! given by its path, as flock(1) takes it, so a crontab line changes by one
 //! word:
 //!
@@ -282,7 +285,9 @@ removes it when it releases it, and keeps its fencing counter beside it
 (PATH.fence). An empty file that flock(1) left behind is taken over once it is a
 second old and nobody holds it; one that flock(1) holds is waited for. A PATH
 that holds anything else (a file of data, a directory that is no lock) is refused
-(status 2) and left as it is. Do not
+(status 2) and left as it is. Not taken from flock(1): its descriptor form (flock 9, in
+a script that opened the file itself), -u (unlock a descriptor) and -F (no fork:
+leasehold must stay to renew the lease and guard CMD); they are usage errors. Do not
 take one path with flock(1) and leasehold at once, though: flock(1) never removes
 its file, and a waiter of one kind can miss a file the other removed.
 

@@ -563,6 +563,8 @@ fn bad_paths_and_flags_are_usage_errors_never_panics() {
         &["run", &path],
         &["run"],
         &["run", "-F", &path, "touch", &ran],
+        &["run", "-u", &path, "touch", &ran],
+        &["run", "9"],
         &["holder", &slash],
         &["holder", "--dir", &dir, &path],
         &["man", "bogus"],
