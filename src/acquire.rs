@@ -165,7 +165,7 @@ impl Future for Acquire<'_> {
                         if let Some(sleep) = deadline
                             && Pin::new(&mut **sleep).poll(cx).is_ready()
                         {
-                            let error = this.engine.timed_out(name, *started);
+                            let error = this.engine.timed_out(name, *started, ticket.last_seen());
                             // Leaves the queue, or passes on a turn granted
                             // meanwhile.
                             this.stage = Stage::Done;

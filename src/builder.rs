@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::backend::Waiters;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::field::{FieldValue, OwnerFields};
 use crate::fs::{self, Fs, Strategy};
 use crate::name::PathStyle;
 use crate::stale::MAX_LEASE;
@@ -16,6 +17,7 @@ use crate::store::Store;
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 const DEFAULT_POLL: Duration = Duration::from_millis(50);
+const DEFAULT_WAIT_NOTICE: Duration = Duration::from_secs(5);
 /// pi-research's `lockStaleThreshold`.
 const DEFAULT_GRACE: Duration = Duration::from_secs(15);
 /// pi-research's `liveOwnerStaleThreshold`.
@@ -38,6 +40,7 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 /// | [`lease`](Self::lease) | 30 s |
 /// | [`renew_interval`](Self::renew_interval) | a third of the lease |
 /// | [`poll_interval`](Self::poll_interval) | 50 ms |
+/// | [`wait_notice`](Self::wait_notice) | 5 s |
 /// | [`unreadable_grace`](Self::unreadable_grace) | 15 s |
 /// | [`foreign_lease`](Self::foreign_lease) | 120 s |
 /// | [`durable`](Self::durable) | `true` |
@@ -45,6 +48,7 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 /// | [`strategy`](Self::strategy) | [`Strategy::ExclusiveFile`] |
 /// | [`path_style`](Self::path_style) | [`PathStyle::Hashed`] |
 /// | [`create_directory`](Self::create_directory) | `true` |
+/// | [`owner_field`](Self::owner_field) | none |
 ///
 /// # Examples
 ///
@@ -76,6 +80,7 @@ pub struct LockerBuilder {
     lease: Duration,
     renew_interval: Option<Duration>,
     poll_interval: Duration,
+    wait_notice: Option<Duration>,
     grace: Duration,
     foreign_lease: Option<Duration>,
     durable: bool,
@@ -84,6 +89,7 @@ pub struct LockerBuilder {
     path_style: PathStyle,
     allow_insecure_directory: bool,
     create_directory: bool,
+    owner_fields: Vec<(String, FieldValue)>,
     #[cfg(feature = "postgres")]
     postgres: Option<String>,
 }
@@ -95,6 +101,7 @@ impl Default for LockerBuilder {
             lease: DEFAULT_LEASE,
             renew_interval: None,
             poll_interval: DEFAULT_POLL,
+            wait_notice: Some(DEFAULT_WAIT_NOTICE),
             grace: DEFAULT_GRACE,
             foreign_lease: Some(DEFAULT_FOREIGN_LEASE),
             durable: true,
@@ -103,6 +110,7 @@ impl Default for LockerBuilder {
             path_style: PathStyle::default(),
             allow_insecure_directory: false,
             create_directory: true,
+            owner_fields: Vec::new(),
             #[cfg(feature = "postgres")]
             postgres: None,
         }
@@ -256,6 +264,41 @@ impl LockerBuilder {
     /// ```
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
+        self
+    }
+
+    /// After how long a waiting acquisition says whom it waits for: one
+    /// `tracing` event at INFO level (target `leasehold::engine`) naming
+    /// the lock, the holder it found (pid, host, and since when, as the
+    /// holder's record says) and how long it has waited, then the same
+    /// again every six times this (every 30 s with the default 5 s) for
+    /// as long as it waits. `None` turns the notices off; zero is refused
+    /// by [`build`](Self::build).
+    ///
+    /// One task per name and `Locker` waits on the lock itself (the head
+    /// of the `Locker`'s queue for the name); it gives the notices. Tasks
+    /// queued behind it, or behind another task of the same `Locker` that
+    /// holds the lock, give none. A timed-out acquisition names the holder
+    /// last seen in its error: [`Error::holder`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .wait_notice(Some(Duration::from_secs(60)))
+    ///     .build()?;
+    /// # drop(locker);
+    /// let quiet = leasehold::Locker::builder().directory(dir.path()).wait_notice(None).build()?;
+    /// # drop(quiet);
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_notice(mut self, after: Option<Duration>) -> Self {
+        self.wait_notice = after;
         self
     }
 
@@ -493,17 +536,67 @@ impl LockerBuilder {
         self
     }
 
+    /// A field to publish in every lock record this `Locker` writes (and,
+    /// on PostgreSQL, in its owner table), as velocious's
+    /// `extraOwnerFields` does: its HTTP server lock publishes `host` and
+    /// `port`, so that another process that finds the lock held knows
+    /// where the server runs. Readers get it through
+    /// [`Owner::field`](crate::Owner::field), from
+    /// [`Locker::holder`](crate::Locker::holder) and the other inspection
+    /// methods, in this process and in others; velocious's own reader
+    /// sees it in `owner.json`.
+    ///
+    /// The value is written as a JSON string, number or boolean, after
+    /// the record's own fields, in the order the fields were first set
+    /// (setting a key again replaces its value), and kept across
+    /// renewals. Limits, checked by [`build`](Self::build), which returns
+    /// [`Error::InvalidConfig`] otherwise: a key is 1 to 64 bytes without
+    /// control characters and is not one of the record's own keys (`pid`,
+    /// `uuid`, `hostname`, `holderId`, `acquiredAt`, `leaseExpiresAt`,
+    /// `startTime`, `name`, … : the full list is in the error message and
+    /// in `docs/format.md`); a number is finite; all fields together take
+    /// at most 4 KiB as JSON.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .owner_field("host", "127.0.0.1")
+    ///     .owner_field("port", 8080u16)
+    ///     .build()?;
+    /// let _guard = locker.acquire("dev-server").await?;
+    ///
+    /// let owner = locker.holder("dev-server").await?.expect("held");
+    /// assert_eq!(owner.field("port").and_then(|v| v.as_i64()), Some(8080));
+    ///
+    /// let clash = leasehold::Locker::builder().directory(dir.path()).owner_field("pid", 1u32).build();
+    /// assert!(matches!(clash, Err(leasehold::Error::InvalidConfig { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn owner_field(mut self, key: &str, value: impl Into<FieldValue>) -> Self {
+        self.owner_fields.push((key.to_owned(), value.into()));
+        self
+    }
+
     /// The engine a `Locker` runs on: the settings checked, the backend
     /// built. [`build`](Self::build) wraps it.
     pub(crate) fn engine(self) -> Result<Engine> {
         let renew_interval = self.validate()?;
         let holder_id = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
-        let (lease, poll_interval, path_style) =
-            (self.lease, self.poll_interval, self.effective_path_style());
+        let (lease, poll_interval, wait_notice, path_style) = (
+            self.lease,
+            self.poll_interval,
+            self.wait_notice,
+            self.effective_path_style(),
+        );
         Engine::new(
             lease,
             renew_interval,
             poll_interval,
+            wait_notice,
             path_style,
             |counters, waiters| self.store(holder_id, counters, waiters),
         )
@@ -533,6 +626,9 @@ impl LockerBuilder {
         }
         if self.poll_interval.is_zero() {
             return invalid("the poll interval must be above zero".into());
+        }
+        if self.wait_notice.is_some_and(|after| after.is_zero()) {
+            return invalid("the wait notice threshold must be above zero (`None` turns notices off)".into());
         }
         if self.grace.is_zero() {
             return invalid("the unreadable grace period must be above zero".into());
@@ -565,9 +661,10 @@ impl LockerBuilder {
         counters: Arc<crate::stats::Counters>,
         waiters: Waiters,
     ) -> Result<Store> {
+        let fields = OwnerFields::new(&self.owner_fields)?;
         #[cfg(feature = "postgres")]
         if let Some(url) = &self.postgres {
-            let pg = crate::postgres::Pg::connect(url, holder_id, self.lease, waiters)?;
+            let pg = crate::postgres::Pg::connect(url, holder_id, fields, self.lease, waiters)?;
             return Ok(Store::Postgres(Arc::new(pg)));
         }
         let settings = fs::Settings {
@@ -580,6 +677,7 @@ impl LockerBuilder {
             foreign_lease: self.foreign_lease,
             durable: self.durable,
             fencing: self.fencing,
+            fields,
         };
         Ok(Store::Fs(Arc::new(Fs::open(
             settings, holder_id, counters, waiters,

@@ -43,6 +43,8 @@ pub(crate) struct Engine {
     /// Arms the renewal of every lock taken; shares `counters`.
     keeper: Keeper,
     poll_interval: Duration,
+    /// After how long a waiter says, at INFO, who it waits for.
+    wait_notice: Option<Duration>,
     pub(crate) queues: Arc<Queues<Hold>>,
     pub(crate) path_style: PathStyle,
     /// The shared hold of each name this `Locker` holds shared: new shared
@@ -67,6 +69,7 @@ impl Engine {
         lease: Duration,
         renew_interval: Duration,
         poll_interval: Duration,
+        wait_notice: Option<Duration>,
         path_style: PathStyle,
         store: impl FnOnce(Arc<Counters>, Waiters) -> Result<Store>,
     ) -> Result<Self> {
@@ -86,6 +89,7 @@ impl Engine {
             counters,
             keeper,
             poll_interval,
+            wait_notice,
             queues,
             path_style,
             shared: Mutex::default(),
@@ -325,13 +329,21 @@ impl Engine {
         // An exclusive waiter's announcement to shared holders, renewed
         // while it waits and withdrawn when this returns (or is dropped).
         let mut announced = None;
+        // The holder last found, and when to say that we still wait for it.
+        let mut holder: Option<Owner> = None;
+        let mut notice_at = self.wait_notice.map(|after| later(started, after));
         loop {
             // Armed before the attempt, so an event during it is not lost.
             let changed = queue.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             let recheck_at = match self.attempt(name, mode, deadline).await? {
-                Attempt::Acquired(hold) => return Ok((hold, waited)),
+                Attempt::Acquired(hold) => {
+                    if waited {
+                        *lock_ignoring_poison(&queue.last_seen) = None;
+                    }
+                    return Ok((hold, waited));
+                }
                 Attempt::Busy {
                     owner,
                     recheck_at,
@@ -348,11 +360,21 @@ impl Engine {
                             "lock is held elsewhere; waiting"
                         );
                     }
+                    if owner.is_some() {
+                        holder = owner;
+                        *lock_ignoring_poison(&queue.last_seen) = holder.clone().map(Box::new);
+                    }
                     recheck_at
                 }
             };
             waited = true;
             let now = timer::now();
+            if let (Some(at), Some(after)) = (notice_at, self.wait_notice)
+                && now >= at
+            {
+                still_waiting(name, holder.as_ref(), timer::since(started));
+                notice_at = Some(later(now, after.saturating_mul(NOTICE_CADENCE)));
+            }
             // With events, polling is only a safety net.
             let watched = self.store.watch(name);
             let mut wake = later(
@@ -375,9 +397,12 @@ impl Engine {
             if woken_by_event {
                 wake = wake.min(later(now, RECHECK_AFTER_EVENT));
             }
+            if let Some(at) = notice_at {
+                wake = wake.min(at);
+            }
             if let Some(deadline) = deadline {
                 if now >= deadline {
-                    return Err(self.timed_out(name, started));
+                    return Err(self.timed_out(name, started, holder));
                 }
                 wake = wake.min(deadline);
             }
@@ -388,12 +413,15 @@ impl Engine {
         }
     }
 
-    pub(crate) fn timed_out(&self, name: &LockName, started: Instant) -> Error {
+    /// The timeout of an acquisition of `name` that began at `started`
+    /// and last found `holder` at the lock.
+    pub(crate) fn timed_out(&self, name: &LockName, started: Instant, holder: Option<Owner>) -> Error {
         bump(&self.counters.timeouts);
         tracing::debug!(lock = name.as_str(), waited = ?timer::since(started), "timed out waiting for lock");
         Error::Timeout {
             name: name.as_str().to_owned(),
             waited: timer::since(started),
+            holder: holder.map(Box::new),
         }
     }
 
@@ -445,6 +473,49 @@ impl Engine {
 struct Announced {
     _registration: Option<crate::renew::Registration>,
     _announcement: Arc<dyn crate::renew::Renewable>,
+}
+
+/// A waiter's notices come at the threshold, then every this many
+/// thresholds (every 30 s with the default 5 s).
+const NOTICE_CADENCE: u32 = 6;
+
+/// The INFO event of a waiter that has waited `waited` for `name`, held
+/// by `holder` as far as it knows.
+fn still_waiting(name: &LockName, holder: Option<&Owner>, waited: Duration) {
+    let since = holder
+        .and_then(Owner::acquired_at)
+        .map(crate::record::format_time);
+    tracing::info!(
+        lock = name.as_str(),
+        holder_pid = holder.and_then(Owner::pid),
+        holder_host = holder.and_then(Owner::hostname),
+        holder_since = since.as_deref(),
+        waited_secs = waited.as_secs_f64(),
+        "still waiting for lock {:?}{} after {:.1?}",
+        name.as_str(),
+        holder.map(holder_text).unwrap_or_default(),
+        waited,
+    );
+}
+
+/// ` held by pid P on HOST since T`, as the record says.
+fn holder_text(owner: &Owner) -> String {
+    let mut text = String::from(", held by");
+    match owner.pid() {
+        Some(pid) => text.push_str(&format!(" pid {pid}")),
+        None => text.push_str(" a process of unknown pid"),
+    }
+    if let Some(host) = owner.hostname() {
+        text.push_str(&format!(" on {}", host.escape_debug()));
+    }
+    if let Some(since) = owner.acquired_at() {
+        text.push_str(&format!(" since {}", crate::record::format_time(since)));
+    }
+    text
+}
+
+fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub(crate) fn far_future() -> Instant {

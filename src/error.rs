@@ -4,6 +4,8 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::owner::Owner;
+
 /// A specialized [`Result`](std::result::Result) for leasehold operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -35,12 +37,22 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// `acquire_timeout` ran out of time while another holder kept the lock.
-    #[error("timed out after {waited:?} waiting for lock {name:?}")]
+    ///
+    /// Its message names the holder last seen, when there was one: `timed
+    /// out after 2s waiting for lock "jobs" held by pid 4242 on build-7
+    /// since 2026-12-04T11:20:05.120Z`. [`Error::holder`] returns it.
+    #[error("timed out after {waited:?} waiting for lock {name:?}{}", held_by(.holder.as_deref()))]
+    #[non_exhaustive]
     Timeout {
         /// The lock name.
         name: String,
         /// How long the caller waited.
         waited: Duration,
+        /// The holder last seen, when the waiter read one: the record it
+        /// found at the lock on its last attempt. `None` when it never
+        /// read one: it waited only behind other tasks of its own
+        /// `Locker`, or the record was unreadable.
+        holder: Option<Box<Owner>>,
     },
 
     /// The lock name cannot be used (empty, contains NUL, or is not a valid
@@ -173,7 +185,8 @@ pub enum Error {
 
     /// The platform (or the backend) lacks what was asked: a filesystem
     /// without `flock` or `renameat2`, a lock path on a server, a Tokio
-    /// runtime for `acquire`.
+    /// runtime for `acquire`; or a `blocking_*` method called inside a
+    /// Tokio runtime, where it would block a worker.
     #[error("unsupported: {what}")]
     Unsupported {
         /// What is not supported.
@@ -206,13 +219,69 @@ impl Error {
     /// Whether this error is a timeout.
     ///
     /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
     /// use std::time::Duration;
-    /// let err = leasehold::Error::Timeout { name: "jobs".into(), waited: Duration::ZERO };
-    /// assert!(err.is_timeout());
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _held = locker.acquire("jobs").await?;
+    /// let other = leasehold::Locker::new(dir.path())?;
+    /// let err = other.acquire_timeout("jobs", Duration::from_millis(10)).await.unwrap_err();
+    /// assert!(err.is_timeout() && !err.is_lost());
+    /// # Ok(()) }
     /// ```
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })
     }
+
+    /// The holder a timed-out acquisition last saw ([`Error::Timeout`]'s
+    /// `holder`): who kept the lock, as its record said. `None` for other
+    /// errors, and for a timeout that never read a holder's record.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _held = locker.acquire("jobs").await?;
+    ///
+    /// let other = leasehold::Locker::new(dir.path())?;
+    /// let err = other.acquire_timeout("jobs", Duration::from_millis(50)).await.unwrap_err();
+    /// let holder = err.holder().expect("the waiter read the holder's record");
+    /// assert_eq!(holder.pid(), Some(std::process::id()));
+    /// assert!(err.to_string().contains(&format!("held by pid {}", std::process::id())));
+    /// # Ok(()) }
+    /// ```
+    pub fn holder(&self) -> Option<&Owner> {
+        match self {
+            Error::Timeout { holder, .. } => holder.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// ` held by pid P on HOST since T`, as much of it as the record says;
+/// empty without a holder.
+fn held_by(holder: Option<&Owner>) -> String {
+    let Some(owner) = holder else {
+        return String::new();
+    };
+    let mut text = String::from(" held by");
+    match owner.pid() {
+        Some(pid) => text.push_str(&format!(" pid {pid}")),
+        None if !owner.is_readable() => text.push_str(" an unreadable record"),
+        None => text.push_str(" a process of unknown pid"),
+    }
+    if let Some(host) = owner.hostname() {
+        text.push_str(&format!(" on {}", host.escape_debug()));
+    }
+    if let Some(since) = owner.acquired_at() {
+        text.push_str(&format!(" since {}", crate::record::format_time(since)));
+    }
+    text
 }
 
 /// Attaches the operation and the path to a failed system call: the one

@@ -61,6 +61,7 @@ pub(crate) struct Settings {
     pub(crate) foreign_lease: Option<Duration>,
     pub(crate) durable: bool,
     pub(crate) fencing: bool,
+    pub(crate) fields: Option<Arc<crate::field::OwnerFields>>,
 }
 
 /// Locks in a lock directory.
@@ -137,6 +138,7 @@ impl Fs {
             durable: settings.durable,
             fencing: settings.fencing,
             holder_id,
+            fields: settings.fields,
             counters,
             first_seen: Default::default(),
             last_sweep_ms: Default::default(),

@@ -9,7 +9,6 @@ use crate::locker::Locker;
 use crate::name::LockName;
 use crate::owner::{LockInfo, LockKind, Owner};
 use crate::pool::blocking;
-use crate::stale::StaleReason;
 
 impl Locker {
     /// Who holds `name` now, or `None` if nobody does (no lock, or a stale
@@ -111,7 +110,7 @@ impl Locker {
     /// let locker = leasehold::Locker::new(dir.path())?;
     /// std::fs::write(locker.lock_path("job")?, r#"{"uuid":"x","pid":999999999}"#).unwrap();
     /// let info = locker.inspect("job").await?.expect("a lock file is there");
-    /// assert_eq!(info.stale_reason(), Some("owner process is dead"));
+    /// assert_eq!(info.stale_reason(), Some(leasehold::StaleReason::DeadOwner));
     /// assert!(locker.holder("job").await?.is_none());
     /// # Ok(()) }
     /// ```
@@ -177,7 +176,7 @@ impl Locker {
     /// std::fs::write(locker.lock_path("crashed")?, r#"{"uuid":"x","pid":999999999}"#).unwrap();
     /// let removed = locker.clean(false).await?;
     /// assert_eq!(removed.len(), 1);
-    /// assert_eq!(removed[0].stale_reason(), Some("owner process is dead"));
+    /// assert_eq!(removed[0].stale_reason(), Some(leasehold::StaleReason::DeadOwner));
     /// assert!(locker.is_held("live").await?);
     /// # Ok(()) }
     /// ```
@@ -192,13 +191,8 @@ impl Locker {
             .into_iter()
             .map(|(name, inspection)| {
                 let display = inspection.owner.name().unwrap_or(name.as_str()).to_owned();
-                LockInfo::new(
-                    inspection.path,
-                    display,
-                    inspection.owner,
-                    inspection.stale.map(StaleReason::as_str),
-                )
-                .with_holders(LockKind::from_mode(inspection.mode), inspection.holders)
+                LockInfo::new(inspection.path, display, inspection.owner, inspection.stale)
+                    .with_holders(LockKind::from_mode(inspection.mode), inspection.holders)
             })
             .collect()
     }

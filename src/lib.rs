@@ -154,6 +154,114 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Common patterns
+//!
+//! **A service that stops work when it loses the lock.** A lease can run
+//! out under a holder (its process was paused, its disk stalled): the guard
+//! then reports the loss through [`LockGuard::lost`], and the work must
+//! stop, because someone else may now hold the lock. [`Locker::with_lock`]
+//! does this for you: it drops the work's future the moment the lock is
+//! lost and returns [`Error::Lost`].
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # async fn bill_customers() {}
+//! let locker = leasehold::Locker::new(dir.path())?;
+//!
+//! let guard = locker.acquire("billing-run").await?;
+//! tokio::select! {
+//!     () = guard.lost() => eprintln!("lost the lock; stopping"),
+//!     () = bill_customers() => {}
+//! }
+//! guard.release().await?;
+//!
+//! // The same, in one call:
+//! locker.with_lock("billing-run", bill_customers()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! **Re-entrant helpers.** A helper that takes the lock itself can be
+//! called both on its own and by code that already holds the name, if the
+//! holder runs inside [`Locker::scope`]: acquisitions of a name the scope
+//! holds re-enter instead of waiting for themselves.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! use leasehold::Locker;
+//!
+//! async fn append_entry(locker: &Locker) -> leasehold::Result<()> {
+//!     let _guard = locker.acquire("ledger").await?; // re-enters inside a scope
+//!     Ok(())
+//! }
+//!
+//! let locker = Locker::new(dir.path())?;
+//! append_entry(&locker).await?; // on its own: takes and releases "ledger"
+//! locker
+//!     .scope(async {
+//!         let _guard = locker.acquire("ledger").await?;
+//!         append_entry(&locker).await?; // nested: does not wait for itself
+//!         append_entry(&locker).await
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! **Tests that must not overlap, across processes.** `cargo nextest`
+//! runs each test in a process of its own, so a `static Mutex` cannot keep
+//! two tests off one database; [`testing::serial`] can (see [`testing`]):
+//!
+//! ```no_run
+//! #[tokio::test]
+//! async fn migrates_the_database() {
+//!     let _serial = leasehold::testing::serial("database").await;
+//!     // ... no other test holding "database", in any process, runs now ...
+//! }
+//! ```
+//!
+//! **Publishing where the holder is.** Owner fields go into the lock's
+//! record, so a second instance that finds the lock held can read, for
+//! instance, the address the first one serves on, and use it instead of
+//! starting (`examples/server_lock.rs` does this with a real server):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! use leasehold::{FieldValue, Locker};
+//!
+//! let server = Locker::builder()
+//!     .directory(dir.path())
+//!     .owner_field("host", "127.0.0.1")
+//!     .owner_field("port", 8080u16)
+//!     .build()?;
+//! let _serving = server.acquire("dev-server").await?;
+//!
+//! // Another process, finding the lock held:
+//! let other = Locker::new(dir.path())?;
+//! if other.try_acquire("dev-server").await?.is_none() {
+//!     let owner = other.holder("dev-server").await?.expect("held");
+//!     let host = owner.field("host").and_then(FieldValue::as_str);
+//!     let port = owner.field("port").and_then(FieldValue::as_i64);
+//!     assert_eq!((host, port), (Some("127.0.0.1"), Some(8080)));
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! **Synchronous code.** Build scripts, plain `#[test]`s and services
+//! without a runtime use the `blocking_` methods, which need no Tokio
+//! runtime (and refuse to run on one, where they would block a worker):
+//!
+//! ```
+//! # fn main() -> leasehold::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! let locker = leasehold::Locker::new(dir.path())?;
+//! let guard = locker.blocking_acquire("codegen")?;
+//! // ... regenerate the files no other build may touch meanwhile ...
+//! drop(guard);
+//! # Ok(()) }
+//! ```
+//!
 //! # Which strategy should you use?
 //!
 //! [`Strategy::ExclusiveFile`] (the default) is the one to use: one file
@@ -245,10 +353,12 @@
 
 mod acquire;
 mod backend;
+mod blocking;
 mod builder;
 mod closure;
 mod engine;
 mod error;
+mod field;
 mod fs;
 mod guard;
 mod inspect;
@@ -274,12 +384,14 @@ mod timer;
 
 pub use builder::LockerBuilder;
 pub use error::{Error, LossReason, Result};
+pub use field::FieldValue;
 pub use fs::Strategy;
 pub use guard::LockGuard;
 pub use locker::Locker;
 pub use name::PathStyle;
 pub use owner::{LockInfo, LockKind, Owner};
 pub use semaphore::Semaphore;
+pub use stale::StaleReason;
 pub use stats::Stats;
 
 #[doc = include_str!("../docs/format.md")]

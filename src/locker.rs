@@ -483,24 +483,49 @@ impl Locker {
 }
 
 impl LockerBuilder {
-    /// Checks the settings, creates and opens the directory.
+    /// Checks the settings, creates and opens the directory, and checks
+    /// that it can hold locks, so that a directory that cannot fails here
+    /// rather than at the first acquisition.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] when the lease is below 200 ms or above a
     /// year, the renew interval is above half the lease (see
     /// [`renew_interval`](Self::renew_interval)), or another duration is
-    /// zero;
+    /// zero, and when the directory path names something that is not a
+    /// directory;
     /// [`Error::InsecureDirectory`] for a world-writable directory without
     /// the sticky bit, or a default directory owned by another user or open
-    /// to others; an I/O error for a default directory on a read-only
-    /// mount; I/O errors from creating or opening the directory (a missing
-    /// one, with [`create_directory(false)`](LockerBuilder::create_directory));
+    /// to others;
+    /// [`Error::PermissionDenied`] for a directory this process (by its
+    /// effective user and groups) cannot list, search and write; an I/O
+    /// error (`EROFS`) for a directory on a read-only mount; I/O errors
+    /// from creating or opening the directory (a dangling symlink, a file
+    /// on the way; a missing one, with
+    /// [`create_directory(false)`](LockerBuilder::create_directory)). An explicit directory owned by another user is
+    /// accepted when this process can use it and it is not open to
+    /// everyone without the sticky bit: that is how a lock directory is
+    /// shared between users;
     /// [`Error::Backend`] when the PostgreSQL server cannot be reached;
     /// [`Error::InvalidConfig`] also when a setting for lock files
     /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`,
     /// `create_directory`, `durable`, `unreadable_grace`, `foreign_lease`) is combined with
     /// `postgres`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let file = dir.path().join("not-a-directory");
+    /// std::fs::write(&file, b"").unwrap();
+    ///
+    /// let refused = leasehold::Locker::builder().directory(&file).build();
+    /// assert!(matches!(refused, Err(leasehold::Error::InvalidConfig { .. })));
+    /// let locker = leasehold::Locker::builder().directory(dir.path()).build()?;
+    /// # drop(locker);
+    /// # Ok(()) }
+    /// ```
     pub fn build(self) -> Result<Locker> {
         Ok(Locker::from_engine(self.engine()?))
     }

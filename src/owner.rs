@@ -2,7 +2,9 @@
 
 use std::time::SystemTime;
 
+use crate::field::FieldValue;
 use crate::record::{Parsed, Record};
+use crate::stale::StaleReason;
 
 /// Who holds a lock, as its record says.
 ///
@@ -37,6 +39,7 @@ pub struct Owner {
     leasehold: bool,
     fencing_token: Option<u64>,
     name: Option<String>,
+    fields: Vec<(String, FieldValue)>,
 }
 
 impl Owner {
@@ -64,6 +67,7 @@ impl Owner {
             leasehold: r.is_leasehold(),
             fencing_token: r.fencing_token,
             name: r.name.clone(),
+            fields: r.fields.clone(),
         }
     }
 
@@ -76,6 +80,7 @@ impl Owner {
         pid: Option<u32>,
         acquired_at: Option<SystemTime>,
         fencing_token: Option<u64>,
+        fields: Vec<(String, FieldValue)>,
     ) -> Self {
         Owner {
             pid,
@@ -86,6 +91,7 @@ impl Owner {
             leasehold: true,
             fencing_token,
             name: Some(name.to_owned()),
+            fields,
             ..Self::unreadable()
         }
     }
@@ -102,6 +108,7 @@ impl Owner {
             leasehold: false,
             fencing_token: None,
             name: None,
+            fields: Vec::new(),
         }
     }
 
@@ -280,8 +287,78 @@ impl Owner {
 
     /// Whether the record was written by leasehold (rather than by another
     /// program sharing the directory).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("ours").await?;
+    /// assert!(locker.holder("ours").await?.expect("held").is_leasehold());
+    ///
+    /// // A lock file pi-research's FileLockService wrote:
+    /// let record = format!(r#"{{"uuid":"a1","pid":{}}}"#, std::process::id());
+    /// std::fs::write(locker.lock_path("theirs")?, record).unwrap();
+    /// assert!(!locker.holder("theirs").await?.expect("held").is_leasehold());
+    /// # Ok(()) }
+    /// ```
     pub fn is_leasehold(&self) -> bool {
         self.leasehold
+    }
+
+    /// The owner field `key` the holder published (see
+    /// [`LockerBuilder::owner_field`](crate::LockerBuilder::owner_field)),
+    /// or one that velocious's `extraOwnerFields` put in its record: any
+    /// top-level string, number or boolean that is not one of the record's
+    /// own fields. `None` if the record has no such field.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use leasehold::FieldValue;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let server = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .owner_field("host", "127.0.0.1")
+    ///     .owner_field("port", 8080u16)
+    ///     .build()?;
+    /// let _serving = server.acquire("dev-server").await?;
+    ///
+    /// let other = leasehold::Locker::new(dir.path())?;
+    /// let owner = other.holder("dev-server").await?.expect("held");
+    /// assert_eq!(owner.field("host").and_then(FieldValue::as_str), Some("127.0.0.1"));
+    /// assert_eq!(owner.field("port").and_then(FieldValue::as_i64), Some(8080));
+    /// assert_eq!(owner.field("pid"), None); // the record's own, not a field
+    /// # Ok(()) }
+    /// ```
+    pub fn field(&self, key: &str) -> Option<&FieldValue> {
+        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// Every owner field of the record, in the order of their keys: see
+    /// [`field`](Self::field).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .owner_field("role", "indexer")
+    ///     .owner_field("shard", 3u32)
+    ///     .build()?;
+    /// let guard = locker.acquire("index").await?;
+    /// let keys: Vec<&str> = guard.owner().fields().map(|(key, _)| key).collect();
+    /// assert_eq!(keys, ["role", "shard"]);
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
+    pub fn fields(&self) -> impl Iterator<Item = (&str, &FieldValue)> {
+        self.fields.iter().map(|(k, v)| (k.as_str(), v))
     }
 }
 
@@ -306,7 +383,7 @@ pub struct LockInfo {
     path: Option<std::path::PathBuf>,
     name: String,
     owner: Owner,
-    stale: Option<&'static str>,
+    stale: Option<StaleReason>,
     kind: LockKind,
     holders: Vec<Owner>,
 }
@@ -357,7 +434,7 @@ impl LockInfo {
         path: Option<std::path::PathBuf>,
         name: String,
         owner: Owner,
-        stale: Option<&'static str>,
+        stale: Option<StaleReason>,
     ) -> Self {
         Self {
             path,
@@ -476,14 +553,53 @@ impl LockInfo {
         &self.owner
     }
 
-    /// Whether the next `acquire` would reclaim it.
+    /// Whether the next `acquire` would reclaim it; see
+    /// [`stale_reason`](Self::stale_reason) for why.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let guard = locker.acquire("report").await?;
+    /// assert!(!locker.inspect("report").await?.expect("held").is_stale());
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
     pub fn is_stale(&self) -> bool {
         self.stale.is_some()
     }
 
-    /// Why it is stale, in words (`"owner process is dead"`, `"lease
-    /// expired"`, ...).
-    pub fn stale_reason(&self) -> Option<&'static str> {
+    /// Why it is stale, if it is: `None` exactly when
+    /// [`is_stale`](Self::is_stale) is false. Locks on a PostgreSQL server
+    /// are never stale (the server frees a dead session's locks itself).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    /// use leasehold::StaleReason;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .unreadable_grace(Duration::from_millis(50))
+    ///     .build()?;
+    /// std::fs::write(locker.lock_path("report")?, b"{not json").unwrap();
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    ///
+    /// let info = locker.inspect("report").await?.expect("present");
+    /// assert_eq!(info.stale_reason(), Some(StaleReason::Unreadable));
+    /// match info.stale_reason() {
+    ///     Some(StaleReason::DeadOwner | StaleReason::ReusedPid) => println!("its process is gone"),
+    ///     Some(other) => println!("stale: {other}"),
+    ///     None => println!("held"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn stale_reason(&self) -> Option<StaleReason> {
         self.stale
     }
 }

@@ -173,6 +173,8 @@ pub(crate) struct Pg {
     /// Tells the listener thread to stop.
     closed: Arc<AtomicBool>,
     holder_id: String,
+    /// The `Locker`'s owner fields, kept in the owner table.
+    fields: Option<Arc<crate::field::OwnerFields>>,
     lease: Duration,
 }
 
@@ -186,7 +188,13 @@ impl Pg {
     /// Connects (reporting a bad URL or an unreachable server at once) and
     /// starts the session thread, and the listener that tells `waiters`
     /// of locks released by other sessions.
-    pub(crate) fn connect(url: &str, holder_id: String, lease: Duration, waiters: Waiters) -> Result<Self> {
+    pub(crate) fn connect(
+        url: &str,
+        holder_id: String,
+        fields: Option<Arc<crate::field::OwnerFields>>,
+        lease: Duration,
+        waiters: Waiters,
+    ) -> Result<Self> {
         let listening = Arc::new(AtomicBool::new(false));
         let closed = Arc::new(AtomicBool::new(false));
         let mut session = Session::new(url);
@@ -231,6 +239,7 @@ impl Pg {
             listening,
             closed,
             holder_id,
+            fields,
             lease,
         })
     }
@@ -259,7 +268,7 @@ impl Backend for Pg {
         deadline: Option<Instant>,
         arm: Arm<'_, PgLock, K>,
     ) -> Result<Attempt<K>> {
-        let mut owner = OwnRecord::new(&self.holder_id, self.lease, name);
+        let mut owner = OwnRecord::new(&self.holder_id, self.fields.as_ref(), self.lease, name);
         if mode != Mode::Exclusive {
             owner.mode = Some(mode.as_str());
             owner.permits = match mode {
@@ -411,14 +420,14 @@ mod tests {
             fn all_changed(&self) {}
         }
         let nobody: Waiters = std::sync::Weak::<Nobody>::new();
-        let store = Pg::connect(&server.url(), "test".into(), lease, nobody).unwrap();
+        let store = Pg::connect(&server.url(), "test".into(), None, lease, nobody).unwrap();
         let name = LockName::from_name("gone");
         let (reply, answer) = mpsc::channel();
         drop(answer);
         store
             .line
             .send(Command::TryLock {
-                owner: Box::new(OwnRecord::new("test", lease, &name)),
+                owner: Box::new(OwnRecord::new("test", None, lease, &name)),
                 name: name.clone(),
                 keys: Keys::of("gone"),
                 mode: Mode::Exclusive,

@@ -18,6 +18,7 @@ use std::task::{Context, Poll, Waker};
 use tokio::sync::Notify;
 
 use crate::name::LockName;
+use crate::owner::Owner;
 
 /// What the head of the queue receives.
 #[derive(Debug)]
@@ -47,6 +48,9 @@ pub(crate) struct Queue<T> {
     state: Mutex<State<T>>,
     /// Woken when the lock may have become free; awaited by the head.
     pub(crate) changed: Notify,
+    /// The holder the head last found at the lock while it waited, for a
+    /// queued waiter's timeout to name; cleared once the head takes it.
+    pub(crate) last_seen: Mutex<Option<Box<Owner>>>,
     dispose: Dispose<T>,
 }
 
@@ -120,6 +124,7 @@ impl<T> Queue<T> {
             name,
             state: Mutex::default(),
             changed: Notify::new(),
+            last_seen: Mutex::default(),
             dispose,
         }
     }
@@ -218,6 +223,14 @@ pub(crate) struct Ticket<T> {
 }
 
 impl<T> Ticket<T> {
+    /// The holder the queue's head last found at the lock, if it is still
+    /// waiting for it (and this ticket has not taken its turn).
+    pub(crate) fn last_seen(&self) -> Option<Owner> {
+        let queue = self.queue.as_ref()?;
+        let seen = queue.last_seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.as_deref().cloned()
+    }
+
     /// The turn, once it is this ticket's; until then the latest waker is
     /// kept in the queue.
     pub(crate) fn poll_turn(&mut self, cx: &Context<'_>) -> Poll<(Turn<T>, Arc<Queue<T>>)> {

@@ -10,12 +10,15 @@
 //! - anything else (empty, truncated, binary) as unreadable, which the
 //!   staleness rules leave alone for a grace period.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
+
+use crate::field::{FieldValue, OwnerFields, extra_fields};
 
 /// The value of the `leasehold` field in records this version writes. It
 /// promises that the holder keeps `flock(LOCK_EX)` on the record's inode for
@@ -72,6 +75,9 @@ pub(crate) struct Record {
     pub(crate) permits: Option<u64>,
     /// The run of shared holders (or permit holders) the record belongs to.
     pub(crate) group: Option<String>,
+    /// Every other top-level key with a string, number or boolean value:
+    /// the owner fields of a leasehold or velocious holder.
+    pub(crate) fields: Vec<(String, FieldValue)>,
 }
 
 impl Record {
@@ -130,6 +136,7 @@ fn from_map(map: &Map<String, Value>) -> Parsed {
         mode: string("mode"),
         permits: map.get("permits").and_then(as_count),
         group: string("group"),
+        fields: extra_fields(map),
     };
     if record.uuid.is_none() && record.pid.is_none() && record.holder_id.is_none() {
         return Parsed::Unreadable;
@@ -232,6 +239,9 @@ pub(crate) struct OwnRecord {
     /// The run of shared holders (or permit holders) this one joined.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) group: Option<String>,
+    /// The `Locker`'s owner fields, written after the fields above.
+    #[serde(skip)]
+    pub(crate) fields: Option<Arc<OwnerFields>>,
 }
 
 /// Room left at the end of a record so a renewal that grows a number by a
@@ -241,7 +251,12 @@ const SLACK: usize = 16;
 impl OwnRecord {
     /// The record a new holder of `name` writes (or, on a server, keeps),
     /// with a lease of `lease` from now.
-    pub(crate) fn new(holder_id: &str, lease: Duration, name: &crate::name::LockName) -> Self {
+    pub(crate) fn new(
+        holder_id: &str,
+        fields: Option<&Arc<OwnerFields>>,
+        lease: Duration,
+        name: &crate::name::LockName,
+    ) -> Self {
         let me = crate::sys::identity();
         let now = SystemTime::now();
         OwnRecord {
@@ -265,6 +280,7 @@ impl OwnRecord {
             mode: None,
             permits: None,
             group: None,
+            fields: fields.cloned(),
         }
     }
 
@@ -272,6 +288,13 @@ impl OwnRecord {
     /// and pi-research's `trim()`, ignores) to at least `len` bytes.
     pub(crate) fn to_bytes(&self, len: usize) -> Vec<u8> {
         let mut out = serde_json::to_vec(self).unwrap_or_default();
+        if let Some(fields) = &self.fields
+            && out.last() == Some(&b'}')
+        {
+            out.pop();
+            out.extend_from_slice(fields.json().as_bytes());
+            out.push(b'}');
+        }
         let want = if len == 0 {
             out.len() + SLACK
         } else {
@@ -350,6 +373,14 @@ mod tests {
         );
         let Parsed::Record(r) = p else { panic!("{p:?}") };
         assert_eq!(r.holder_id.as_deref(), Some("1-2-x"));
+        // Its `extraOwnerFields`, the server lock's address.
+        assert_eq!(
+            r.fields,
+            [
+                ("host".to_owned(), FieldValue::from("0.0.0.0")),
+                ("port".to_owned(), FieldValue::from(80u16))
+            ]
+        );
         let acquired = r.acquired_at.unwrap();
         let expires = r.lease_expires_at.unwrap();
         assert_eq!(expires.duration_since(acquired).unwrap(), Duration::from_secs(30));
@@ -390,6 +421,7 @@ mod tests {
             mode: Some("semaphore"),
             permits: Some(3),
             group: Some("g".into()),
+            fields: crate::field::OwnerFields::new(&[("port".to_owned(), 8080u16.into())]).unwrap(),
         };
         let first = rec.to_bytes(0);
         rec.renew(now + Duration::from_secs(3600), 99_999);
@@ -401,6 +433,48 @@ mod tests {
         assert_eq!(r.renewed_at_boot, Some(99_999));
         assert_eq!(r.time_ns.as_deref(), Some("time:[4026531834]"));
         assert_eq!(r.version, Some(FORMAT_VERSION));
+        assert_eq!(r.fields, [("port".to_owned(), FieldValue::from(8080u16))]);
+    }
+
+    #[test]
+    fn every_key_of_a_record_is_reserved_and_read() {
+        let name = crate::name::LockName::new("n", crate::name::PathStyle::Hashed).unwrap();
+        let mut rec = OwnRecord::new("h", None, Duration::from_secs(30), &name);
+        // Every optional field set, so that every key is written.
+        rec.start_time = Some(1);
+        rec.boot_id = Some("b".into());
+        rec.pid_ns = Some("pid:[1]".into());
+        rec.time_ns = Some("time:[1]".into());
+        rec.proc_start = Some(1);
+        rec.machine_id = Some("m".into());
+        rec.fencing_token = Some(1);
+        rec.mode = Some("shared");
+        rec.permits = Some(2);
+        rec.group = Some("g".into());
+        let json: Value = serde_json::from_slice(&rec.to_bytes(0)).unwrap();
+        let Value::Object(map) = json else {
+            panic!("{json}")
+        };
+        for key in map.keys() {
+            assert!(
+                crate::field::RESERVED_KEYS.contains(&key.as_str()),
+                "{key:?} is written but not reserved"
+            );
+        }
+        // And nothing leasehold writes comes back as an owner field.
+        assert_eq!(rec.parsed().fields, []);
+        // velocious's and pi-research's keys too.
+        for key in [
+            "uuid",
+            "pid",
+            "startTime",
+            "holderId",
+            "hostname",
+            "acquiredAt",
+            "leaseExpiresAt",
+        ] {
+            assert!(crate::field::RESERVED_KEYS.contains(&key), "{key}");
+        }
     }
 
     proptest! {

@@ -85,21 +85,67 @@ use crate::sys::{self, Identity, Probe, ProcStart};
 /// refuses them, and a record stating one is capped to it.
 pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// Why a lock was found stale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StaleReason {
-    /// The holder process is gone.
+/// Why a lock was judged stale: what [`LockInfo::stale_reason`] returns,
+/// and what the next acquisition of the name reclaims it for.
+///
+/// Its [`Display`](std::fmt::Display) form is a short lowercase phrase
+/// (`"owner process is dead"`), the same one the `leasehold` tool prints.
+/// New reasons may be added; match with a wildcard arm.
+///
+/// [`LockInfo::stale_reason`]: crate::LockInfo::stale_reason
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// use leasehold::StaleReason;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = leasehold::Locker::new(dir.path())?;
+///
+/// // A lock file left by a pi-research process that has since exited.
+/// let mut child = std::process::Command::new("true").spawn().unwrap();
+/// let dead_pid = child.id();
+/// child.wait().unwrap();
+/// let record = format!(r#"{{"uuid":"a1","pid":{dead_pid}}}"#);
+/// std::fs::write(locker.lock_path("report")?, record).unwrap();
+///
+/// let info = locker.inspect("report").await?.expect("present");
+/// assert_eq!(info.stale_reason(), Some(StaleReason::DeadOwner));
+/// assert_eq!(StaleReason::DeadOwner.to_string(), "owner process is dead");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StaleReason {
+    /// The holder process is gone: no process of this host has its pid, or
+    /// (for a leasehold holder) nobody holds the `flock` on its record.
     DeadOwner,
-    /// The pid is alive but belongs to a newer process.
+    /// A process has the holder's pid, but it started after the lock was
+    /// taken (its start time differs from the one the record gives): the
+    /// pid was recycled.
     ReusedPid,
-    /// The record is from an earlier boot of this host.
+    /// The record was written on this host before its last reboot.
     PreviousBoot,
-    /// The lease ran out without renewal.
+    /// The lease ran out without renewal. Also for a record without a lease
+    /// (pi-research's) past the implied
+    /// [`foreign_lease`](crate::LockerBuilder::foreign_lease), and for one
+    /// whose owner cannot be checked (another host, another pid namespace)
+    /// 24 hours after its last change.
     LeaseExpired,
-    /// The record is unreadable and older than the grace period.
+    /// The record cannot be read as a lock record (empty, torn, not JSON)
+    /// and is older than the
+    /// [`unreadable_grace`](crate::LockerBuilder::unreadable_grace) period.
     Unreadable,
-    /// Not a lock: a temporary or retired directory a crashed process left.
+    /// Not a lock: a temporary or retired file or directory that a process
+    /// which crashed while publishing or releasing a lock left behind.
     Leftover,
+}
+
+impl std::fmt::Display for StaleReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl StaleReason {

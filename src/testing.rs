@@ -99,20 +99,10 @@ pub async fn serial(name: &str) -> SerialGuard {
     let locker = locker();
     match locker.acquire_timeout(name, timeout()).await {
         Ok(guard) => SerialGuard { _guard: guard },
-        Err(Error::Timeout { waited, .. }) => {
-            let holder = match locker.holder(name).await {
-                Ok(Some(owner)) => format!(
-                    "held by pid {} on {}",
-                    owner.pid().map_or("?".into(), |p| p.to_string()),
-                    owner.hostname().unwrap_or("?")
-                ),
-                _ => "holder unknown".into(),
-            };
-            panic!(
-                "leasehold::testing::serial({name:?}): still {holder} after {waited:?} (lock directory {})",
-                locker.directory().display()
-            )
-        }
+        Err(timeout @ Error::Timeout { .. }) => panic!(
+            "leasehold::testing::serial({name:?}): {timeout} (lock directory {})",
+            locker.directory().display()
+        ),
         Err(error) => panic!("leasehold::testing::serial({name:?}): {error}"),
     }
 }

@@ -1092,6 +1092,40 @@ fn a_signal_while_waiting_for_a_permit_ends_the_wait() {
     assert_eq!(finish(&["holder", "gpu", "--dir", d]).code, Some(1), "free");
 }
 
+/// `holder` shows the owner fields a holder published (here velocious's
+/// server lock's `host` and `port`), as text and as a JSON object.
+#[test]
+fn holder_shows_owner_fields() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let record = format!(
+        r#"{{"uuid":"u1","pid":{},"host":"127.0.0.1","port":3006,"nested":{{"ignored":true}}}}"#,
+        std::process::id()
+    );
+    std::fs::write(lock_path(tmp.path(), "dev-server"), record).unwrap();
+    let held = finish(&["holder", "dev-server", "--dir", d, "--json"]);
+    assert_eq!(held.code, Some(0), "stderr: {}", held.stderr);
+    let doc = held.json();
+    assert_eq!(
+        doc["fields"],
+        serde_json::json!({"host": "127.0.0.1", "port": 3006}),
+        "{doc}"
+    );
+    let text = finish(&["holder", "dev-server", "--dir", d]);
+    assert!(
+        text.stdout.contains("  host:          127.0.0.1\n"),
+        "{}",
+        text.stdout
+    );
+    assert!(text.stdout.contains("  port:          3006\n"), "{}", text.stdout);
+    let list = finish(&["list", "--dir", d]);
+    assert!(
+        list.stdout.contains(r#"host="127.0.0.1" port=3006"#),
+        "{}",
+        list.stdout
+    );
+}
+
 /// flock(1)'s flags, locks given by their path, quiet and verbose output,
 /// read-only commands, the man page and completions (issue 18).
 #[path = "cli/flock.rs"]

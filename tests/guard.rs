@@ -170,7 +170,7 @@ async fn timeouts_report_the_name_and_the_wait() {
         .expect("free lock, zero timeout");
     let started = Instant::now();
     match b.acquire_timeout("job", Duration::from_millis(120)).await {
-        Err(Error::Timeout { name, waited }) => {
+        Err(Error::Timeout { name, waited, .. }) => {
             assert_eq!(name, "job");
             assert!(waited >= Duration::from_millis(120));
         }

@@ -81,6 +81,10 @@ async fn first_seed_records_are_read_and_judged() {
     );
     assert!(owner.acquired_at().unwrap() < owner.lease_expires_at().unwrap());
     assert!(!owner.is_leasehold());
+    // The HTTP server lock's `extraOwnerFields`.
+    assert_eq!(owner.field("host").and_then(|v| v.as_str()), Some("127.0.0.1"));
+    assert_eq!(owner.field("port").and_then(|v| v.as_i64()), Some(3006));
+    assert_eq!(owner.fields().count(), 2);
     assert!(
         locker.try_acquire("live").await.unwrap().is_none(),
         "a live seed holder is honoured"
@@ -251,6 +255,38 @@ fn seed1(dir: &Path, name: &str, mode: &[&str]) -> std::process::Child {
         .stdout(Stdio::piped())
         .spawn()
         .expect("run node")
+}
+
+/// velocious's own reader (`holderInfo`) sees the owner fields a leasehold
+/// holder publishes, where its server lock puts its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn velocious_reads_the_owner_fields_leasehold_publishes() {
+    if node().is_none() {
+        eprintln!("skipped: node is not installed, so velocious's code cannot run here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .strategy(Strategy::Directory)
+        .owner_field("host", "127.0.0.1")
+        .owner_field("port", 3006u16)
+        .owner_field("tls", false)
+        .build()
+        .unwrap();
+    let _guard = locker.acquire("dev-server").await.unwrap();
+    let out = tokio::task::spawn_blocking({
+        let dir = dir.path().to_owned();
+        move || seed1_output(&dir, "dev-server", &["info"])
+    })
+    .await
+    .unwrap();
+    let info: serde_json::Value = serde_json::from_str(&out[0]).unwrap();
+    assert_eq!(info["host"], "127.0.0.1", "{info}");
+    assert_eq!(info["port"], 3006, "{info}");
+    assert_eq!(info["tls"], false, "{info}");
+    assert_eq!(info["pid"], std::process::id(), "{info}");
+    assert_eq!(out[1], "true", "velocious sees the lock held");
 }
 
 fn seed1_output(dir: &Path, name: &str, mode: &[&str]) -> Vec<String> {
@@ -492,10 +528,7 @@ async fn leasehold_honours_live_pi_research_holders_and_reclaims_reused_pids() {
         Duration::ZERO,
     );
     let info = locker.inspect("state").await.unwrap().expect("held");
-    assert_eq!(
-        info.stale_reason(),
-        Some("owner pid was reused by a newer process")
-    );
+    assert_eq!(info.stale_reason(), Some(leasehold::StaleReason::ReusedPid));
     assert!(locker.try_acquire("state").await.unwrap().is_some());
 }
 

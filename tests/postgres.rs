@@ -1044,3 +1044,48 @@ fn file_settings_with_a_server_are_refused() {
         other => panic!("expected a connection failure, got {other:?}"),
     }
 }
+
+/// Owner fields go into the owner tables with every kind of lock, and
+/// another connection's readers see them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_fields_are_kept_on_a_server() {
+    use leasehold::FieldValue;
+    let server = Server::start();
+    let holder = builder(&server)
+        .owner_field("host", "127.0.0.1")
+        .owner_field("port", 8080u16)
+        .owner_field("primary", true)
+        .build()
+        .unwrap();
+    let reader = builder(&server).build().unwrap();
+    let (exclusive, shared, permits) = (unique("dev-server"), unique("catalog"), unique("gpu"));
+
+    let _guard = holder.acquire(&exclusive).await.unwrap();
+    let seen = reader.holder(&exclusive).await.unwrap().expect("held");
+    assert_eq!(seen.field("host").and_then(FieldValue::as_str), Some("127.0.0.1"));
+    assert_eq!(seen.field("port").and_then(FieldValue::as_i64), Some(8080));
+    assert_eq!(seen.field("primary").and_then(FieldValue::as_bool), Some(true));
+
+    let _reading = holder.acquire_shared(&shared).await.unwrap();
+    let _also = reader.acquire_shared(&shared).await.unwrap();
+    let holders = reader.holders(&shared).await.unwrap();
+    assert_eq!(holders.len(), 2);
+    assert_eq!(
+        holders.iter().filter(|h| h.field("port").is_some()).count(),
+        1,
+        "{holders:?}"
+    );
+
+    let _permit = holder.semaphore(&permits, 2).unwrap().acquire().await.unwrap();
+    let info = reader.inspect(&permits).await.unwrap().expect("held");
+    assert_eq!(
+        info.holders()[0].field("port").and_then(FieldValue::as_i64),
+        Some(8080)
+    );
+
+    // A Locker without fields taking the name after it leaves none behind.
+    drop(_guard);
+    let _plain = reader.acquire(&exclusive).await.unwrap();
+    let seen = reader.holder(&exclusive).await.unwrap().expect("held");
+    assert_eq!(seen.fields().count(), 0, "{seen:?}");
+}

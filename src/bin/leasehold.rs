@@ -1393,7 +1393,8 @@ async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
         },
         (None, Some(info)) => format!(
             "lock {shown:?} is free; a stale lock remains ({}), which `leasehold clean` removes\n",
-            info.stale_reason().unwrap_or("stale")
+            info.stale_reason()
+                .map_or_else(|| "stale".to_owned(), |r| r.to_string())
         ),
         (None, None) => format!("lock {shown:?} is free\n"),
     };
@@ -1427,10 +1428,17 @@ async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
             for (key, label) in fields {
                 nested(&mut text, label, &holder[key]);
             }
+            for (key, value) in holder["fields"].as_object().into_iter().flatten() {
+                nested(&mut text, &format!("{}:", key.escape_debug()), value);
+            }
         }
     } else {
         for (key, label) in fields.into_iter().chain([("path", "path:")]) {
             line(&mut text, label, &doc[key]);
+        }
+        // Owner fields: `port: 3006`, `host: 127.0.0.1`.
+        for (key, value) in doc["fields"].as_object().into_iter().flatten() {
+            line(&mut text, &format!("{}:", key.escape_debug()), value);
         }
     }
     emit(&text);
@@ -1548,6 +1556,9 @@ fn holder_text(owner: &Owner) -> String {
     if let Some(since) = owner.acquired_at().and_then(|t| rfc3339(t, false)) {
         text.push_str(&format!(" since {since}"));
     }
+    for (key, value) in owner.fields() {
+        text.push_str(&format!(" {}={value}", key.escape_debug()));
+    }
     text
 }
 
@@ -1558,7 +1569,7 @@ fn info_entry(info: &LockInfo) -> Value {
         info.path(),
         Some(info.owner()),
         state,
-        info.stale_reason(),
+        info.stale_reason().map(|r| r.to_string()).as_deref(),
     );
     let (kind, permits) = match info.kind() {
         LockKind::Exclusive => ("exclusive", None),
@@ -1610,7 +1621,21 @@ fn entry(name: &str, path: &Path, owner: Option<&Owner>, state: &str, reason: Op
         "fencingToken": owner.and_then(Owner::fencing_token),
         "state": state,
         "staleReason": reason,
+        "fields": fields_json(owner),
     })
+}
+
+/// The owner fields as a JSON object (empty without any).
+fn fields_json(owner: Option<&Owner>) -> Value {
+    let fields = owner.into_iter().flat_map(Owner::fields);
+    Value::Object(
+        fields
+            .map(|(key, value)| {
+                let value = serde_json::from_str(&value.to_string()).unwrap_or(Value::Null);
+                (key.to_owned(), value)
+            })
+            .collect(),
+    )
 }
 
 /// RFC 3339 in UTC (to the second unless `fraction`), or `None` for a

@@ -28,6 +28,8 @@ pub(crate) struct Ctx {
     pub(crate) durable: bool,
     pub(crate) fencing: bool,
     pub(crate) holder_id: String,
+    /// The `Locker`'s owner fields, in every record it writes.
+    pub(crate) fields: Option<std::sync::Arc<crate::field::OwnerFields>>,
     pub(crate) counters: Arc<Counters>,
     /// When each lock file was first seen, for [`Ctx::known_for`].
     pub(crate) first_seen: Mutex<HashMap<(u64, u64), u64>>,
@@ -106,6 +108,6 @@ impl Ctx {
 
     /// The record a new holder of `name` writes.
     pub(crate) fn own_record(&self, name: &LockName) -> OwnRecord {
-        OwnRecord::new(&self.holder_id, self.lease, name)
+        OwnRecord::new(&self.holder_id, self.fields.as_ref(), self.lease, name)
     }
 }

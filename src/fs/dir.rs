@@ -74,6 +74,8 @@ impl LockDir {
                 reason: "it is world-writable without the sticky bit, so any user could remove or replace locks",
             });
         }
+        // Fail here rather than at the first acquisition.
+        super::syscall::usable_dir(&fd).context("use lock directory", || &path)?;
         let in_memory = in_memory(&fd);
         Ok(Self {
             configured,

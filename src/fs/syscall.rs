@@ -185,6 +185,17 @@ pub(crate) fn read_record(file: &File) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Whether this process, with its effective ids, may list, search and
+/// create entries in the directory `dir`: the error says why not
+/// (`EACCES` for its mode or ACL, `EROFS` for a read-only mount, `EPERM`
+/// for an immutable directory). Root passes the mode checks, as it passes
+/// them when it writes.
+pub(crate) fn usable_dir(dir: &File) -> std::io::Result<()> {
+    use nix::unistd::{AccessFlags, faccessat};
+    let all = AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK;
+    faccessat(dir, ".", all, AtFlags::AT_EACCESS).map_err(std::io::Error::from)
+}
+
 /// Whether the filesystem of `file` is mounted read-only.
 pub(crate) fn read_only(file: &File) -> bool {
     use nix::sys::statvfs::{FsFlags, fstatvfs};

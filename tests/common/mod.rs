@@ -130,6 +130,23 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
             }
             0
         }
+        // dir name port: hold name, publishing `host` and `port` as owner
+        // fields, until killed.
+        "hold_fields" => {
+            let l = Locker::builder()
+                .directory(&args[0])
+                .owner_field("host", "127.0.0.1")
+                .owner_field("port", args[2].parse::<u16>().unwrap())
+                .build()
+                .expect("locker");
+            let g = l.acquire(&args[1]).await.expect("acquire");
+            say("acquired");
+            tokio::select! {
+                _ = g.lost() => say("lost"),
+                _ = tokio::time::sleep(CHILD_TTL) => {}
+            }
+            0
+        }
         // dir name n log: n acquisitions, logging each fencing token under
         // the lock, so the log is in acquisition order.
         "tokens" => {

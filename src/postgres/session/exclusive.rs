@@ -97,15 +97,16 @@ impl Session {
         client
             .batch_execute(&format!("SET statement_timeout = {ms}"))
             .map_err(pg_error("set a statement timeout"))?;
+        let fields = owner.fields.as_ref().map(|f| f.object());
         let row = client.query_one(
             "INSERT INTO leasehold_locks AS l
-                 (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token)
-             VALUES ($1, $2, $3, $4, $5, $6, now(), pg_backend_pid(), 1)
+                 (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token, fields)
+             VALUES ($1, $2, $3, $4, $5, $6, now(), pg_backend_pid(), 1, $7)
              ON CONFLICT (name) DO UPDATE SET fencing_token = l.fencing_token + $3,
                  holder_id = $4, hostname = $5, pid = $6, acquired_at = now(), backend_pid = pg_backend_pid(),
-                 holder_token = l.fencing_token + 1
+                 holder_token = l.fencing_token + 1, fields = $7
              RETURNING fencing_token",
-            &[&name, &key, &TOKEN_BLOCK, &owner.holder_id, &owner.hostname, &pid],
+            &[&name, &key, &TOKEN_BLOCK, &owner.holder_id, &owner.hostname, &pid, &fields],
         );
         if let Err(error) = client.batch_execute("RESET statement_timeout") {
             // Every later statement would run under this attempt's

@@ -6,18 +6,20 @@ use super::connection::{Session, pg_error};
 use super::tables::{granted, held, kind_of, live};
 use crate::backend::Mode;
 use crate::error::Result;
+use crate::field::parse_object;
 use crate::owner::Owner;
 
 /// Every live holder, exclusive ones from `leasehold_locks`, shared and
 /// permit holders from `leasehold_holders`: by name, oldest first.
 const INSPECT: &str = concat!(
-    "SELECT name, mode, permits, holder_id, hostname, pid, acquired_at, holder_token FROM (
+    "SELECT name, mode, permits, holder_id, hostname, pid, acquired_at, holder_token, fields FROM (
         SELECT l.name, 'exclusive'::text AS mode, NULL::bigint AS permits, l.holder_id, l.hostname,
-            l.pid, l.acquired_at, l.holder_token, 0 AS rank
+            l.pid, l.acquired_at, l.holder_token, l.fields, 0 AS rank
         FROM leasehold_locks l WHERE ($1::text IS NULL OR l.name = $1) AND ",
     held!(),
     " UNION ALL
-        SELECT h.name, h.mode, h.permits, h.holder_id, h.hostname, h.pid, h.acquired_at, h.holder_token, 1
+        SELECT h.name, h.mode, h.permits, h.holder_id, h.hostname, h.pid, h.acquired_at, h.holder_token,
+            h.fields, 1
         FROM leasehold_holders h WHERE ($1::text IS NULL OR h.name = $1) AND ",
     live!(),
     ") x ORDER BY name, rank, acquired_at, holder_token"
@@ -45,6 +47,9 @@ impl Session {
                 pid.and_then(|p| u32::try_from(p).ok()),
                 row.get::<_, Option<SystemTime>>(6),
                 token.and_then(|t| u64::try_from(t).ok()),
+                row.get::<_, Option<&str>>(8)
+                    .map(parse_object)
+                    .unwrap_or_default(),
             );
             match found.last_mut() {
                 Some((last, kind, holders)) if *last == name => {

@@ -51,7 +51,7 @@ macro_rules! other_kind {
 const OTHER_KIND: &str = other_kind!();
 
 /// Records a shared holder (parameters: name, mode, permits, id, key,
-/// slot, holder_id, hostname, pid) unless the name is held as another
+/// slot, holder_id, hostname, pid, and the owner fields `$10`) unless the name is held as another
 /// kind; its token is the name's fencing counter as it stands. Answers
 /// the other kind, or the token.
 const JOIN_SHARED: &str = concat!(
@@ -59,17 +59,18 @@ const JOIN_SHARED: &str = concat!(
     other_kind!(),
     "), mine AS (
         INSERT INTO leasehold_holders
-            (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token)
+            (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token,
+             fields)
         SELECT $4::text, $1::text, $5::bigint, $2::text, $3::bigint, $6::bigint, $7::text, $8::text,
             $9::integer, now(), pg_backend_pid(),
-            COALESCE((SELECT l.fencing_token FROM leasehold_locks l WHERE l.name = $1), 0)
+            COALESCE((SELECT l.fencing_token FROM leasehold_locks l WHERE l.name = $1), 0), $10::text
         WHERE NOT EXISTS (SELECT 1 FROM other)
         RETURNING holder_token)
     SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token FROM mine)"
 );
 
-/// Records a permit holder (parameters as [`JOIN_SHARED`], and the token
-/// block `$10`) unless the name is held as another kind (a semaphore of
+/// Records a permit holder (parameters as [`JOIN_SHARED`] but the token
+/// block `$10` and the owner fields `$11`) unless the name is held as another kind (a semaphore of
 /// another count included), reserving a block of fencing tokens. Answers
 /// the other kind, or the block's last token.
 const JOIN_PERMIT: &str = concat!(
@@ -82,10 +83,11 @@ const JOIN_PERMIT: &str = concat!(
         RETURNING l.fencing_token
     ), mine AS (
         INSERT INTO leasehold_holders
-            (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token)
+            (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token,
+             fields)
         SELECT $4::text, $1::text, $5::bigint, $2::text, $3::bigint, $6::bigint, $7::text, $8::text,
             $9::integer, now(), pg_backend_pid(),
-            c.fencing_token - $10 + 1
+            c.fencing_token - $10 + 1, $11::text
         FROM counter c
         RETURNING holder_token)
     SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token + $10 - 1 FROM mine)"
@@ -235,6 +237,7 @@ impl Session {
         };
         let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
         let (id, holder_id, hostname) = (&owner.uuid, &owner.holder_id, &owner.hostname);
+        let fields = owner.fields.as_ref().map(|f| f.object());
         let key = keys.name;
         self.transaction(Some(keys.join), left, "record a shared holder", |client| {
             let row = match held {
@@ -251,11 +254,14 @@ impl Session {
                         hostname,
                         &pid,
                         &TOKEN_BLOCK,
+                        &fields,
                     ],
                 )?,
                 _ => client.query_one(
                     JOIN_SHARED,
-                    &[&name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid],
+                    &[
+                        &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields,
+                    ],
                 )?,
             };
             let other: Option<String> = row.get(0);

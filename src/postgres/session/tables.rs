@@ -1,6 +1,7 @@
 //! The owner tables, `leasehold_locks` (exclusive holders and every name's
 //! fencing counter) and `leasehold_holders` (shared holders and permit
-//! holders): their schema, when a row names a live holder, and how a kind
+//! holders): their schema (a holder's owner fields are a JSON object in
+//! `fields`), when a row names a live holder, and how a kind
 //! of holding is spelled in them.
 
 use crate::backend::Mode;
@@ -18,6 +19,7 @@ pub(super) const SCHEMA: &str = "
         holder_token bigint
     );
     ALTER TABLE leasehold_locks ADD COLUMN IF NOT EXISTS holder_token bigint;
+    ALTER TABLE leasehold_locks ADD COLUMN IF NOT EXISTS fields text;
     CREATE TABLE IF NOT EXISTS leasehold_holders (
         id text PRIMARY KEY,
         name text NOT NULL,
@@ -32,6 +34,7 @@ pub(super) const SCHEMA: &str = "
         backend_pid integer NOT NULL,
         holder_token bigint
     );
+    ALTER TABLE leasehold_holders ADD COLUMN IF NOT EXISTS fields text;
     CREATE INDEX IF NOT EXISTS leasehold_holders_name ON leasehold_holders (name);";
 
 /// `pg_locks` has a row for a granted advisory lock on `$key` (the

@@ -1,0 +1,206 @@
+//! Owner fields (velocious's `extraOwnerFields`): published in every record
+//! a `Locker` writes, in both layouts and for every kind of lock, kept
+//! across renewals, read back by every reader.
+
+mod common;
+
+use std::time::Duration;
+
+use leasehold::{Error, FieldValue, LockKind, Locker, Strategy};
+
+#[test]
+fn child_process_entry() {
+    common::child_entry();
+}
+
+fn server(dir: &std::path::Path, strategy: Strategy) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .strategy(strategy)
+        .lease(Duration::from_millis(400))
+        .renew_interval(Duration::from_millis(50))
+        .owner_field("host", "127.0.0.1")
+        .owner_field("port", 8080u16)
+        .owner_field("primary", true)
+        .owner_field("weight", 0.75)
+        .owner_field("epoch", u64::MAX)
+        .owner_field("note", String::from("say \"hi\"\n"))
+        .build()
+        .unwrap()
+}
+
+fn assert_fields(owner: &leasehold::Owner, context: &str) {
+    assert_eq!(
+        owner.field("host").and_then(FieldValue::as_str),
+        Some("127.0.0.1"),
+        "{context}"
+    );
+    assert_eq!(
+        owner.field("port").and_then(FieldValue::as_i64),
+        Some(8080),
+        "{context}"
+    );
+    assert_eq!(
+        owner.field("primary").and_then(FieldValue::as_bool),
+        Some(true),
+        "{context}"
+    );
+    assert_eq!(
+        owner.field("weight").and_then(FieldValue::as_f64),
+        Some(0.75),
+        "{context}"
+    );
+    assert_eq!(
+        owner.field("epoch").and_then(FieldValue::as_u64),
+        Some(u64::MAX),
+        "{context}"
+    );
+    assert_eq!(
+        owner.field("note").and_then(FieldValue::as_str),
+        Some("say \"hi\"\n"),
+        "{context}"
+    );
+    let keys: Vec<&str> = owner.fields().map(|(k, _)| k).collect();
+    assert_eq!(
+        keys,
+        ["epoch", "host", "note", "port", "primary", "weight"],
+        "{context}"
+    );
+    // The record's own fields are still there, and none became a field.
+    assert_eq!(owner.pid(), Some(std::process::id()), "{context}");
+    assert_eq!(owner.field("pid"), None, "{context}");
+}
+
+#[tokio::test]
+async fn every_reader_sees_the_fields_in_both_layouts_across_renewals() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = server(dir.path(), strategy);
+        let reader = Locker::builder()
+            .directory(dir.path())
+            .strategy(strategy)
+            .build()
+            .unwrap();
+        let guard = locker.acquire("dev-server").await.unwrap();
+        assert_fields(guard.owner(), &format!("{strategy:?} guard"));
+        // Several leases: a renewal rewrites the record and keeps them.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(!guard.is_lost());
+        let seen = reader.holder("dev-server").await.unwrap().expect("held");
+        assert_fields(&seen, &format!("{strategy:?} holder after renewals"));
+        let renewed = seen.lease_expires_at().unwrap();
+        assert!(
+            renewed > guard.owner().lease_expires_at().unwrap(),
+            "renewed since"
+        );
+        assert_fields(
+            reader.inspect("dev-server").await.unwrap().unwrap().owner(),
+            "inspect",
+        );
+        assert_fields(reader.list().await.unwrap()[0].owner(), "list");
+        // And in the raw record, as JSON values of their own types, after
+        // the record's own fields.
+        let mut path = locker.lock_path("dev-server").unwrap();
+        if strategy == Strategy::Directory {
+            path = path.join("owner.json");
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let raw: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(raw["port"], 8080);
+        assert_eq!(raw["primary"], true);
+        assert_eq!(raw["epoch"], u64::MAX);
+        let text = String::from_utf8(bytes).unwrap();
+        let at = |key: &str| text.find(&format!("\"{key}\":")).unwrap();
+        assert!(
+            at("host") > at("pid") && at("note") > at("host"),
+            "fields come last, in order: {text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn shared_holders_and_permit_holders_publish_their_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let reader = server(dir.path(), Strategy::ExclusiveFile);
+    let plain = Locker::new(dir.path()).unwrap();
+    let _a = reader.acquire_shared("catalog").await.unwrap();
+    let _b = plain.acquire_shared("catalog").await.unwrap();
+    let info = plain.inspect("catalog").await.unwrap().unwrap();
+    assert_eq!(info.kind(), LockKind::Shared);
+    let with_fields = info
+        .holders()
+        .iter()
+        .filter(|h| h.field("port").is_some())
+        .count();
+    assert_eq!(with_fields, 1, "{:?}", info.holders());
+
+    let _permit = reader.semaphore("gpu", 2).unwrap().acquire().await.unwrap();
+    let info = plain.inspect("gpu").await.unwrap().unwrap();
+    assert_fields(&info.holders()[0], "permit holder");
+    assert_fields(info.owner(), "semaphore marker");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_a_holder_in_another_process_publishes_are_read_here() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let child = common::ChildProc::spawn("hold_fields", &[path, "dev-server", "4711"]);
+    child.expect("acquired", Duration::from_secs(30));
+    let locker = Locker::new(dir.path()).unwrap();
+    assert!(locker.try_acquire("dev-server").await.unwrap().is_none());
+    let seen = locker.holder("dev-server").await.unwrap().expect("held");
+    assert_eq!(seen.pid(), Some(child.pid()));
+    assert_eq!(seen.field("host").and_then(FieldValue::as_str), Some("127.0.0.1"));
+    assert_eq!(seen.field("port").and_then(FieldValue::as_i64), Some(4711));
+}
+
+#[test]
+fn bad_fields_are_refused_at_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = |key: &str, value: FieldValue| {
+        Locker::builder()
+            .directory(dir.path())
+            .owner_field(key, value)
+            .build()
+    };
+    for reserved in [
+        "pid",
+        "uuid",
+        "hostname",
+        "holderId",
+        "acquiredAt",
+        "leaseExpiresAt",
+        "startTime",
+        "leaseMs",
+        "name",
+        "fencingToken",
+        "mode",
+        "permits",
+        "group",
+        "leasehold",
+    ] {
+        let err = build(reserved, FieldValue::from("x")).unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{reserved}: {err:?}");
+        assert!(err.to_string().contains(reserved), "{err}");
+    }
+    for key in ["", "tab\there", &"k".repeat(65)] {
+        assert!(build(key, FieldValue::from(1u32)).is_err(), "{key:?}");
+    }
+    assert!(build("x", FieldValue::from(f64::NAN)).is_err());
+    // The size limit: 4 KiB of fields as JSON.
+    assert!(build("big", FieldValue::from("v".repeat(4000))).is_ok());
+    assert!(build("big", FieldValue::from("v".repeat(5000))).is_err());
+    let many = (0..200).fold(Locker::builder().directory(dir.path()), |b, i| {
+        b.owner_field(&format!("field{i}"), "some value")
+    });
+    assert!(matches!(many.build(), Err(Error::InvalidConfig { .. })));
+    // A key set twice keeps its last value.
+    let twice = Locker::builder()
+        .directory(dir.path())
+        .owner_field("port", 1u16)
+        .owner_field("port", 2u16)
+        .build();
+    assert!(twice.is_ok());
+    // `host` and `port`, velocious's, are free.
+    assert!(build("host", FieldValue::from("::1")).is_ok());
+}
