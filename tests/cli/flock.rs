@@ -245,7 +245,7 @@ fn c_runs_a_command_string_through_the_shell_as_flock() {
 #[test]
 fn shared_runs_overlap_and_exclude_a_writer_as_flock() {
     for tool in tools() {
-        let (tmp, dir, path) = scratch();
+        let (_tmp, dir, path) = scratch();
         // Each reader succeeds only once it sees the other's marker: both
         // exit 0 only if they held the lock at the same time.
         let script = "touch \"$1/$2\"; i=0; while [ ! -e \"$1/$3\" ]; do \
@@ -288,7 +288,6 @@ fn shared_runs_overlap_and_exclude_a_writer_as_flock() {
         let reader = tool.finish(&["-n", "-s", &path, "true"]);
         assert_eq!(reader.code, Some(1), "{tool:?}: {}", reader.stderr);
         release(&dir, &mut writer);
-        drop(tmp);
     }
 }
 
