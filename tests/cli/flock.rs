@@ -666,22 +666,51 @@ fn a_terminal_shows_a_live_line_while_waiting_and_erases_it() {
     );
     let mut cmd = Command::new("/usr/bin/script");
     cmd.args(["-qfec", &line, "/dev/null"])
-        .env_remove("LEASEHOLD_DIR");
-    let waiter = std::thread::spawn(move || finish_cmd(cmd));
-    // 2 s for the line, and time to spare for a slow start.
-    std::thread::sleep(Duration::from_millis(5000));
+        .env_remove("LEASEHOLD_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut script = cmd.spawn().expect("script");
+    // Killed by pid if the test fails before reaping it.
+    let script_pid = KillOnDrop(script.id() as i32);
+    // The terminal's bytes as they come: the live line ends in no newline.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader = std::thread::spawn({
+        use std::io::Read;
+        let (mut stdout, seen) = (script.stdout.take().expect("stdout"), seen.clone());
+        move || {
+            let mut chunk = [0; 4096];
+            while let Ok(n @ 1..) = stdout.read(&mut chunk) {
+                seen.lock().unwrap().extend_from_slice(&chunk[..n]);
+            }
+        }
+    });
+    let held_by = format!("for lock \"job\", held by pid {} on ", holder.pid());
+    let deadline = Instant::now() + BOUND;
+    while !String::from_utf8_lossy(&seen.lock().unwrap()).contains(&held_by) {
+        let so_far = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+        assert!(Instant::now() < deadline, "no live line: {so_far:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     std::fs::write(tmp.path().join("go"), "").unwrap();
     assert_eq!(holder.wait().code(), Some(0));
-    let done = waiter.join().unwrap();
-    assert_eq!(done.code, Some(0), "{}", done.stderr);
-    let out = &done.stdout;
+    let deadline = Instant::now() + BOUND;
+    let status = loop {
+        if let Some(status) = script.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the waiter never finished");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Reaped: its pid may be reused, so no kill at the end.
+    std::mem::forget(script_pid);
+    reader.join().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let out = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    let out = &out;
     let shown = out
         .find("\r\x1b[Kleasehold: waiting ")
         .unwrap_or_else(|| panic!("no live line: {out:?}"));
-    assert!(
-        out.contains(&format!("for lock \"job\", held by pid {} on ", holder.pid())),
-        "{out:?}"
-    );
     let got = out.find("got-it").unwrap_or_else(|| panic!("{out:?}"));
     let erased = out[..got].rfind("\r\x1b[K").unwrap();
     assert!(shown <= erased, "{out:?}");
