@@ -181,6 +181,7 @@
 //! | `kind` | string or null | `"exclusive"`, `"shared"` or `"semaphore"`; null for a free lock |
 //! | `permits` | number or null | a semaphore's permit count; null for other kinds |
 //! | `holders` | array | every holder, oldest first: one for an exclusive lock, each shared holder or permit holder otherwise, none for a free lock. Each is an object with the keys `pid`, `hostname`, `holderId`, `acquiredAt`, `leaseExpiresAt` and `fencingToken`, as above |
+//! | `fields` | object | the owner fields the holder published ([`LockerBuilder::owner_field`](leasehold::LockerBuilder::owner_field), velocious's `host` and `port`); `{}` when none |
 //!
 //! `run --json` writes one JSON object per line to stderr (stdout is
 //! CMD's) for what happens to the lock, each with `event` and `lock` (the
