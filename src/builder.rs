@@ -47,6 +47,7 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 /// | [`fencing`](Self::fencing) | `false` |
 /// | [`strategy`](Self::strategy) | [`Strategy::ExclusiveFile`] |
 /// | [`path_style`](Self::path_style) | [`PathStyle::Hashed`] |
+/// | [`create_directory`](Self::create_directory) | `true` |
 /// | [`owner_field`](Self::owner_field) | none |
 ///
 /// # Examples
@@ -87,6 +88,7 @@ pub struct LockerBuilder {
     strategy: Strategy,
     path_style: PathStyle,
     allow_insecure_directory: bool,
+    create_directory: bool,
     owner_fields: Vec<(String, FieldValue)>,
     #[cfg(feature = "postgres")]
     postgres: Option<String>,
@@ -107,6 +109,7 @@ impl Default for LockerBuilder {
             strategy: Strategy::default(),
             path_style: PathStyle::default(),
             allow_insecure_directory: false,
+            create_directory: true,
             owner_fields: Vec::new(),
             #[cfg(feature = "postgres")]
             postgres: None,
@@ -436,7 +439,7 @@ impl LockerBuilder {
     /// libpq-style connection string or URL (`postgres://user@host/db`,
     /// `host=/run/postgresql user=app`). The settings for lock files
     /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`,
-    /// `durable`, `unreadable_grace`, `foreign_lease`) cannot be combined
+    /// `create_directory`, `durable`, `unreadable_grace`, `foreign_lease`) cannot be combined
     /// with it: [`build`](Self::build) refuses them rather than ignore them
     /// (set to their defaults, they count as unset). Fencing tokens are
     /// always on. See the crate docs, *PostgreSQL*.
@@ -502,6 +505,34 @@ impl LockerBuilder {
     /// ```
     pub fn allow_insecure_directory(mut self, allow: bool) -> Self {
         self.allow_insecure_directory = allow;
+        self
+    }
+
+    /// Whether [`build`](Self::build) creates a missing lock directory
+    /// (the default). With `false`, a missing directory fails `build`
+    /// with [`Error::Io`] whose source is [`NotFound`](std::io::ErrorKind::NotFound),
+    /// and nothing is created: for tools that only look (a `holder` or
+    /// `list` command must not make the directory it was asked about), and
+    /// for a directory that must already exist.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let missing = dir.path().join("not-yet");
+    ///
+    /// let refused = leasehold::Locker::builder().directory(&missing).create_directory(false).build();
+    /// assert!(matches!(refused, Err(leasehold::Error::Io { ref source, .. }) if source.kind() == std::io::ErrorKind::NotFound));
+    /// assert!(!missing.exists());
+    ///
+    /// let made = leasehold::Locker::builder().directory(&missing).build()?;
+    /// assert!(missing.is_dir());
+    /// # drop(made);
+    /// # Ok(()) }
+    /// ```
+    pub fn create_directory(mut self, create: bool) -> Self {
+        self.create_directory = create;
         self
     }
 
@@ -609,6 +640,7 @@ impl LockerBuilder {
                 (self.strategy != Strategy::default(), "strategy"),
                 (self.path_style != PathStyle::default(), "path_style"),
                 (self.allow_insecure_directory, "allow_insecure_directory"),
+                (!self.create_directory, "create_directory"),
                 (!self.durable, "durable"),
                 (self.grace != DEFAULT_GRACE, "unreadable_grace"),
                 (self.foreign_lease != Some(DEFAULT_FOREIGN_LEASE), "foreign_lease"),
@@ -638,6 +670,7 @@ impl LockerBuilder {
         let settings = fs::Settings {
             directory: self.directory,
             allow_insecure: self.allow_insecure_directory,
+            create: self.create_directory,
             strategy: self.strategy,
             lease: self.lease,
             grace: self.grace,

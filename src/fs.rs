@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters, Wake};
-use crate::error::{Error, Result};
+use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::renew::Renewable;
 use crate::stale::{self, Verdict};
@@ -53,6 +53,8 @@ pub(crate) struct Settings {
     /// `None`: the per-user default directory.
     pub(crate) directory: Option<PathBuf>,
     pub(crate) allow_insecure: bool,
+    /// Whether a missing directory is created.
+    pub(crate) create: bool,
     pub(crate) strategy: Strategy,
     pub(crate) lease: Duration,
     pub(crate) grace: Duration,
@@ -113,6 +115,12 @@ impl Fs {
         counters: Arc<Counters>,
         waiters: Waiters,
     ) -> Result<Self> {
+        if !settings.create {
+            let path = settings.directory.clone().unwrap_or_else(dir::default_directory);
+            // A look, then an open that would create: a directory removed
+            // in between is made again, empty, which is all a race can do.
+            std::fs::metadata(&path).context("open lock directory", || &path)?;
+        }
         let dir = match &settings.directory {
             Some(path) => LockDir::open(path, settings.allow_insecure)?,
             None => {

@@ -279,8 +279,12 @@
 //!
 //! # Feature flags
 //!
-//! - `cli`: the `leasehold` command-line tool (`run`, `holder`, `list`,
-//!   `clean`); it adds `clap`. The library itself needs no feature.
+//! - `cli`: the `leasehold` command-line tool (`run`, a drop-in for
+//!   flock(1) in scripts and crontabs, `holder`, `list`, `clean`, `man`,
+//!   `completions`); it adds `clap`, `clap_complete` and `clap_mangen`.
+//!   Its exit statuses and JSON output are tabled in the README's *From
+//!   the shell* and in `leasehold run --help`. The library itself needs no
+//!   feature.
 //! - `postgres`: [`LockerBuilder::postgres`], locks held as session-level
 //!   advisory locks on a PostgreSQL server, for processes on several hosts;
 //!   it adds the `postgres` client. See *PostgreSQL* below.

@@ -501,14 +501,15 @@ impl LockerBuilder {
     /// effective user and groups) cannot list, search and write; an I/O
     /// error (`EROFS`) for a directory on a read-only mount; I/O errors
     /// from creating or opening the directory (a dangling symlink, a file
-    /// on the way). An explicit directory owned by another user is
+    /// on the way; a missing one, with
+    /// [`create_directory(false)`](LockerBuilder::create_directory)). An explicit directory owned by another user is
     /// accepted when this process can use it and it is not open to
     /// everyone without the sticky bit: that is how a lock directory is
     /// shared between users;
     /// [`Error::Backend`] when the PostgreSQL server cannot be reached;
     /// [`Error::InvalidConfig`] also when a setting for lock files
     /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`,
-    /// `durable`, `unreadable_grace`, `foreign_lease`) is combined with
+    /// `create_directory`, `durable`, `unreadable_grace`, `foreign_lease`) is combined with
     /// `postgres`.
     ///
     /// # Examples

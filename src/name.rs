@@ -1,7 +1,8 @@
 //! Lock names and the file names they map to.
 //!
-//! With [`PathStyle::Plain`] the file name is `<name>.lock`, for sharing
-//! locks with programs that use such names; such names are validated.
+//! With [`PathStyle::Plain`] the file name is `<name>.lock`, and with
+//! [`PathStyle::Exact`] the name itself, for sharing locks with programs
+//! that use such names; such names are validated.
 //!
 //! Any string except the empty one and those containing NUL is a lock name.
 //! On disk it becomes `<safeName>-<hash16>.lock`, exactly as velocious
@@ -38,6 +39,11 @@ const PLAIN_NAME_MAX: usize = 200;
 /// let plain = Locker::builder().directory(dir.path()).path_style(PathStyle::Plain).build()?;
 /// assert_eq!(plain.lock_path("state")?.file_name().unwrap(), "state.lock");
 /// assert!(plain.lock_path("../state").is_err());
+///
+/// // A flock(1) user's lock file, named in full.
+/// let exact = Locker::builder().directory(dir.path()).path_style(PathStyle::Exact).build()?;
+/// assert_eq!(exact.lock_path("backup")?.file_name().unwrap(), "backup");
+/// assert!(exact.lock_path("backup.fence").is_err()); // a fencing counter's name
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,6 +57,14 @@ pub enum PathStyle {
     /// Names must be usable as one file name: not empty, at most 200 bytes,
     /// no `/`, no `..`, no NUL or other control characters, not `.`.
     Plain,
+    /// `<name>`, as is: for lock files whose whole name is given, such as
+    /// those of flock(1) users (`/var/lock/backup`, in a locker on
+    /// `/var/lock`). Names follow the rules of `Plain` and, so that no
+    /// lock can be mistaken for the files leasehold keeps beside locks,
+    /// cannot end in `.fence` or `.members` nor contain `.pending-`,
+    /// `.trash-` or `.fence.tmp-`. [`Locker::list`](crate::Locker::list)
+    /// shows only the locks whose names end in `.lock`.
+    Exact,
 }
 
 /// A validated lock name and its file name inside the lock directory.
@@ -85,19 +99,23 @@ impl LockName {
         let file_name = match style {
             PathStyle::Hashed => hashed_file_name(name),
             PathStyle::Plain => {
-                if name.len() > PLAIN_NAME_MAX {
-                    return Err(invalid(name, "plain names are at most 200 bytes"));
-                }
-                if name.contains('/') {
-                    return Err(invalid(name, "plain names cannot contain '/'"));
-                }
-                if name == "." || name.contains("..") {
-                    return Err(invalid(name, "plain names cannot be '.' or contain '..'"));
-                }
-                if name.chars().any(char::is_control) {
-                    return Err(invalid(name, "plain names cannot contain control characters"));
-                }
+                check_plain(name)?;
                 format!("{name}.lock")
+            }
+            PathStyle::Exact => {
+                check_plain(name)?;
+                let reserved = [".fence", ".members"].iter().any(|s| name.ends_with(s))
+                    || [".pending-", ".trash-", ".fence.tmp-"]
+                        .iter()
+                        .any(|s| name.contains(s));
+                if reserved {
+                    return Err(invalid(
+                        name,
+                        "exact names cannot end in '.fence' or '.members' or contain '.pending-', \
+                         '.trash-' or '.fence.tmp-': leasehold names its own files so",
+                    ));
+                }
+                name.to_owned()
             }
         };
         Ok(Self::join(name, &file_name))
@@ -134,6 +152,24 @@ impl LockName {
     pub(crate) fn file_name(&self) -> &str {
         &self.text[self.split..]
     }
+}
+
+/// The rules of [`PathStyle::Plain`] (and [`PathStyle::Exact`]): one file
+/// name, with room for the suffixes of the files kept beside it.
+fn check_plain(name: &str) -> Result<()> {
+    if name.len() > PLAIN_NAME_MAX {
+        return Err(invalid(name, "plain names are at most 200 bytes"));
+    }
+    if name.contains('/') {
+        return Err(invalid(name, "plain names cannot contain '/'"));
+    }
+    if name == "." || name.contains("..") {
+        return Err(invalid(name, "plain names cannot be '.' or contain '..'"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(invalid(name, "plain names cannot contain control characters"));
+    }
+    Ok(())
 }
 
 fn invalid(name: &str, reason: &'static str) -> Error {
@@ -243,7 +279,44 @@ mod tests {
         }
     }
 
+    #[test]
+    fn exact_names_are_the_file_name_and_never_a_companion_file() {
+        for good in ["backup", "backup.lock", "cron.job-1", "x.lck"] {
+            assert_eq!(LockName::new(good, PathStyle::Exact).unwrap().file_name(), good);
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "x.lock.fence",
+            "x.members",
+            "x.lock.pending-0123456789ab",
+            "x.lock.trash-0123456789ab",
+            "x.lock.fence.tmp-0123456789abcdef0123456789abcdef",
+            "a\nb",
+        ] {
+            assert!(
+                matches!(
+                    LockName::new(bad, PathStyle::Exact),
+                    Err(Error::InvalidName { .. })
+                ),
+                "{bad:?} accepted"
+            );
+        }
+    }
+
     proptest! {
+        #[test]
+        fn exact_names_stay_one_file_name(name in "\\PC{1,60}") {
+            if let Ok(n) = LockName::new(&name, PathStyle::Exact) {
+                let f = n.file_name();
+                prop_assert_eq!(f, name.as_str());
+                prop_assert!(!f.contains('/') && !f.contains('\0'));
+                prop_assert!(f != "." && f != ".." && f.len() <= PLAIN_NAME_MAX);
+            }
+        }
+
         #[test]
         fn plain_names_stay_one_file_name(name in "\\PC{1,60}") {
             if let Ok(n) = LockName::new(&name, PathStyle::Plain) {

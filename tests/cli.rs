@@ -113,7 +113,11 @@ impl Done {
 /// Runs the tool to completion within [`BOUND`]. Only for commands that
 /// leave no background process holding its pipes.
 fn finish(args: &[&str]) -> Done {
-    let mut cmd = leasehold(args);
+    finish_cmd(leasehold(args))
+}
+
+/// [`finish`], for any command.
+fn finish_cmd(mut cmd: Command) -> Done {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -168,7 +172,7 @@ fn run_excludes_a_concurrent_run() {
     let d = tmp.path().to_str().unwrap();
     let mut first = holding(d, "job");
 
-    let busy = finish(&["run", "job", "--dir", d, "--no-wait", "--", "true"]);
+    let busy = finish(&["run", "job", "--dir", d, "--no-wait", "--verbose", "--", "true"]);
     assert_eq!(busy.code, Some(1), "stderr: {}", busy.stderr);
     assert_eq!(busy.stderr.lines().count(), 1, "one line: {}", busy.stderr);
     assert!(busy.stderr.starts_with("leasehold: "), "{}", busy.stderr);
@@ -728,6 +732,7 @@ fn shared_and_exclusive_runs_exclude_each_other() {
         "--dir",
         d,
         "--no-wait",
+        "--verbose",
         "--",
         "true",
     ]);
@@ -745,7 +750,16 @@ fn shared_and_exclusive_runs_exclude_each_other() {
 
     // Shared holders keep an exclusive run out, and it says how.
     let mut reader = holding_as(d, "catalog", &["--shared"]);
-    let busy = finish(&["run", "catalog", "--dir", d, "--no-wait", "--", "true"]);
+    let busy = finish(&[
+        "run",
+        "catalog",
+        "--dir",
+        d,
+        "--no-wait",
+        "--verbose",
+        "--",
+        "true",
+    ]);
     assert_eq!(busy.code, Some(1), "stderr: {}", busy.stderr);
     assert!(
         busy.stderr
@@ -785,7 +799,17 @@ fn shared_and_exclusive_runs_exclude_each_other() {
     ]));
     let deadline = Instant::now() + BOUND;
     let held_back = loop {
-        let done = finish(&["run", "catalog", "-s", "--dir", d, "--no-wait", "--", "true"]);
+        let done = finish(&[
+            "run",
+            "catalog",
+            "-s",
+            "--dir",
+            d,
+            "--no-wait",
+            "--verbose",
+            "--",
+            "true",
+        ]);
         if done.code == Some(1) {
             break done;
         }
@@ -824,6 +848,7 @@ fn a_semaphore_admits_its_permits_and_no_more() {
         "--dir",
         d,
         "--no-wait",
+        "--verbose",
         "--",
         "true",
     ]);
@@ -1100,3 +1125,8 @@ fn holder_shows_owner_fields() {
         list.stdout
     );
 }
+
+/// flock(1)'s flags, locks given by their path, quiet and verbose output,
+/// read-only commands, the man page and completions (issue 18).
+#[path = "cli/flock.rs"]
+mod flock;

@@ -1,20 +1,77 @@
-//! `leasehold`: named cross-process locks from the shell.
+//! `leasehold`: named cross-process locks from the shell, and a drop-in
+//! for flock(1) in scripts and crontabs.
 //!
 //! ```text
-//! leasehold run NAME [--shared | --permits N] [--dir DIR] [--wait SECS | --no-wait]
-//!                    [--strategy file|dir] [--conflict-exit-code N] [--kill-after SECS]
-//!                    -- CMD ARGS...
-//! leasehold holder NAME [--dir DIR] [--strategy file|dir] [--json]
+//! leasehold run [-n | -w DURATION] [-E N] [-s | -x | --permits N] [-o] [--verbose]
+//!               [--dir DIR] [--strategy file|dir] [--lease DURATION] [--kill-after DURATION]
+//!               NAME|PATH [--] CMD ARGS...
+//! leasehold run [options] NAME|PATH -c STRING
+//! leasehold holder NAME|PATH [--dir DIR] [--strategy file|dir] [--json]
 //! leasehold list [--dir DIR] [--strategy file|dir] [--json]
 //! leasehold clean [--dir DIR] [--strategy file|dir] [--dry-run] [--json]
+//! leasehold man [SUBCOMMAND]
+//! leasehold completions bash|zsh|fish|elvish|powershell
+//! leasehold --version
 //! ```
 //!
+//! # As flock(1)
+//!
+//! flock(1)'s options mean the same: `-n`/`--nonblock` (also `--no-wait`),
+//! `-w`/`--timeout` (also `--wait`; seconds with fractions, or `90s`,
+//! `5m`, `1h30m`), `-E`/`--conflict-exit-code` (default 1), `-s`/`--shared`,
+//! `-x`/`--exclusive` (the last of the two wins), `-c`/`--command` (run
+//! through `sh -c`), `-o`/`--close` (accepted: CMD never holds a descriptor
+//! of the lock, the tool does, so there is nothing to close) and
+//! `--verbose`. Not taken: flock(1)'s descriptor form (`flock 9` in a
+//! script that opened the file itself), `-u` and `-F` (the tool must stay
+//! to renew the lease and guard CMD); they are usage errors. An argument
+//! with a `/` (or `--file PATH`) is a lock file
+//! given by its path, as flock(1) takes it, so a crontab line changes by one
+//! word:
+//!
+//! ```text
+//! */5 * * * *  flock     -n /var/lock/backup.lock /usr/local/bin/backup
+//! */5 * * * *  leasehold run -n /var/lock/backup.lock /usr/local/bin/backup
+//! ```
+//!
+//! That locks exactly `/var/lock/backup.lock`, in `/var/lock` (which must
+//! exist: it is never created; a world-writable directory must be sticky,
+//! as `/var/lock` and `/tmp` are). The file exists while the lock is
+//! held (flock(1)'s stays), and the fencing counter `backup.lock.fence`
+//! stays beside it. The empty file flock(1) leaves behind is taken over
+//! once it is a second old and nobody holds its `flock`; one that flock(1)
+//! holds is waited for. A PATH that holds anything else (a file of data
+//! nobody holds, a directory without `owner.json`), which the library
+//! would judge a stale lock and remove, is refused with status 2 and left
+//! as it is. A name without `/` is a lock in the lock directory.
+//! Do not take one path with flock(1) and leasehold at the same time:
+//! flock(1) never removes its file, and a waiter of one kind can miss a
+//! file the other removed.
+//!
+//! Like flock(1), the tool prints nothing of its own on success, nor when
+//! `-n` finds the lock held or `-w` runs out (only the exit status tells,
+//! so cron mails nothing). `--verbose` says who holds the lock (pid, host,
+//! since) when it must wait, again every 5 seconds, and how long the wait
+//! took. On a terminal, a wait longer than 2 seconds shows one live line
+//! (instead of the repeated `--verbose` lines)
+//! (`waiting 12s for lock "backup", held by pid 4242 on db1 for 1m3s`),
+//! erased when the wait ends.
+//!
+//! What flock(1) cannot do: a lease (`--lease`, default 30 s) so that a
+//! holder on a frozen or vanished host loses the lock, a lost lock that
+//! stops CMD (`--kill-after`), owner records that `holder`, `list` and
+//! `clean` read, semaphores (`--permits`), `--json`, and locks shared
+//! with services that use the library.
+//!
+//! # Commands
+//!
 //! - `run` takes the lock NAME (waiting as long as it takes, at most SECS
-//!   with `--wait`, not at all with `--no-wait`), runs CMD while holding it
+//!   with `-w`, not at all with `-n`), runs CMD (or `sh -c STRING` with
+//!   `-c`) while holding it
 //!   (the lease is renewed in the background) and releases it once CMD and
 //!   every process left in CMD's process group have exited. CMD inherits
-//!   stdio and gets `LEASEHOLD_NAME` and `LEASEHOLD_FENCING_TOKEN` in its
-//!   environment.
+//!   stdio and gets `LEASEHOLD_NAME` (the NAME or PATH as given) and
+//!   `LEASEHOLD_FENCING_TOKEN` in its environment.
 //!
 //!   By default the lock is exclusive: one `run` of NAME at a time. With
 //!   `--shared` (`-s`) it is held shared: any number of `--shared` runs of
@@ -37,7 +94,9 @@
 //!   the tool then exits with CMD's own status. SIGINT, SIGTERM and SIGHUP
 //!   sent to the tool are forwarded to the group. If the lock is lost, a
 //!   warning is printed, the group is sent SIGTERM, then SIGKILL if it is
-//!   not empty `--kill-after` SECS later (default 5), and the tool exits
+//!   not empty `--kill-after` later (default 5 s, or a sixth of a
+//!   `--lease` shorter than 30 s, which keeps it inside the margin at which
+//!   a failing renewal reports the loss), and the tool exits
 //!   with status 75 whatever CMD's own status was.
 //!
 //!   The group dies with the tool: if the tool dies without releasing the
@@ -69,7 +128,13 @@
 //!   semaphore of N permits), listing every holder of a shared lock or a
 //!   semaphore; `list` shows every lock in the directory, with its kind
 //!   and holders; `clean` removes stale locks and crash leftovers (never a
-//!   live lock), or with `--dry-run` says what it would remove.
+//!   live lock), or with `--dry-run` says what it would remove. None of
+//!   them creates a directory: on one that does not exist they say so and
+//!   exit 66.
+//! - `man [SUBCOMMAND]` writes the man page (roff) of the tool, or of
+//!   `run`, `holder`, ... as `leasehold-run(1)` and so on, to stdout;
+//!   `completions SHELL` writes a completion script. Both come from the
+//!   definitions the parser uses, so they never disagree with it.
 //!
 //! The directory is `--dir`, else `$LEASEHOLD_DIR` (an explicit choice,
 //! like `--dir`), else the library's per-user default,
@@ -81,16 +146,17 @@
 //!
 //! # Exit codes
 //!
-//! | code | meaning |
-//! |---|---|
-//! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N |
-//! | 0 | `holder`: the lock is held; `list`, `clean`: success |
-//! | 1 | `run`: the lock was held (`--no-wait`) or `--wait` ran out (see `--conflict-exit-code`); `holder`: the lock is free |
-//! | 2 | bad usage (`--permits 0`, `--shared` with `--permits`, ...), or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) |
-//! | 78 | `run --shared` or `run --permits N`: NAME is held as another kind (a semaphore of another count, a semaphore when asked shared, or shared when asked for a permit); CMD never ran. sysexits' `EX_CONFIG`: the processes using NAME disagree on what it is |
-//! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) |
-//! | 126, 127 | `run`: CMD could not be executed, or was not found |
-//! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) |
+//! | code | meaning | flock(1) |
+//! |---|---|---|
+//! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N | the same |
+//! | 0 | `holder`: the lock is held; `list`, `clean`, `man`, `completions`: success | |
+//! | 1 | `run`: the lock was held (`-n`) or `-w` ran out (see `-E`); `holder`: the lock is free | the same |
+//! | 2 | bad usage (`--permits 0`, `-w 5x`, `--shared` with `--permits`, ...), or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) | 64 for bad usage |
+//! | 66 | the lock directory does not exist (`holder`, `list`, `clean` never create it), or a PATH's directory does not exist (`run`, `holder`); sysexits' `EX_NOINPUT` | the same, when it cannot open the lock file |
+//! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) | no leases: never |
+//! | 78 | `run --shared` or `run --permits N`: NAME is held as another kind (a semaphore of another count, a semaphore when asked shared, or shared when asked for a permit); CMD never ran. sysexits' `EX_CONFIG`: the processes using NAME disagree on what it is | no semaphores: never |
+//! | 126, 127 | `run`: CMD could not be executed, or was not found (as a shell says) | 69 for both |
+//! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) | dies of the signal |
 //!
 //! # JSON output
 //!
@@ -115,6 +181,19 @@
 //! | `kind` | string or null | `"exclusive"`, `"shared"` or `"semaphore"`; null for a free lock |
 //! | `permits` | number or null | a semaphore's permit count; null for other kinds |
 //! | `holders` | array | every holder, oldest first: one for an exclusive lock, each shared holder or permit holder otherwise, none for a free lock. Each is an object with the keys `pid`, `hostname`, `holderId`, `acquiredAt`, `leaseExpiresAt` and `fencingToken`, as above |
+//! | `fields` | object | the owner fields the holder published ([`LockerBuilder::owner_field`](leasehold::LockerBuilder::owner_field), velocious's `host` and `port`); `{}` when none |
+//!
+//! `run --json` writes one JSON object per line to stderr (stdout is
+//! CMD's) for what happens to the lock, each with `event` and `lock` (the
+//! NAME or PATH as given), and:
+//!
+//! | `event` | when | more keys |
+//! |---|---|---|
+//! | `"waiting"` | the lock is held: the run waits | `holders` (as above), `waitLimitMs` (number, or null without `-w`) |
+//! | `"acquired"` | the lock is taken; CMD starts | `waitedMs`, `fencingToken` |
+//! | `"busy"` | `-n` found the lock held | `waitedMs`, `holders`, `exitCode` |
+//! | `"timeout"` | `-w` ran out | `waitedMs`, `holders`, `exitCode` |
+//! | `"lost"` | the lock was lost while CMD ran (the warning follows) | `killAfterMs` (null if CMD had already exited) |
 
 // Denied, not forbidden: guarding CMD between fork and exec needs one
 // `pre_exec` hook, fenced in `guard_command`. The library forbids it.
@@ -128,7 +207,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use leasehold::{LockGuard, LockInfo, LockKind, Locker, Owner, Semaphore, Strategy};
+use leasehold::{LockGuard, LockInfo, LockKind, Locker, Owner, PathStyle, Semaphore, Strategy};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -136,8 +215,26 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio::signal::unix::{SignalKind, signal};
 
+// Beside this file, not in src/bin/, where Cargo would take each for a
+// binary of its own.
+#[path = "leasehold/duration.rs"]
+mod duration;
+#[path = "leasehold/status.rs"]
+mod status;
+#[path = "leasehold/target.rs"]
+mod target;
+
+use duration::parse_duration;
+use status::Waiting;
+use target::Target;
+
 /// Exit status for library and setup errors; clap uses it for bad usage too.
 const EXIT_ERROR: u8 = 2;
+
+/// Exit status when the lock directory (or, for a lock given by its path,
+/// its directory) does not exist: sysexits' `EX_NOINPUT`, as flock(1)
+/// exits when it cannot open the lock file.
+const EXIT_NO_DIRECTORY: u8 = 66;
 
 /// Exit status of `run` when the lock was lost while CMD ran: sysexits'
 /// `EX_TEMPFAIL`, distinct from the tool's other statuses.
@@ -148,22 +245,52 @@ const EXIT_LOST: u8 = 75;
 /// what NAME is.
 const EXIT_KIND_MISMATCH: u8 = 78;
 
+/// The library's default lease, which `run` keeps unless `--lease` says.
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// The end of `leasehold run -h`.
+const RUN_SHORT_HELP: &str = "\
+Like flock(1): leasehold run [-n | -w DURATION] [-E N] [-s | -x] NAME|PATH (CMD ARGS... | -c STRING)
+See --help for the exit statuses, the kinds of lock, signals and the differences from flock(1).";
+
 /// The end of `leasehold run --help`.
 const RUN_HELP: &str = "\
 Exit status:
-  CMD's status  CMD ran and exited, and its process group is empty (128+N if CMD
-                was killed by signal N)
-  1             the lock was held (--no-wait) or --wait ran out; see --conflict-exit-code
-  2             bad usage (e.g. --permits 0, or --shared with --permits), an error
-                from the lock library, or the watchdog could not be started (then
-                CMD never ran)
-  78            --shared or --permits N: NAME is held as another kind (a semaphore of
-                another count, or shared vs semaphore); CMD never ran
+  CMD's status  CMD ran and exited, and its process group is empty
+  128+N         CMD was killed by signal N; or signal N arrived while waiting for
+                the lock (CMD never ran)
+  1             the lock was held (-n) or -w ran out; see -E (--conflict-exit-code)
+  2             bad usage (e.g. --permits 0, -w 5x, --shared with --permits), an
+                error from the lock library, or the watchdog could not be started
+                (then CMD never ran)
+  66            the lock's directory does not exist (a PATH's directory is never
+                created; as flock(1), which says it cannot open the lock file)
   75            the lock was lost while CMD or its group ran: the group was sent
                 SIGTERM, then SIGKILL after --kill-after (or it had already exited
                 when the loss was found)
-  126, 127      CMD could not be executed, or was not found
-  128+N         signal N arrived while waiting for the lock (CMD never ran)
+  78            --shared or --permits N: NAME is held as another kind (a semaphore of
+                another count, or shared vs semaphore); CMD never ran
+  126, 127      CMD could not be executed, or was not found (flock(1) says 69)
+
+Output: none of leasehold's own on success, nor on -n or -w giving up (as flock(1),
+so cron mails nothing). --verbose says who holds the lock (pid, host, since) when
+it must wait, again every 5 s, and how long the wait took. On a terminal, a wait
+longer than 2 s shows one live line instead of the repeated ones (waiting Ts for
+lock NAME, held by pid P on H for Ts), erased when the wait ends.
+
+The lock: NAME is a lock in the lock directory (--dir, $LEASEHOLD_DIR, or the
+per-user default). An argument with a `/`, or --file PATH, is a lock file given by
+its path, as flock(1) takes it: exactly that file, in its directory, which must
+exist; --dir does not apply. leasehold creates the file when it takes the lock and
+removes it when it releases it, and keeps its fencing counter beside it
+(PATH.fence). An empty file that flock(1) left behind is taken over once it is a
+second old and nobody holds it; one that flock(1) holds is waited for. A PATH
+that holds anything else (a file of data, a directory that is no lock) is refused
+(status 2) and left as it is. Not taken from flock(1): its descriptor form (flock 9, in
+a script that opened the file itself), -u (unlock a descriptor) and -F (no fork:
+leasehold must stay to renew the lease and guard CMD); they are usage errors. Do not
+take one path with flock(1) and leasehold at once, though: flock(1) never removes
+its file, and a waiter of one kind can miss a file the other removed.
 
 Kinds: without --shared or --permits the lock is exclusive (one run at a time).
 --shared runs overlap each other but never an exclusive run; a waiting exclusive
@@ -172,14 +299,25 @@ semaphore NAME (at most N at once); every run of NAME must give the same N.
 
 CMD runs in a process group of its own. The lock is held until CMD and every
 process left in its group have exited (like flock(1), a background job of CMD
-keeps the lock); the status is then CMD's own. SIGINT, SIGTERM and SIGHUP are
-forwarded to the group; a lost lock stops the whole group. If leasehold dies
-without releasing the lock (SIGKILL, the OOM killer), a watchdog process
-SIGKILLs CMD's group, so nothing of CMD runs on without the lock; if the
-watchdog cannot be started, CMD is not run. A process that leaves the group
-(setsid, a daemon) is not covered, nor a set-user-ID or file-capability one
-(sudo). In a terminal, CMD's group gets the terminal while it runs (Ctrl-C goes
-to it); Ctrl-Z (job control) is not supported.";
+keeps the lock); the status is then CMD's own. -o is accepted for flock(1)'s
+sake: CMD never holds a descriptor of the lock, leasehold does, so there is
+nothing to close. SIGINT, SIGTERM and SIGHUP are forwarded to the group; a lost
+lock stops the whole group. If leasehold dies without releasing the lock
+(SIGKILL, the OOM killer), a watchdog process SIGKILLs CMD's group, so nothing of
+CMD runs on without the lock (flock(1)'s lock dies with the last process that
+holds its descriptor); if the watchdog cannot be started, CMD is not run. A
+process that leaves the group (setsid, a daemon) is not covered, nor a
+set-user-ID or file-capability one (sudo). In a terminal, CMD's group gets the
+terminal while it runs (Ctrl-C goes to it); Ctrl-Z (job control) is not
+supported.
+
+--json: one JSON object per line on stderr for each event: {\"event\": \"waiting\" |
+\"acquired\" | \"busy\" | \"timeout\" | \"lost\", \"lock\": ..., ...}, with the holders (as
+`leasehold holder --json` shows them), waitedMs, fencingToken, exitCode or
+killAfterMs.
+
+Durations: seconds (fractions allowed: 0.5) or units ms, s, m, h, d (90s, 5m,
+1h30m, 1.5h).";
 
 type Failure = Box<dyn StdError + Send + Sync>;
 
@@ -194,19 +332,26 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run CMD while holding the lock NAME (exclusive, shared, or one permit of a semaphore); exit with CMD's status.
-    #[command(after_help = RUN_HELP)]
+    /// Run CMD while holding a lock (exclusive, shared, or one permit of a semaphore), as flock(1) does; exit with CMD's status.
+    #[command(
+        after_help = RUN_SHORT_HELP,
+        after_long_help = RUN_HELP,
+        override_usage = "leasehold run [OPTIONS] NAME|PATH [--] CMD [ARGS]...\n       \
+                          leasehold run [OPTIONS] NAME|PATH -c STRING\n       \
+                          leasehold run [OPTIONS] --file PATH (-- CMD [ARGS]... | -c STRING)"
+    )]
     Run(RunArgs),
-    /// Show who holds the lock NAME; exit 0 if held, 1 if free.
+    /// Show who holds the lock NAME (or the lock file PATH); exit 0 if held, 1 if free, 66 if its directory does not exist.
     Holder {
-        /// The lock name.
+        /// The lock: a NAME in the lock directory, or the PATH of a lock file (an argument with a `/`).
+        #[arg(value_name = "NAME|PATH")]
         name: String,
         #[command(flatten)]
         opts: Inspect,
     },
-    /// List every lock in the directory, held or stale.
+    /// List every lock in the directory, held or stale; exit 66 if the directory does not exist.
     List(Inspect),
-    /// Remove stale locks and crash leftovers; live locks are never touched.
+    /// Remove stale locks and crash leftovers; live locks are never touched. Exit 66 if the directory does not exist.
     Clean {
         #[command(flatten)]
         opts: Inspect,
@@ -214,9 +359,18 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Internal to `run`: kills CMD's process group if `run` dies.
-    #[command(name = WATCHDOG, hide = true)]
-    Watchdog,
+    /// Print the man page (roff) of leasehold, or of one subcommand, to stdout.
+    Man {
+        /// The subcommand whose page to print, e.g. `leasehold man run > leasehold-run.1`.
+        #[arg(value_parser = PAGES.map(|(sub, _)| sub))]
+        subcommand: Option<String>,
+    },
+    /// Print the completion script for SHELL to stdout.
+    Completions {
+        /// e.g. `leasehold completions bash > /etc/bash_completion.d/leasehold`.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -239,35 +393,116 @@ struct Common {
 }
 
 #[derive(Debug, Args)]
+// As getopt in flock(1): a repeated option is no error, the last one wins.
+#[command(args_override_self = true)]
 struct RunArgs {
-    /// The lock name.
-    name: String,
-    /// Hold NAME shared: --shared runs of NAME overlap, but never an exclusive one.
-    #[arg(short = 's', long, conflicts_with = "permits")]
+    /// The lock: a NAME in the lock directory, or, as flock(1) takes it, the PATH of a lock file (any argument with a `/`, e.g. /var/lock/backup.lock or ./job.lock).
+    #[arg(value_name = "NAME|PATH", required_unless_present = "file")]
+    lock: Option<String>,
+    /// Lock the file PATH (in its directory, which must exist), even without a `/` in it. Put `--` before a CMD with options of its own.
+    #[arg(long, value_name = "PATH")]
+    file: Option<String>,
+    /// Hold the lock shared: shared runs overlap, but never an exclusive one (as flock -s).
+    #[arg(short = 's', long, overrides_with = "exclusive", conflicts_with = "permits")]
     shared: bool,
+    /// Hold the lock exclusively: one run at a time (the default; as flock -x).
+    #[arg(short = 'x', long, overrides_with = "shared", conflicts_with = "permits")]
+    exclusive: bool,
     /// Hold one permit of the semaphore NAME of N permits: at most N such runs at once. Every run of NAME must give the same N.
     #[arg(long, value_name = "N", value_parser = parse_permits)]
     permits: Option<u32>,
     #[command(flatten)]
     common: Common,
-    /// Wait at most SECS seconds (fractions allowed) for the lock [default: forever]
-    #[arg(long, value_name = "SECS", value_parser = parse_secs, conflicts_with = "no_wait")]
+    /// Wait at most DURATION for the lock: seconds (fractions allowed) or e.g. 90s, 5m, 1h30m (as flock -w, --timeout) [default: forever]
+    #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
-    /// Give up at once if the lock is held.
-    #[arg(long)]
+    /// Give up at once if the lock is held (as flock -n, --nonblock).
+    #[arg(short = 'n', long, visible_alias = "nonblock")]
     no_wait: bool,
-    /// Exit status when the lock could not be taken.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    /// Exit status when the lock could not be taken (held with -n, or -w ran out).
+    #[arg(short = 'E', long, value_name = "N", default_value_t = 1)]
     conflict_exit_code: u8,
-    // 5 s is inside the 7.5 s safety margin of the default 30 s lease: when
-    // failing renewals report the loss at that margin, a CMD that ignores
-    // SIGTERM is killed before anyone else may take the lock.
-    /// If the lock is lost, CMD's process group gets SIGTERM, then SIGKILL this many seconds later.
-    #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "5")]
-    kill_after: Duration,
-    /// The command to run, and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+    /// The lease: how long the lock outlives a holder that stops renewing it (frozen, or on a host that went away) [default: 30s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    lease: Option<Duration>,
+    /// If the lock is lost, CMD's process group gets SIGTERM, then SIGKILL this long after [default: 5s, or a sixth of a shorter --lease]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    kill_after: Option<Duration>,
+    /// Accepted for flock(1) compatibility: CMD never holds a descriptor of the lock (leasehold holds it), so there is none to close. The lock is still held until CMD's process group is empty.
+    #[arg(short = 'o', long)]
+    close: bool,
+    /// Say who holds the lock when it must wait, every few seconds while it waits, and how long it waited.
+    #[arg(long)]
+    verbose: bool,
+    /// Write one JSON object per line to stderr for what happens to the lock: waiting, acquired, busy, timeout, lost (see --help).
+    #[arg(long)]
+    json: bool,
+    /// Run STRING through `sh -c` instead of CMD (as flock -c).
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "STRING",
+        conflicts_with = "command"
+    )]
+    shell_command: Option<OsString>,
+    /// The command to run, and its arguments; `--` before it is needed only when CMD starts with `-`.
+    #[arg(
+        trailing_var_arg = true,
+        value_name = "CMD",
+        required_unless_present = "shell_command"
+    )]
     command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// The lock, and CMD with its arguments, in the order flock(1) allows.
+    fn resolve(&mut self) -> Result<(Target, Vec<OsString>), String> {
+        let target = match (&self.file, &self.lock) {
+            (Some(_), Some(first)) if self.shell_command.is_some() => {
+                return Err(format!(
+                    "with --file, put -- before the command: its -c was taken for leasehold's (CMD {first:?})"
+                ));
+            }
+            (Some(file), lock) => {
+                // With --file, clap took CMD's first word for the lock.
+                if let Some(first) = lock {
+                    self.command.insert(0, first.into());
+                }
+                Target::parse(file, true)?
+            }
+            (None, Some(lock)) => Target::parse(lock, false)?,
+            (None, None) => return Err("no lock given".to_owned()),
+        };
+        if matches!(target, Target::Path { .. }) && self.common.dir.is_some() {
+            return Err(format!(
+                "--dir cannot be used with a lock given by its path ({:?}): the path says where the lock is",
+                target.shown()
+            ));
+        }
+        let command = match &self.shell_command {
+            Some(_) if !self.command.is_empty() => {
+                return Err(
+                    "-c takes one command string; give CMD and its arguments without -c, or quote them"
+                        .to_owned(),
+                );
+            }
+            Some(script) => vec!["sh".into(), "-c".into(), script.clone()],
+            None if self.command.is_empty() => return Err("no command given".to_owned()),
+            None => std::mem::take(&mut self.command),
+        };
+        Ok((target, command))
+    }
+
+    /// `--kill-after`, else 5 s, which is inside the 7.5 s safety margin
+    /// of the default 30 s lease: when failing renewals report the loss at
+    /// that margin (a quarter of the lease), a CMD that ignores SIGTERM is
+    /// killed before anyone else may take the lock. A shorter lease gets a
+    /// sixth of itself, which keeps that proportion.
+    fn kill_after(&self) -> Duration {
+        let default = Duration::from_secs(5);
+        self.kill_after
+            .unwrap_or_else(|| self.lease.map_or(default, |lease| (lease / 6).min(default)))
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -279,9 +514,18 @@ enum StrategyArg {
 }
 
 fn main() -> ExitCode {
+    // Internal to `run`, so not a subcommand: the man page and the
+    // completions would show it.
+    let mut argv = std::env::args_os().skip(1);
+    if let (Some(first), None) = (argv.next(), argv.next())
+        && first == WATCHDOG
+    {
+        return watchdog();
+    }
     let cli = Cli::parse();
     match cli.command {
-        Command::Watchdog => return watchdog(),
+        Command::Man { subcommand } => return man(subcommand.as_deref()),
+        Command::Completions { shell } => return completions(shell),
         // In every thread, so before the runtime starts any: handing the
         // terminal back from the background needs it, and the tool must not
         // be stopped by writing a warning while CMD's group has the
@@ -308,7 +552,7 @@ fn main() -> ExitCode {
             Command::Holder { name, opts } => holder(&name, &opts).await,
             Command::List(opts) => list(&opts).await,
             Command::Clean { opts, dry_run } => clean(&opts, dry_run).await,
-            Command::Watchdog => Ok(EXIT_ERROR),
+            Command::Man { .. } | Command::Completions { .. } => Ok(EXIT_ERROR),
         }
     });
     // Nothing of ours should linger, but never hang on exit if it does.
@@ -319,12 +563,47 @@ fn main() -> ExitCode {
     }))
 }
 
-/// `--wait` and `--kill-after` take fractions, and must never panic on "inf", "-1" or "1e99".
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a usable number of seconds"))
+/// The subcommands with a page of their own, `leasehold-run(1)` and so
+/// on, as git names its pages.
+const PAGES: [(&str, &str); 6] = [
+    ("run", "leasehold-run"),
+    ("holder", "leasehold-holder"),
+    ("list", "leasehold-list"),
+    ("clean", "leasehold-clean"),
+    ("man", "leasehold-man"),
+    ("completions", "leasehold-completions"),
+];
+
+/// `leasehold man [SUBCOMMAND]`: the page, from the parser's own definitions.
+fn man(subcommand: Option<&str>) -> ExitCode {
+    use clap::CommandFactory;
+    let top = Cli::command();
+    let page = match subcommand {
+        None => top,
+        Some(name) => match (
+            top.find_subcommand(name),
+            PAGES.iter().find(|(sub, _)| *sub == name),
+        ) {
+            (Some(sub), Some((_, page))) => sub.clone().name(*page),
+            _ => return ExitCode::from(EXIT_ERROR),
+        },
+    };
+    let mut roff = Vec::new();
+    if let Err(e) = clap_mangen::Man::new(page).render(&mut roff) {
+        warn(&format!("cannot render the man page: {e}"));
+        return ExitCode::from(EXIT_ERROR);
+    }
+    emit(&String::from_utf8_lossy(&roff));
+    ExitCode::SUCCESS
+}
+
+/// `leasehold completions SHELL`.
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut script);
+    emit(&String::from_utf8_lossy(&script));
+    ExitCode::SUCCESS
 }
 
 /// `--permits`: a semaphore needs at least one permit, and no more than
@@ -345,9 +624,9 @@ enum Want {
 }
 
 impl Want {
-    fn new(args: &RunArgs, locker: &Locker) -> Result<Self, leasehold::Error> {
+    fn new(args: &RunArgs, locker: &Locker, name: &str) -> Result<Self, leasehold::Error> {
         Ok(match (args.shared, args.permits) {
-            (_, Some(permits)) => Want::Permit(locker.semaphore(&args.name, permits)?),
+            (_, Some(permits)) => Want::Permit(locker.semaphore(name, permits)?),
             (true, None) => Want::Shared,
             (false, None) => Want::Exclusive,
         })
@@ -384,23 +663,81 @@ impl Want {
     }
 }
 
-/// Not calling `.directory()` at all is what selects the library's per-user
-/// default, with its ownership checks.
-fn locker(common: &Common, fencing: bool) -> Result<Locker, leasehold::Error> {
+/// How a command's `Locker` is built, beyond `--dir` and `--strategy`.
+#[derive(Debug, Default)]
+struct Build {
+    fencing: bool,
+    /// Read-only commands never create the directory they look at.
+    create: bool,
+    lease: Option<Duration>,
+}
+
+/// How long an empty lock file nobody holds a `flock` on is left alone,
+/// for a lock given by its path. flock(1) leaves such a file behind after
+/// every run; a switched crontab must take it over at once, not after the
+/// library's 15 s (meant for writers that write their record late). A
+/// leasehold writer whose new file is taken meanwhile notices: the file it
+/// then locks has no links left.
+const FLOCK_FILE_GRACE: Duration = Duration::from_secs(1);
+
+/// A `Locker` on the lock directory, or on the directory of a lock given
+/// by its path. Not calling `.directory()` at all is what selects the
+/// library's per-user default, with its ownership checks.
+fn locker(common: &Common, target: Option<&Target>, how: Build) -> Result<Locker, leasehold::Error> {
     let strategy = match common.strategy {
         StrategyArg::File => Strategy::ExclusiveFile,
         StrategyArg::Dir => Strategy::Directory,
     };
-    let mut builder = Locker::builder().strategy(strategy).fencing(fencing);
+    let mut builder = Locker::builder().strategy(strategy).fencing(how.fencing);
+    if let Some(lease) = how.lease {
+        builder = builder.lease(lease);
+    }
     let from_env = || {
         std::env::var_os("LEASEHOLD_DIR")
             .filter(|d| !d.is_empty())
             .map(PathBuf::from)
     };
-    if let Some(dir) = common.dir.clone().or_else(from_env) {
-        builder = builder.directory(dir);
+    if let Some(Target::Path { dir, .. }) = target {
+        // As flock(1): the file may be created, its directory never is;
+        // the directory's security checks (no world-writable directory
+        // without the sticky bit) apply as to any lock directory.
+        builder = builder
+            .directory(dir)
+            .path_style(PathStyle::Exact)
+            .create_directory(false)
+            .unreadable_grace(FLOCK_FILE_GRACE);
+    } else {
+        builder = builder.create_directory(how.create);
+        if let Some(dir) = common.dir.clone().or_else(from_env) {
+            builder = builder.directory(dir);
+        }
     }
     builder.build()
+}
+
+/// The directory a failed `build()` found missing, if that was why.
+fn missing_directory(error: &leasehold::Error) -> Option<&Path> {
+    match error {
+        leasehold::Error::Io { path, source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            Some(path)
+        }
+        _ => None,
+    }
+}
+
+/// Builds the `Locker` of a read-only command, or says that the directory
+/// does not exist (status [`EXIT_NO_DIRECTORY`]) instead of creating it.
+fn inspecting(common: &Common, target: Option<&Target>) -> Result<Result<Locker, u8>, Failure> {
+    match locker(common, target, Build::default()) {
+        Ok(locker) => Ok(Ok(locker)),
+        Err(e) => match missing_directory(&e) {
+            Some(dir) => {
+                warn(&format!("lock directory {} does not exist", dir.display()));
+                Ok(Err(EXIT_NO_DIRECTORY))
+            }
+            None => Err(e.into()),
+        },
+    }
 }
 
 /// Signals the tool forwards to CMD's process group. Installed before the wait for the lock,
@@ -430,7 +767,25 @@ impl Forwarded {
     }
 }
 
-async fn run(args: RunArgs) -> Result<u8, Failure> {
+async fn run(mut args: RunArgs) -> Result<u8, Failure> {
+    let started = std::time::Instant::now();
+    let (target, argv) = match args.resolve() {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            warn(&e);
+            return Ok(EXIT_ERROR);
+        }
+    };
+    let kill_after = args.kill_after();
+    // A failing renewal reports the loss a quarter of the lease before it
+    // runs out (the renew interval, a third, is longer): a longer grace
+    // lets CMD run on after another process may have taken the lock.
+    let margin = args.lease.unwrap_or(DEFAULT_LEASE) / 4;
+    if kill_after > margin {
+        warn(&format!(
+            "warning: --kill-after {kill_after:?} is longer than the {margin:?} between a failing renewal and the end of the lease: if the lock is lost, the command may still run when another process takes it"
+        ));
+    }
     let mut signals = Forwarded::install()?;
     // Before the lock is taken, so that a tool that cannot guard CMD never
     // takes it: CMD must not run without the watchdog.
@@ -445,19 +800,57 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     };
     become_subreaper()?;
-    let locker = locker(&args.common, true)?;
-    let name = args.name.as_str();
-    let want = Want::new(&args, &locker)?;
-    let attempt = async {
-        if args.no_wait {
-            return want.try_acquire(&locker, name).await;
+    let how = Build {
+        fencing: true,
+        create: true,
+        lease: args.lease,
+    };
+    let locker = match locker(&args.common, Some(&target), how) {
+        Ok(locker) => locker,
+        Err(e) => match (&target, missing_directory(&e)) {
+            (Target::Path { given, .. }, Some(dir)) => {
+                // flock(1) says "cannot open lock file", with EX_NOINPUT too.
+                warn(&format!(
+                    "cannot lock {given:?}: its directory {} does not exist (a lock given by its path never creates directories)",
+                    dir.display()
+                ));
+                return Ok(EXIT_NO_DIRECTORY);
+            }
+            _ => return Err(e.into()),
+        },
+    };
+    let (name, shown) = (target.name(), target.shown());
+    if let Target::Path { dir, file, .. } = &target {
+        let directories = matches!(args.common.strategy, StrategyArg::Dir);
+        if let Err(refused) = target::check_lock_path(dir, file, directories) {
+            warn(&refused);
+            return Ok(EXIT_ERROR);
         }
-        match args.wait {
-            None => want.acquire(&locker, name).await.map(Some),
-            Some(wait) => match want.acquire_timeout(&locker, name, wait).await {
-                Err(e) if e.is_timeout() => Ok(None),
-                other => other.map(Some),
-            },
+    }
+    let want = Want::new(&args, &locker, name)?;
+    let waiting = Waiting::new(shown, args.verbose, args.json, started);
+    let attempt = async {
+        if let Some(guard) = want.try_acquire(&locker, name).await? {
+            return Ok(Some(guard));
+        }
+        if args.no_wait || args.wait == Some(Duration::ZERO) {
+            return Ok(None);
+        }
+        let wait = async {
+            match args.wait {
+                None => want.acquire(&locker, name).await.map(Some),
+                Some(wait) => {
+                    let left = wait.saturating_sub(started.elapsed());
+                    match want.acquire_timeout(&locker, name, left).await {
+                        Err(e) if e.is_timeout() => Ok(None),
+                        other => other.map(Some),
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            got = wait => got,
+            never = waiting.report(&locker, name, &want, args.wait) => match never {},
         }
     };
     // Dropping the attempt on a signal is safe: acquisition is cancel safe.
@@ -482,22 +875,35 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         Err(e) => return Err(e.into()),
     };
     let Some(guard) = guard else {
-        let found = locker.inspect(name).await.ok().flatten();
-        let held = conflict(found.as_ref(), &want);
-        match args.wait {
-            Some(wait) => warn(&format!(
-                "gave up after {wait:?} waiting for lock {name:?}: {held}"
-            )),
-            None => warn(&format!("lock {name:?} is {held}")),
+        // Quiet, as flock(1): a cron job that finds its lock held every
+        // minute must not mail every minute.
+        let timed_out = args.wait.is_some() && !args.no_wait;
+        if args.json {
+            let found = locker.inspect(name).await.ok().flatten();
+            let kind = if timed_out { "timeout" } else { "busy" };
+            waiting.gave_up(kind, found.as_ref(), args.conflict_exit_code);
+        }
+        drop(waiting);
+        if args.verbose {
+            let found = locker.inspect(name).await.ok().flatten();
+            let held = conflict(found.as_ref(), &want);
+            match args.wait {
+                Some(wait) if !args.no_wait => warn(&format!(
+                    "gave up after {wait:?} waiting for lock {shown:?}: {held}"
+                )),
+                _ => warn(&format!("lock {shown:?} is {held}")),
+            }
         }
         return Ok(args.conflict_exit_code);
     };
+    waiting.took(guard.fencing_token());
+    drop(waiting);
 
-    let Some((program, rest)) = args.command.split_first() else {
+    let Some((program, rest)) = argv.split_first() else {
         return Err("no command given".into());
     };
     let mut command = tokio::process::Command::new(program);
-    command.args(rest).env("LEASEHOLD_NAME", name);
+    command.args(rest).env("LEASEHOLD_NAME", shown);
     if let Some(token) = guard.fencing_token() {
         command.env("LEASEHOLD_FENCING_TOKEN", token.to_string());
     }
@@ -551,18 +957,22 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
             sig = signals.recv() => signal_group(group, sig),
             () = guard.lost(), if !lost => {
                 lost = true;
+                if args.json {
+                    let kill_after_ms = u64::try_from(kill_after.as_millis()).unwrap_or(u64::MAX);
+                    status::event("lost", shown, json!({ "killAfterMs": kill_after_ms }));
+                }
                 warn(&format!(
                     "warning: lock {name:?} was lost while the command ran; sending its process group SIGTERM, and SIGKILL in {:?}",
-                    args.kill_after
+                    kill_after
                 ));
                 signal_group(group, Signal::SIGTERM);
-                kill_at = tokio::time::Instant::now().checked_add(args.kill_after);
+                kill_at = tokio::time::Instant::now().checked_add(kill_after);
             }
             () = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
                 kill_at = None;
                 warn(&format!(
                     "warning: the command's process group did not exit within {:?} of SIGTERM; sending it SIGKILL",
-                    args.kill_after
+                    kill_after
                 ));
                 signal_group(group, Signal::SIGKILL);
             }
@@ -580,6 +990,9 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         // alongside another holder all the same: the caller must know.
         Err(e) if e.is_lost() => {
             lost = true;
+            if args.json {
+                status::event("lost", shown, json!({ "killAfterMs": null }));
+            }
             warn(&format!(
                 "warning: the lock was lost while the command ran: {}",
                 chain(&e)
@@ -605,7 +1018,7 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
 /// itself has exited.
 const GROUP_POLL: Duration = Duration::from_millis(50);
 
-/// The hidden subcommand `run` starts its watchdog with.
+/// The only argument `run` starts its watchdog with.
 const WATCHDOG: &str = "__watchdog";
 
 /// The byte `run` sends its watchdog once CMD's process group is empty.
@@ -897,8 +1310,8 @@ fn conflict(found: Option<&LockInfo>, want: &Want) -> String {
     text
 }
 
-/// Who holds a lock: `pid 1 on host h`, or for a shared lock or a
-/// semaphore `pid 1 on host h, pid 2 on host h`.
+/// Who holds a lock: `pid 1 on host h since 2025-01-02T03:04:05Z`, or for
+/// a shared lock or a semaphore one such entry per holder.
 fn holders_of(info: &LockInfo) -> String {
     /// Enough to find the processes; the rest is in `leasehold holder`.
     const SHOWN: usize = 8;
@@ -906,10 +1319,16 @@ fn holders_of(info: &LockInfo) -> String {
     let mut who: Vec<String> = holders
         .iter()
         .take(SHOWN)
-        .map(|owner| match (owner.pid(), owner.hostname()) {
-            (Some(pid), Some(host)) => format!("pid {pid} on host {}", host.escape_debug()),
-            (Some(pid), None) => format!("pid {pid}"),
-            _ => "another process".to_owned(),
+        .map(|owner| {
+            let mut who = match (owner.pid(), owner.hostname()) {
+                (Some(pid), Some(host)) => format!("pid {pid} on host {}", host.escape_debug()),
+                (Some(pid), None) => format!("pid {pid}"),
+                _ => "another process".to_owned(),
+            };
+            if let Some(since) = owner.acquired_at().and_then(|t| rfc3339(t, false)) {
+                who.push_str(&format!(" since {since}"));
+            }
+            who
         })
         .collect();
     if holders.len() > SHOWN {
@@ -921,8 +1340,25 @@ fn holders_of(info: &LockInfo) -> String {
     who.join(", ")
 }
 
-async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
-    let locker = locker(&opts.common, false)?;
+async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
+    let target = match Target::parse(lock, false) {
+        Ok(Target::Path { .. }) if opts.common.dir.is_some() => {
+            warn(&format!(
+                "--dir cannot be used with a lock given by its path ({lock:?}): the path says where the lock is"
+            ));
+            return Ok(EXIT_ERROR);
+        }
+        Ok(target) => target,
+        Err(e) => {
+            warn(&e);
+            return Ok(EXIT_ERROR);
+        }
+    };
+    let locker = match inspecting(&opts.common, Some(&target))? {
+        Ok(locker) => locker,
+        Err(code) => return Ok(code),
+    };
+    let (name, shown) = (target.name(), target.shown());
     let path = locker.lock_path(name)?;
     let found = locker.inspect(name).await?;
     let live = found.as_ref().filter(|l| !l.is_stale());
@@ -931,12 +1367,12 @@ async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
         (Some(info), _) => {
             let mut doc = info_entry(info);
             // As asked, as when this showed the owner alone.
-            doc["name"] = json!(name);
+            doc["name"] = json!(shown);
             doc["path"] = json!(path.to_string_lossy());
             (doc, 0)
         }
         (None, Some(info)) => (info_entry(info), 1),
-        (None, None) => (free_entry(name, &path), 1),
+        (None, None) => (free_entry(shown, &path), 1),
     };
     if opts.json {
         emit(&to_json(&doc));
@@ -944,24 +1380,24 @@ async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
     }
     let mut text = match (live, stale) {
         (Some(info), _) => match info.kind() {
-            LockKind::Exclusive => format!("lock {name:?} is held (holder alive)\n"),
+            LockKind::Exclusive => format!("lock {shown:?} is held (holder alive)\n"),
             LockKind::Shared => format!(
-                "lock {name:?} is held shared ({} alive)\n",
+                "lock {shown:?} is held shared ({} alive)\n",
                 count(info.holders().len(), "holder")
             ),
             LockKind::Semaphore { .. } => format!(
-                "lock {name:?} is held as a {} ({} taken)\n",
+                "lock {shown:?} is held as a {} ({} taken)\n",
                 kind_text(info.kind()),
                 info.holders().len()
             ),
-            _ => format!("lock {name:?} is held (holders alive)\n"),
+            _ => format!("lock {shown:?} is held (holders alive)\n"),
         },
         (None, Some(info)) => format!(
-            "lock {name:?} is free; a stale lock remains ({}), which `leasehold clean` removes\n",
+            "lock {shown:?} is free; a stale lock remains ({}), which `leasehold clean` removes\n",
             info.stale_reason()
                 .map_or_else(|| "stale".to_owned(), |r| r.to_string())
         ),
-        (None, None) => format!("lock {name:?} is free\n"),
+        (None, None) => format!("lock {shown:?} is free\n"),
     };
     let line = |text: &mut String, label: &str, value: &Value| match value {
         Value::Null => {}
@@ -1033,7 +1469,10 @@ fn kind_text(kind: LockKind) -> String {
 }
 
 async fn list(opts: &Inspect) -> Result<u8, Failure> {
-    let locker = locker(&opts.common, false)?;
+    let locker = match inspecting(&opts.common, None)? {
+        Ok(locker) => locker,
+        Err(code) => return Ok(code),
+    };
     let locks = locker.list().await?;
     if opts.json {
         emit(&to_json(&Value::Array(locks.iter().map(info_entry).collect())));
@@ -1046,7 +1485,10 @@ async fn list(opts: &Inspect) -> Result<u8, Failure> {
 }
 
 async fn clean(opts: &Inspect, dry_run: bool) -> Result<u8, Failure> {
-    let locker = locker(&opts.common, false)?;
+    let locker = match inspecting(&opts.common, None)? {
+        Ok(locker) => locker,
+        Err(code) => return Ok(code),
+    };
     let removed = locker.clean(dry_run).await?;
     if opts.json {
         emit(&to_json(&Value::Array(removed.iter().map(info_entry).collect())));

@@ -1,0 +1,217 @@
+//! Which lock a command names: a NAME in the lock directory, or, as
+//! flock(1) takes it, the PATH of a lock file.
+
+use std::path::{Path, PathBuf};
+
+/// The lock a `run` or `holder` is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// A name, mapped to a file of the lock directory.
+    Name(String),
+    /// A lock file given by its path: `file`, exactly, in `dir`.
+    Path {
+        /// The path as given (for messages and `LEASEHOLD_NAME`).
+        given: String,
+        dir: PathBuf,
+        file: String,
+    },
+}
+
+impl Target {
+    /// A path if `by_path` (`--file`) or the argument has a `/`, else a
+    /// name. A path must end in a file name: `/var/lock/` or `x/.` name
+    /// directories, which flock(1) would lock but leasehold cannot.
+    pub(crate) fn parse(lock: &str, by_path: bool) -> Result<Self, String> {
+        if !by_path && !lock.contains('/') {
+            return Ok(Self::Name(lock.to_owned()));
+        }
+        let path = Path::new(lock);
+        let file = match path.file_name().and_then(|f| f.to_str()) {
+            Some(file) if !lock.ends_with('/') && !lock.ends_with("/.") && lock != "." => file,
+            _ => {
+                return Err(format!(
+                    "{lock:?} names a directory, not a lock file; give the path of a file in it (e.g. {:?})",
+                    path.join("job.lock")
+                ));
+            }
+        };
+        let dir = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        Ok(Self::Path {
+            given: lock.to_owned(),
+            dir,
+            file: file.to_owned(),
+        })
+    }
+
+    /// The name the library knows the lock by.
+    pub(crate) fn name(&self) -> &str {
+        match self {
+            Self::Name(name) => name,
+            Self::Path { file, .. } => file,
+        }
+    }
+
+    /// The lock as the user gave it.
+    pub(crate) fn shown(&self) -> &str {
+        match self {
+            Self::Name(name) => name,
+            Self::Path { given, .. } => given,
+        }
+    }
+}
+
+/// Refuses a lock PATH that names a file or directory holding something
+/// other than a lock, which the library would take for a lock whose record
+/// is unreadable, judge stale, and remove (a file) or empty (a directory,
+/// with the directory strategy): `leasehold run ~/notes.txt` must never
+/// delete the notes. A lock is: nothing yet; an empty file (flock(1)'s, or
+/// one a leasehold process is creating); a file whose `flock` someone
+/// holds; a file holding a lock record (a JSON object naming a holder);
+/// for the directory strategy, a directory holding `owner.json`. Anything
+/// else that is not a regular file or directory the library refuses
+/// itself, without touching it.
+pub(crate) fn check_lock_path(dir: &Path, file: &str, directories: bool) -> Result<(), String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let path = dir.join(file);
+    let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        return Ok(());
+    };
+    let not_a_lock = |what: &str| {
+        Err(format!(
+            "{} {what}, not a lock; leasehold would remove it as a stale lock, so it refuses \
+             (give the path of a lock file, or remove this one if it is a lock nobody uses)",
+            path.display()
+        ))
+    };
+    if meta.is_dir() {
+        let record = std::fs::symlink_metadata(path.join("owner.json"));
+        return match (directories, record) {
+            (true, Ok(record)) if record.is_file() => Ok(()),
+            (true, _) => not_a_lock("is a directory without owner.json"),
+            // The file strategy refuses a directory without touching it.
+            (false, _) => Ok(()),
+        };
+    }
+    if !meta.is_file() || meta.len() == 0 {
+        return Ok(());
+    }
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(&path);
+    let Ok(file) = opened else {
+        // Unreadable to us: the library's own checks decide.
+        return Ok(());
+    };
+    // Held: a live lock, flock(1)'s or leasehold's, whatever it holds.
+    if let Err(std::fs::TryLockError::WouldBlock) = file.try_lock_shared() {
+        return Ok(());
+    }
+    let _ = file.unlock();
+    // A leasehold holder rewrites its record in place: a read may catch it
+    // half-written, so look twice more before judging.
+    for attempt in 0..3 {
+        let mut bytes = Vec::new();
+        if (&file).take(64 * 1024).read_to_end(&mut bytes).is_err() {
+            return Ok(());
+        }
+        if bytes.is_empty() || is_lock_record(&bytes) {
+            return Ok(());
+        }
+        if attempt < 2 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            use std::io::Seek;
+            if (&file).seek(std::io::SeekFrom::Start(0)).is_err() {
+                return Ok(());
+            }
+        }
+    }
+    not_a_lock(&format!("holds {} bytes that are not a lock record", meta.len()))
+}
+
+/// A JSON object naming a holder, as every lock record does (leasehold's,
+/// velocious's and pi-research's).
+fn is_lock_record(bytes: &[u8]) -> bool {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(serde_json::Value::Object(map)) => ["uuid", "pid", "holderId", "leasehold"]
+            .iter()
+            .any(|key| map.contains_key(*key)),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(given: &str, dir: &str, file: &str) -> Target {
+        Target::Path {
+            given: given.to_owned(),
+            dir: PathBuf::from(dir),
+            file: file.to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_slash_makes_a_path_and_a_bare_word_a_name() {
+        assert_eq!(
+            Target::parse("backup", false),
+            Ok(Target::Name("backup".to_owned()))
+        );
+        assert_eq!(
+            Target::parse("/var/lock/backup.lock", false),
+            Ok(path("/var/lock/backup.lock", "/var/lock", "backup.lock"))
+        );
+        assert_eq!(Target::parse("./x", false), Ok(path("./x", ".", "x")));
+        assert_eq!(Target::parse("a/b/c", false), Ok(path("a/b/c", "a/b", "c")));
+        assert_eq!(Target::parse("x.lock", true), Ok(path("x.lock", ".", "x.lock")));
+        assert_eq!(Target::parse("/x", false), Ok(path("/x", "/", "x")));
+        for dir in ["/", "/var/lock/", "a/.", "a/..", "..", ".", "/tmp/../"] {
+            assert!(Target::parse(dir, true).is_err(), "{dir:?} accepted");
+        }
+        assert!(Target::parse("/var/lock/..", false).is_err());
+    }
+
+    #[test]
+    fn files_that_are_no_lock_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
+        write("empty", "");
+        write("record", r#"{"uuid":"x","pid":1}"#);
+        write("notes", "precious data\n");
+        write("config.json", r#"{"theme":"dark"}"#);
+        write("word", "hello");
+        std::fs::create_dir(dir.join("docs")).unwrap();
+        std::fs::create_dir(dir.join("lockdir")).unwrap();
+        write("lockdir/owner.json", r#"{"uuid":"x","pid":1}"#);
+        for (file, directories) in [
+            ("missing", false),
+            ("empty", false),
+            ("record", false),
+            ("docs", false),
+            ("lockdir", true),
+        ] {
+            assert_eq!(check_lock_path(dir, file, directories), Ok(()), "{file}");
+        }
+        for (file, directories) in [
+            ("notes", false),
+            ("config.json", false),
+            ("word", false),
+            ("notes", true),
+            ("docs", true),
+        ] {
+            let refused = check_lock_path(dir, file, directories).unwrap_err();
+            assert!(refused.contains("not a lock"), "{file}: {refused}");
+        }
+        // A file someone holds is a lock, whatever it holds.
+        let held = std::fs::File::open(dir.join("notes")).unwrap();
+        held.lock().unwrap();
+        assert_eq!(check_lock_path(dir, "notes", false), Ok(()));
+    }
+}
