@@ -1118,6 +1118,18 @@ fn holder_shows_owner_fields() {
         text.stdout
     );
     assert!(text.stdout.contains("  port:          3006\n"), "{}", text.stdout);
+    // Each holder of a shared lock, with its own fields.
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let reader = leasehold::Locker::builder()
+        .directory(tmp.path())
+        .owner_field("role", "reader")
+        .build()
+        .unwrap();
+    let _reading = runtime.block_on(reader.acquire_shared("catalog")).unwrap();
+    let shared = finish(&["holder", "catalog", "--dir", d, "--json"]).json();
+    assert_eq!(shared["holders"][0]["fields"]["role"], "reader", "{shared}");
+    let text = finish(&["holder", "catalog", "--dir", d]);
+    assert!(text.stdout.contains("role:"), "{}", text.stdout);
     let list = finish(&["list", "--dir", d]);
     assert!(
         list.stdout.contains(r#"host="127.0.0.1" port=3006"#),

@@ -1603,6 +1603,7 @@ fn holder_entry(owner: &Owner) -> Value {
         "acquiredAt",
         "leaseExpiresAt",
         "fencingToken",
+        "fields",
     ];
     Value::Object(keys.iter().map(|k| ((*k).to_owned(), doc[*k].clone())).collect())
 }
