@@ -1100,3 +1100,50 @@ fn holder_shows_owner_fields() {
         list.stdout
     );
 }
+
+/// `list` and `holder` only read: a user who may read the lock directory
+/// but not write it (an operator looking at a service's locks, here
+/// `nobody` on a directory of root's, mode 0755) sees who holds what, as
+/// before `build()` learned to refuse unwritable directories.
+#[test]
+#[ignore = "regression from 2b9367e: build() now refuses a directory this user cannot write, and the tool's read-only commands build a Locker; needs a way to build one for inspection only"]
+fn list_and_holder_work_on_a_directory_the_user_may_only_read() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let locks = tmp.path().join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    let record = format!(r#"{{"uuid":"u1","pid":{}}}"#, std::process::id());
+    std::fs::write(lock_path(&locks, "nightly"), record).unwrap();
+    let root = nix::unistd::geteuid().is_root();
+    let exe = tmp.path().join("leasehold");
+    std::fs::copy(env!("CARGO_BIN_EXE_leasehold"), &exe).unwrap();
+    for path in [tmp.path(), &locks] {
+        let mode = if root { 0o755 } else { 0o555 };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let d = locks.to_str().unwrap();
+    for args in [vec!["list", "--dir", d], vec!["holder", "nightly", "--dir", d]] {
+        let mut cmd = Command::new(&exe);
+        cmd.args(&args).env_remove("LEASEHOLD_DIR").stdin(Stdio::null());
+        if root {
+            cmd.uid(65534).gid(65534);
+        }
+        let out = cmd.output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: stdout {stdout} stderr {stderr}"
+        );
+        assert!(
+            stdout.contains(&std::process::id().to_string()),
+            "{args:?}: {stdout}"
+        );
+    }
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o700)).unwrap();
+}
