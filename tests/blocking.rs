@@ -210,3 +210,110 @@ async fn inside_a_multi_thread_runtime_and_spawn_blocking_they_refuse() {
     let on_thread = std::thread::spawn(move || locker.blocking_acquire("job").map(drop));
     on_thread.join().unwrap().unwrap();
 }
+
+/// The same `Locker` used at once from async tasks of a runtime and from
+/// plain threads through the blocking API: one queue per name for both, the
+/// lock handed between them, and never two holders at once.
+#[test]
+fn async_tasks_and_blocking_threads_share_one_locker_and_never_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlap = Arc::new(AtomicBool::new(false));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let critical = {
+        let (inside, overlap) = (Arc::clone(&inside), Arc::clone(&overlap));
+        move || {
+            if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                overlap.store(true, Ordering::SeqCst);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+            inside.fetch_sub(1, Ordering::SeqCst);
+        }
+    };
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (locker, critical) = (locker.clone(), critical.clone());
+            runtime.spawn(async move {
+                for _ in 0..10 {
+                    let guard = locker.acquire("job").await.unwrap();
+                    critical();
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (locker, critical) = (locker.clone(), critical.clone());
+            std::thread::spawn(move || {
+                for _ in 0..10 {
+                    let guard = locker.blocking_acquire("job").unwrap();
+                    critical();
+                    drop(guard);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    runtime.block_on(async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+    assert!(!overlap.load(Ordering::SeqCst), "two holders at once");
+    assert!(!locker.lock_path("job").unwrap().exists());
+}
+
+/// A guard taken by a blocking call is released by a drop on another
+/// thread, and by `release().await` inside a runtime; a `Locker` first used
+/// in a runtime that is gone since still works from plain threads.
+#[test]
+fn guards_move_between_threads_and_runtimes() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let guard = runtime.block_on(locker.acquire("job")).unwrap();
+        drop(guard);
+    } // that runtime is gone
+    let guard = locker.blocking_acquire("job").unwrap();
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    let guard = locker.blocking_acquire("job").unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    runtime.block_on(guard.release()).unwrap();
+    assert!(locker.blocking_try_acquire("job").unwrap().is_some());
+}
+
+/// Inside a runtime by `block_in_place` or a `Handle::enter` guard on a
+/// plain thread: refused at once, never a panic or a hang.
+#[test]
+fn block_in_place_and_an_entered_handle_refuse_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let in_place = runtime.block_on({
+        let locker = locker.clone();
+        async move {
+            tokio::task::block_in_place(|| {
+                matches!(locker.blocking_acquire("job"), Err(Error::Unsupported { .. }))
+            })
+        }
+    });
+    assert!(in_place);
+    let handle = runtime.handle().clone();
+    let entered = std::thread::spawn(move || {
+        let _entered = handle.enter();
+        matches!(locker.blocking_try_acquire("job"), Err(Error::Unsupported { .. }))
+    });
+    assert!(entered.join().unwrap());
+}
