@@ -204,3 +204,47 @@ fn bad_fields_are_refused_at_build() {
     // `host` and `port`, velocious's, are free.
     assert!(build("host", FieldValue::from("::1")).is_ok());
 }
+
+/// When the shared holder whose record the lock path shows leaves, the
+/// marker passes to one who stays: it then shows that holder, with that
+/// holder's own fields (none of the one who left), in both layouts.
+#[tokio::test]
+async fn the_shared_marker_passes_on_with_the_stayers_fields() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let make = |role: &str| {
+            Locker::builder()
+                .directory(dir.path())
+                .strategy(strategy)
+                .owner_field("role", role.to_owned())
+                .build()
+                .unwrap()
+        };
+        let (first, second) = (make("first"), make("second"));
+        let a = first.acquire_shared("catalog").await.unwrap();
+        let b = second.acquire_shared("catalog").await.unwrap();
+        let info = first.inspect("catalog").await.unwrap().unwrap();
+        let shown = info
+            .owner()
+            .field("role")
+            .and_then(FieldValue::as_str)
+            .map(str::to_owned);
+        // Whoever the marker shows leaves; the other stays.
+        let (leaving, staying, stayer) = match shown.as_deref() {
+            Some("first") => (a, b, "second"),
+            Some("second") => (b, a, "first"),
+            other => panic!("{strategy:?}: the marker shows {other:?}"),
+        };
+        leaving.release().await.unwrap();
+        let info = first.inspect("catalog").await.unwrap().expect("still held");
+        assert_eq!(info.holders().len(), 1, "{strategy:?}: {:?}", info.holders());
+        assert_eq!(
+            info.owner().field("role").and_then(FieldValue::as_str),
+            Some(stayer),
+            "{strategy:?}: {:?}",
+            info.owner()
+        );
+        assert_eq!(info.owner().uuid(), staying.owner().uuid(), "{strategy:?}");
+        staying.release().await.unwrap();
+    }
+}
