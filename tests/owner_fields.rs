@@ -248,3 +248,24 @@ async fn the_shared_marker_passes_on_with_the_stayers_fields() {
         staying.release().await.unwrap();
     }
 }
+
+/// An unsuffixed integer literal (an `i32`) and a `usize` (a length) are
+/// accepted as they are.
+#[tokio::test]
+async fn plain_integer_literals_and_lengths_are_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let workers = [(); 3];
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .owner_field("port", 8080)
+        .owner_field("workers", workers.len())
+        .owner_field("offset", -2i8)
+        .build()
+        .unwrap();
+    let guard = locker.acquire("srv").await.unwrap();
+    let owner = locker.holder("srv").await.unwrap().expect("held");
+    assert_eq!(owner.field("port").and_then(FieldValue::as_i64), Some(8080));
+    assert_eq!(owner.field("workers").and_then(FieldValue::as_u64), Some(3));
+    assert_eq!(owner.field("offset").and_then(FieldValue::as_i64), Some(-2));
+    guard.release().await.unwrap();
+}
