@@ -1129,7 +1129,17 @@ fn list_and_holder_work_on_a_directory_the_user_may_only_read() {
         if root {
             cmd.uid(65534).gid(65534);
         }
-        let out = cmd.output().unwrap();
+        // Just copied: `exec` may fail with ETXTBSY while a child another
+        // test thread forked still holds the copy open; it passes in moments.
+        let out = (0..200)
+            .find_map(|_| match cmd.output() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    None
+                }
+                other => Some(other.unwrap()),
+            })
+            .expect("exec the copy");
         let (stdout, stderr) = (
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
