@@ -53,6 +53,8 @@ pub(crate) struct Settings {
     /// `None`: the per-user default directory.
     pub(crate) directory: Option<PathBuf>,
     pub(crate) allow_insecure: bool,
+    /// Only inspects: the directory need not be writable.
+    pub(crate) read_only: bool,
     pub(crate) strategy: Strategy,
     pub(crate) lease: Duration,
     pub(crate) grace: Duration,
@@ -121,6 +123,7 @@ impl Fs {
                 dir
             }
         };
+        dir.check_usable(settings.read_only)?;
         let ctx = Ctx {
             dir,
             strategy: settings.strategy,

@@ -1106,7 +1106,6 @@ fn holder_shows_owner_fields() {
 /// `nobody` on a directory of root's, mode 0755) sees who holds what, as
 /// before `build()` learned to refuse unwritable directories.
 #[test]
-#[ignore = "regression from 2b9367e: build() now refuses a directory this user cannot write, and the tool's read-only commands build a Locker; needs a way to build one for inspection only"]
 fn list_and_holder_work_on_a_directory_the_user_may_only_read() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;

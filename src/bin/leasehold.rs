@@ -386,12 +386,15 @@ impl Want {
 
 /// Not calling `.directory()` at all is what selects the library's per-user
 /// default, with its ownership checks.
-fn locker(common: &Common, fencing: bool) -> Result<Locker, leasehold::Error> {
+fn locker(common: &Common, fencing: bool, read_only: bool) -> Result<Locker, leasehold::Error> {
     let strategy = match common.strategy {
         StrategyArg::File => Strategy::ExclusiveFile,
         StrategyArg::Dir => Strategy::Directory,
     };
-    let mut builder = Locker::builder().strategy(strategy).fencing(fencing);
+    let mut builder = Locker::builder()
+        .strategy(strategy)
+        .fencing(fencing)
+        .read_only(read_only);
     let from_env = || {
         std::env::var_os("LEASEHOLD_DIR")
             .filter(|d| !d.is_empty())
@@ -445,7 +448,7 @@ async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     };
     become_subreaper()?;
-    let locker = locker(&args.common, true)?;
+    let locker = locker(&args.common, true, false)?;
     let name = args.name.as_str();
     let want = Want::new(&args, &locker)?;
     let attempt = async {
@@ -922,7 +925,8 @@ fn holders_of(info: &LockInfo) -> String {
 }
 
 async fn holder(name: &str, opts: &Inspect) -> Result<u8, Failure> {
-    let locker = locker(&opts.common, false)?;
+    // Only looks: a user who may only read the directory sees who holds it.
+    let locker = locker(&opts.common, false, true)?;
     let path = locker.lock_path(name)?;
     let found = locker.inspect(name).await?;
     let live = found.as_ref().filter(|l| !l.is_stale());
@@ -1033,7 +1037,7 @@ fn kind_text(kind: LockKind) -> String {
 }
 
 async fn list(opts: &Inspect) -> Result<u8, Failure> {
-    let locker = locker(&opts.common, false)?;
+    let locker = locker(&opts.common, false, true)?;
     let locks = locker.list().await?;
     if opts.json {
         emit(&to_json(&Value::Array(locks.iter().map(info_entry).collect())));
@@ -1046,7 +1050,7 @@ async fn list(opts: &Inspect) -> Result<u8, Failure> {
 }
 
 async fn clean(opts: &Inspect, dry_run: bool) -> Result<u8, Failure> {
-    let locker = locker(&opts.common, false)?;
+    let locker = locker(&opts.common, false, dry_run)?;
     let removed = locker.clean(dry_run).await?;
     if opts.json {
         emit(&to_json(&Value::Array(removed.iter().map(info_entry).collect())));
