@@ -269,3 +269,42 @@ async fn plain_integer_literals_and_lengths_are_fields() {
     assert_eq!(owner.field("offset").and_then(FieldValue::as_i64), Some(-2));
     guard.release().await.unwrap();
 }
+
+/// The marker passing between holders whose records differ much in length
+/// (one with nearly 4 KiB of fields, one with none), either way, in both
+/// layouts, and renewed after: it always parses, and shows the stayer.
+#[tokio::test]
+async fn the_shared_marker_passes_between_records_of_very_different_lengths() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        for big_stays in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let build = |blob: Option<String>| {
+                let mut b = Locker::builder()
+                    .directory(dir.path())
+                    .strategy(strategy)
+                    .lease(Duration::from_millis(300))
+                    .renew_interval(Duration::from_millis(30));
+                if let Some(blob) = blob {
+                    b = b.owner_field("blob", blob);
+                }
+                b.build().unwrap()
+            };
+            let big = build(Some("x".repeat(4000)));
+            let small = build(None);
+            // The first to join shows in the marker: let the leaver join first.
+            let (leaver, stayer) = if big_stays { (&small, &big) } else { (&big, &small) };
+            let leaving = leaver.acquire_shared("catalog").await.unwrap();
+            let staying = stayer.acquire_shared("catalog").await.unwrap();
+            leaving.release().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await; // renewals
+            let info = small.inspect("catalog").await.unwrap().expect("held");
+            let context = format!("{strategy:?}, big stays: {big_stays}");
+            assert!(info.owner().is_readable(), "{context}: {:?}", info.owner());
+            assert!(!info.is_stale(), "{context}");
+            assert_eq!(info.owner().uuid(), staying.owner().uuid(), "{context}");
+            assert_eq!(info.owner().field("blob").is_some(), big_stays, "{context}");
+            assert!(!staying.is_lost(), "{context}");
+            staying.release().await.unwrap();
+        }
+    }
+}
