@@ -38,10 +38,13 @@ impl Locker {
     /// # Errors
     ///
     /// As [`acquire`](Self::acquire); and [`Error::Unsupported`] when
-    /// called inside a Tokio runtime (on a worker thread, in an `async`
-    /// block, or in `spawn_blocking`), where it would block a thread the
-    /// runtime counts on: use `acquire(name).await` there. It never
-    /// blocks in that case: it returns the error at once.
+    /// called inside a Tokio runtime's context: on a worker thread or in
+    /// an `async` block, where it would block a thread the runtime counts
+    /// on (use `acquire(name).await` there); and also in `spawn_blocking`
+    /// or under a `Handle::enter` guard, where blocking would be harmless
+    /// but leasehold cannot tell such a thread from a worker (use
+    /// `Handle::current().block_on(locker.acquire(name))` there). It
+    /// never blocks in that case: it returns the error at once.
     ///
     /// # Examples
     ///
