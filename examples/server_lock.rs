@@ -98,13 +98,16 @@ async fn second_instance(dir: &Path) -> Result<()> {
     let port = owner
         .field("port")
         .and_then(FieldValue::as_i64)
-        .expect("port published");
+        // Any process that may write the lock directory wrote this record:
+        // a port out of range is refused, not wrapped into another one.
+        .and_then(|port| u16::try_from(port).ok())
+        .expect("a port published");
     println!(
         "second instance (pid {}): {LOCK} is held by pid {:?}, serving on {host}:{port}",
         std::process::id(),
         owner.pid()
     );
-    let mut stream = TcpStream::connect((host, port as u16))
+    let mut stream = TcpStream::connect((host, port))
         .await
         .expect("connect to the server");
     let mut reply = String::new();

@@ -48,6 +48,7 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 /// | [`strategy`](Self::strategy) | [`Strategy::ExclusiveFile`] |
 /// | [`path_style`](Self::path_style) | [`PathStyle::Hashed`] |
 /// | [`create_directory`](Self::create_directory) | `true` |
+/// | [`read_only`](Self::read_only) | `false` |
 /// | [`owner_field`](Self::owner_field) | none |
 ///
 /// # Examples
@@ -89,6 +90,7 @@ pub struct LockerBuilder {
     path_style: PathStyle,
     allow_insecure_directory: bool,
     create_directory: bool,
+    read_only: bool,
     owner_fields: Vec<(String, FieldValue)>,
     #[cfg(feature = "postgres")]
     postgres: Option<String>,
@@ -110,6 +112,7 @@ impl Default for LockerBuilder {
             path_style: PathStyle::default(),
             allow_insecure_directory: false,
             create_directory: true,
+            read_only: false,
             owner_fields: Vec::new(),
             #[cfg(feature = "postgres")]
             postgres: None,
@@ -439,7 +442,7 @@ impl LockerBuilder {
     /// libpq-style connection string or URL (`postgres://user@host/db`,
     /// `host=/run/postgresql user=app`). The settings for lock files
     /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`,
-    /// `create_directory`, `durable`, `unreadable_grace`, `foreign_lease`) cannot be combined
+    /// `create_directory`, `read_only`, `durable`, `unreadable_grace`, `foreign_lease`) cannot be combined
     /// with it: [`build`](Self::build) refuses them rather than ignore them
     /// (set to their defaults, they count as unset). Fencing tokens are
     /// always on. See the crate docs, *PostgreSQL*.
@@ -533,6 +536,35 @@ impl LockerBuilder {
     /// ```
     pub fn create_directory(mut self, create: bool) -> Self {
         self.create_directory = create;
+        self
+    }
+
+    /// A `Locker` that only looks: [`build`](Self::build) then asks of
+    /// the directory only that this process may list and search it, not
+    /// write it, so that a user who may only read a service's lock
+    /// directory (or a directory on a read-only mount) can still see who
+    /// holds what with [`holder`](crate::Locker::holder),
+    /// [`inspect`](crate::Locker::inspect) and
+    /// [`list`](crate::Locker::list). Taking a lock, or `clean`, on a
+    /// directory this process cannot write then fails at that call with
+    /// [`Error::PermissionDenied`] (or an `EROFS` I/O error) instead. The
+    /// `leasehold` tool's `holder`, `list` and `clean --dry-run` build
+    /// this way. Default `false`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let viewer = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .read_only(true)
+    ///     .build()?;
+    /// assert!(viewer.list().await?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
         self
     }
 
@@ -641,6 +673,7 @@ impl LockerBuilder {
                 (self.path_style != PathStyle::default(), "path_style"),
                 (self.allow_insecure_directory, "allow_insecure_directory"),
                 (!self.create_directory, "create_directory"),
+                (self.read_only, "read_only"),
                 (!self.durable, "durable"),
                 (self.grace != DEFAULT_GRACE, "unreadable_grace"),
                 (self.foreign_lease != Some(DEFAULT_FOREIGN_LEASE), "foreign_lease"),
@@ -671,6 +704,7 @@ impl LockerBuilder {
             directory: self.directory,
             allow_insecure: self.allow_insecure_directory,
             create: self.create_directory,
+            read_only: self.read_only,
             strategy: self.strategy,
             lease: self.lease,
             grace: self.grace,

@@ -332,18 +332,18 @@ impl Engine {
         // The holder last found, and when to say that we still wait for it.
         let mut holder: Option<Owner> = None;
         let mut notice_at = self.wait_notice.map(|after| later(started, after));
+        // What this head tells the queue it saw, withdrawn however the wait
+        // ends (taken, timed out, failed, cancelled): a later head may take
+        // the lock at once, and a timeout queued behind it must not name a
+        // holder from this wait.
+        let mut published = LastSeen { queue, set: false };
         loop {
             // Armed before the attempt, so an event during it is not lost.
             let changed = queue.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             let recheck_at = match self.attempt(name, mode, deadline).await? {
-                Attempt::Acquired(hold) => {
-                    if waited {
-                        *lock_ignoring_poison(&queue.last_seen) = None;
-                    }
-                    return Ok((hold, waited));
-                }
+                Attempt::Acquired(hold) => return Ok((hold, waited)),
                 Attempt::Busy {
                     owner,
                     recheck_at,
@@ -363,6 +363,7 @@ impl Engine {
                     if owner.is_some() {
                         holder = owner;
                         *lock_ignoring_poison(&queue.last_seen) = holder.clone().map(Box::new);
+                        published.set = true;
                     }
                     recheck_at
                 }
@@ -512,6 +513,21 @@ fn holder_text(owner: &Owner) -> String {
         text.push_str(&format!(" since {}", crate::record::format_time(since)));
     }
     text
+}
+
+/// Clears the queue's `last_seen` when dropped, if this head set it: the
+/// uncontended path never sets it, so it costs nothing there.
+struct LastSeen<'a> {
+    queue: &'a Queue<Hold>,
+    set: bool,
+}
+
+impl Drop for LastSeen<'_> {
+    fn drop(&mut self) {
+        if self.set {
+            *lock_ignoring_poison(&self.queue.last_seen) = None;
+        }
+    }
 }
 
 fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -43,8 +43,9 @@ pub(crate) const RESERVED_KEYS: &[&str] = &[
 /// A value of an owner field: a string, a number or a boolean, as it
 /// appears in the lock record's JSON.
 ///
-/// Made with `From` from `&str`, `String`, `bool`, `i32` (an unsuffixed
-/// literal), `i64`, `u16`, `u32`, `u64`, `usize` and `f64`; read back with [`as_str`](Self::as_str),
+/// Made with `From` from `&str`, `String`, `bool`, every integer type up
+/// to 64 bits (`i32` too, so that a bare literal such as `8080` works),
+/// `usize`, and `f64`; read back with [`as_str`](Self::as_str),
 /// [`as_i64`](Self::as_i64), [`as_u64`](Self::as_u64),
 /// [`as_f64`](Self::as_f64) and [`as_bool`](Self::as_bool), whoever wrote
 /// it (velocious writes numbers as JSON numbers, so a port it publishes
@@ -60,11 +61,12 @@ pub(crate) const RESERVED_KEYS: &[&str] = &[
 /// assert_eq!(port.as_f64(), Some(8080.0));
 /// assert_eq!(port.as_str(), None);
 ///
+/// assert_eq!(FieldValue::from(8080), port); // an unsuffixed literal
+///
 /// let host = FieldValue::from("127.0.0.1");
 /// assert_eq!(host.as_str(), Some("127.0.0.1"));
 /// assert_eq!(FieldValue::from(true).as_bool(), Some(true));
 /// assert_eq!(host.to_string(), "\"127.0.0.1\""); // as JSON
-/// assert_eq!(FieldValue::from(8080).as_i64(), Some(8080)); // an `i32` literal
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct FieldValue(Repr);
@@ -221,28 +223,22 @@ impl From<i64> for FieldValue {
     }
 }
 
-/// Also what an unsuffixed literal is: `owner_field("port", 8080)`.
-impl From<i32> for FieldValue {
-    fn from(n: i32) -> Self {
-        FieldValue(Repr::Int(i64::from(n)))
-    }
+/// Integers that fit an `i64`; `i32` is what an unsuffixed literal is.
+macro_rules! from_small_int {
+    ($($ty:ty),*) => {$(
+        impl From<$ty> for FieldValue {
+            fn from(n: $ty) -> Self {
+                FieldValue(Repr::Int(i64::from(n)))
+            }
+        }
+    )*};
 }
+
+from_small_int!(i8, i16, i32, u8, u16, u32);
 
 impl From<usize> for FieldValue {
     fn from(n: usize) -> Self {
-        FieldValue::from(n as u64)
-    }
-}
-
-impl From<u16> for FieldValue {
-    fn from(n: u16) -> Self {
-        FieldValue(Repr::Int(i64::from(n)))
-    }
-}
-
-impl From<u32> for FieldValue {
-    fn from(n: u32) -> Self {
-        FieldValue(Repr::Int(i64::from(n)))
+        FieldValue::from(u64::try_from(n).unwrap_or(u64::MAX))
     }
 }
 

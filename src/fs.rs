@@ -55,6 +55,8 @@ pub(crate) struct Settings {
     pub(crate) allow_insecure: bool,
     /// Whether a missing directory is created.
     pub(crate) create: bool,
+    /// Only inspects: the directory need not be writable.
+    pub(crate) read_only: bool,
     pub(crate) strategy: Strategy,
     pub(crate) lease: Duration,
     pub(crate) grace: Duration,
@@ -129,6 +131,7 @@ impl Fs {
                 dir
             }
         };
+        dir.check_usable(settings.read_only)?;
         let ctx = Ctx {
             dir,
             strategy: settings.strategy,

@@ -498,7 +498,8 @@ impl LockerBuilder {
     /// the sticky bit, or a default directory owned by another user or open
     /// to others;
     /// [`Error::PermissionDenied`] for a directory this process (by its
-    /// effective user and groups) cannot list, search and write; an I/O
+    /// effective user and groups) cannot list, search and write (list and
+    /// search only, with [`read_only`](Self::read_only)); an I/O
     /// error (`EROFS`) for a directory on a read-only mount; I/O errors
     /// from creating or opening the directory (a dangling symlink, a file
     /// on the way; a missing one, with
@@ -509,7 +510,7 @@ impl LockerBuilder {
     /// [`Error::Backend`] when the PostgreSQL server cannot be reached;
     /// [`Error::InvalidConfig`] also when a setting for lock files
     /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`,
-    /// `create_directory`, `durable`, `unreadable_grace`, `foreign_lease`) is combined with
+    /// `create_directory`, `read_only`, `durable`, `unreadable_grace`, `foreign_lease`) is combined with
     /// `postgres`.
     ///
     /// # Examples

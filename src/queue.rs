@@ -49,7 +49,8 @@ pub(crate) struct Queue<T> {
     /// Woken when the lock may have become free; awaited by the head.
     pub(crate) changed: Notify,
     /// The holder the head last found at the lock while it waited, for a
-    /// queued waiter's timeout to name; cleared once the head takes it.
+    /// queued waiter's timeout to name; cleared when that head stops
+    /// waiting, however it stops.
     pub(crate) last_seen: Mutex<Option<Box<Owner>>>,
     dispose: Dispose<T>,
 }

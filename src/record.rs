@@ -177,9 +177,13 @@ pub(crate) fn parse_time(s: &str) -> Option<SystemTime> {
 /// JavaScript's `toISOString()`, so every record a holder rewrites keeps its
 /// length.
 pub(crate) fn format_time(t: SystemTime) -> String {
-    let ms = t.duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
-    let secs = i64::try_from(ms / 1000).unwrap_or(0);
-    let dt = OffsetDateTime::from_unix_timestamp(secs).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    // Signed: a record another program wrote may say any time, before 1970
+    // too, and a message quoting it must not print another.
+    let nanos = match t.duration_since(UNIX_EPOCH) {
+        Ok(after) => i128::try_from(after.as_nanos()).unwrap_or(i128::MAX),
+        Err(before) => -i128::try_from(before.duration().as_nanos()).unwrap_or(i128::MAX),
+    };
+    let dt = OffsetDateTime::from_unix_timestamp_nanos(nanos).unwrap_or(OffsetDateTime::UNIX_EPOCH);
     format!(
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
         dt.year(),
@@ -188,7 +192,7 @@ pub(crate) fn format_time(t: SystemTime) -> String {
         dt.hour(),
         dt.minute(),
         dt.second(),
-        ms % 1000
+        dt.millisecond()
     )
 }
 

@@ -85,13 +85,15 @@ fn the_guard_keeps_its_lease_alive_without_a_runtime() {
     let dir = tempfile::tempdir().unwrap();
     let short = Locker::builder()
         .directory(dir.path())
-        .lease(Duration::from_millis(300))
-        .renew_interval(Duration::from_millis(50))
+        .lease(Duration::from_secs(1))
+        .renew_interval(Duration::from_millis(100))
         .build()
         .unwrap();
     let guard = short.blocking_acquire("job").unwrap();
-    // Several leases long, with no runtime anywhere to renew it.
-    std::thread::sleep(Duration::from_millis(1200));
+    // Over two leases long, with no runtime anywhere to renew it (a
+    // renewal may run 900 ms late before the guard counts it lost: a
+    // loaded machine does not fail this).
+    std::thread::sleep(Duration::from_millis(2500));
     assert!(!guard.is_lost());
     assert!(locker(dir.path()).blocking_try_acquire("job").unwrap().is_none());
     // Removed behind its back: the guard notices within its lease.
@@ -252,4 +254,108 @@ async fn a_blocking_acquisition_in_spawn_blocking_waits_for_an_async_holder() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+/// The same `Locker` used at once from async tasks of a runtime and from
+/// plain threads through the blocking API: one queue per name for both, the
+/// lock handed between them, and never two holders at once.
+#[test]
+fn async_tasks_and_blocking_threads_share_one_locker_and_never_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlap = Arc::new(AtomicBool::new(false));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let critical = {
+        let (inside, overlap) = (Arc::clone(&inside), Arc::clone(&overlap));
+        move || {
+            if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                overlap.store(true, Ordering::SeqCst);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+            inside.fetch_sub(1, Ordering::SeqCst);
+        }
+    };
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (locker, critical) = (locker.clone(), critical.clone());
+            runtime.spawn(async move {
+                for _ in 0..10 {
+                    let guard = locker.acquire("job").await.unwrap();
+                    critical();
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (locker, critical) = (locker.clone(), critical.clone());
+            std::thread::spawn(move || {
+                for _ in 0..10 {
+                    let guard = locker.blocking_acquire("job").unwrap();
+                    critical();
+                    drop(guard);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    runtime.block_on(async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+    assert!(!overlap.load(Ordering::SeqCst), "two holders at once");
+    assert!(!locker.lock_path("job").unwrap().exists());
+}
+
+/// A guard taken by a blocking call is released by a drop on another
+/// thread, and by `release().await` inside a runtime; a `Locker` first used
+/// in a runtime that is gone since still works from plain threads.
+#[test]
+fn guards_move_between_threads_and_runtimes() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let guard = runtime.block_on(locker.acquire("job")).unwrap();
+        drop(guard);
+    } // that runtime is gone
+    let guard = locker.blocking_acquire("job").unwrap();
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    let guard = locker.blocking_acquire("job").unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    runtime.block_on(guard.release()).unwrap();
+    assert!(locker.blocking_try_acquire("job").unwrap().is_some());
+}
+
+/// In `block_in_place` (even inside a runtime's `block_on`) or on a plain
+/// thread under a `Handle::enter` guard they block, as Tokio's own
+/// blocking calls may there: no worker is held up.
+#[test]
+fn block_in_place_and_an_entered_handle_may_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let in_place = runtime.block_on({
+        let locker = locker.clone();
+        async move { tokio::task::block_in_place(|| locker.blocking_acquire("job").map(drop)) }
+    });
+    in_place.unwrap();
+    let handle = runtime.handle().clone();
+    let entered = std::thread::spawn(move || {
+        let _entered = handle.enter();
+        locker.blocking_try_acquire("job").map(|guard| guard.is_some())
+    });
+    assert!(entered.join().unwrap().unwrap());
 }

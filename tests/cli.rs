@@ -1142,3 +1142,58 @@ fn holder_shows_owner_fields() {
 /// read-only commands, the man page and completions (issue 18).
 #[path = "cli/flock.rs"]
 mod flock;
+/// `list` and `holder` only read: a user who may read the lock directory
+/// but not write it (an operator looking at a service's locks, here
+/// `nobody` on a directory of root's, mode 0755) sees who holds what, as
+/// before `build()` learned to refuse unwritable directories.
+#[test]
+fn list_and_holder_work_on_a_directory_the_user_may_only_read() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let locks = tmp.path().join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    let record = format!(r#"{{"uuid":"u1","pid":{}}}"#, std::process::id());
+    std::fs::write(lock_path(&locks, "nightly"), record).unwrap();
+    let root = nix::unistd::geteuid().is_root();
+    let exe = tmp.path().join("leasehold");
+    std::fs::copy(env!("CARGO_BIN_EXE_leasehold"), &exe).unwrap();
+    for path in [tmp.path(), &locks] {
+        let mode = if root { 0o755 } else { 0o555 };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let d = locks.to_str().unwrap();
+    for args in [vec!["list", "--dir", d], vec!["holder", "nightly", "--dir", d]] {
+        let mut cmd = Command::new(&exe);
+        cmd.args(&args).env_remove("LEASEHOLD_DIR").stdin(Stdio::null());
+        if root {
+            cmd.uid(65534).gid(65534);
+        }
+        // Just copied: `exec` may fail with ETXTBSY while a child another
+        // test thread forked still holds the copy open; it passes in moments.
+        let out = (0..200)
+            .find_map(|_| match cmd.output() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    None
+                }
+                other => Some(other.unwrap()),
+            })
+            .expect("exec the copy");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: stdout {stdout} stderr {stderr}"
+        );
+        assert!(
+            stdout.contains(&std::process::id().to_string()),
+            "{args:?}: {stdout}"
+        );
+    }
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o700)).unwrap();
+}

@@ -60,11 +60,9 @@ fn run_child_exe(me: &Path, dir: &Path, wrap: &[&str], uid: Option<u32>) -> Stri
         use std::os::unix::process::CommandExt;
         cmd.uid(uid).gid(uid);
     }
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = spawn_copied(&mut cmd);
     let deadline = Instant::now() + Duration::from_secs(60);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
@@ -172,4 +170,21 @@ fn a_read_only_mount_is_refused_at_build() {
     let script = format!("mount -t tmpfs -o ro tmpfs '{}' && exec \"$@\"", mount.display());
     let report = run_child(&mount, &["unshare", flag, "sh", "-c", &script, "sh"], None);
     assert_eq!(report, "io: Read-only file system (os error 30)");
+}
+
+/// Spawns `cmd`, whose program was just copied: a child another test
+/// thread forks while the copy is open for writing holds that descriptor
+/// until it execs, and meanwhile `exec` of the copy fails with `ETXTBSY`.
+/// It passes in moments, so retry.
+fn spawn_copied(cmd: &mut Command) -> std::process::Child {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 200 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other.unwrap(),
+        }
+    }
 }

@@ -623,3 +623,63 @@ async fn a_live_pid_older_than_the_recorded_start_is_not_a_reuse() {
         "judged stale: {stale:?}, robbed: {robbed}"
     );
 }
+
+/// Hostile owner fields (u64::MAX, which `JSON.parse` turns into a float;
+/// `__proto__`; a key beyond the BMP; a value near the size limit) with a
+/// short lease, so the record is rewritten in place many times: both
+/// systems' own readers still parse it and honour the holder, and
+/// leasehold reads every field back unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_owner_fields_survive_renewals_and_both_systems_readers() {
+    if no_node("hostile owner fields") {
+        return;
+    }
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = Locker::builder()
+            .directory(dir.path())
+            .strategy(strategy)
+            // Each system's own naming: pi-research's plain, velocious's hashed.
+            .path_style(match strategy {
+                Strategy::ExclusiveFile => PathStyle::Plain,
+                _ => PathStyle::Hashed,
+            })
+            .lease(Duration::from_millis(300))
+            .renew_interval(Duration::from_millis(20))
+            .owner_field("big", u64::MAX)
+            .owner_field("__proto__", "x")
+            .owner_field("k\u{1F512}", -0.5)
+            .owner_field("blob", "\u{2028}\"\\".repeat(500))
+            .build()
+            .unwrap();
+        let guard = locker.acquire("srv").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await; // ~25 renewals
+        assert!(!guard.is_lost());
+        let owner = locker.holder("srv").await.unwrap().expect("held");
+        assert_eq!(owner.field("big").and_then(|v| v.as_u64()), Some(u64::MAX));
+        assert_eq!(owner.field("__proto__").and_then(|v| v.as_str()), Some("x"));
+        assert_eq!(owner.field("k\u{1F512}").and_then(|v| v.as_f64()), Some(-0.5));
+        assert_eq!(
+            owner.field("blob").and_then(|v| v.as_str()),
+            Some("\u{2028}\"\\".repeat(500).as_str())
+        );
+        let path = dir.path().to_owned();
+        let seen = tokio::task::spawn_blocking(move || match strategy {
+            Strategy::ExclusiveFile => seed2_run(&path, "srv", &["try", "300"]).lines,
+            _ => seed1_output(&path, "srv", &["info"]),
+        })
+        .await
+        .unwrap();
+        match strategy {
+            Strategy::ExclusiveFile => {
+                assert_eq!(seen[0], "false", "pi-research honours the holder: {seen:?}")
+            }
+            _ => {
+                let info: serde_json::Value = serde_json::from_str(&seen[0]).unwrap();
+                assert_eq!(info["pid"], std::process::id(), "{info}");
+                assert_eq!(seen[1], "true", "velocious sees the lock held");
+            }
+        }
+        guard.release().await.unwrap();
+    }
+}

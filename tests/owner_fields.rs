@@ -17,8 +17,8 @@ fn server(dir: &std::path::Path, strategy: Strategy) -> Locker {
     Locker::builder()
         .directory(dir)
         .strategy(strategy)
-        .lease(Duration::from_millis(400))
-        .renew_interval(Duration::from_millis(50))
+        .lease(Duration::from_secs(1))
+        .renew_interval(Duration::from_millis(100))
         .owner_field("host", "127.0.0.1")
         .owner_field("port", 8080u16)
         .owner_field("primary", true)
@@ -83,8 +83,8 @@ async fn every_reader_sees_the_fields_in_both_layouts_across_renewals() {
             .unwrap();
         let guard = locker.acquire("dev-server").await.unwrap();
         assert_fields(guard.owner(), &format!("{strategy:?} guard"));
-        // Several leases: a renewal rewrites the record and keeps them.
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // Over two leases: renewals rewrite the record and keep them.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
         assert!(!guard.is_lost());
         let seen = reader.holder("dev-server").await.unwrap().expect("held");
         assert_fields(&seen, &format!("{strategy:?} holder after renewals"));
@@ -203,4 +203,108 @@ fn bad_fields_are_refused_at_build() {
     assert!(twice.is_ok());
     // `host` and `port`, velocious's, are free.
     assert!(build("host", FieldValue::from("::1")).is_ok());
+}
+
+/// When the shared holder whose record the lock path shows leaves, the
+/// marker passes to one who stays: it then shows that holder, with that
+/// holder's own fields (none of the one who left), in both layouts.
+#[tokio::test]
+async fn the_shared_marker_passes_on_with_the_stayers_fields() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let make = |role: &str| {
+            Locker::builder()
+                .directory(dir.path())
+                .strategy(strategy)
+                .owner_field("role", role.to_owned())
+                .build()
+                .unwrap()
+        };
+        let (first, second) = (make("first"), make("second"));
+        let a = first.acquire_shared("catalog").await.unwrap();
+        let b = second.acquire_shared("catalog").await.unwrap();
+        let info = first.inspect("catalog").await.unwrap().unwrap();
+        let shown = info
+            .owner()
+            .field("role")
+            .and_then(FieldValue::as_str)
+            .map(str::to_owned);
+        // Whoever the marker shows leaves; the other stays.
+        let (leaving, staying, stayer) = match shown.as_deref() {
+            Some("first") => (a, b, "second"),
+            Some("second") => (b, a, "first"),
+            other => panic!("{strategy:?}: the marker shows {other:?}"),
+        };
+        leaving.release().await.unwrap();
+        let info = first.inspect("catalog").await.unwrap().expect("still held");
+        assert_eq!(info.holders().len(), 1, "{strategy:?}: {:?}", info.holders());
+        assert_eq!(
+            info.owner().field("role").and_then(FieldValue::as_str),
+            Some(stayer),
+            "{strategy:?}: {:?}",
+            info.owner()
+        );
+        assert_eq!(info.owner().uuid(), staying.owner().uuid(), "{strategy:?}");
+        staying.release().await.unwrap();
+    }
+}
+
+/// An unsuffixed integer literal (an `i32`) and a `usize` (a length) are
+/// accepted as they are.
+#[tokio::test]
+async fn plain_integer_literals_and_lengths_are_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let workers = [(); 3];
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .owner_field("port", 8080)
+        .owner_field("workers", workers.len())
+        .owner_field("offset", -2i8)
+        .build()
+        .unwrap();
+    let guard = locker.acquire("srv").await.unwrap();
+    let owner = locker.holder("srv").await.unwrap().expect("held");
+    assert_eq!(owner.field("port").and_then(FieldValue::as_i64), Some(8080));
+    assert_eq!(owner.field("workers").and_then(FieldValue::as_u64), Some(3));
+    assert_eq!(owner.field("offset").and_then(FieldValue::as_i64), Some(-2));
+    guard.release().await.unwrap();
+}
+
+/// The marker passing between holders whose records differ much in length
+/// (one with nearly 4 KiB of fields, one with none), either way, in both
+/// layouts, and renewed after: it always parses, and shows the stayer.
+#[tokio::test]
+async fn the_shared_marker_passes_between_records_of_very_different_lengths() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        for big_stays in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let build = |blob: Option<String>| {
+                let mut b = Locker::builder()
+                    .directory(dir.path())
+                    .strategy(strategy)
+                    .lease(Duration::from_millis(300))
+                    .renew_interval(Duration::from_millis(30));
+                if let Some(blob) = blob {
+                    b = b.owner_field("blob", blob);
+                }
+                b.build().unwrap()
+            };
+            let big = build(Some("x".repeat(4000)));
+            let small = build(None);
+            // The first to join shows in the marker: let the leaver join first.
+            let (leaver, stayer) = if big_stays { (&small, &big) } else { (&big, &small) };
+            let leaving = leaver.acquire_shared("catalog").await.unwrap();
+            let staying = stayer.acquire_shared("catalog").await.unwrap();
+            leaving.release().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await; // renewals
+            let info = small.inspect("catalog").await.unwrap().expect("held");
+            let context = format!("{strategy:?}, big stays: {big_stays}");
+            assert!(info.owner().is_readable(), "{context}: {:?}", info.owner());
+            assert!(!info.is_stale(), "{context}");
+            assert_eq!(info.owner().uuid(), staying.owner().uuid(), "{context}");
+            assert_eq!(info.owner().field("blob").is_some(), big_stays, "{context}");
+            assert!(!staying.is_lost(), "{context}");
+            staying.release().await.unwrap();
+        }
+    }
 }

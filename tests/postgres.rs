@@ -1089,3 +1089,109 @@ async fn owner_fields_are_kept_on_a_server() {
     let seen = reader.holder(&exclusive).await.unwrap().expect("held");
     assert_eq!(seen.fields().count(), 0, "{seen:?}");
 }
+
+/// A new `Locker` (or a reconnection) on tables that already have every
+/// column takes no ACCESS EXCLUSIVE lock on them: a reader left idle in a
+/// transaction on `leasehold_holders` (a monitoring query, say) must not
+/// stall every new connection, and with it, behind the lock it waits for,
+/// every acquisition of every other session.
+#[test]
+fn a_reader_idle_in_a_transaction_does_not_block_new_lockers() {
+    use std::sync::mpsc;
+    let server = Server::start();
+    // The tables exist, with every column.
+    let first = builder(&server).build().unwrap();
+    drop(first.blocking_try_acquire(&unique("setup")).unwrap());
+    let url = server.url();
+    let (ready_tx, ready) = mpsc::channel();
+    let (stop, stop_rx) = mpsc::channel::<()>();
+    let reader = std::thread::spawn(move || {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        client
+            .batch_execute(
+                "BEGIN; SELECT count(*) FROM leasehold_holders; SELECT count(*) FROM leasehold_locks",
+            )
+            .unwrap();
+        ready_tx.send(()).unwrap();
+        let _ = stop_rx.recv_timeout(Duration::from_secs(60));
+        client.batch_execute("COMMIT").unwrap();
+    });
+    ready.recv().unwrap();
+    let (done_tx, done) = mpsc::channel();
+    let url_builder = builder(&server);
+    std::thread::spawn(move || {
+        let result = url_builder
+            .build()
+            .and_then(|locker| locker.blocking_try_acquire(&unique("job")).map(|g| g.is_some()));
+        let _ = done_tx.send(result.map_err(|e| e.to_string()));
+    });
+    let outcome = done.recv_timeout(Duration::from_secs(10));
+    stop.send(()).unwrap();
+    reader.join().unwrap();
+    assert_eq!(
+        outcome.map_err(|_| "blocked behind the idle reader"),
+        Ok(Ok(true)),
+        "a new Locker must not wait for an ACCESS EXCLUSIVE lock on the tables"
+    );
+}
+
+/// Tables an earlier version made (without `holder_token` and `fields`)
+/// gain the columns when a new `Locker` connects, with rows in them, and
+/// owner fields then work for every kind of lock.
+#[test]
+fn tables_of_an_earlier_version_gain_the_new_columns() {
+    let server = Server::start();
+    server.sql(|client| {
+        client
+            .batch_execute(
+                "DROP TABLE IF EXISTS leasehold_locks, leasehold_holders;
+                 CREATE TABLE leasehold_locks (
+                     name text PRIMARY KEY, key bigint NOT NULL,
+                     fencing_token bigint NOT NULL DEFAULT 0, holder_id text, hostname text,
+                     pid integer, acquired_at timestamptz, backend_pid integer);
+                 INSERT INTO leasehold_locks (name, key, fencing_token) VALUES ('old', 1, 7);
+                 CREATE TABLE leasehold_holders (
+                     id text PRIMARY KEY, name text NOT NULL, key bigint NOT NULL, mode text NOT NULL,
+                     permits bigint, slot bigint, holder_id text, hostname text, pid integer,
+                     acquired_at timestamptz, backend_pid integer NOT NULL, holder_token bigint);",
+            )
+            .unwrap()
+    });
+    let locker = builder(&server).owner_field("port", 8080u16).build().unwrap();
+    let (exclusive, shared) = (unique("job"), unique("catalog"));
+    let guard = locker.blocking_acquire(&exclusive).unwrap();
+    let seen = locker.blocking_try_acquire("old").unwrap().expect("free");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let owner = locker.holder(&exclusive).await.unwrap().expect("held");
+        assert_eq!(owner.field("port").and_then(|v| v.as_i64()), Some(8080));
+        let _reading = locker.acquire_shared(&shared).await.unwrap();
+        let holders = locker.holders(&shared).await.unwrap();
+        assert_eq!(holders[0].field("port").and_then(|v| v.as_i64()), Some(8080));
+    });
+    drop((guard, seen));
+    let columns: Vec<String> = server.sql(|client| {
+        client
+            .query(
+                "SELECT table_name || '.' || column_name FROM information_schema.columns
+                 WHERE column_name IN ('fields', 'holder_token') ORDER BY 1",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    });
+    assert_eq!(
+        columns,
+        [
+            "leasehold_holders.fields",
+            "leasehold_holders.holder_token",
+            "leasehold_locks.fields",
+            "leasehold_locks.holder_token"
+        ]
+    );
+}

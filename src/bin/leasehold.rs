@@ -669,6 +669,9 @@ struct Build {
     fencing: bool,
     /// Read-only commands never create the directory they look at.
     create: bool,
+    /// Only looks: the directory need not be writable (`holder`, `list`,
+    /// `clean --dry-run`).
+    read_only: bool,
     lease: Option<Duration>,
 }
 
@@ -688,7 +691,10 @@ fn locker(common: &Common, target: Option<&Target>, how: Build) -> Result<Locker
         StrategyArg::File => Strategy::ExclusiveFile,
         StrategyArg::Dir => Strategy::Directory,
     };
-    let mut builder = Locker::builder().strategy(strategy).fencing(how.fencing);
+    let mut builder = Locker::builder()
+        .strategy(strategy)
+        .fencing(how.fencing)
+        .read_only(how.read_only);
     if let Some(lease) = how.lease {
         builder = builder.lease(lease);
     }
@@ -727,8 +733,16 @@ fn missing_directory(error: &leasehold::Error) -> Option<&Path> {
 
 /// Builds the `Locker` of a read-only command, or says that the directory
 /// does not exist (status [`EXIT_NO_DIRECTORY`]) instead of creating it.
-fn inspecting(common: &Common, target: Option<&Target>) -> Result<Result<Locker, u8>, Failure> {
-    match locker(common, target, Build::default()) {
+fn inspecting(
+    common: &Common,
+    target: Option<&Target>,
+    read_only: bool,
+) -> Result<Result<Locker, u8>, Failure> {
+    let how = Build {
+        read_only,
+        ..Build::default()
+    };
+    match locker(common, target, how) {
         Ok(locker) => Ok(Ok(locker)),
         Err(e) => match missing_directory(&e) {
             Some(dir) => {
@@ -803,6 +817,7 @@ async fn run(mut args: RunArgs) -> Result<u8, Failure> {
     let how = Build {
         fencing: true,
         create: true,
+        read_only: false,
         lease: args.lease,
     };
     let locker = match locker(&args.common, Some(&target), how) {
@@ -1354,7 +1369,7 @@ async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
             return Ok(EXIT_ERROR);
         }
     };
-    let locker = match inspecting(&opts.common, Some(&target))? {
+    let locker = match inspecting(&opts.common, Some(&target), true)? {
         Ok(locker) => locker,
         Err(code) => return Ok(code),
     };
@@ -1469,7 +1484,7 @@ fn kind_text(kind: LockKind) -> String {
 }
 
 async fn list(opts: &Inspect) -> Result<u8, Failure> {
-    let locker = match inspecting(&opts.common, None)? {
+    let locker = match inspecting(&opts.common, None, true)? {
         Ok(locker) => locker,
         Err(code) => return Ok(code),
     };
@@ -1485,7 +1500,7 @@ async fn list(opts: &Inspect) -> Result<u8, Failure> {
 }
 
 async fn clean(opts: &Inspect, dry_run: bool) -> Result<u8, Failure> {
-    let locker = match inspecting(&opts.common, None)? {
+    let locker = match inspecting(&opts.common, None, dry_run)? {
         Ok(locker) => locker,
         Err(code) => return Ok(code),
     };

@@ -43,6 +43,13 @@ pub(crate) struct LockDir {
 }
 
 impl LockDir {
+    /// Fails unless this process may list and search the directory and,
+    /// unless `read_only`, create entries in it: at build rather than at
+    /// the first acquisition.
+    pub(crate) fn check_usable(&self, read_only: bool) -> Result<()> {
+        super::syscall::usable_dir(&self.fd, !read_only).context("use lock directory", || &self.path)
+    }
+
     /// Creates the directory (mode 0700) if needed, opens it and checks
     /// that it is safe to keep locks in.
     pub(crate) fn open(path: &Path, allow_insecure: bool) -> Result<Self> {
@@ -74,8 +81,6 @@ impl LockDir {
                 reason: "it is world-writable without the sticky bit, so any user could remove or replace locks",
             });
         }
-        // Fail here rather than at the first acquisition.
-        super::syscall::usable_dir(&fd).context("use lock directory", || &path)?;
         let in_memory = in_memory(&fd);
         Ok(Self {
             configured,

@@ -190,10 +190,16 @@ pub(crate) fn read_record(file: &File) -> std::io::Result<Vec<u8>> {
 /// (`EACCES` for its mode or ACL, `EROFS` for a read-only mount, `EPERM`
 /// for an immutable directory). Root passes the mode checks, as it passes
 /// them when it writes.
-pub(crate) fn usable_dir(dir: &File) -> std::io::Result<()> {
+///
+/// Without `write`, only listing and searching are checked (a `Locker`
+/// that only inspects).
+pub(crate) fn usable_dir(dir: &File, write: bool) -> std::io::Result<()> {
     use nix::unistd::{AccessFlags, faccessat};
-    let all = AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK;
-    faccessat(dir, ".", all, AtFlags::AT_EACCESS).map_err(std::io::Error::from)
+    let mut wanted = AccessFlags::R_OK | AccessFlags::X_OK;
+    if write {
+        wanted |= AccessFlags::W_OK;
+    }
+    faccessat(dir, ".", wanted, AtFlags::AT_EACCESS).map_err(std::io::Error::from)
 }
 
 /// Whether the filesystem of `file` is mounted read-only.

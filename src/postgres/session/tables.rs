@@ -6,6 +6,15 @@
 
 use crate::backend::Mode;
 
+/// Creates the tables, and adds the columns later versions added to
+/// tables an earlier one made. Every session runs it when it connects, so
+/// on tables that are complete it must lock nothing: `ALTER TABLE ... ADD
+/// COLUMN IF NOT EXISTS` takes an ACCESS EXCLUSIVE lock even when the
+/// column is there, which waits behind any open transaction that read the
+/// table (and stalls every session's locking behind it), and taken on both
+/// tables in turn could deadlock with a statement that reads them in the
+/// other order. So each change is made only when the catalog says it is
+/// missing.
 pub(super) const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS leasehold_locks (
         name text PRIMARY KEY,
@@ -16,10 +25,9 @@ pub(super) const SCHEMA: &str = "
         pid integer,
         acquired_at timestamptz,
         backend_pid integer,
-        holder_token bigint
+        holder_token bigint,
+        fields text
     );
-    ALTER TABLE leasehold_locks ADD COLUMN IF NOT EXISTS holder_token bigint;
-    ALTER TABLE leasehold_locks ADD COLUMN IF NOT EXISTS fields text;
     CREATE TABLE IF NOT EXISTS leasehold_holders (
         id text PRIMARY KEY,
         name text NOT NULL,
@@ -32,10 +40,31 @@ pub(super) const SCHEMA: &str = "
         pid integer,
         acquired_at timestamptz,
         backend_pid integer NOT NULL,
-        holder_token bigint
+        holder_token bigint,
+        fields text
     );
-    ALTER TABLE leasehold_holders ADD COLUMN IF NOT EXISTS fields text;
-    CREATE INDEX IF NOT EXISTS leasehold_holders_name ON leasehold_holders (name);";
+    DO $leasehold$
+    DECLARE
+        missing record;
+    BEGIN
+        FOR missing IN
+            SELECT t.tab, t.col, t.ty FROM (VALUES
+                ('leasehold_locks', 'holder_token', 'bigint'),
+                ('leasehold_locks', 'fields', 'text'),
+                ('leasehold_holders', 'fields', 'text')
+            ) AS t(tab, col, ty)
+            WHERE NOT EXISTS (
+                SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = to_regclass(t.tab) AND a.attname = t.col AND NOT a.attisdropped
+            )
+        LOOP
+            EXECUTE format('ALTER TABLE %I ADD COLUMN IF NOT EXISTS %I %s', missing.tab, missing.col, missing.ty);
+        END LOOP;
+        IF to_regclass('leasehold_holders_name') IS NULL THEN
+            CREATE INDEX IF NOT EXISTS leasehold_holders_name ON leasehold_holders (name);
+        END IF;
+    END
+    $leasehold$;";
 
 /// `pg_locks` has a row for a granted advisory lock on `$key` (the
 /// one-`bigint` form, `objsubid` 1) in this database.
