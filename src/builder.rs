@@ -282,7 +282,8 @@ impl LockerBuilder {
     /// of the `Locker`'s queue for the name); it gives the notices. Tasks
     /// queued behind it, or behind another task of the same `Locker` that
     /// holds the lock, give none. A timed-out acquisition names the holder
-    /// last seen in its error: [`Error::holder`].
+    /// last seen in its error: [`Error::holder`]. On PostgreSQL, whose
+    /// failed attempts say nothing of the holder, the notice names none.
     ///
     /// # Examples
     ///

@@ -51,7 +51,11 @@ pub enum Error {
         /// The holder last seen, when the waiter read one: the record it
         /// found at the lock on its last attempt. `None` when it never
         /// read one: it waited only behind other tasks of its own
-        /// `Locker`, or the record was unreadable.
+        /// `Locker`, or the record was unreadable. Always `None` on
+        /// PostgreSQL, whose failed attempts say nothing of the holder (a
+        /// read of the owner table could stall on the server past the
+        /// deadline, and on the session every lock's heartbeat shares):
+        /// ask [`Locker::holder`](crate::Locker::holder) instead.
         holder: Option<Box<Owner>>,
     },
 
