@@ -41,7 +41,8 @@
 //! stays beside it. The empty file flock(1) leaves behind is taken over
 //! once it is a second old and nobody holds its `flock`; one that flock(1)
 //! holds is waited for. A PATH that holds anything else (a file of data
-//! nobody holds, a directory without `owner.json`), which the library
+//! held by flock(1) or not, such as a script that locks itself with
+//! `flock -en "$0"`; a directory without `owner.json`), which the library
 //! would judge a stale lock and remove, is refused with status 2 and left
 //! as it is. A name without `/` is a lock in the lock directory.
 //! Do not take one path with flock(1) and leasehold at the same time:
@@ -285,8 +286,8 @@ exist; --dir does not apply. leasehold creates the file when it takes the lock a
 removes it when it releases it, and keeps its fencing counter beside it
 (PATH.fence). An empty file that flock(1) left behind is taken over once it is a
 second old and nobody holds it; one that flock(1) holds is waited for. A PATH
-that holds anything else (a file of data, a directory that is no lock) is refused
-(status 2) and left as it is. Not taken from flock(1): its descriptor form (flock 9, in
+that holds anything else (a file of data, held by flock(1) or not; a directory that
+is no lock) is refused (status 2) and left as it is. Not taken from flock(1): its descriptor form (flock 9, in
 a script that opened the file itself), -u (unlock a descriptor) and -F (no fork:
 leasehold must stay to renew the lease and guard CMD); they are usage errors. Do not
 take one path with flock(1) and leasehold at once, though: flock(1) never removes

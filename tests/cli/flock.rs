@@ -514,17 +514,47 @@ fn a_path_to_a_file_or_directory_that_is_no_lock_is_refused_and_kept() {
     }
     let done = finish(&["run", n, "true"]);
     assert!(done.stderr.contains("not a lock"), "{}", done.stderr);
-    // The same file held by a flock(1) script that wrote its pid in it is
-    // a lock: leasehold waits for it.
-    if Path::new(FLOCK).exists() {
-        let script = "echo $$ > \"$1\"; echo started; while [ ! -e \"$2/go\" ]; do sleep 0.1; done";
-        let mut holder = Proc::spawn(Tool::Flock.cmd(&[n, "sh", "-c", script, "sh", n, &dir]));
-        holder.expect_line("started");
-        let busy = finish(&["run", "-n", n, "true"]);
-        assert_eq!(busy.code, Some(1), "{}", busy.stderr);
-        release(&dir, &mut holder);
-        assert!(notes.exists(), "kept");
+}
+
+#[test]
+fn a_file_of_data_that_flock_holds_is_refused_too_and_never_deleted() {
+    if !Path::new(FLOCK).exists() {
+        eprintln!("{FLOCK} not found");
+        return;
     }
+    // flock(1)'s own man page locks the script itself (`flock -en "$0"`):
+    // a file of data that flock(1) holds. Once flock(1) lets it go,
+    // leasehold must not take it for a stale lock and remove it.
+    let (tmp, dir, _) = scratch();
+    let script = tmp.path().join("backup.sh");
+    std::fs::write(&script, "#!/bin/sh\necho backing up\n").unwrap();
+    let s = script.to_str().unwrap();
+    let ran = format!("{dir}/ran");
+    let mut holder = Tool::Flock.holding(&[], s, &dir);
+    for args in [
+        &["run", "-w", "20", s, "touch", &ran][..],
+        &["run", "-n", s, "touch", &ran],
+    ] {
+        let mut waiter = Proc::spawn(leasehold(args));
+        std::thread::sleep(Duration::from_millis(300));
+        if waiter.running() {
+            std::fs::write(Path::new(&dir).join("go"), "").unwrap();
+        }
+        let status = waiter.wait();
+        let _ = std::fs::remove_file(Path::new(&dir).join("go"));
+        assert_eq!(status.code(), Some(2), "{args:?}");
+        assert!(!Path::new(&ran).exists(), "{args:?}: the command ran");
+        assert_eq!(
+            std::fs::read_to_string(&script).unwrap_or_default(),
+            "#!/bin/sh\necho backing up\n",
+            "{args:?}: the script was removed or changed"
+        );
+        if holder.running() {
+            continue;
+        }
+        holder = Tool::Flock.holding(&[], s, &dir);
+    }
+    release(&dir, &mut holder);
 }
 
 #[test]

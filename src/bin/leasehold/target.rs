@@ -68,11 +68,13 @@ impl Target {
 /// is unreadable, judge stale, and remove (a file) or empty (a directory,
 /// with the directory strategy): `leasehold run ~/notes.txt` must never
 /// delete the notes. A lock is: nothing yet; an empty file (flock(1)'s, or
-/// one a leasehold process is creating); a file whose `flock` someone
-/// holds; a file holding a lock record (a JSON object naming a holder);
-/// for the directory strategy, a directory holding `owner.json`. Anything
-/// else that is not a regular file or directory the library refuses
-/// itself, without touching it.
+/// one a leasehold process is creating); a file holding a lock record (a
+/// JSON object naming a holder); for the directory strategy, a directory
+/// holding `owner.json`. A file of data is refused even while someone
+/// holds its `flock`: flock(1)'s man page locks the script itself
+/// (`flock -en "$0"`), and once that `flock` is let go the library would
+/// remove the script as a stale lock. Anything else that is not a regular
+/// file or directory the library refuses itself, without touching it.
 pub(crate) fn check_lock_path(dir: &Path, file: &str, directories: bool) -> Result<(), String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
@@ -108,13 +110,11 @@ pub(crate) fn check_lock_path(dir: &Path, file: &str, directories: bool) -> Resu
         // Unreadable to us: the library's own checks decide.
         return Ok(());
     };
-    // Held: a live lock, flock(1)'s or leasehold's, whatever it holds.
-    if let Err(std::fs::TryLockError::WouldBlock) = file.try_lock_shared() {
-        return Ok(());
-    }
-    let _ = file.unlock();
-    // A leasehold holder rewrites its record in place: a read may catch it
-    // half-written, so look twice more before judging.
+    // Whether or not someone holds its `flock`: a `flock` says nothing of
+    // what the file is, and the library removes a file that holds no
+    // record once its `flock` is let go. A leasehold holder rewrites its
+    // record in place: a read may catch it half-written, so look twice
+    // more before judging.
     for attempt in 0..3 {
         let mut bytes = Vec::new();
         if (&file).take(64 * 1024).read_to_end(&mut bytes).is_err() {
@@ -209,9 +209,9 @@ mod tests {
             let refused = check_lock_path(dir, file, directories).unwrap_err();
             assert!(refused.contains("not a lock"), "{file}: {refused}");
         }
-        // A file someone holds is a lock, whatever it holds.
+        // A file of data someone holds (flock -en "$0") is no lock either.
         let held = std::fs::File::open(dir.join("notes")).unwrap();
         held.lock().unwrap();
-        assert_eq!(check_lock_path(dir, "notes", false), Ok(()));
+        assert!(check_lock_path(dir, "notes", false).is_err());
     }
 }
