@@ -447,10 +447,13 @@ struct RunArgs {
     )]
     shell_command: Option<OsString>,
     /// The command to run, and its arguments; `--` before it is needed only when CMD starts with `-`.
+    // Not required with --file either: clap then takes CMD's first word
+    // for NAME|PATH (`--file x -- true`), and `resolve` moves it back, or
+    // says that no command was given.
     #[arg(
         trailing_var_arg = true,
         value_name = "CMD",
-        required_unless_present = "shell_command"
+        required_unless_present_any = ["shell_command", "file"]
     )]
     command: Vec<OsString>,
 }

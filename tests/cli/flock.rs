@@ -428,6 +428,31 @@ fn a_crontab_switched_from_flock_takes_over_its_lock_file() {
 }
 
 #[test]
+fn file_takes_a_command_of_one_word() {
+    // The usage says `--file PATH (-- CMD [ARGS]... | -c STRING)`: a CMD
+    // of one word is the commonest case.
+    let tmp = tempfile::tempdir().unwrap();
+    for args in [
+        &["run", "--file", "job.lck", "--", "pwd"][..],
+        &["run", "-n", "--file", "job.lck", "--", "pwd"],
+        &["run", "--file", "job.lck", "pwd"],
+    ] {
+        let mut cmd = leasehold(args);
+        cmd.current_dir(tmp.path());
+        let done = finish_cmd(cmd);
+        assert_eq!(done.code, Some(0), "{args:?}: {}", done.stderr);
+        assert!(!done.stdout.is_empty(), "{args:?}: pwd did not run");
+    }
+    // No command at all is still a usage error.
+    let mut cmd = leasehold(&["run", "--file", "job.lck"]);
+    cmd.current_dir(tmp.path());
+    let done = finish_cmd(cmd);
+    assert_eq!(done.code, Some(2), "{}", done.stderr);
+    assert!(!done.stderr.is_empty());
+    assert!(!done.stderr.contains("panicked"), "{}", done.stderr);
+}
+
+#[test]
 fn a_path_in_a_missing_directory_is_an_error_and_creates_nothing() {
     let (tmp, dir, _) = scratch();
     let missing = format!("{dir}/nope/backup.lock");
