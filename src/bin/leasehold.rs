@@ -1377,6 +1377,14 @@ async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
         Ok(locker) => locker,
         Err(code) => return Ok(code),
     };
+    if let Target::Path { dir, file, .. } = &target {
+        // As `run` refuses it: not a stale lock that `clean` would remove.
+        let directories = matches!(opts.common.strategy, StrategyArg::Dir);
+        if let Err(refused) = target::check_lock_path(dir, file, directories) {
+            warn(&refused);
+            return Ok(EXIT_ERROR);
+        }
+    }
     let (name, shown) = (target.name(), target.shown());
     let path = locker.lock_path(name)?;
     let found = locker.inspect(name).await?;
@@ -1412,9 +1420,13 @@ async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
             _ => format!("lock {shown:?} is held (holders alive)\n"),
         },
         (None, Some(info)) => format!(
-            "lock {shown:?} is free; a stale lock remains ({}), which `leasehold clean` removes\n",
+            "lock {shown:?} is free; a stale lock remains ({}), which {}\n",
             info.stale_reason()
-                .map_or_else(|| "stale".to_owned(), |r| r.to_string())
+                .map_or_else(|| "stale".to_owned(), |r| r.to_string()),
+            match target {
+                Target::Name(_) => "`leasehold clean` removes",
+                Target::Path { .. } => "the next `leasehold run` of it takes over",
+            }
         ),
         (None, None) => format!("lock {shown:?} is free\n"),
     };
