@@ -42,7 +42,8 @@
 //! once it is a second old and nobody holds its `flock`; one that flock(1)
 //! holds is waited for. A PATH that holds anything else (a file of data
 //! held by flock(1) or not, such as a script that locks itself with
-//! `flock -en "$0"`; a directory without `owner.json`), which the library
+//! `flock -en "$0"`; a directory holding anything but a lock record in
+//! `owner.json`), which the library
 //! would judge a stale lock and remove, is refused with status 2 and left
 //! as it is. A name without `/` is a lock in the lock directory.
 //! Do not take one path with flock(1) and leasehold at the same time:

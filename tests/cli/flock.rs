@@ -583,6 +583,60 @@ fn a_file_of_data_that_flock_holds_is_refused_too_and_never_deleted() {
 }
 
 #[test]
+fn a_directory_with_an_owner_json_of_its_own_is_no_lock_and_is_kept() {
+    // --strategy dir: a project directory that happens to hold an
+    // owner.json (and more) is no lock directory; reclaimed as a stale
+    // lock it would be removed with everything in it.
+    let tmp = tempfile::tempdir().unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let ran = tmp.path().join("ran");
+    for (owner, other) in [
+        (r#"{"name":"my app","version":"1.0"}"#, Some("main.c")),
+        (r#"{"name":"my app","version":"1.0"}"#, None),
+        (r#"{"pid":1,"uuid":"x"}"#, Some("main.c")),
+    ] {
+        let proj = tmp.path().join("proj");
+        let _ = std::fs::remove_dir_all(&proj);
+        std::fs::create_dir(&proj).unwrap();
+        std::fs::write(proj.join("owner.json"), owner).unwrap();
+        if let Some(other) = other {
+            std::fs::write(proj.join(other), "int main;").unwrap();
+        }
+        for file in ["owner.json"].into_iter().chain(other) {
+            std::fs::File::options()
+                .write(true)
+                .open(proj.join(file))
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        let p = proj.to_str().unwrap();
+        for args in [
+            &[
+                "run",
+                "--strategy",
+                "dir",
+                "-w",
+                "3",
+                p,
+                "touch",
+                ran.to_str().unwrap(),
+            ][..],
+            &["holder", "--strategy", "dir", p],
+        ] {
+            let done = finish(args);
+            assert_eq!(done.code, Some(2), "{owner} {other:?} {args:?}: {}", done.stderr);
+            assert!(done.stderr.contains("not a lock"), "{args:?}: {}", done.stderr);
+            assert!(!ran.exists(), "{owner} {other:?}: the command ran");
+            assert_eq!(std::fs::read_to_string(proj.join("owner.json")).unwrap(), owner);
+            if let Some(other) = other {
+                assert!(proj.join(other).is_file(), "{owner}: {other} removed");
+            }
+        }
+    }
+}
+
+#[test]
 fn holder_of_a_path_to_a_file_of_data_says_it_is_no_lock() {
     // `run` refuses such a path; `holder` must not call it a stale lock
     // that `leasehold clean` removes (run in that directory, clean would).

@@ -70,15 +70,13 @@ impl Target {
 /// delete the notes. A lock is: nothing yet; an empty file (flock(1)'s, or
 /// one a leasehold process is creating); a file holding a lock record (a
 /// JSON object naming a holder); for the directory strategy, a directory
-/// holding `owner.json`. A file of data is refused even while someone
+/// holding a lock record in `owner.json` and nothing else (but, while it
+/// is renewed, `owner.json.next`). A file of data is refused even while someone
 /// holds its `flock`: flock(1)'s man page locks the script itself
 /// (`flock -en "$0"`), and once that `flock` is let go the library would
 /// remove the script as a stale lock. Anything else that is not a regular
 /// file or directory the library refuses itself, without touching it.
 pub(crate) fn check_lock_path(dir: &Path, file: &str, directories: bool) -> Result<(), String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-
     let path = dir.join(file);
     let Ok(meta) = std::fs::symlink_metadata(&path) else {
         return Ok(());
@@ -91,25 +89,62 @@ pub(crate) fn check_lock_path(dir: &Path, file: &str, directories: bool) -> Resu
         ))
     };
     if meta.is_dir() {
-        let record = std::fs::symlink_metadata(path.join("owner.json"));
-        return match (directories, record) {
-            (true, Ok(record)) if record.is_file() => Ok(()),
-            (true, _) => not_a_lock("is a directory without owner.json"),
+        if !directories {
             // The file strategy refuses a directory without touching it.
-            (false, _) => Ok(()),
+            return Ok(());
+        }
+        // A lock directory holds its record, `owner.json`, and, while it
+        // is renewed, `owner.json.next`: nothing else, which a reclaim
+        // would remove with it.
+        let Ok(entries) = std::fs::read_dir(&path) else {
+            // Unreadable to us: the library's own checks decide.
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if name != "owner.json" && name != "owner.json.next" {
+                return not_a_lock(&format!(
+                    "is a directory holding {:?}, not only owner.json",
+                    name.to_string_lossy()
+                ));
+            }
+        }
+        let record = path.join("owner.json");
+        return match std::fs::symlink_metadata(&record) {
+            Ok(meta) if meta.is_file() => match holds_data(&record, meta.len()) {
+                Some(len) => not_a_lock(&format!(
+                    "is a directory whose owner.json holds {len} bytes that are not a lock record"
+                )),
+                None => Ok(()),
+            },
+            _ => not_a_lock("is a directory without owner.json"),
         };
     }
-    if !meta.is_file() || meta.len() == 0 {
+    if !meta.is_file() {
         return Ok(());
     }
-    let opened = std::fs::OpenOptions::new()
+    match holds_data(&path, meta.len()) {
+        Some(len) => not_a_lock(&format!("holds {len} bytes that are not a lock record")),
+        None => Ok(()),
+    }
+}
+
+/// The size of the regular file at `path` (`len` bytes when looked at) if
+/// it holds something other than a lock record; `None` if it is empty,
+/// holds a record, or cannot be read by us (then the library's own checks
+/// decide).
+fn holds_data(path: &Path, len: u64) -> Option<u64> {
+    use std::io::{Read, Seek};
+    use std::os::unix::fs::OpenOptionsExt;
+
+    if len == 0 {
+        return None;
+    }
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits())
-        .open(&path);
-    let Ok(file) = opened else {
-        // Unreadable to us: the library's own checks decide.
-        return Ok(());
-    };
+        .open(path)
+        .ok()?;
     // Whether or not someone holds its `flock`: a `flock` says nothing of
     // what the file is, and the library removes a file that holds no
     // record once its `flock` is let go. A leasehold holder rewrites its
@@ -118,20 +153,19 @@ pub(crate) fn check_lock_path(dir: &Path, file: &str, directories: bool) -> Resu
     for attempt in 0..3 {
         let mut bytes = Vec::new();
         if (&file).take(64 * 1024).read_to_end(&mut bytes).is_err() {
-            return Ok(());
+            return None;
         }
         if bytes.is_empty() || is_lock_record(&bytes) {
-            return Ok(());
+            return None;
         }
         if attempt < 2 {
             std::thread::sleep(std::time::Duration::from_millis(50));
-            use std::io::Seek;
             if (&file).seek(std::io::SeekFrom::Start(0)).is_err() {
-                return Ok(());
+                return None;
             }
         }
     }
-    not_a_lock(&format!("holds {} bytes that are not a lock record", meta.len()))
+    Some(len)
 }
 
 /// A JSON object naming a holder, as every lock record does (leasehold's,
@@ -190,6 +224,11 @@ mod tests {
         std::fs::create_dir(dir.join("docs")).unwrap();
         std::fs::create_dir(dir.join("lockdir")).unwrap();
         write("lockdir/owner.json", r#"{"uuid":"x","pid":1}"#);
+        std::fs::create_dir(dir.join("project")).unwrap();
+        write("project/owner.json", r#"{"name":"app"}"#);
+        std::fs::create_dir(dir.join("fuller")).unwrap();
+        write("fuller/owner.json", r#"{"uuid":"x","pid":1}"#);
+        write("fuller/main.c", "int main;");
         for (file, directories) in [
             ("missing", false),
             ("empty", false),
@@ -205,6 +244,8 @@ mod tests {
             ("word", false),
             ("notes", true),
             ("docs", true),
+            ("project", true),
+            ("fuller", true),
         ] {
             let refused = check_lock_path(dir, file, directories).unwrap_err();
             assert!(refused.contains("not a lock"), "{file}: {refused}");
