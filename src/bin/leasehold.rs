@@ -154,7 +154,7 @@
 //! | 0 | `holder`: the lock is held; `list`, `clean`, `man`, `completions`: success | |
 //! | 1 | `run`: the lock was held (`-n`) or `-w` ran out (see `-E`); `holder`: the lock is free | the same |
 //! | 2 | bad usage (`--permits 0`, `-w 5x`, `--shared` with `--permits`, ...), or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) | 64 for bad usage |
-//! | 66 | the lock directory does not exist (`holder`, `list`, `clean` never create it), or a PATH's directory does not exist (`run`, `holder`); sysexits' `EX_NOINPUT` | the same, when it cannot open the lock file |
+//! | 66 | the lock directory does not exist (`holder`, `list`, `clean` never create it), or a PATH's directory does not exist or is a file (`run`, `holder`); sysexits' `EX_NOINPUT` | the same, when it cannot open the lock file |
 //! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) | no leases: never |
 //! | 78 | `run --shared` or `run --permits N`: NAME is held as another kind (a semaphore of another count, a semaphore when asked shared, or shared when asked for a permit); CMD never ran. sysexits' `EX_CONFIG`: the processes using NAME disagree on what it is | no semaphores: never |
 //! | 126, 127 | `run`: CMD could not be executed, or was not found (as a shell says) | 69 for both |
@@ -265,8 +265,9 @@ Exit status:
   2             bad usage (e.g. --permits 0, -w 5x, --shared with --permits), an
                 error from the lock library, or the watchdog could not be started
                 (then CMD never ran)
-  66            the lock's directory does not exist (a PATH's directory is never
-                created; as flock(1), which says it cannot open the lock file)
+  66            the lock's directory does not exist, or a PATH's is a file (a PATH's
+                directory is never created; as flock(1), which says it cannot
+                open the lock file)
   75            the lock was lost while CMD or its group ran: the group was sent
                 SIGTERM, then SIGKILL after --kill-after (or it had already exited
                 when the loss was found)
@@ -736,6 +737,21 @@ fn missing_directory(error: &leasehold::Error) -> Option<&Path> {
     }
 }
 
+/// For a lock given by its path whose directory is a file (or lies under
+/// one): what to say, with status [`EXIT_NO_DIRECTORY`], as flock(1)
+/// cannot open such a lock file either. A missing directory is left to
+/// [`missing_directory`].
+fn path_under_a_file(target: &Target) -> Option<String> {
+    let Target::Path { given, dir, .. } = target else {
+        return None;
+    };
+    let not_a_dir = match std::fs::metadata(dir) {
+        Ok(meta) => !meta.is_dir(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotADirectory,
+    };
+    not_a_dir.then(|| format!("cannot lock {given:?}: {} is not a directory", dir.display()))
+}
+
 /// Builds the `Locker` of a read-only command, or says that the directory
 /// does not exist (status [`EXIT_NO_DIRECTORY`]) instead of creating it.
 fn inspecting(
@@ -743,6 +759,10 @@ fn inspecting(
     target: Option<&Target>,
     read_only: bool,
 ) -> Result<Result<Locker, u8>, Failure> {
+    if let Some(refused) = target.and_then(path_under_a_file) {
+        warn(&refused);
+        return Ok(Err(EXIT_NO_DIRECTORY));
+    }
     let how = Build {
         read_only,
         ..Build::default()
@@ -819,6 +839,10 @@ async fn run(mut args: RunArgs) -> Result<u8, Failure> {
         }
     };
     become_subreaper()?;
+    if let Some(refused) = path_under_a_file(&target) {
+        warn(&refused);
+        return Ok(EXIT_NO_DIRECTORY);
+    }
     let how = Build {
         fencing: true,
         create: true,

@@ -476,6 +476,34 @@ fn a_path_in_a_missing_directory_is_an_error_and_creates_nothing() {
 }
 
 #[test]
+fn a_path_under_a_file_exits_66_as_flock() {
+    // flock(1): "cannot open lock file ...: Not a directory", status 66.
+    let (tmp, dir, _) = scratch();
+    std::fs::write(tmp.path().join("notes.txt"), "keep").unwrap();
+    let under = format!("{dir}/notes.txt/backup.lock");
+    for args in [
+        &["run", &under, "touch", "ran"][..],
+        &["run", "-n", &under, "-c", "touch ran"],
+        &["holder", &under],
+    ] {
+        let mut cmd = leasehold(args);
+        cmd.current_dir(&dir);
+        let done = finish_cmd(cmd);
+        assert_eq!(done.code, Some(66), "{args:?}: {}", done.stderr);
+        assert!(done.stderr.contains("not a directory"), "{}", done.stderr);
+        assert_eq!(done.stderr.lines().count(), 1, "{}", done.stderr);
+    }
+    assert!(!tmp.path().join("ran").exists(), "ran the command");
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("notes.txt")).unwrap(),
+        "keep"
+    );
+    if Path::new(FLOCK).exists() {
+        assert_eq!(Tool::Flock.finish(&[&under, "true"]).code, Some(66), "as flock");
+    }
+}
+
+#[test]
 fn a_symlink_at_the_path_is_never_followed() {
     let (tmp, dir, path) = scratch();
     let target = tmp.path().join("precious");
