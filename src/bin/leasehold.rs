@@ -38,7 +38,9 @@
 //! exist: it is never created; a world-writable directory must be sticky,
 //! as `/var/lock` and `/tmp` are). The file exists while the lock is
 //! held (flock(1)'s stays), and the fencing counter `backup.lock.fence`
-//! stays beside it. The empty file flock(1) leaves behind is taken over
+//! stays beside it; held shared or as a semaphore, its holders are listed
+//! in the directory `backup.lock.members` beside it, removed with the last
+//! of them. The empty file flock(1) leaves behind is taken over
 //! once it is a second old and nobody holds its `flock`; one that flock(1)
 //! holds is waited for. A PATH that holds anything else (a file of data
 //! held by flock(1) or not, such as a script that locks itself with
@@ -286,8 +288,10 @@ per-user default). An argument with a `/`, or --file PATH, is a lock file given 
 its path, as flock(1) takes it: exactly that file, in its directory, which must
 exist; --dir does not apply. leasehold creates the file when it takes the lock and
 removes it when it releases it, and keeps its fencing counter beside it
-(PATH.fence). An empty file that flock(1) left behind is taken over once it is a
-second old and nobody holds it; one that flock(1) holds is waited for. A PATH
+(PATH.fence); held shared or as a semaphore, it lists its holders in the directory
+PATH.members, removed with the last of them. An empty file that flock(1) left
+behind is taken over once it is a second old and nobody holds it; one that
+flock(1) holds is waited for. A PATH
 that holds anything else (a file of data, held by flock(1) or not; a directory that
 is no lock) is refused (status 2) and left as it is. Not taken from flock(1): its descriptor form (flock 9, in
 a script that opened the file itself), -u (unlock a descriptor) and -F (no fork:
