@@ -237,7 +237,6 @@ fn exit_status_and_environment_pass_through() {
     for args in [
         &["run", "", "--dir", d, "--", "true"][..],
         &["run", "job", "--dir", d, "--wait", "-1", "--", "true"],
-        &["run", "job", "--dir", d, "--wait", "1", "--no-wait", "--", "true"],
         &["run", "job", "--dir", d],
     ] {
         let done = finish(args);

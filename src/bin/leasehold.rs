@@ -421,9 +421,9 @@ struct RunArgs {
     #[command(flatten)]
     common: Common,
     /// Wait at most DURATION for the lock: seconds (fractions allowed) or e.g. 90s, 5m, 1h30m (as flock -w, --timeout) [default: forever]
-    #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
+    #[arg(short = 'w', long, visible_alias = "timeout", value_name = "DURATION", value_parser = parse_duration)]
     wait: Option<Duration>,
-    /// Give up at once if the lock is held (as flock -n, --nonblock).
+    /// Give up at once if the lock is held (as flock -n, --nonblock); with -w too, -n wins, as in flock(1).
     #[arg(short = 'n', long, visible_alias = "nonblock")]
     no_wait: bool,
     /// Exit status when the lock could not be taken (held with -n, or -w ran out).

@@ -139,6 +139,19 @@ fn a_held_lock_with_n_is_silent_and_exits_with_the_conflict_status_as_flock() {
         assert_silent(&busy, &format!("{tool:?} -n -E 7"));
         let long = tool.finish(&["--nonblock", "--conflict-exit-code", "0", &path, "true"]);
         assert_eq!(long.code, Some(0), "{tool:?}: {}", long.stderr);
+        // -n with -w (a crontab's `flock -n -w 10`): -n wins, at once.
+        for both in [&["-n", "-w", "10"][..], &["-w", "10", "-n"]] {
+            let mut args = both.to_vec();
+            args.extend_from_slice(&[&path, "true"]);
+            let started = Instant::now();
+            let busy = tool.finish(&args);
+            assert_eq!(busy.code, Some(1), "{tool:?} {both:?}: {}", busy.stderr);
+            assert_silent(&busy, &format!("{tool:?} {both:?}"));
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{tool:?} {both:?} waited"
+            );
+        }
         release(&dir, &mut holder);
         // Free again, and quiet on success too.
         let free = tool.finish(&["-n", &path, "true"]);
@@ -717,7 +730,6 @@ fn bad_paths_and_flags_are_usage_errors_never_panics() {
         &["run", "-w", "-1", &path, "touch", &ran],
         &["run", "-w", "5x", &path, "touch", &ran],
         &["run", "-w", "inf", &path, "touch", &ran],
-        &["run", "-w", "1", "-n", &path, "touch", &ran],
         &["run", "-E", "256", &path, "touch", &ran],
         &["run", "-E", "-1", &path, "touch", &ran],
         &["run", "--lease", "soon", &path, "touch", &ran],
