@@ -678,6 +678,35 @@ fn a_directory_with_an_owner_json_of_its_own_is_no_lock_and_is_kept() {
 }
 
 #[test]
+fn a_json_file_of_data_with_a_pid_or_uuid_is_no_lock_and_is_kept() {
+    // Locking the JSON file one updates is a flock(1) habit; a `uuid` or
+    // `pid` key alone does not make it a lock record to reclaim.
+    let tmp = tempfile::tempdir().unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let state = tmp.path().join("state.json");
+    let ran = tmp.path().join("ran");
+    for text in [
+        r#"{"uuid":"3f2a","name":"my vm","disks":[1,2]}"#,
+        r#"{"pid":4242,"port":8080}"#,
+        r#"{"holderId":"alice","items":[]}"#,
+    ] {
+        std::fs::write(&state, text).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&state)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let s = state.to_str().unwrap();
+        let done = finish(&["run", "-w", "3", s, "touch", ran.to_str().unwrap()]);
+        assert_eq!(done.code, Some(2), "{text}: {}", done.stderr);
+        assert!(done.stderr.contains("not a lock"), "{text}: {}", done.stderr);
+        assert!(!ran.exists(), "{text}: the command ran");
+        assert_eq!(std::fs::read_to_string(&state).unwrap_or_default(), text);
+    }
+}
+
+#[test]
 fn holder_of_a_path_to_a_file_of_data_says_it_is_no_lock() {
     // `run` refuses such a path; `holder` must not call it a stale lock
     // that `leasehold clean` removes (run in that directory, clean would).

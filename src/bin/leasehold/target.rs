@@ -168,15 +168,21 @@ fn holds_data(path: &Path, len: u64) -> Option<u64> {
     Some(len)
 }
 
-/// A JSON object naming a holder, as every lock record does (leasehold's,
-/// velocious's and pi-research's).
+/// A JSON object shaped as one of the three kinds of lock record:
+/// leasehold's (its `leasehold` version and an id), pi-research's (`uuid`,
+/// `pid`, `startTime`) or velocious's (`holderId`, `pid` and its lease
+/// times). A `uuid` or `pid` key alone is not enough: JSON files of data
+/// have them, and the library would reclaim such a file, that is remove it.
 fn is_lock_record(bytes: &[u8]) -> bool {
-    match serde_json::from_slice::<serde_json::Value>(bytes) {
-        Ok(serde_json::Value::Object(map)) => ["uuid", "pid", "holderId", "leasehold"]
-            .iter()
-            .any(|key| map.contains_key(*key)),
-        _ => false,
-    }
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return false;
+    };
+    let string = |key: &str| map.get(key).is_some_and(serde_json::Value::is_string);
+    let number = |key: &str| map.get(key).is_some_and(serde_json::Value::is_number);
+    let leasehold = number("leasehold") && (string("uuid") || string("holderId"));
+    let pi_research = string("uuid") && number("pid") && number("startTime");
+    let velocious = string("holderId") && number("pid") && (string("acquiredAt") || string("leaseExpiresAt"));
+    leasehold || pi_research || velocious
 }
 
 #[cfg(test)]
@@ -217,22 +223,28 @@ mod tests {
         let dir = tmp.path();
         let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
         write("empty", "");
-        write("record", r#"{"uuid":"x","pid":1}"#);
+        write("record", r#"{"uuid":"x","pid":1,"startTime":1}"#);
+        write(
+            "velocious",
+            r#"{"holderId":"h","pid":1,"hostname":"h","acquiredAt":"2026-01-01T00:00:00.000Z"}"#,
+        );
+        write("data.json", r#"{"uuid":"3f2a","name":"my vm","pid":7}"#);
         write("notes", "precious data\n");
         write("config.json", r#"{"theme":"dark"}"#);
         write("word", "hello");
         std::fs::create_dir(dir.join("docs")).unwrap();
         std::fs::create_dir(dir.join("lockdir")).unwrap();
-        write("lockdir/owner.json", r#"{"uuid":"x","pid":1}"#);
+        write("lockdir/owner.json", r#"{"uuid":"x","pid":1,"startTime":1}"#);
         std::fs::create_dir(dir.join("project")).unwrap();
         write("project/owner.json", r#"{"name":"app"}"#);
         std::fs::create_dir(dir.join("fuller")).unwrap();
-        write("fuller/owner.json", r#"{"uuid":"x","pid":1}"#);
+        write("fuller/owner.json", r#"{"uuid":"x","pid":1,"startTime":1}"#);
         write("fuller/main.c", "int main;");
         for (file, directories) in [
             ("missing", false),
             ("empty", false),
             ("record", false),
+            ("velocious", false),
             ("docs", false),
             ("lockdir", true),
         ] {
@@ -245,6 +257,7 @@ mod tests {
             ("notes", true),
             ("docs", true),
             ("project", true),
+            ("data.json", false),
             ("fuller", true),
         ] {
             let refused = check_lock_path(dir, file, directories).unwrap_err();
