@@ -494,25 +494,9 @@ fn still_waiting(name: &LockName, holder: Option<&Owner>, waited: Duration) {
         waited_secs = waited.as_secs_f64(),
         "still waiting for lock {:?}{} after {:.1?}",
         name.as_str(),
-        holder.map(holder_text).unwrap_or_default(),
+        crate::error::held_by(holder),
         waited,
     );
-}
-
-/// ` held by pid P on HOST since T`, as the record says.
-fn holder_text(owner: &Owner) -> String {
-    let mut text = String::from(", held by");
-    match owner.pid() {
-        Some(pid) => text.push_str(&format!(" pid {pid}")),
-        None => text.push_str(" a process of unknown pid"),
-    }
-    if let Some(host) = owner.hostname() {
-        text.push_str(&format!(" on {}", host.escape_debug()));
-    }
-    if let Some(since) = owner.acquired_at() {
-        text.push_str(&format!(" since {}", crate::record::format_time(since)));
-    }
-    text
 }
 
 /// Clears the queue's `last_seen` when dropped, if this head set it: the

@@ -269,7 +269,7 @@ impl Error {
 
 /// ` held by pid P on HOST since T`, as much of it as the record says;
 /// empty without a holder.
-fn held_by(holder: Option<&Owner>) -> String {
+pub(crate) fn held_by(holder: Option<&Owner>) -> String {
     let Some(owner) = holder else {
         return String::new();
     };
