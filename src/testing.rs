@@ -96,12 +96,16 @@ pub struct SerialGuard {
 /// # }
 /// ```
 pub async fn serial(name: &str) -> SerialGuard {
-    let locker = locker();
-    match locker.acquire_timeout(name, timeout()).await {
+    serialized(name, locker().acquire_timeout(name, timeout()).await)
+}
+
+/// The guard of a serial lock taken, or the panic of one not taken.
+fn serialized(name: &str, taken: crate::Result<LockGuard>) -> SerialGuard {
+    match taken {
         Ok(guard) => SerialGuard { _guard: guard },
         Err(timeout @ Error::Timeout { .. }) => panic!(
             "leasehold::testing::serial({name:?}): {timeout} (lock directory {})",
-            locker.directory().display()
+            locker().directory().display()
         ),
         Err(error) => panic!("leasehold::testing::serial({name:?}): {error}"),
     }
@@ -120,22 +124,13 @@ pub async fn serial(name: &str) -> SerialGuard {
 /// drop(guard);
 /// ```
 pub fn blocking_serial(name: &str) -> SerialGuard {
-    let run = |name: String| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("leasehold::testing::blocking_serial({name:?}): no runtime: {e}"));
-        // The guard outlives this runtime: leases are renewed on a thread
-        // of their own.
-        runtime.block_on(serial(&name))
-    };
+    let take = || serialized(name, locker().blocking_acquire_timeout(name, timeout()));
     if tokio::runtime::Handle::try_current().is_err() {
-        return run(name.to_owned());
+        return take();
     }
-    // Inside a runtime a second one cannot block this thread: use another.
-    let name = name.to_owned();
-    std::thread::scope(|s| s.spawn(|| run(name)).join())
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    // Inside a runtime the blocking API refuses to wait on this thread:
+    // wait on another.
+    std::thread::scope(|s| s.spawn(take).join()).unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 fn locker() -> &'static Locker {

@@ -10,6 +10,11 @@ use std::time::{Duration, Instant};
 
 use leasehold::{Error, Locker};
 
+// Only `child_process_of` is used here.
+#[allow(dead_code)]
+#[path = "support/reexec.rs"]
+mod reexec;
+
 /// In a child (see `run_child`), builds a Locker on the directory given
 /// and prints how that went.
 const CHILD_ENV: &str = "LEASEHOLD_FAIL_EARLY_DIR";
@@ -41,21 +46,8 @@ fn run_child(dir: &Path, wrap: &[&str], uid: Option<u32>) -> String {
 }
 
 fn run_child_exe(me: &Path, dir: &Path, wrap: &[&str], uid: Option<u32>) -> String {
-    let mut cmd = match wrap.split_first() {
-        Some((program, args)) => {
-            let mut cmd = Command::new(program);
-            cmd.args(args).arg(me);
-            cmd
-        }
-        None => Command::new(me),
-    };
-    cmd.args([
-        "child_process_entry",
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD_ENV, dir);
+    let mut cmd = reexec::child_process_of(me, wrap);
+    cmd.env(CHILD_ENV, dir);
     if let Some(uid) = uid {
         use std::os::unix::process::CommandExt;
         cmd.uid(uid).gid(uid);

@@ -13,6 +13,13 @@ pub fn child_process() -> Command {
 /// `unshare --time --fork`, which then execs the test binary.
 pub fn child_process_via(wrapper: &[&str]) -> Command {
     let exe = std::env::current_exe().expect("the test binary's path");
+    child_process_of(&exe, wrapper)
+}
+
+/// Like [`child_process_via`], for a copy of this test binary at `exe`
+/// (one another user may run, say).
+#[allow(dead_code)]
+pub fn child_process_of(exe: &std::path::Path, wrapper: &[&str]) -> Command {
     let mut command = match wrapper.split_first() {
         Some((program, args)) => {
             let mut command = Command::new(program);
