@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters, Wake};
-use crate::error::{Error, IoResultExt, Result};
+use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::renew::Renewable;
 use crate::stale::{self, Verdict};
@@ -117,16 +117,11 @@ impl Fs {
         counters: Arc<Counters>,
         waiters: Waiters,
     ) -> Result<Self> {
-        if !settings.create {
-            let path = settings.directory.clone().unwrap_or_else(dir::default_directory);
-            // A look, then an open that would create: a directory removed
-            // in between is made again, empty, which is all a race can do.
-            std::fs::metadata(&path).context("open lock directory", || &path)?;
-        }
+        let (allow_insecure, create) = (settings.allow_insecure, settings.create);
         let dir = match &settings.directory {
-            Some(path) => LockDir::open(path, settings.allow_insecure)?,
+            Some(path) => LockDir::open_with(path, allow_insecure, create)?,
             None => {
-                let dir = LockDir::open(&dir::default_directory(), settings.allow_insecure)?;
+                let dir = LockDir::open_with(&dir::default_directory(), allow_insecure, create)?;
                 check_private(&dir)?;
                 dir
             }

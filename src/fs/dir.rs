@@ -53,6 +53,12 @@ impl LockDir {
     /// Creates the directory (mode 0700) if needed, opens it and checks
     /// that it is safe to keep locks in.
     pub(crate) fn open(path: &Path, allow_insecure: bool) -> Result<Self> {
+        Self::open_with(path, allow_insecure, true)
+    }
+
+    /// [`open`](Self::open), creating a missing directory only if `create`;
+    /// otherwise a missing one is an [`Error::Io`] of kind `NotFound`.
+    pub(crate) fn open_with(path: &Path, allow_insecure: bool, create: bool) -> Result<Self> {
         let path = if path.is_absolute() {
             path.to_owned()
         } else {
@@ -60,10 +66,12 @@ impl LockDir {
                 .context("resolve the current directory for", || path)?
                 .join(path)
         };
-        match DirBuilder::new().recursive(true).mode(0o700).create(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e).context("create lock directory", || &path),
+        if create {
+            match DirBuilder::new().recursive(true).mode(0o700).create(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e).context("create lock directory", || &path),
+            }
         }
         let configured = path.clone();
         let path = path.canonicalize().context("resolve lock directory", || &path)?;
