@@ -744,6 +744,10 @@ async fn kinds_and_permit_counts_must_agree_on_a_server() {
         "the refused left no holder"
     );
     drop((p1, p2));
+    eventually(Duration::from_secs(3), "the permits are released", || async {
+        a.holders(&gpu).await.unwrap().is_empty()
+    })
+    .await;
 
     // Shared holders refuse semaphores.
     let r = a.acquire_shared(&gpu).await.unwrap();
@@ -755,7 +759,14 @@ async fn kinds_and_permit_counts_must_agree_on_a_server() {
         two_a.try_acquire().await,
         Err(Error::KindMismatch { .. })
     ));
+    // On a server, dropping a guard queues its unlock: wait until the name
+    // is free before a semaphore of another count may take it (until then
+    // the refusal is right: it is still held shared).
     drop(r);
+    eventually(Duration::from_secs(3), "the shared hold is released", || async {
+        a.holders(&gpu).await.unwrap().is_empty()
+    })
+    .await;
     // Free again: any kind may take it.
     let p = tokio::time::timeout(Duration::from_secs(3), three.acquire())
         .await
