@@ -43,7 +43,7 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 /// | [`wait_notice`](Self::wait_notice) | 5 s |
 /// | [`unreadable_grace`](Self::unreadable_grace) | 15 s |
 /// | [`foreign_lease`](Self::foreign_lease) | 120 s |
-/// | [`durable`](Self::durable) | `true` |
+/// | [`durable`](Self::durable) | `false` |
 /// | [`fencing`](Self::fencing) | `false` |
 /// | [`strategy`](Self::strategy) | [`Strategy::ExclusiveFile`] |
 /// | [`path_style`](Self::path_style) | [`PathStyle::Hashed`] |
@@ -106,7 +106,7 @@ impl Default for LockerBuilder {
             wait_notice: Some(DEFAULT_WAIT_NOTICE),
             grace: DEFAULT_GRACE,
             foreign_lease: Some(DEFAULT_FOREIGN_LEASE),
-            durable: true,
+            durable: false,
             fencing: false,
             strategy: Strategy::default(),
             path_style: PathStyle::default(),
@@ -335,19 +335,34 @@ impl LockerBuilder {
     }
 
     /// Whether to `fdatasync` each new owner record before the lock counts
-    /// as held (the default). Turning it off makes acquisition much cheaper
-    /// on real disks; what it costs is only after a power loss, where a
-    /// record that never reached the disk reads as unreadable and is
-    /// reclaimed after the grace period instead of at once.
+    /// as held (off by default).
+    ///
+    /// A lock record has one job across a machine crash: to be recognised
+    /// as stale afterwards. Without a sync, a power loss can leave a record
+    /// empty or torn; such a record whose last change predates the current
+    /// boot is taken over at once (after the reboot nobody can be writing
+    /// it), and one from a leasehold holder of an earlier boot is stale by
+    /// its boot id. So the sync buys nothing for mutual exclusion, and costs
+    /// a disk flush per acquisition: about 0.3 ms on a local ext4 disk,
+    /// milliseconds on a network filesystem, against tens of microseconds
+    /// for the whole acquisition without it.
+    ///
+    /// Turn it on where a record must survive a power loss intact, for
+    /// someone reading it afterwards (who held the lock when the machine
+    /// died). Where the boot time cannot be known (a time namespace that
+    /// shifts the boot clock), an empty or torn record is taken over after
+    /// the [grace period](Self::unreadable_grace) instead. Fencing counters
+    /// are synced either way ([`fencing`](Self::fencing)): tokens must grow
+    /// across crashes.
     ///
     /// # Examples
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
     /// let dir = tempfile::tempdir().unwrap();
-    /// let locker = leasehold::Locker::builder().directory(dir.path()).durable(false).build()?;
-    /// let guard = locker.acquire("scratch-build").await?; // no fdatasync
-    /// assert!(locker.is_held("scratch-build").await?);
+    /// let locker = leasehold::Locker::builder().directory(dir.path()).durable(true).build()?;
+    /// let guard = locker.acquire("nightly-report").await?; // record synced to disk
+    /// assert!(locker.is_held("nightly-report").await?);
     /// # drop(guard);
     /// # Ok(()) }
     /// ```
@@ -395,8 +410,9 @@ impl LockerBuilder {
     /// directory with fencing on, across crashes and restarts
     /// ([`LockGuard::fencing_token`](crate::LockGuard::fencing_token)). The counter is kept beside the lock
     /// in `<lock file>.fence`, advanced in blocks of 1,024 so in-process
-    /// handoffs do not touch the disk; it costs one more write (and, when
-    /// durable, two more syncs) per acquisition from the disk. Records from
+    /// handoffs do not touch the disk; it costs one more write and two syncs
+    /// (the counter and its directory, durable records or not: tokens must
+    /// grow across crashes) per acquisition from the disk. Records from
     /// processes without fencing, velocious's and pi-research's included, carry no token.
     ///
     /// # Examples

@@ -55,17 +55,14 @@ use crate::stats::Stats;
 ///
 /// An attempt to take a lock is a short batch of syscalls on the lock
 /// directory (create, flock, write; or open, read, judge, maybe reclaim).
-/// With durable records (the default) it ends in `fdatasync`, which can
-/// take milliseconds, so the whole attempt runs as **one** call on Tokio's
-/// blocking pool, as does any attempt that finds the lock taken (judging,
-/// reclaiming) or reserves fencing tokens. Only the uncontended case
-/// without fencing runs inline, and only when it cannot block: with
-/// [`durable(false)`](LockerBuilder::durable), or with a lock directory in
-/// memory (tmpfs, such as the default `/run/lock/leasehold-<uid>` on
-/// Debian and Ubuntu), where `fdatasync` returns at once. That is a create, a flock, a
-/// stat and a write, a few microseconds each, which saves the round trip
-/// to the pool and roughly halves the cost of an uncontended acquisition.
-/// Keep durable records on a slow or network filesystem.
+/// The uncontended case without fencing runs inline, on the task's own
+/// thread: a create, a flock, a stat and a write, a few microseconds each.
+/// Whatever can take longer runs as **one** call on Tokio's blocking
+/// pool: an attempt that finds the lock taken (judging, reclaiming), one
+/// that reserves fencing tokens (which syncs the counter), and, with
+/// [`durable(true)`](LockerBuilder::durable), one that syncs its record
+/// to a disk (a lock directory in memory, such as tmpfs, has nothing to
+/// sync, and stays inline).
 ///
 /// The runtime needs no driver: waits sleep on leasehold's own timer
 /// thread, not on Tokio's timers, so a runtime built without

@@ -179,6 +179,11 @@ pub(crate) trait Host {
     fn process_start(&self, pid: u64) -> Option<ProcStart>;
     fn clock_ticks(&self) -> Option<u64>;
     fn time_namespace_of(&self, pid: u64) -> Option<String>;
+    /// Whether `now - boot_clock` is when this kernel booted (no time
+    /// namespace shifts the boot clock). Fakes default to not knowing.
+    fn boot_clock_is_host_wide(&self) -> bool {
+        false
+    }
 }
 
 /// The real machine.
@@ -205,6 +210,9 @@ impl Host for System {
     }
     fn time_namespace_of(&self, pid: u64) -> Option<String> {
         sys::time_namespace_of(pid)
+    }
+    fn boot_clock_is_host_wide(&self) -> bool {
+        sys::boot_clock_is_host_wide()
     }
 }
 
@@ -261,18 +269,37 @@ pub(crate) fn judge(ev: &Evidence<'_>, rules: Rules, host: &dyn Host) -> Verdict
 }
 
 fn judge_unreadable(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verdict {
-    let age = host
-        .now()
-        .duration_since(changed_at(ev, host))
-        .unwrap_or(Duration::ZERO);
-    if age < grace {
+    let changed = changed_at(ev, host);
+    let before_boot = changed_before_boot(changed, host);
+    let age = host.now().duration_since(changed).unwrap_or(Duration::ZERO);
+    if age < grace && !before_boot {
         return Verdict::Live;
     }
+    let reason = match before_boot {
+        true => StaleReason::PreviousBoot,
+        false => StaleReason::Unreadable,
+    };
     match ev.flock_free {
         None => Verdict::NeedsFlockTest,
-        Some(true) => Verdict::Stale(StaleReason::Unreadable),
+        Some(true) => Verdict::Stale(reason),
         Some(false) => Verdict::Live,
     }
+}
+
+/// Whether a record last changed before this machine booted (by more than
+/// the clock skew margin): then nobody can be writing it now, and the
+/// grace period is moot. That is what makes records without a sync safe:
+/// a record cut short by a power loss is empty or torn, and is taken over
+/// right after the reboot instead of after the grace period. Unknown (so
+/// `false`) where the boot clock is shifted by a time namespace.
+fn changed_before_boot(changed: SystemTime, host: &dyn Host) -> bool {
+    if !host.boot_clock_is_host_wide() {
+        return false;
+    }
+    let since_boot = Duration::from_millis(host.boot_clock_ms()).saturating_add(CLOCK_SKEW);
+    host.now()
+        .checked_sub(since_boot)
+        .is_some_and(|boot| changed < boot)
 }
 
 /// When the record last changed, as far as that can be trusted: its

@@ -96,6 +96,15 @@ pub(crate) fn boot_clock_ms() -> u64 {
     imp::boot_clock_ms()
 }
 
+/// Whether [`boot_clock_ms`] counts from this kernel's boot: `false` in a
+/// time namespace that shifts the boot clock (CRIU, `unshare --time`),
+/// where "now minus the boot clock" is not when the machine booted, and
+/// wherever that cannot be told. Read once.
+pub(crate) fn boot_clock_is_host_wide() -> bool {
+    static HOST_WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HOST_WIDE.get_or_init(imp::boot_clock_is_host_wide)
+}
+
 /// Facts about the current process, read once.
 #[derive(Debug)]
 pub(crate) struct Identity {

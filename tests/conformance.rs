@@ -135,6 +135,41 @@ macro_rules! conformance {
                 }
             }
 
+            /// Records are not synced by default: a power loss leaves
+            /// them empty or torn. Written before this boot, nobody can
+            /// be writing them, so the grace period does not apply.
+            #[tokio::test]
+            async fn unreadable_records_from_before_the_boot_are_taken_over_at_once() {
+                let uptime: f64 = std::fs::read_to_string("/proc/uptime").unwrap()
+                    .split_whitespace().next().unwrap().parse().unwrap();
+                let before_boot = Duration::from_secs_f64(uptime) + Duration::from_secs(60);
+                for content in ["", "{\"pid\":12", "{\"uuid\":\"6a1f"] {
+                    let dir = tempfile::tempdir().unwrap();
+                    let locker = Locker::builder()
+                        .directory(dir.path())
+                        .strategy(STRATEGY)
+                        .unreadable_grace(Duration::from_secs(3600))
+                        .build()
+                        .unwrap();
+                    let path = locker.lock_path("job").unwrap();
+                    plant(STRATEGY, &path, content, before_boot);
+                    let info = locker.inspect("job").await.unwrap().expect("planted");
+                    assert_eq!(info.stale_reason(), Some(leasehold::StaleReason::PreviousBoot), "{content:?}");
+                    assert!(locker.try_acquire("job").await.unwrap().is_some(), "{content:?} kept after a reboot");
+                    // Written during this boot: the grace period applies.
+                    let dir = tempfile::tempdir().unwrap();
+                    let locker = Locker::builder()
+                        .directory(dir.path())
+                        .strategy(STRATEGY)
+                        .unreadable_grace(Duration::from_secs(3600))
+                        .build()
+                        .unwrap();
+                    let path = locker.lock_path("job").unwrap();
+                    plant(STRATEGY, &path, content, Duration::from_secs(20));
+                    assert!(locker.try_acquire("job").await.unwrap().is_none(), "{content:?} taken in grace");
+                }
+            }
+
             #[test]
             fn eight_reclaimers_of_one_stale_lock_have_exactly_one_winner() {
                 let dir = tempfile::tempdir().unwrap();

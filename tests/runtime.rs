@@ -13,6 +13,7 @@ fn locker(dir: &Path, strategy: Strategy, fencing: bool) -> Locker {
         .lease(Duration::from_secs(1))
         .renew_interval(Duration::from_millis(300))
         .fencing(fencing)
+        .durable(true)
         .build()
         .unwrap()
 }

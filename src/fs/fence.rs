@@ -25,7 +25,7 @@ const ROUNDS: usize = 4;
 /// The counter is only ever advanced under the directory's mutation lock
 /// by a process that has just checked that it holds the lock, so blocks
 /// are handed out in the order the lock was held. It is replaced by rename
-/// (and synced, when durable), so a crash never leaves it behind a token
+/// (and synced, durable records or not), so a crash never leaves it behind a token
 /// already handed out.
 pub(super) fn reserve(
     ctx: &Ctx,
@@ -64,13 +64,13 @@ pub(super) fn reserve(
         record_first(last + 1)?;
         drop(mutation);
         // No token of the block is handed out before the rename is on
-        // disk; a later block's sync covers this rename too.
-        if ctx.durable {
-            ctx.dir
-                .fd()
-                .sync_all()
-                .context("sync lock directory", || ctx.dir.path())?;
-        }
+        // disk; a later block's sync covers this rename too. Synced
+        // whether or not records are durable: tokens must grow across a
+        // crash, and this is paid once per 1,024 tokens.
+        ctx.dir
+            .fd()
+            .sync_all()
+            .context("sync lock directory", || ctx.dir.path())?;
         return Ok(Some(Tokens {
             next: last + 1,
             last: end,
@@ -117,7 +117,7 @@ fn read_fence(ctx: &Ctx, name: &LockName, fence: &str) -> Result<u64> {
 }
 
 /// The next value of a fencing counter, written to a temporary file of
-/// its own (and synced, when durable) until it is renamed over the counter;
+/// its own (and synced) until it is renamed over the counter;
 /// removed if dropped before.
 struct FenceTmp<'a> {
     ctx: &'a Ctx,
@@ -137,7 +137,7 @@ impl<'a> FenceTmp<'a> {
             armed: true,
         };
         file.write_all_at(format!("{value}\n").as_bytes(), 0)
-            .and_then(|()| if ctx.durable { file.sync_data() } else { Ok(()) })
+            .and_then(|()| file.sync_data())
             .context("write fencing counter", path)?;
         Ok(next)
     }

@@ -12,6 +12,8 @@ struct Fake {
     procs: HashMap<u64, Option<ProcStart>>,
     /// Time namespaces of pids, where not ours (`None`: unreadable).
     time_ns_of: HashMap<u64, Option<String>>,
+    /// Whether `now - boot_ms` is when the machine booted.
+    host_wide_boot: bool,
 }
 
 impl Host for Fake {
@@ -44,6 +46,9 @@ impl Host for Fake {
             Some(ns) => ns.clone(),
             None => self.me.time_ns.clone(),
         }
+    }
+    fn boot_clock_is_host_wide(&self) -> bool {
+        self.host_wide_boot
     }
 }
 
@@ -98,6 +103,7 @@ fn fake() -> Fake {
         },
         procs,
         time_ns_of: HashMap::new(),
+        host_wide_boot: false,
     }
 }
 

@@ -70,6 +70,24 @@ pub(super) fn boot_clock_ms() -> u64 {
         .unwrap_or(0)
 }
 
+pub(super) fn boot_clock_is_host_wide() -> bool {
+    match std::fs::read_to_string("/proc/self/timens_offsets") {
+        Ok(offsets) => boottime_offset_is_zero(&offsets),
+        // A kernel without time namespaces has one boot clock.
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// Reads `/proc/self/timens_offsets` (`boottime <secs> <nanos>` among
+/// its lines); anything unexpected counts as shifted.
+fn boottime_offset_is_zero(offsets: &str) -> bool {
+    offsets
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|fields| fields.first() == Some(&"boottime"))
+        .is_some_and(|fields| fields.len() == 3 && fields[1] == "0" && fields[2] == "0")
+}
+
 pub(super) fn boot_id() -> Option<String> {
     let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     Some(id.trim().to_owned()).filter(|id| !id.is_empty())
@@ -232,6 +250,19 @@ mod tests {
         assert_eq!(start_ticks(stat), Some(123_456));
         assert_eq!(start_ticks("garbage"), None);
         assert_eq!(start_ticks("1 (x) S 1"), None);
+    }
+
+    #[test]
+    fn only_an_unshifted_boot_clock_is_host_wide() {
+        assert!(boottime_offset_is_zero("monotonic 0 0\nboottime 0 0\n"));
+        assert!(boottime_offset_is_zero(
+            "monotonic           0         0\nboottime            0         0\n"
+        ));
+        assert!(!boottime_offset_is_zero("monotonic 0 0\nboottime -100 0\n"));
+        assert!(!boottime_offset_is_zero("monotonic 0 0\nboottime 0 5\n"));
+        assert!(!boottime_offset_is_zero("monotonic 0 0\n"));
+        assert!(!boottime_offset_is_zero("boottime 0"));
+        assert!(!boottime_offset_is_zero(""));
     }
 
     #[test]

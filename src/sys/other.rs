@@ -35,6 +35,10 @@ pub(super) fn boot_clock_ms() -> u64 {
         .unwrap_or(0)
 }
 
+pub(super) fn boot_clock_is_host_wide() -> bool {
+    false
+}
+
 pub(super) fn boot_id() -> Option<String> {
     None
 }

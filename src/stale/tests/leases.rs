@@ -34,6 +34,54 @@ fn unreadable_records_get_a_grace_period() {
     assert_eq!(judge(&ev, RULES, &fake()), Verdict::Live);
 }
 
+/// Records are not synced by default, so a power loss leaves empty or
+/// torn ones behind; written before this boot, nobody is writing them.
+#[test]
+fn unreadable_records_from_before_the_boot_get_no_grace_period() {
+    // The fake booted 50 s ago; a record changed 53 s ago predates it by
+    // more than the clock skew margin.
+    let mut host = fake();
+    host.host_wide_boot = true;
+    for torn in ["", "{\"uuid\":\"a1\",\"pi", "   "] {
+        let parsed = parse(torn.as_bytes());
+        let judged = |mtime_ms_ago, flock_free, host: &Fake| {
+            let ev = Evidence {
+                parsed: &parsed,
+                mtime: at(mtime_ms_ago),
+                flock_free,
+                known_for: Duration::ZERO,
+            };
+            judge(
+                &ev,
+                Rules {
+                    grace: Duration::from_secs(3600),
+                    ..RULES
+                },
+                host,
+            )
+        };
+        assert_eq!(judged(53_000, None, &host), Verdict::NeedsFlockTest, "{torn:?}");
+        assert_eq!(
+            judged(53_000, Some(true), &host),
+            Verdict::Stale(StaleReason::PreviousBoot),
+            "{torn:?}"
+        );
+        // A held flock still proves a writer, whatever the clocks say.
+        assert_eq!(judged(53_000, Some(false), &host), Verdict::Live, "{torn:?}");
+        // Within the skew margin of the boot, or after it: the grace
+        // period applies.
+        assert_eq!(judged(51_000, None, &host), Verdict::Live, "{torn:?}");
+        assert_eq!(judged(1_000, None, &host), Verdict::Live, "{torn:?}");
+        // Where the boot clock is shifted (a time namespace), when the
+        // machine booted is unknown: the grace period applies.
+        let shifted = Fake {
+            host_wide_boot: false,
+            ..fake()
+        };
+        assert_eq!(judged(53_000, None, &shifted), Verdict::Live, "{torn:?}");
+    }
+}
+
 #[test]
 fn leasehold_records_on_this_boot_are_judged_by_flock() {
     let rec = r#"{"uuid":"u","pid":424242,"leasehold":1,"bootId":"boot-a","timeNs":"time:[1]","leaseMs":30000,"renewedAtBoot":45000}"#;
