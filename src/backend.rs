@@ -273,6 +273,17 @@ pub(crate) trait BackendLock: Send {
     /// the whole truth (on a server, the answer; in a directory, also
     /// whether the directory was moved).
     fn release(self, confirm: bool) -> Result<Option<LossReason>>;
+
+    /// [`release`](Self::release), if that can be done at once without
+    /// waiting for anyone (to run on the runtime's thread); the lock back
+    /// otherwise.
+    fn release_now(self, confirm: bool) -> std::result::Result<Result<Option<LossReason>>, Self>
+    where
+        Self: Sized,
+    {
+        let _ = confirm;
+        Err(self)
+    }
 }
 
 #[cfg(test)]

@@ -264,6 +264,9 @@ pub(crate) struct OwnerFields {
     list: Vec<(String, FieldValue)>,
     /// `,"key":value` for each field, in order.
     json: String,
+    /// The fields as a reader of the record gets them back (sorted by key,
+    /// numbers as JSON reads them), for this process's own `Owner`s.
+    read_back: Vec<(String, FieldValue)>,
 }
 
 impl OwnerFields {
@@ -309,7 +312,20 @@ impl OwnerFields {
                 json.len()
             ));
         }
-        Ok(Some(Arc::new(OwnerFields { list, json })))
+        let read_back = match serde_json::from_str::<Value>(&format!("{{{}}}", &json[1..])) {
+            Ok(Value::Object(map)) => extra_fields(&map),
+            _ => Vec::new(),
+        };
+        Ok(Some(Arc::new(OwnerFields {
+            list,
+            json,
+            read_back,
+        })))
+    }
+
+    /// The fields as a reader of a record with them gets them back.
+    pub(crate) fn read_back(&self) -> &[(String, FieldValue)] {
+        &self.read_back
     }
 
     /// `,"key":value...`, to go before a record's closing brace.

@@ -490,7 +490,13 @@ impl LockGuard {
         }
         let _pass_on = PassOn(Arc::clone(&grant.queue), courtesy);
         let lost = hold.is_lost();
-        let released = blocking(move || hold.release(true)).await??;
+        // Inline when the directory lock is free this instant (almost
+        // always: it is held only for a few syscalls), as `Drop` does;
+        // on the blocking pool when that would mean waiting.
+        let released = match hold.release_now(true) {
+            Ok(released) => released?,
+            Err(hold) => blocking(move || hold.release(true)).await??,
+        };
         if lost {
             return Err(self.lease.lost_error());
         }

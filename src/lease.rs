@@ -77,7 +77,7 @@ impl Keeper {
         let lease = Arc::new(Lease {
             name: name.into(),
             mode,
-            owner: Owner::from_record(&held.record().parsed()),
+            owner: Owner::from_own(held.record()),
             deadline_ms: AtomicU64::new(lease_deadline_boot_ms(&held)),
             held: Mutex::new(Some(held)),
             lost: watch::Sender::new(None),
@@ -153,6 +153,37 @@ impl Hold {
         match self.lease.take_lock() {
             Some(held) => held.release(confirm),
             None => Ok(Some(self.lease.loss_reason())),
+        }
+    }
+
+    /// [`release`](Self::release), if that can be done at once without
+    /// waiting for another thread or process (on the runtime's thread);
+    /// the hold back otherwise, still renewed.
+    pub(crate) fn release_now(self, confirm: bool) -> std::result::Result<Result<Option<LossReason>>, Self> {
+        // The renewal thread keeps this while renewing, which may wait
+        // for the directory lock: never wait for it here.
+        let lease = Arc::clone(&self.lease);
+        let mut held = match lease.held.try_lock() {
+            Ok(held) => held,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err(self),
+        };
+        let Some(store_lock) = held.take() else {
+            drop(held);
+            *lock(&self.lease.registration) = None;
+            return Ok(Ok(Some(self.lease.loss_reason())));
+        };
+        match store_lock.release_now(confirm) {
+            Ok(released) => {
+                drop(held);
+                *lock(&self.lease.registration) = None;
+                Ok(released)
+            }
+            Err(store_lock) => {
+                *held = Some(store_lock);
+                drop(held);
+                Err(self)
+            }
         }
     }
 }

@@ -1,9 +1,9 @@
 //! The public view of a lock record.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::field::FieldValue;
-use crate::record::{Parsed, Record};
+use crate::record::{OwnRecord, Parsed, Record};
 use crate::stale::StaleReason;
 
 /// Who holds a lock, as its record says.
@@ -68,6 +68,28 @@ impl Owner {
             fencing_token: r.fencing_token,
             name: r.name.clone(),
             fields: r.fields.clone(),
+        }
+    }
+
+    /// The owner a reader of `r` would find, without writing and parsing
+    /// it: what a guard reports about its own lock.
+    pub(crate) fn from_own(r: &OwnRecord) -> Self {
+        Owner {
+            pid: Some(r.pid),
+            hostname: Some(r.hostname.clone()),
+            holder_id: Some(r.holder_id.clone()),
+            uuid: Some(r.uuid.clone()),
+            acquired_at: Some(to_millis(r.times.0)),
+            lease_expires_at: Some(to_millis(r.times.1)),
+            readable: true,
+            leasehold: true,
+            fencing_token: r.fencing_token,
+            name: Some(r.name.clone()),
+            fields: r
+                .fields
+                .as_ref()
+                .map(|f| f.read_back().to_vec())
+                .unwrap_or_default(),
         }
     }
 
@@ -601,5 +623,14 @@ impl LockInfo {
     /// ```
     pub fn stale_reason(&self) -> Option<StaleReason> {
         self.stale
+    }
+}
+
+/// `t` as a record keeps it: whole milliseconds (after 1970; earlier
+/// times, which `from_own` never sees, are kept as they are).
+fn to_millis(t: SystemTime) -> SystemTime {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(since) => UNIX_EPOCH + Duration::from_millis(u64::try_from(since.as_millis()).unwrap_or(u64::MAX)),
+        Err(_) => t,
     }
 }

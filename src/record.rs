@@ -246,6 +246,9 @@ pub(crate) struct OwnRecord {
     /// The `Locker`'s owner fields, written after the fields above.
     #[serde(skip)]
     pub(crate) fields: Option<Arc<OwnerFields>>,
+    /// The times `acquired_at` and `lease_expires_at` were formatted from.
+    #[serde(skip)]
+    pub(crate) times: (SystemTime, SystemTime),
 }
 
 /// Room left at the end of a record so a renewal that grows a number by a
@@ -263,6 +266,7 @@ impl OwnRecord {
     ) -> Self {
         let me = crate::sys::identity();
         let now = SystemTime::now();
+        let expires = now + lease;
         OwnRecord {
             uuid: acquisition_id(),
             pid: me.pid,
@@ -270,7 +274,7 @@ impl OwnRecord {
             holder_id: holder_id.to_owned(),
             hostname: me.hostname.clone(),
             acquired_at: format_time(now),
-            lease_expires_at: format_time(now + lease),
+            lease_expires_at: format_time(expires),
             lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
             leasehold: FORMAT_VERSION,
             boot_id: me.boot_id.clone(),
@@ -285,6 +289,7 @@ impl OwnRecord {
             permits: None,
             group: None,
             fields: fields.cloned(),
+            times: (now, expires),
         }
     }
 
@@ -311,11 +316,14 @@ impl OwnRecord {
 
     /// Updates the lease fields for a renewal at `now` / `boot_ms`.
     pub(crate) fn renew(&mut self, now: SystemTime, boot_ms: u64) {
-        self.lease_expires_at = format_time(now + Duration::from_millis(self.lease_ms));
+        let expires = now + Duration::from_millis(self.lease_ms);
+        self.lease_expires_at = format_time(expires);
+        self.times.1 = expires;
         self.renewed_at_boot = boot_ms;
     }
 
     /// The record as a reader would parse it.
+    #[cfg(test)]
     pub(crate) fn parsed(&self) -> Record {
         match parse(&self.to_bytes(0)) {
             Parsed::Record(r) => *r,
@@ -401,6 +409,34 @@ mod tests {
         assert_eq!(parse(&[0xff, 0xfe]), Parsed::Unreadable);
     }
 
+    /// A guard's own `Owner` is made from its record without writing and
+    /// parsing it; it must be what any reader of the record gets.
+    #[test]
+    fn an_own_owner_is_what_a_reader_of_the_record_gets() {
+        use crate::Owner;
+        use crate::field::OwnerFields;
+        let name = crate::name::LockName::new("jobs/nightly", crate::PathStyle::Hashed).unwrap();
+        let lease = Duration::from_millis(30_123);
+        let fields = OwnerFields::new(&[
+            ("port".to_owned(), 8080u16.into()),
+            ("host".to_owned(), "db-1".into()),
+            ("ratio".to_owned(), 0.5f64.into()),
+            ("neg".to_owned(), (-3i64).into()),
+            ("big".to_owned(), u64::MAX.into()),
+            ("ok".to_owned(), true.into()),
+            ("a\"quote".to_owned(), "x\ny".into()),
+        ])
+        .unwrap();
+        for fields in [None, fields.as_ref()] {
+            let mut rec = OwnRecord::new("holder-7", fields, lease, &name);
+            assert_eq!(Owner::from_own(&rec), Owner::from_record(&rec.parsed()));
+            rec.fencing_token = Some(42);
+            rec.mode = Some("shared");
+            rec.renew(SystemTime::now() + Duration::from_secs(7), 123);
+            assert_eq!(Owner::from_own(&rec), Owner::from_record(&rec.parsed()));
+        }
+    }
+
     #[test]
     fn own_record_keeps_its_length_across_renewals() {
         let now = SystemTime::now();
@@ -426,6 +462,7 @@ mod tests {
             permits: Some(3),
             group: Some("g".into()),
             fields: crate::field::OwnerFields::new(&[("port".to_owned(), 8080u16.into())]).unwrap(),
+            times: (now, now),
         };
         let first = rec.to_bytes(0);
         rec.renew(now + Duration::from_secs(3600), 99_999);

@@ -184,4 +184,12 @@ impl BackendLock for StoreLock {
             StoreLock::Postgres(lock) => lock.release(confirm),
         }
     }
+
+    fn release_now(self, confirm: bool) -> std::result::Result<Result<Option<LossReason>>, Self> {
+        match self {
+            StoreLock::Fs(lock) => lock.release_now(confirm).map_err(StoreLock::Fs),
+            #[cfg(feature = "postgres")]
+            pg @ StoreLock::Postgres(_) => Err(pg),
+        }
+    }
 }

@@ -165,3 +165,67 @@ async fn a_release_past_the_window_with_a_waiter_reports_success() {
             .unwrap();
     }
 }
+
+/// `release().await` runs inline when the directory lock is free (the
+/// usual case), and on the blocking pool when another process holds it:
+/// never waiting on the runtime's only thread, and, cancelled there, the
+/// release still completes.
+#[tokio::test(flavor = "current_thread")]
+async fn a_release_behind_a_busy_directory_lock_waits_off_the_runtime() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    for cancel in [false, true] {
+        let guard = locker.acquire("busy").await.unwrap();
+        let path = locker.lock_path("busy").unwrap();
+        // Another open file description: excludes this process's own
+        // directory lock as another process's would.
+        let other = std::fs::File::open(dir.path()).unwrap();
+        other.lock().unwrap();
+        let ticks = Arc::new(AtomicU64::new(0));
+        let ticker = {
+            let ticks = Arc::clone(&ticks);
+            tokio::spawn(async move {
+                loop {
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        };
+        let unlocker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            other.unlock().unwrap();
+        });
+        let mut release = Box::pin(guard.release());
+        if cancel {
+            assert!(
+                poll_once(&mut release).await.is_pending(),
+                "waits for the directory lock"
+            );
+            drop(release);
+        } else {
+            tokio::time::timeout(Duration::from_secs(10), release)
+                .await
+                .expect("released once the directory lock was free")
+                .unwrap();
+        }
+        let seen = ticks.load(Ordering::Relaxed);
+        unlocker.join().unwrap();
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while path.exists() {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "cancel {cancel}: never released"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        ticker.abort();
+        if !cancel {
+            assert!(
+                seen >= 10,
+                "the runtime ran only {seen} ticks while the release waited"
+            );
+        }
+    }
+}

@@ -172,6 +172,13 @@ impl LockDir {
         self.lock_within(MUTATION_PATIENCE)
     }
 
+    /// As [`mutation_lock`](Self::mutation_lock), but `None` at once
+    /// when another thread or process holds it: for callers on the
+    /// runtime's thread, which must not wait.
+    pub(crate) fn mutation_lock_now(&self) -> Result<Option<MutationLock<'_>>> {
+        self.lock_within(Duration::ZERO)
+    }
+
     /// As [`mutation_lock`](Self::mutation_lock), waiting at most
     /// `patience` (for callers with a deadline of their own).
     pub(crate) fn mutation_lock_within(&self, patience: Duration) -> Result<MutationLock<'_>> {
@@ -357,8 +364,16 @@ impl Turnstile {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        lock(&self.0.line).taken = false;
-        self.0.moved.notify_all();
+        let mut line = lock(&self.0.line);
+        line.taken = false;
+        // Waiters join the line under its mutex before they sleep, so an
+        // empty line has nobody to wake (and the uncontended path saves
+        // a futex call).
+        let anyone = !line.waiting.is_empty();
+        drop(line);
+        if anyone {
+            self.0.moved.notify_all();
+        }
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::context::Ctx;
+use super::dir::MutationLock;
 use super::group::Member;
 use super::layout::Strategy;
 use super::{directory, fence, file};
@@ -113,7 +114,11 @@ impl Whole {
 
     /// Removes the lock if the path still names it; `false` if it did not.
     fn remove(&self) -> Result<bool> {
-        let mutation = self.ctx.dir.mutation_lock()?;
+        self.remove_under(self.ctx.dir.mutation_lock()?)
+    }
+
+    /// [`remove`](Self::remove), under the directory's mutation lock.
+    fn remove_under(&self, mutation: MutationLock<'_>) -> Result<bool> {
         let ours = self.ctx.names(&self.name, self.dev, self.ino)?;
         match &self.node {
             Node::File { .. } if ours => file::unlink(&self.ctx, &self.name),
@@ -161,6 +166,13 @@ impl BackendLock for FsLock {
         match self {
             FsLock::Whole(lock) => lock.release(confirm),
             FsLock::Member(member) => member.release(confirm),
+        }
+    }
+
+    fn release_now(self, confirm: bool) -> std::result::Result<Result<Option<LossReason>>, Self> {
+        match self {
+            FsLock::Whole(lock) => lock.release_now(confirm).map_err(FsLock::Whole),
+            member @ FsLock::Member(_) => Err(member),
         }
     }
 }
@@ -222,6 +234,20 @@ impl Whole {
         self.armed = false;
         let released = self.remove()?;
         Ok(moved.or((!released).then_some(LossReason::Replaced)))
+    }
+
+    /// [`release`](Self::release) if the directory lock is free this
+    /// instant; the lock back otherwise (and on failing to tell).
+    fn release_now(mut self, confirm: bool) -> std::result::Result<Result<Option<LossReason>>, Self> {
+        let ctx = Arc::clone(&self.ctx);
+        let Ok(Some(mutation)) = ctx.dir.mutation_lock_now() else {
+            return Err(self);
+        };
+        let moved = if confirm { ctx.dir_moved() } else { None };
+        self.armed = false;
+        Ok(self
+            .remove_under(mutation)
+            .map(|released| moved.or((!released).then_some(LossReason::Replaced))))
     }
 }
 
