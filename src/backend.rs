@@ -277,12 +277,30 @@ pub(crate) trait BackendLock: Send {
     /// [`release`](Self::release), if that can be done at once without
     /// waiting for anyone (to run on the runtime's thread); the lock back
     /// otherwise.
-    fn release_now(self, confirm: bool) -> std::result::Result<Result<Option<LossReason>>, Self>
+    fn release_now(self, confirm: bool) -> ReleaseNow<Self>
     where
         Self: Sized,
     {
         let _ = confirm;
-        Err(self)
+        ReleaseNow::Busy(self)
+    }
+}
+
+/// What [`BackendLock::release_now`] did.
+#[derive(Debug)]
+pub(crate) enum ReleaseNow<T> {
+    /// Released, as [`BackendLock::release`] says.
+    Done(Result<Option<LossReason>>),
+    /// Releasing would have meant waiting: the lock, still held.
+    Busy(T),
+}
+
+impl<T> ReleaseNow<T> {
+    pub(crate) fn map_busy<U>(self, f: impl FnOnce(T) -> U) -> ReleaseNow<U> {
+        match self {
+            ReleaseNow::Done(done) => ReleaseNow::Done(done),
+            ReleaseNow::Busy(busy) => ReleaseNow::Busy(f(busy)),
+        }
     }
 }
 

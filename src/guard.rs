@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::backend::Mode;
+use crate::backend::{Mode, ReleaseNow};
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Hold, Lease};
 use crate::owner::Owner;
@@ -494,8 +494,8 @@ impl LockGuard {
         // always: it is held only for a few syscalls), as `Drop` does;
         // on the blocking pool when that would mean waiting.
         let released = match hold.release_now(true) {
-            Ok(released) => released?,
-            Err(hold) => blocking(move || hold.release(true)).await??,
+            ReleaseNow::Done(released) => released?,
+            ReleaseNow::Busy(hold) => blocking(move || hold.release(true)).await??,
         };
         if lost {
             return Err(self.lease.lost_error());

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::backend::{BackendLock, Kept, Mode, Renewal, Tokens};
+use crate::backend::{BackendLock, Kept, Mode, ReleaseNow, Renewal, Tokens};
 use crate::error::{Error, LossReason, Result};
 use crate::owner::Owner;
 use crate::renew::{Registration, Renewable, Renewer, Step};
@@ -159,30 +159,30 @@ impl Hold {
     /// [`release`](Self::release), if that can be done at once without
     /// waiting for another thread or process (on the runtime's thread);
     /// the hold back otherwise, still renewed.
-    pub(crate) fn release_now(self, confirm: bool) -> std::result::Result<Result<Option<LossReason>>, Self> {
+    pub(crate) fn release_now(self, confirm: bool) -> ReleaseNow<Self> {
         // The renewal thread keeps this while renewing, which may wait
         // for the directory lock: never wait for it here.
         let lease = Arc::clone(&self.lease);
         let mut held = match lease.held.try_lock() {
             Ok(held) => held,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return Err(self),
+            Err(std::sync::TryLockError::WouldBlock) => return ReleaseNow::Busy(self),
         };
         let Some(store_lock) = held.take() else {
             drop(held);
             *lock(&self.lease.registration) = None;
-            return Ok(Ok(Some(self.lease.loss_reason())));
+            return ReleaseNow::Done(Ok(Some(self.lease.loss_reason())));
         };
         match store_lock.release_now(confirm) {
-            Ok(released) => {
+            ReleaseNow::Done(released) => {
                 drop(held);
                 *lock(&self.lease.registration) = None;
-                Ok(released)
+                ReleaseNow::Done(released)
             }
-            Err(store_lock) => {
+            ReleaseNow::Busy(store_lock) => {
                 *held = Some(store_lock);
                 drop(held);
-                Err(self)
+                ReleaseNow::Busy(self)
             }
         }
     }

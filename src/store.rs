@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::{Arm, Attempt, Backend, BackendLock, Inspection, Kept, Mode, Renewal, Tokens};
+use crate::backend::{
+    Arm, Attempt, Backend, BackendLock, Inspection, Kept, Mode, ReleaseNow, Renewal, Tokens,
+};
 use crate::error::{LossReason, Result};
 use crate::fs::{Fs, FsLock};
 use crate::name::LockName;
@@ -185,11 +187,11 @@ impl BackendLock for StoreLock {
         }
     }
 
-    fn release_now(self, confirm: bool) -> std::result::Result<Result<Option<LossReason>>, Self> {
+    fn release_now(self, confirm: bool) -> ReleaseNow<Self> {
         match self {
-            StoreLock::Fs(lock) => lock.release_now(confirm).map_err(StoreLock::Fs),
+            StoreLock::Fs(lock) => lock.release_now(confirm).map_busy(StoreLock::Fs),
             #[cfg(feature = "postgres")]
-            pg @ StoreLock::Postgres(_) => Err(pg),
+            pg @ StoreLock::Postgres(_) => ReleaseNow::Busy(pg),
         }
     }
 }

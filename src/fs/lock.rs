@@ -10,7 +10,7 @@ use super::dir::MutationLock;
 use super::group::Member;
 use super::layout::Strategy;
 use super::{directory, fence, file};
-use crate::backend::{BackendLock, Renewal, Tokens};
+use crate::backend::{BackendLock, ReleaseNow, Renewal, Tokens};
 use crate::error::{LossReason, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
@@ -169,10 +169,10 @@ impl BackendLock for FsLock {
         }
     }
 
-    fn release_now(self, confirm: bool) -> std::result::Result<Result<Option<LossReason>>, Self> {
+    fn release_now(self, confirm: bool) -> ReleaseNow<Self> {
         match self {
-            FsLock::Whole(lock) => lock.release_now(confirm).map_err(FsLock::Whole),
-            member @ FsLock::Member(_) => Err(member),
+            FsLock::Whole(lock) => lock.release_now(confirm).map_busy(FsLock::Whole),
+            member @ FsLock::Member(_) => ReleaseNow::Busy(member),
         }
     }
 }
@@ -238,16 +238,17 @@ impl Whole {
 
     /// [`release`](Self::release) if the directory lock is free this
     /// instant; the lock back otherwise (and on failing to tell).
-    fn release_now(mut self, confirm: bool) -> std::result::Result<Result<Option<LossReason>>, Self> {
+    fn release_now(mut self, confirm: bool) -> ReleaseNow<Self> {
         let ctx = Arc::clone(&self.ctx);
         let Ok(Some(mutation)) = ctx.dir.mutation_lock_now() else {
-            return Err(self);
+            return ReleaseNow::Busy(self);
         };
         let moved = if confirm { ctx.dir_moved() } else { None };
         self.armed = false;
-        Ok(self
-            .remove_under(mutation)
-            .map(|released| moved.or((!released).then_some(LossReason::Replaced))))
+        ReleaseNow::Done(
+            self.remove_under(mutation)
+                .map(|released| moved.or((!released).then_some(LossReason::Replaced))),
+        )
     }
 }
 
