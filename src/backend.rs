@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
@@ -203,6 +203,20 @@ pub(crate) trait Backend {
     ) -> Result<Option<K>> {
         let _ = (name, mode, arm);
         Ok(None)
+    }
+
+    /// How long a waiter for `name` should keep off the lock before its
+    /// next attempt, to let a process that has waited longer go first
+    /// (see `fs/line.rs`); `None`: try now. Must not block.
+    fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration> {
+        let _ = (name, mode);
+        None
+    }
+
+    /// An acquisition of `name` that waited stopped waiting, with or
+    /// without the lock. Must not block.
+    fn stopped_waiting(&self, name: &LockName) {
+        let _ = name;
     }
 
     /// Whether a new shared acquisition may join the shared hold this

@@ -337,18 +337,31 @@ impl Engine {
         // the lock at once, and a timeout queued behind it must not name a
         // holder from this wait.
         let mut published = LastSeen { queue, set: false };
+        // Out of the line of other processes' waiters however this ends.
+        let _in_line = InLine {
+            store: &self.store,
+            name,
+        };
         loop {
             // Armed before the attempt, so an event during it is not lost.
             let changed = queue.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let recheck_at = match self.attempt(name, mode, deadline).await? {
-                Attempt::Acquired(hold) => return Ok((hold, waited)),
-                Attempt::Busy {
+            // A process that has waited longer goes first (a bounded
+            // pause: never a reason not to try at all).
+            let stand_back = self.store.stand_back(name, mode);
+            let attempt = match stand_back {
+                Some(_) => None,
+                None => Some(self.attempt(name, mode, deadline).await?),
+            };
+            let recheck_at = match attempt {
+                None => None,
+                Some(Attempt::Acquired(hold)) => return Ok((hold, waited)),
+                Some(Attempt::Busy {
                     owner,
                     recheck_at,
                     sharers,
-                } => {
+                }) => {
                     if sharers && mode == Mode::Exclusive && announced.is_none() {
                         announced = self.announce(name).await?;
                     }
@@ -400,6 +413,9 @@ impl Engine {
             }
             if let Some(at) = notice_at {
                 wake = wake.min(at);
+            }
+            if let Some(back) = stand_back {
+                wake = wake.min(later(now, back));
             }
             if let Some(deadline) = deadline {
                 if now >= deadline {
@@ -511,6 +527,19 @@ impl Drop for LastSeen<'_> {
         if self.set {
             *lock_ignoring_poison(&self.queue.last_seen) = None;
         }
+    }
+}
+
+/// Leaves the line of other processes' waiters for a name (see
+/// [`Backend::stand_back`]) when a wait on the disk ends, however it ends.
+struct InLine<'a> {
+    store: &'a Store,
+    name: &'a LockName,
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.store.stopped_waiting(self.name);
     }
 }
 

@@ -19,6 +19,7 @@ mod found;
 mod group;
 mod layout;
 mod leftover;
+mod line;
 mod lock;
 mod syscall;
 mod wake;
@@ -140,6 +141,7 @@ impl Fs {
             counters,
             first_seen: Default::default(),
             last_sweep_ms: Default::default(),
+            lines: Default::default(),
         };
         leftover::sweep(&ctx);
         Ok(Fs {
@@ -213,6 +215,9 @@ impl Fs {
                 _ => {
                     leftover::sweep(ctx);
                     let sharers = group::marker(&found.parsed).is_some();
+                    if mode == Mode::Exclusive && ctx.strategy == Strategy::ExclusiveFile && !sharers {
+                        ctx.lines.wait_on(name.file_name(), found.node());
+                    }
                     // A marker's lease says nothing: its holders' deaths
                     // are events in the members directory.
                     let recheck_at = match sharers {
@@ -382,6 +387,16 @@ impl Backend for Fs {
     /// is judged, and removed, by the store's join).
     fn may_join_locally(&self, name: &LockName) -> bool {
         !group::announced(&self.ctx, name)
+    }
+
+    fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration> {
+        let line = mode == Mode::Exclusive && self.ctx.strategy == Strategy::ExclusiveFile;
+        line.then(|| self.ctx.lines.stand_back(name.file_name()))
+            .flatten()
+    }
+
+    fn stopped_waiting(&self, name: &LockName) {
+        self.ctx.lines.stopped_waiting(name.file_name());
     }
 
     fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {

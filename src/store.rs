@@ -81,6 +81,22 @@ impl Backend for Store {
         }
     }
 
+    fn stand_back(&self, name: &LockName, mode: Mode) -> Option<std::time::Duration> {
+        match self {
+            Store::Fs(fs) => fs.stand_back(name, mode),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => pg.stand_back(name, mode),
+        }
+    }
+
+    fn stopped_waiting(&self, name: &LockName) {
+        match self {
+            Store::Fs(fs) => fs.stopped_waiting(name),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => pg.stopped_waiting(name),
+        }
+    }
+
     fn may_join_locally(&self, name: &LockName) -> bool {
         match self {
             Store::Fs(fs) => fs.may_join_locally(name),

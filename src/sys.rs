@@ -96,6 +96,11 @@ pub(crate) fn boot_clock_ms() -> u64 {
     imp::boot_clock_ms()
 }
 
+/// [`boot_clock_ms`] in microseconds.
+pub(crate) fn boot_clock_us() -> u64 {
+    imp::boot_clock_us()
+}
+
 /// Whether [`boot_clock_ms`] counts from this kernel's boot: `false` in a
 /// time namespace that shifts the boot clock (CRIU, `unshare --time`),
 /// where "now minus the boot clock" is not when the machine booted, and

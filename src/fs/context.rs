@@ -35,6 +35,8 @@ pub(crate) struct Ctx {
     pub(crate) first_seen: Mutex<HashMap<(u64, u64), u64>>,
     /// The boot-clock millisecond of the last leftover sweep; 0: never.
     pub(crate) last_sweep_ms: AtomicU64,
+    /// This `Locker`'s places in the lines of other processes' waiters.
+    pub(crate) lines: super::line::Lines,
 }
 
 impl Ctx {

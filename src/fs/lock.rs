@@ -94,6 +94,7 @@ impl Whole {
         if let Node::File { file, record_len } = &mut lock.node {
             let path = || ctx.path_of(name.file_name());
             *record_len = file::write(file, 0, &lock.record, ctx.durable, path)?;
+            ctx.lines.acquired(name.file_name());
         }
         Ok(Some(lock))
     }
@@ -121,7 +122,10 @@ impl Whole {
     fn remove_under(&self, mutation: MutationLock<'_>) -> Result<bool> {
         let ours = self.ctx.names(&self.name, self.dev, self.ino)?;
         match &self.node {
-            Node::File { .. } if ours => file::unlink(&self.ctx, &self.name),
+            Node::File { file, .. } if ours => {
+                self.ctx.lines.releasing(self.name.file_name(), file);
+                file::unlink(&self.ctx, &self.name)
+            }
             Node::File { .. } => Ok(false),
             Node::Dir { dir, .. } if ours => directory::retire(&self.ctx, &self.name, dir, mutation),
             Node::Dir { dir, .. } => {

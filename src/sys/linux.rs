@@ -60,12 +60,16 @@ pub(super) fn time_namespace_of(pid: u64) -> Option<String> {
 }
 
 pub(super) fn boot_clock_ms() -> u64 {
+    boot_clock_us() / 1000
+}
+
+pub(super) fn boot_clock_us() -> u64 {
     clock_gettime(ClockId::CLOCK_BOOTTIME)
         .or_else(|_| clock_gettime(ClockId::CLOCK_MONOTONIC))
         .map(|t| {
             let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
             let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
-            secs.saturating_mul(1000).saturating_add(nanos / 1_000_000)
+            secs.saturating_mul(1_000_000).saturating_add(nanos / 1000)
         })
         .unwrap_or(0)
 }

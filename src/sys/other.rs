@@ -35,6 +35,10 @@ pub(super) fn boot_clock_ms() -> u64 {
         .unwrap_or(0)
 }
 
+pub(super) fn boot_clock_us() -> u64 {
+    boot_clock_ms().saturating_mul(1000)
+}
+
 pub(super) fn boot_clock_is_host_wide() -> bool {
     false
 }
