@@ -84,6 +84,8 @@ pub(crate) struct Fs {
 struct Events {
     waiters: Waiters,
     signers: group::Signers,
+    /// For the line: a waiter standing back for an older one is not woken.
+    ctx: Arc<Ctx>,
 }
 
 impl Wake for Events {
@@ -95,6 +97,12 @@ impl Wake for Events {
             }
             None => key,
         };
+        // Standing back for an older waiter: its own timer brings it back,
+        // and the older one takes this release (a herd of woken runtimes
+        // would only slow the holders down).
+        if self.ctx.lines.behind(self.ctx.dir.fd(), lock) {
+            return;
+        }
         if let Some(waiters) = self.waiters.upgrade() {
             waiters.changed(lock);
         }
@@ -144,12 +152,14 @@ impl Fs {
             lines: Default::default(),
         };
         leftover::sweep(&ctx);
+        let ctx = Arc::new(ctx);
         Ok(Fs {
-            ctx: Arc::new(ctx),
+            ctx: Arc::clone(&ctx),
             watcher: Watcher::default(),
             events: Arc::new(Events {
                 waiters,
                 signers: group::Signers::default(),
+                ctx,
             }),
         })
     }
@@ -215,8 +225,8 @@ impl Fs {
                 _ => {
                     leftover::sweep(ctx);
                     let sharers = group::marker(&found.parsed).is_some();
-                    if mode == Mode::Exclusive && ctx.strategy == Strategy::ExclusiveFile && !sharers {
-                        ctx.lines.wait_on(name.file_name(), found.node());
+                    if mode == Mode::Exclusive && !sharers {
+                        ctx.lines.wait_on(ctx.dir.fd(), name.file_name());
                     }
                     // A marker's lease says nothing: its holders' deaths
                     // are events in the members directory.
@@ -390,13 +400,19 @@ impl Backend for Fs {
     }
 
     fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration> {
-        let line = mode == Mode::Exclusive && self.ctx.strategy == Strategy::ExclusiveFile;
-        line.then(|| self.ctx.lines.stand_back(name.file_name()))
+        let ctx = &self.ctx;
+        (mode == Mode::Exclusive)
+            .then(|| {
+                ctx.lines
+                    .stand_back(ctx.dir.fd(), name.file_name(), || ctx.path_taken(name))
+            })
             .flatten()
     }
 
     fn stopped_waiting(&self, name: &LockName) {
-        self.ctx.lines.stopped_waiting(name.file_name());
+        self.ctx
+            .lines
+            .stopped_waiting(self.ctx.dir.fd(), name.file_name());
     }
 
     fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {

@@ -9,35 +9,38 @@
 //!
 //! The line fixes the order without writing anything to the directory:
 //!
-//! - **Waiters stand in line on the lock file.** A process that finds the
-//!   lock held takes an OFD read lock (`fcntl(F_OFD_SETLK)`, which is
+//! - **Waiters stand in line on the lock directory.** A process that finds
+//!   the lock held takes an OFD read lock (`fcntl(F_OFD_SETLK)`, which is
 //!   independent of `flock` and of every lock other programs take) on one
-//!   byte of the holder's lock file, at an offset equal to its *ticket*:
-//!   the boot-clock microsecond at which it began to wait. The kernel drops
-//!   it when the waiter closes the file, stops waiting or dies.
+//!   byte of the lock directory: in the name's region of the byte range
+//!   (`REGION` bytes, picked by a hash of the lock's file name), at the
+//!   offset of its *ticket*, the boot-clock time at which it began to wait.
+//!   The kernel drops the byte when the waiter stops waiting or dies.
 //! - **The oldest waiter goes first.** Woken by a release, a waiter asks
-//!   the kernel (`F_OFD_GETLK`) whether anyone holds a byte below its own
-//!   ticket on the file it stands on. If so, it stands back for
-//!   [`STAND_BACK`] and lets the older waiter create the lock first; then it
-//!   tries all the same, so a waiter that is slow or frozen delays the
-//!   others by that much at most, and never blocks them.
+//!   the kernel (`F_OFD_GETLK`) whether anyone holds a byte of the region
+//!   below its own ticket. If so, it stands back and lets the older waiter
+//!   take the lock first. It looks at the lock every [`STAND_BACK`]: while
+//!   the lock is taken the line is moving; found free twice in a row, the
+//!   older waiters are not taking it (frozen, say), and it tries all the
+//!   same. So a frozen waiter delays the others by about that much per
+//!   handoff, and never blocks them.
 //! - **A holder lets waiters in.** Releasing, the holder asks the kernel
-//!   whether anyone stands in line on its file. If someone does and its
-//!   turn has lasted [`TURN`] or longer, it stands back for [`STAND_BACK`]
-//!   before taking the lock again, and then joins the line at its end.
-//!   Within a turn it may take the lock again at once, which keeps the
+//!   whether anyone stands in the name's region. If someone does and its
+//!   turn has lasted [`TURN`] or [`TURN_ACQUISITIONS`], its next attempt stands in line
+//!   behind them, with a ticket from the moment of the release (so a
+//!   `Locker` that does not ask again leaves nothing in line). Within a
+//!   turn it may take the lock again at once, which keeps most of the
 //!   throughput of back-to-back acquisitions.
 //!
-//! The line decides only *when* a process tries to create the lock file,
-//! never whether a creation or reclaim is safe: every rule of exclusion
-//! stands as it was, and a line in disarray (a waiter frozen, a ticket from
-//! another time namespace, a platform without OFD locks) costs fairness,
-//! never exclusion. Only the exclusive lock of the exclusive-file layout
-//! has a line; `try_acquire` never stands back.
+//! The line decides only *when* a process tries to take the lock, never
+//! whether a creation or reclaim is safe: every rule of exclusion stands as
+//! it was, and a line in disarray (a frozen waiter, two names whose regions
+//! collide, tickets from another time namespace, a platform without OFD
+//! locks) costs fairness, never exclusion. Shared locks and semaphores have
+//! no line; `try_acquire` never stands back.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -46,10 +49,14 @@ use crate::sys;
 /// How long a waiter lets an older one go first, and a holder whose turn
 /// is over keeps off the lock it released: several times what a woken
 /// waiter takes to create the lock, so that it is rarely cut short.
-pub(crate) const STAND_BACK: Duration = Duration::from_millis(2);
+pub(crate) const STAND_BACK: Duration = Duration::from_millis(10);
 
-/// How long a holder may keep taking the lock again while others wait.
-pub(crate) const TURN: Duration = Duration::from_millis(2);
+/// How long a holder may keep taking the lock again while others wait...
+pub(crate) const TURN: Duration = Duration::from_millis(10);
+
+/// ...and how many times: turns of equal length in acquisitions keep the
+/// counts even when some processes get less of the CPU than others.
+pub(crate) const TURN_ACQUISITIONS: u32 = 32;
 
 /// The line's state of each name this `Locker` waits for or holds in turn.
 #[derive(Debug, Default)]
@@ -59,110 +66,206 @@ pub(crate) struct Lines {
 
 #[derive(Debug, Default)]
 struct Place {
-    /// The ticket this `Locker` waits with, and the lock file it stands
-    /// on (holding the byte at the ticket).
-    waiting: Option<(u64, File)>,
+    /// The offset of the byte this `Locker` holds while it waits: its
+    /// ticket, in the name's region.
+    waiting: Option<u64>,
     /// Standing back for an older waiter until then (boot-clock µs).
     standing_back_until: Option<u64>,
-    /// Keeping off after a turn that ended with waiters in line, until
-    /// then (boot-clock µs).
-    yielding_until: Option<u64>,
-    /// When the current turn began (boot-clock µs).
+    /// The lock was found free when standing back last ended.
+    seen_free: bool,
+    /// The ticket to stand in line with at the next attempt, taken when a
+    /// turn ended with others in line: behind them.
+    rejoin: Option<u64>,
+    /// When the current turn began (boot-clock µs), and how many
+    /// acquisitions it has had.
     turn_since: Option<u64>,
+    turn_count: u32,
+    /// How many acquisitions this turn may have: [`TURN_ACQUISITIONS`],
+    /// plus what the last turn fell short of (cut short by a holder that
+    /// came back too late, say), so the counts even out over turns.
+    turn_budget: u32,
+    /// The turn mark this `Locker` holds, released mid-turn: the byte
+    /// whose offset says until when the line should leave the lock to it.
+    turn_mark: Option<u64>,
+    /// When this `Locker` last released the lock with others in line.
+    released_at: Option<u64>,
+    /// Whether it came back for the lock within [`HOLD_ON`] last time:
+    /// only then is a turn mark worth the line's wait.
+    comes_back: bool,
 }
 
+/// Bytes per name. Its lower half holds the waiters' tickets, its upper
+/// half the holders' turn marks; both are boot-clock times in units of
+/// 16 µs, modulo `HALF` (which wraps after about 100 days of uptime, and
+/// then costs one moment of disorder).
+const REGION: u64 = 1 << 40;
+const HALF: u64 = REGION / 2;
+
+/// How long a holder in the middle of its turn asks the line to leave the
+/// lock it released to it: long enough for a loop to come back for it,
+/// short enough that a holder that does not come back costs little.
+pub(crate) const HOLD_ON: Duration = Duration::from_micros(300);
+
+/// Regions: the top of the byte range a lock can name (`off_t` is signed).
+const REGIONS: u64 = 1 << 22;
+
 impl Lines {
-    /// Stands in line on `file`, the lock file of `name` found held.
-    pub(crate) fn wait_on(&self, name: &str, file: &File) {
+    /// Stands in line for `name` in `dir`, unless already in line.
+    pub(crate) fn wait_on(&self, dir: &File, name: &str) {
         let mut places = self.places();
         let place = places.entry(name.into()).or_default();
-        let now = now_us();
-        let ticket = place.waiting.as_ref().map_or(now, |(ticket, _)| *ticket);
-        if let Some((_, standing_on)) = &place.waiting
-            && same_file(standing_on, file)
-        {
+        if place.waiting.is_some() {
             return;
         }
-        // A new lock file: stand on it with the same ticket (the old one's
-        // byte goes when its descriptor closes).
-        place.waiting = file
-            .try_clone()
-            .ok()
-            .filter(|copy| take_byte(copy, ticket))
-            .map(|copy| (ticket, copy));
+        let ticket = region(name) + ticket_now();
+        if take_byte(dir, ticket) {
+            place.waiting = Some(ticket);
+        }
     }
 
-    /// How long to keep off the free lock `name` before trying it: `None`
-    /// to try now.
-    pub(crate) fn stand_back(&self, name: &str) -> Option<Duration> {
+    /// How long to keep off the lock `name` before trying it: `None` to
+    /// try now. `taken` says whether the lock path is taken right now.
+    ///
+    /// While an older waiter stands in line, this stands back; every
+    /// [`STAND_BACK`] it looks at the lock: taken, the line is moving
+    /// (keep standing back); free twice, a quarter of that apart, the older
+    /// waiters are not taking it (frozen, or gone without leaving): go.
+    pub(crate) fn stand_back(&self, dir: &File, name: &str, taken: impl Fn() -> bool) -> Option<Duration> {
         let mut places = self.places();
         let place = places.get_mut(name)?;
         let now = now_us();
-        if let Some(until) = place.yielding_until {
-            if now < until {
-                return Some(Duration::from_micros(until - now));
-            }
-            place.yielding_until = None;
+        if let Some(released) = place.released_at.take() {
+            place.comes_back = now.saturating_sub(released) < duration_us(HOLD_ON) / 2;
         }
-        let Some((ticket, standing_on)) = &place.waiting else {
-            return None;
-        };
-        if !older_waiter(standing_on, *ticket) {
+        if let Some(ticket) = place.rejoin.take()
+            && place.waiting.is_none()
+            && take_byte(dir, ticket)
+        {
+            place.waiting = Some(ticket);
+        }
+        // A holder in the middle of its turn comes back for the lock.
+        let start = region(name);
+        if let Some(mark) = first_held(dir, start + HALF + units_now(), start + REGION) {
+            let until_us = (mark - start - HALF).saturating_mul(16);
+            let left = until_us.saturating_sub(now_us() % (HALF * 16));
+            return Some(Duration::from_micros(left.clamp(16, duration_us(HOLD_ON))));
+        }
+        let ticket = place.waiting?;
+        if !conflict(dir, start, ticket - start) {
             place.standing_back_until = None;
+            place.seen_free = false;
             return None;
         }
         let until = *place
             .standing_back_until
             .get_or_insert(now.saturating_add(duration_us(STAND_BACK)));
-        (now < until).then(|| Duration::from_micros(until - now))
+        if now < until {
+            return Some(Duration::from_micros(until - now));
+        }
+        let (again, seen_free) = match (taken(), place.seen_free) {
+            (true, _) => (STAND_BACK, false),
+            (false, false) => (STAND_BACK / 4, true),
+            (false, true) => {
+                place.standing_back_until = None;
+                place.seen_free = false;
+                return None;
+            }
+        };
+        place.seen_free = seen_free;
+        place.standing_back_until = Some(now.saturating_add(duration_us(again)));
+        Some(again)
     }
 
     /// `name` is ours: leave the line, and start a turn if none is on.
-    pub(crate) fn acquired(&self, name: &str) {
+    pub(crate) fn acquired(&self, dir: &File, name: &str) {
         let mut places = self.places();
         if places.is_empty() {
             return;
         }
         if let Some(place) = places.get_mut(name) {
-            place.waiting = None;
-            place.standing_back_until = None;
-            place.yielding_until = None;
+            // Taken after waiting in line: a new turn.
+            if place.waiting.is_some() || place.rejoin.is_some() {
+                let short = place.turn_budget.saturating_sub(place.turn_count);
+                place.turn_budget = TURN_ACQUISITIONS + short.min(3 * TURN_ACQUISITIONS);
+                place.turn_since = None;
+                place.turn_count = 0;
+            }
+            leave(dir, place);
+            if let Some(mark) = place.turn_mark.take() {
+                drop_byte(dir, mark);
+            }
+            place.rejoin = None;
             place.turn_since.get_or_insert_with(now_us);
+            place.turn_count = place.turn_count.saturating_add(1);
         }
     }
 
     /// The acquisition of `name` stopped waiting without the lock (timed
-    /// out, cancelled, failed): leave the line.
-    pub(crate) fn stopped_waiting(&self, name: &str) {
+    /// out, cancelled, failed), or with it: leave the line.
+    pub(crate) fn stopped_waiting(&self, dir: &File, name: &str) {
         let mut places = self.places();
         if let Some(place) = places.get_mut(name) {
-            place.waiting = None;
-            place.standing_back_until = None;
-            if place.turn_since.is_none() && place.yielding_until.is_none() {
+            leave(dir, place);
+            place.rejoin = None;
+            if place.turn_since.is_none() {
                 places.remove(name);
             }
         }
     }
 
-    /// `name` is being released through `file`, its lock file: if others
-    /// stand in line and this turn has lasted long enough, keep off the
-    /// lock for a while. Costs one `fcntl` when nobody waits.
-    pub(crate) fn releasing(&self, name: &str, file: &File) {
-        let waiters = anyone_waiting(file);
+    /// `name` is being released: if others stand in line and this turn
+    /// has lasted long enough, the next attempt of this `Locker` stands in
+    /// line behind them. Costs one `fcntl` when nobody waits.
+    pub(crate) fn releasing(&self, dir: &File, name: &str) {
+        let start = region(name);
+        let waiters = conflict(dir, start, HALF);
         let mut places = self.places();
         if !waiters {
             // The turn ends with nobody in line.
-            if !places.is_empty() {
-                places.remove(name);
+            if !places.is_empty()
+                && let Some(mut place) = places.remove(name)
+                && let Some(mark) = place.turn_mark.take()
+            {
+                drop_byte(dir, mark);
             }
             return;
         }
         let now = now_us();
         let place = places.entry(name.into()).or_default();
+        place.released_at = Some(now);
+        if let Some(mark) = place.turn_mark.take() {
+            drop_byte(dir, mark);
+        }
         let since = *place.turn_since.get_or_insert(now);
-        if now.saturating_sub(since) >= duration_us(TURN) {
+        let budget = place.turn_budget.max(TURN_ACQUISITIONS);
+        if now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= budget {
             place.turn_since = None;
-            place.yielding_until = Some(now.saturating_add(duration_us(STAND_BACK)));
+            place.turn_count = 0;
+            place.rejoin = Some(start + ticket_now());
+        } else if place.comes_back {
+            // Mid-turn, and we came back at once last time: ask the line
+            // to leave the lock to us for a moment.
+            let until = (now.saturating_add(duration_us(HOLD_ON)) >> 4) % HALF;
+            let mark = start + HALF + until;
+            if take_byte(dir, mark) {
+                place.turn_mark = Some(mark);
+            }
+        }
+    }
+
+    /// Whether this `Locker` stands back for an older waiter for `name`
+    /// right now: then a release of the lock is not its business.
+    pub(crate) fn behind(&self, dir: &File, name: &str) -> bool {
+        let places = self.places();
+        let Some(place) = places.get(name) else {
+            return false;
+        };
+        match (place.waiting, place.standing_back_until) {
+            (Some(ticket), Some(until)) => {
+                let start = region(name);
+                now_us() < until && conflict(dir, start, ticket - start)
+            }
+            _ => false,
         }
     }
 
@@ -172,19 +275,40 @@ impl Lines {
     }
 }
 
+/// Gives up the byte a place holds in line, if any.
+fn leave(dir: &File, place: &mut Place) {
+    if let Some(ticket) = place.waiting.take() {
+        drop_byte(dir, ticket);
+    }
+    place.standing_back_until = None;
+    place.seen_free = false;
+}
+
+/// The first byte of the region of the lock file `name`: FNV-1a, the same
+/// in every process and build.
+fn region(name: &str) -> u64 {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash % REGIONS) * REGION
+}
+
+/// A ticket taken now: never 0, so that "below my ticket" is a range.
+fn ticket_now() -> u64 {
+    units_now().max(1)
+}
+
+/// The boot clock now, in the units of tickets and turn marks.
+fn units_now() -> u64 {
+    (now_us() >> 4) % HALF
+}
+
 fn now_us() -> u64 {
     sys::boot_clock_us()
 }
 
 fn duration_us(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-fn same_file(a: &File, b: &File) -> bool {
-    match (a.metadata(), b.metadata()) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    }
 }
 
 #[cfg(target_os = "linux")]
@@ -199,101 +323,135 @@ fn range(kind: i32, start: u64, len: u64) -> Option<nix::libc::flock> {
     })
 }
 
-/// Holds the byte at `ticket` of `file` (a read lock, so any number of
-/// waiters can share a ticket).
+/// Holds the byte at `at` of `dir` (a read lock, so that waiters sharing a
+/// ticket do not exclude each other).
 #[cfg(target_os = "linux")]
-fn take_byte(file: &File, ticket: u64) -> bool {
+fn take_byte(dir: &File, at: u64) -> bool {
+    set(dir, nix::libc::F_RDLCK, at)
+}
+
+#[cfg(target_os = "linux")]
+fn drop_byte(dir: &File, at: u64) {
+    set(dir, nix::libc::F_UNLCK, at);
+}
+
+#[cfg(target_os = "linux")]
+fn set(dir: &File, kind: i32, at: u64) -> bool {
     use nix::fcntl::{FcntlArg, fcntl};
-    range(nix::libc::F_RDLCK, ticket, 1).is_some_and(|lock| fcntl(file, FcntlArg::F_OFD_SETLK(&lock)).is_ok())
+    range(kind, at, 1).is_some_and(|lock| fcntl(dir, FcntlArg::F_OFD_SETLK(&lock)).is_ok())
 }
 
-/// Whether another open file description holds a byte of `file` below
-/// `ticket`: a waiter older than us.
-#[cfg(target_os = "linux")]
-fn older_waiter(file: &File, ticket: u64) -> bool {
-    ticket > 0 && conflict(file, 0, ticket)
+/// Whether another open file description holds a byte of `dir` in
+/// `[start, start + len)`.
+fn conflict(dir: &File, start: u64, len: u64) -> bool {
+    first_held(dir, start, start.saturating_add(len)).is_some()
 }
 
-/// Whether anyone else stands in line on `file`.
+/// A byte of `dir` in `[start, end)` that another open file description
+/// holds (the kernel reports one), if any.
 #[cfg(target_os = "linux")]
-fn anyone_waiting(file: &File) -> bool {
-    // Length 0: to the end of any file.
-    conflict(file, 0, 0)
-}
-
-#[cfg(target_os = "linux")]
-fn conflict(file: &File, start: u64, len: u64) -> bool {
+fn first_held(dir: &File, start: u64, end: u64) -> Option<u64> {
     use nix::fcntl::{FcntlArg, fcntl};
-    let Some(mut lock) = range(nix::libc::F_WRLCK, start, len) else {
-        return false;
-    };
-    fcntl(file, FcntlArg::F_OFD_GETLK(&mut lock)).is_ok() && i32::from(lock.l_type) != nix::libc::F_UNLCK
+    if end <= start {
+        return None;
+    }
+    let mut lock = range(nix::libc::F_WRLCK, start, end - start)?;
+    fcntl(dir, FcntlArg::F_OFD_GETLK(&mut lock)).ok()?;
+    if i32::from(lock.l_type) == nix::libc::F_UNLCK {
+        return None;
+    }
+    u64::try_from(lock.l_start).ok()
 }
 
 #[cfg(not(target_os = "linux"))]
-fn take_byte(_file: &File, _ticket: u64) -> bool {
+fn take_byte(_dir: &File, _at: u64) -> bool {
     false
 }
 
 #[cfg(not(target_os = "linux"))]
-fn older_waiter(_file: &File, _ticket: u64) -> bool {
-    false
-}
+fn drop_byte(_dir: &File, _at: u64) {}
 
 #[cfg(not(target_os = "linux"))]
-fn anyone_waiting(_file: &File) -> bool {
-    false
+fn first_held(_dir: &File, _start: u64, _end: u64) -> Option<u64> {
+    None
 }
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
-    /// A lock file, and a way to open it as another process would: OFD
-    /// locks belong to an open file description, which a `dup` shares.
-    struct LockFile(tempfile::TempDir);
+    /// A lock directory, opened as another `Locker` would: OFD locks
+    /// belong to an open file description, which a `dup` shares.
+    struct Dir(tempfile::TempDir);
 
-    impl LockFile {
+    impl Dir {
         fn new() -> Self {
-            let dir = tempfile::tempdir().unwrap();
-            std::fs::write(dir.path().join("x.lock"), b"{}").unwrap();
-            LockFile(dir)
+            Dir(tempfile::tempdir().unwrap())
         }
 
         fn open(&self) -> File {
-            File::open(self.0.path().join("x.lock")).unwrap()
+            File::open(self.0.path()).unwrap()
         }
+    }
+
+    fn anyone_waiting(dir: &File, name: &str) -> bool {
+        conflict(dir, region(name), HALF)
     }
 
     #[test]
     fn the_oldest_waiter_goes_first_and_the_others_stand_back_for_a_while() {
-        let file = LockFile::new();
-        let holder = file.open();
+        let dir = Dir::new();
+        let (holder, a, b) = (dir.open(), dir.open(), dir.open());
         let (older, younger) = (Lines::default(), Lines::default());
-        older.wait_on("x", &file.open());
+        older.wait_on(&a, "x.lock");
         std::thread::sleep(Duration::from_millis(1));
-        younger.wait_on("x", &file.open());
-        assert!(anyone_waiting(&holder));
-        assert_eq!(older.stand_back("x"), None, "the oldest tries at once");
-        let back = younger.stand_back("x").expect("an older waiter is in line");
+        younger.wait_on(&b, "x.lock");
+        assert!(anyone_waiting(&holder, "x.lock"));
+        assert!(
+            !anyone_waiting(&holder, "y.lock"),
+            "another name has its own line"
+        );
+        assert_eq!(
+            older.stand_back(&a, "x.lock", || false),
+            None,
+            "the oldest tries at once"
+        );
+        let back = younger
+            .stand_back(&b, "x.lock", || false)
+            .expect("an older waiter is in line");
         assert!(back <= STAND_BACK, "{back:?}");
         // The older one leaves the line (it took the lock, or gave up):
         // the younger may go.
-        older.acquired("x");
-        assert_eq!(younger.stand_back("x"), None);
+        older.acquired(&a, "x.lock");
+        assert_eq!(younger.stand_back(&b, "x.lock", || false), None);
+        younger.stopped_waiting(&b, "x.lock");
+        assert!(!anyone_waiting(&holder, "x.lock"));
     }
 
     #[test]
-    fn a_waiter_stands_back_at_most_for_the_stand_back_time() {
-        let file = LockFile::new();
+    fn a_waiter_stands_back_while_the_line_moves_and_no_longer_once_the_lock_stays_free() {
+        let dir = Dir::new();
+        let (a, b) = (dir.open(), dir.open());
         let (frozen, other) = (Lines::default(), Lines::default());
-        frozen.wait_on("x", &file.open());
+        frozen.wait_on(&a, "x.lock");
         std::thread::sleep(Duration::from_millis(1));
-        other.wait_on("x", &file.open());
-        assert!(other.stand_back("x").is_some());
+        other.wait_on(&b, "x.lock");
+        assert!(other.stand_back(&b, "x.lock", || true).is_some());
+        // The lock is taken each time it looks: the line moves.
         std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+        assert_eq!(other.stand_back(&b, "x.lock", || true), Some(STAND_BACK));
+        // Free once: maybe a handoff in flight; look again soon.
+        std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+        assert_eq!(other.stand_back(&b, "x.lock", || false), Some(STAND_BACK / 4));
+        // Taken again: it was a handoff.
+        std::thread::sleep(STAND_BACK / 4 + Duration::from_millis(1));
+        assert_eq!(other.stand_back(&b, "x.lock", || true), Some(STAND_BACK));
+        // Free twice in a row: the older waiter is not taking it.
+        std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+        assert!(other.stand_back(&b, "x.lock", || false).is_some());
+        std::thread::sleep(STAND_BACK / 4 + Duration::from_millis(1));
         assert_eq!(
-            other.stand_back("x"),
+            other.stand_back(&b, "x.lock", || false),
             None,
             "a frozen older waiter cannot keep the others off"
         );
@@ -301,44 +459,79 @@ mod tests {
 
     #[test]
     fn a_holder_keeps_its_turn_then_lets_the_line_in() {
-        let file = LockFile::new();
-        let holder_file = file.open();
+        let dir = Dir::new();
+        let (h, w) = (dir.open(), dir.open());
         let (holder, waiter) = (Lines::default(), Lines::default());
-        // Nobody in line: releasing costs nothing and leaves nothing.
-        holder.releasing("x", &holder_file);
-        assert_eq!(holder.stand_back("x"), None);
+        // Nobody in line: releasing leaves nothing.
+        holder.releasing(&h, "x.lock");
+        assert_eq!(holder.stand_back(&h, "x.lock", || false), None);
         assert!(holder.places().is_empty());
-        waiter.wait_on("x", &file.open());
-        holder.acquired("x");
-        holder.releasing("x", &holder_file);
-        assert_eq!(holder.stand_back("x"), None, "within its turn");
+        waiter.wait_on(&w, "x.lock");
+        holder.acquired(&h, "x.lock");
+        holder.releasing(&h, "x.lock");
+        assert_eq!(holder.stand_back(&h, "x.lock", || false), None, "within its turn");
+        assert_eq!(
+            waiter.stand_back(&w, "x.lock", || false),
+            None,
+            "no mark before it came back"
+        );
+        holder.acquired(&h, "x.lock");
+        // It came straight back: now, mid-turn, the waiter leaves the lock
+        // to the holder for a moment.
+        holder.releasing(&h, "x.lock");
+        let back = waiter
+            .stand_back(&w, "x.lock", || false)
+            .expect("the holder comes back");
+        assert!(back <= HOLD_ON, "{back:?}");
+        holder.acquired(&h, "x.lock");
+        assert_eq!(
+            waiter.stand_back(&w, "x.lock", || false),
+            None,
+            "back: the mark is gone"
+        );
+        holder.releasing(&h, "x.lock");
+        std::thread::sleep(HOLD_ON + Duration::from_millis(1));
+        assert_eq!(
+            waiter.stand_back(&w, "x.lock", || false),
+            None,
+            "a holder that does not come back costs the line only a moment"
+        );
         std::thread::sleep(TURN);
-        holder.releasing("x", &holder_file);
+        holder.releasing(&h, "x.lock");
         let back = holder
-            .stand_back("x")
+            .stand_back(&h, "x.lock", || false)
             .expect("its turn is over and someone waits");
         assert!(back <= STAND_BACK);
-        // Leaving the line drops the waiter's byte.
-        waiter.stopped_waiting("x");
-        assert!(!anyone_waiting(&holder_file));
+        waiter.stopped_waiting(&w, "x.lock");
+        assert!(!anyone_waiting(&h, "x.lock"));
         assert!(waiter.places().is_empty());
     }
 
     #[test]
-    fn a_new_lock_file_carries_the_ticket_over() {
-        let (first, second) = (LockFile::new(), LockFile::new());
-        let (older, younger) = (Lines::default(), Lines::default());
-        older.wait_on("x", &first.open());
-        std::thread::sleep(Duration::from_millis(1));
-        younger.wait_on("x", &second.open());
-        // The lock changed hands: the older waiter now stands on the new
-        // file, still older.
-        older.wait_on("x", &second.open());
-        assert!(
-            !anyone_waiting(&first.open()),
-            "the old file's byte went with its descriptor"
-        );
-        assert!(younger.stand_back("x").is_some());
-        assert_eq!(older.stand_back("x"), None);
+    fn a_dead_waiter_leaves_the_line() {
+        let dir = Dir::new();
+        let holder = dir.open();
+        {
+            let gone = dir.open();
+            Lines::default().wait_on(&gone, "x.lock");
+            assert!(anyone_waiting(&holder, "x.lock"));
+        }
+        // Its descriptor closed (as at exit): the kernel dropped the byte.
+        assert!(!anyone_waiting(&holder, "x.lock"));
+    }
+
+    #[test]
+    fn regions_and_tickets_stay_inside_the_byte_range_of_a_lock() {
+        for name in [
+            "",
+            "x.lock",
+            "a-very-long-name-0123456789abcdef.lock",
+            "\u{1F512}",
+        ] {
+            let start = region(name);
+            assert_eq!(start % REGION, 0);
+            assert!(i64::try_from(start + REGION).is_ok(), "{name:?}");
+        }
+        assert!(ticket_now() >= 1 && ticket_now() < REGION);
     }
 }

@@ -94,8 +94,8 @@ impl Whole {
         if let Node::File { file, record_len } = &mut lock.node {
             let path = || ctx.path_of(name.file_name());
             *record_len = file::write(file, 0, &lock.record, ctx.durable, path)?;
-            ctx.lines.acquired(name.file_name());
         }
+        ctx.lines.acquired(ctx.dir.fd(), name.file_name());
         Ok(Some(lock))
     }
 
@@ -122,12 +122,15 @@ impl Whole {
     fn remove_under(&self, mutation: MutationLock<'_>) -> Result<bool> {
         let ours = self.ctx.names(&self.name, self.dev, self.ino)?;
         match &self.node {
-            Node::File { file, .. } if ours => {
-                self.ctx.lines.releasing(self.name.file_name(), file);
+            Node::File { .. } if ours => {
+                self.ctx.lines.releasing(self.ctx.dir.fd(), self.name.file_name());
                 file::unlink(&self.ctx, &self.name)
             }
             Node::File { .. } => Ok(false),
-            Node::Dir { dir, .. } if ours => directory::retire(&self.ctx, &self.name, dir, mutation),
+            Node::Dir { dir, .. } if ours => {
+                self.ctx.lines.releasing(self.ctx.dir.fd(), self.name.file_name());
+                directory::retire(&self.ctx, &self.name, dir, mutation)
+            }
             Node::Dir { dir, .. } => {
                 // Retired by a reclaimer: help it empty our old directory.
                 directory::forget_record(dir);
