@@ -136,6 +136,7 @@ impl Fs {
             }
         };
         dir.check_usable(settings.read_only)?;
+        let lines = line::Lines::of(dir.fd());
         let ctx = Ctx {
             dir,
             strategy: settings.strategy,
@@ -149,7 +150,7 @@ impl Fs {
             counters,
             first_seen: Default::default(),
             last_sweep_ms: Default::default(),
-            lines: Default::default(),
+            lines,
         };
         leftover::sweep(&ctx);
         let ctx = Arc::new(ctx);

@@ -62,6 +62,9 @@ pub(crate) const TURN_ACQUISITIONS: u32 = 32;
 #[derive(Debug, Default)]
 pub(crate) struct Lines {
     places: Mutex<HashMap<Box<str>, Place>>,
+    /// Off where a byte-range lock can be a network round trip (NFS and
+    /// the like): the line would cost every release one.
+    off: bool,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +95,11 @@ struct Place {
     /// Whether it came back for the lock within [`HOLD_ON`] last time:
     /// only then is a turn mark worth the line's wait.
     comes_back: bool,
+    /// The last turn mark this `Locker` stood back for: each is honoured
+    /// once, so that a byte someone keeps in the marks' range (or one
+    /// that turns up again when the clock's units wrap) cannot keep the
+    /// line off the lock.
+    honoured_mark: Option<u64>,
 }
 
 /// Bytes per name. Its lower half holds the waiters' tickets, its upper
@@ -110,8 +118,19 @@ pub(crate) const HOLD_ON: Duration = Duration::from_micros(300);
 const REGIONS: u64 = 1 << 22;
 
 impl Lines {
+    /// The lines of the lock directory `dir`.
+    pub(crate) fn of(dir: &File) -> Self {
+        Lines {
+            places: Mutex::default(),
+            off: super::syscall::remote(dir),
+        }
+    }
+
     /// Stands in line for `name` in `dir`, unless already in line.
     pub(crate) fn wait_on(&self, dir: &File, name: &str) {
+        if self.off {
+            return;
+        }
         let mut places = self.places();
         let place = places.entry(name.into()).or_default();
         if place.waiting.is_some() {
@@ -131,6 +150,9 @@ impl Lines {
     /// (keep standing back); free twice, a quarter of that apart, the older
     /// waiters are not taking it (frozen, or gone without leaving): go.
     pub(crate) fn stand_back(&self, dir: &File, name: &str, taken: impl Fn() -> bool) -> Option<Duration> {
+        if self.off {
+            return None;
+        }
         let mut places = self.places();
         let place = places.get_mut(name)?;
         let now = now_us();
@@ -145,7 +167,9 @@ impl Lines {
         }
         // A holder in the middle of its turn comes back for the lock.
         let start = region(name);
-        if let Some(mark) = first_held(dir, start + HALF + units_now(), start + REGION) {
+        if let Some(mark) = first_held(dir, start + HALF + units_now(), start + REGION)
+            && place.honoured_mark.replace(mark) != Some(mark)
+        {
             let until_us = (mark - start - HALF).saturating_mul(16);
             let left = until_us.saturating_sub(now_us() % (HALF * 16));
             return Some(Duration::from_micros(left.clamp(16, duration_us(HOLD_ON))));
@@ -217,6 +241,9 @@ impl Lines {
     /// has lasted long enough, the next attempt of this `Locker` stands in
     /// line behind them. Costs one `fcntl` when nobody waits.
     pub(crate) fn releasing(&self, dir: &File, name: &str) {
+        if self.off {
+            return;
+        }
         let start = region(name);
         let waiters = conflict(dir, start, HALF);
         let mut places = self.places();
@@ -489,6 +516,14 @@ mod tests {
             None,
             "back: the mark is gone"
         );
+        // A mark is honoured once: a byte kept there for good (by a
+        // program that is not leasehold, say) cannot keep the line off.
+        let stuck = dir.open();
+        let mark = region("x.lock") + REGION - 1;
+        assert!(take_byte(&stuck, mark));
+        assert!(waiter.stand_back(&w, "x.lock", || false).is_some());
+        assert_eq!(waiter.stand_back(&w, "x.lock", || false), None, "honoured once");
+        drop_byte(&stuck, mark);
         holder.releasing(&h, "x.lock");
         std::thread::sleep(HOLD_ON + Duration::from_millis(1));
         assert_eq!(
