@@ -887,12 +887,15 @@ fn torture(backend: Backend) {
         left.len(),
         problems.len(),
     );
-    assert!(
-        problems.is_empty(),
-        "{} violations:\n{}",
-        problems.len(),
-        problems.join("\n")
-    );
+    if !problems.is_empty() {
+        // Keep the log for the analysis; the work directory goes with the test.
+        let kept = std::env::temp_dir().join(format!("leasehold-torture-{label}-{}.log", std::process::id()));
+        let kept = match std::fs::copy(work.join("log"), &kept) {
+            Ok(_) => format!("the log is kept in {}", kept.display()),
+            Err(e) => format!("the log could not be kept in {}: {e}", kept.display()),
+        };
+        panic!("{} violations ({kept}):\n{}", problems.len(), problems.join("\n"));
+    }
 }
 
 /// Reclaims what killed children left, then nothing but the fencing
