@@ -410,6 +410,8 @@ struct Pause {
 /// The children; any still running are killed (by pid) and reaped on drop.
 struct Fleet {
     backend: Backend,
+    /// The server's URL, on PostgreSQL.
+    #[cfg(feature = "postgres")]
     pg_url: Option<String>,
     work: PathBuf,
     tasks: u64,
@@ -495,8 +497,6 @@ fn torture(backend: Backend) {
         );
         server.url()
     });
-    #[cfg(not(feature = "postgres"))]
-    let pg_url = None;
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path().to_owned();
     let locks = work.join("locks");
@@ -507,6 +507,7 @@ fn torture(backend: Backend) {
     }
     let mut fleet = Fleet {
         backend,
+        #[cfg(feature = "postgres")]
         pg_url,
         work: work.clone(),
         tasks,
