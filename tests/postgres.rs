@@ -1210,15 +1210,14 @@ fn tables_of_an_earlier_version_gain_the_new_columns() {
 /// Services started together against a fresh database all connect: the
 /// first use of the tables creates them once, whoever comes first.
 ///
-/// Fails today: `CREATE TABLE IF NOT EXISTS` is not safe against itself in
-/// PostgreSQL (two sessions can both find the table missing, and the
-/// second's insert into the catalog then violates `pg_type`'s unique
-/// index), so some of these `build()`s fail with "create the leasehold
-/// tables": duplicate key value violates unique constraint
-/// "pg_type_typname_nsp_index". Found by `tests/torture.rs`
+/// `CREATE TABLE IF NOT EXISTS` is not safe against itself in PostgreSQL
+/// (two sessions can both find the table missing, and the second's insert
+/// into the catalog then violates `pg_type`'s unique index): before the
+/// setup took an advisory lock, some of these `build()`s failed with
+/// "create the leasehold tables": duplicate key value violates unique
+/// constraint "pg_type_typname_nsp_index". Found by `tests/torture.rs`
 /// `torture_postgres`, whose children all connect at once.
 #[test]
-#[ignore = "bug: concurrent first connections race on CREATE TABLE IF NOT EXISTS"]
 fn lockers_connecting_at_once_to_a_fresh_database_all_build() {
     let server = Server::start();
     for round in 0..5 {
