@@ -153,13 +153,12 @@ async fn release_removes_a_lock_directory_with_strays_inside() {
 /// in the instant between its `mkdir` and its `flock` does not make the
 /// publisher's acquisition fail: it is no lock, only a look.
 ///
-/// Fails today: the sweep takes the pending directory's flock before it
-/// judges the directory too young to collect, and the publisher's
-/// `try_lock` in that instant fails `acquire` with
+/// The sweep used to take the pending directory's flock before it judged
+/// the directory too young to collect, and the publisher's `try_lock` in
+/// that instant failed `acquire` with
 /// `Io { op: "lock pending lock directory", .. "operation would block" }`
 /// (seen once in a 10-minute soak of `tests/torture.rs`).
 #[test]
-#[ignore = "bug: a sweep's flock on a just-made pending directory fails the acquisition"]
 fn a_sweep_in_the_instant_before_the_publishers_flock_fails_no_acquisition() {
     let dir = tempfile::tempdir().unwrap();
     let publisher = locker(dir.path());
