@@ -147,3 +147,50 @@ async fn release_removes_a_lock_directory_with_strays_inside() {
         assert!(!path.exists());
     }
 }
+
+/// A sweep of abandoned pending directories (`clean`, or another
+/// process's acquisition) that looks at a publisher's pending directory
+/// in the instant between its `mkdir` and its `flock` does not make the
+/// publisher's acquisition fail: it is no lock, only a look.
+///
+/// The sweep used to take the pending directory's flock before it judged
+/// the directory too young to collect, and the publisher's `try_lock` in
+/// that instant failed `acquire` with
+/// `Io { op: "lock pending lock directory", .. "operation would block" }`
+/// (seen once in a 10-minute soak of `tests/torture.rs`).
+#[test]
+fn a_sweep_in_the_instant_before_the_publishers_flock_fails_no_acquisition() {
+    let dir = tempfile::tempdir().unwrap();
+    let publisher = locker(dir.path());
+    let sweeper = locker(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sweeping = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                rt.block_on(sweeper.clean(true)).unwrap();
+            }
+        })
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut failed = Vec::new();
+    let began = std::time::Instant::now();
+    let mut rounds = 0;
+    while began.elapsed() < Duration::from_secs(30) && failed.is_empty() {
+        rounds += 1;
+        match rt.block_on(publisher.acquire("job")) {
+            Ok(guard) => drop(guard),
+            Err(e) => failed.push(format!("{e:?}")),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    sweeping.join().unwrap();
+    assert!(failed.is_empty(), "after {rounds} acquisitions: {failed:?}");
+}

@@ -179,3 +179,60 @@ fn a_publish_that_fails_for_want_of_descriptors_leaves_nothing() {
     assert_eq!(status.code(), Some(0), "the attempt did not fail with EMFILE");
     assert_eq!(common::entries(dir.path()), Vec::<String>::new());
 }
+
+/// A sweep never takes the flock of a pending directory younger than the
+/// settle time, not even for a look: its publisher may be between `mkdir`
+/// and `flock`, and would find its own directory taken. (Here nobody
+/// publishes it; the test's `try_lock`s stand for the publisher's.)
+#[test]
+fn a_sweep_never_takes_the_flock_of_a_young_pending_directory() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let sweeper = locker(dir.path(), Strategy::Directory);
+    let pending = dir.path().join("job-0123456789abcdef.lock.pending-0123456789ab");
+    std::fs::create_dir(&pending).unwrap();
+    let made = std::time::Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sweeping = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut sweeps = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let cleaned = rt.block_on(sweeper.clean(true)).unwrap();
+                assert!(
+                    cleaned.is_empty(),
+                    "a young pending directory reported: {cleaned:?}"
+                );
+                sweeps += 1;
+            }
+            sweeps
+        })
+    };
+    let (mut looks, mut taken) = (0, 0);
+    // Well within the settle time (2 s), so the directory stays young.
+    while made.elapsed() < Duration::from_secs(1) {
+        looks += 1;
+        let look = File::open(&pending).unwrap();
+        match look.try_lock() {
+            // Let go explicitly: a child that another test forks meanwhile
+            // shares the descriptor (until its exec), and closing ours
+            // would leave the flock held for the next look.
+            Ok(()) => look.unlock().unwrap(),
+            Err(std::fs::TryLockError::WouldBlock) => taken += 1,
+            Err(std::fs::TryLockError::Error(e)) => panic!("flock: {e}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sweeps = sweeping.join().unwrap();
+    assert!(sweeps > 0, "no sweep ran");
+    assert_eq!(
+        taken, 0,
+        "a sweep held the flock at {taken} of {looks} looks ({sweeps} sweeps)"
+    );
+    assert!(pending.exists());
+}

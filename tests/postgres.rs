@@ -1206,3 +1206,47 @@ fn tables_of_an_earlier_version_gain_the_new_columns() {
         ]
     );
 }
+
+/// Services started together against a fresh database all connect: the
+/// first use of the tables creates them once, whoever comes first.
+///
+/// `CREATE TABLE IF NOT EXISTS` is not safe against itself in PostgreSQL
+/// (two sessions can both find the table missing, and the second's insert
+/// into the catalog then violates `pg_type`'s unique index): before the
+/// setup took an advisory lock, some of these `build()`s failed with
+/// "create the leasehold tables": duplicate key value violates unique
+/// constraint "pg_type_typname_nsp_index". Found by `tests/torture.rs`
+/// `torture_postgres`, whose children all connect at once.
+#[test]
+fn lockers_connecting_at_once_to_a_fresh_database_all_build() {
+    let server = Server::start();
+    for round in 0..5 {
+        // A fresh database each round: no tables yet.
+        server.sql(|c| {
+            c.batch_execute("DROP TABLE IF EXISTS leasehold_locks, leasehold_holders")
+                .unwrap()
+        });
+        let start = Arc::new(std::sync::Barrier::new(8));
+        let builds: Vec<_> = (0..8)
+            .map(|_| {
+                let (start, builder) = (Arc::clone(&start), builder(&server));
+                std::thread::spawn(move || {
+                    start.wait();
+                    builder.build().map(drop).map_err(|e| {
+                        let source = std::error::Error::source(&e).map(ToString::to_string);
+                        format!("{e}: {}", source.unwrap_or_default())
+                    })
+                })
+            })
+            .collect();
+        let failed: Vec<String> = builds
+            .into_iter()
+            .filter_map(|b| b.join().unwrap().err())
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "round {round}: {} of 8 failed: {failed:?}",
+            failed.len()
+        );
+    }
+}

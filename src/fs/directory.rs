@@ -16,14 +16,14 @@
 //! lock path never holds an emptied directory that a newcomer's rename
 //! could land on; the trash is emptied and removed after.
 
-use std::fs::File;
+use std::fs::{File, TryLockError};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::context::Ctx;
-use super::dir::MutationLock;
+use super::dir::{LockDir, MutationLock};
 use super::syscall::{self, Errno, Open, read_record};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
@@ -106,28 +106,14 @@ fn publish(
         name: &pending,
         armed: true,
     };
-    let dir = match syscall::open_at(ctx.dir.fd(), pending.as_str(), Open::Dir) {
-        Ok(dir) => dir,
-        // Collected as abandoned while this process stood still between
-        // mkdir and flock (see `clean_leftovers`): no lock was made; the
-        // caller looks at the lock path again.
-        Err(Errno::ENOENT) => return Ok(None),
-        Err(e) => return Err(e).context("open pending lock directory", path),
+    let Some(dir) = take_pending(&ctx.dir, &pending, shared)? else {
+        return Ok(None);
     };
     let meta = dir.metadata().context("inspect pending lock directory", path)?;
-    // Nobody else knows this directory yet, so the flock is free; it is
-    // ours before the directory can be seen at the lock path.
-    let locked = if shared {
-        dir.try_lock_shared()
-    } else {
-        dir.try_lock()
-    };
-    locked
-        .map_err(|e| io::Error::other(e.to_string()))
-        .context("lock pending lock directory", path)?;
     let record_file = match write_owner(&dir, OWNER, &record(), ctx.durable) {
         Ok(file) => file,
-        // As above: the pending directory was collected before our flock.
+        // Collected by a sweep between our open and our flock (see
+        // `take_pending`): no lock was made.
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).context("write lock record", path),
     };
@@ -145,6 +131,37 @@ fn publish(
     }
     cleanup.armed = false;
     Ok(Some((dir, record_file, meta.dev(), meta.ino())))
+}
+
+/// Opens our new pending directory `pending` and takes its flock (shared
+/// for a shared lock's marker), which is ours before the directory can be
+/// seen at the lock path; `None` if it is no longer ours to publish.
+///
+/// A sweep of abandoned pending directories (`clean_dir_leftovers`) may
+/// have found it between our `mkdir` and now: it spares one this young
+/// without touching it, so only a publisher that stood still in between
+/// for `LEFTOVER_SETTLE` or the unreadable grace, whichever is shorter
+/// (or whose clock jumped), meets one. Then the sweep may have removed
+/// it, or holds its flock while it judges (and maybe removes) it: either
+/// way no lock is made here, and the caller looks at the lock path again,
+/// with a fresh pending name if it publishes again.
+fn take_pending(dir: &LockDir, pending: &str, shared: bool) -> Result<Option<File>> {
+    let path = || dir.path_of(pending);
+    let node = match syscall::open_at(dir.fd(), pending, Open::Dir) {
+        Ok(node) => node,
+        Err(Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(e).context("open pending lock directory", path),
+    };
+    let locked = if shared {
+        node.try_lock_shared()
+    } else {
+        node.try_lock()
+    };
+    match locked {
+        Ok(()) => Ok(Some(node)),
+        Err(TryLockError::WouldBlock) => Ok(None),
+        Err(TryLockError::Error(e)) => Err(e).context("lock pending lock directory", path),
+    }
 }
 
 /// Writes a record to `file_name` inside `dir`, replacing any old one of
@@ -294,5 +311,39 @@ impl Drop for Pending<'_> {
                 tracing::warn!(dir = self.name, %error, "could not remove a pending lock directory")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pending directory whose flock a sweep holds (while it judges it),
+    /// or that a sweep removed, is no lock and no error: the publisher
+    /// gives it up and looks at the lock path again.
+    #[test]
+    fn a_pending_directory_a_sweep_holds_or_removed_is_given_up() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = LockDir::open(root.path(), false).unwrap();
+        let pending = "job.lock.pending-0123456789ab";
+        syscall::mkdir_at(dir.fd(), pending).unwrap();
+        // The sweep's flock, on a descriptor of its own.
+        let sweep = File::open(root.path().join(pending)).unwrap();
+        sweep.lock().unwrap();
+        for shared in [false, true] {
+            assert!(
+                take_pending(&dir, pending, shared).unwrap().is_none(),
+                "shared: {shared}"
+            );
+        }
+        drop(sweep);
+        // Free again: ours, and a sweep now finds it busy.
+        let ours = take_pending(&dir, pending, false).unwrap().expect("free");
+        let sweep = File::open(root.path().join(pending)).unwrap();
+        assert!(matches!(sweep.try_lock(), Err(TryLockError::WouldBlock)));
+        drop((ours, sweep));
+        // Removed by a sweep before our open.
+        std::fs::remove_dir(root.path().join(pending)).unwrap();
+        assert!(take_pending(&dir, pending, false).unwrap().is_none());
     }
 }

@@ -112,10 +112,10 @@ pub(super) fn sweep(ctx: &Ctx) {
     }
 }
 
-/// Removes `.pending-*` directories whose publisher is gone (no flock, and
-/// unchanged for [`LEFTOVER_SETTLE`] or the grace period, whichever is
-/// shorter) and `.trash-*` directories nobody holds (a releaser that died
-/// while emptying one); nobody else uses either. At most `limit` are
+/// Removes `.pending-*` directories whose publisher is gone (unchanged
+/// for [`LEFTOVER_SETTLE`] or the grace period, whichever is shorter, and
+/// then no flock) and `.trash-*` directories nobody holds (a releaser that
+/// died while emptying one); nobody else uses either. At most `limit` are
 /// removed.
 fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
     let names =
@@ -128,24 +128,26 @@ fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(Lo
         let Ok(node) = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Dir) else {
             continue;
         };
-        // A publisher flocks its pending directory right after creating it,
-        // and a holder keeps its flock on a directory it is retiring: busy
-        // means in use. A pending directory is also spared while younger
-        // than the grace period, for the instant between mkdir and flock.
-        if node.try_lock().is_err() {
-            continue;
-        }
+        // A pending directory is spared, untouched, while younger than
+        // the settle time: its publisher takes the flock two syscalls after
+        // `mkdir`, and a flock of ours in that instant would cost it the
+        // attempt. Only a publisher that stood still this long in
+        // between meets our flock or finds its directory gone, and then
+        // makes no lock and looks again (see `directory::publish`).
         let young = leftover_kind(&name) == Some(Leftover::Pending)
             && node
                 .metadata()
                 .ok()
                 .and_then(|m| m.modified().ok())
                 .and_then(|t| t.elapsed().ok())
-                // Its publisher takes the flock two syscalls after `mkdir`:
-                // only one that stood still this long in between finds it
-                // gone, and then makes no lock and looks again.
                 .is_none_or(|age| age < ctx.grace.min(LEFTOVER_SETTLE));
         if young {
+            continue;
+        }
+        // A publisher holds the flock of its pending directory until it is
+        // published, and a holder keeps its flock on a directory it is
+        // retiring: busy means in use.
+        if node.try_lock().is_err() {
             continue;
         }
         if !dry_run {

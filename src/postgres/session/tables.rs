@@ -15,7 +15,21 @@ use crate::backend::Mode;
 /// tables in turn could deadlock with a statement that reads them in the
 /// other order. So each change is made only when the catalog says it is
 /// missing.
+///
+/// `CREATE TABLE IF NOT EXISTS` is not safe against itself: two sessions
+/// that both find no table both create it, and one fails on a unique index
+/// of the catalog (`pg_type_typname_nsp_index`, or 42P07). So the setup is
+/// one transaction that first takes a transaction-level advisory lock, and
+/// a session waits there until the one creating the tables has committed
+/// them. That lock excludes only other setups: on complete tables the
+/// setup takes no table lock, and no session's locking waits for it. Its
+/// key is in the two-`integer` form (`objsubid` 2 in `pg_locks`; the first
+/// integer is "leas" in ASCII): every key of a lock name is taken in the
+/// one-`bigint` form (`objsubid` 1), and keys of the two forms never
+/// conflict, so no name can map to it.
 pub(super) const SCHEMA: &str = "
+    BEGIN;
+    SELECT pg_advisory_xact_lock(1818583411, 1);
     CREATE TABLE IF NOT EXISTS leasehold_locks (
         name text PRIMARY KEY,
         key bigint NOT NULL,
@@ -64,7 +78,8 @@ pub(super) const SCHEMA: &str = "
             CREATE INDEX IF NOT EXISTS leasehold_holders_name ON leasehold_holders (name);
         END IF;
     END
-    $leasehold$;";
+    $leasehold$;
+    COMMIT;";
 
 /// `pg_locks` has a row for a granted advisory lock on `$key` (the
 /// one-`bigint` form, `objsubid` 1) in this database.
