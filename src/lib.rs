@@ -105,6 +105,8 @@
 //!   are inspected with `fstatat(AT_SYMLINK_NOFOLLOW)` and never opened
 //!   unless they are regular files, so a planted symlink, FIFO or device is
 //!   reported as [`Error::UnexpectedFile`] and its target never touched.
+//!   So is a file whose content no lock writer produces (a `Cargo.lock`,
+//!   a pid file): it is never removed, listed or cleaned as a lock.
 //! - All lock files are reached through the directory descriptor opened at
 //!   `build()`, never by re-resolving its path.
 //! - A world-writable directory without the sticky bit is refused

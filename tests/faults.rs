@@ -539,6 +539,11 @@ async fn foreign_objects_at_the_lock_path_are_refused_and_never_followed() {
                 plant: &|p, out| std::fs::hard_link(out.join("old-sentinel"), p).unwrap(),
             },
             Planted {
+                what: "a hard link to an old sentinel of data",
+                expect: link_expect(Expect::Unexpected("file that holds no lock record")),
+                plant: &|p, out| std::fs::hard_link(out.join("data-sentinel"), p).unwrap(),
+            },
+            Planted {
                 what: "a hard link to a sentinel holding a dead owner's record",
                 expect: link_expect(Expect::Reclaimed),
                 plant: &|p, out| std::fs::hard_link(out.join("dead-sentinel"), p).unwrap(),
@@ -558,14 +563,21 @@ async fn planted(strategy: Strategy, case: &Planted<'_>) {
     let outside = tmp.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
     let sentinels = [
+        // Records cut short (a JSON object's start): locks being written.
         Sentinel::new(
             outside.join("sentinel"),
-            b"sentinel: never touch\n",
+            br#"{"sentinel":"never touch""#,
             Duration::ZERO,
         ),
         Sentinel::new(
             outside.join("old-sentinel"),
-            b"old sentinel: never touch\n",
+            br#"{"old sentinel":"never touch""#,
+            Duration::from_secs(3600),
+        ),
+        // No writer's record, even cut short: not a lock.
+        Sentinel::new(
+            outside.join("data-sentinel"),
+            b"data sentinel: never touch\n",
             Duration::from_secs(3600),
         ),
         Sentinel::new(
