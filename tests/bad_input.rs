@@ -348,3 +348,33 @@ proptest! {
         }
     }
 }
+
+/// Settings that cannot work are refused by `build()`, not discovered at
+/// the first acquisition (the rest: `tests/guard.rs`
+/// `the_builder_rejects_settings_that_cannot_work`, `tests/config.rs`).
+#[test]
+fn zero_and_too_short_settings_are_refused_at_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = || Locker::builder().directory(dir.path());
+    for (what, builder) in [
+        ("zero grace", base().unreadable_grace(Duration::ZERO)),
+        ("zero wait notice", base().wait_notice(Some(Duration::ZERO))),
+        ("lease below 200 ms", base().lease(Duration::from_millis(199))),
+        (
+            "renewal above half the lease",
+            base()
+                .lease(Duration::from_secs(10))
+                .renew_interval(Duration::from_millis(5_001)),
+        ),
+    ] {
+        let got = builder.build();
+        assert!(matches!(got, Err(Error::InvalidConfig { .. })), "{what}: {got:?}");
+    }
+    // The smallest accepted values work.
+    base()
+        .unreadable_grace(Duration::from_nanos(1))
+        .wait_notice(None)
+        .lease(Duration::from_millis(200))
+        .build()
+        .unwrap();
+}

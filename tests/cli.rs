@@ -1238,3 +1238,25 @@ fn clean_and_list_leave_files_of_data_alone() {
         assert_eq!(listed.json(), Value::Array(vec![]), "{strategy}");
     }
 }
+
+/// A lock name that is not UTF-8 (the library's names are strings) is a
+/// usage error: status 2, a message, nothing created, no panic.
+#[test]
+fn a_lock_name_that_is_not_utf8_is_a_usage_error() {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let odd = std::ffi::OsStr::from_bytes(b"job\xff");
+    for sub in ["run", "holder"] {
+        let mut cmd = leasehold(&[sub, "--dir", d]);
+        cmd.arg(odd);
+        if sub == "run" {
+            cmd.arg("true");
+        }
+        let done = finish_cmd(cmd);
+        assert_eq!(done.code, Some(2), "{sub}: {}", done.stderr);
+        assert!(!done.stderr.contains("panicked"), "{sub}: {}", done.stderr);
+        assert!(!done.stderr.is_empty(), "{sub}: says nothing");
+    }
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}

@@ -190,3 +190,75 @@ async fn records_that_may_be_mid_write_are_still_locks() {
     assert!(is_unexpected_file(&got), "{got:?}");
     assert_eq!(std::fs::read(path("torn-legacy")).unwrap(), b"6f1c3a0e-8d");
 }
+
+/// File names that are not UTF-8 cannot be lock names (names are `&str`):
+/// `list` and `clean` skip them, whatever they hold.
+#[tokio::test]
+async fn file_names_that_are_not_utf8_are_skipped() {
+    use std::os::unix::ffi::OsStrExt;
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let tmp = tempfile::tempdir().unwrap();
+        let odd = tmp.path().join(std::ffi::OsStr::from_bytes(b"\xff\xfe.lock"));
+        if strategy == Strategy::Directory {
+            std::fs::create_dir(&odd).unwrap();
+            write_aged(&odd.join("owner.json"), br#"{"uuid":"u","pid":999999999}"#, HOUR);
+            set_age(&odd, HOUR);
+        } else {
+            write_aged(&odd, br#"{"uuid":"u","pid":999999999}"#, HOUR);
+        }
+        let before = snapshot_raw(tmp.path());
+        let locker = locker(tmp.path(), strategy);
+        assert!(locker.list().await.unwrap().is_empty(), "{strategy:?}");
+        assert!(locker.clean(false).await.unwrap().is_empty(), "{strategy:?}");
+        assert_eq!(snapshot_raw(tmp.path()), before, "{strategy:?}");
+    }
+}
+
+/// The names (not UTF-8, so not through `snapshot`) and sizes of `dir`'s
+/// entries.
+fn snapshot_raw(dir: &Path) -> Vec<(std::ffi::OsString, u64)> {
+    let mut all: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name(), e.metadata().unwrap().len())
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+/// A lock directory whose `owner.json` is a symlink, a FIFO or a
+/// directory is no lock of any writer: refused, never followed, and the
+/// target is never touched.
+#[tokio::test]
+async fn an_owner_json_that_is_not_a_regular_file_is_no_lock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let locks = tmp.path().join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    let victim = tmp.path().join("victim");
+    write_aged(&victim, br#"{"uuid":"u","pid":999999999}"#, HOUR);
+    let plant = |kind: &str, at: &Path| match kind {
+        "symlink" => std::os::unix::fs::symlink(&victim, at).unwrap(),
+        "fifo" => nix::unistd::mkfifo(at, nix::sys::stat::Mode::S_IRWXU).unwrap(),
+        _ => std::fs::create_dir(at).unwrap(),
+    };
+    let locker = locker(&locks, Strategy::Directory);
+    for name in ["symlink", "fifo", "dir"] {
+        let path = locks.join(format!("{name}.lock"));
+        std::fs::create_dir(&path).unwrap();
+        plant(name, &path.join("owner.json"));
+        set_age(&path, HOUR);
+        let got = locker.try_acquire(name).await;
+        assert!(is_unexpected_file(&got), "{name}: {got:?}");
+        assert!(locker.clean(false).await.unwrap().is_empty(), "{name}");
+        assert!(
+            path.join("owner.json").symlink_metadata().is_ok(),
+            "{name}: removed"
+        );
+    }
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        br#"{"uuid":"u","pid":999999999}"#
+    );
+}
