@@ -349,6 +349,87 @@ proptest! {
     }
 }
 
+/// Every entry of the lock directory `path` and its content (`None` for a
+/// directory), sorted.
+fn contents(path: &std::path::Path) -> Vec<(String, Option<Vec<u8>>)> {
+    let mut all: Vec<_> = std::fs::read_dir(path)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let content = match e.file_type().unwrap().is_dir() {
+                true => None,
+                false => Some(std::fs::read(e.path()).unwrap()),
+            };
+            (e.file_name().to_string_lossy().into_owned(), content)
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The directory layout, whatever a lock directory holds: any
+    /// `owner.json` (or none), a renewal's `owner.json.next`, and files or
+    /// directories of someone else's. Judging never panics; one that holds
+    /// anything but a lock record is no lock, refused and kept as it was,
+    /// however old; one that is a lock is judged as the file layout would.
+    #[test]
+    fn any_lock_directory_is_judged_and_data_in_it_kept(
+        owner in proptest::option::of(any_record()),
+        next in any::<bool>(),
+        strays in proptest::sample::subsequence(vec!["notes.txt", ".hidden", "sub"], 0..=3),
+        old in any::<bool>(),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = Locker::builder().directory(dir.path()).strategy(Strategy::Directory).build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let path = locker.lock_path("job").unwrap();
+        std::fs::create_dir(&path).unwrap();
+        if let Some(bytes) = &owner {
+            std::fs::write(path.join("owner.json"), bytes).unwrap();
+        }
+        if next {
+            std::fs::write(path.join("owner.json.next"), br#"{"uuid":"u","#).unwrap();
+        }
+        for stray in &strays {
+            match *stray {
+                "sub" => std::fs::create_dir(path.join(stray)).unwrap(),
+                _ => std::fs::write(path.join(stray), b"someone's data").unwrap(),
+            }
+        }
+        let age = if old { Duration::from_secs(3 * 365 * 86_400) } else { Duration::ZERO };
+        for entry in std::fs::read_dir(&path).unwrap() {
+            let entry = entry.unwrap().path();
+            std::fs::File::open(&entry).unwrap().set_modified(SystemTime::now() - age).unwrap();
+        }
+        std::fs::File::open(&path).unwrap().set_modified(SystemTime::now() - age).unwrap();
+        let before = contents(&path);
+
+        let inspected = rt.block_on(locker.inspect("job"));
+        let taken = rt.block_on(locker.try_acquire("job"));
+        let cleaned = rt.block_on(locker.clean(false));
+        if !strays.is_empty() {
+            prop_assert!(matches!(inspected, Err(Error::UnexpectedFile { .. })), "{strays:?}: {inspected:?}");
+            prop_assert!(matches!(taken, Err(Error::UnexpectedFile { .. })), "{strays:?}: {taken:?}");
+        }
+        match inspected {
+            Err(Error::UnexpectedFile { .. }) => {
+                prop_assert!(cleaned.unwrap().is_empty());
+                prop_assert_eq!(contents(&path), before, "a directory that is no lock changed");
+            }
+            other => {
+                let info = other.unwrap().expect("a lock is there");
+                if old {
+                    prop_assert!(info.is_stale(), "{owner:?} kept for three years");
+                    prop_assert!(taken.unwrap().is_some(), "{owner:?} not taken");
+                }
+            }
+        }
+    }
+}
+
 /// Settings that cannot work are refused by `build()`, not discovered at
 /// the first acquisition (the rest: `tests/guard.rs`
 /// `the_builder_rejects_settings_that_cannot_work`, `tests/config.rs`).
