@@ -495,6 +495,29 @@ proptest! {
         }
     }
 
+    /// A live pid is never declared dead, and a pid is declared reused
+    /// only on a start time recorded and read: the fake host's processes
+    /// are alive whatever the record, the clocks or the flock say.
+    #[test]
+    fn a_live_pid_is_never_declared_dead_nor_reused_without_a_start_time(case in case()) {
+        let parsed = parse(&case.bytes);
+        let Parsed::Record(r) = &parsed else {
+            return Ok(());
+        };
+        let verdict = case.judge(&parsed);
+        let by_flock = same_boot_leasehold(&parsed, &case.host).is_some();
+        if let Some(pid) = r.pid
+            && !by_flock
+            && case.host.procs.contains_key(&pid)
+        {
+            prop_assert_ne!(verdict, Verdict::Stale(StaleReason::DeadOwner), "{:?}", parsed);
+            let start_known = r.start_time.is_some() && case.host.procs[&pid].is_some();
+            if !start_known {
+                prop_assert_ne!(verdict, Verdict::Stale(StaleReason::ReusedPid), "{:?}", parsed);
+            }
+        }
+    }
+
     /// A record that may be mid-write is never taken within the grace
     /// period, nor after it while a process holds its `flock`.
     #[test]
