@@ -141,9 +141,12 @@ pub enum StaleReason {
     /// whose owner cannot be checked (another host, another pid namespace)
     /// 24 hours after its last change.
     LeaseExpired,
-    /// The record cannot be read as a lock record (empty, torn, not JSON)
-    /// and is older than the
+    /// The record cannot be read as a lock record (empty, or cut short as
+    /// by a writer that crashed, or a bare legacy UUID that names no
+    /// process) and is older than the
     /// [`unreadable_grace`](crate::LockerBuilder::unreadable_grace) period.
+    /// (Content that no lock writer produces at all is no lock, and never
+    /// stale: see [`Error::UnexpectedFile`](crate::Error::UnexpectedFile).)
     Unreadable,
     /// Not a lock: a temporary or retired file or directory that a process
     /// which crashed while publishing or releasing a lock left behind.
