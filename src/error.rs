@@ -87,8 +87,12 @@ pub enum Error {
     },
 
     /// Something that is not a lock file occupies a lock's path (a
-    /// directory, a symlink, a FIFO, a socket). leasehold never follows,
-    /// opens or removes it; remove it yourself if it is not in use.
+    /// directory, a symlink, a FIFO, a socket), or a file (for the
+    /// directory strategy, a directory) whose content no lock writer
+    /// produces, even cut short by a crash: a `Cargo.lock`, a pid file, a
+    /// JSON object that names no holder. leasehold never follows or
+    /// removes it, and does not wait for it; remove it yourself if it is
+    /// not in use, or use another lock name or directory.
     #[error("lock {name:?}: {path} is a {found}, not a lock file")]
     UnexpectedFile {
         /// The lock name.

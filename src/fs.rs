@@ -223,6 +223,7 @@ impl Fs {
                 Verdict::Stale(reason) => {
                     found.reclaim(ctx, name, reason)?;
                 }
+                Verdict::NotALock => return Err(found.not_a_lock(ctx, name)),
                 _ => {
                     leftover::sweep(ctx);
                     let sharers = group::marker(&found.parsed).is_some();
@@ -323,6 +324,7 @@ impl Backend for Fs {
         };
         let stale = match found.judge(ctx, name) {
             Verdict::Stale(reason) => Some(reason),
+            Verdict::NotALock => return Err(found.not_a_lock(ctx, name)),
             _ => None,
         };
         let owner = found.owner();
@@ -340,7 +342,9 @@ impl Backend for Fs {
     }
 
     /// Every lock in the directory of this strategy's kind, judged. Entries
-    /// that vanish while listed, and those of another kind, are skipped.
+    /// that vanish while listed, those of another kind, and those that
+    /// hold no lock (files of data whose names end in `.lock`) are
+    /// skipped.
     fn list(&self) -> Result<Vec<(LockName, Inspection)>> {
         let names = self.ctx.entries(|name| name.ends_with(".lock"))?;
         let mut locks = Vec::new();

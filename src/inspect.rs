@@ -122,7 +122,10 @@ impl Locker {
 
     /// Every lock in the directory (of this `Locker`'s strategy), with its
     /// owner and whether it is stale, for diagnostics. Temporary and trash
-    /// entries, fencing counters, and locks of the other strategy are left
+    /// entries, fencing counters, locks of the other strategy, and files
+    /// of data whose names end in `.lock` (content no lock writer produces,
+    /// such as a `Cargo.lock` or a pid file; see
+    /// [`Error::UnexpectedFile`](crate::Error::UnexpectedFile)) are left
     /// out.
     ///
     /// # Errors
@@ -154,7 +157,9 @@ impl Locker {
     /// Removes every stale lock in the directory, and what crashed
     /// processes left behind, returning what was removed (or, with
     /// `dry_run`, what would be). Live locks are never touched: each lock
-    /// is judged, and reclaimed, exactly as an `acquire` would.
+    /// is judged, and reclaimed, exactly as an `acquire` would. What holds
+    /// no lock (a file of data whose name ends in `.lock`) is not a lock,
+    /// and never removed.
     ///
     /// # Errors
     ///

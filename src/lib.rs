@@ -75,7 +75,9 @@
 //!   other writers; a record from an earlier boot), when its lease ran out,
 //!   or when its record stayed unreadable past a grace period. A live holder
 //!   is never judged dead because of a clock step, a unit mismatch or a torn
-//!   read; leases on one host are measured on `CLOCK_BOOTTIME`.
+//!   read; leases on one host are measured on `CLOCK_BOOTTIME`. A file at a
+//!   lock path that no lock writer could have written (a `Cargo.lock`, a
+//!   pid file) is no lock, and never reclaimed.
 //! - **Race-safe reclaim and release.** Every removal of a lock path
 //!   happens under a directory-wide `flock`, after checking that the path
 //!   still names the inode that was judged, so two reclaimers never delete
@@ -105,6 +107,8 @@
 //!   are inspected with `fstatat(AT_SYMLINK_NOFOLLOW)` and never opened
 //!   unless they are regular files, so a planted symlink, FIFO or device is
 //!   reported as [`Error::UnexpectedFile`] and its target never touched.
+//!   So is a file whose content no lock writer produces (a `Cargo.lock`,
+//!   a pid file): it is never removed, listed or cleaned as a lock.
 //! - All lock files are reached through the directory descriptor opened at
 //!   `build()`, never by re-resolving its path.
 //! - A world-writable directory without the sticky bit is refused

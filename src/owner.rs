@@ -51,7 +51,7 @@ impl Owner {
                 readable: true,
                 ..Self::unreadable()
             },
-            Parsed::Unreadable => Self::unreadable(),
+            Parsed::Unreadable | Parsed::UuidPrefix | Parsed::Foreign => Self::unreadable(),
         }
     }
 

@@ -7,8 +7,15 @@
 //!   (unknown fields are ignored, and never rewritten: leasehold only ever
 //!   rewrites records it created);
 //! - pi-research's legacy layout, a bare UUID string;
-//! - anything else (empty, truncated, binary) as unreadable, which the
-//!   staleness rules leave alone for a grace period.
+//! - what a writer may leave mid-write or a crash may leave (empty, blank,
+//!   NUL bytes, a JSON object cut short) as unreadable, which the
+//!   staleness rules leave alone for a grace period;
+//! - a proper prefix of a UUID as a legacy record cut short, for the grace
+//!   period only;
+//! - anything else as *foreign*: content that no supported writer (leasehold,
+//!   velocious, pi-research) produces, even torn, such as a `Cargo.lock` or a
+//!   pid file that happens to sit at a lock path. It is not a lock, and is
+//!   never removed.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -36,8 +43,15 @@ pub(crate) enum Parsed {
     Record(Box<Record>),
     /// pi-research's legacy format: the content is a bare UUID.
     Legacy { uuid: String },
-    /// Empty, truncated or not a record at all.
+    /// What a writer can leave mid-write, or a crash can leave: empty,
+    /// blank or NUL bytes, or a JSON object cut short.
     Unreadable,
+    /// A proper prefix of a UUID's form (hex digits, dashes where a UUID
+    /// has them): a legacy record cut short, or a pid file. Judged as
+    /// unreadable within the grace period, and as foreign after it.
+    UuidPrefix,
+    /// Content that no supported writer produces, even torn: not a lock.
+    Foreign,
 }
 
 /// The fields leasehold understands, each optional because foreign writers
@@ -86,31 +100,60 @@ impl Record {
     }
 }
 
-/// Parses record bytes. Never fails: what cannot be read is `Unreadable`.
+/// Parses record bytes. Never fails: what cannot be read is `Unreadable`,
+/// and what no supported writer produces, even torn, is `Foreign`.
+///
+/// leasehold, velocious and pi-research write a JSON object (starting with
+/// `{`, which a torn read keeps), and pi-research's legacy layout is a bare
+/// UUID; leasehold pads its records with spaces and a newline. A crash of
+/// a writer that did not sync can leave the file's length with zeros in
+/// it, so leading and trailing blanks and NUL bytes are ignored. A
+/// complete JSON object that names no holder, or a record longer than any
+/// writer makes, is no lock record either.
 pub(crate) fn parse(bytes: &[u8]) -> Parsed {
-    let Ok(text) = std::str::from_utf8(bytes) else {
+    if bytes.len() > MAX_RECORD_LEN {
+        return Parsed::Foreign;
+    }
+    let filler = |b: &u8| b.is_ascii_whitespace() || *b == 0;
+    let (Some(start), Some(end)) = (
+        bytes.iter().position(|b| !filler(b)),
+        bytes.iter().rposition(|b| !filler(b)),
+    ) else {
         return Parsed::Unreadable;
     };
-    let text = text.trim();
-    if text.is_empty() {
-        return Parsed::Unreadable;
+    let body = &bytes[start..=end];
+    if body.first() == Some(&b'{') {
+        return match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(map)) => from_map(&map),
+            // Cut short, or not even UTF-8 (cut inside a character).
+            _ => Parsed::Unreadable,
+        };
     }
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(map)) => from_map(&map),
-        Ok(_) => Parsed::Unreadable,
-        Err(_) if looks_like_bare_uuid(text) => Parsed::Legacy {
-            uuid: text.to_owned(),
+    match uuid_form(body) {
+        Some(true) => Parsed::Legacy {
+            // ASCII, as `uuid_form` checked.
+            uuid: String::from_utf8_lossy(body).into_owned(),
         },
-        Err(_) => Parsed::Unreadable,
+        Some(false) => Parsed::UuidPrefix,
+        None => Parsed::Foreign,
     }
 }
 
-/// pi-research's legacy records are one UUID; anything else that is not
-/// JSON (a torn write, say) must stay unreadable, not become an owner.
-fn looks_like_bare_uuid(text: &str) -> bool {
-    text.len() <= 128
-        && !text.starts_with('{')
-        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+/// Whether `body` has a UUID's form, `8-4-4-4-12` hex digits (`Some(true)`),
+/// or is a proper prefix of that form (`Some(false)`); `None` if neither.
+/// pi-research's legacy records are one UUID, which a torn write can only
+/// cut short.
+fn uuid_form(body: &[u8]) -> Option<bool> {
+    const LEN: usize = 36;
+    const DASHES: [usize; 4] = [8, 13, 18, 23];
+    if body.is_empty() || body.len() > LEN {
+        return None;
+    }
+    let fits = body.iter().enumerate().all(|(i, b)| match DASHES.contains(&i) {
+        true => *b == b'-',
+        false => b.is_ascii_hexdigit(),
+    });
+    fits.then_some(body.len() == LEN)
 }
 
 fn from_map(map: &Map<String, Value>) -> Parsed {
@@ -138,8 +181,10 @@ fn from_map(map: &Map<String, Value>) -> Parsed {
         group: string("group"),
         fields: extra_fields(map),
     };
+    // A whole object (no torn read of a record makes one) naming no
+    // holder: every supported writer writes one of these.
     if record.uuid.is_none() && record.pid.is_none() && record.holder_id.is_none() {
-        return Parsed::Unreadable;
+        return Parsed::Foreign;
     }
     Parsed::Record(Box::new(record))
 }
@@ -403,10 +448,57 @@ mod tests {
     fn torn_and_empty_records_are_unreadable() {
         assert_eq!(parse(b""), Parsed::Unreadable);
         assert_eq!(parse(b"   \n"), Parsed::Unreadable);
+        // A crash without a sync can leave the length, filled with zeros.
+        assert_eq!(parse(&[0; 300]), Parsed::Unreadable);
+        assert_eq!(parse(b"{\"uuid\":\"ab\"\0\0\0"), Parsed::Unreadable);
         assert_eq!(parse(br#"{"uuid":"ab","pid":1"#), Parsed::Unreadable);
-        assert_eq!(parse(b"{}"), Parsed::Unreadable);
-        assert_eq!(parse(b"[1,2]"), Parsed::Unreadable);
-        assert_eq!(parse(&[0xff, 0xfe]), Parsed::Unreadable);
+        // Cut inside a character.
+        assert_eq!(parse(b"{\"hostname\":\"\xc3"), Parsed::Unreadable);
+        assert_eq!(parse(b"{"), Parsed::Unreadable);
+    }
+
+    #[test]
+    fn what_no_writer_produces_is_foreign() {
+        for bytes in [
+            &b"version = 4\n"[..],
+            b"hello",
+            b"{}",
+            br#"{"theme":"dark"}"#,
+            br#"{"uuid":5,"pid":"123"}"#,
+            b"[1,2]",
+            br#""6f1c3a0e-8d2b-4c55-9a7e-3b1d2f0c9e41""#,
+            b"12345678901",
+            b"6f1c3a0e-8d2b-4c55-9a7e-3b1d2f0c9e41x",
+            b"6f1c3a0e-8d2b-4c55-9a7e-3b1d2f0c9e41-0",
+            b"6f1c3a0e 8d2b",
+            b"g",
+            &[0xff, 0xfe],
+            &[0x7f, b'E', b'L', b'F'],
+        ] {
+            assert_eq!(
+                parse(bytes),
+                Parsed::Foreign,
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        let mut huge = br#"{"uuid":"u","pid":1,"x":""#.to_vec();
+        huge.resize(MAX_RECORD_LEN, b'x');
+        huge.extend_from_slice(b"\"}");
+        assert_eq!(parse(&huge), Parsed::Foreign);
+    }
+
+    #[test]
+    fn a_uuids_prefix_may_be_a_legacy_record_cut_short() {
+        let uuid = "6F1C3A0E-8d2b-4c55-9a7e-3b1d2f0c9e41";
+        for len in 1..uuid.len() {
+            assert_eq!(parse(&uuid.as_bytes()[..len]), Parsed::UuidPrefix, "{len}");
+        }
+        assert_eq!(parse(b"1234\n"), Parsed::UuidPrefix);
+        assert_eq!(
+            parse(format!("{uuid}\n").as_bytes()),
+            Parsed::Legacy { uuid: uuid.into() }
+        );
     }
 
     /// A guard's own `Owner` is made from its record without writing and

@@ -10,11 +10,18 @@
 //!
 //! The rules, in the order they are applied:
 //!
-//! 1. **Unreadable record** (empty, torn, not a JSON object, an object with
-//!    none of `uuid`/`pid`/`holderId` or with neither `pid` nor `leasehold`,
-//!    or pi-research's bare-UUID legacy form, which names no process): never stale within the grace period
-//!    of its last change, since its writer may be mid-write. After it, it
-//!    is stale unless a leasehold process holds `flock` on it.
+//! 0. **Not a lock** (content no supported writer produces, even torn:
+//!    neither a JSON object, cut short or not, nor blanks or NUL bytes,
+//!    nor a UUID or its prefix; a whole JSON object with none of
+//!    `uuid`/`pid`/`holderId`; over 64 KiB): never stale, never removed.
+//!    A proper prefix of a UUID is rule 1 within the grace period, and
+//!    not a lock after it.
+//! 1. **Unreadable record** (empty, blank, NUL bytes, a JSON object cut
+//!    short, an object with neither `pid` nor `leasehold`, or
+//!    pi-research's bare-UUID legacy form, which names no process): never
+//!    stale within the grace period of its last change, since its writer
+//!    may be mid-write. After it, it is stale unless a leasehold process
+//!    holds `flock` on it.
 //! 2. **leasehold record, same kernel** (same `bootId`): the holder keeps
 //!    `flock(LOCK_EX)` on the record for as long as it holds the lock, and
 //!    the kernel drops that lock when the process dies. A free `flock` proves
@@ -73,7 +80,8 @@
 //!
 //! So no record unchanged for a year and 2 s is kept unless its holder is
 //! provably alive and either holds the `flock` or (only without a foreign
-//! lease, on a record without a lease) is a live pid of this host.
+//! lease, on a record without a lease) is a live pid of this host; what
+//! is not a lock (rule 0) is not a record, and is never taken.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -133,9 +141,12 @@ pub enum StaleReason {
     /// whose owner cannot be checked (another host, another pid namespace)
     /// 24 hours after its last change.
     LeaseExpired,
-    /// The record cannot be read as a lock record (empty, torn, not JSON)
-    /// and is older than the
+    /// The record cannot be read as a lock record (empty, or cut short as
+    /// by a writer that crashed, or a bare legacy UUID that names no
+    /// process) and is older than the
     /// [`unreadable_grace`](crate::LockerBuilder::unreadable_grace) period.
+    /// (Content that no lock writer produces at all is no lock, and never
+    /// stale: see [`Error::UnexpectedFile`](crate::Error::UnexpectedFile).)
     Unreadable,
     /// Not a lock: a temporary or retired file or directory that a process
     /// which crashed while publishing or releasing a lock left behind.
@@ -166,6 +177,9 @@ impl StaleReason {
 pub(crate) enum Verdict {
     Live,
     Stale(StaleReason),
+    /// Not a lock: content no supported writer produces, even torn (a
+    /// `Cargo.lock`, a pid file). Never reclaimed, whatever its age.
+    NotALock,
     /// Only `flock` on the record can decide; test it and judge again.
     NeedsFlockTest,
 }
@@ -254,6 +268,8 @@ const START_TOLERANCE_MS: u64 = 2_000;
 pub(crate) fn judge(ev: &Evidence<'_>, rules: Rules, host: &dyn Host) -> Verdict {
     let record = match ev.parsed {
         Parsed::Record(r) if r.pid.is_some() || r.is_leasehold() => r,
+        Parsed::Foreign => return Verdict::NotALock,
+        Parsed::UuidPrefix => return judge_uuid_prefix(ev, rules.grace, host),
         _ => return judge_unreadable(ev, rules.grace, host),
     };
     let alive = match liveness(record, ev, host) {
@@ -300,6 +316,25 @@ fn changed_before_boot(changed: SystemTime, host: &dyn Host) -> bool {
     host.now()
         .checked_sub(since_boot)
         .is_some_and(|boot| changed < boot)
+}
+
+/// A proper prefix of a UUID: within the grace period a legacy record
+/// being written, after it no lock (a pid file, say). pi-research writes
+/// its 36 bytes in one `write`, so a legacy record cut short and left so
+/// needs a crash at that very instant; a pid file is common. Deleting the
+/// one costs data, keeping the other costs a lock name until someone
+/// removes it (acquisitions fail with `Error::UnexpectedFile`, they do not
+/// wait).
+fn judge_uuid_prefix(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Verdict {
+    let age = host
+        .now()
+        .duration_since(changed_at(ev, host))
+        .unwrap_or(Duration::ZERO);
+    if age < grace {
+        Verdict::Live
+    } else {
+        Verdict::NotALock
+    }
 }
 
 /// When the record last changed, as far as that can be trusted: its
@@ -595,6 +630,7 @@ fn recheck_on(parsed: &Parsed, mtime: SystemTime, rules: Rules, host: &dyn Host)
             Some(left) => host.now().checked_add(left),
             None => wall_lease_end(r, mtime, rules, false),
         },
+        Parsed::Foreign => None,
         _ => mtime.checked_add(rules.grace),
     }
 }

@@ -70,12 +70,15 @@ enum Expect {
     Held,
     /// Reclaimed: the next acquisition gets it.
     Reclaimed,
+    /// Not a lock (no supported writer produces it, even torn): refused
+    /// with `Error::UnexpectedFile`, and kept.
+    NotALock,
 }
 
 /// Records: every case planted fresh (modified just now) on this host.
 #[tokio::test]
 async fn records_of_every_shape() {
-    use Expect::{Held, Reclaimed};
+    use Expect::{Held, NotALock, Reclaimed};
     let me = std::process::id();
     let future = iso(SystemTime::now() + Duration::from_secs(3600));
     let decades = iso(SystemTime::now() + Duration::from_secs(40 * 365 * 86_400));
@@ -87,12 +90,32 @@ async fn records_of_every_shape() {
         // Unreadable: a writer may be mid-write, so left alone within grace.
         ("empty", b"".to_vec(), Held),
         ("whitespace", b" \n\t ".to_vec(), Held),
+        ("NUL bytes (a crash without a sync)", vec![0; 200], Held),
         ("truncated", br#"{"uuid":"a","pid":12"#.to_vec(), Held),
-        ("10 MB of garbage", garbage.into_bytes(), Held),
-        ("invalid UTF-8", vec![0xff, 0xfe, b'{', 0x80], Held),
-        ("wrong types", br#"{"uuid":5,"pid":"123"}"#.to_vec(), Held),
+        (
+            "truncated inside a character",
+            b"{\"hostname\":\"\xc3".to_vec(),
+            Held,
+        ),
+        ("a prefix of a UUID", b"6f1c3a0e-8d2b".to_vec(), Held),
         ("negative pid", br#"{"uuid":"a","pid":-5}"#.to_vec(), Held),
         ("missing fields", br#"{"uuid":"a"}"#.to_vec(), Held),
+        // What no supported writer produces, even torn: not a lock.
+        ("10 MB of garbage", garbage.into_bytes(), NotALock),
+        ("invalid UTF-8", vec![0xff, 0xfe, b'{', 0x80], NotALock),
+        ("wrong types", br#"{"uuid":5,"pid":"123"}"#.to_vec(), NotALock),
+        (
+            "an object naming no holder",
+            br#"{"theme":"dark"}"#.to_vec(),
+            NotALock,
+        ),
+        ("a TOML file", b"version = 4\n".to_vec(), NotALock),
+        ("a word", b"hello".to_vec(), NotALock),
+        (
+            "over 64 KiB",
+            format!(r#"{{"uuid":"a","pid":{me},"x":"{}"}}"#, "x".repeat(70_000)).into_bytes(),
+            NotALock,
+        ),
         // A pid that cannot be probed (0 would mean our process group,
         // huge ones do not fit pid_t): undecidable, so alive.
         ("zero pid", br#"{"uuid":"a","pid":0}"#.to_vec(), Held),
@@ -133,8 +156,8 @@ async fn records_of_every_shape() {
             format!(r#"{{"uuid":"a","pid":{me},"x":[1,{{"y":null}}],"port":3006}}"#).into_bytes(),
             Held,
         ),
-        ("a JSON array", b"[1,2,3]".to_vec(), Held),
-        ("a JSON string", br#""uuid""#.to_vec(), Held),
+        ("a JSON array", b"[1,2,3]".to_vec(), NotALock),
+        ("a JSON string", br#""uuid""#.to_vec(), NotALock),
     ];
     for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
         let dir = tempfile::tempdir().unwrap();
@@ -154,10 +177,24 @@ async fn records_of_every_shape() {
             };
             std::fs::write(&record, bytes).unwrap();
             let got = locker.try_acquire(&name).await;
+            if let NotALock = expect {
+                assert!(
+                    matches!(got, Err(Error::UnexpectedFile { .. })),
+                    "{strategy:?} {what}: {got:?}"
+                );
+                assert_eq!(&std::fs::read(&record).unwrap(), bytes, "{strategy:?} {what}");
+                let info = locker.inspect(&name).await;
+                assert!(
+                    matches!(info, Err(Error::UnexpectedFile { .. })),
+                    "{strategy:?} {what}"
+                );
+                continue;
+            }
             let got = got.unwrap_or_else(|e| panic!("{strategy:?} {what}: {e}"));
             match expect {
                 Held => assert!(got.is_none(), "{strategy:?} {what}: taken from its holder"),
                 Reclaimed => assert!(got.is_some(), "{strategy:?} {what}: not reclaimed"),
+                NotALock => unreachable!(),
             }
             // Whatever the record, inspecting it never fails or panics.
             let info = locker.inspect(&name).await.unwrap();
@@ -266,8 +303,10 @@ proptest! {
 
     /// Whatever is at a lock path, once unchanged for longer than every
     /// bound the staleness rules state (a year plus the skew margin; its
-    /// writer holds no flock), it is stale and taken; fresh, it is judged
-    /// without a panic, and a stale verdict is one `try_acquire` acts on.
+    /// writer holds no flock), it is stale and taken, or, if no supported
+    /// writer could have written it, refused as no lock and kept byte for
+    /// byte; fresh, it is judged without a panic, and a stale verdict is
+    /// one `try_acquire` acts on.
     #[test]
     fn any_bytes_at_a_lock_path_are_reclaimed_past_every_bound(
         bytes in any_record(),
@@ -281,17 +320,142 @@ proptest! {
 
         let long_ago = SystemTime::now() - Duration::from_secs(3 * 365 * 86_400);
         plant_bytes(&locker, strategy, "old", &bytes, long_ago);
-        let info = rt.block_on(locker.inspect("old")).unwrap().expect("a lock is there");
-        prop_assert!(info.is_stale(), "{shown:?} is not stale after three years");
-        let taken = rt.block_on(locker.try_acquire("old")).unwrap();
-        prop_assert!(taken.is_some(), "{shown:?} was not taken");
-        drop(taken);
+        match rt.block_on(locker.inspect("old")) {
+            Err(Error::UnexpectedFile { path, .. }) => {
+                let taken = rt.block_on(locker.try_acquire("old"));
+                prop_assert!(matches!(taken, Err(Error::UnexpectedFile { .. })), "{shown:?}: {taken:?}");
+                let record = if directory { path.join("owner.json") } else { path };
+                prop_assert_eq!(std::fs::read(record).unwrap(), bytes.clone(), "{:?} changed", shown);
+            }
+            info => {
+                let info = info.unwrap().expect("a lock is there");
+                prop_assert!(info.is_stale(), "{shown:?} is not stale after three years");
+                let taken = rt.block_on(locker.try_acquire("old")).unwrap();
+                prop_assert!(taken.is_some(), "{shown:?} was not taken");
+            }
+        }
 
         plant_bytes(&locker, strategy, "fresh", &bytes, SystemTime::now());
-        let info = rt.block_on(locker.inspect("fresh")).unwrap().expect("a lock is there");
+        let info = match rt.block_on(locker.inspect("fresh")) {
+            // No lock: checked above (a UUID's prefix is none only once
+            // past the grace period).
+            Err(Error::UnexpectedFile { .. }) => return Ok(()),
+            info => info.unwrap().expect("a lock is there"),
+        };
         let taken = rt.block_on(locker.try_acquire("fresh")).unwrap();
         if info.is_stale() {
             prop_assert!(taken.is_some(), "{shown:?} is stale ({:?}) but was not taken", info.stale_reason());
         }
     }
+}
+
+/// Every entry of the lock directory `path` and its content (`None` for a
+/// directory), sorted.
+fn contents(path: &std::path::Path) -> Vec<(String, Option<Vec<u8>>)> {
+    let mut all: Vec<_> = std::fs::read_dir(path)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let content = match e.file_type().unwrap().is_dir() {
+                true => None,
+                false => Some(std::fs::read(e.path()).unwrap()),
+            };
+            (e.file_name().to_string_lossy().into_owned(), content)
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The directory layout, whatever a lock directory holds: any
+    /// `owner.json` (or none), a renewal's `owner.json.next`, and files or
+    /// directories of someone else's. Judging never panics; one that holds
+    /// anything but a lock record is no lock, refused and kept as it was,
+    /// however old; one that is a lock is judged as the file layout would.
+    #[test]
+    fn any_lock_directory_is_judged_and_data_in_it_kept(
+        owner in proptest::option::of(any_record()),
+        next in any::<bool>(),
+        strays in proptest::sample::subsequence(vec!["notes.txt", ".hidden", "sub"], 0..=3),
+        old in any::<bool>(),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = Locker::builder().directory(dir.path()).strategy(Strategy::Directory).build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let path = locker.lock_path("job").unwrap();
+        std::fs::create_dir(&path).unwrap();
+        if let Some(bytes) = &owner {
+            std::fs::write(path.join("owner.json"), bytes).unwrap();
+        }
+        if next {
+            std::fs::write(path.join("owner.json.next"), br#"{"uuid":"u","#).unwrap();
+        }
+        for stray in &strays {
+            match *stray {
+                "sub" => std::fs::create_dir(path.join(stray)).unwrap(),
+                _ => std::fs::write(path.join(stray), b"someone's data").unwrap(),
+            }
+        }
+        let age = if old { Duration::from_secs(3 * 365 * 86_400) } else { Duration::ZERO };
+        for entry in std::fs::read_dir(&path).unwrap() {
+            let entry = entry.unwrap().path();
+            std::fs::File::open(&entry).unwrap().set_modified(SystemTime::now() - age).unwrap();
+        }
+        std::fs::File::open(&path).unwrap().set_modified(SystemTime::now() - age).unwrap();
+        let before = contents(&path);
+
+        let inspected = rt.block_on(locker.inspect("job"));
+        let taken = rt.block_on(locker.try_acquire("job"));
+        let cleaned = rt.block_on(locker.clean(false));
+        if !strays.is_empty() {
+            prop_assert!(matches!(inspected, Err(Error::UnexpectedFile { .. })), "{strays:?}: {inspected:?}");
+            prop_assert!(matches!(taken, Err(Error::UnexpectedFile { .. })), "{strays:?}: {taken:?}");
+        }
+        match inspected {
+            Err(Error::UnexpectedFile { .. }) => {
+                prop_assert!(cleaned.unwrap().is_empty());
+                prop_assert_eq!(contents(&path), before, "a directory that is no lock changed");
+            }
+            other => {
+                let info = other.unwrap().expect("a lock is there");
+                if old {
+                    prop_assert!(info.is_stale(), "{owner:?} kept for three years");
+                    prop_assert!(taken.unwrap().is_some(), "{owner:?} not taken");
+                }
+            }
+        }
+    }
+}
+
+/// Settings that cannot work are refused by `build()`, not discovered at
+/// the first acquisition (the rest: `tests/guard.rs`
+/// `the_builder_rejects_settings_that_cannot_work`, `tests/config.rs`).
+#[test]
+fn zero_and_too_short_settings_are_refused_at_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = || Locker::builder().directory(dir.path());
+    for (what, builder) in [
+        ("zero grace", base().unreadable_grace(Duration::ZERO)),
+        ("zero wait notice", base().wait_notice(Some(Duration::ZERO))),
+        ("lease below 200 ms", base().lease(Duration::from_millis(199))),
+        (
+            "renewal above half the lease",
+            base()
+                .lease(Duration::from_secs(10))
+                .renew_interval(Duration::from_millis(5_001)),
+        ),
+    ] {
+        let got = builder.build();
+        assert!(matches!(got, Err(Error::InvalidConfig { .. })), "{what}: {got:?}");
+    }
+    // The smallest accepted values work.
+    base()
+        .unreadable_grace(Duration::from_nanos(1))
+        .wait_notice(None)
+        .lease(Duration::from_millis(200))
+        .build()
+        .unwrap();
 }

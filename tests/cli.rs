@@ -1196,3 +1196,67 @@ fn list_and_holder_work_on_a_directory_the_user_may_only_read() {
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o700)).unwrap();
 }
+
+/// `leasehold clean --dir .` in a project, or `--dir /var/lock`, is one
+/// typo away: files of data whose names end in `.lock` (Cargo.lock, a pid
+/// file) are not locks, so `clean` keeps them and `list` does not show
+/// them, in either strategy, however old they are.
+#[test]
+fn clean_and_list_leave_files_of_data_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let files = [
+        ("Cargo.lock", "version = 4\n\n[[package]]\nname = \"x\"\n"),
+        ("daemon.lock", "1234\n"),
+        ("flake.lock", "{\n  \"nodes\": {},\n  \"version\": 7\n}\n"),
+    ];
+    for (file, text) in files {
+        let path = tmp.path().join(file);
+        std::fs::write(&path, text).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let d = tmp.path().to_str().unwrap();
+    for strategy in ["file", "dir"] {
+        for args in [
+            &["clean", "--dir", d, "--strategy", strategy][..],
+            &["clean", "--dir", d, "--strategy", strategy, "--json"],
+        ] {
+            let done = finish(args);
+            assert_eq!(done.code, Some(0), "{args:?}: {}", done.stderr);
+            for (file, text) in files {
+                let kept = std::fs::read_to_string(tmp.path().join(file));
+                assert_eq!(kept.ok().as_deref(), Some(text), "{args:?}: {}", done.stdout);
+            }
+        }
+        let listed = finish(&["list", "--dir", d, "--strategy", strategy, "--json"]);
+        assert_eq!(listed.code, Some(0), "{}", listed.stderr);
+        assert_eq!(listed.json(), Value::Array(vec![]), "{strategy}");
+    }
+}
+
+/// A lock name that is not UTF-8 (the library's names are strings) is a
+/// usage error: status 2, a message, nothing created, no panic.
+#[test]
+fn a_lock_name_that_is_not_utf8_is_a_usage_error() {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let odd = std::ffi::OsStr::from_bytes(b"job\xff");
+    for sub in ["run", "holder"] {
+        let mut cmd = leasehold(&[sub, "--dir", d]);
+        cmd.arg(odd);
+        if sub == "run" {
+            cmd.arg("true");
+        }
+        let done = finish_cmd(cmd);
+        assert_eq!(done.code, Some(2), "{sub}: {}", done.stderr);
+        assert!(!done.stderr.contains("panicked"), "{sub}: {}", done.stderr);
+        assert!(!done.stderr.is_empty(), "{sub}: says nothing");
+    }
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}

@@ -285,6 +285,7 @@ fn child_process_entry() {
         match role.as_str() {
             "read_only" => read_only_directory(&base).await,
             "eacces" => unreadable_owner_record(&base).await,
+            "others_lock" => another_users_stale_lock(&base).await,
             other => panic!("unknown role {other}"),
         }
     });
@@ -320,9 +321,15 @@ fn unprivileged(role: &str, what: &str) {
         Some(Gid::from_raw(NOBODY)),
     )
     .unwrap();
+    as_nobody(role, tmp.path(), what);
+}
+
+/// Runs `role` in a child process dropped to uid 65534, on `dir`; skips
+/// (with a note) where the child cannot drop its privileges.
+fn as_nobody(role: &str, dir: &Path, what: &str) {
     let mut child = reexec::child_process()
         .env(ROLE_ENV, role)
-        .env(DIR_ENV, tmp.path())
+        .env(DIR_ENV, dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -464,6 +471,52 @@ async fn unreadable_owner_record(base: &Path) {
     assert_eq!(PANICS.load(Ordering::SeqCst), 0, "something panicked");
 }
 
+/// In a shared sticky directory (`/tmp`, `/run/lock`), a stale lock file
+/// of another user can be judged but not removed (the sticky bit): an
+/// acquisition fails with `Error::PermissionDenied` instead of waiting or
+/// pretending, and the file stays. Root sets it up; the scenario runs as
+/// uid 65534.
+#[test]
+fn another_users_stale_lock_in_a_sticky_directory_is_a_permission_error() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to make a file of another user");
+        return;
+    }
+    count_panics();
+    let tmp = tempfile::tempdir().unwrap();
+    set_mode(tmp.path(), 0o755);
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    set_mode(&shared, 0o1777);
+    let locker = Locker::new(&shared).unwrap();
+    let path = locker.lock_path("job").unwrap();
+    std::fs::write(&path, format!(r#"{{"uuid":"root's","pid":{}}}"#, dead_pid())).unwrap();
+    set_mode(&path, 0o644);
+    as_nobody("others_lock", &shared, "another user's stale lock");
+    assert!(path.exists(), "another user's lock file was removed");
+}
+
+async fn another_users_stale_lock(shared: &Path) {
+    let locker = Locker::new(shared).unwrap();
+    let info = locker.inspect("job").await.unwrap().expect("a lock is there");
+    assert_eq!(info.stale_reason(), Some(leasehold::StaleReason::DeadOwner));
+    expect_permission(
+        "try_acquire",
+        bounded("try_acquire", locker.try_acquire("job")).await,
+    );
+    expect_permission(
+        "acquire_timeout",
+        bounded(
+            "acquire_timeout",
+            locker.acquire_timeout("job", Duration::from_secs(2)),
+        )
+        .await,
+    );
+    assert!(locker.lock_path("job").unwrap().exists());
+    // Another name in the same directory is this user's to take.
+    drop(locker.try_acquire("mine").await.unwrap().expect("free"));
+}
+
 // -------------------------------------------- things planted at lock path
 
 /// What a planted object should make leasehold do.
@@ -539,6 +592,11 @@ async fn foreign_objects_at_the_lock_path_are_refused_and_never_followed() {
                 plant: &|p, out| std::fs::hard_link(out.join("old-sentinel"), p).unwrap(),
             },
             Planted {
+                what: "a hard link to an old sentinel of data",
+                expect: link_expect(Expect::Unexpected("file that holds no lock record")),
+                plant: &|p, out| std::fs::hard_link(out.join("data-sentinel"), p).unwrap(),
+            },
+            Planted {
                 what: "a hard link to a sentinel holding a dead owner's record",
                 expect: link_expect(Expect::Reclaimed),
                 plant: &|p, out| std::fs::hard_link(out.join("dead-sentinel"), p).unwrap(),
@@ -558,14 +616,21 @@ async fn planted(strategy: Strategy, case: &Planted<'_>) {
     let outside = tmp.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
     let sentinels = [
+        // Records cut short (a JSON object's start): locks being written.
         Sentinel::new(
             outside.join("sentinel"),
-            b"sentinel: never touch\n",
+            br#"{"sentinel":"never touch""#,
             Duration::ZERO,
         ),
         Sentinel::new(
             outside.join("old-sentinel"),
-            b"old sentinel: never touch\n",
+            br#"{"old sentinel":"never touch""#,
+            Duration::from_secs(3600),
+        ),
+        // No writer's record, even cut short: not a lock.
+        Sentinel::new(
+            outside.join("data-sentinel"),
+            b"data sentinel: never touch\n",
             Duration::from_secs(3600),
         ),
         Sentinel::new(

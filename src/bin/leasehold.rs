@@ -45,9 +45,11 @@
 //! holds is waited for. A PATH that holds anything else (a file of data
 //! held by flock(1) or not, such as a script that locks itself with
 //! `flock -en "$0"`; a directory holding anything but a lock record in
-//! `owner.json`), which the library
-//! would judge a stale lock and remove, is refused with status 2 and left
-//! as it is. A name without `/` is a lock in the lock directory.
+//! `owner.json`) is refused with status 2 and left as it is. (The library
+//! itself refuses content that no lock writer produces; the tool also
+//! refuses JSON that is not shaped as one of the three kinds of record,
+//! such as `{"uuid":"…","pid":7}` in a file of data, which the library
+//! would judge a lock, and remove once stale.) A name without `/` is a lock in the lock directory.
 //! Do not take one path with flock(1) and leasehold at the same time:
 //! flock(1) never removes its file, and a waiter of one kind can miss a
 //! file the other removed.
@@ -132,7 +134,9 @@
 //!   semaphore of N permits), listing every holder of a shared lock or a
 //!   semaphore; `list` shows every lock in the directory, with its kind
 //!   and holders; `clean` removes stale locks and crash leftovers (never a
-//!   live lock), or with `--dry-run` says what it would remove. None of
+//!   live lock, never a file of data whose name ends in `.lock`, such as
+//!   `Cargo.lock` or a pid file: `list` leaves those out too), or with
+//!   `--dry-run` says what it would remove. None of
 //!   them creates a directory: on one that does not exist they say so and
 //!   exit 66.
 //! - `man [SUBCOMMAND]` writes the man page (roff) of the tool, or of
@@ -356,9 +360,9 @@ enum Command {
         #[command(flatten)]
         opts: Inspect,
     },
-    /// List every lock in the directory, held or stale; exit 66 if the directory does not exist.
+    /// List every lock in the directory, held or stale (files of data named *.lock are no locks, and left out); exit 66 if the directory does not exist.
     List(Inspect),
-    /// Remove stale locks and crash leftovers; live locks are never touched. Exit 66 if the directory does not exist.
+    /// Remove stale locks and crash leftovers; live locks, and files of data named *.lock (Cargo.lock, a pid file), are never touched. Exit 66 if the directory does not exist.
     Clean {
         #[command(flatten)]
         opts: Inspect,

@@ -213,6 +213,21 @@ pub(super) fn read_owner(dir: &File) -> io::Result<Option<(Vec<u8>, SystemTime)>
     Ok(Some((read_record(&file)?, meta.modified().unwrap_or(UNIX_EPOCH))))
 }
 
+/// Whether the lock directory `dir` holds anything but a lock record: an
+/// entry other than `owner.json` (and `owner.json.next`, a renewal's), or
+/// an `owner.json` that is not a regular file. Neither leasehold nor
+/// velocious makes one; a reclaim would empty it. A directory that cannot
+/// be listed is left to the other checks.
+pub(super) fn holds_other_files(dir: &File) -> bool {
+    let Ok(entries) = syscall::list_at(dir) else {
+        return false;
+    };
+    if entries.iter().any(|e| e != OWNER && e != NEXT) {
+        return true;
+    }
+    matches!(syscall::stat_at(dir, OWNER), Ok(st) if st.kind != syscall::Kind::File)
+}
+
 /// Moves the lock directory at the lock path to a private trash name and
 /// empties it. The caller holds the mutation lock (released here once the
 /// lock path is free) and has checked that the path names `node`.

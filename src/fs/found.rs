@@ -73,8 +73,15 @@ impl Found {
                 Err(e) => return Err(e).context("read lock record", || path().join("owner.json")),
             },
         };
+        // A lock directory holds its record and nothing else (but, while
+        // it is renewed, the next record): one that holds other files is
+        // someone's data, which a reclaim would empty.
+        let parsed = match ctx.strategy == Strategy::Directory && directory::holds_other_files(&node) {
+            true => Parsed::Foreign,
+            false => record::parse(&bytes),
+        };
         Ok(Some(Found {
-            parsed: record::parse(&bytes),
+            parsed,
             node,
             dev: meta.dev(),
             ino: meta.ino(),
@@ -117,6 +124,19 @@ impl Found {
         self.flocked = self.node.try_lock().is_ok();
         evidence.flock_free = Some(self.flocked);
         stale::judge(&evidence, ctx.rules(), &host)
+    }
+
+    /// The error for a lock path that holds no lock (judged
+    /// [`Verdict::NotALock`]): never removed, never waited for.
+    pub(super) fn not_a_lock(&self, ctx: &Ctx, name: &LockName) -> Error {
+        Error::UnexpectedFile {
+            name: name.as_str().to_owned(),
+            path: ctx.path_of(name.file_name()),
+            found: match ctx.strategy {
+                Strategy::ExclusiveFile => "file that holds no lock record",
+                Strategy::Directory => "directory that holds something other than a lock record",
+            },
+        }
     }
 
     /// The `(dev, ino)` of what was found.

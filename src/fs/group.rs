@@ -266,6 +266,9 @@ fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<Entry>> {
     }
     let reason = match verdict {
         Verdict::Stale(reason) => Some(reason),
+        // Only leasehold writes in a members directory, under names of its
+        // own: what no writer produces there is no holder, and removed.
+        Verdict::NotALock => Some(StaleReason::Unreadable),
         _ => None,
     };
     Ok(Some(Entry {

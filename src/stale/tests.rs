@@ -123,5 +123,6 @@ fn verdict(json: &str, mtime_ms_ago: u64, flock_free: Option<bool>) -> Verdict {
 }
 
 mod every_record;
+mod fuzz;
 mod leases;
 mod owners;

@@ -64,10 +64,12 @@ impl Target {
 }
 
 /// Refuses a lock PATH that names a file or directory holding something
-/// other than a lock, which the library would take for a lock whose record
-/// is unreadable, judge stale, and remove (a file) or empty (a directory,
-/// with the directory strategy): `leasehold run ~/notes.txt` must never
-/// delete the notes. A lock is: nothing yet; an empty file (flock(1)'s, or
+/// other than a lock: `leasehold run ~/notes.txt` must never delete the
+/// notes. The library refuses content that no lock writer produces on its
+/// own (`Error::UnexpectedFile`); this check, for a path a user typed, is
+/// stricter: JSON that names a holder without the shape of any of the three
+/// kinds of record (a file of data with `uuid` and `pid` keys) the library
+/// would judge a lock, and remove once stale. A lock is: nothing yet; an empty file (flock(1)'s, or
 /// one a leasehold process is creating); a file holding a lock record (a
 /// JSON object naming a holder); for the directory strategy, a directory
 /// holding a lock record in `owner.json` and nothing else (but, while it

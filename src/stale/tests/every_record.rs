@@ -160,6 +160,9 @@ proptest! {
         let host = fake();
         let now = judge_with_flock(&parsed, mtime, Duration::ZERO, held, rules, &host);
         prop_assert_ne!(now, Verdict::NeedsFlockTest);
+        if now == Verdict::NotALock {
+            prop_assert!(matches!(parsed, Parsed::Foreign | Parsed::UuidPrefix), "{:?}", parsed);
+        }
         let _ = recheck_on(&parsed, mtime, rules, &host);
 
         // Past the bound, counted from when the file was first seen.
@@ -180,7 +183,12 @@ proptest! {
                     && r.lease_expires_at.is_none()
                     && r.pid.is_some_and(|pid| host.procs.contains_key(&pid))
             });
-        if !(flock_proves || pid_proves) {
+        // What no writer produces is no lock, whatever its age: never
+        // taken. A UUID's prefix is one once past the grace period.
+        let not_a_lock = matches!(parsed, Parsed::Foreign | Parsed::UuidPrefix);
+        if not_a_lock {
+            prop_assert_eq!(verdict, Verdict::NotALock);
+        } else if !(flock_proves || pid_proves) {
             prop_assert!(
                 matches!(verdict, Verdict::Stale(_)),
                 "{:?} kept: {verdict:?}",
