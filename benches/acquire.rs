@@ -12,9 +12,14 @@
 //! | `raw_file_floor_fdatasync` | the same, with `fdatasync` before close (compare with `durable(true)`) |
 //! | `raw_directory_floor` | mkdir a temp dir + write `owner.json` in it + rename it onto the lock path + unlink `owner.json` + rmdir |
 //! | `std_flock_open_file` | `File::lock()` + `File::unlock()` on a file that is already open |
-//! | `leasehold_file_not_durable` | `Strategy::ExclusiveFile`, `durable(false)` |
-//! | `leasehold_file_durable` | `Strategy::ExclusiveFile`, `durable(true)` (the default) |
-//! | `leasehold_directory_not_durable` | `Strategy::Directory`, `durable(false)` |
+//! | `leasehold_file` | the defaults (`Strategy::ExclusiveFile`, records not synced), guard dropped |
+//! | `leasehold_file_release_await` | the same, released with `guard.release().await` |
+//! | `leasehold_file_durable` | `durable(true)`: the record synced (compare with the `fdatasync` floor) |
+//! | `leasehold_directory` | `Strategy::Directory`, guard dropped |
+//! | `leasehold_directory_release_await` | the same, released with `guard.release().await` |
+//!
+//! After the group, py-filelock's `FileLock` (if `python3 -c "import
+//! filelock"` works) runs the same uncontended loop in the same directory.
 //!
 //! The raw floors write records of the same size as the ones leasehold
 //! writes for the same strategy (measured at start-up). Before each
@@ -144,13 +149,30 @@ fn uncontended(c: &mut Criterion) {
         })
     });
 
-    let file_fast = Locker::builder().directory(work).durable(false).build().unwrap();
+    // The defaults (records not synced), dropping the guard...
+    let file_default = Locker::new(work).unwrap();
     settler.settle();
-    group.bench_function("leasehold_file_not_durable", |b| {
+    group.bench_function("leasehold_file", |b| {
         b.to_async(&rt)
-            .iter(|| async { drop(file_fast.acquire(FILE_NAME).await.unwrap()) })
+            .iter(|| async { drop(file_default.acquire(FILE_NAME).await.unwrap()) })
     });
 
+    // ...and releasing it with `release().await`, which also reports
+    // whether the lock was still ours.
+    settler.settle();
+    group.bench_function("leasehold_file_release_await", |b| {
+        b.to_async(&rt).iter(|| async {
+            file_default
+                .acquire(FILE_NAME)
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap()
+        })
+    });
+
+    // Records synced before the lock counts as held (opt-in).
     let file_durable = Locker::builder().directory(work).durable(true).build().unwrap();
     settler.settle();
     group.bench_function("leasehold_file_durable", |b| {
@@ -158,18 +180,66 @@ fn uncontended(c: &mut Criterion) {
             .iter(|| async { drop(file_durable.acquire(FILE_NAME).await.unwrap()) })
     });
 
-    let dir_fast = Locker::builder()
+    let dir_default = Locker::builder()
         .directory(work)
         .strategy(Strategy::Directory)
-        .durable(false)
         .build()
         .unwrap();
     settler.settle();
-    group.bench_function("leasehold_directory_not_durable", |b| {
+    group.bench_function("leasehold_directory", |b| {
         b.to_async(&rt)
-            .iter(|| async { drop(dir_fast.acquire(DIR_NAME).await.unwrap()) })
+            .iter(|| async { drop(dir_default.acquire(DIR_NAME).await.unwrap()) })
+    });
+    settler.settle();
+    group.bench_function("leasehold_directory_release_await", |b| {
+        b.to_async(&rt).iter(|| async {
+            dir_default
+                .acquire(DIR_NAME)
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap()
+        })
     });
     group.finish();
+
+    // The lock Python users pick, in the same directory and run.
+    settler.settle();
+    py_filelock(work);
+}
+
+/// py-filelock's `FileLock` (flock on a lock file it keeps), uncontended
+/// acquire + release, timed in Python; skipped when the module is missing
+/// (`pip install filelock`).
+fn py_filelock(dir: &Path) {
+    const SCRIPT: &str = r#"
+import os, sys, time, filelock
+lock = filelock.FileLock(os.path.join(sys.argv[1], "py-filelock.lock"))
+def run(n):
+    start = time.perf_counter()
+    for _ in range(n):
+        lock.acquire()
+        lock.release()
+    return (time.perf_counter() - start) / n
+run(2000)
+best = sorted(run(5000) for _ in range(5))
+print(f"{filelock.__version__} {best[2] * 1e6:.2f}")
+"#;
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(dir)
+        .output();
+    match out {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let mut words = text.split_whitespace();
+            let (version, micros) = (words.next().unwrap_or("?"), words.next().unwrap_or("?"));
+            println!("py-filelock {version} FileLock, acquire + release: median of 5 runs {micros} µs");
+        }
+        _ => println!("py-filelock: not measured (python3 with the filelock module is needed)"),
+    }
 }
 
 criterion_group!(benches, uncontended);

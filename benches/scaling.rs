@@ -5,8 +5,13 @@
 //! cargo bench --bench scaling
 //! ```
 //!
+//! Each configuration runs three times; the table gives the median run's
+//! throughput and the worst run's fairness (least served process over
+//! most served). py-filelock's `FileLock` runs the same loop in Python for
+//! 4 and 16 processes when `python3 -c "import filelock"` works.
+//!
 //! Each process (this binary, re-run) loops acquire → tiny critical section
-//! → release on one name (`durable(false)`) between a start and a stop
+//! → release on one name (the defaults) between a start and a stop
 //! time on `CLOCK_MONOTONIC`, passed as arguments, and prints how many
 //! acquisitions it made. The waits use `acquire_timeout` up to the stop
 //! time, so no child outlives it by more than one attempt; the parent
@@ -53,56 +58,142 @@ fn main() {
     let d = dir.path().to_str().unwrap();
 
     println!(
-        "\n{} s per configuration, one name, durable(false), each process: acquire -> tiny critical section -> release",
+        "\n{} s per configuration, run three times, one name, the defaults, each process: acquire -> tiny critical section -> release",
         RUN.as_secs()
     );
     println!(
-        "| processes | acquisitions/s (total) | per process min / median / max | fairness min/max | coefficient of variation | disk attempts per acquisition |"
+        "| processes | acquisitions/s (median run) | per process min / median / max (median run) | fairness min/max: worst (each run) | longest wait | disk attempts per acquisition |"
     );
     println!("|---|---|---|---|---|---|");
     let mut settler = Settler::new(dir.path());
     for n in PROCESSES {
-        // Every configuration starts from the same filesystem state.
-        settler.settle();
-        let start = now_ns() + START_DELAY.as_nanos() as u64;
-        let stop = start + RUN.as_nanos() as u64;
-        let children: Vec<Child> = (0..n)
+        let runs: Vec<Run> = (0..REPEATS)
             .map(|_| {
-                Command::new(std::env::current_exe().unwrap())
-                    .args([d, &start.to_string(), &stop.to_string()])
-                    .env(ROLE, "contend")
-                    .stdout(Stdio::piped())
-                    .spawn()
-                    .unwrap()
+                // Every run starts from the same filesystem state.
+                settler.settle();
+                run(n, |start, stop| {
+                    Command::new(std::env::current_exe().unwrap())
+                        .args([d, &start.to_string(), &stop.to_string()])
+                        .env(ROLE, "contend")
+                        .stdout(Stdio::piped())
+                        .spawn()
+                        .unwrap()
+                })
             })
             .collect();
-        let results: Vec<(u64, u64)> = children
-            .into_iter()
-            .map(|child| finish(child, stop + GRACE.as_nanos() as u64))
-            .collect();
-        let mut counts: Vec<f64> = results.iter().map(|r| r.0 as f64).collect();
-        counts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let total: f64 = counts.iter().sum();
-        let attempts: u64 = results.iter().map(|r| r.1).sum();
-        let mean = total / n as f64;
-        let var = counts.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / n as f64;
-        let (min, max) = (counts[0], counts[n - 1]);
-        let median = (counts[(n - 1) / 2] + counts[n / 2]) / 2.0;
-        println!(
-            "| {n} | {:.0} | {min:.0} / {:.0} / {max:.0} | {:.3} | {:.2} | {:.2} |",
-            total / RUN.as_secs_f64(),
-            median,
-            if max > 0.0 { min / max } else { 0.0 },
-            if mean > 0.0 { var.sqrt() / mean } else { 0.0 },
-            if total > 0.0 { attempts as f64 / total } else { 0.0 },
-        );
+        report(&n.to_string(), &runs);
+    }
+    // The lock Python users pick, contended the same way (skipped without
+    // python3's filelock module).
+    if python_has_filelock() {
+        println!("\npy-filelock FileLock, the same loop in Python, in the same directory:\n");
+        for n in [4, 16] {
+            let runs: Vec<Run> = (0..REPEATS)
+                .map(|_| {
+                    settler.settle();
+                    run(n, |start, stop| {
+                        Command::new("python3")
+                            .args(["-c", PY_CONTEND, d, &start.to_string(), &stop.to_string()])
+                            .stdout(Stdio::piped())
+                            .spawn()
+                            .unwrap()
+                    })
+                })
+                .collect();
+            report(&format!("{n} (py-filelock)"), &runs);
+        }
     }
 }
 
+/// Runs of each configuration: the table gives the median throughput and
+/// the worst fairness of these.
+const REPEATS: usize = 3;
+
+/// One run of `n` contending processes: each one's acquisitions, disk
+/// attempts and longest wait (µs).
+struct Run {
+    counts: Vec<f64>,
+    attempts: u64,
+    longest_wait_us: u64,
+}
+
+fn run(n: usize, spawn: impl Fn(u64, u64) -> Child) -> Run {
+    let start = now_ns() + START_DELAY.as_nanos() as u64;
+    let stop = start + RUN.as_nanos() as u64;
+    let children: Vec<Child> = (0..n).map(|_| spawn(start, stop)).collect();
+    let results: Vec<(u64, u64, u64)> = children
+        .into_iter()
+        .map(|child| finish(child, stop + GRACE.as_nanos() as u64))
+        .collect();
+    let mut counts: Vec<f64> = results.iter().map(|r| r.0 as f64).collect();
+    counts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Run {
+        counts,
+        attempts: results.iter().map(|r| r.1).sum(),
+        longest_wait_us: results.iter().map(|r| r.2).max().unwrap_or(0),
+    }
+}
+
+fn report(label: &str, runs: &[Run]) {
+    let fairness = |r: &Run| {
+        let (min, max) = (r.counts[0], r.counts[r.counts.len() - 1]);
+        if max > 0.0 { min / max } else { 0.0 }
+    };
+    let mut rates: Vec<f64> = runs
+        .iter()
+        .map(|r| r.counts.iter().sum::<f64>() / RUN.as_secs_f64())
+        .collect();
+    rates.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let worst = runs.iter().map(fairness).fold(f64::INFINITY, f64::min);
+    let each: Vec<String> = runs.iter().map(|r| format!("{:.2}", fairness(r))).collect();
+    let median_run = &runs[runs.len() / 2];
+    let n = median_run.counts.len();
+    let total: f64 = runs.iter().map(|r| r.counts.iter().sum::<f64>()).sum();
+    let attempts: u64 = runs.iter().map(|r| r.attempts).sum();
+    let longest = runs.iter().map(|r| r.longest_wait_us).max().unwrap_or(0);
+    println!(
+        "| {label} | {:.0} | {:.0} / {:.0} / {:.0} | **{worst:.2}** ({}) | {:.1} ms | {:.2} |",
+        rates[rates.len() / 2],
+        median_run.counts[0],
+        median_run.counts[(n - 1) / 2],
+        median_run.counts[n - 1],
+        each.join(", "),
+        longest as f64 / 1000.0,
+        if total > 0.0 { attempts as f64 / total } else { 0.0 },
+    );
+}
+
+fn python_has_filelock() -> bool {
+    Command::new("python3")
+        .args(["-c", "import filelock"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The contending loop in Python with py-filelock: same start and stop
+/// times on CLOCK_MONOTONIC, same output (acquisitions, attempts as 0,
+/// longest wait in µs).
+const PY_CONTEND: &str = r#"
+import os, sys, time, filelock
+d, start, stop = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+lock = filelock.FileLock(os.path.join(d, "py-contended.lock"))
+now = lambda: time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+time.sleep(max(0, start - now()) / 1e9)
+count, longest = 0, 0
+while now() < stop:
+    t = now()
+    lock.acquire()
+    count += 1
+    lock.release()
+    longest = max(longest, now() - t)
+print(count, 0, longest // 1000)
+"#;
+
 /// Waits for `child` until `deadline_ns`, killing it (by pid) and reaping
-/// it if it is still running then; returns its acquisitions and disk
-/// attempts.
-fn finish(mut child: Child, deadline_ns: u64) -> (u64, u64) {
+/// it if it is still running then; returns its acquisitions, disk
+/// attempts and longest wait (µs).
+fn finish(mut child: Child, deadline_ns: u64) -> (u64, u64, u64) {
     loop {
         if child.try_wait().unwrap().is_some() {
             break;
@@ -119,7 +210,7 @@ fn finish(mut child: Child, deadline_ns: u64) -> (u64, u64) {
     child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     assert!(status.success(), "child failed: {status}");
     let mut f = out.split_whitespace().map(|s| s.parse().unwrap());
-    (f.next().unwrap(), f.next().unwrap())
+    (f.next().unwrap(), f.next().unwrap(), f.next().unwrap())
 }
 
 fn contend(dir: &str, start: u64, stop: u64) {
@@ -128,10 +219,11 @@ fn contend(dir: &str, start: u64, stop: u64) {
         .build()
         .unwrap();
     rt.block_on(async {
-        let locker = Locker::builder().directory(dir).durable(false).build().unwrap();
+        let locker = Locker::new(dir).unwrap();
         tokio::time::sleep(Duration::from_nanos(start.saturating_sub(now_ns()))).await;
         let mut count = 0u64;
         let mut critical = 0u64;
+        let mut longest = 0u64;
         loop {
             let now = now_ns();
             if now >= stop {
@@ -142,6 +234,7 @@ fn contend(dir: &str, start: u64, stop: u64) {
                 .await
             {
                 Ok(guard) => {
+                    longest = longest.max(now_ns() - now);
                     // The tiny critical section.
                     critical = std::hint::black_box(critical + 1);
                     drop(guard);
@@ -152,6 +245,6 @@ fn contend(dir: &str, start: u64, stop: u64) {
             }
         }
         assert_eq!(critical, count);
-        println!("{count} {}", locker.stats().fs_attempts);
+        println!("{count} {} {}", locker.stats().fs_attempts, longest / 1000);
     });
 }
