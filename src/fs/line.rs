@@ -83,10 +83,6 @@ struct Place {
     /// acquisitions it has had.
     turn_since: Option<u64>,
     turn_count: u32,
-    /// How many acquisitions this turn may have: [`TURN_ACQUISITIONS`],
-    /// plus what the last turn fell short of (cut short by a holder that
-    /// came back too late, say), so the counts even out over turns.
-    turn_budget: u32,
     /// The turn mark this `Locker` holds, released mid-turn: the byte
     /// whose offset says until when the line should leave the lock to it.
     turn_mark: Option<u64>,
@@ -209,8 +205,6 @@ impl Lines {
         if let Some(place) = places.get_mut(name) {
             // Taken after waiting in line: a new turn.
             if place.waiting.is_some() || place.rejoin.is_some() {
-                let short = place.turn_budget.saturating_sub(place.turn_count);
-                place.turn_budget = TURN_ACQUISITIONS + short.min(3 * TURN_ACQUISITIONS);
                 place.turn_since = None;
                 place.turn_count = 0;
             }
@@ -264,8 +258,7 @@ impl Lines {
             drop_byte(dir, mark);
         }
         let since = *place.turn_since.get_or_insert(now);
-        let budget = place.turn_budget.max(TURN_ACQUISITIONS);
-        if now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= budget {
+        if now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= TURN_ACQUISITIONS {
             place.turn_since = None;
             place.turn_count = 0;
             place.rejoin = Some(start + ticket_now());

@@ -104,6 +104,21 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
             }
             0
         }
+        // dir name millis log go: once the file `go` exists, take and drop
+        // the lock as fast as possible for `millis`, logging each turn.
+        "loop" => {
+            let l = locker(&args[0], 10_000, 2);
+            while !std::path::Path::new(&args[4]).exists() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let end = std::time::Instant::now() + Duration::from_millis(args[2].parse().unwrap());
+            while std::time::Instant::now() < end {
+                let g = l.acquire(&args[1]).await.expect("acquire");
+                append(&args[3], &format!("{pid}"));
+                drop(g);
+            }
+            0
+        }
         // dir name n counter: read-modify-write a counter under the lock.
         "count" => {
             let l = locker(&args[0], 10_000, 2);
