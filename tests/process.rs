@@ -103,6 +103,37 @@ fn processes_contending_in_a_loop_take_turns() {
     assert!(turns >= 30, "the lock changed hands too rarely: {summary}");
 }
 
+/// A waiter frozen in line (SIGSTOP) holds nobody up: the waiter behind
+/// it stands back only while the lock changes hands, and takes over a
+/// dead holder's lock that nobody reclaims, in both layouts.
+#[test]
+fn a_frozen_waiter_in_line_holds_nobody_up() {
+    for strategy in [leasehold::Strategy::ExclusiveFile, leasehold::Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let holder = ChildProc::spawn_with(strategy, "hold", &[d, "job", "60000"]);
+        holder.expect("acquired", Duration::from_secs(20));
+        let frozen = ChildProc::spawn_with(strategy, "acquire", &[d, "job", "60000", "20"]);
+        frozen.expect("waiting", Duration::from_secs(20));
+        // In line once its first attempt found the lock held.
+        std::thread::sleep(Duration::from_millis(500));
+        frozen.signal(Signal::SIGSTOP);
+        let behind = ChildProc::spawn_with(strategy, "acquire", &[d, "job", "60000", "20"]);
+        behind.expect("waiting", Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(500));
+        holder.signal(Signal::SIGKILL);
+        let killed_at = std::time::Instant::now();
+        let line = behind.expect("acquired", Duration::from_secs(20));
+        let took = killed_at.elapsed();
+        assert!(
+            took < Duration::from_secs(2),
+            "{strategy:?}: took {took:?} ({line}) behind a frozen waiter"
+        );
+        frozen.signal(Signal::SIGCONT);
+        frozen.expect("acquired", Duration::from_secs(20));
+    }
+}
+
 #[test]
 fn four_processes_count_to_exactly_four_hundred() {
     let dir = tempfile::tempdir().unwrap();
