@@ -408,8 +408,12 @@ impl Backend for Fs {
         let ctx = &self.ctx;
         (mode == Mode::Exclusive)
             .then(|| {
-                ctx.lines
-                    .stand_back(ctx.dir.fd(), name.file_name(), || ctx.path_taken(name))
+                let at_path = || {
+                    syscall::stat_at(ctx.dir.fd(), name.file_name())
+                        .ok()
+                        .map(|st| (st.dev, st.ino))
+                };
+                ctx.lines.stand_back(ctx.dir.fd(), name.file_name(), at_path)
             })
             .flatten()
     }

@@ -67,6 +67,13 @@ pub(crate) struct Lines {
     off: bool,
 }
 
+/// What a waiter standing back saw at the lock path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Free,
+    Held((u64, u64)),
+}
+
 #[derive(Debug, Default)]
 struct Place {
     /// The offset of the byte this `Locker` holds while it waits: its
@@ -74,8 +81,8 @@ struct Place {
     waiting: Option<u64>,
     /// Standing back for an older waiter until then (boot-clock µs).
     standing_back_until: Option<u64>,
-    /// The lock was found free when standing back last ended.
-    seen_free: bool,
+    /// What was at the lock path when standing back last ended.
+    seen: Option<Seen>,
     /// The ticket to stand in line with at the next attempt, taken when a
     /// turn ended with others in line: behind them.
     rejoin: Option<u64>,
@@ -139,13 +146,21 @@ impl Lines {
     }
 
     /// How long to keep off the lock `name` before trying it: `None` to
-    /// try now. `taken` says whether the lock path is taken right now.
+    /// try now. `at_path` says what is at the lock path right now (device
+    /// and inode), if anything.
     ///
     /// While an older waiter stands in line, this stands back; every
-    /// [`STAND_BACK`] it looks at the lock: taken, the line is moving
-    /// (keep standing back); free twice, a quarter of that apart, the older
-    /// waiters are not taking it (frozen, or gone without leaving): go.
-    pub(crate) fn stand_back(&self, dir: &File, name: &str, taken: impl Fn() -> bool) -> Option<Duration> {
+    /// [`STAND_BACK`] it looks at the lock path. Another lock than last
+    /// time: the line is moving, keep standing back. The same lock as last
+    /// time (held long, or stale with nobody reclaiming it), or free twice
+    /// a quarter of that apart (the older waiters are not taking it:
+    /// frozen, or gone without leaving): try.
+    pub(crate) fn stand_back(
+        &self,
+        dir: &File,
+        name: &str,
+        at_path: impl Fn() -> Option<(u64, u64)>,
+    ) -> Option<Duration> {
         if self.off {
             return None;
         }
@@ -173,7 +188,7 @@ impl Lines {
         let ticket = place.waiting?;
         if !conflict(dir, start, ticket - start) {
             place.standing_back_until = None;
-            place.seen_free = false;
+            place.seen = None;
             return None;
         }
         let until = *place
@@ -182,16 +197,24 @@ impl Lines {
         if now < until {
             return Some(Duration::from_micros(until - now));
         }
-        let (again, seen_free) = match (taken(), place.seen_free) {
-            (true, _) => (STAND_BACK, false),
-            (false, false) => (STAND_BACK / 4, true),
-            (false, true) => {
+        let seen = match at_path() {
+            Some(id) => Seen::Held(id),
+            None => Seen::Free,
+        };
+        let again = match (place.seen.replace(seen), seen) {
+            // The line moves: the lock changed hands since the last look.
+            (last, Seen::Held(_)) if last != Some(seen) => STAND_BACK,
+            // Free: maybe a handoff in flight; look again soon.
+            (last, Seen::Free) if last != Some(Seen::Free) => STAND_BACK / 4,
+            // The same lock for a whole period (held long, or stale and
+            // waiting for a reclaimer), or free twice (the older waiters
+            // are not taking it): trying costs nothing, and may be needed.
+            _ => {
                 place.standing_back_until = None;
-                place.seen_free = false;
+                place.seen = None;
                 return None;
             }
         };
-        place.seen_free = seen_free;
         place.standing_back_until = Some(now.saturating_add(duration_us(again)));
         Some(again)
     }
@@ -301,7 +324,7 @@ fn leave(dir: &File, place: &mut Place) {
         drop_byte(dir, ticket);
     }
     place.standing_back_until = None;
-    place.seen_free = false;
+    place.seen = None;
 }
 
 /// The first byte of the region of the lock file `name`: FNV-1a, the same
@@ -432,46 +455,58 @@ mod tests {
             "another name has its own line"
         );
         assert_eq!(
-            older.stand_back(&a, "x.lock", || false),
+            older.stand_back(&a, "x.lock", || None),
             None,
             "the oldest tries at once"
         );
         let back = younger
-            .stand_back(&b, "x.lock", || false)
+            .stand_back(&b, "x.lock", || None)
             .expect("an older waiter is in line");
         assert!(back <= STAND_BACK, "{back:?}");
         // The older one leaves the line (it took the lock, or gave up):
         // the younger may go.
         older.acquired(&a, "x.lock");
-        assert_eq!(younger.stand_back(&b, "x.lock", || false), None);
+        assert_eq!(younger.stand_back(&b, "x.lock", || None), None);
         younger.stopped_waiting(&b, "x.lock");
         assert!(!anyone_waiting(&holder, "x.lock"));
     }
 
     #[test]
-    fn a_waiter_stands_back_while_the_line_moves_and_no_longer_once_the_lock_stays_free() {
+    fn a_waiter_stands_back_while_the_line_moves_and_no_longer_once_it_stops() {
         let dir = Dir::new();
         let (a, b) = (dir.open(), dir.open());
         let (frozen, other) = (Lines::default(), Lines::default());
         frozen.wait_on(&a, "x.lock");
         std::thread::sleep(Duration::from_millis(1));
         other.wait_on(&b, "x.lock");
-        assert!(other.stand_back(&b, "x.lock", || true).is_some());
-        // The lock is taken each time it looks: the line moves.
+        let lock = |ino| move || Some((1, ino));
+        assert!(other.stand_back(&b, "x.lock", lock(1)).is_some());
+        // A new lock at each look: the line moves.
+        for ino in 2..5 {
+            std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+            assert_eq!(other.stand_back(&b, "x.lock", lock(ino)), Some(STAND_BACK));
+        }
+        // The same lock for a whole period (a stale one that only an
+        // attempt would reclaim, with the older waiter frozen): try.
         std::thread::sleep(STAND_BACK + Duration::from_millis(1));
-        assert_eq!(other.stand_back(&b, "x.lock", || true), Some(STAND_BACK));
+        assert_eq!(
+            other.stand_back(&b, "x.lock", lock(4)),
+            None,
+            "a stale lock must be tried"
+        );
         // Free once: maybe a handoff in flight; look again soon.
+        assert!(other.stand_back(&b, "x.lock", || None).is_some());
         std::thread::sleep(STAND_BACK + Duration::from_millis(1));
-        assert_eq!(other.stand_back(&b, "x.lock", || false), Some(STAND_BACK / 4));
-        // Taken again: it was a handoff.
+        assert_eq!(other.stand_back(&b, "x.lock", || None), Some(STAND_BACK / 4));
+        // Taken again by another lock: it was a handoff.
         std::thread::sleep(STAND_BACK / 4 + Duration::from_millis(1));
-        assert_eq!(other.stand_back(&b, "x.lock", || true), Some(STAND_BACK));
+        assert_eq!(other.stand_back(&b, "x.lock", lock(9)), Some(STAND_BACK));
         // Free twice in a row: the older waiter is not taking it.
         std::thread::sleep(STAND_BACK + Duration::from_millis(1));
-        assert!(other.stand_back(&b, "x.lock", || false).is_some());
+        assert!(other.stand_back(&b, "x.lock", || None).is_some());
         std::thread::sleep(STAND_BACK / 4 + Duration::from_millis(1));
         assert_eq!(
-            other.stand_back(&b, "x.lock", || false),
+            other.stand_back(&b, "x.lock", || None),
             None,
             "a frozen older waiter cannot keep the others off"
         );
@@ -484,14 +519,14 @@ mod tests {
         let (holder, waiter) = (Lines::default(), Lines::default());
         // Nobody in line: releasing leaves nothing.
         holder.releasing(&h, "x.lock");
-        assert_eq!(holder.stand_back(&h, "x.lock", || false), None);
+        assert_eq!(holder.stand_back(&h, "x.lock", || None), None);
         assert!(holder.places().is_empty());
         waiter.wait_on(&w, "x.lock");
         holder.acquired(&h, "x.lock");
         holder.releasing(&h, "x.lock");
-        assert_eq!(holder.stand_back(&h, "x.lock", || false), None, "within its turn");
+        assert_eq!(holder.stand_back(&h, "x.lock", || None), None, "within its turn");
         assert_eq!(
-            waiter.stand_back(&w, "x.lock", || false),
+            waiter.stand_back(&w, "x.lock", || None),
             None,
             "no mark before it came back"
         );
@@ -500,12 +535,12 @@ mod tests {
         // to the holder for a moment.
         holder.releasing(&h, "x.lock");
         let back = waiter
-            .stand_back(&w, "x.lock", || false)
+            .stand_back(&w, "x.lock", || None)
             .expect("the holder comes back");
         assert!(back <= HOLD_ON, "{back:?}");
         holder.acquired(&h, "x.lock");
         assert_eq!(
-            waiter.stand_back(&w, "x.lock", || false),
+            waiter.stand_back(&w, "x.lock", || None),
             None,
             "back: the mark is gone"
         );
@@ -514,20 +549,20 @@ mod tests {
         let stuck = dir.open();
         let mark = region("x.lock") + REGION - 1;
         assert!(take_byte(&stuck, mark));
-        assert!(waiter.stand_back(&w, "x.lock", || false).is_some());
-        assert_eq!(waiter.stand_back(&w, "x.lock", || false), None, "honoured once");
+        assert!(waiter.stand_back(&w, "x.lock", || None).is_some());
+        assert_eq!(waiter.stand_back(&w, "x.lock", || None), None, "honoured once");
         drop_byte(&stuck, mark);
         holder.releasing(&h, "x.lock");
         std::thread::sleep(HOLD_ON + Duration::from_millis(1));
         assert_eq!(
-            waiter.stand_back(&w, "x.lock", || false),
+            waiter.stand_back(&w, "x.lock", || None),
             None,
             "a holder that does not come back costs the line only a moment"
         );
         std::thread::sleep(TURN);
         holder.releasing(&h, "x.lock");
         let back = holder
-            .stand_back(&h, "x.lock", || false)
+            .stand_back(&h, "x.lock", || None)
             .expect("its turn is over and someone waits");
         assert!(back <= STAND_BACK);
         waiter.stopped_waiting(&w, "x.lock");
