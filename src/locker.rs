@@ -58,8 +58,9 @@ use crate::stats::Stats;
 /// that takes the lock again and again while others wait does so for a
 /// *turn* of at most 32 acquisitions or 10 ms, then lines up behind them.
 /// The line only decides *when* a process tries for the lock, never
-/// whether taking it is safe: a frozen waiter delays the others by about
-/// 12 ms per handoff at most, and never blocks them. On a network
+/// whether taking it is safe: a waiter behind a frozen one tries anyway
+/// once the lock has stopped changing hands for 10 ms, so a frozen waiter
+/// costs the others a few milliseconds per handoff and never blocks them. On a network
 /// filesystem, for shared locks and semaphores, and for `try_acquire`,
 /// there is no line: whoever takes the lock first after a release gets it.
 ///
