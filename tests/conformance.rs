@@ -146,28 +146,24 @@ macro_rules! conformance {
                     .split_whitespace().next().unwrap().parse().unwrap();
                 let before_boot = Duration::from_secs_f64(uptime) + Duration::from_secs(60);
                 for content in ["", "{\"pid\":12", "{\"uuid\":\"6a1f"] {
-                    let dir = tempfile::tempdir().unwrap();
-                    let locker = Locker::builder()
-                        .directory(dir.path())
-                        .strategy(STRATEGY)
-                        .unreadable_grace(Duration::from_secs(3600))
-                        .build()
-                        .unwrap();
-                    let path = locker.lock_path("job").unwrap();
-                    plant(STRATEGY, &path, content, before_boot);
+                    // A fresh directory with `content` planted `age` ago.
+                    let planted = |age| {
+                        let dir = tempfile::tempdir().unwrap();
+                        let locker = Locker::builder()
+                            .directory(dir.path())
+                            .strategy(STRATEGY)
+                            .unreadable_grace(Duration::from_secs(3600))
+                            .build()
+                            .unwrap();
+                        plant(STRATEGY, &locker.lock_path("job").unwrap(), content, age);
+                        (dir, locker)
+                    };
+                    let (_dir, locker) = planted(before_boot);
                     let info = locker.inspect("job").await.unwrap().expect("planted");
                     assert_eq!(info.stale_reason(), Some(leasehold::StaleReason::PreviousBoot), "{content:?}");
                     assert!(locker.try_acquire("job").await.unwrap().is_some(), "{content:?} kept after a reboot");
                     // Written during this boot: the grace period applies.
-                    let dir = tempfile::tempdir().unwrap();
-                    let locker = Locker::builder()
-                        .directory(dir.path())
-                        .strategy(STRATEGY)
-                        .unreadable_grace(Duration::from_secs(3600))
-                        .build()
-                        .unwrap();
-                    let path = locker.lock_path("job").unwrap();
-                    plant(STRATEGY, &path, content, Duration::from_secs(20));
+                    let (_dir, locker) = planted(Duration::from_secs(20));
                     assert!(locker.try_acquire("job").await.unwrap().is_none(), "{content:?} taken in grace");
                 }
             }
