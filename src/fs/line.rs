@@ -275,6 +275,9 @@ impl Lines {
             return;
         }
         let now = now_us();
+        if places.len() >= MAX_PLACES && !places.contains_key(name) {
+            forget_idle(dir, &mut places, now);
+        }
         let place = places.entry(name.into()).or_default();
         place.released_at = Some(now);
         if let Some(mark) = place.turn_mark.take() {
@@ -316,6 +319,25 @@ impl Lines {
         // Nothing here is left torn by a panic.
         self.places.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Places kept before idle ones are forgotten: a `Locker` that holds one
+/// name after another, each contended, keeps only the recent ones.
+const MAX_PLACES: usize = 1024;
+
+/// Forgets the places of names not waited for and with no turn on in the
+/// last [`TURN`], giving up their turn marks.
+fn forget_idle(dir: &File, places: &mut HashMap<Box<str>, Place>, now: u64) {
+    places.retain(|_, place| {
+        let busy = place.waiting.is_some()
+            || place
+                .turn_since
+                .is_some_and(|since| now.saturating_sub(since) < duration_us(TURN));
+        if !busy && let Some(mark) = place.turn_mark.take() {
+            drop_byte(dir, mark);
+        }
+        busy
+    });
 }
 
 /// Gives up the byte a place holds in line, if any.
@@ -567,6 +589,29 @@ mod tests {
         assert!(back <= STAND_BACK);
         waiter.stopped_waiting(&w, "x.lock");
         assert!(!anyone_waiting(&h, "x.lock"));
+        assert!(waiter.places().is_empty());
+    }
+
+    #[test]
+    fn a_locker_holding_many_names_in_turn_keeps_only_recent_places() {
+        let dir = Dir::new();
+        let (h, w) = (dir.open(), dir.open());
+        let (holder, waiter) = (Lines::default(), Lines::default());
+        for i in 0..3 * MAX_PLACES {
+            let name = format!("n{i}.lock");
+            waiter.wait_on(&w, &name);
+            holder.acquired(&h, &name);
+            holder.releasing(&h, &name);
+            waiter.stopped_waiting(&w, &name);
+            if i == MAX_PLACES {
+                std::thread::sleep(TURN);
+            }
+        }
+        assert!(
+            holder.places().len() <= 2 * MAX_PLACES,
+            "{}",
+            holder.places().len()
+        );
         assert!(waiter.places().is_empty());
     }
 
