@@ -532,6 +532,13 @@ fn error_case(strategy: Strategy, op: Op, point: &str) -> Option<String> {
         false => Duration::from_millis(500),
     };
     assert!(took < bound, "{what}: acquired only after {took:?}");
+    // The error says what failed: the injected EIO, never a loss or a
+    // replacement that did not happen.
+    if let Err(error) = &result {
+        let injected =
+            matches!(error, leasehold::Error::Io { source, .. } if source.raw_os_error() == Some(5));
+        assert!(injected, "{what}: reported {error:?} for an EIO");
+    }
     result.err().map(|e| format!("{e:?}"))
 }
 
