@@ -254,9 +254,9 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
     let moved = failpoint!("dir.retire.after_rename")
         .map_err(|_| Errno::EIO)
         .and_then(|()| syscall::stat_at(ctx.dir.fd(), &trash));
-    let judged = node.metadata().ok();
+    let judged = node.metadata();
     let same =
-        matches!((&moved, &judged), (Ok(st), Some(meta)) if st.dev == meta.dev() && st.ino == meta.ino());
+        matches!((&moved, &judged), (Ok(st), Ok(meta)) if st.dev == meta.dev() && st.ino == meta.ino());
     if !same {
         if sys::rename_noreplace(ctx.dir.fd(), &trash, name.file_name()).is_err() {
             tracing::warn!(
@@ -264,6 +264,10 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
                 "the lock path was replaced behind the directory lock; left what was there in the trash"
             );
         }
+        // Not being able to tell is no replacement: report the failure
+        // (put back all the same, in case it was not what we judged).
+        moved.context("inspect retired lock directory", || ctx.path_of(&trash))?;
+        judged.context("inspect lock directory", || ctx.path_of(name.file_name()))?;
         return Ok(false);
     }
     drop(mutation);
