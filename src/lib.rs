@@ -292,6 +292,9 @@
 //! - `postgres`: [`LockerBuilder::postgres`], locks held as session-level
 //!   advisory locks on a PostgreSQL server, for processes on several hosts;
 //!   it adds the `postgres` client. See *PostgreSQL* below.
+//! - `failpoints`: test-only. Named failpoints between the steps of the
+//!   filesystem protocol, for the crash-point test (docs/guarantees.md,
+//!   *Crash points*); it adds `fail`. Never enable it in a build you ship.
 //!
 //! [`testing`] (serializing tests across processes) is part of the default
 //! build: it adds no dependency.
@@ -362,6 +365,8 @@ mod builder;
 mod closure;
 mod engine;
 mod error;
+#[macro_use]
+mod failpoint;
 mod field;
 mod fs;
 mod guard;
@@ -397,6 +402,12 @@ pub use owner::{LockInfo, LockKind, Owner};
 pub use semaphore::Semaphore;
 pub use stale::StaleReason;
 pub use stats::Stats;
+
+/// Every failpoint, for `tests/crash_points.rs` (feature `failpoints`,
+/// test-only; not part of the API).
+#[cfg(feature = "failpoints")]
+#[doc(hidden)]
+pub const FAILPOINTS: &[&str] = failpoint::FAILPOINTS;
 
 #[doc = include_str!("../docs/format.md")]
 pub mod format {}

@@ -106,10 +106,13 @@ fn publish(
         name: &pending,
         armed: true,
     };
+    failpoint!("dir.publish.after_mkdir").context("open pending lock directory", path)?;
     let Some(dir) = take_pending(&ctx.dir, &pending, shared)? else {
         return Ok(None);
     };
-    let meta = dir.metadata().context("inspect pending lock directory", path)?;
+    let meta = failpoint!("dir.publish.after_flock")
+        .and_then(|()| dir.metadata())
+        .context("inspect pending lock directory", path)?;
     let record_file = match write_owner(&dir, OWNER, &record(), ctx.durable) {
         Ok(file) => file,
         // Collected by a sweep between our open and our flock (see
@@ -117,7 +120,8 @@ fn publish(
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).context("write lock record", path),
     };
-    match sys::rename_noreplace(ctx.dir.fd(), &pending, name.file_name()) {
+    let renamed = failpoint!("dir.publish.before_rename").map_err(RenameError::Io);
+    match renamed.and_then(|()| sys::rename_noreplace(ctx.dir.fd(), &pending, name.file_name())) {
         Ok(()) => {}
         Err(RenameError::Exists) => return Ok(None),
         Err(RenameError::Io(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -169,8 +173,10 @@ fn take_pending(dir: &LockDir, pending: &str, shared: bool) -> Result<Option<Fil
 /// still open.
 fn write_owner(dir: &File, file_name: &str, bytes: &[u8], durable: bool) -> io::Result<File> {
     let file = syscall::open_at(dir, file_name, Open::Replace)?;
+    failpoint!("dir.owner.before_write")?;
     file.write_all_at(bytes, 0)?;
     if durable {
+        failpoint!("dir.owner.before_sync")?;
         file.sync_data()?;
     }
     Ok(file)
@@ -187,7 +193,9 @@ pub(super) fn rewrite(dir: &File, record: &OwnRecord, path: impl Fn() -> PathBuf
 pub(super) fn rewrite_bytes(dir: &File, bytes: &[u8], path: impl Fn() -> PathBuf) -> Result<File> {
     let path = || path().join(OWNER);
     let next = write_owner(dir, NEXT, bytes, false).context("rewrite lock record", path)?;
-    syscall::rename_at(dir, NEXT, OWNER).context("rewrite lock record", path)?;
+    failpoint!("dir.rewrite.before_rename")
+        .and_then(|()| Ok(syscall::rename_at(dir, NEXT, OWNER)?))
+        .context("rewrite lock record", path)?;
     Ok(next)
 }
 
@@ -233,7 +241,8 @@ pub(super) fn holds_other_files(dir: &File) -> bool {
 /// lock path is free) and has checked that the path names `node`.
 pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: MutationLock<'_>) -> Result<bool> {
     let trash = format!("{}.trash-{}", name.file_name(), suffix());
-    match syscall::rename_at(ctx.dir.fd(), name.file_name(), &trash) {
+    let renamed = failpoint!("dir.retire.before_rename").map_err(|_| Errno::EIO);
+    match renamed.and_then(|()| syscall::rename_at(ctx.dir.fd(), name.file_name(), &trash)) {
         Ok(()) => {}
         Err(Errno::ENOENT) => return Ok(false),
         Err(e) => return Err(e).context("move lock directory away", || ctx.path_of(name.file_name())),
@@ -242,10 +251,12 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
     // the path since the caller checked it; a process that ignores the
     // lock can. What was moved is then not what was judged: put it back
     // (if the path is still free) and remove nothing.
-    let moved = syscall::stat_at(ctx.dir.fd(), &trash);
-    let judged = node.metadata().ok();
+    let moved = failpoint!("dir.retire.after_rename")
+        .map_err(|_| Errno::EIO)
+        .and_then(|()| syscall::stat_at(ctx.dir.fd(), &trash));
+    let judged = node.metadata();
     let same =
-        matches!((&moved, &judged), (Ok(st), Some(meta)) if st.dev == meta.dev() && st.ino == meta.ino());
+        matches!((&moved, &judged), (Ok(st), Ok(meta)) if st.dev == meta.dev() && st.ino == meta.ino());
     if !same {
         if sys::rename_noreplace(ctx.dir.fd(), &trash, name.file_name()).is_err() {
             tracing::warn!(
@@ -253,6 +264,10 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
                 "the lock path was replaced behind the directory lock; left what was there in the trash"
             );
         }
+        // Not being able to tell is no replacement: report the failure
+        // (put back all the same, in case it was not what we judged).
+        moved.context("inspect retired lock directory", || ctx.path_of(&trash))?;
+        judged.context("inspect lock directory", || ctx.path_of(name.file_name()))?;
         return Ok(false);
     }
     drop(mutation);
@@ -267,7 +282,8 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
 pub(super) fn remove_dir(ctx: &Ctx, dir_name: &str, node: &File) {
     // Usually the record is all there is: try without listing first.
     let _ = syscall::unlink_at(node, OWNER);
-    if let Ok(()) | Err(Errno::ENOENT) = syscall::rmdir_at(ctx.dir.fd(), dir_name) {
+    let removed = failpoint!("dir.remove.after_unlink_owner").map_err(|_| Errno::EIO);
+    if let Ok(()) | Err(Errno::ENOENT) = removed.and_then(|()| syscall::rmdir_at(ctx.dir.fd(), dir_name)) {
         return;
     }
     for attempt in 0..5 {

@@ -50,6 +50,7 @@ pub(super) fn reserve(
             )
         })?;
         let next = FenceTmp::write(ctx, &fence, end)?;
+        failpoint!("fence.reserve.after_tmp").context("write fencing counter", || ctx.path_of(&fence))?;
         // Busy (a frozen process holds the directory lock): give the
         // lock up and let the caller try again later.
         let Some(mutation) = ctx.dir.try_mutation_lock()? else {
@@ -61,15 +62,15 @@ pub(super) fn reserve(
         if read_fence(ctx, name, &fence)? != last || !next.install(&fence)? {
             continue;
         }
+        failpoint!("fence.reserve.after_rename").context("record fencing token", || ctx.path_of(&fence))?;
         record_first(last + 1)?;
         drop(mutation);
         // No token of the block is handed out before the rename is on
         // disk; a later block's sync covers this rename too. Synced
         // whether or not records are durable: tokens must grow across a
         // crash, and this is paid once per 1,024 tokens.
-        ctx.dir
-            .fd()
-            .sync_all()
+        failpoint!("fence.reserve.before_dirsync")
+            .and_then(|()| ctx.dir.fd().sync_all())
             .context("sync lock directory", || ctx.dir.path())?;
         return Ok(Some(Tokens {
             next: last + 1,
@@ -136,7 +137,8 @@ impl<'a> FenceTmp<'a> {
             tmp,
             armed: true,
         };
-        file.write_all_at(format!("{value}\n").as_bytes(), 0)
+        failpoint!("fence.tmp.before_write")
+            .and_then(|()| file.write_all_at(format!("{value}\n").as_bytes(), 0))
             .and_then(|()| file.sync_data())
             .context("write fencing counter", path)?;
         Ok(next)
@@ -146,7 +148,8 @@ impl<'a> FenceTmp<'a> {
     /// file is gone (collected as a leftover while this process stood
     /// still): write it again.
     fn install(mut self, fence: &str) -> Result<bool> {
-        match syscall::rename_at(self.ctx.dir.fd(), &self.tmp, fence) {
+        let renamed = failpoint!("fence.reserve.before_rename").map_err(|_| Errno::EIO);
+        match renamed.and_then(|()| syscall::rename_at(self.ctx.dir.fd(), &self.tmp, fence)) {
             Ok(()) => {
                 self.armed = false;
                 Ok(true)

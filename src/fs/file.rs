@@ -41,7 +41,8 @@ pub(super) fn create(ctx: &Ctx, name: &LockName, patient: bool) -> Result<Option
     // grace period can hold it briefly, so a few tries suffice.
     let mut tries = 0;
     loop {
-        match file.try_lock() {
+        let locked = failpoint!("file.create.after_open").map_err(TryLockError::Error);
+        match locked.and_then(|()| file.try_lock()) {
             Ok(()) => break,
             Err(TryLockError::WouldBlock) if patient && tries < 50 => {
                 tries += 1;
@@ -62,7 +63,9 @@ pub(super) fn create(ctx: &Ctx, name: &LockName, patient: bool) -> Result<Option
     }
     // Taken after the flock: a file that a reclaimer judged abandoned
     // and removed before our flock has no links left, and is nobody's lock.
-    let meta = file.metadata().context("inspect new lock file", path)?;
+    let meta = failpoint!("file.create.after_flock")
+        .and_then(|()| file.metadata())
+        .context("inspect new lock file", path)?;
     if meta.nlink() == 0 {
         return Ok(None);
     }
@@ -92,9 +95,13 @@ pub(super) fn write(
     path: impl Fn() -> PathBuf,
 ) -> Result<usize> {
     let bytes = record.to_bytes(record_len);
-    file.write_all_at(&bytes, 0).context("write lock record", &path)?;
+    failpoint!("file.write.before_pwrite")
+        .and_then(|()| file.write_all_at(&bytes, 0))
+        .context("write lock record", &path)?;
     if sync {
-        file.sync_data().context("sync lock record", &path)?;
+        failpoint!("file.write.before_sync")
+            .and_then(|()| file.sync_data())
+            .context("sync lock record", &path)?;
     }
     Ok(bytes.len())
 }
@@ -102,7 +109,8 @@ pub(super) fn write(
 /// Removes the lock file; the caller holds the mutation lock and has
 /// checked that the path names the inode it judged.
 pub(super) fn unlink(ctx: &Ctx, name: &LockName) -> Result<bool> {
-    match syscall::unlink_at(ctx.dir.fd(), name.file_name()) {
+    let unlinked = failpoint!("file.unlink.before_unlink").map_err(|_| Errno::EIO);
+    match unlinked.and_then(|()| syscall::unlink_at(ctx.dir.fd(), name.file_name())) {
         Ok(()) => Ok(true),
         Err(Errno::ENOENT) => Ok(false),
         Err(e) => Err(e).context("remove lock file", || ctx.path_of(name.file_name())),

@@ -167,6 +167,7 @@ impl Found {
         let Some(mutation) = ctx.dir.try_mutation_lock()? else {
             return Ok(false);
         };
+        failpoint!("reclaim.after_dirlock").context("reclaim lock", path)?;
         if !ctx.names(name, self.dev, self.ino)? {
             return Ok(false);
         }
@@ -183,6 +184,7 @@ impl Found {
         if is_marker && group::tidy(ctx, name)? {
             return Ok(false);
         }
+        failpoint!("reclaim.before_remove").context("reclaim lock", path)?;
         let removed = match ctx.strategy {
             Strategy::ExclusiveFile => file::unlink(ctx, name)?,
             Strategy::Directory => directory::retire(ctx, name, &self.node, mutation)?,

@@ -150,6 +150,9 @@ fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(Lo
         if node.try_lock().is_err() {
             continue;
         }
+        if failpoint!("leftover.dir.after_flock").is_err() {
+            continue;
+        }
         if !dry_run {
             directory::remove_dir(ctx, &name, &node);
         }
@@ -185,7 +188,9 @@ fn clean_fence_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
     for name in found {
         let removed = dry_run
             || matches!(
-                syscall::unlink_at(ctx.dir.fd(), name.as_str()),
+                failpoint!("leftover.fence.before_unlink")
+                    .map_err(|_| Errno::EIO)
+                    .and_then(|()| syscall::unlink_at(ctx.dir.fd(), name.as_str())),
                 Ok(()) | Err(Errno::ENOENT)
             );
         if removed {

@@ -11,7 +11,7 @@ use super::group::Member;
 use super::layout::Strategy;
 use super::{directory, fence, file};
 use crate::backend::{BackendLock, ReleaseNow, Renewal, Tokens};
-use crate::error::{LossReason, Result};
+use crate::error::{IoResultExt, LossReason, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
 use crate::sys;
@@ -95,6 +95,7 @@ impl Whole {
             let path = || ctx.path_of(name.file_name());
             *record_len = file::write(file, 0, &lock.record, ctx.durable, path)?;
         }
+        failpoint!("lock.create.after_record").context("create lock", || ctx.path_of(name.file_name()))?;
         ctx.lines.acquired(ctx.dir.fd(), name.file_name());
         Ok(Some(lock))
     }
@@ -120,6 +121,8 @@ impl Whole {
 
     /// [`remove`](Self::remove), under the directory's mutation lock.
     fn remove_under(&self, mutation: MutationLock<'_>) -> Result<bool> {
+        failpoint!("lock.release.after_dirlock")
+            .context("release lock", || self.ctx.path_of(self.name.file_name()))?;
         let ours = self.ctx.names(&self.name, self.dev, self.ino)?;
         match &self.node {
             Node::File { .. } if ours => {
@@ -201,6 +204,8 @@ impl Whole {
         // must not delay the report of a loss.
         let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
         let _mutation = ctx.dir.mutation_lock_within(left)?;
+        failpoint!("lock.renew.after_dirlock")
+            .context("renew lock", || ctx.path_of(self.name.file_name()))?;
         if !ctx.names(&self.name, self.dev, self.ino)? {
             return Ok(Renewal::Lost(LossReason::Replaced));
         }

@@ -1,0 +1,114 @@
+//! Named failpoints between the steps of the filesystem protocol, for
+//! `tests/crash_points.rs` (feature `failpoints`, test-only).
+//!
+//! `failpoint!("name")` is an expression of type `io::Result<()>`, chained
+//! into the step that follows the point (`failpoint!(..).and_then(|()| next
+//! step)`), so an injected error takes the path a real failure of that step
+//! takes. Configured (through the `fail` crate) with a callback, the point
+//! runs it (the test's is a `SIGKILL`); configured `return` (or
+//! `return(errno)`), the step fails with `EIO` (or that errno). Without the
+//! feature it is `Ok(())`, which the compiler removes, and the `fail` crate
+//! is not a dependency.
+
+/// Every failpoint in the crate, in protocol order. A unit test checks that
+/// the sources use exactly these; docs/guarantees.md (*Crash points*) says
+/// what the crash test checks at each.
+#[cfg_attr(not(any(test, feature = "failpoints")), allow(dead_code))]
+pub(crate) const FAILPOINTS: &[&str] = &[
+    // Exclusive file: create, flock, write, sync.
+    "file.create.after_open",
+    "file.create.after_flock",
+    "file.write.before_pwrite",
+    "file.write.before_sync",
+    // Directory layout: publishing.
+    "dir.publish.after_mkdir",
+    "dir.publish.after_flock",
+    "dir.owner.before_write",
+    "dir.owner.before_sync",
+    "dir.publish.before_rename",
+    // Either layout: the lock is made, its record written.
+    "lock.create.after_record",
+    // Fencing tokens: the next counter written, installed, recorded, synced.
+    "fence.tmp.before_write",
+    "fence.reserve.after_tmp",
+    "fence.reserve.before_rename",
+    "fence.reserve.after_rename",
+    "fence.reserve.before_dirsync",
+    // Renewal.
+    "lock.renew.after_dirlock",
+    "dir.rewrite.before_rename",
+    // Release (and, from `reclaim.before_remove` on, reclaim).
+    "lock.release.after_dirlock",
+    "reclaim.after_dirlock",
+    "reclaim.before_remove",
+    "file.unlink.before_unlink",
+    "dir.retire.before_rename",
+    "dir.retire.after_rename",
+    "dir.remove.after_unlink_owner",
+    // Leftover collection.
+    "leftover.dir.after_flock",
+    "leftover.fence.before_unlink",
+];
+
+/// The failpoint `name`: `Ok(())` unless the test configured it.
+#[cfg(feature = "failpoints")]
+macro_rules! failpoint {
+    ($name:literal) => {
+        $crate::failpoint::eval($name)
+    };
+}
+
+/// The failpoint `name`: `Ok(())` unless the test configured it.
+#[cfg(not(feature = "failpoints"))]
+macro_rules! failpoint {
+    ($name:literal) => {
+        ::std::io::Result::<()>::Ok(())
+    };
+}
+
+/// Runs the point `name`: its callback if it has one; an error if it is
+/// configured `return`, with the errno given (`return(28)`), else `EIO`.
+#[cfg(feature = "failpoints")]
+pub(crate) fn eval(name: &str) -> std::io::Result<()> {
+    debug_assert!(FAILPOINTS.contains(&name), "failpoint {name} is not listed");
+    match fail::eval(name, |errno| errno.and_then(|e| e.parse().ok()).unwrap_or(5)) {
+        Some(errno) => Err(std::io::Error::from_raw_os_error(errno)),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FAILPOINTS;
+
+    /// The list is the sources' points exactly, each used once: the crash
+    /// test enumerates the list, so a point missing from it goes untested.
+    #[test]
+    fn the_list_names_every_failpoint_in_the_sources_once() {
+        fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, found);
+                } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("failpoint.rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    for (_, rest) in text
+                        .match_indices("failpoint!(\"")
+                        .map(|(i, _)| text.split_at(i + 12))
+                    {
+                        found.push(rest.split('"').next().unwrap().to_owned());
+                    }
+                }
+            }
+        }
+        let mut found = Vec::new();
+        walk(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut found,
+        );
+        found.sort();
+        let mut listed: Vec<String> = FAILPOINTS.iter().map(|s| (*s).to_owned()).collect();
+        listed.sort();
+        assert_eq!(found, listed);
+    }
+}
