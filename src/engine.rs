@@ -390,6 +390,7 @@ impl Engine {
                 notice_at = Some(later(now, after.saturating_mul(NOTICE_CADENCE)));
             }
             // With events, polling is only a safety net.
+            let _ = failpoint!("engine.wait.before_watch");
             let watched = self.store.watch(name);
             let mut wake = later(
                 now,

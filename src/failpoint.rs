@@ -48,6 +48,9 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     // Leftover collection.
     "leftover.dir.after_flock",
     "leftover.fence.before_unlink",
+    // A waiter between its look at the lock and the start of its watch
+    // (no filesystem step: a test releases the lock there).
+    "engine.wait.before_watch",
 ];
 
 /// The failpoint `name`: `Ok(())` unless the test configured it.

@@ -358,6 +358,10 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![doc(test(attr(deny(warnings))))]
 
+// First: its macro is for every module below.
+#[macro_use]
+mod failpoint;
+
 mod acquire;
 mod backend;
 mod blocking;
@@ -365,8 +369,6 @@ mod builder;
 mod closure;
 mod engine;
 mod error;
-#[macro_use]
-mod failpoint;
 mod field;
 mod fs;
 mod guard;

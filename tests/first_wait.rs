@@ -1,0 +1,53 @@
+//! A waiter's first look at a lock comes before its watch of the lock
+//! directory starts: a release in that instant must not be missed (found
+//! by `tests/crash_points.rs`, where a fresh `Locker` slept until its
+//! safety-net poll). Its own test binary: failpoints are process-wide.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use leasehold::{LockGuard, Locker, Strategy};
+
+#[test]
+fn a_release_before_the_watch_starts_is_not_missed() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let holder = Locker::builder()
+            .directory(dir.path())
+            .strategy(strategy)
+            .build()
+            .unwrap();
+        // Polling would find the release only after 10 s.
+        let waiter = Locker::builder()
+            .directory(dir.path())
+            .strategy(strategy)
+            .poll_interval(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let guard: Arc<Mutex<Option<LockGuard>>> =
+            Arc::new(Mutex::new(Some(rt.block_on(holder.acquire("x")).unwrap())));
+        let held = Arc::clone(&guard);
+        // The holder lets go right after the waiter's first look, before
+        // its watch starts.
+        fail::cfg_callback("engine.wait.before_watch", move || {
+            drop(held.lock().unwrap().take())
+        })
+        .unwrap();
+        let started = Instant::now();
+        let taken = rt.block_on(waiter.acquire_timeout("x", Duration::from_secs(5)));
+        fail::remove("engine.wait.before_watch");
+        let took = started.elapsed();
+        assert!(
+            guard.lock().unwrap().is_none(),
+            "{strategy:?}: the holder let go at the failpoint"
+        );
+        let taken = taken.unwrap_or_else(|e| panic!("{strategy:?}: the release was missed: {e}"));
+        assert!(took < Duration::from_secs(1), "{strategy:?}: took {took:?}");
+        drop(taken);
+    }
+}
