@@ -326,6 +326,7 @@ impl Engine {
         let mut jitter = None;
         let mut waited = false;
         let mut woken_by_event = false;
+        let mut was_watched = false;
         // An exclusive waiter's announcement to shared holders, renewed
         // while it waits and withdrawn when this returns (or is dropped).
         let mut announced = None;
@@ -392,6 +393,10 @@ impl Engine {
             // With events, polling is only a safety net.
             let _ = failpoint!("engine.wait.before_watch");
             let watched = self.store.watch(name);
+            // A watch that starts only now missed whatever happened since
+            // the attempt (a release, say): look once more at once.
+            let look_again = watched && !was_watched;
+            was_watched = watched;
             let mut wake = later(
                 now,
                 if watched {
@@ -417,6 +422,9 @@ impl Engine {
             }
             if let Some(back) = stand_back {
                 wake = wake.min(later(now, back));
+            }
+            if look_again {
+                wake = now;
             }
             if let Some(deadline) = deadline {
                 if now >= deadline {

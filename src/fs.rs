@@ -389,8 +389,14 @@ impl Backend for Fs {
     /// A shared lock's (or semaphore's) members directory is watched too,
     /// when there is one: a holder's death is a close there.
     fn watch(&self, name: &LockName) -> bool {
+        // In the directory layout a holder's death is an event inside its
+        // lock directory; with no lock directory at the path there is no
+        // holder to watch, and its arrival or removal is an event in the
+        // lock directory's parent, which the watcher watches.
         let watched = self.watcher.ensure(&self.ctx.dir, &self.waiters())
-            && (self.ctx.strategy != Strategy::Directory || self.watcher.ensure_child(name.file_name()));
+            && (self.ctx.strategy != Strategy::Directory
+                || self.watcher.ensure_child(name.file_name())
+                || !self.ctx.path_taken(name));
         if watched {
             self.watcher.ensure_child(&group::members_dir(name.file_name()));
         }
