@@ -51,6 +51,12 @@ use crate::sys;
 /// waiter takes to create the lock, so that it is rarely cut short.
 pub(crate) const STAND_BACK: Duration = Duration::from_millis(10);
 
+/// How many looks in a row that find the lock taken a waiter standing
+/// back lets pass before it tries anyway (then waits for the next release
+/// as any waiter does): the lock may be held by a dead process, which only
+/// an attempt finds out, and the older waiter may never come to take it.
+pub(crate) const TAKEN_LOOKS: u32 = 4;
+
 /// How long a holder may keep taking the lock again while others wait...
 pub(crate) const TURN: Duration = Duration::from_millis(10);
 
@@ -76,6 +82,8 @@ struct Place {
     standing_back_until: Option<u64>,
     /// The lock was found free when standing back last ended.
     seen_free: bool,
+    /// Looks in a row, standing back, that found the lock taken.
+    seen_taken: u32,
     /// The ticket to stand in line with at the next attempt, taken when a
     /// turn ended with others in line: behind them.
     rejoin: Option<u64>,
@@ -172,8 +180,7 @@ impl Lines {
         }
         let ticket = place.waiting?;
         if !conflict(dir, start, ticket - start) {
-            place.standing_back_until = None;
-            place.seen_free = false;
+            leave_standing_back(place);
             return None;
         }
         let until = *place
@@ -183,11 +190,22 @@ impl Lines {
             return Some(Duration::from_micros(until - now));
         }
         let (again, seen_free) = match (taken(), place.seen_free) {
-            (true, _) => (STAND_BACK, false),
-            (false, false) => (STAND_BACK / 4, true),
+            // Taken for a while: try, which judges the holder (a dead one's
+            // lock is taken over at once) and is harmless otherwise.
+            (true, _) if place.seen_taken + 1 >= TAKEN_LOOKS => {
+                leave_standing_back(place);
+                return None;
+            }
+            (true, _) => {
+                place.seen_taken += 1;
+                (STAND_BACK, false)
+            }
+            (false, false) => {
+                place.seen_taken = 0;
+                (STAND_BACK / 4, true)
+            }
             (false, true) => {
-                place.standing_back_until = None;
-                place.seen_free = false;
+                leave_standing_back(place);
                 return None;
             }
         };
@@ -300,8 +318,14 @@ fn leave(dir: &File, place: &mut Place) {
     if let Some(ticket) = place.waiting.take() {
         drop_byte(dir, ticket);
     }
+    leave_standing_back(place);
+}
+
+/// Ends a place's standing back: the next one starts afresh.
+fn leave_standing_back(place: &mut Place) {
     place.standing_back_until = None;
     place.seen_free = false;
+    place.seen_taken = 0;
 }
 
 /// The first byte of the region of the lock file `name`: FNV-1a, the same
@@ -475,6 +499,27 @@ mod tests {
             None,
             "a frozen older waiter cannot keep the others off"
         );
+    }
+
+    #[test]
+    fn a_lock_that_stays_taken_behind_a_frozen_waiter_is_tried_all_the_same() {
+        let dir = Dir::new();
+        let (a, b) = (dir.open(), dir.open());
+        let (frozen, other) = (Lines::default(), Lines::default());
+        frozen.wait_on(&a, "x.lock");
+        std::thread::sleep(Duration::from_millis(1));
+        other.wait_on(&b, "x.lock");
+        let mut looks = 0;
+        // Taken at every look (a dead holder's file, say): within
+        // TAKEN_LOOKS looks, it tries; only an attempt judges the holder.
+        while let Some(back) = other.stand_back(&b, "x.lock", || true) {
+            looks += 1;
+            assert!(looks <= TAKEN_LOOKS as usize + 1, "never tries");
+            std::thread::sleep(back + Duration::from_millis(1));
+        }
+        assert!(!other.behind(&b, "x.lock"), "then woken by the next release");
+        // And it stands back again when woken.
+        assert!(other.stand_back(&b, "x.lock", || true).is_some());
     }
 
     #[test]
