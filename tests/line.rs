@@ -55,3 +55,73 @@ async fn a_frozen_older_waiter_does_not_keep_a_dead_holders_lock_from_the_line()
     drop(guard);
     drop(older);
 }
+
+/// Whether any open file description holds a byte of the lock directory's
+/// range (the line's tickets and turn marks; see docs/format.md), as seen
+/// from a descriptor of our own.
+fn anyone_in_line(dir: &std::path::Path) -> bool {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let fd = std::fs::File::open(dir).unwrap();
+    let mut probe = nix::libc::flock {
+        l_type: nix::libc::F_WRLCK as i16,
+        l_whence: nix::libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    fcntl(&fd, FcntlArg::F_OFD_GETLK(&mut probe)).unwrap();
+    i32::from(probe.l_type) != nix::libc::F_UNLCK
+}
+
+/// `try_acquire` never waits, so it never stands in line: a ticket it
+/// left behind would be an "oldest waiter" that never comes, and every
+/// waiter of other processes would stand back for it at every handoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_on_a_held_lock_leaves_nothing_in_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = || Locker::builder().directory(dir.path()).build().unwrap();
+    let (holder, other) = (locker(), locker());
+    let _guard = holder.acquire("job").await.unwrap();
+    assert!(other.try_acquire("job").await.unwrap().is_none());
+    assert!(
+        !anyone_in_line(dir.path()),
+        "try_acquire left a ticket in the waiting line"
+    );
+}
+
+/// An acquisition dropped while its attempt runs on the blocking pool
+/// leaves nothing in line: the attempt finishes after the waiter's
+/// clean-up has run, so it must not be what stands in line.
+#[test]
+fn an_acquisition_dropped_during_its_attempt_leaves_nothing_in_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let locker = || Locker::builder().directory(dir.path()).build().unwrap();
+        let (holder, other) = (locker(), locker());
+        let _guard = holder.acquire("job").await.unwrap();
+        // The one blocking thread is busy: the waiter's attempt queues.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let busy = tokio::task::spawn_blocking(move || wait.recv());
+        let mut acquiring = Box::pin(other.acquire("job"));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut acquiring)
+                .await
+                .is_err()
+        );
+        drop(acquiring);
+        go.send(()).unwrap();
+        busy.await.unwrap().unwrap();
+        // Let the queued attempt run to its end.
+        tokio::task::spawn_blocking(|| ()).await.unwrap();
+        assert!(
+            !anyone_in_line(dir.path()),
+            "a dropped acquisition's attempt left a ticket in the waiting line"
+        );
+    });
+}
