@@ -227,9 +227,6 @@ impl Fs {
                 _ => {
                     leftover::sweep(ctx);
                     let sharers = group::marker(&found.parsed).is_some();
-                    if mode == Mode::Exclusive && !sharers {
-                        ctx.lines.wait_on(ctx.dir.fd(), name.file_name());
-                    }
                     // A marker's lease says nothing: its holders' deaths
                     // are events in the members directory.
                     let recheck_at = match sharers {
@@ -412,6 +409,12 @@ impl Backend for Fs {
                     .stand_back(ctx.dir.fd(), name.file_name(), || ctx.path_taken(name))
             })
             .flatten()
+    }
+
+    fn wait_in_line(&self, name: &LockName, mode: Mode) {
+        if mode == Mode::Exclusive {
+            self.ctx.lines.wait_on(self.ctx.dir.fd(), name.file_name());
+        }
     }
 
     fn stopped_waiting(&self, name: &LockName) {
