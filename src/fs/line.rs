@@ -581,6 +581,29 @@ mod tests {
     }
 
     #[test]
+    fn a_locker_touching_many_contended_names_keeps_few_places() {
+        let dir = Dir::new();
+        let (h, w) = (dir.open(), dir.open());
+        let (holder, waiter) = (Lines::default(), Lines::default());
+        let names: Vec<String> = (0..5_000).map(|i| format!("job-{i}.lock")).collect();
+        // Each name taken and released once while someone waits for it,
+        // and never again: nothing of it is needed any more.
+        for name in &names {
+            waiter.wait_on(&w, name);
+            holder.acquired(&h, name);
+            holder.releasing(&h, name);
+            waiter.stopped_waiting(&w, name);
+        }
+        std::thread::sleep(Duration::from_millis(1100));
+        waiter.wait_on(&w, "last.lock");
+        holder.acquired(&h, "last.lock");
+        holder.releasing(&h, "last.lock");
+        let kept = holder.places().len();
+        assert!(kept <= 1_024, "{kept} places kept for names long released");
+        assert!(waiter.places().len() <= 1, "{}", waiter.places().len());
+    }
+
+    #[test]
     fn a_dead_waiter_leaves_the_line() {
         let dir = Dir::new();
         let holder = dir.open();
