@@ -118,6 +118,12 @@ const HALF: u64 = REGION / 2;
 /// short enough that a holder that does not come back costs little.
 pub(crate) const HOLD_ON: Duration = Duration::from_micros(300);
 
+/// Places a `Locker` keeps before it forgets those of names it has not
+/// waited for, held or released for [`IDLE`]: a `Locker` touching a
+/// million names must not keep a million places.
+const MAX_PLACES: usize = 1024;
+const IDLE: Duration = Duration::from_secs(1);
+
 /// Regions: the top of the byte range a lock can name (`off_t` is signed).
 const REGIONS: u64 = 1 << 22;
 
@@ -270,6 +276,9 @@ impl Lines {
             return;
         }
         let now = now_us();
+        if places.len() >= MAX_PLACES {
+            forget_idle(&mut places, now);
+        }
         let place = places.entry(name.into()).or_default();
         place.released_at = Some(now);
         if let Some(mark) = place.turn_mark.take() {
@@ -311,6 +320,21 @@ impl Lines {
         // Nothing here is left torn by a panic.
         self.places.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Forgets the places that hold no byte and have seen nothing for
+/// [`IDLE`]: what they remember (a turn, a ticket to rejoin with) is
+/// over or stale. Forgetting one costs fairness at most, never a byte.
+fn forget_idle(places: &mut HashMap<Box<str>, Place>, now: u64) {
+    let idle = duration_us(IDLE);
+    places.retain(|_, p| {
+        p.waiting.is_some()
+            || p.turn_mark.is_some()
+            || [p.released_at, p.turn_since]
+                .into_iter()
+                .flatten()
+                .any(|at| now.saturating_sub(at) < idle)
+    });
 }
 
 /// Gives up the byte a place holds in line, if any.
