@@ -628,6 +628,25 @@ mod tests {
     }
 
     #[test]
+    fn a_byte_range_lock_of_another_program_spanning_the_region_panics_nobody_and_stops_nobody() {
+        let dir = Dir::new();
+        let (w, other) = (dir.open(), dir.open());
+        // Any program that can open the directory may hold a read lock
+        // over any range: here, from offset 0 to far past every region.
+        let span = range(nix::libc::F_RDLCK, 0, 1 << 62).unwrap();
+        nix::fcntl::fcntl(&other, nix::fcntl::FcntlArg::F_OFD_SETLK(&span)).unwrap();
+        let waiter = Lines::default();
+        waiter.wait_on(&w, "x.lock");
+        let mut looks = 0;
+        while let Some(back) = waiter.stand_back(&w, "x.lock", || true) {
+            looks += 1;
+            assert!(looks <= 10, "never tries");
+            std::thread::sleep(back + Duration::from_millis(1));
+        }
+        waiter.stopped_waiting(&w, "x.lock");
+    }
+
+    #[test]
     fn a_dead_waiter_leaves_the_line() {
         let dir = Dir::new();
         let holder = dir.open();
