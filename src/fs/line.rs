@@ -177,7 +177,10 @@ impl Lines {
         }
         // A holder in the middle of its turn comes back for the lock.
         let start = region(name);
-        if let Some(mark) = first_held(dir, start + HALF + units_now(), start + REGION)
+        let marks = start + HALF + units_now();
+        // A lock that begins below the marks is none of ours (another
+        // program's range): the kernel names its start, not a mark.
+        if let Some(mark) = first_held(dir, marks, start + REGION).filter(|&mark| mark >= marks)
             && place.honoured_mark.replace(mark) != Some(mark)
         {
             let until_us = (mark - start - HALF).saturating_mul(16);
