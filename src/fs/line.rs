@@ -650,6 +650,37 @@ mod tests {
     }
 
     #[test]
+    fn a_holder_that_comes_back_late_stands_behind_those_who_waited_meanwhile() {
+        let dir = Dir::new();
+        let (h, a, b) = (dir.open(), dir.open(), dir.open());
+        let (holder, first, later) = (Lines::default(), Lines::default(), Lines::default());
+        first.wait_on(&a, "x.lock");
+        // A turn begins at the first release someone waits for...
+        holder.releasing(&h, "x.lock");
+        holder.acquired(&h, "x.lock");
+        std::thread::sleep(TURN);
+        // ...and is over: its next attempt is in line.
+        holder.releasing(&h, "x.lock");
+        assert!(holder.places().get("x.lock").is_some_and(|p| p.rejoin.is_some()));
+        first.acquired(&a, "x.lock");
+        first.stopped_waiting(&a, "x.lock");
+        // Long after its release, someone else starts waiting; then the
+        // old holder comes back. It was not waiting all that time: it
+        // must not be ahead of the one who was.
+        std::thread::sleep(Duration::from_millis(50));
+        later.wait_on(&b, "x.lock");
+        std::thread::sleep(Duration::from_millis(1));
+        let _ = holder.stand_back(&h, "x.lock", || true);
+        assert_eq!(
+            later.stand_back(&b, "x.lock", || true),
+            None,
+            "the waiter stands back for a holder that came back after it"
+        );
+        holder.stopped_waiting(&h, "x.lock");
+        later.stopped_waiting(&b, "x.lock");
+    }
+
+    #[test]
     fn a_dead_waiter_leaves_the_line() {
         let dir = Dir::new();
         let holder = dir.open();
