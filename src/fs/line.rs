@@ -27,8 +27,9 @@
 //! - **A holder lets waiters in.** Releasing, the holder asks the kernel
 //!   whether anyone stands in the name's region. If someone does and its
 //!   turn has lasted [`TURN`] or [`TURN_ACQUISITIONS`], its next attempt stands in line
-//!   behind them, with a ticket from the moment of the release (so a
-//!   `Locker` that does not ask again leaves nothing in line). Within a
+//!   behind them, with a ticket from the moment it comes back (so a
+//!   `Locker` that does not ask again leaves nothing in line, and one
+//!   that comes back late is behind those who came meanwhile). Within a
 //!   turn it may take the lock again at once, which keeps most of the
 //!   throughput of back-to-back acquisitions.
 //!
@@ -84,9 +85,10 @@ struct Place {
     seen_free: bool,
     /// Looks in a row, standing back, that found the lock taken.
     seen_taken: u32,
-    /// The ticket to stand in line with at the next attempt, taken when a
-    /// turn ended with others in line: behind them.
-    rejoin: Option<u64>,
+    /// Whether the next attempt stands in line first, set when a turn
+    /// ended with others in line: behind them, and behind whoever comes
+    /// before it is back (its ticket is taken then).
+    rejoin: bool,
     /// When the current turn began (boot-clock µs), and how many
     /// acquisitions it has had.
     turn_since: Option<u64>,
@@ -169,14 +171,14 @@ impl Lines {
         if let Some(released) = place.released_at.take() {
             place.comes_back = now.saturating_sub(released) < duration_us(HOLD_ON) / 2;
         }
-        if let Some(ticket) = place.rejoin.take()
-            && place.waiting.is_none()
-            && take_byte(dir, ticket)
-        {
-            place.waiting = Some(ticket);
+        let start = region(name);
+        if std::mem::take(&mut place.rejoin) && place.waiting.is_none() {
+            let ticket = start + ticket_now();
+            if take_byte(dir, ticket) {
+                place.waiting = Some(ticket);
+            }
         }
         // A holder in the middle of its turn comes back for the lock.
-        let start = region(name);
         let marks = start + HALF + units_now();
         // A lock that begins below the marks is none of ours (another
         // program's range): the kernel names its start, not a mark.
@@ -231,7 +233,7 @@ impl Lines {
         }
         if let Some(place) = places.get_mut(name) {
             // Taken after waiting in line: a new turn.
-            if place.waiting.is_some() || place.rejoin.is_some() {
+            if place.waiting.is_some() || place.rejoin {
                 place.turn_since = None;
                 place.turn_count = 0;
             }
@@ -239,7 +241,7 @@ impl Lines {
             if let Some(mark) = place.turn_mark.take() {
                 drop_byte(dir, mark);
             }
-            place.rejoin = None;
+            place.rejoin = false;
             place.turn_since.get_or_insert_with(now_us);
             place.turn_count = place.turn_count.saturating_add(1);
         }
@@ -251,7 +253,7 @@ impl Lines {
         let mut places = self.places();
         if let Some(place) = places.get_mut(name) {
             leave(dir, place);
-            place.rejoin = None;
+            place.rejoin = false;
             if place.turn_since.is_none() {
                 places.remove(name);
             }
@@ -291,7 +293,7 @@ impl Lines {
         if now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= TURN_ACQUISITIONS {
             place.turn_since = None;
             place.turn_count = 0;
-            place.rejoin = Some(start + ticket_now());
+            place.rejoin = true;
         } else if place.comes_back {
             // Mid-turn, and we came back at once last time: ask the line
             // to leave the lock to us for a moment.
@@ -326,7 +328,7 @@ impl Lines {
 }
 
 /// Forgets the places that hold no byte and have seen nothing for
-/// [`IDLE`]: what they remember (a turn, a ticket to rejoin with) is
+/// [`IDLE`]: what they remember (a turn, that it should rejoin the line) is
 /// over or stale. Forgetting one costs fairness at most, never a byte.
 fn forget_idle(places: &mut HashMap<Box<str>, Place>, now: u64) {
     let idle = duration_us(IDLE);
@@ -661,7 +663,7 @@ mod tests {
         std::thread::sleep(TURN);
         // ...and is over: its next attempt is in line.
         holder.releasing(&h, "x.lock");
-        assert!(holder.places().get("x.lock").is_some_and(|p| p.rejoin.is_some()));
+        assert!(holder.places().get("x.lock").is_some_and(|p| p.rejoin));
         first.acquired(&a, "x.lock");
         first.stopped_waiting(&a, "x.lock");
         // Long after its release, someone else starts waiting; then the
