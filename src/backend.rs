@@ -213,6 +213,15 @@ pub(crate) trait Backend {
         None
     }
 
+    /// An acquisition of `name` as `mode` found it held and will wait:
+    /// it stands in the line of other processes' waiters until
+    /// [`stopped_waiting`](Self::stopped_waiting). Called by the waiting
+    /// loop itself, never by an attempt (an attempt may finish after its
+    /// waiter is gone, and `try_acquire` never waits). Must not block.
+    fn wait_in_line(&self, name: &LockName, mode: Mode) {
+        let _ = (name, mode);
+    }
+
     /// An acquisition of `name` that waited stopped waiting, with or
     /// without the lock. Must not block.
     fn stopped_waiting(&self, name: &LockName) {

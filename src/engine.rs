@@ -366,6 +366,10 @@ impl Engine {
                     if sharers && mode == Mode::Exclusive && announced.is_none() {
                         announced = self.announce(name).await?;
                     }
+                    // In line only from here, inside `_in_line`'s life.
+                    if !sharers {
+                        self.store.wait_in_line(name, mode);
+                    }
                     if !waited {
                         tracing::debug!(
                             lock = name.as_str(),

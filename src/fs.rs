@@ -227,9 +227,6 @@ impl Fs {
                 _ => {
                     leftover::sweep(ctx);
                     let sharers = group::marker(&found.parsed).is_some();
-                    if mode == Mode::Exclusive && !sharers {
-                        ctx.lines.wait_on(ctx.dir.fd(), name.file_name());
-                    }
                     // A marker's lease says nothing: its holders' deaths
                     // are events in the members directory.
                     let recheck_at = match sharers {
@@ -422,6 +419,12 @@ impl Backend for Fs {
                 ctx.lines.stand_back(ctx.dir.fd(), name.file_name(), at_path)
             })
             .flatten()
+    }
+
+    fn wait_in_line(&self, name: &LockName, mode: Mode) {
+        if mode == Mode::Exclusive {
+            self.ctx.lines.wait_on(self.ctx.dir.fd(), name.file_name());
+        }
     }
 
     fn stopped_waiting(&self, name: &LockName) {

@@ -89,6 +89,14 @@ impl Backend for Store {
         }
     }
 
+    fn wait_in_line(&self, name: &LockName, mode: Mode) {
+        match self {
+            Store::Fs(fs) => fs.wait_in_line(name, mode),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => pg.wait_in_line(name, mode),
+        }
+    }
+
     fn stopped_waiting(&self, name: &LockName) {
         match self {
             Store::Fs(fs) => fs.stopped_waiting(name),

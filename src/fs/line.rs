@@ -27,8 +27,9 @@
 //! - **A holder lets waiters in.** Releasing, the holder asks the kernel
 //!   whether anyone stands in the name's region. If someone does and its
 //!   turn has lasted [`TURN`] or [`TURN_ACQUISITIONS`], its next attempt stands in line
-//!   behind them, with a ticket from the moment of the release (so a
-//!   `Locker` that does not ask again leaves nothing in line). Within a
+//!   behind them, with a ticket from the moment it comes back (so a
+//!   `Locker` that does not ask again leaves nothing in line, and one
+//!   that comes back late is behind those who came meanwhile). Within a
 //!   turn it may take the lock again at once, which keeps most of the
 //!   throughput of back-to-back acquisitions.
 //!
@@ -83,9 +84,10 @@ struct Place {
     standing_back_until: Option<u64>,
     /// What was at the lock path when standing back last ended.
     seen: Option<Seen>,
-    /// The ticket to stand in line with at the next attempt, taken when a
-    /// turn ended with others in line: behind them.
-    rejoin: Option<u64>,
+    /// Whether the next attempt stands in line first, set when a turn
+    /// ended with others in line: behind them, and behind whoever comes
+    /// before it is back (its ticket is taken then).
+    rejoin: bool,
     /// When the current turn began (boot-clock µs), and how many
     /// acquisitions it has had.
     turn_since: Option<u64>,
@@ -116,6 +118,12 @@ const HALF: u64 = REGION / 2;
 /// lock it released to it: long enough for a loop to come back for it,
 /// short enough that a holder that does not come back costs little.
 pub(crate) const HOLD_ON: Duration = Duration::from_micros(300);
+
+/// Places a `Locker` keeps before it forgets those of names it has not
+/// waited for, held or released for [`IDLE`]: a `Locker` touching a
+/// million names must not keep a million places.
+const MAX_PLACES: usize = 1024;
+const IDLE: Duration = Duration::from_secs(1);
 
 /// Regions: the top of the byte range a lock can name (`off_t` is signed).
 const REGIONS: u64 = 1 << 22;
@@ -170,15 +178,18 @@ impl Lines {
         if let Some(released) = place.released_at.take() {
             place.comes_back = now.saturating_sub(released) < duration_us(HOLD_ON) / 2;
         }
-        if let Some(ticket) = place.rejoin.take()
-            && place.waiting.is_none()
-            && take_byte(dir, ticket)
-        {
-            place.waiting = Some(ticket);
+        let start = region(name);
+        if std::mem::take(&mut place.rejoin) && place.waiting.is_none() {
+            let ticket = start + ticket_now();
+            if take_byte(dir, ticket) {
+                place.waiting = Some(ticket);
+            }
         }
         // A holder in the middle of its turn comes back for the lock.
-        let start = region(name);
-        if let Some(mark) = first_held(dir, start + HALF + units_now(), start + REGION)
+        let marks = start + HALF + units_now();
+        // A lock that begins below the marks is none of ours (another
+        // program's range): the kernel names its start, not a mark.
+        if let Some(mark) = first_held(dir, marks, start + REGION).filter(|&mark| mark >= marks)
             && place.honoured_mark.replace(mark) != Some(mark)
         {
             let until_us = (mark - start - HALF).saturating_mul(16);
@@ -187,8 +198,7 @@ impl Lines {
         }
         let ticket = place.waiting?;
         if !conflict(dir, start, ticket - start) {
-            place.standing_back_until = None;
-            place.seen = None;
+            leave_standing_back(place);
             return None;
         }
         let until = *place
@@ -206,12 +216,11 @@ impl Lines {
             (last, Seen::Held(_)) if last != Some(seen) => STAND_BACK,
             // Free: maybe a handoff in flight; look again soon.
             (last, Seen::Free) if last != Some(Seen::Free) => STAND_BACK / 4,
-            // The same lock for a whole period (held long, or stale and
-            // waiting for a reclaimer), or free twice (the older waiters
-            // are not taking it): trying costs nothing, and may be needed.
+            // The same lock for a whole period (held long, or a dead
+            // holder's, which only an attempt judges), or free twice (the
+            // older waiters are not taking it): try, which is harmless.
             _ => {
-                place.standing_back_until = None;
-                place.seen = None;
+                leave_standing_back(place);
                 return None;
             }
         };
@@ -227,7 +236,7 @@ impl Lines {
         }
         if let Some(place) = places.get_mut(name) {
             // Taken after waiting in line: a new turn.
-            if place.waiting.is_some() || place.rejoin.is_some() {
+            if place.waiting.is_some() || place.rejoin {
                 place.turn_since = None;
                 place.turn_count = 0;
             }
@@ -235,7 +244,7 @@ impl Lines {
             if let Some(mark) = place.turn_mark.take() {
                 drop_byte(dir, mark);
             }
-            place.rejoin = None;
+            place.rejoin = false;
             place.turn_since.get_or_insert_with(now_us);
             place.turn_count = place.turn_count.saturating_add(1);
         }
@@ -247,7 +256,7 @@ impl Lines {
         let mut places = self.places();
         if let Some(place) = places.get_mut(name) {
             leave(dir, place);
-            place.rejoin = None;
+            place.rejoin = false;
             if place.turn_since.is_none() {
                 places.remove(name);
             }
@@ -275,7 +284,7 @@ impl Lines {
             return;
         }
         let now = now_us();
-        if places.len() >= MAX_PLACES && !places.contains_key(name) {
+        if places.len() >= MAX_PLACES {
             forget_idle(dir, &mut places, now);
         }
         let place = places.entry(name.into()).or_default();
@@ -287,7 +296,7 @@ impl Lines {
         if now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= TURN_ACQUISITIONS {
             place.turn_since = None;
             place.turn_count = 0;
-            place.rejoin = Some(start + ticket_now());
+            place.rejoin = true;
         } else if place.comes_back {
             // Mid-turn, and we came back at once last time: ask the line
             // to leave the lock to us for a moment.
@@ -321,22 +330,22 @@ impl Lines {
     }
 }
 
-/// Places kept before idle ones are forgotten: a `Locker` that holds one
-/// name after another, each contended, keeps only the recent ones.
-const MAX_PLACES: usize = 1024;
-
-/// Forgets the places of names not waited for and with no turn on in the
-/// last [`TURN`], giving up their turn marks.
+/// Forgets the places that wait for nothing and have seen nothing for
+/// [`IDLE`]: what they remember (a turn, that it should rejoin the line,
+/// a turn mark long past) is over or stale, and the mark's byte is given
+/// up. Forgetting one costs fairness at most.
 fn forget_idle(dir: &File, places: &mut HashMap<Box<str>, Place>, now: u64) {
-    places.retain(|_, place| {
-        let busy = place.waiting.is_some()
-            || place
-                .turn_since
-                .is_some_and(|since| now.saturating_sub(since) < duration_us(TURN));
-        if !busy && let Some(mark) = place.turn_mark.take() {
+    let idle = duration_us(IDLE);
+    places.retain(|_, p| {
+        let keep = p.waiting.is_some()
+            || [p.released_at, p.turn_since]
+                .into_iter()
+                .flatten()
+                .any(|at| now.saturating_sub(at) < idle);
+        if !keep && let Some(mark) = p.turn_mark.take() {
             drop_byte(dir, mark);
         }
-        busy
+        keep
     });
 }
 
@@ -345,6 +354,11 @@ fn leave(dir: &File, place: &mut Place) {
     if let Some(ticket) = place.waiting.take() {
         drop_byte(dir, ticket);
     }
+    leave_standing_back(place);
+}
+
+/// Ends a place's standing back: the next one starts afresh.
+fn leave_standing_back(place: &mut Place) {
     place.standing_back_until = None;
     place.seen = None;
 }
@@ -535,6 +549,27 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_that_stays_taken_behind_a_frozen_waiter_is_tried_all_the_same() {
+        let dir = Dir::new();
+        let (a, b) = (dir.open(), dir.open());
+        let (frozen, other) = (Lines::default(), Lines::default());
+        frozen.wait_on(&a, "x.lock");
+        std::thread::sleep(Duration::from_millis(1));
+        other.wait_on(&b, "x.lock");
+        let mut looks = 0;
+        // The same lock at every look (a dead holder's file, say): at the
+        // second look, it tries; only an attempt judges the holder.
+        while let Some(back) = other.stand_back(&b, "x.lock", || Some((1, 1))) {
+            looks += 1;
+            assert!(looks <= 3, "never tries");
+            std::thread::sleep(back + Duration::from_millis(1));
+        }
+        assert!(!other.behind(&b, "x.lock"), "then woken by the next release");
+        // And it stands back again when woken.
+        assert!(other.stand_back(&b, "x.lock", || Some((1, 1))).is_some());
+    }
+
+    #[test]
     fn a_holder_keeps_its_turn_then_lets_the_line_in() {
         let dir = Dir::new();
         let (h, w) = (dir.open(), dir.open());
@@ -593,26 +628,76 @@ mod tests {
     }
 
     #[test]
-    fn a_locker_holding_many_names_in_turn_keeps_only_recent_places() {
+    fn a_locker_touching_many_contended_names_keeps_few_places() {
         let dir = Dir::new();
         let (h, w) = (dir.open(), dir.open());
         let (holder, waiter) = (Lines::default(), Lines::default());
-        for i in 0..3 * MAX_PLACES {
-            let name = format!("n{i}.lock");
-            waiter.wait_on(&w, &name);
-            holder.acquired(&h, &name);
-            holder.releasing(&h, &name);
-            waiter.stopped_waiting(&w, &name);
-            if i == MAX_PLACES {
-                std::thread::sleep(TURN);
-            }
+        let names: Vec<String> = (0..5_000).map(|i| format!("job-{i}.lock")).collect();
+        // Each name taken and released once while someone waits for it,
+        // and never again: nothing of it is needed any more.
+        for name in &names {
+            waiter.wait_on(&w, name);
+            holder.acquired(&h, name);
+            holder.releasing(&h, name);
+            waiter.stopped_waiting(&w, name);
         }
-        assert!(
-            holder.places().len() <= 2 * MAX_PLACES,
-            "{}",
-            holder.places().len()
+        std::thread::sleep(Duration::from_millis(1100));
+        waiter.wait_on(&w, "last.lock");
+        holder.acquired(&h, "last.lock");
+        holder.releasing(&h, "last.lock");
+        let kept = holder.places().len();
+        assert!(kept <= 1_024, "{kept} places kept for names long released");
+        assert!(waiter.places().len() <= 1, "{}", waiter.places().len());
+    }
+
+    #[test]
+    fn a_byte_range_lock_of_another_program_spanning_the_region_panics_nobody_and_stops_nobody() {
+        let dir = Dir::new();
+        let (w, other) = (dir.open(), dir.open());
+        // Any program that can open the directory may hold a read lock
+        // over any range: here, from offset 0 to far past every region.
+        let span = range(nix::libc::F_RDLCK, 0, 1 << 62).unwrap();
+        nix::fcntl::fcntl(&other, nix::fcntl::FcntlArg::F_OFD_SETLK(&span)).unwrap();
+        let waiter = Lines::default();
+        waiter.wait_on(&w, "x.lock");
+        let mut looks = 0;
+        while let Some(back) = waiter.stand_back(&w, "x.lock", || Some((1, 1))) {
+            looks += 1;
+            assert!(looks <= 10, "never tries");
+            std::thread::sleep(back + Duration::from_millis(1));
+        }
+        waiter.stopped_waiting(&w, "x.lock");
+    }
+
+    #[test]
+    fn a_holder_that_comes_back_late_stands_behind_those_who_waited_meanwhile() {
+        let dir = Dir::new();
+        let (h, a, b) = (dir.open(), dir.open(), dir.open());
+        let (holder, first, later) = (Lines::default(), Lines::default(), Lines::default());
+        first.wait_on(&a, "x.lock");
+        // A turn begins at the first release someone waits for...
+        holder.releasing(&h, "x.lock");
+        holder.acquired(&h, "x.lock");
+        std::thread::sleep(TURN);
+        // ...and is over: its next attempt is in line.
+        holder.releasing(&h, "x.lock");
+        assert!(holder.places().get("x.lock").is_some_and(|p| p.rejoin));
+        first.acquired(&a, "x.lock");
+        first.stopped_waiting(&a, "x.lock");
+        // Long after its release, someone else starts waiting; then the
+        // old holder comes back. It was not waiting all that time: it
+        // must not be ahead of the one who was.
+        std::thread::sleep(Duration::from_millis(50));
+        later.wait_on(&b, "x.lock");
+        std::thread::sleep(Duration::from_millis(1));
+        let _ = holder.stand_back(&h, "x.lock", || Some((1, 1)));
+        assert_eq!(
+            later.stand_back(&b, "x.lock", || Some((1, 1))),
+            None,
+            "the waiter stands back for a holder that came back after it"
         );
-        assert!(waiter.places().is_empty());
+        holder.stopped_waiting(&h, "x.lock");
+        later.stopped_waiting(&b, "x.lock");
     }
 
     #[test]

@@ -252,10 +252,12 @@ impl Whole {
     /// instant; the lock back otherwise (and on failing to tell).
     fn release_now(mut self, confirm: bool) -> ReleaseNow<Self> {
         let ctx = Arc::clone(&self.ctx);
+        // Looked at before the directory lock, as `release` does: nobody
+        // may walk a path (a hung mount on the way) holding it.
+        let moved = if confirm { ctx.dir_moved() } else { None };
         let Ok(Some(mutation)) = ctx.dir.mutation_lock_now() else {
             return ReleaseNow::Busy(self);
         };
-        let moved = if confirm { ctx.dir_moved() } else { None };
         self.armed = false;
         ReleaseNow::Done(
             self.remove_under(mutation)
