@@ -153,8 +153,8 @@ fn queue() -> Arc<Queue<Hold>> {
     Arc::new(Queue::new(LockName::from_file_name("model"), pass_on))
 }
 
-/// Pending once (waking itself): the head's wait on the disk, where its
-/// acquisition can be cancelled.
+/// Pending once (waking itself): a wait on the disk (or on the blocking
+/// pool), where an acquisition can be cancelled.
 async fn disk_wait() {
     let mut waited = false;
     poll_fn(|cx| {
@@ -179,15 +179,35 @@ async fn take_turn(
     handoff: bool,
 ) -> Guard {
     match turn {
-        Turn::Handoff(hold) => Guard::new(hold, queue, who, ticket),
+        Turn::Handoff(hold) => finish(hold, queue, who, ticket).await,
         Turn::Fresh { .. } => {
             let head = head.unwrap_or_else(|| Head::adopt(&queue));
             disk_wait().await;
             let hold = Hold::take(&world, handoff);
             head.disarm();
-            Guard::new(hold, queue, who, ticket)
+            finish(hold, queue, who, ticket).await
         }
     }
+}
+
+/// `Engine::finish`: the hold goes into its grant (here the guard), which
+/// passes it on if the fencing token's fetch from disk is cancelled.
+async fn finish(hold: Hold, queue: Arc<Queue<Hold>>, who: usize, ticket: Option<u64>) -> Guard {
+    let guard = Guard::new(hold, queue, who, ticket);
+    disk_wait().await;
+    guard
+}
+
+/// `Engine::try_acquire` for an exclusive lock: the turn only if it is
+/// free, then one attempt at the store.
+async fn try_acquire(world: Arc<World>, queue: Arc<Queue<Hold>>, who: usize, handoff: bool) -> Option<Guard> {
+    let head = queue.try_head()?;
+    disk_wait().await;
+    let hold = Hold::take(&world, handoff);
+    let guard = finish(hold, Arc::clone(&queue), who, None).await;
+    // `Engine::settle`, exclusive.
+    head.disarm();
+    Some(guard)
 }
 
 /// Waits for `ticket`'s turn, as `Acquire::poll`'s queued stage does.
@@ -227,19 +247,33 @@ async fn cancel_after<F: Future>(fut: F, polls: usize) -> Option<F::Output> {
     .await
 }
 
+/// How a task asks for the lock.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Call {
+    Acquire,
+    TryAcquire,
+}
+
 /// What a task does: acquire, work, release; cancelled after `cancel`
-/// polls if set. Whether it held the lock.
+/// polls if set. Whether it came back with the lock.
 fn task(
     world: &Arc<World>,
     queue: &Arc<Queue<Hold>>,
     who: usize,
     handoff: bool,
+    call: Call,
     cancel: Option<usize>,
 ) -> bool {
-    let acquire = acquire(Arc::clone(world), Arc::clone(queue), who, handoff);
+    let (world, queue) = (Arc::clone(world), Arc::clone(queue));
+    let call = async move {
+        match call {
+            Call::Acquire => Some(acquire(world, queue, who, handoff).await),
+            Call::TryAcquire => try_acquire(world, queue, who, handoff).await,
+        }
+    };
     let guard = match cancel {
-        None => Some(loom::future::block_on(acquire)),
-        Some(polls) => loom::future::block_on(cancel_after(acquire, polls)),
+        None => loom::future::block_on(call),
+        Some(polls) => loom::future::block_on(cancel_after(call, polls)).flatten(),
     };
     match guard {
         Some(guard) => {
@@ -261,64 +295,87 @@ fn settled(world: &World, queue: &Arc<Queue<Hold>>) {
     assert!(tickets.is_sorted(), "queued tasks held out of order: {tickets:?}");
 }
 
-/// `tasks` tasks (the model's main thread and `tasks - 1` others) acquire
-/// at once; task 0 is cancelled after `cancel` polls if set.
-fn contend(tasks: usize, handoff: bool, cancel: Option<usize>) {
-    let what = match cancel {
-        None => format!("{tasks} tasks, handoff {handoff}"),
-        Some(polls) => format!("{tasks} tasks, handoff {handoff}, one cancelled after {polls} polls"),
-    };
+/// `tasks` tasks (the model's main thread and `tasks - 1` others) ask for
+/// the lock at once, task 0 through `call`, cancelled after `cancel` polls
+/// if set; the others `acquire` it.
+fn contend(tasks: usize, handoff: bool, call: Call, cancel: Option<usize>) {
+    let mut what = format!("{tasks} tasks, handoff {handoff}");
+    if call == Call::TryAcquire {
+        what.push_str(", one by try_acquire");
+    }
+    if let Some(polls) = cancel {
+        what.push_str(&format!(", one cancelled after {polls} polls"));
+    }
     check(&what, tasks, move || {
         let world = Arc::new(World::default());
         let queue = queue();
         let others: Vec<_> = (1..tasks)
             .map(|who| {
                 let (world, queue) = (Arc::clone(&world), Arc::clone(&queue));
-                thread::spawn(move || task(&world, &queue, who, handoff, None))
+                thread::spawn(move || task(&world, &queue, who, handoff, Call::Acquire, None))
             })
             .collect();
-        let first = task(&world, &queue, 0, handoff, cancel);
+        let first = task(&world, &queue, 0, handoff, call, cancel);
         for other in others {
             assert!(
                 other.join().unwrap(),
                 "a task that was not cancelled held the lock"
             );
         }
-        assert_eq!(first, world.held().iter().any(|&(who, _)| who == 0));
-        if cancel.is_none() {
-            assert!(first);
+        if cancel.is_none() && call == Call::Acquire {
+            assert!(first, "task 0 held the lock");
         }
-        let held = world.held().len();
-        assert_eq!(held, tasks - usize::from(!first), "every task held it once");
+        let held: Vec<usize> = world.held().iter().map(|&(who, _)| who).collect();
+        for who in 0..tasks {
+            let times = held.iter().filter(|&&w| w == who).count();
+            assert!(times <= 1, "task {who} held it {times} times");
+            assert!(times == 1 || who == 0 && !first, "task {who} never held it");
+        }
         settled(&world, &queue);
     });
 }
 
 #[test]
 fn two_tasks_take_turns() {
-    contend(2, true, None);
-    contend(2, false, None);
+    contend(2, true, Call::Acquire, None);
+    contend(2, false, Call::Acquire, None);
 }
 
 #[test]
 fn three_tasks_take_turns() {
-    contend(3, true, None);
-    contend(3, false, None);
+    contend(3, true, Call::Acquire, None);
+    contend(3, false, Call::Acquire, None);
 }
 
 #[test]
 fn a_cancelled_task_leaves_no_waiter_behind_two_tasks() {
-    for polls in 1..=2 {
-        contend(2, true, Some(polls));
-        contend(2, false, Some(polls));
+    for polls in 1..=3 {
+        contend(2, true, Call::Acquire, Some(polls));
+        contend(2, false, Call::Acquire, Some(polls));
     }
 }
 
 #[test]
 fn a_cancelled_task_leaves_no_waiter_behind_three_tasks() {
-    for polls in 1..=2 {
-        contend(3, true, Some(polls));
-        contend(3, false, Some(polls));
+    for polls in 1..=3 {
+        contend(3, true, Call::Acquire, Some(polls));
+        contend(3, false, Call::Acquire, Some(polls));
+    }
+}
+
+#[test]
+fn try_acquire_among_waiters_two_tasks() {
+    for cancel in [None, Some(1), Some(2)] {
+        contend(2, true, Call::TryAcquire, cancel);
+        contend(2, false, Call::TryAcquire, cancel);
+    }
+}
+
+#[test]
+fn try_acquire_among_waiters_three_tasks() {
+    for cancel in [None, Some(1), Some(2)] {
+        contend(3, true, Call::TryAcquire, cancel);
+        contend(3, false, Call::TryAcquire, cancel);
     }
 }
 
