@@ -204,10 +204,9 @@ async fn try_acquire(world: Arc<World>, queue: Arc<Queue<Hold>>, who: usize, han
     let head = queue.try_head()?;
     disk_wait().await;
     let hold = Hold::take(&world, handoff);
-    let guard = finish(hold, Arc::clone(&queue), who, None).await;
-    // `Engine::settle`, exclusive.
+    // The turn goes into the grant before `finish` can be cancelled.
     head.disarm();
-    Some(guard)
+    Some(finish(hold, Arc::clone(&queue), who, None).await)
 }
 
 /// Waits for `ticket`'s turn, as `Acquire::poll`'s queued stage does.
