@@ -1,19 +1,21 @@
 //! Model checks of the queue under `loom`: every interleaving (up to a
 //! bound on preemptions) of two and three tasks taking one name's turn,
-//! handing the lock on, and being cancelled.
+//! handing the lock on, releasing it, and being cancelled.
 //!
 //! The store is an in-memory model: a count of holders, which taking the
-//! lock asserts was zero. The tasks drive the queue as the engine does
-//! (`Acquire::poll`, `Engine::take_turn` and the guard's `pass_on` policy,
-//! for an exclusive lock), with the disk's wait replaced by one yield: the
-//! point where a head can be cancelled. Run with
+//! lock asserts was zero. The tasks drive the queue as the engine does for
+//! an exclusive lock (`Acquire::poll`, `Engine::take_turn`,
+//! `Engine::finish`, `Engine::try_acquire` and the guard's `pass_on`
+//! policy): a copy of its steps, not the engine itself, with each wait on
+//! the disk replaced by one await that wakes itself, the points where an
+//! acquisition can be cancelled. Run with
 //!
 //! ```text
-//! RUSTFLAGS="--cfg leasehold_loom" cargo test --release --lib queue::model
+//! RUSTFLAGS="--cfg leasehold_loom" cargo test --release --lib queue::model -- --nocapture
 //! ```
 //!
-//! (`LOOM_MAX_PREEMPTIONS` sets the bound; see docs/guarantees.md, *Model
-//! checks*.)
+//! (`LOOM_MAX_PREEMPTIONS` sets the bound for three tasks; see
+//! docs/guarantees.md, *Model checks*.)
 
 use std::future::{Future, poll_fn};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -25,15 +27,17 @@ use loom::thread;
 use super::*;
 
 /// The bound on preemptions for three tasks when `LOOM_MAX_PREEMPTIONS` is
-/// unset: loom's own advice, and what keeps CI's run short. Two tasks are
-/// checked without a bound.
+/// unset: loom's own advice (2 or 3), and what keeps CI's run short. Two
+/// tasks are always checked without a bound: every interleaving.
 const PREEMPTIONS: usize = 2;
 
 /// One model run of `tasks` tasks: `f` under every interleaving loom
 /// explores, whose number is printed (`--nocapture` shows it) under `what`.
 fn check(what: &str, tasks: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() && tasks > 2 {
+    if tasks <= 2 {
+        builder.preemption_bound = None;
+    } else if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(PREEMPTIONS);
     }
     let bound = match builder.preemption_bound {
