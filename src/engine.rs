@@ -116,8 +116,20 @@ impl Engine {
         }
         match self.attempt(&name, mode, None).await? {
             Attempt::Acquired(hold) => {
+                // An exclusive hold takes the turn into its grant before
+                // `finish` can be cancelled (fetching a fencing token): the
+                // grant passes it on then, and the head must not pass it
+                // a second time. A shared hold passes it after `finish`,
+                // once later shared acquisitions can join it.
+                let head = match mode {
+                    Mode::Exclusive => {
+                        head.disarm();
+                        None
+                    }
+                    _ => Some(head),
+                };
                 let guard = self.finish(&name, hold, Arc::clone(&queue), started, false).await;
-                self.settle(head, mode);
+                drop(head);
                 guard.map(Some)
             }
             Attempt::Busy { .. } => Ok(None),

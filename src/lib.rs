@@ -389,6 +389,7 @@ mod shared;
 mod stale;
 mod stats;
 mod store;
+mod sync;
 mod sys;
 pub mod testing;
 mod timer;

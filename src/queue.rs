@@ -12,13 +12,14 @@
 //! picking it up.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use tokio::sync::Notify;
 
 use crate::name::LockName;
 use crate::owner::Owner;
+use crate::sync::{Mutex, MutexGuard};
 
 /// What the head of the queue receives.
 #[derive(Debug)]
@@ -51,7 +52,8 @@ pub(crate) struct Queue<T> {
     /// The holder the head last found at the lock while it waited, for a
     /// queued waiter's timeout to name; cleared when that head stops
     /// waiting, however it stops.
-    pub(crate) last_seen: Mutex<Option<Box<Owner>>>,
+    /// (std's lock even in the model checks, which leave it to the engine.)
+    pub(crate) last_seen: std::sync::Mutex<Option<Box<Owner>>>,
     dispose: Dispose<T>,
 }
 
@@ -125,7 +127,7 @@ impl<T> Queue<T> {
             name,
             state: Mutex::default(),
             changed: Notify::new(),
-            last_seen: Mutex::default(),
+            last_seen: std::sync::Mutex::default(),
             dispose,
         }
     }
@@ -391,6 +393,9 @@ impl<T> Queues<T> {
         }
     }
 }
+
+#[cfg(all(test, leasehold_loom))]
+mod model;
 
 #[cfg(test)]
 mod tests {
