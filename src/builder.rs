@@ -691,7 +691,7 @@ impl LockerBuilder {
                 (self.allow_insecure_directory, "allow_insecure_directory"),
                 (!self.create_directory, "create_directory"),
                 (self.read_only, "read_only"),
-                (!self.durable, "durable"),
+                (self.durable, "durable"),
                 (self.grace != DEFAULT_GRACE, "unreadable_grace"),
                 (self.foreign_lease != Some(DEFAULT_FOREIGN_LEASE), "foreign_lease"),
             ];

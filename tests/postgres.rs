@@ -1031,7 +1031,7 @@ fn file_settings_with_a_server_are_refused() {
             "allow_insecure_directory",
             Locker::builder().postgres(server).allow_insecure_directory(true),
         ),
-        ("durable", Locker::builder().postgres(server).durable(false)),
+        ("durable", Locker::builder().postgres(server).durable(true)),
         (
             "unreadable_grace",
             Locker::builder()
