@@ -375,7 +375,9 @@ impl LockerBuilder {
     /// written by pi-research's code), counted from the record's last
     /// change: after it, the lock is reclaimed even if its owner process
     /// lives, as pi-research itself would do. Values over a year count
-    /// as a year.
+    /// as a year; values below 200 ms (the shortest lease leasehold
+    /// accepts of its own) make [`build`](Self::build) return
+    /// [`Error::InvalidConfig`].
     ///
     /// `None` never reclaims the record without a lease of an owner that
     /// is provably alive: a live process of this host, or a leasehold
@@ -681,6 +683,13 @@ impl LockerBuilder {
         }
         if self.grace.is_zero() {
             return invalid("the unreadable grace period must be above zero".into());
+        }
+        if let Some(foreign) = self.foreign_lease.filter(|lease| *lease < MIN_LEASE) {
+            return invalid(format!(
+                "the foreign lease {foreign:?} is below {MIN_LEASE:?}: it would reclaim a live \
+                 pi-research holder's lock about as soon as it was written (`None` never reclaims \
+                 a provably alive owner's)"
+            ));
         }
         #[cfg(feature = "postgres")]
         if self.postgres.is_some() {

@@ -120,3 +120,32 @@ fn a_renewal_after_the_safety_margin_is_refused() {
     );
     assert!(build(dir.path(), strategy, Duration::from_secs(1), Duration::ZERO).is_err());
 }
+
+/// A foreign lease shorter than the shortest lease leasehold accepts would
+/// reclaim the lock of a live pi-research holder (whose records carry no
+/// lease) about as soon as it was written: `build()` refuses it, as it
+/// refuses such a lease of its own.
+#[test]
+fn a_foreign_lease_too_short_to_keep_a_live_holder_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = |lease: Option<Duration>| {
+        Locker::builder()
+            .directory(dir.path())
+            .foreign_lease(lease)
+            .build()
+    };
+    for too_short in [
+        Duration::ZERO,
+        Duration::from_millis(1),
+        Duration::from_millis(199),
+    ] {
+        match with(Some(too_short)) {
+            Err(Error::InvalidConfig { reason }) => {
+                assert!(reason.contains("foreign lease"), "{reason}");
+            }
+            other => panic!("foreign_lease({too_short:?}) was not refused: {other:?}"),
+        }
+    }
+    assert!(with(Some(Duration::from_millis(200))).is_ok());
+    assert!(with(None).is_ok());
+}
