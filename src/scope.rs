@@ -41,6 +41,9 @@ loom::lazy_static! {
 /// keeps a lock alive; a guard moved to another task, or out of its scope,
 /// and dropped there lets its entry lapse on its own, and a lapsed entry is
 /// never re-entered.
+///
+/// The holds are `Grant`s; the model checks (`scope/model.rs`) put a
+/// stand-in of their own in.
 #[derive(Debug)]
 struct ScopeSet<G = Grant> {
     map: Mutex<HashMap<(u64, String), Entry<G>>>,
@@ -62,7 +65,10 @@ struct Entry<G> {
 fn tick() -> u64 {
     // A scope and the scopes nested in it belong to one task, which takes
     // every tick they compare in program order: no ordering is needed
-    // beyond the counter's own.
+    // beyond the counter's own. That holds when the runtime moves the task
+    // between threads too: it hands a task over with a happens-before,
+    // which increments of one atomic follow whatever their ordering
+    // (`scope/model.rs`, `ticks_follow_a_task_across_threads`).
     CLOCK.fetch_add(1, Ordering::Relaxed)
 }
 
@@ -128,3 +134,6 @@ impl<G> ScopeSet<G> {
         map.insert((id, file_name.to_owned()), entry);
     }
 }
+
+#[cfg(all(test, leasehold_loom))]
+mod model;
