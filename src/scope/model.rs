@@ -281,27 +281,48 @@ fn sibling_scopes_never_share_a_hold_three_threads() {
     siblings(true);
 }
 
-/// A guard moved out of its scope and dropped on another thread, while the
-/// scope acquires the name again: it re-enters the hold while it lives,
-/// else takes a new one; once the hold is gone, it is never found again,
-/// and its entry lapses (`remember` drops it).
-#[test]
-fn a_hold_dropped_on_another_thread_lapses() {
-    check("2 threads: a guard dropped on another thread", 2, || {
+/// Guards on one hold moved out of its scope and dropped on other threads
+/// (`guards` of them, each on a thread of its own), while the scope
+/// acquires the name again: it re-enters the hold while it lives, else
+/// takes a new one; once the hold is gone, it is never found again, and
+/// its entry lapses (`remember` drops it).
+fn dropped_elsewhere(guards: usize) {
+    let threads = guards + 1;
+    let what = match guards {
+        1 => "2 threads: a guard dropped on another thread".to_owned(),
+        _ => format!("{threads} threads: {guards} guards on one hold dropped on {guards} others"),
+    };
+    check(&what, threads, move || {
         let (a, b) = (Lock::new("a"), Lock::new("b"));
         let set = ScopeSet::enter(Some(ScopeSet::enter(None)));
-        let moved = acquire(&set, &a, PARENT, false);
-        let elsewhere = thread::spawn(move || drop(moved));
+        let moved: Vec<Guard> = (0..guards).map(|_| acquire(&set, &a, PARENT, false)).collect();
+        assert!(moved.iter().all(|guard| guard.same(&moved[0])));
+        let elsewhere: Vec<_> = moved
+            .into_iter()
+            .map(|guard| thread::spawn(move || drop(guard)))
+            .collect();
         let again = acquire(&set, &a, PARENT, true);
         assert_eq!(again.hold().who, PARENT);
         drop(again);
-        elsewhere.join().unwrap();
+        for thread in elsewhere {
+            thread.join().unwrap();
+        }
         assert!(!a.is_held());
         assert_eq!(seen(&set, &a), None, "a dropped hold was re-entered");
         let fresh = acquire(&set, &b, PARENT, false);
         assert_eq!(entries(&set), 1, "a lapsed entry was kept");
         drop(fresh);
     });
+}
+
+#[test]
+fn a_hold_dropped_on_another_thread_lapses() {
+    dropped_elsewhere(1);
+}
+
+#[test]
+fn a_hold_dropped_on_two_other_threads_lapses() {
+    dropped_elsewhere(2);
 }
 
 /// Three threads: one scope remembering and finding while two guards of
