@@ -25,36 +25,7 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 
 use super::*;
-
-/// The bound on preemptions for three tasks when `LOOM_MAX_PREEMPTIONS` is
-/// unset: loom's own advice (2 or 3), and what keeps CI's run short. Two
-/// tasks are always checked without a bound: every interleaving.
-const PREEMPTIONS: usize = 2;
-
-/// One model run of `tasks` tasks: `f` under every interleaving loom
-/// explores, whose number is printed (`--nocapture` shows it) under `what`.
-fn check(what: &str, tasks: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if tasks <= 2 {
-        builder.preemption_bound = None;
-    } else if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(PREEMPTIONS);
-    }
-    let bound = match builder.preemption_bound {
-        Some(bound) => format!("at most {bound} preemptions"),
-        None => "no bound on preemptions".to_owned(),
-    };
-    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = Arc::clone(&runs);
-    let started = std::time::Instant::now();
-    builder.check(move || {
-        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f();
-    });
-    let runs = runs.load(std::sync::atomic::Ordering::Relaxed);
-    let took = started.elapsed();
-    println!("{what}: {runs} interleavings ({bound}) in {took:.1?}");
-}
+use crate::sync::check;
 
 /// The in-memory store, and what the tasks saw of it.
 #[derive(Debug, Default)]
