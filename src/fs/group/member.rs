@@ -162,6 +162,7 @@ impl Member {
         }
         let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
         let _mutation = ctx.dir.mutation_lock_within(left)?;
+        failpoint!("group.renew.after_dirlock").context("renew shared lock", || self.path())?;
         if !self.still_here()? {
             return Ok(Renewal::Lost(LossReason::Replaced));
         }
@@ -235,6 +236,7 @@ impl Member {
     fn leave(&self) -> Result<bool> {
         let ctx = &self.ctx;
         let mutation = ctx.dir.mutation_lock()?;
+        failpoint!("group.leave.after_dirlock").context("remove member record", || self.path())?;
         let here = self.still_here()?;
         if here {
             match syscall::unlink_at(&self.dir, self.file_name.as_str()) {
@@ -242,6 +244,7 @@ impl Member {
                 Err(e) => return Err(e).context("remove member record", || self.path()),
             }
         }
+        failpoint!("group.leave.after_unlink").context("leave shared lock", || self.path())?;
         let dir_name = members_dir(self.name.file_name());
         let path = || ctx.path_of(&dir_name);
         let mut scan = scan(ctx, &self.dir, &path)?;

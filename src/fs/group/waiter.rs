@@ -90,7 +90,8 @@ impl Drop for Announcement {
     /// Removes the announcement, and the members directory if that leaves
     /// it empty (under the mutation lock: a joiner may be about to use it).
     fn drop(&mut self) {
-        let _ = syscall::unlink_at(&self.dir, self.file_name.as_str());
+        let _ = failpoint!("group.withdraw.before_unlink")
+            .and_then(|()| Ok(syscall::unlink_at(&self.dir, self.file_name.as_str())?));
         // Waits at most a few milliseconds: this runs on a runtime thread
         // (or the renewal thread). A directory left behind goes with the next leaver, or
         // `clean`.
