@@ -458,7 +458,11 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
         kind = Some((same_kind(record, mode), mode_of(record)));
     }
     let dir_name = members_dir(name.file_name());
-    let dir = ensure_members(ctx, name)?;
+    // A join that fails leaves no members directory it made (or found
+    // empty): nobody else's, under the mutation lock, and what would be
+    // left is nobody's either.
+    let left_empty = |_: &Error| remove_members_dir(ctx, &dir_name);
+    let dir = ensure_members(ctx, name).inspect_err(left_empty)?;
     let path = || ctx.path_of(&dir_name);
     let mut scan = scan(ctx, &dir, &path)?;
     remove_dead(ctx, &dir, &mut scan);
@@ -508,11 +512,11 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
             });
         }
         failpoint!("group.join.after_share").context("join shared lock", || ctx.path_of(name.file_name()))?;
-        let mut member = Member::create(ctx, name, mode, group, dir)?;
+        let mut member = Member::create(ctx, name, mode, group, dir).inspect_err(left_empty)?;
         member.marker = Some(node);
         return Ok(Joined::Member(Box::new(member)));
     }
-    let mut member = Member::create(ctx, name, mode, group, dir)?;
+    let mut member = Member::create(ctx, name, mode, group, dir).inspect_err(left_empty)?;
     // First holder (or the first since the marker was removed under the
     // holders): mark the lock path.
     let published = failpoint!("group.join.before_marker")
