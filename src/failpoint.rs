@@ -57,6 +57,7 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "group.members.after_mkdir",
     "group.record.after_open",
     "group.record.before_rename",
+    "group.record.after_rename",
     "group.join.after_share",
     "group.join.before_marker",
     "group.marker.after_create",

@@ -65,8 +65,8 @@ impl Member {
         let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
         let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
         let (file, record_len) = create_record(&dir, &file_name, &record, ctx.durable, &|| path.clone())?;
-        let meta = file
-            .metadata()
+        let meta = failpoint!("group.record.after_rename")
+            .and_then(|()| file.metadata())
             .context("inspect member record", || path.clone())?;
         let dir_meta = dir
             .metadata()
