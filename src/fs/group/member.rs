@@ -65,12 +65,25 @@ impl Member {
         let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
         let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
         let (file, record_len) = create_record(&dir, &file_name, &record, ctx.durable, &|| path.clone())?;
-        let meta = failpoint!("group.record.after_rename")
+        let identities = failpoint!("group.record.after_rename")
             .and_then(|()| file.metadata())
-            .context("inspect member record", || path.clone())?;
-        let dir_meta = dir
-            .metadata()
-            .context("inspect members directory", || path.clone())?;
+            .context("inspect member record", || path.clone())
+            .and_then(|meta| {
+                let dir_meta = dir
+                    .metadata()
+                    .context("inspect members directory", || path.clone())?;
+                Ok((meta, dir_meta))
+            });
+        let (meta, dir_meta) = match identities {
+            Ok(identities) => identities,
+            Err(error) => {
+                // No holder after all: its record goes now (the caller
+                // holds the mutation lock), not once judged by its free
+                // flock, the pid in it alive.
+                let _ = syscall::unlink_at(&dir, file_name.as_str());
+                return Err(error);
+            }
+        };
         let sign = Arc::new(Sign {
             ctx: Arc::clone(ctx),
             name: name.clone(),
