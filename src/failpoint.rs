@@ -48,6 +48,36 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     // Leftover collection.
     "leftover.dir.after_flock",
     "leftover.fence.before_unlink",
+    // Shared locks and semaphores: joining (the group's members
+    // directory, a member record made under a private name and renamed,
+    // the marker at the lock path: created, flocked shared, written,
+    // synced), renewing, leaving, reclaiming a dead member, an exclusive
+    // waiter withdrawing its announcement.
+    "group.join.after_dirlock",
+    "group.members.after_mkdir",
+    "group.record.after_open",
+    "group.record.before_rename",
+    "group.record.after_rename",
+    "group.join.after_share",
+    "group.join.before_marker",
+    "group.marker.after_create",
+    "group.marker.before_write",
+    "group.marker.before_sync",
+    "group.renew.after_dirlock",
+    "group.marker.before_rewrite",
+    "group.leave.after_dirlock",
+    "group.leave.after_unlink",
+    "group.reclaim.before_unlink",
+    "group.members.before_rmdir",
+    "group.withdraw.before_unlink",
+    // The directory's mutation lock: its flock.
+    "dirlock.before_flock",
+    // The waiting line (OFD byte-range locks, dropped by the kernel when
+    // their holder dies): taking a ticket, looking ahead, a release
+    // looking for waiters.
+    "line.wait.before_ticket",
+    "line.stand_back.before_look",
+    "line.release.before_look",
     // A waiter between its look at the lock and the start of its watch
     // (no filesystem step: a test releases the lock there).
     "engine.wait.before_watch",

@@ -1,16 +1,22 @@
 //! A crash at every step: every failpoint of the filesystem protocol
-//! (`leasehold::FAILPOINTS`, feature `failpoints`), in both layouts.
+//! (`leasehold::FAILPOINTS`, feature `failpoints`), in both layouts, for
+//! exclusive locks, shared locks and semaphores.
 //!
 //! First, for each layout and operation, a child runs the operation with
 //! every point traced, to learn which points it passes and how often.
 //! Then, for each point a layout passes (the first and second time it is
-//! passed), a child runs the operation and kills itself with SIGKILL
-//! there, while this process contends for the lock; afterwards:
+//! passed, once per kind of lock: exclusive, shared, semaphore), a child
+//! runs the operation and kills itself with SIGKILL there, while this
+//! process contends for the lock (exclusively, and shared or for a permit
+//! in turn); afterwards:
 //!
 //! - another `Locker` acquires the name within the bound (immediate for a
-//!   dead leasehold holder, the grace period for an unreadable record);
-//! - no two live processes were ever inside at once (a shared `O_APPEND`
-//!   log that everyone inside checks and appends to);
+//!   dead leasehold holder, the grace period for an unreadable record),
+//!   shared or for a permit first where the child's was, then exclusively;
+//! - no exclusive holder was ever inside with anyone else alive, and never
+//!   more than [`PERMITS`] inside a semaphore of [`PERMITS`] (a shared
+//!   `O_APPEND` log that everyone checks, and appends to, on entering and
+//!   leaving);
 //! - fencing tokens only grew;
 //! - after a release and `clean()`, the directory holds nothing but the
 //!   fencing counter.
@@ -28,7 +34,7 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use leasehold::{FAILPOINTS, Locker, Strategy};
+use leasehold::{FAILPOINTS, LockGuard, Locker, Strategy};
 
 #[path = "support/reexec.rs"]
 mod reexec;
@@ -38,6 +44,9 @@ const NAME: &str = "job";
 const GRACE: Duration = Duration::from_secs(2);
 /// How long a child holds the lock: long enough for renewals.
 const HOLD: Duration = Duration::from_millis(450);
+/// How long an error case holds it: long enough for a renewal or two
+/// (each fails at the point).
+const HOLD_ERROR: Duration = Duration::from_millis(200);
 /// Liveness: the grace period, plus time for the waiter to notice.
 const BOUND: Duration = Duration::from_millis(3500);
 /// The points whose error leaves an unreadable record behind, taken over
@@ -47,6 +56,18 @@ const BOUND: Duration = Duration::from_millis(3500);
 ///   may have removed it before our flock and another process made a new
 ///   one): it is left, empty and unlocked, as when the flock is refused.
 const GRACE_ON_ERROR: &[&str] = &["file.create.after_flock"];
+/// The points whose error leaves a members directory behind, which the
+/// next holder (or `clean()`) removes, as a release that fails leaves
+/// the lock: a record that could not be removed (a dead member's, an
+/// exclusive waiter's announcement, our own when leaving fails before its
+/// unlink), or the directory itself (leaving fails after it).
+const MEMBERS_LEFT_ON_ERROR: &[&str] = &[
+    "group.leave.after_dirlock",
+    "group.leave.after_unlink",
+    "group.reclaim.before_unlink",
+    "group.members.before_rmdir",
+    "group.withdraw.before_unlink",
+];
 /// The crashes (`point@n`) that leave an empty record, taken over after
 /// the grace period: the lock file made (and maybe flocked) but its
 /// record not yet written. Every other crash leaves a dead leasehold
@@ -55,6 +76,9 @@ const GRACE_ON_CRASH: &[&str] = &[
     "file.create.after_open@1",
     "file.create.after_flock@1",
     "file.write.before_pwrite@1",
+    // A shared lock's marker file, made but not yet written.
+    "group.marker.after_create@1",
+    "group.marker.before_write@1",
 ];
 /// "At once": one filesystem event, or at worst the waiter's 1 s safety-net
 /// poll, which a fresh `Locker` can depend on: a release between its
@@ -82,10 +106,83 @@ enum Op {
     Reclaim,
     /// The same, with leftovers of crashed processes to collect.
     Sweep,
+    /// The same, the lock first held a while by another process: the
+    /// child waits, in line.
+    Line,
+    /// Shared: join (the first holder), hold, leave (the last).
+    Shared,
+    /// Shared, joining a group another process holds longer.
+    SharedJoin,
+    /// Shared, fenced, a holder of the group first dead.
+    SharedReclaim,
+    /// Exclusive, waiting (announced) for another process's shared hold.
+    Writer,
+    /// A permit of a semaphore of [`PERMITS`].
+    Permit,
+    /// A permit, another process holding one longer.
+    PermitJoin,
+    /// A permit, fenced, a holder of one first dead.
+    PermitReclaim,
+    /// Exclusive, waiting (announced) for another process's permit.
+    PermitWriter,
 }
 
-const OPS: [Op; 4] = [Op::Plain, Op::Fenced, Op::Reclaim, Op::Sweep];
+const OPS: [Op; 13] = [
+    Op::Plain,
+    Op::Fenced,
+    Op::Reclaim,
+    Op::Sweep,
+    Op::Line,
+    Op::Shared,
+    Op::SharedJoin,
+    Op::SharedReclaim,
+    Op::Writer,
+    Op::Permit,
+    Op::PermitJoin,
+    Op::PermitReclaim,
+    Op::PermitWriter,
+];
 const STRATEGIES: [Strategy; 2] = [Strategy::ExclusiveFile, Strategy::Directory];
+/// The permits of every semaphore here.
+const PERMITS: u32 = 2;
+/// How long a helper holds the lock before the child's operation: past
+/// the child's start (so that it waits, or joins), and, where the child
+/// joins, past the child's leaving (so that it leaves a group that goes on).
+const HELPER_HOLD: Duration = Duration::from_millis(300);
+const HELPER_HOLD_LONG: Duration = Duration::from_millis(900);
+
+/// How a lock is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Exclusive,
+    Shared,
+    Permit,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Exclusive => "x",
+            Kind::Shared => "s",
+            Kind::Permit => "p",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Kind> {
+        [Kind::Exclusive, Kind::Shared, Kind::Permit]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+
+    /// Acquires `NAME` this way, waiting at most `timeout`.
+    async fn take(self, locker: &Locker, timeout: Duration) -> leasehold::Result<LockGuard> {
+        match self {
+            Kind::Exclusive => locker.acquire_timeout(NAME, timeout).await,
+            Kind::Shared => locker.acquire_shared_timeout(NAME, timeout).await,
+            Kind::Permit => locker.semaphore(NAME, PERMITS)?.acquire_timeout(timeout).await,
+        }
+    }
+}
 
 impl Op {
     fn as_str(self) -> &'static str {
@@ -94,6 +191,15 @@ impl Op {
             Op::Fenced => "fenced",
             Op::Reclaim => "reclaim",
             Op::Sweep => "sweep",
+            Op::Line => "line",
+            Op::Shared => "shared",
+            Op::SharedJoin => "shared-join",
+            Op::SharedReclaim => "shared-reclaim",
+            Op::Writer => "writer",
+            Op::Permit => "permit",
+            Op::PermitJoin => "permit-join",
+            Op::PermitReclaim => "permit-reclaim",
+            Op::PermitWriter => "permit-writer",
         }
     }
 
@@ -102,7 +208,46 @@ impl Op {
     }
 
     fn fencing(self) -> bool {
-        matches!(self, Op::Fenced | Op::Reclaim)
+        matches!(
+            self,
+            Op::Fenced | Op::Reclaim | Op::SharedReclaim | Op::PermitReclaim
+        )
+    }
+
+    /// How the child holds the lock.
+    fn kind(self) -> Kind {
+        match self {
+            Op::Shared | Op::SharedJoin | Op::SharedReclaim => Kind::Shared,
+            Op::Permit | Op::PermitJoin | Op::PermitReclaim => Kind::Permit,
+            _ => Kind::Exclusive,
+        }
+    }
+
+    /// The other kind of holder around: the kind of lock the name is
+    /// (exclusive only, shared or a semaphore), whose points are tested
+    /// apart.
+    fn family(self) -> Kind {
+        match self {
+            Op::Writer => Kind::Shared,
+            Op::PermitWriter => Kind::Permit,
+            op => op.kind(),
+        }
+    }
+
+    /// How the process that holds the lock before the child holds it,
+    /// for how long (`None`: it dies holding it), if there is one.
+    fn before(self) -> Option<(Kind, Option<Duration>)> {
+        match self {
+            Op::Reclaim => Some((Kind::Exclusive, None)),
+            Op::SharedReclaim => Some((Kind::Shared, None)),
+            Op::PermitReclaim => Some((Kind::Permit, None)),
+            Op::Line => Some((Kind::Exclusive, Some(HELPER_HOLD))),
+            Op::Writer => Some((Kind::Shared, Some(HELPER_HOLD))),
+            Op::PermitWriter => Some((Kind::Permit, Some(HELPER_HOLD))),
+            Op::SharedJoin => Some((Kind::Shared, Some(HELPER_HOLD_LONG))),
+            Op::PermitJoin => Some((Kind::Permit, Some(HELPER_HOLD_LONG))),
+            _ => None,
+        }
     }
 }
 
@@ -150,43 +295,88 @@ fn dead(pid: u32) -> bool {
     }
 }
 
-/// Called by whoever just acquired: fails if a live process is inside
-/// (entered and not left), or if `token` does not exceed every token
-/// logged; then logs the entry.
-fn enter(dir: &Path, token: Option<u64>) -> Result<(), String> {
-    let path = log_path(dir);
-    let text = std::fs::read_to_string(&path).unwrap_or_default();
-    let mut inside: Option<u32> = None;
-    let mut last_token = 0;
+/// Checks the log against `me`, holding the lock as `kind` (entering
+/// or leaving): nobody else alive is inside if either is exclusive, and
+/// fewer than [`PERMITS`] others hold a permit; entering, `token` must
+/// also follow the tokens logged (an exclusive holder's or a permit's
+/// exceeds every exclusive one's before it, and is nobody's else; a
+/// shared holder's is no less than the last exclusive one's).
+fn check(text: &str, me: u32, kind: Kind, token: Option<u64>) -> Result<(), String> {
+    let mut inside: BTreeMap<u32, Kind> = BTreeMap::new();
+    let (mut last_exclusive, mut tokens) = (0, std::collections::BTreeSet::new());
     for line in text.lines() {
         let mut words = line.split(' ');
         match (words.next(), words.next().and_then(|p| p.parse().ok())) {
             (Some("enter"), Some(pid)) => {
-                inside = Some(pid);
+                let held = words.next().and_then(Kind::parse).unwrap_or(Kind::Exclusive);
+                inside.insert(pid, held);
                 if let Some(t) = words.next().and_then(|t| t.parse::<u64>().ok()) {
-                    last_token = last_token.max(t);
+                    if held == Kind::Exclusive {
+                        last_exclusive = last_exclusive.max(t);
+                    }
+                    if held != Kind::Shared {
+                        tokens.insert(t);
+                    }
                 }
             }
-            (Some("leave"), Some(_)) => inside = None,
+            (Some("leave"), Some(pid)) => {
+                inside.remove(&pid);
+            }
             _ => {}
         }
     }
-    let me = std::process::id();
-    if let Some(pid) = inside.filter(|&pid| pid != me && !dead(pid)) {
-        return Err(format!("{me} entered while {pid} was inside:\n{text}"));
+    let others: Vec<(u32, Kind)> = inside
+        .into_iter()
+        .filter(|&(pid, _)| pid != me && !dead(pid))
+        .collect();
+    let exclusive = others
+        .iter()
+        .find(|(_, k)| *k == Kind::Exclusive || kind == Kind::Exclusive);
+    if let Some((pid, held)) = exclusive {
+        return Err(format!(
+            "{me} ({kind:?}) inside while {pid} ({held:?}) was:\n{text}"
+        ));
     }
-    if let Some(token) = token
-        && token <= last_token
-    {
-        return Err(format!("token {token} after token {last_token}:\n{text}"));
+    let permits = others.iter().filter(|(_, k)| *k == Kind::Permit).count();
+    if kind == Kind::Permit && permits >= PERMITS as usize {
+        return Err(format!(
+            "{me} inside with {permits} other permit holders:\n{text}"
+        ));
     }
-    let token = token.map(|t| format!(" {t}")).unwrap_or_default();
-    append(&path, &format!("enter {me}{token}"));
+    if let Some(token) = token {
+        let fresh = match kind {
+            Kind::Exclusive => token > last_exclusive && tokens.last().is_none_or(|&t| token > t),
+            Kind::Permit => token > last_exclusive && !tokens.contains(&token),
+            Kind::Shared => token >= last_exclusive,
+        };
+        if !fresh {
+            return Err(format!("{kind:?} token {token} after those logged:\n{text}"));
+        }
+    }
     Ok(())
 }
 
-fn leave(dir: &Path) {
-    append(&log_path(dir), &format!("leave {}", std::process::id()));
+/// Called by whoever just acquired: fails if [`check`] does; then logs
+/// the entry.
+fn enter(dir: &Path, kind: Kind, token: Option<u64>) -> Result<(), String> {
+    let path = log_path(dir);
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let me = std::process::id();
+    check(&text, me, kind, token)?;
+    let token = token.map(|t| format!(" {t}")).unwrap_or_default();
+    append(&path, &format!("enter {me} {}{token}", kind.as_str()));
+    Ok(())
+}
+
+/// Called by whoever is about to release: fails if anyone entered
+/// meanwhile who could not be inside with it; then logs the exit.
+fn leave(dir: &Path, kind: Kind) -> Result<(), String> {
+    let path = log_path(dir);
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let me = std::process::id();
+    check(&text, me, kind, None)?;
+    append(&path, &format!("leave {me}"));
+    Ok(())
 }
 
 fn append(path: &Path, line: &str) {
@@ -226,15 +416,19 @@ fn plant_leftovers(dir: &Path, strategy: Strategy, lock_file: &str) {
 
 /// One run of `op` after its setup: acquire, check in, hold, check out,
 /// release.
-async fn cycle(dir: &Path, strategy: Strategy, op: Op) -> leasehold::Result<()> {
+async fn cycle(dir: &Path, strategy: Strategy, op: Op, hold: Duration) -> leasehold::Result<()> {
     let locker = locker(dir, strategy, op.fencing());
-    let guard = locker.acquire_timeout(NAME, Duration::from_secs(5)).await?;
-    if let Err(overlap) = enter(dir, guard.fencing_token()) {
+    let kind = op.kind();
+    let guard = kind.take(&locker, Duration::from_secs(5)).await?;
+    if let Err(overlap) = enter(dir, kind, guard.fencing_token()) {
         eprintln!("{overlap}");
         std::process::exit(7);
     }
-    tokio::time::sleep(HOLD).await;
-    leave(dir);
+    tokio::time::sleep(hold).await;
+    if let Err(overlap) = leave(dir, kind) {
+        eprintln!("{overlap}");
+        std::process::exit(7);
+    }
     guard.release().await
 }
 
@@ -257,16 +451,25 @@ fn child_process_entry() {
     let op = Op::parse(&std::env::var(OP_ENV).unwrap());
     let hits: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
     match role.as_str() {
-        // Takes the lock, checks in and dies holding it.
-        "die" => {
+        // Takes the lock as the op's predecessor does, checks in, and
+        // dies holding it, or holds it a while and releases it.
+        "die" | "hold" => {
+            let (kind, hold) = op.before().expect("an op with a predecessor");
             let rt = runtime();
             rt.block_on(async {
                 let locker = locker(&dir, strategy, op.fencing());
-                let guard = locker.acquire(NAME).await.unwrap();
-                enter(&dir, guard.fencing_token()).unwrap();
+                let guard = kind.take(&locker, CHILD_TTL).await.unwrap();
+                enter(&dir, kind, guard.fencing_token()).unwrap();
                 say("held");
-                std::thread::sleep(CHILD_TTL);
+                let Some(hold) = hold else {
+                    std::thread::sleep(CHILD_TTL);
+                    return;
+                };
+                tokio::time::sleep(hold).await;
+                leave(&dir, kind).unwrap();
+                guard.release().await.unwrap();
             });
+            std::process::exit(0);
         }
         "trace" => {
             for &point in steps() {
@@ -292,7 +495,7 @@ fn child_process_entry() {
         other => panic!("unknown role {other}"),
     }
     say("armed");
-    let result = runtime().block_on(cycle(&dir, strategy, op));
+    let result = runtime().block_on(cycle(&dir, strategy, op, HOLD));
     let hits: Vec<String> = hits
         .lock()
         .unwrap()
@@ -386,8 +589,11 @@ impl Drop for Proc {
 
 // ---- The test ----------------------------------------------------------------
 
-/// A lock directory of its own, in a directory of its own (for the log).
-fn fresh(strategy: Strategy, op: Op) -> (tempfile::TempDir, PathBuf) {
+/// A lock directory of its own, in a directory of its own (for the log),
+/// set up for `op`: the lock held by a process now dead, or by one that
+/// holds it a while longer (returned: wait for it with [`settle`]), or
+/// leftovers to collect.
+fn fresh(strategy: Strategy, op: Op) -> (tempfile::TempDir, PathBuf, Option<Proc>) {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("locks");
     std::fs::create_dir(&dir).unwrap();
@@ -399,41 +605,65 @@ fn fresh(strategy: Strategy, op: Op) -> (tempfile::TempDir, PathBuf) {
         .unwrap()
         .to_string_lossy()
         .into_owned();
-    match op {
-        Op::Reclaim => {
+    if op == Op::Sweep {
+        plant_leftovers(&dir, strategy, &lock_file);
+    }
+    let helper = match op.before() {
+        Some((_, None)) => {
             let mut holder = Proc::spawn("die", &dir, strategy, op, "");
             holder.expect("held");
             let _ = holder.child.kill();
             holder.wait();
+            None
         }
-        Op::Sweep => plant_leftovers(&dir, strategy, &lock_file),
-        Op::Plain | Op::Fenced => {}
+        Some((_, Some(_))) => {
+            let holder = Proc::spawn("hold", &dir, strategy, op, "");
+            holder.expect("held");
+            Some(holder)
+        }
+        None => None,
+    };
+    (root, dir, helper)
+}
+
+/// Waits for the helper of [`fresh`] to release and exit.
+fn settle(helper: Option<Proc>, what: &str) {
+    if let Some(mut helper) = helper {
+        assert_eq!(helper.wait(), Some(0), "{what}: the helper failed");
     }
-    (root, dir)
 }
 
 /// After the child crashed (or failed): the name is acquired within the
-/// bound, tokens grew, and once released and cleaned the directory holds
-/// only the fencing counter. Returns how long the acquisition took.
+/// bound (shared or for a permit first, for those kinds of lock, then
+/// exclusively), tokens grew, and once released and cleaned the
+/// directory holds only the fencing counter. Returns how long the
+/// slowest acquisition took.
 async fn recovered(dir: &Path, strategy: Strategy, op: Op, what: &str) -> Duration {
     let locker = locker(dir, strategy, op.fencing());
-    let started = Instant::now();
-    let guard = match locker.acquire_timeout(NAME, BOUND).await {
-        Ok(guard) => guard,
-        Err(error) => panic!(
-            "{what}: not acquired within {BOUND:?}: {error}: {:?}",
-            entries(dir)
-        ),
+    let mut took = Duration::ZERO;
+    let kinds = match op.family() {
+        Kind::Exclusive => vec![Kind::Exclusive],
+        family => vec![family, Kind::Exclusive],
     };
-    let took = started.elapsed();
-    if let Err(overlap) = enter(dir, guard.fencing_token()) {
-        panic!("{what}: {overlap}");
+    for kind in kinds {
+        let started = Instant::now();
+        let guard = match kind.take(&locker, BOUND).await {
+            Ok(guard) => guard,
+            Err(error) => panic!(
+                "{what}: not acquired ({kind:?}) within {BOUND:?}: {error}: {:?}",
+                entries(dir)
+            ),
+        };
+        took = took.max(started.elapsed());
+        if let Err(overlap) = enter(dir, kind, guard.fencing_token()) {
+            panic!("{what}: {overlap}");
+        }
+        leave(dir, kind).unwrap_or_else(|e| panic!("{what}: {e}"));
+        guard
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: release: {e}"));
     }
-    leave(dir);
-    guard
-        .release()
-        .await
-        .unwrap_or_else(|e| panic!("{what}: release: {e}"));
     let deadline = Instant::now() + Duration::from_secs(6);
     loop {
         locker
@@ -463,19 +693,32 @@ fn entries(dir: &Path) -> Vec<String> {
 }
 
 /// Contends for the lock from this process until `stop`, checking in
-/// like everyone else.
+/// like everyone else: exclusively, and, for a shared lock or a
+/// semaphore, that way every other time. Exclusive tries on a shared
+/// lock do not wait: a waiting one is announced, and keeps the child from
+/// joining and from being the last to leave.
 async fn contend(dir: PathBuf, strategy: Strategy, op: Op, stop: Arc<tokio::sync::Notify>) {
     let locker = locker(&dir, strategy, op.fencing());
     let stopped = stop.notified();
     tokio::pin!(stopped);
-    loop {
+    let kinds = [op.family(), Kind::Exclusive];
+    for round in 0.. {
+        let kind = kinds[round % 2];
+        let attempt = async {
+            match (kind, op.family()) {
+                (Kind::Exclusive, Kind::Shared | Kind::Permit) => {
+                    locker.try_acquire(NAME).await.ok().flatten()
+                }
+                _ => kind.take(&locker, Duration::from_millis(100)).await.ok(),
+            }
+        };
         tokio::select! {
             () = &mut stopped => return,
-            got = locker.acquire_timeout(NAME, Duration::from_millis(100)) => {
-                if let Ok(guard) = got {
-                    enter(&dir, guard.fencing_token()).unwrap_or_else(|e| panic!("contender: {e}"));
+            got = attempt => {
+                if let Some(guard) = got {
+                    enter(&dir, kind, guard.fencing_token()).unwrap_or_else(|e| panic!("contender: {e}"));
                     tokio::time::sleep(Duration::from_millis(5)).await;
-                    leave(&dir);
+                    leave(&dir, kind).unwrap_or_else(|e| panic!("contender: {e}"));
                     drop(guard);
                 }
             }
@@ -484,31 +727,52 @@ async fn contend(dir: PathBuf, strategy: Strategy, op: Op, stop: Arc<tokio::sync
     }
 }
 
-/// The points (`point@n`) each layout and operation passes.
+/// The points (`point@n`) each layout and operation passes, traced a few
+/// at a time.
 fn trace() -> Vec<(Strategy, Op, Vec<String>)> {
-    let mut traced = Vec::new();
-    for strategy in STRATEGIES {
-        for op in OPS {
-            let (_root, dir) = fresh(strategy, op);
-            let mut child = Proc::spawn("trace", &dir, strategy, op, "");
-            let hits = child.expect("hits ");
-            let done = child.expect("done ");
-            assert_eq!(done, "done Ok(())", "{op:?} {strategy:?}");
-            assert_eq!(child.wait(), Some(0));
-            let hits = hits["hits ".len()..]
-                .split(',')
-                .filter(|h| !h.is_empty())
-                .map(str::to_owned)
-                .collect();
-            traced.push((strategy, op, hits));
+    let queue: Mutex<Vec<(Strategy, Op)>> = Mutex::new(
+        STRATEGIES
+            .into_iter()
+            .flat_map(|s| OPS.into_iter().map(move |op| (s, op)))
+            .rev()
+            .collect(),
+    );
+    let traced = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                loop {
+                    let Some((strategy, op)) = queue.lock().unwrap().pop() else {
+                        return;
+                    };
+                    let (_root, dir, helper) = fresh(strategy, op);
+                    let mut child = Proc::spawn("trace", &dir, strategy, op, "");
+                    let hits = child.expect("hits ");
+                    let done = child.expect("done ");
+                    assert_eq!(done, "done Ok(())", "{op:?} {strategy:?}");
+                    assert_eq!(child.wait(), Some(0));
+                    settle(helper, op.as_str());
+                    let hits = hits["hits ".len()..]
+                        .split(',')
+                        .filter(|h| !h.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    traced.lock().unwrap().push((strategy, op, hits));
+                }
+            });
         }
-    }
+    });
+    let mut traced = traced.into_inner().unwrap();
+    // In protocol order: each point is tested in the first operation
+    // (of its kind of lock) that passes it.
+    let order = |op: Op| OPS.iter().position(|&o| o == op);
+    traced.sort_by_key(|(s, op, _)| (strategy_str(*s), order(*op)));
     traced
 }
 
 /// One crash case: the child killed at `point`'s `nth` pass.
 fn crash_case(strategy: Strategy, op: Op, point: &str, nth: u32) -> Option<Duration> {
-    let (_root, dir) = fresh(strategy, op);
+    let (_root, dir, helper) = fresh(strategy, op);
     let what = format!("{} {} {point}@{nth}", strategy_str(strategy), op.as_str());
     let rt = runtime();
     let stop = Arc::new(tokio::sync::Notify::new());
@@ -522,6 +786,7 @@ fn crash_case(strategy: Strategy, op: Op, point: &str, nth: u32) -> Option<Durat
     stop.notify_one();
     rt.block_on(contender)
         .unwrap_or_else(|e| panic!("{what}: contender: {e}"));
+    settle(helper, &what);
     match code {
         None => {}
         Some(0) => return None, // not passed this time (timing)
@@ -539,18 +804,21 @@ fn crash_case(strategy: Strategy, op: Op, point: &str, nth: u32) -> Option<Durat
 
 /// One error case, in this process: the step after `point` fails.
 fn error_case(strategy: Strategy, op: Op, point: &str) -> Option<String> {
-    let (_root, dir) = fresh(strategy, op);
+    let (_root, dir, helper) = fresh(strategy, op);
     let what = format!("error {} {} {point}", strategy_str(strategy), op.as_str());
     let rt = runtime();
     fail::cfg(point, "return").unwrap();
-    let result = rt.block_on(cycle(&dir, strategy, op));
+    let result = rt.block_on(cycle(&dir, strategy, op, HOLD_ERROR));
     fail::remove(point);
+    settle(helper, &what);
     // Nothing leaked: no pending, trash or temporary counter file (but
-    // the leftovers planted for a sweep, which one that failed leaves).
+    // the leftovers planted for a sweep, which one that failed leaves,
+    // and a members directory holding what could not be removed).
     if op != Op::Sweep {
         let leaked: Vec<String> = entries(&dir)
             .into_iter()
             .filter(|e| !e.ends_with(".lock") && !e.ends_with(".lock.fence"))
+            .filter(|e| !(e.ends_with(".lock.members") && MEMBERS_LEFT_ON_ERROR.contains(&point)))
             .collect();
         assert!(leaked.is_empty(), "{what}: leaked {leaked:?}");
     }
@@ -585,15 +853,21 @@ fn a_crash_or_an_error_at_every_step_leaves_the_lock_takeable() {
     }
     let started = Instant::now();
     let traced = trace();
+    // Each point in each layout, once per kind of lock that passes it;
+    // for semaphores, only the groups' own points and fencing (the rest
+    // of their code is the shared locks').
     let mut cases: Vec<(Strategy, Op, String, u32)> = Vec::new();
     for (strategy, op, hits) in &traced {
         for hit in hits {
             let (point, n) = hit.split_once('@').unwrap();
+            if op.family() == Kind::Permit && !point.starts_with("group.") && !point.starts_with("fence.") {
+                continue;
+            }
             let n: u32 = n.parse().unwrap();
             for nth in [1, 2].into_iter().filter(|&k| k <= n) {
-                let seen = cases
-                    .iter()
-                    .any(|(s, _, p, k)| s == strategy && p == point && *k == nth);
+                let seen = cases.iter().any(|(s, o, p, k)| {
+                    s == strategy && o.family() == op.family() && p == point && *k == nth
+                });
                 if !seen {
                     cases.push((*strategy, *op, point.to_owned(), nth));
                 }
@@ -603,8 +877,21 @@ fn a_crash_or_an_error_at_every_step_leaves_the_lock_takeable() {
     let passed: std::collections::BTreeSet<&str> = cases.iter().map(|(_, _, p, _)| p.as_str()).collect();
     let never: Vec<&&str> = steps().filter(|p| !passed.contains(**p)).collect();
     assert!(never.is_empty(), "points no operation passes: {never:?}");
+    // Every point of the groups' code, for shared locks and semaphores.
+    for family in [Kind::Shared, Kind::Permit] {
+        let missing: Vec<&&str> = steps()
+            .filter(|p| p.starts_with("group."))
+            .filter(|p| {
+                !cases
+                    .iter()
+                    .any(|(_, op, q, _)| op.family() == family && q == **p)
+            })
+            .collect();
+        assert!(missing.is_empty(), "{family:?}: points not passed: {missing:?}");
+    }
 
     // The error variants first, in this process, one at a time.
+    let traced_in = started.elapsed();
     let mut errors = 0;
     for (strategy, op, point, nth) in &cases {
         if *nth == 1 {
@@ -618,11 +905,12 @@ fn a_crash_or_an_error_at_every_step_leaves_the_lock_takeable() {
         }
     }
 
-    // The crashes, a few at a time.
+    let errors_took = started.elapsed();
+    // The crashes, a few at a time (the processes mostly sleep).
     let results: Mutex<Vec<(String, Option<Duration>)>> = Mutex::default();
     let queue = Mutex::new(cases.clone());
     std::thread::scope(|s| {
-        for _ in 0..4 {
+        for _ in 0..6 {
             s.spawn(|| {
                 loop {
                     let Some((strategy, op, point, nth)) = queue.lock().unwrap().pop() else {
@@ -636,6 +924,7 @@ fn a_crash_or_an_error_at_every_step_leaves_the_lock_takeable() {
         }
     });
     let results = results.into_inner().unwrap();
+    let crashes_took = started.elapsed() - errors_took;
     let mut covered = 0;
     let (mut slowest, mut slowest_at_once) = (Duration::ZERO, Duration::ZERO);
     for (what, took) in &results {
@@ -651,10 +940,16 @@ fn a_crash_or_an_error_at_every_step_leaves_the_lock_takeable() {
             None => println!("crash {what}: not reached this time"),
         }
     }
+    let points = |prefix: &str| steps().filter(|p| p.starts_with(prefix)).count();
     println!(
-        "crash points covered: {covered} ({} points, {} cases, {errors} error variants, slowest recovery {slowest:?}, \
-         slowest of a dead holder's {slowest_at_once:?}, {:?} in all)",
+        "crash points covered: {covered} ({} points: {} of shared locks and semaphores, {} of the line, {} of the \
+         directory lock; {} cases, {errors} error variants, slowest recovery {slowest:?}, slowest of a dead \
+         holder's {slowest_at_once:?}, {:?} in all: traced in {traced_in:?}, errors by {errors_took:?}, crashes in \
+         {crashes_took:?})",
         steps().count(),
+        points("group."),
+        points("line."),
+        points("dirlock."),
         results.len(),
         started.elapsed()
     );

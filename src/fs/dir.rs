@@ -206,7 +206,8 @@ impl LockDir {
         };
         let mut pause = Duration::from_micros(20);
         loop {
-            match self.fd.try_lock() {
+            let locked = failpoint!("dirlock.before_flock").map_err(std::fs::TryLockError::Error);
+            match locked.and_then(|()| self.fd.try_lock()) {
                 Ok(()) => {
                     return Ok(Some(MutationLock {
                         fd: &self.fd,

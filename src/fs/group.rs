@@ -154,6 +154,7 @@ fn ensure_members(ctx: &Ctx, name: &LockName) -> Result<File> {
         Ok(()) | Err(Errno::EEXIST) => {}
         Err(e) => return Err(e).context("create members directory", || ctx.path_of(&dir_name)),
     }
+    failpoint!("group.members.after_mkdir").context("open members directory", || ctx.path_of(&dir_name))?;
     match syscall::open_at(ctx.dir.fd(), dir_name.as_str(), Open::Dir) {
         Ok(dir) => Ok(dir),
         Err(Errno::ENOTDIR | Errno::ELOOP) => Err(Error::UnexpectedFile {
@@ -181,13 +182,13 @@ fn create_record(
     let tmp = format!("{TMP}{file_name}");
     let file = syscall::open_at(dir, tmp.as_str(), Open::CreateNew).context("create member record", path)?;
     // Brand new, and a private name nobody tests: the flock is free.
-    let made = file
-        .try_lock()
-        .map_err(|e| std::io::Error::other(e.to_string()))
+    let made = failpoint!("group.record.after_open")
+        .and_then(|()| file.try_lock().map_err(std::io::Error::from))
         .context("lock member record", path)
         .and_then(|()| file::write(&file, 0, record, durable, path))
         .and_then(|len| {
-            syscall::rename_at(dir, &tmp, file_name)
+            failpoint!("group.record.before_rename")
+                .and_then(|()| Ok(syscall::rename_at(dir, &tmp, file_name)?))
                 .context("create member record", path)
                 .map(|()| len)
         });
@@ -293,7 +294,8 @@ fn remove_dead(ctx: &Ctx, dir: &File, scan: &mut Scan) {
             if entry.live {
                 return true;
             }
-            match syscall::unlink_at(dir, entry.file_name.as_str()) {
+            let unlinked = failpoint!("group.reclaim.before_unlink").map_err(|_| Errno::EIO);
+            match unlinked.and_then(|()| syscall::unlink_at(dir, entry.file_name.as_str())) {
                 Ok(()) | Err(Errno::ENOENT) => {
                     if let Some(reason) = entry.reason
                         && entry.is_member()
@@ -409,7 +411,8 @@ pub(super) fn clean_orphans(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName, I
 /// Removes an empty members directory; one that is not empty (a waiter,
 /// a stranger's file) stays.
 fn remove_members_dir(ctx: &Ctx, dir_name: &str) {
-    match syscall::rmdir_at(ctx.dir.fd(), dir_name) {
+    let removable = failpoint!("group.members.before_rmdir").map_err(|_| Errno::EIO);
+    match removable.and_then(|()| syscall::rmdir_at(ctx.dir.fd(), dir_name)) {
         Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::EEXIST) => {}
         Err(error) => tracing::debug!(dir = dir_name, %error, "could not remove a members directory"),
     }
@@ -442,6 +445,7 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
             recheck_at: None,
         });
     };
+    failpoint!("group.join.after_dirlock").context("join shared lock", || ctx.path_of(name.file_name()))?;
     let found = Found::open(ctx, name)?;
     let mut group = None;
     // The marker's kind: whether it is ours, and what it is.
@@ -454,7 +458,11 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
         kind = Some((same_kind(record, mode), mode_of(record)));
     }
     let dir_name = members_dir(name.file_name());
-    let dir = ensure_members(ctx, name)?;
+    // A join that fails leaves no members directory it made (or found
+    // empty): nobody else's, under the mutation lock, and what would be
+    // left is nobody's either.
+    let left_empty = |_: &Error| remove_members_dir(ctx, &dir_name);
+    let dir = ensure_members(ctx, name).inspect_err(left_empty)?;
     let path = || ctx.path_of(&dir_name);
     let mut scan = scan(ctx, &dir, &path)?;
     remove_dead(ctx, &dir, &mut scan);
@@ -503,14 +511,17 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
                 recheck_at: None,
             });
         }
-        let mut member = Member::create(ctx, name, mode, group, dir)?;
+        failpoint!("group.join.after_share").context("join shared lock", || ctx.path_of(name.file_name()))?;
+        let mut member = Member::create(ctx, name, mode, group, dir).inspect_err(left_empty)?;
         member.marker = Some(node);
         return Ok(Joined::Member(Box::new(member)));
     }
-    let mut member = Member::create(ctx, name, mode, group, dir)?;
+    let mut member = Member::create(ctx, name, mode, group, dir).inspect_err(left_empty)?;
     // First holder (or the first since the marker was removed under the
     // holders): mark the lock path.
-    let published = publish_marker(ctx, name, &member.record.to_bytes(0));
+    let published = failpoint!("group.join.before_marker")
+        .context("create lock", || ctx.path_of(name.file_name()))
+        .and_then(|()| publish_marker(ctx, name, &member.record.to_bytes(0)));
     // Leaving takes the mutation lock: release ours first.
     drop(mutation);
     match published {
@@ -555,6 +566,10 @@ fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<Option<Fil
                 Err(Errno::EEXIST) => return Ok(None),
                 Err(e) => return Err(e).context("create lock file", path),
             };
+            if let Err(e) = failpoint!("group.marker.after_create") {
+                let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
+                return Err(e).context("lock lock file", path);
+            }
             if !lock_shared(&file) {
                 // A reader took our empty file for abandoned and holds
                 // its flock: the path is still ours (removals need the
@@ -562,9 +577,12 @@ fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<Option<Fil
                 let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
                 return Ok(None);
             }
-            let written = file
-                .write_all_at(bytes, 0)
-                .and_then(|()| if ctx.durable { file.sync_data() } else { Ok(()) });
+            let written = failpoint!("group.marker.before_write")
+                .and_then(|()| file.write_all_at(bytes, 0))
+                .and_then(|()| match ctx.durable {
+                    true => failpoint!("group.marker.before_sync").and_then(|()| file.sync_data()),
+                    false => Ok(()),
+                });
             if let Err(e) = written {
                 let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
                 return Err(e).context("write lock record", path);
@@ -594,7 +612,8 @@ fn write_marker(ctx: &Ctx, name: &LockName, found: &Found, bytes: &[u8]) -> Resu
                 return Ok(());
             }
             let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
-            file.write_all_at(&padded(bytes, len), 0)
+            failpoint!("group.marker.before_rewrite")
+                .and_then(|()| file.write_all_at(&padded(bytes, len), 0))
                 .context("rewrite lock record", path)
         }
         Strategy::Directory => {

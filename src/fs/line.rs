@@ -148,7 +148,8 @@ impl Lines {
             return;
         }
         let ticket = region(name) + ticket_now();
-        if take_byte(dir, ticket) {
+        // A byte refused is a place in line lost: fairness, not exclusion.
+        if failpoint!("line.wait.before_ticket").is_ok() && take_byte(dir, ticket) {
             place.waiting = Some(ticket);
         }
     }
@@ -197,7 +198,9 @@ impl Lines {
             return Some(Duration::from_micros(left.clamp(16, duration_us(HOLD_ON))));
         }
         let ticket = place.waiting?;
-        if !conflict(dir, start, ticket - start) {
+        // A look that fails sees nobody ahead: try, which is harmless.
+        let ahead = failpoint!("line.stand_back.before_look").is_ok() && conflict(dir, start, ticket - start);
+        if !ahead {
             leave_standing_back(place);
             return None;
         }
@@ -271,7 +274,8 @@ impl Lines {
             return;
         }
         let start = region(name);
-        let waiters = conflict(dir, start, HALF);
+        // A look that fails sees nobody in line: the turn goes on.
+        let waiters = failpoint!("line.release.before_look").is_ok() && conflict(dir, start, HALF);
         let mut places = self.places();
         if !waiters {
             // The turn ends with nobody in line.

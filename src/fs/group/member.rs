@@ -65,12 +65,25 @@ impl Member {
         let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
         let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
         let (file, record_len) = create_record(&dir, &file_name, &record, ctx.durable, &|| path.clone())?;
-        let meta = file
-            .metadata()
-            .context("inspect member record", || path.clone())?;
-        let dir_meta = dir
-            .metadata()
-            .context("inspect members directory", || path.clone())?;
+        let identities = failpoint!("group.record.after_rename")
+            .and_then(|()| file.metadata())
+            .context("inspect member record", || path.clone())
+            .and_then(|meta| {
+                let dir_meta = dir
+                    .metadata()
+                    .context("inspect members directory", || path.clone())?;
+                Ok((meta, dir_meta))
+            });
+        let (meta, dir_meta) = match identities {
+            Ok(identities) => identities,
+            Err(error) => {
+                // No holder after all: its record goes now (the caller
+                // holds the mutation lock), not once judged by its free
+                // flock, the pid in it alive.
+                let _ = syscall::unlink_at(&dir, file_name.as_str());
+                return Err(error);
+            }
+        };
         let sign = Arc::new(Sign {
             ctx: Arc::clone(ctx),
             name: name.clone(),
@@ -162,6 +175,7 @@ impl Member {
         }
         let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
         let _mutation = ctx.dir.mutation_lock_within(left)?;
+        failpoint!("group.renew.after_dirlock").context("renew shared lock", || self.path())?;
         if !self.still_here()? {
             return Ok(Renewal::Lost(LossReason::Replaced));
         }
@@ -235,6 +249,7 @@ impl Member {
     fn leave(&self) -> Result<bool> {
         let ctx = &self.ctx;
         let mutation = ctx.dir.mutation_lock()?;
+        failpoint!("group.leave.after_dirlock").context("remove member record", || self.path())?;
         let here = self.still_here()?;
         if here {
             match syscall::unlink_at(&self.dir, self.file_name.as_str()) {
@@ -242,6 +257,7 @@ impl Member {
                 Err(e) => return Err(e).context("remove member record", || self.path()),
             }
         }
+        failpoint!("group.leave.after_unlink").context("leave shared lock", || self.path())?;
         let dir_name = members_dir(self.name.file_name());
         let path = || ctx.path_of(&dir_name);
         let mut scan = scan(ctx, &self.dir, &path)?;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::{JSON, WAITER, create_record, ensure_members, members_dir, open_members, remove_members_dir};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fs::context::Ctx;
 use crate::fs::file;
 use crate::fs::syscall;
@@ -57,11 +57,15 @@ pub(in crate::fs) fn announce(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<
     let Some(_mutation) = ctx.dir.try_mutation_lock()? else {
         return Ok(None);
     };
-    let dir = ensure_members(ctx, name)?;
+    // One that fails leaves no members directory it made (see `join`).
+    let dir_name = members_dir(name.file_name());
+    let left_empty = |_: &Error| remove_members_dir(ctx, &dir_name);
+    let dir = ensure_members(ctx, name).inspect_err(left_empty)?;
     let record = ctx.own_record(name);
     let file_name = format!("{WAITER}{}{JSON}", record.uuid);
-    let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
-    let (file, len) = create_record(&dir, &file_name, &record, false, &|| path.clone())?;
+    let path = ctx.path_of(&dir_name).join(&file_name);
+    let (file, len) =
+        create_record(&dir, &file_name, &record, false, &|| path.clone()).inspect_err(left_empty)?;
     Ok(Some(Announcement {
         ctx: Arc::clone(ctx),
         name: name.clone(),
@@ -90,7 +94,8 @@ impl Drop for Announcement {
     /// Removes the announcement, and the members directory if that leaves
     /// it empty (under the mutation lock: a joiner may be about to use it).
     fn drop(&mut self) {
-        let _ = syscall::unlink_at(&self.dir, self.file_name.as_str());
+        let _ = failpoint!("group.withdraw.before_unlink")
+            .and_then(|()| Ok(syscall::unlink_at(&self.dir, self.file_name.as_str())?));
         // Waits at most a few milliseconds: this runs on a runtime thread
         // (or the renewal thread). A directory left behind goes with the next leaver, or
         // `clean`.
