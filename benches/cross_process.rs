@@ -1,6 +1,8 @@
 //! Cross-process figures that criterion's sampling does not fit: handoff
 //! latency between two processes (median and 99th percentile) against the
-//! inotify wake-up floor, and the CPU a waiting process burns.
+//! inotify wake-up floor and against a raw lock-file handoff (the same
+//! turns with nothing but `O_EXCL` create, `flock`, write and `unlink`,
+//! woken by inotify), and the CPU a waiting process burns.
 //!
 //! ```text
 //! cargo bench --bench cross_process
@@ -45,7 +47,8 @@ fn main() {
     let d = dir.path().to_str().unwrap();
 
     let floor = inotify_floor(d);
-    let handoff = handoff_latency(d);
+    let raw = handoff_latency(d, "rawpong");
+    let handoff = handoff_latency(d, "pingpong");
     let (waiting_cpu, idle_cpu) = waiting_cpu(d);
 
     println!(
@@ -57,6 +60,10 @@ fn main() {
     println!(
         "| inotify wake-up floor (unlink -> waiter woken) | {:.0} µs | {:.0} µs |",
         floor.0, floor.1
+    );
+    println!(
+        "| raw lock-file handoff floor (unlink -> O_EXCL create + flock + write, one wake-up) | {:.0} µs | {:.0} µs |",
+        raw.0, raw.1
     );
     println!(
         "| leasehold handoff (release -> other process holds) | {:.0} µs | {:.0} µs |",
@@ -92,9 +99,9 @@ fn lines(child: &mut std::process::Child) -> Vec<String> {
 /// process's release just before it. Only acquisitions that had started
 /// waiting before that release count: an acquirer that arrived after it
 /// measures its own schedule, not the handoff.
-fn handoff_latency(dir: &str) -> (f64, f64, usize) {
-    let mut a = spawn("pingpong", dir);
-    let mut b = spawn("pingpong", dir);
+fn handoff_latency(dir: &str, role: &str) -> (f64, f64, usize) {
+    let mut a = spawn(role, dir);
+    let mut b = spawn(role, dir);
     let mut events: Vec<(u64, char, u32)> = Vec::new();
     for (child, id) in [(&mut a, 0), (&mut b, 1)] {
         for line in lines(child) {
@@ -186,6 +193,7 @@ fn child(role: &str, dir: &str) {
             }
             print!("{out}");
         }),
+        "rawpong" => raw_pingpong(dir),
         "inotify" => {
             use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
             let ino = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
@@ -229,4 +237,48 @@ fn child(role: &str, dir: &str) {
         }),
         _ => unreachable!("unknown role"),
     }
+}
+
+/// `pingpong` with the least a lock file needs: an `O_EXCL` create, a
+/// `flock` and a record of leasehold's size to take it, an `unlink` to
+/// give it back, and a blocking inotify read (one wake-up) to wait.
+fn raw_pingpong(dir: &str) {
+    use std::fs::{File, OpenOptions};
+    use std::io::ErrorKind;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+
+    let ino = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
+    // Watched before the first attempt, so no release goes unseen; events
+    // of earlier releases only cost a retry.
+    ino.add_watch(dir, AddWatchFlags::IN_DELETE).unwrap();
+    let path = std::path::Path::new(dir).join("rawpong.lock");
+    let record = [b'x'; 491];
+    let mut out = String::new();
+    for _ in 0..ROUNDS / 2 {
+        out.push_str(&format!("W {}\n", now_ns()));
+        let file: File = loop {
+            match OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+            {
+                Ok(file) => break file,
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => drop(ino.read_events().unwrap()),
+                Err(e) => panic!("{e}"),
+            }
+        };
+        file.try_lock().unwrap();
+        file.write_all_at(&record, 0).unwrap();
+        out.push_str(&format!("A {}\n", now_ns()));
+        std::thread::sleep(Duration::from_millis(3));
+        let t = now_ns();
+        std::fs::remove_file(&path).unwrap();
+        drop(file);
+        out.push_str(&format!("R {t}\n"));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    print!("{out}");
 }
