@@ -229,3 +229,39 @@ async fn a_release_behind_a_busy_directory_lock_waits_off_the_runtime() {
         }
     }
 }
+
+/// Handed over between tasks, a lock's fencing tokens keep rising in the
+/// order the tasks held it, also where a handoff uses up the block of
+/// tokens reserved on disk and fetches the next one (1,024 to a block).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_rise_across_handoffs_and_token_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .durable(false)
+        .fencing(true)
+        .build()
+        .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (locker, seen) = (locker.clone(), std::sync::Arc::clone(&seen));
+            tokio::spawn(async move {
+                for _ in 0..700 {
+                    let guard = locker.acquire("fenced").await.unwrap();
+                    seen.lock().unwrap().push(guard.fencing_token().unwrap());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2800);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "tokens out of order");
+    let stats = locker.stats();
+    assert!(stats.handoffs > 0, "{stats:?}");
+    assert_eq!(stats.acquisitions, 2800, "{stats:?}");
+    assert_eq!(stats.wait_count, 2800, "{stats:?}");
+}
