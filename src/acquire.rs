@@ -72,7 +72,7 @@ impl<'a> Acquire<'a> {
     ) -> Self {
         let span = engine.span(op, name);
         let span = (!span.is_none()).then(|| Box::new(span));
-        let stage = match LockName::new(name, engine.path_style) {
+        let stage = match engine.names.get(name) {
             Ok(name) => Stage::Start { name, timeout },
             Err(e) => Stage::Invalid(Box::new(e)),
         };

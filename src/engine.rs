@@ -17,7 +17,7 @@ use crate::backend::{Attempt, Backend, Mode, Waiters, Wake};
 use crate::error::{Error, Result};
 use crate::guard::{COURTESY, Grant, LockGuard, TokenStep};
 use crate::lease::{Hold, Keeper};
-use crate::name::{LockName, PathStyle};
+use crate::name::{LockName, Names, PathStyle};
 use crate::owner::Owner;
 use crate::pool::blocking;
 use crate::queue::{Head, Queue, Queues, Turn};
@@ -52,6 +52,8 @@ pub(crate) struct Engine {
     wait_notice: Option<Duration>,
     pub(crate) queues: Arc<Queues<Hold>>,
     pub(crate) path_style: PathStyle,
+    /// The names acquired lately, checked and hashed once.
+    pub(crate) names: Names,
     /// The shared hold of each name this `Locker` holds shared: new shared
     /// acquisitions join it rather than go to the store.
     shared: Mutex<HashMap<String, Weak<Grant>>>,
@@ -97,6 +99,7 @@ impl Engine {
             wait_notice,
             queues,
             path_style,
+            names: Names::new(path_style),
             shared: Mutex::default(),
         })
     }
@@ -105,7 +108,7 @@ impl Engine {
     /// tasks or processes: `None` when anyone holds it in a way that
     /// excludes `mode` (or waits for it here).
     pub(crate) async fn try_acquire(&self, name: &str, mode: Mode) -> Result<Option<LockGuard>> {
-        let name = LockName::new(name, self.path_style)?;
+        let name = self.names.get(name)?;
         if let Some(guard) = self.reenter(&name, mode) {
             return guard.map(Some);
         }
