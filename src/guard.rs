@@ -152,7 +152,6 @@ impl Grant {
         })
     }
 
-    /// This acquisition's fencing token, without I/O if it is at hand.
     /// What kind of holding this is.
     pub(crate) fn mode(&self) -> Mode {
         self.lease.mode()
@@ -163,15 +162,12 @@ impl Grant {
         self.lease.is_lost()
     }
 
+    /// This acquisition's fencing token, without I/O if it is at hand.
+    /// Called on a new grant, which holds its hold.
     pub(crate) fn take_token(&self) -> TokenStep {
-        let hold = lock(&self.hold);
-        let Some(hold) = hold.as_ref() else {
-            return TokenStep::Ready(Ok(None));
-        };
-        if hold.tokens_exhausted() {
-            TokenStep::FromDisk(Arc::clone(hold.lease()))
-        } else {
-            TokenStep::Ready(hold.lease().next_token())
+        match self.lease.token_at_hand() {
+            Some(token) => TokenStep::Ready(token),
+            None => TokenStep::FromDisk(Arc::clone(&self.lease)),
         }
     }
 
