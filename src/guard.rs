@@ -11,10 +11,8 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::watch;
-
 use crate::backend::{Mode, ReleaseNow};
-use crate::error::{Error, LossReason, Result};
+use crate::error::{Error, Result};
 use crate::lease::{Hold, Lease};
 use crate::owner::Owner;
 use crate::pool::blocking;
@@ -80,7 +78,6 @@ pub struct LockGuard {
     /// `None` once `release` took it.
     grant: Option<Arc<Grant>>,
     lease: Arc<Lease>,
-    lost: watch::Receiver<Option<LossReason>>,
     token: Option<u64>,
 }
 
@@ -176,7 +173,6 @@ impl Grant {
         let token = *self.token.get_or_init(|| token);
         LockGuard {
             grant: Some(Arc::clone(self)),
-            lost: self.lease.subscribe(),
             lease: Arc::clone(&self.lease),
             token,
         }
@@ -196,7 +192,6 @@ impl Grant {
         }
         Some(Ok(LockGuard {
             grant: Some(Arc::clone(self)),
-            lost: lease.subscribe(),
             lease,
             token: self.token.get().copied().flatten(),
         }))
@@ -411,7 +406,9 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn lost(&self) {
-        let mut rx = self.lost.clone();
+        // Subscribed here rather than with every guard: a loss reported
+        // before is the value already there, which `wait_for` sees first.
+        let mut rx = self.lease.subscribe();
         // An error means every sender is gone, which only happens once the
         // lock is released; treat it as lost.
         let _ = rx.wait_for(Option::is_some).await;
