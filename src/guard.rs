@@ -117,9 +117,15 @@ enum Next {
 /// not lost passes straight to the next local waiter; otherwise it is
 /// released in the store, and the next local waiter (after a
 /// [`COURTESY`] pause) competes for it afresh with other processes.
-fn hand_on(hold: Hold, queue: &Queue<Hold>) -> Next {
+///
+/// A lock that was lost is never handed on as held: the local waiter
+/// that receives it checks, as it takes it, and goes to the store
+/// instead. `check_lost` also looks here, for [`LockGuard::release`],
+/// which must report the loss; `Drop` leaves it to the receiver, and
+/// saves a clock read per handoff.
+fn hand_on(hold: Hold, queue: &Queue<Hold>, check_lost: bool) -> Next {
     let within_window = hold.since().elapsed() < HANDOFF_WINDOW;
-    let hold = if within_window && !hold.is_lost() {
+    let hold = if within_window && !(check_lost && hold.is_lost()) {
         match queue.offer(hold) {
             None => return Next::HandedOn,
             Some(hold) => hold,
@@ -203,7 +209,7 @@ impl Grant {
 /// the turn. What `Drop` does, and what the queue does with a hold whose
 /// waiter went away before picking it up (its [`Dispose`](crate::queue::Dispose)).
 pub(crate) fn pass_on(hold: Hold, queue: &Queue<Hold>) {
-    if let Next::Release { hold, courtesy } = hand_on(hold, queue) {
+    if let Next::Release { hold, courtesy } = hand_on(hold, queue, false) {
         drop(hold);
         queue.pass_fresh(courtesy);
     }
@@ -469,7 +475,7 @@ impl LockGuard {
                 }),
             };
         }
-        let Next::Release { hold, courtesy } = hand_on(hold, &grant.queue) else {
+        let Next::Release { hold, courtesy } = hand_on(hold, &grant.queue, true) else {
             return Ok(());
         };
         // The queue's turn is passed on when this future completes or is
