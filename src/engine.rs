@@ -300,8 +300,9 @@ impl Engine {
     /// A lock handed over by the previous local holder, not lost, as the
     /// caller's guard: at once, without a future, unless its fencing token
     /// must come from disk (then the future that fetches it). What
-    /// [`take_turn`](Self::take_turn) does with such a turn, on the path
-    /// that makes an in-process handoff cost little more than a mutex's.
+    /// [`take_turn`](Self::take_turn) does with such a turn, on the hot
+    /// path of an in-process handoff: no future to box, no clock but the
+    /// wait's end and the lease's check.
     pub(crate) fn take_handoff<'a>(
         &'a self,
         name: LockName,
