@@ -387,7 +387,7 @@ impl LockGuard {
     /// the holder learns before anyone may legally take over). Loss is
     /// noticed at the next renewal, so within one `renew_interval`.
     /// [`ensure_held`](Self::ensure_held) and [`release`](Self::release)
-    /// then return [`Error::Lost`] whose [`LossReason`] says which.
+    /// then return [`Error::Lost`] whose [`LossReason`](crate::LossReason) says which.
     ///
     /// Stop the critical section when this resolves: someone else may hold
     /// the lock now.
