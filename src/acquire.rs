@@ -120,8 +120,7 @@ impl Future for Acquire<'_> {
                     // Attempts run on Tokio's blocking pool: say so rather
                     // than fail later. (Waiting needs no time driver:
                     // leasehold sleeps on its own timer.)
-                    // (A task is in one: asking costs no reference count.)
-                    if tokio::task::try_id().is_none() && tokio::runtime::Handle::try_current().is_err() {
+                    if tokio::runtime::Handle::try_current().is_err() {
                         return Poll::Ready(Err(Error::Unsupported {
                             what: "leasehold's async methods must run inside a Tokio runtime",
                         }));
