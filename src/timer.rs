@@ -84,9 +84,9 @@ pub(crate) fn now() -> Instant {
 }
 
 /// A moment on [`now`]'s clock that remembers which clock that was, so
-/// that measuring from it ([`Stamp::elapsed`]) reads one clock once
-/// instead of asking again which clock to read: an acquisition handed
-/// over in-process reads the clock twice in all.
+/// that measuring from it ([`Stamp::elapsed`]) reads that clock once
+/// instead of asking again which clock to read (three reads, then one
+/// more).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stamp {
     at: Instant,
