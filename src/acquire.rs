@@ -120,15 +120,16 @@ impl Future for Acquire<'_> {
                     // Attempts run on Tokio's blocking pool: say so rather
                     // than fail later. (Waiting needs no time driver:
                     // leasehold sleeps on its own timer.)
-                    if tokio::runtime::Handle::try_current().is_err() {
+                    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                         return Poll::Ready(Err(Error::Unsupported {
                             what: "leasehold's async methods must run inside a Tokio runtime",
                         }));
-                    }
+                    };
                     if let Some(guard) = engine.reenter(&name, this.mode) {
                         return Poll::Ready(guard);
                     }
-                    let started = timer::stamp();
+                    let started = timer::stamp_in(&runtime);
+                    drop(runtime);
                     let deadline = timeout
                         .map(|timeout| started.instant().checked_add(timeout).unwrap_or_else(far_future));
                     let queue = engine.queues.get(&name);

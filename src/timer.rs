@@ -124,6 +124,19 @@ pub(crate) fn stamp() -> Stamp {
     }
 }
 
+/// [`stamp`], inside the runtime `runtime`: on a multi-thread runtime,
+/// whose clock Tokio never lets a test pause (only a current-thread
+/// runtime's), one read of the monotonic clock.
+pub(crate) fn stamp_in(runtime: &tokio::runtime::Handle) -> Stamp {
+    if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+        return Stamp {
+            at: Instant::now(),
+            tokio: false,
+        };
+    }
+    stamp()
+}
+
 impl Stamp {
     /// The moment itself, on [`now`]'s clock.
     pub(crate) fn instant(self) -> Instant {
@@ -347,6 +360,30 @@ mod tests {
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(60), "{took:?}");
         assert!(took < Duration::from_secs(10), "{took:?}");
+    }
+
+    #[test]
+    fn a_stamp_is_on_the_clock_waits_use() {
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let stamp = multi.block_on(async { stamp_in(&tokio::runtime::Handle::current()) });
+        assert!(!stamp.tokio);
+        assert!(stamp.elapsed() < Duration::from_secs(5));
+        let paused = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        paused.block_on(async {
+            let stamp = stamp_in(&tokio::runtime::Handle::current());
+            assert!(stamp.tokio, "a paused clock is Tokio's");
+            tokio::time::advance(Duration::from_secs(60)).await;
+            assert!(stamp.elapsed() >= Duration::from_secs(60));
+            assert_eq!(stamp.instant(), now() - stamp.elapsed());
+        });
     }
 
     #[test]
