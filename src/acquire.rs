@@ -7,8 +7,10 @@
 //! state. An `async fn` keeps room for every local of every state (and a
 //! second copy of its arguments); here the waiting states hold only what
 //! they need (80 bytes in all), and the work of the head of the queue (the
-//! disk, the handoff, the fencing token) runs in one boxed `async fn` that
-//! only the task holding the turn allocates.
+//! disk, a fencing token from disk) runs in one boxed `async fn` that only
+//! the task holding the turn allocates. A lock handed over by the previous
+//! local holder, the hot path, is turned into a guard right here in
+//! `poll`, with no future to box.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,7 +28,7 @@ use crate::guard::LockGuard;
 use crate::lease::Hold;
 use crate::name::LockName;
 use crate::queue::{Head, Join, Queue, Ticket, Turn};
-use crate::timer::{self, Sleep};
+use crate::timer::{self, Sleep, Stamp};
 
 /// An acquisition in progress.
 pub(crate) struct Acquire<'a> {
@@ -51,7 +53,7 @@ enum Stage<'a> {
     Queued {
         ticket: Ticket<Hold>,
         name: LockName,
-        started: Instant,
+        started: Stamp,
         /// The deadline's timer, when there is a deadline.
         deadline: Option<Box<Sleep>>,
     },
@@ -70,7 +72,7 @@ impl<'a> Acquire<'a> {
     ) -> Self {
         let span = engine.span(op, name);
         let span = (!span.is_none()).then(|| Box::new(span));
-        let stage = match LockName::new(name, engine.path_style) {
+        let stage = match engine.names.get(name) {
             Ok(name) => Stage::Start { name, timeout },
             Err(e) => Stage::Invalid(Box::new(e)),
         };
@@ -90,7 +92,7 @@ impl<'a> Acquire<'a> {
         turn: Turn<Hold>,
         head: Option<Head<Hold>>,
         deadline: Option<Instant>,
-        started: Instant,
+        started: Stamp,
     ) -> Stage<'a> {
         let (engine, mode) = (self.engine, self.mode);
         Stage::Head(Box::pin(async move {
@@ -118,17 +120,18 @@ impl Future for Acquire<'_> {
                     // Attempts run on Tokio's blocking pool: say so rather
                     // than fail later. (Waiting needs no time driver:
                     // leasehold sleeps on its own timer.)
-                    if tokio::runtime::Handle::try_current().is_err() {
+                    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                         return Poll::Ready(Err(Error::Unsupported {
                             what: "leasehold's async methods must run inside a Tokio runtime",
                         }));
-                    }
+                    };
                     if let Some(guard) = engine.reenter(&name, this.mode) {
                         return Poll::Ready(guard);
                     }
-                    let started = timer::now();
-                    let deadline =
-                        timeout.map(|timeout| started.checked_add(timeout).unwrap_or_else(far_future));
+                    let started = timer::stamp_in(&runtime);
+                    drop(runtime);
+                    let deadline = timeout
+                        .map(|timeout| started.instant().checked_add(timeout).unwrap_or_else(far_future));
                     let queue = engine.queues.get(&name);
                     // The queue's copy of the name, so that queued tasks
                     // share one.
@@ -159,7 +162,20 @@ impl Future for Acquire<'_> {
                     Poll::Ready((turn, queue)) => {
                         let (name, started) = (name.clone(), *started);
                         let deadline = deadline.as_ref().map(|sleep| sleep.deadline());
-                        this.stage = this.head(name, queue, turn, None, deadline, started);
+                        this.stage = match turn {
+                            // The lock itself, handed over: no future to
+                            // box unless its token must come from disk.
+                            Turn::Handoff(hold) if this.mode == Mode::Exclusive && !hold.is_lost() => {
+                                match this.engine.take_handoff(name, hold, queue, started) {
+                                    Ok(out) => {
+                                        this.stage = Stage::Done;
+                                        return Poll::Ready(out);
+                                    }
+                                    Err(fetch) => Stage::Head(fetch),
+                                }
+                            }
+                            turn => this.head(name, queue, turn, None, deadline, started),
+                        };
                     }
                     Poll::Pending => {
                         if let Some(sleep) = deadline

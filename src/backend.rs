@@ -136,11 +136,6 @@ impl Tokens {
         }
         Some(token)
     }
-
-    /// Whether every token of the block was handed out.
-    pub(crate) fn is_used_up(&self) -> bool {
-        self.next > self.last
-    }
 }
 
 /// A lock with its renewal running: what the caller's `arm` makes of a
@@ -339,7 +334,6 @@ mod tests {
         };
         assert_eq!(block.take(), Some(u64::MAX - 1));
         assert_eq!(block.take(), Some(u64::MAX));
-        assert!(block.is_used_up());
         assert_eq!(block.take(), None);
         assert_eq!(block.take(), None);
     }

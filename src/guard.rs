@@ -11,10 +11,8 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::watch;
-
 use crate::backend::{Mode, ReleaseNow};
-use crate::error::{Error, LossReason, Result};
+use crate::error::{Error, Result};
 use crate::lease::{Hold, Lease};
 use crate::owner::Owner;
 use crate::pool::blocking;
@@ -80,7 +78,6 @@ pub struct LockGuard {
     /// `None` once `release` took it.
     grant: Option<Arc<Grant>>,
     lease: Arc<Lease>,
-    lost: watch::Receiver<Option<LossReason>>,
     token: Option<u64>,
 }
 
@@ -120,9 +117,15 @@ enum Next {
 /// not lost passes straight to the next local waiter; otherwise it is
 /// released in the store, and the next local waiter (after a
 /// [`COURTESY`] pause) competes for it afresh with other processes.
-fn hand_on(hold: Hold, queue: &Queue<Hold>) -> Next {
+///
+/// A lock that was lost is never handed on as held: the local waiter
+/// that receives it checks, as it takes it, and goes to the store
+/// instead. `check_lost` also looks here, for [`LockGuard::release`],
+/// which must report the loss; `Drop` leaves it to the receiver, and
+/// saves a clock read per handoff.
+fn hand_on(hold: Hold, queue: &Queue<Hold>, check_lost: bool) -> Next {
     let within_window = hold.since().elapsed() < HANDOFF_WINDOW;
-    let hold = if within_window && !hold.is_lost() {
+    let hold = if within_window && !(check_lost && hold.is_lost()) {
         match queue.offer(hold) {
             None => return Next::HandedOn,
             Some(hold) => hold,
@@ -152,7 +155,6 @@ impl Grant {
         })
     }
 
-    /// This acquisition's fencing token, without I/O if it is at hand.
     /// What kind of holding this is.
     pub(crate) fn mode(&self) -> Mode {
         self.lease.mode()
@@ -163,15 +165,12 @@ impl Grant {
         self.lease.is_lost()
     }
 
+    /// This acquisition's fencing token, without I/O if it is at hand.
+    /// Called on a new grant, which holds its hold.
     pub(crate) fn take_token(&self) -> TokenStep {
-        let hold = lock(&self.hold);
-        let Some(hold) = hold.as_ref() else {
-            return TokenStep::Ready(Ok(None));
-        };
-        if hold.tokens_exhausted() {
-            TokenStep::FromDisk(Arc::clone(hold.lease()))
-        } else {
-            TokenStep::Ready(hold.lease().next_token())
+        match self.lease.token_at_hand() {
+            Some(token) => TokenStep::Ready(token),
+            None => TokenStep::FromDisk(Arc::clone(&self.lease)),
         }
     }
 
@@ -180,7 +179,6 @@ impl Grant {
         let token = *self.token.get_or_init(|| token);
         LockGuard {
             grant: Some(Arc::clone(self)),
-            lost: self.lease.subscribe(),
             lease: Arc::clone(&self.lease),
             token,
         }
@@ -200,7 +198,6 @@ impl Grant {
         }
         Some(Ok(LockGuard {
             grant: Some(Arc::clone(self)),
-            lost: lease.subscribe(),
             lease,
             token: self.token.get().copied().flatten(),
         }))
@@ -212,7 +209,7 @@ impl Grant {
 /// the turn. What `Drop` does, and what the queue does with a hold whose
 /// waiter went away before picking it up (its [`Dispose`](crate::queue::Dispose)).
 pub(crate) fn pass_on(hold: Hold, queue: &Queue<Hold>) {
-    if let Next::Release { hold, courtesy } = hand_on(hold, queue) {
+    if let Next::Release { hold, courtesy } = hand_on(hold, queue, false) {
         drop(hold);
         queue.pass_fresh(courtesy);
     }
@@ -390,7 +387,7 @@ impl LockGuard {
     /// the holder learns before anyone may legally take over). Loss is
     /// noticed at the next renewal, so within one `renew_interval`.
     /// [`ensure_held`](Self::ensure_held) and [`release`](Self::release)
-    /// then return [`Error::Lost`] whose [`LossReason`] says which.
+    /// then return [`Error::Lost`] whose [`LossReason`](crate::LossReason) says which.
     ///
     /// Stop the critical section when this resolves: someone else may hold
     /// the lock now.
@@ -415,7 +412,9 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn lost(&self) {
-        let mut rx = self.lost.clone();
+        // Subscribed here rather than with every guard: a loss reported
+        // before is the value already there, which `wait_for` sees first.
+        let mut rx = self.lease.subscribe();
         // An error means every sender is gone, which only happens once the
         // lock is released; treat it as lost.
         let _ = rx.wait_for(Option::is_some).await;
@@ -476,7 +475,7 @@ impl LockGuard {
                 }),
             };
         }
-        let Next::Release { hold, courtesy } = hand_on(hold, &grant.queue) else {
+        let Next::Release { hold, courtesy } = hand_on(hold, &grant.queue, true) else {
             return Ok(());
         };
         // The queue's turn is passed on when this future completes or is

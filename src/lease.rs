@@ -141,11 +141,6 @@ impl Hold {
         self.lease.is_lost()
     }
 
-    /// Whether taking the next token needs the store.
-    pub(crate) fn tokens_exhausted(&self) -> bool {
-        lock(&self.lease.tokens).is_some_and(|t| t.is_used_up())
-    }
-
     /// Releases the lock if it is still ours, and says what happened:
     /// `None` when it was ours to the end; otherwise why it was not.
     /// `confirm` waits for the whole truth (see [`BackendLock::release`]).
@@ -268,6 +263,16 @@ impl Lease {
         Error::Lost {
             name: self.name.to_string(),
             reason: self.loss_reason(),
+        }
+    }
+
+    /// The next fencing token if it is at hand, in one look (`Ok(None)`
+    /// without fencing); `None` when the block reserved is used up and
+    /// the next one must come from the store ([`next_token`](Self::next_token)).
+    pub(crate) fn token_at_hand(&self) -> Option<Result<Option<u64>>> {
+        match lock(&self.tokens).as_mut() {
+            None => Some(Ok(None)),
+            Some(block) => block.take().map(|token| Ok(Some(token))),
         }
     }
 

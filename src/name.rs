@@ -13,7 +13,10 @@
 //! separator, is never `.` or `..`, is at most 86 bytes, and two names that
 //! differ only in unsafe characters do not collide.
 
-use std::sync::Arc;
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
@@ -154,6 +157,68 @@ impl LockName {
     }
 }
 
+/// How many names [`Names`] keeps before it starts over.
+const NAMES_KEPT: usize = 256;
+
+/// The names one `Locker` acquired lately, validated and with their file
+/// names, so that acquiring a name again costs a lookup rather than a
+/// SHA-256 and three allocations. Bounded: it starts over when full.
+#[derive(Debug)]
+pub(crate) struct Names {
+    style: PathStyle,
+    known: Mutex<HashSet<Known>>,
+}
+
+/// A [`LockName`] looked up by its name alone (one `Names` has one path
+/// style, so the name decides the file name).
+#[derive(Debug)]
+struct Known(LockName);
+
+impl PartialEq for Known {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl Eq for Known {}
+
+impl Hash for Known {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.as_str().hash(state);
+    }
+}
+
+impl Borrow<str> for Known {
+    fn borrow(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+impl Names {
+    pub(crate) fn new(style: PathStyle) -> Self {
+        Self {
+            style,
+            known: Mutex::default(),
+        }
+    }
+
+    /// [`LockName::new`] in this `Locker`'s path style, from the names
+    /// kept if it is there.
+    pub(crate) fn get(&self, name: &str) -> Result<LockName> {
+        let known = || self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = known().get(name) {
+            return Ok(found.0.clone());
+        }
+        let made = LockName::new(name, self.style)?;
+        let mut known = known();
+        if known.len() >= NAMES_KEPT {
+            known.clear();
+        }
+        known.insert(Known(made.clone()));
+        Ok(made)
+    }
+}
+
 /// The rules of [`PathStyle::Plain`] (and [`PathStyle::Exact`]): one file
 /// name, with room for the suffixes of the files kept beside it.
 fn check_plain(name: &str) -> Result<()> {
@@ -234,6 +299,27 @@ mod tests {
         assert!(n.file_name().starts_with(&format!("{}-", "_".repeat(40))));
         let n = hashed(&"a".repeat(100)).unwrap();
         assert!(n.file_name().starts_with(&format!("{}-", "a".repeat(64))));
+    }
+
+    #[test]
+    fn names_kept_are_the_names_made() {
+        for style in [PathStyle::Hashed, PathStyle::Plain, PathStyle::Exact] {
+            let names = Names::new(style);
+            for round in 0..2 {
+                for i in 0..(NAMES_KEPT + 10) {
+                    let name = format!("n{i}/{round}");
+                    let made = LockName::new(&name, style);
+                    let kept = names.get(&name);
+                    assert_eq!(kept.as_ref().ok(), made.as_ref().ok(), "{name}");
+                    assert_eq!(kept.is_err(), made.is_err(), "{name}");
+                    let again = names.get(&name);
+                    assert_eq!(again.as_ref().ok(), made.as_ref().ok(), "{name}");
+                }
+            }
+            assert!(names.known.lock().unwrap().len() <= NAMES_KEPT);
+            assert!(names.get("").is_err());
+            assert!(names.get("a\0b").is_err());
+        }
     }
 
     #[test]

@@ -229,3 +229,81 @@ async fn a_release_behind_a_busy_directory_lock_waits_off_the_runtime() {
         }
     }
 }
+
+/// Handed over between tasks, a lock's fencing tokens keep rising in the
+/// order the tasks held it, also where a handoff uses up the block of
+/// tokens reserved on disk and fetches the next one (1,024 to a block).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_rise_across_handoffs_and_token_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .durable(false)
+        .fencing(true)
+        .build()
+        .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (locker, seen) = (locker.clone(), std::sync::Arc::clone(&seen));
+            tokio::spawn(async move {
+                for _ in 0..700 {
+                    let guard = locker.acquire("fenced").await.unwrap();
+                    seen.lock().unwrap().push(guard.fencing_token().unwrap());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2800);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "tokens out of order");
+    let stats = locker.stats();
+    assert!(stats.handoffs > 0, "{stats:?}");
+    assert_eq!(stats.acquisitions, 2800, "{stats:?}");
+    assert_eq!(stats.wait_count, 2800, "{stats:?}");
+}
+
+/// A lock lost while held is never handed to the next local waiter as
+/// held: dropped within the handoff window with a waiter queued, the
+/// waiter takes the lock afresh from the store.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lost_lock_is_not_handed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    // Retried on a fresh name when the machine was too slow to drop
+    // the guard within the window (the lock would go back to the store
+    // anyway, and the check under test would not run).
+    for round in 0..20 {
+        let name = format!("lost-{round}");
+        let before = locker.stats();
+        let first = locker.acquire(&name).await.unwrap();
+        let taken = std::time::Instant::now();
+        let mut waiter = Box::pin(locker.acquire(&name));
+        assert!(poll_once(&mut waiter).await.is_pending(), "queued");
+        std::fs::remove_file(locker.lock_path(&name).unwrap()).unwrap();
+        assert!(first.ensure_held().await.unwrap_err().is_lost());
+        let first_uuid = first.owner().uuid().map(str::to_owned);
+        drop(first);
+        let within_window = taken.elapsed() < Duration::from_millis(8);
+        let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter got the lock")
+            .unwrap();
+        assert!(!second.is_lost());
+        second.ensure_held().await.unwrap();
+        assert_ne!(
+            second.owner().uuid().map(str::to_owned),
+            first_uuid,
+            "taken afresh from the store"
+        );
+        let after = locker.stats();
+        assert_eq!(after.handoffs, before.handoffs, "{after:?}");
+        if within_window {
+            return;
+        }
+    }
+    panic!("never dropped the guard within the handoff window");
+}
