@@ -680,3 +680,48 @@ async fn a_lock_handed_over_in_a_scope_can_be_reentered() {
         assert!(locker.try_acquire("s").await.unwrap().is_some());
     }
 }
+
+/// A lock whose file was removed (not noticed yet: no renewal since)
+/// handed to a local waiter just as its block of fencing tokens runs out:
+/// the next block cannot be reserved, because the lock is not ours on
+/// disk any more. The waiter asked to wait until it holds the lock; it must
+/// not fail with `Lost` for a lock it never held, but take the lock from
+/// the store (free now), with a token above every earlier one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_handoff_whose_token_block_cannot_be_refilled_goes_to_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .durable(false)
+        .fencing(true)
+        .build()
+        .unwrap();
+    let mut exercised = 0;
+    for round in 0..10 {
+        let mut guard = locker.acquire("f").await.unwrap();
+        let first = guard.fencing_token().unwrap();
+        let start = Instant::now();
+        let mut last = first;
+        while last < first + 1023 {
+            let mut next = Box::pin(locker.acquire("f"));
+            assert!(poll_once(&mut next).await.is_pending());
+            drop(guard);
+            guard = next.await.unwrap();
+            last = guard.fencing_token().unwrap();
+        }
+        let mut waiter = Box::pin(locker.acquire_timeout("f", Duration::from_secs(10)));
+        assert!(poll_once(&mut waiter).await.is_pending());
+        remove(&locker.lock_path("f").unwrap());
+        let in_window = start.elapsed() < Duration::from_millis(8);
+        drop(guard);
+        let got = waiter.await;
+        if in_window {
+            exercised += 1;
+        }
+        let got = got.unwrap_or_else(|e| panic!("round {round}: the waiter failed: {e:?}"));
+        assert!(got.fencing_token().unwrap() > last);
+        got.ensure_held().await.unwrap();
+        drop(got);
+    }
+    eprintln!("exercised {exercised} of 10");
+}
