@@ -710,7 +710,9 @@ async fn a_handoff_whose_token_block_cannot_be_refilled_goes_to_the_store() {
             last = guard.fencing_token().unwrap();
         }
         let mut waiter = Box::pin(locker.acquire_timeout("f", Duration::from_secs(10)));
+        let mut second = Box::pin(locker.acquire_timeout("f", Duration::from_secs(10)));
         assert!(poll_once(&mut waiter).await.is_pending());
+        assert!(poll_once(&mut second).await.is_pending());
         remove(&locker.lock_path("f").unwrap());
         let in_window = start.elapsed() < Duration::from_millis(8);
         drop(guard);
@@ -719,7 +721,16 @@ async fn a_handoff_whose_token_block_cannot_be_refilled_goes_to_the_store() {
             exercised += 1;
         }
         let got = got.unwrap_or_else(|e| panic!("round {round}: the waiter failed: {e:?}"));
-        assert!(got.fencing_token().unwrap() > last);
+        let token = got.fencing_token().unwrap();
+        assert!(token > last);
+        got.ensure_held().await.unwrap();
+        drop(got);
+        // And the one queued behind it (which, before, was handed the
+        // same hold and failed alike).
+        let got = second
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the second waiter failed: {e:?}"));
+        assert!(got.fencing_token().unwrap() > token);
         got.ensure_held().await.unwrap();
         drop(got);
     }
