@@ -166,7 +166,7 @@ impl Future for Acquire<'_> {
                             // The lock itself, handed over: no future to
                             // box unless its token must come from disk.
                             Turn::Handoff(hold) if this.mode == Mode::Exclusive && !hold.is_lost() => {
-                                match this.engine.take_handoff(name, hold, queue, started) {
+                                match this.engine.take_handoff(name, hold, queue, deadline, started) {
                                     Ok(out) => {
                                         this.stage = Stage::Done;
                                         return Poll::Ready(out);

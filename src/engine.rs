@@ -192,7 +192,6 @@ impl Engine {
         started: Stamp,
     ) -> Result<LockGuard> {
         let queued = head.is_none();
-        let counters = &self.counters;
         if mode != Mode::Exclusive && !matches!(turn, Turn::Handoff(_)) {
             // Our turn: join this Locker's shared hold if it has one, else
             // take a hold (or permit) from the store; either way the turn
@@ -214,8 +213,11 @@ impl Engine {
         let (hold, contended) = loop {
             match turn {
                 Turn::Handoff(hold) if !hold.is_lost() => {
-                    bump(&counters.handoffs);
-                    break (hold, true);
+                    // As `Acquire` takes it in `poll`.
+                    return match self.take_handoff(name.clone(), hold, queue, deadline, started) {
+                        Ok(out) => out,
+                        Err(fetch) => fetch.await,
+                    };
                 }
                 Turn::Handoff(lost) => {
                     // Lost between its last holder and us: the turn is ours
@@ -308,18 +310,46 @@ impl Engine {
         name: LockName,
         hold: Hold,
         queue: Arc<Queue<Hold>>,
+        deadline: Option<Instant>,
         started: Stamp,
     ) -> Result<Result<LockGuard>, Fetch<'a>> {
-        bump(&self.counters.handoffs);
         // As in `finish`: from here the grant passes the hold on if the
         // caller goes away.
-        let grant = Grant::new(hold, queue);
+        let grant = Grant::new(hold, Arc::clone(&queue));
         match grant.take_token() {
             TokenStep::Ready(token) => {
+                bump(&self.counters.handoffs);
                 Ok(token.map(|token| self.hand_out(&name, &grant, token, started, true)))
             }
             TokenStep::FromDisk(lease) => Err(Box::pin(async move {
-                let token = blocking(move || lease.next_token()).await??;
+                let token = match blocking(move || lease.next_token()).await? {
+                    // The next block could not be reserved because the
+                    // lock is not ours on disk any more (removed, or
+                    // taken over, before a renewal noticed): as for a
+                    // handoff found lost, the turn is ours, the lock is
+                    // not. Release what is left of it and go to the
+                    // store; the caller asked to wait for the lock, not
+                    // to hear about someone else's loss.
+                    Err(Error::Lost { .. }) => {
+                        let head = Head::adopt(&queue);
+                        drop(grant.take_hold());
+                        drop(grant);
+                        let fresh = Turn::Fresh { courtesy: false };
+                        return self
+                            .take_turn(
+                                &name,
+                                Mode::Exclusive,
+                                queue,
+                                fresh,
+                                Some(head),
+                                deadline,
+                                started,
+                            )
+                            .await;
+                    }
+                    token => token?,
+                };
+                bump(&self.counters.handoffs);
                 Ok(self.hand_out(&name, &grant, token, started, true))
             })),
         }

@@ -188,6 +188,13 @@ impl Grant {
         lock(&self.hold).take()
     }
 
+    /// The hold back out of a grant no guard was made of, so that its
+    /// drop does not pass it on: for a handoff that turned out not to be
+    /// ours, whose taker keeps the queue's turn and goes to the store.
+    pub(crate) fn take_hold(&self) -> Option<Hold> {
+        self.take()
+    }
+
     /// Another guard on this grant (a re-entry): `None` if it was released,
     /// `Err(Lost)` if the lock was lost.
     pub(crate) fn guard(self: &Arc<Self>) -> Option<Result<LockGuard>> {
