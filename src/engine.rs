@@ -482,8 +482,11 @@ impl Engine {
             };
             waited = true;
             let now = timer::now();
+            // A wait that is over (timed out, below) gives no notice: its
+            // error names the holder.
             if let (Some(at), Some(after)) = (notice_at, self.wait_notice)
                 && now >= at
+                && deadline.is_none_or(|deadline| now < deadline)
             {
                 still_waiting(name, holder.as_ref(), started.elapsed());
                 notice_at = Some(later(now, after.saturating_mul(NOTICE_CADENCE)));

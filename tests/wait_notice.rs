@@ -120,6 +120,33 @@ async fn a_long_wait_names_the_holder_and_repeats() {
     );
 }
 
+/// A notice due at the very moment the wait times out is not given: the
+/// wait is over, and the timeout's error names the holder instead. With
+/// Tokio's clock paused the two fall due at the same instant (100 ms,
+/// then 600 ms later: 700 ms, the timeout), which on a real clock happens
+/// only now and then.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn no_notice_is_given_as_the_wait_times_out() {
+    let recorder = Recorder::default();
+    let _default = tracing::subscriber::set_default(recorder.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let holder = Locker::new(dir.path()).unwrap();
+    let _held = holder.acquire("jobs").await.unwrap();
+
+    let err = waiter(dir.path(), Some(Duration::from_millis(100)))
+        .acquire_timeout("jobs", Duration::from_millis(700))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, leasehold::Error::Timeout { .. }), "{err:?}");
+    let notices = recorder.notices();
+    let waited: Vec<&str> = notices.iter().map(|n| n["waited_secs"].as_str()).collect();
+    assert_eq!(
+        notices.len(),
+        1,
+        "one notice at 100 ms, none at the timeout: {waited:?}"
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_short_wait_and_a_disabled_notice_stay_silent() {
     let recorder = Recorder::default();
