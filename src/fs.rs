@@ -17,10 +17,12 @@ mod fence;
 mod file;
 mod found;
 mod group;
+mod later;
 mod layout;
 mod leftover;
 mod line;
 mod lock;
+mod mutex;
 mod syscall;
 mod wake;
 

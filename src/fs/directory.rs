@@ -23,7 +23,8 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::context::Ctx;
-use super::dir::{LockDir, MutationLock};
+use super::dir::LockDir;
+use super::mutex::MutationLock;
 use super::syscall::{self, Errno, Open, read_record};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;

@@ -53,7 +53,7 @@ pub(super) fn reserve(
         failpoint!("fence.reserve.after_tmp").context("write fencing counter", || ctx.path_of(&fence))?;
         // Busy (a frozen process holds the directory lock): give the
         // lock up and let the caller try again later.
-        let Some(mutation) = ctx.dir.try_mutation_lock()? else {
+        let Some(mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
             return Ok(None);
         };
         if !still_ours()? {

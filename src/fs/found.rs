@@ -163,8 +163,9 @@ impl Found {
     /// changed since we read it (a renewal may have raced our read).
     pub(super) fn reclaim(&self, ctx: &Ctx, name: &LockName, reason: StaleReason) -> Result<bool> {
         let path = || ctx.path_of(name.file_name());
-        // Busy (a frozen process holds the directory lock): not now.
-        let Some(mutation) = ctx.dir.try_mutation_lock()? else {
+        // Busy (another process is changing this name, or is frozen while
+        // it does): not now.
+        let Some(mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
             return Ok(false);
         };
         failpoint!("reclaim.after_dirlock").context("reclaim lock", path)?;

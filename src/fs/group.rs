@@ -30,9 +30,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::context::Ctx;
-use super::dir::MutationLock;
 use super::found::Found;
 use super::layout::Strategy;
+use super::mutex::MutationLock;
 use super::syscall::{self, Errno, Open, read_record};
 use super::{directory, file};
 use crate::backend::{Inspection, Mode};
@@ -283,15 +283,30 @@ fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<Entry>> {
 }
 
 /// Removes the records of `scan` that were judged stale, and records left
-/// unfinished. Under the mutation lock, so no holder renews one meanwhile
-/// and nobody is making one.
+/// unfinished. Under the name's mutation lock, so nobody is making one.
+///
+/// Holders renew their records without that lock, so each record is read
+/// again first and kept if it changed: a renewal that completed before
+/// this second look is seen (and the holder lives on), and one that
+/// completes after it came after the lease's end, which its holder
+/// reports as a loss of its own.
 fn remove_dead(ctx: &Ctx, dir: &File, scan: &mut Scan) {
     for name in scan.unfinished.drain(..) {
         let _ = syscall::unlink_at(dir, name.as_str());
     }
+    let renewed = |entry: &Entry| match syscall::open_at(dir, entry.file_name.as_str(), Open::Read) {
+        Ok(file) => read_record(&file).map_or(true, |now| now != entry.bytes),
+        // Gone already: nothing to remove.
+        Err(_) => false,
+    };
     for entries in [&mut scan.members, &mut scan.waiters] {
-        entries.retain(|entry| {
+        entries.retain_mut(|entry| {
             if entry.live {
+                return true;
+            }
+            if renewed(entry) {
+                entry.live = true;
+                entry.reason = None;
                 return true;
             }
             let unlinked = failpoint!("group.reclaim.before_unlink").map_err(|_| Errno::EIO);
@@ -380,7 +395,7 @@ pub(super) fn clean_orphans(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName, I
             stale: Some(StaleReason::Leftover),
             path: Some(ctx.path_of(&dir_name)),
         };
-        let Some(_mutation) = ctx.dir.try_mutation_lock()? else {
+        let Some(_mutation) = ctx.dir.try_mutation_lock(lock)? else {
             continue;
         };
         let name = LockName::from_file_name(lock);
@@ -439,7 +454,7 @@ pub(super) enum Joined {
 /// nobody holds the name, joins it if it is held the same way, there is
 /// room and no exclusive acquisition is waiting.
 pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined> {
-    let Some(mutation) = ctx.dir.try_mutation_lock()? else {
+    let Some(mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
         return Ok(Joined::Busy {
             owner: None,
             recheck_at: None,

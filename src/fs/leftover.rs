@@ -35,6 +35,9 @@ pub(super) enum Leftover {
     Trash,
     /// `<lock>.fence.tmp-<32 hex>`: a fencing counter being replaced.
     FenceTmp,
+    /// `<lock>.mutex`: a name's mutation lock, left by a process that died
+    /// holding it (its last holder removes it once the name is unused).
+    Mutex,
 }
 
 /// Recognizes leftovers by their exact shape. Every lock's own file name
@@ -52,6 +55,9 @@ pub(super) fn leftover_kind(file_name: &str) -> Option<Leftover> {
     }
     if base.ends_with(".lock.fence") && suffix.strip_prefix("tmp-").is_some_and(|id| hex(id, 32)) {
         return Some(Leftover::FenceTmp);
+    }
+    if base.ends_with(".lock") && suffix == "mutex" {
+        return Some(Leftover::Mutex);
     }
     None
 }
@@ -77,6 +83,8 @@ pub(super) fn clean(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockN
     }
     let left = limit.saturating_sub(cleaned.len());
     cleaned.extend(clean_fence_leftovers(ctx, dry_run, left)?);
+    let left = limit.saturating_sub(cleaned.len());
+    cleaned.extend(clean_mutex_leftovers(ctx, dry_run, left)?);
     Ok(cleaned)
 }
 
@@ -161,8 +169,8 @@ fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(Lo
     Ok(cleaned)
 }
 
-/// Fencing counters are only written under the directory lock, so a
-/// temporary counter file found while holding it belongs to a process
+/// Fencing counters are only written under their name's mutation lock, so
+/// a temporary counter file found while holding it belongs to a process
 /// that died between writing and renaming it.
 fn clean_fence_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
     let mut found = ctx.entries(|name| leftover_kind(name) == Some(Leftover::FenceTmp))?;
@@ -179,13 +187,19 @@ fn clean_fence_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
     if found.is_empty() {
         return Ok(Vec::new());
     }
-    // Listed before the lock, judged under it: one that a live writer
-    // was about to rename is gone by the time we hold it.
-    let Some(_mutation) = ctx.dir.try_mutation_lock()? else {
-        return Ok(Vec::new());
-    };
     let mut cleaned = Vec::new();
     for name in found {
+        // Listed before the lock, judged under it: one that a live writer
+        // was about to rename is gone by the time we hold it.
+        let lock = name
+            .split_once(".fence.tmp-")
+            .map_or(name.as_str(), |(lock, _)| lock);
+        let Some(_mutation) = ctx.dir.mutation_lock_now(lock)? else {
+            continue;
+        };
+        if syscall::stat_at(ctx.dir.fd(), &name).is_err() {
+            continue;
+        }
         let removed = dry_run
             || matches!(
                 failpoint!("leftover.fence.before_unlink")
@@ -196,6 +210,36 @@ fn clean_fence_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
         if removed {
             cleaned.push((LockName::from_file_name(&name), inspection(ctx, &name)));
         }
+    }
+    Ok(cleaned)
+}
+
+/// Mutation-lock files of names no longer in use, left by a process that
+/// died holding one: taking the lock and letting it go removes one whose
+/// name has no lock path and no members directory (see
+/// `MutationLock`'s `Drop`); one in use, or held, stays.
+fn clean_mutex_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
+    let found = ctx.entries(|name| leftover_kind(name) == Some(Leftover::Mutex))?;
+    let mut cleaned = Vec::new();
+    for name in found {
+        if cleaned.len() >= limit {
+            break;
+        }
+        let lock = &name[..name.len() - ".mutex".len()];
+        let unused = |n: &str| matches!(syscall::stat_at(ctx.dir.fd(), n), Err(Errno::ENOENT));
+        if !unused(lock) || !unused(&format!("{lock}.members")) {
+            continue;
+        }
+        if !dry_run {
+            let Ok(Some(mutation)) = ctx.dir.mutation_lock_now(lock) else {
+                continue;
+            };
+            drop(mutation);
+            if syscall::stat_at(ctx.dir.fd(), &name).is_ok() {
+                continue;
+            }
+        }
+        cleaned.push((LockName::from_file_name(&name), inspection(ctx, &name)));
     }
     Ok(cleaned)
 }
@@ -228,5 +272,7 @@ mod tests {
         }
         assert_eq!(leftover_kind("x.lock.trash-xyz"), None);
         assert_eq!(leftover_kind("x.lock.fence"), None);
+        assert_eq!(leftover_kind("x.lock.mutex"), Some(Leftover::Mutex));
+        assert_eq!(leftover_kind("x.mutex"), None);
     }
 }

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::context::Ctx;
-use super::dir::MutationLock;
 use super::group::Member;
 use super::layout::Strategy;
-use super::{directory, fence, file};
+use super::mutex::MutationLock;
+use super::{directory, fence, file, later};
 use crate::backend::{BackendLock, ReleaseNow, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
 use crate::name::LockName;
@@ -114,12 +114,18 @@ impl Whole {
         Ok(())
     }
 
-    /// Removes the lock if the path still names it; `false` if it did not.
-    fn remove(&self) -> Result<bool> {
-        self.remove_under(self.ctx.dir.mutation_lock()?)
+    /// Removes the lock if the path still names it, under the name's
+    /// mutation lock taken within `patience`: `Some(false)` if the path
+    /// no longer named it, `None` if the mutation lock stayed taken.
+    fn remove(&self, patience: Duration) -> Result<Option<bool>> {
+        let lock = self.name.file_name();
+        match self.ctx.dir.lock_within(lock, patience)? {
+            Some(mutation) => self.remove_under(mutation).map(Some),
+            None => Ok(None),
+        }
     }
 
-    /// [`remove`](Self::remove), under the directory's mutation lock.
+    /// [`remove`](Self::remove), under the name's mutation lock.
     fn remove_under(&self, mutation: MutationLock<'_>) -> Result<bool> {
         failpoint!("lock.release.after_dirlock")
             .context("release lock", || self.ctx.path_of(self.name.file_name()))?;
@@ -138,6 +144,61 @@ impl Whole {
                 // Retired by a reclaimer: help it empty our old directory.
                 directory::forget_record(dir);
                 Ok(false)
+            }
+        }
+    }
+
+    /// Hands the removal to leasehold's release thread, with a copy of
+    /// our descriptors (so our `flock` stays until the lock is gone); this
+    /// one is disarmed. `false` if the descriptors could not be copied
+    /// (out of descriptors): then the lock is left to be judged stale, at
+    /// once, when ours close.
+    fn defer(&mut self) -> bool {
+        let node = match &self.node {
+            Node::File { file, record_len } => file.try_clone().map(|file| Node::File {
+                file,
+                record_len: *record_len,
+            }),
+            Node::Dir { dir, record_file } => dir.try_clone().and_then(|dir| {
+                Ok(Node::Dir {
+                    dir,
+                    record_file: record_file.try_clone()?,
+                })
+            }),
+        };
+        let Ok(node) = node else {
+            return false;
+        };
+        self.armed = false;
+        later::defer(Box::new(Whole {
+            ctx: Arc::clone(&self.ctx),
+            name: self.name.clone(),
+            dev: self.dev,
+            ino: self.ino,
+            record: self.record.clone(),
+            node,
+            armed: true,
+        }));
+        true
+    }
+}
+
+impl later::Retry for Whole {
+    fn retry(&mut self) -> bool {
+        match self.remove(later::PATIENCE) {
+            Ok(None) => false,
+            Ok(Some(_)) => {
+                self.armed = false;
+                true
+            }
+            Err(error) => {
+                self.armed = false;
+                tracing::warn!(
+                    lock = self.name.as_str(),
+                    %error,
+                    "releasing a lock failed; it stays until it is judged stale"
+                );
+                true
             }
         }
     }
@@ -188,22 +249,21 @@ impl BackendLock for FsLock {
 }
 
 impl Whole {
-    /// Runs under the directory's mutation lock, so it is ordered with any
-    /// reclaim: either the reclaimer's re-read sees the renewed record and
-    /// backs off, or this finds the lock gone.
+    /// Takes no lock, so no other process can hold it up. It is ordered
+    /// with any reclaim by time instead: a reclaimer judges a lease expired
+    /// only from a record it read after the lease's end, and then reads
+    /// the record again, under the name's mutation lock, backing off if it
+    /// changed. The cutoff lies before that end, so a renewal whose write
+    /// completed before the cutoff is always seen, and one that completed
+    /// after it is reported as a loss (the lock may be someone else's by
+    /// now), however it went on disk.
     pub(super) fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
         let ctx = Arc::clone(&self.ctx);
         // A lock in a directory that its path no longer names is invisible
-        // to everyone who opens the path now: it excludes nobody. Looked at
-        // before the directory lock, which must never wait on a path walk
-        // (a hung mount on the way would hold up every process).
+        // to everyone who opens the path now: it excludes nobody.
         if let Some(moved) = ctx.dir_moved() {
             return Ok(Renewal::Lost(moved));
         }
-        // Never wait for the directory lock past the cutoff: a late renewal
-        // must not delay the report of a loss.
-        let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
-        let _mutation = ctx.dir.mutation_lock_within(left)?;
         failpoint!("lock.renew.after_dirlock")
             .context("renew lock", || ctx.path_of(self.name.file_name()))?;
         if !ctx.names(&self.name, self.dev, self.ino)? {
@@ -216,6 +276,10 @@ impl Whole {
         let mut record = self.record.clone();
         record.renew(SystemTime::now(), boot);
         self.write_record(record)?;
+        // Judged by when the write was done, not when it began.
+        if sys::boot_clock_ms() >= cutoff {
+            return Ok(Renewal::Lost(LossReason::LeaseExpired));
+        }
         Ok(Renewal::Renewed)
     }
 
@@ -241,21 +305,45 @@ impl Whole {
     /// A lock in a moved directory is removed there all the same, but was
     /// not a lock. The path lookup that tells is made only with `confirm`:
     /// a guard's `Drop`, which reports nothing, is spared it.
+    ///
+    /// With `confirm` (`release().await`, on the blocking pool) it waits up
+    /// to half a second for the name's mutation lock; without (a `Drop`),
+    /// not at all. Either way, a mutation lock that stays taken (another
+    /// process frozen while changing this name) hands the removal to the
+    /// release thread rather than failing or blocking the caller.
     fn release(mut self, confirm: bool) -> Result<Option<LossReason>> {
         let moved = if confirm { self.ctx.dir_moved() } else { None };
+        let patience = if confirm {
+            Duration::from_millis(500)
+        } else {
+            Duration::ZERO
+        };
         self.armed = false;
-        let released = self.remove()?;
+        let released = match self.remove(patience)? {
+            Some(released) => released,
+            None => {
+                // Whether it is still ours can be seen without the lock.
+                let ours = self.ctx.names(&self.name, self.dev, self.ino)?;
+                if ours {
+                    self.armed = true;
+                    if !self.defer() {
+                        self.armed = false;
+                    }
+                }
+                ours
+            }
+        };
         Ok(moved.or((!released).then_some(LossReason::Replaced)))
     }
 
-    /// [`release`](Self::release) if the directory lock is free this
+    /// [`release`](Self::release) if the name's mutation lock is free this
     /// instant; the lock back otherwise (and on failing to tell).
     fn release_now(mut self, confirm: bool) -> ReleaseNow<Self> {
         let ctx = Arc::clone(&self.ctx);
-        // Looked at before the directory lock, as `release` does: nobody
+        // Looked at before the mutation lock, as `release` does: nobody
         // may walk a path (a hung mount on the way) holding it.
         let moved = if confirm { ctx.dir_moved() } else { None };
-        let Ok(Some(mutation)) = ctx.dir.mutation_lock_now() else {
+        let Ok(Some(mutation)) = ctx.dir.mutation_lock_now(self.name.file_name()) else {
             return ReleaseNow::Busy(self);
         };
         self.armed = false;
@@ -268,16 +356,28 @@ impl Whole {
 
 impl Drop for Whole {
     fn drop(&mut self) {
-        if std::mem::take(&mut self.armed)
-            && let Err(error) = self.remove()
-        {
+        if !std::mem::take(&mut self.armed) {
+            return;
+        }
+        match self.remove(Duration::ZERO) {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                self.armed = true;
+                if !self.defer() {
+                    self.armed = false;
+                    tracing::warn!(
+                        lock = self.name.as_str(),
+                        "could not hand a release to the release thread; the lock is judged stale once our descriptors close"
+                    );
+                }
+            }
             // The lock stays until it is judged stale (at once, since our
             // flock goes with it).
-            tracing::warn!(
+            Err(error) => tracing::warn!(
                 lock = self.name.as_str(),
                 %error,
                 "releasing a dropped lock failed; it stays until it is judged stale"
-            );
+            ),
         }
     }
 }

@@ -37,6 +37,9 @@ pub(crate) enum Open {
     Read,
     /// An existing directory, to hold (and `flock`) or to work inside.
     Dir,
+    /// A name's mutation-lock file, made (mode 0600) if missing; only ever
+    /// `flock`ed. Non-blocking and never a controlling terminal, as `Read`.
+    Mutex,
     /// A directory to list (a fresh descriptor: a duplicate would share
     /// the other's offset). The one open that may follow a symlink: it
     /// only ever opens `.`.
@@ -54,13 +57,16 @@ impl Open {
             Open::Read => OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
             Open::Write => OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
             Open::Dir => OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
+            Open::Mutex => {
+                OFlag::O_CREAT | OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY
+            }
             Open::List => OFlag::O_RDONLY | OFlag::O_DIRECTORY,
         }
     }
 
     fn mode(self) -> Mode {
         match self {
-            Open::CreateNew | Open::Replace => Mode::from_bits_truncate(0o600),
+            Open::CreateNew | Open::Replace | Open::Mutex => Mode::from_bits_truncate(0o600),
             Open::Read | Open::Write | Open::Dir | Open::List => Mode::empty(),
         }
     }

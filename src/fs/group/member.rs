@@ -17,7 +17,7 @@ use crate::backend::{Mode, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
 use crate::fs::context::Ctx;
 use crate::fs::syscall::{self, Errno};
-use crate::fs::{fence, file};
+use crate::fs::{fence, file, later};
 use crate::name::LockName;
 use crate::record::OwnRecord;
 use crate::sys;
@@ -151,37 +151,50 @@ impl Member {
 
     /// `None` while we still hold; otherwise why not. A marker being
     /// rewritten in place can be read torn: a look that says "lost" is
-    /// made again under the mutation lock before it counts.
+    /// made again under the name's mutation lock before it counts (and if
+    /// that stays taken, the next check decides).
     fn lost(&self) -> Result<Option<LossReason>> {
         if let Some(moved) = self.ctx.dir_moved() {
             return Ok(Some(moved));
         }
-        if self.still_here()? && self.our_marker()?.is_some() {
+        if !self.still_here()? {
+            return Ok(Some(LossReason::Replaced));
+        }
+        if self.our_marker()?.is_some() {
             return Ok(None);
         }
-        let _mutation = self.ctx.dir.mutation_lock()?;
+        let Some(_mutation) = self
+            .ctx
+            .dir
+            .lock_within(self.name.file_name(), Duration::from_millis(50))?
+        else {
+            return Ok(None);
+        };
         if !self.still_here()? || self.our_marker()?.is_none() {
             return Ok(Some(LossReason::Replaced));
         }
         Ok(None)
     }
 
-    /// Extends our lease, under the mutation lock; keeps the marker naming
-    /// a live holder (us, if its holder is gone) and its lease current.
+    /// Extends our lease; keeps the marker naming a live holder (us, if
+    /// its holder is gone) and its lease current.
+    ///
+    /// Our own record is renewed without any lock, as an exclusive lock
+    /// is (see `Whole::renew`): only we write it, and a reclaimer of a
+    /// dead member judges it under the name's mutation lock from a record
+    /// read after its lease's end. Re-signing the marker, which every
+    /// holder writes, needs that lock; it is only tried, never waited
+    /// for: when another process holds it (say it is frozen while joining),
+    /// this renewal skips the marker, and a later one signs it.
     pub(crate) fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
         let ctx = Arc::clone(&self.ctx);
         if let Some(moved) = ctx.dir_moved() {
             return Ok(Renewal::Lost(moved));
         }
-        let left = Duration::from_millis(cutoff.saturating_sub(sys::boot_clock_ms()));
-        let _mutation = ctx.dir.mutation_lock_within(left)?;
         failpoint!("group.renew.after_dirlock").context("renew shared lock", || self.path())?;
         if !self.still_here()? {
             return Ok(Renewal::Lost(LossReason::Replaced));
         }
-        let Some(found) = self.our_marker()? else {
-            return Ok(Renewal::Lost(LossReason::Replaced));
-        };
         let boot = sys::boot_clock_ms();
         if boot >= cutoff {
             return Ok(Renewal::Lost(LossReason::LeaseExpired));
@@ -192,6 +205,18 @@ impl Member {
         self.record_len = file::write(&self.file, self.record_len, &record, false, path)?;
         self.record = record;
         *self.sign.bytes.lock().unwrap_or_else(|e| e.into_inner()) = self.record.to_bytes(0);
+        if sys::boot_clock_ms() >= cutoff {
+            return Ok(Renewal::Lost(LossReason::LeaseExpired));
+        }
+        let Some(_mutation) = ctx.dir.mutation_lock_now(self.name.file_name())? else {
+            return Ok(Renewal::Renewed);
+        };
+        if !self.still_here()? {
+            return Ok(Renewal::Lost(LossReason::Replaced));
+        }
+        let Some(found) = self.our_marker()? else {
+            return Ok(Renewal::Lost(LossReason::Replaced));
+        };
         // The marker takes the record just renewed, whoever it named: its
         // lease then always ends after every holder's last renewal, and a
         // holder frozen since never leaves it showing a lapsed lease to
@@ -212,7 +237,7 @@ impl Member {
         let ctx = Arc::clone(&self.ctx);
         let name = self.name.clone();
         if self.mode == Mode::Shared {
-            let _mutation = ctx.dir.mutation_lock()?;
+            let _mutation = ctx.dir.mutation_lock(name.file_name())?;
             if !self.still_here()? {
                 return Ok(None);
             }
@@ -236,19 +261,75 @@ impl Member {
     }
 
     /// Leaves the group; `None` when we held to the end, otherwise why not.
+    ///
+    /// With `confirm` (`release().await`, on the blocking pool) it waits
+    /// up to half a second for the name's mutation lock; without (a
+    /// `Drop`), not at all. A mutation lock that stays taken hands the
+    /// leaving to the release thread (`fs::later`), our record still
+    /// flocked, rather than failing or blocking the caller.
     pub(crate) fn release(mut self, confirm: bool) -> Result<Option<LossReason>> {
         let moved = if confirm { self.ctx.dir_moved() } else { None };
+        let patience = if confirm {
+            Duration::from_millis(500)
+        } else {
+            Duration::ZERO
+        };
         self.armed = false;
-        let was_here = self.leave()?;
+        let was_here = match self.leave(patience)? {
+            Some(was_here) => was_here,
+            None => {
+                let here = self.still_here()?;
+                if here {
+                    self.defer();
+                }
+                here
+            }
+        };
         Ok(moved.or((!was_here).then_some(LossReason::Replaced)))
+    }
+
+    /// Hands the leaving to the release thread, with copies of our
+    /// descriptors (so our flocks stay until we have left); `self` is
+    /// disarmed. Out of descriptors, we leave by closing them: our record,
+    /// its flock free, is then judged dead at once.
+    fn defer(&mut self) {
+        self.armed = false;
+        let copy = || -> std::io::Result<Member> {
+            Ok(Member {
+                ctx: Arc::clone(&self.ctx),
+                name: self.name.clone(),
+                mode: self.mode,
+                dir: self.dir.try_clone()?,
+                dir_id: self.dir_id,
+                file: self.file.try_clone()?,
+                file_name: self.file_name.clone(),
+                id: self.id,
+                record: self.record.clone(),
+                record_len: self.record_len,
+                marker: self.marker.as_ref().map(File::try_clone).transpose()?,
+                sign: Arc::clone(&self.sign),
+                armed: true,
+            })
+        };
+        match copy() {
+            Ok(member) => later::defer(Box::new(member)),
+            Err(error) => tracing::warn!(
+                lock = self.name.as_str(),
+                %error,
+                "could not hand a shared lock's release to the release thread; its record is judged dead once our descriptors close"
+            ),
+        }
     }
 
     /// Removes our record and, if we were the last holder, the marker; if
     /// not, re-signs the marker with a live holder's record (which also
-    /// wakes the waiters of other processes: a permit is free).
-    fn leave(&self) -> Result<bool> {
+    /// wakes the waiters of other processes: a permit is free). `None` if
+    /// the name's mutation lock stayed taken for `patience`.
+    fn leave(&self, patience: Duration) -> Result<Option<bool>> {
         let ctx = &self.ctx;
-        let mutation = ctx.dir.mutation_lock()?;
+        let Some(mutation) = ctx.dir.lock_within(self.name.file_name(), patience)? else {
+            return Ok(None);
+        };
         failpoint!("group.leave.after_dirlock").context("remove member record", || self.path())?;
         let here = self.still_here()?;
         if here {
@@ -268,7 +349,7 @@ impl Member {
             if scan.live_members().next().is_none() && scan.waiters.is_empty() {
                 remove_members_dir(ctx, &dir_name);
             }
-            return Ok(false);
+            return Ok(Some(false));
         };
         // The marker takes the record of the holder renewed last, whose
         // lease ends last.
@@ -281,20 +362,44 @@ impl Member {
                 remove_marker(ctx, &self.name, &found, mutation)?;
             }
         }
-        Ok(here)
+        Ok(Some(here))
+    }
+}
+
+impl later::Retry for Member {
+    fn retry(&mut self) -> bool {
+        match self.leave(later::PATIENCE) {
+            Ok(None) => false,
+            Ok(Some(_)) => {
+                self.armed = false;
+                true
+            }
+            Err(error) => {
+                self.armed = false;
+                tracing::warn!(
+                    lock = self.name.as_str(),
+                    %error,
+                    "leaving a shared lock failed; the record stays until it is judged stale"
+                );
+                true
+            }
+        }
     }
 }
 
 impl Drop for Member {
     fn drop(&mut self) {
-        if std::mem::take(&mut self.armed)
-            && let Err(error) = self.leave()
-        {
-            tracing::warn!(
+        if !std::mem::take(&mut self.armed) {
+            return;
+        }
+        match self.leave(Duration::ZERO) {
+            Ok(Some(_)) => {}
+            Ok(None) => self.defer(),
+            Err(error) => tracing::warn!(
                 lock = self.name.as_str(),
                 %error,
                 "leaving a shared lock failed; the record stays until it is judged stale"
-            );
+            ),
         }
     }
 }

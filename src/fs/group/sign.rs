@@ -92,7 +92,10 @@ impl Sign {
         // On the watcher thread: never hold up its wake-ups for long. A
         // busy directory means another process is at work; this holder's
         // next renewal re-signs anyway.
-        let Ok(_mutation) = ctx.dir.mutation_lock_within(std::time::Duration::from_millis(20)) else {
+        let Ok(Some(_mutation)) = ctx
+            .dir
+            .lock_within(self.name.file_name(), std::time::Duration::from_millis(20))
+        else {
             return Ok(());
         };
         let Some(dir) = open_members(ctx, &self.name)? else {

@@ -54,7 +54,7 @@ pub(in crate::fs) fn announced(ctx: &Ctx, name: &LockName) -> bool {
 /// Announces an exclusive waiter for `name`; `None` if the directory is
 /// busy (the next attempt tries again).
 pub(in crate::fs) fn announce(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<Announcement>> {
-    let Some(_mutation) = ctx.dir.try_mutation_lock()? else {
+    let Some(_mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
         return Ok(None);
     };
     // One that fails leaves no members directory it made (see `join`).
@@ -99,7 +99,11 @@ impl Drop for Announcement {
         // Waits at most a few milliseconds: this runs on a runtime thread
         // (or the renewal thread). A directory left behind goes with the next leaver, or
         // `clean`.
-        if let Ok(_mutation) = self.ctx.dir.mutation_lock_within(Duration::from_millis(5)) {
+        if let Ok(Some(_mutation)) = self
+            .ctx
+            .dir
+            .lock_within(self.name.file_name(), Duration::from_millis(5))
+        {
             let empty = syscall::list_at(&self.dir).is_ok_and(|names| names.is_empty());
             if empty {
                 remove_members_dir(&self.ctx, &members_dir(self.name.file_name()));

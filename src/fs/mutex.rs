@@ -1,0 +1,256 @@
+//! A name's mutation lock: `flock(LOCK_EX)` on `<lock>.mutex`, a file of
+//! its own beside the lock path.
+//!
+//! Every change to a name that must be one step for every leasehold
+//! process happens under it: removing the lock path (release, reclaim),
+//! joining, leaving and re-signing a shared lock or semaphore, advancing
+//! the fencing counter, sweeping what a crash of that name left. It is
+//! **per name**, so a process frozen while it holds one (Ctrl-Z, a
+//! debugger, SIGSTOP between two syscalls) holds up changes to that one
+//! name, never to another; and nothing that keeps a lock waits for it:
+//! renewals take no lock at all (see `Whole::renew`), and a release that
+//! finds it taken finishes on leasehold's own thread (`fs::later`).
+//!
+//! The file is made mode 0600, so only its owner can open it: read access
+//! to the directory gives no power over it. It is removed by whoever
+//! unlocks it last while the name has no lock path and no members
+//! directory, so a directory of many short-lived names does not fill up
+//! with them; a taker re-checks, once it has the flock, that the path
+//! still names the inode it locked (it may have locked one its previous
+//! holder removed), and starts over if not.
+//!
+//! Threads of one process exclude each other too: each take opens its own
+//! descriptor, and a `flock` belongs to the open file description.
+
+use std::fs::{File, TryLockError};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+use super::dir::LockDir;
+use super::syscall::{self, Errno, Open};
+use crate::error::{Error, Result};
+
+/// How long a caller that may wait (on the blocking pool, never on the
+/// runtime's thread) waits for a name's mutation lock. It is held for a
+/// few syscalls at a time, so only a process frozen inside that window
+/// makes anyone wait this long, and only for that name.
+const PATIENCE: Duration = Duration::from_millis(500);
+
+/// The suffix of a name's mutation-lock file.
+pub(crate) const SUFFIX: &str = ".mutex";
+
+/// The mutation-lock file of the lock file (or directory) `lock`.
+pub(crate) fn file_name(lock: &str) -> String {
+    format!("{lock}{SUFFIX}")
+}
+
+impl LockDir {
+    /// Takes the mutation lock of the lock `lock` (a lock file name),
+    /// waiting up to half a second for it.
+    ///
+    /// Every removal of a lock path by leasehold (release, reclaim) happens
+    /// under it, after checking that the path still names the inode that
+    /// was judged. Creation needs no lock: `O_EXCL` (and a rename that
+    /// replaces nothing) only succeeds on an absent path, so under this
+    /// lock a present path cannot change.
+    pub(crate) fn mutation_lock(&self, lock: &str) -> Result<MutationLock<'_>> {
+        self.mutation_lock_within(lock, PATIENCE)
+    }
+
+    /// As [`mutation_lock`](Self::mutation_lock), but `None` when another
+    /// process kept the lock past the patience (say it is frozen while
+    /// holding it): for callers that can simply come back later.
+    pub(crate) fn try_mutation_lock(&self, lock: &str) -> Result<Option<MutationLock<'_>>> {
+        self.lock_within(lock, PATIENCE)
+    }
+
+    /// As [`mutation_lock`](Self::mutation_lock), but `None` at once when
+    /// another thread or process holds it: for callers that must not wait
+    /// (the runtime's thread, a guard's `Drop`).
+    pub(crate) fn mutation_lock_now(&self, lock: &str) -> Result<Option<MutationLock<'_>>> {
+        self.lock_within(lock, Duration::ZERO)
+    }
+
+    /// As [`mutation_lock`](Self::mutation_lock), waiting at most
+    /// `patience` (for callers with a deadline of their own).
+    pub(crate) fn mutation_lock_within(&self, lock: &str, patience: Duration) -> Result<MutationLock<'_>> {
+        self.lock_within(lock, patience)?.ok_or_else(|| {
+            Error::io(
+                "lock (another process kept it too long)",
+                self.path_of(&file_name(lock)),
+                io::Error::from(io::ErrorKind::TimedOut),
+            )
+        })
+    }
+
+    /// The mutation lock of `lock`, or `None` when the patience (at most
+    /// half a second) ran out first.
+    pub(crate) fn lock_within(&self, lock: &str, patience: Duration) -> Result<Option<MutationLock<'_>>> {
+        let deadline = Instant::now() + patience.min(PATIENCE);
+        let name = file_name(lock);
+        let path = || self.path_of(&name);
+        let mut pause = Duration::from_micros(20);
+        // A lock file removed under us by its last holder is no lock: a
+        // few rounds of open, lock, look suffice (each one that fails saw
+        // somebody finish).
+        let mut rounds = 0;
+        loop {
+            let file = match syscall::open_at(self.fd(), name.as_str(), Open::Mutex) {
+                Ok(file) => file,
+                // Something that is not a regular file sits at the name (a
+                // FIFO is opened without blocking; a symlink never
+                // followed): nobody's lock file, and none can be made.
+                Err(Errno::ELOOP | Errno::EISDIR | Errno::ENXIO) => {
+                    return Err(Error::UnexpectedFile {
+                        name: lock.to_owned(),
+                        path: path(),
+                        found: "something other than a regular file",
+                    });
+                }
+                Err(e) => return Err(Error::io("open mutation lock", path(), e.into())),
+            };
+            let meta = file
+                .metadata()
+                .map_err(|e| Error::io("inspect mutation lock", path(), e))?;
+            if !meta.is_file() {
+                return Err(Error::UnexpectedFile {
+                    name: lock.to_owned(),
+                    path: path(),
+                    found: "something other than a regular file",
+                });
+            }
+            loop {
+                let locked = failpoint!("dirlock.before_flock").map_err(TryLockError::Error);
+                match locked.and_then(|()| file.try_lock()) {
+                    Ok(()) => break,
+                    Err(TryLockError::WouldBlock) => {}
+                    Err(TryLockError::Error(e)) => {
+                        return Err(Error::io("lock mutation lock", path(), e));
+                    }
+                }
+                if Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(2));
+            }
+            // Ours only if the name still names what we locked: the last
+            // holder may have removed it between our open and our lock.
+            let here = syscall::stat_at(self.fd(), &name);
+            if matches!(here, Ok(st) if (st.dev, st.ino) == (meta.dev(), meta.ino())) {
+                return Ok(Some(MutationLock {
+                    dir: self,
+                    lock: lock.to_owned(),
+                    _file: file,
+                }));
+            }
+            rounds += 1;
+            if rounds >= 16 && Instant::now() >= deadline {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// Held while changing a name; dropping it unlocks (and removes the file
+/// if the name is no longer in use).
+#[derive(Debug)]
+pub(crate) struct MutationLock<'a> {
+    dir: &'a LockDir,
+    /// The lock file name whose changes this orders.
+    lock: String,
+    /// Open for as long as we hold the flock on it: closing it unlocks.
+    _file: File,
+}
+
+impl Drop for MutationLock<'_> {
+    fn drop(&mut self) {
+        // Removed while we hold it, so nobody else can be relying on this
+        // inode: a waiter that locks it next finds it gone and starts over.
+        // Kept while the name is in use, where the next change is likely.
+        let absent = |name: &str| matches!(syscall::stat_at(self.dir.fd(), name), Err(Errno::ENOENT));
+        if absent(&self.lock) && absent(&format!("{}.members", self.lock)) {
+            let _ = syscall::unlink_at(self.dir.fd(), file_name(&self.lock).as_str());
+        }
+        // Closing the file releases the flock.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_exclude_each_other_only_by_name() {
+        let root = tempfile::tempdir().unwrap();
+        let a = LockDir::open(root.path(), false).unwrap();
+        let b = LockDir::open(root.path(), false).unwrap();
+        let held = a.mutation_lock("job.lock").unwrap();
+        // Another name is free at once, the same name is not.
+        assert!(b.mutation_lock_now("other.lock").unwrap().is_some());
+        let started = Instant::now();
+        assert!(
+            b.lock_within("job.lock", Duration::from_millis(30))
+                .unwrap()
+                .is_none()
+        );
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        drop(held);
+        assert!(b.mutation_lock_now("job.lock").unwrap().is_some());
+    }
+
+    #[test]
+    fn the_file_goes_when_the_name_is_unused_and_stays_while_it_is_used() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = LockDir::open(root.path(), false).unwrap();
+        drop(dir.mutation_lock("job.lock").unwrap());
+        assert!(!root.path().join("job.lock.mutex").exists());
+        std::fs::write(root.path().join("job.lock"), b"").unwrap();
+        drop(dir.mutation_lock("job.lock").unwrap());
+        assert!(root.path().join("job.lock.mutex").exists());
+    }
+
+    #[test]
+    fn a_lock_file_removed_by_its_last_holder_is_not_held() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = LockDir::open(root.path(), false).unwrap();
+        std::fs::write(root.path().join("job.lock"), b"").unwrap();
+        // A stale descriptor of an inode that is no longer at the name,
+        // flocked: the next taker must not mistake the name for held.
+        let old = root.path().join("job.lock.mutex");
+        std::fs::write(&old, b"").unwrap();
+        let stale = File::open(&old).unwrap();
+        stale.lock().unwrap();
+        std::fs::remove_file(&old).unwrap();
+        let held = dir
+            .mutation_lock_now("job.lock")
+            .unwrap()
+            .expect("the name's lock is free");
+        // And while it is held, a second taker waits.
+        let other = LockDir::open(root.path(), false).unwrap();
+        assert!(other.mutation_lock_now("job.lock").unwrap().is_none());
+        drop(held);
+    }
+
+    #[test]
+    fn something_else_at_the_name_is_an_error_not_a_hang() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = LockDir::open(root.path(), false).unwrap();
+        std::fs::create_dir(root.path().join("job.lock.mutex")).unwrap();
+        nix::unistd::mkfifo(&root.path().join("f.lock.mutex"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(matches!(
+            dir.mutation_lock_now("f.lock"),
+            Err(Error::UnexpectedFile { .. })
+        ));
+        assert!(matches!(
+            dir.mutation_lock_now("job.lock"),
+            Err(Error::UnexpectedFile { .. })
+        ));
+        std::os::unix::fs::symlink("/etc/passwd", root.path().join("x.lock.mutex")).unwrap();
+        assert!(matches!(
+            dir.mutation_lock_now("x.lock"),
+            Err(Error::UnexpectedFile { .. })
+        ));
+    }
+}
