@@ -22,8 +22,12 @@
 //!   take the lock first. It looks at the lock every [`STAND_BACK`]: while
 //!   the lock is taken the line is moving; found free twice in a row, the
 //!   older waiters are not taking it (frozen, say), and it tries all the
-//!   same. So a frozen waiter delays the others by about that much per
-//!   handoff, and never blocks them.
+//!   same. Only the waiters that were in line when it joined count, and
+//!   only for [`CHANCES`] looks at a lock that moved without any of them
+//!   leaving ([`LOOKS`] in all per wait): then they had their chance and
+//!   are passed over (and remembered). So a frozen waiter, or a byte
+//!   anyone who can read the directory holds, costs the others a few
+//!   looks once, and never blocks them.
 //! - **A holder lets waiters in.** Releasing, the holder asks the kernel
 //!   whether anyone stands in the name's region. If someone does and its
 //!   turn has lasted [`TURN`] or [`TURN_ACQUISITIONS`], its next attempt stands in line
