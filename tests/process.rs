@@ -208,3 +208,135 @@ fn a_waiter_in_another_process_wakes_when_the_holder_dies() {
         "woke {latency:?} after the holder died"
     );
 }
+
+/// Parses "waits <ms...> timeouts <k>": (mean wait in ms, timeouts).
+fn parse_waits(line: &str) -> (f64, usize) {
+    let (waits, timeouts) = line
+        .strip_prefix("waits ")
+        .and_then(|rest| rest.split_once("timeouts "))
+        .expect("a waits line");
+    let waits: Vec<f64> = waits.split_whitespace().map(|w| w.parse().unwrap()).collect();
+    let mean = waits.iter().sum::<f64>() / waits.len().max(1) as f64;
+    (mean, timeouts.trim().parse().unwrap())
+}
+
+/// A process takes `job` 8 times with `acquire_timeout(1 s)` while
+/// `frozen` waiters are frozen (SIGSTOP) in line with older tickets than
+/// its own, and `contenders` (child roles) keep taking the lock. Returns
+/// its "waits" line.
+fn waits_behind_frozen_waiters(strategy: leasehold::Strategy, frozen: usize, contenders: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let holder = ChildProc::spawn_with(strategy, "hold", &[d, "job", "60000"]);
+    holder.expect("acquired", Duration::from_secs(20));
+    let frozen: Vec<ChildProc> = (0..frozen)
+        .map(|_| {
+            let child = ChildProc::spawn_with(strategy, "acquire", &[d, "job", "60000", "20"]);
+            child.expect("waiting", Duration::from_secs(20));
+            // In line once its first attempt found the lock held.
+            std::thread::sleep(Duration::from_millis(300));
+            child.signal(Signal::SIGSTOP);
+            child
+        })
+        .collect();
+    let contenders: Vec<ChildProc> = contenders
+        .iter()
+        .map(|role| {
+            let child = ChildProc::spawn_with(strategy, role, &[d, "job"]);
+            child.expect("", Duration::from_secs(20));
+            child
+        })
+        .collect();
+    holder.signal(Signal::SIGKILL);
+    std::thread::sleep(Duration::from_millis(200));
+    let waiter = ChildProc::spawn_with(strategy, "waits", &[d, "job", "8", "1000"]);
+    let line = waiter.expect("waits", Duration::from_secs(30));
+    drop((frozen, contenders));
+    line
+}
+
+/// A waiter frozen in line (SIGSTOP: holding only its ticket) has had its
+/// chance after a few looks at a lock that changes hands without it: the
+/// waiters behind it stop standing back for it, whatever else contends (a
+/// process looping `try_acquire`, which never stands in line, or a
+/// holder taking the lock again in turns), however many are frozen. It
+/// once made a waiter behind it wait 750 ms on average, and 6 of 8
+/// one-second acquisitions time out, against a `try_acquire` loop.
+#[test]
+fn a_frozen_waiter_never_starves_the_line() {
+    use leasehold::Strategy::{Directory, ExclusiveFile};
+    for (strategy, frozen, contenders) in [
+        (ExclusiveFile, 0, &["turns", "try_loop"][..]),
+        (ExclusiveFile, 1, &["try_loop"][..]),
+        (ExclusiveFile, 3, &["try_loop"][..]),
+        (ExclusiveFile, 1, &["turns"][..]),
+        (ExclusiveFile, 2, &["turns", "try_loop"][..]),
+        (Directory, 1, &["try_loop"][..]),
+    ] {
+        let line = waits_behind_frozen_waiters(strategy, frozen, contenders);
+        let (mean, timeouts) = parse_waits(&line);
+        eprintln!("{strategy:?}, {frozen} frozen, {contenders:?}: mean {mean:.1} ms ({line})");
+        assert!(
+            mean < 100.0 && timeouts == 0,
+            "{strategy:?}, {frozen} frozen waiter(s), {contenders:?}: {line}"
+        );
+    }
+}
+
+/// The first byte of the waiting line's region of the lock file `name`
+/// (docs/format.md, *The waiting line*).
+fn line_region(file_name: &str) -> u64 {
+    let hash = file_name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash % (1 << 22)) << 40
+}
+
+/// Anyone who can read (list and search) the lock directory can take OFD
+/// read locks on it, that is stand in the waiting line or post turn
+/// marks, and never leave. Such bytes cost the processes that use the
+/// lock a few looks once, never their turn: here another user (`nobody`,
+/// when the test runs as root) holds the whole byte range, the oldest
+/// possible tickets of `job` and every one of its turn marks while a
+/// holder taking the lock in turns and a waiter keep acquiring it.
+#[test]
+fn read_access_to_the_lock_directory_grants_no_power_over_the_line() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let locks = dir.path().join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    for path in [dir.path(), &locks] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let d = locks.to_str().unwrap();
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("note: not root, so the squatter runs as this user (the same power over the line)");
+    }
+    let uid = if root { "65534" } else { "" };
+    let region = line_region("job.lock");
+    let half: u64 = 1 << 39;
+    let (tickets, marks) = (format!("{},64", region + 1), format!("{},{half}", region + half));
+    let squatter = ChildProc::spawn("squat", &[d, uid, "0,0", &tickets, &marks]);
+    let said = squatter.expect("squatting", Duration::from_secs(20));
+    if root {
+        assert_eq!(said, "squatting uid 65534", "the squatter is another user");
+    }
+    let plain = [(common::PLAIN_ENV, "1")];
+    let file = leasehold::Strategy::ExclusiveFile;
+    // A holder taking the lock in turns, then also a process looping
+    // `try_acquire` (which never stands in line, so never yields to it).
+    let mut contenders = Vec::new();
+    for role in ["turns", "try_loop"] {
+        let child = ChildProc::spawn_env(file, role, &[d, "job"], &plain);
+        child.expect("", Duration::from_secs(20));
+        contenders.push(child);
+        std::thread::sleep(Duration::from_millis(200));
+        let waiter = ChildProc::spawn_env(file, "waits", &[d, "job", "8", "1000"], &plain);
+        let line = waiter.expect("waits", Duration::from_secs(30));
+        let (mean, timeouts) = parse_waits(&line);
+        eprintln!("beside a squatter, up to {role}: mean {mean:.1} ms ({line})");
+        assert!(mean < 100.0 && timeouts == 0, "up to {role}: {line}");
+    }
+    drop((contenders, squatter));
+}

@@ -22,8 +22,12 @@
 //!   take the lock first. It looks at the lock every [`STAND_BACK`]: while
 //!   the lock is taken the line is moving; found free twice in a row, the
 //!   older waiters are not taking it (frozen, say), and it tries all the
-//!   same. So a frozen waiter delays the others by about that much per
-//!   handoff, and never blocks them.
+//!   same. Only the waiters that were in line when it joined count, and
+//!   only for [`CHANCES`] looks at a lock that moved without any of them
+//!   leaving ([`LOOKS`] in all per wait): then they had their chance and
+//!   are passed over (and remembered). So a frozen waiter, or a byte
+//!   anyone who can read the directory holds, costs the others a few
+//!   looks once, and never blocks them.
 //! - **A holder lets waiters in.** Releasing, the holder asks the kernel
 //!   whether anyone stands in the name's region. If someone does and its
 //!   turn has lasted [`TURN`] or [`TURN_ACQUISITIONS`], its next attempt stands in line
@@ -40,7 +44,7 @@
 //! locks) costs fairness, never exclusion. Shared locks and semaphores have
 //! no line; `try_acquire` never stands back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -59,10 +63,42 @@ pub(crate) const TURN: Duration = Duration::from_millis(10);
 /// counts even when some processes get less of the CPU than others.
 pub(crate) const TURN_ACQUISITIONS: u32 = 32;
 
+/// Looks at a lock that moved (changed hands, or was free) while none of
+/// the waiters ahead left the line, after which they have had their
+/// chance: the waiter stops standing back for those still there (frozen,
+/// or bytes that are no waiter's), and remembers them as passed over.
+pub(crate) const CHANCES: u32 = 3;
+
+/// Looks at a lock that moved for which one wait stands back at most,
+/// however the line ahead comes and goes: past them, it tries at every
+/// chance like a waiter at the head of the line.
+pub(crate) const LOOKS: u32 = 10;
+
+/// How long one acquisition leaves the lock to holders' turn marks at
+/// most, whatever marks turn up: about one holder's whole turn.
+pub(crate) const MARKS: Duration = TURN;
+
+/// Tickets a waiter counts ahead of it when it joins the line (found with
+/// at most twice as many looks, plus one); the rest do not hold it up.
+const AHEAD: usize = 32;
+
+/// Byte ranges passed over that a `Locker` remembers, so that a waiter
+/// frozen for good costs each `Locker` its chances once, not at every
+/// acquisition.
+const PASSED: usize = 256;
+
+/// A byte-range lock that another open file description holds on the
+/// directory: `[start, end)`, as the kernel reports it.
+type Span = (u64, u64);
+
 /// The line's state of each name this `Locker` waits for or holds in turn.
 #[derive(Debug, Default)]
 pub(crate) struct Lines {
     places: Mutex<HashMap<Box<str>, Place>>,
+    /// Tickets (any byte ranges in the line's half of a region) that had
+    /// their chance and did not take it: no reason to stand back any more.
+    /// Forgotten when found gone.
+    passed: Mutex<VecDeque<Span>>,
     /// Off where a byte-range lock can be a network round trip (NFS and
     /// the like): the line would cost every release one.
     off: bool,
@@ -80,6 +116,22 @@ struct Place {
     /// The offset of the byte this `Locker` holds while it waits: its
     /// ticket, in the name's region.
     waiting: Option<u64>,
+    /// The tickets that were ahead when it joined (not those passed over
+    /// before), and are still there: only those can hold it up. A legit
+    /// ticket below its own was taken before its own, so bytes that turn
+    /// up later are none.
+    ahead: Vec<Span>,
+    /// Looks at a lock that moved with none of `ahead` leaving, since one
+    /// last left; and looks at a lock that moved, this wait.
+    unmoved: u32,
+    looks: u32,
+    /// What was at the lock path at the last of those looks.
+    last_look: Option<Seen>,
+    /// How long this acquisition has left the lock to turn marks (µs).
+    marks_us: u64,
+    /// A holder whose turn ended keeps off the lock until then (boot-clock
+    /// µs) when it cannot see who waits (see [`Lines::join`]).
+    courtesy_until: Option<u64>,
     /// Standing back for an older waiter until then (boot-clock µs).
     standing_back_until: Option<u64>,
     /// What was at the lock path when standing back last ended.
@@ -133,6 +185,7 @@ impl Lines {
     pub(crate) fn of(dir: &File) -> Self {
         Lines {
             places: Mutex::default(),
+            passed: Mutex::default(),
             off: super::syscall::remote(dir),
         }
     }
@@ -147,23 +200,52 @@ impl Lines {
         if place.waiting.is_some() {
             return;
         }
-        let ticket = region(name) + ticket_now();
+        let start = region(name);
+        let ticket = start + ticket_now();
         // A byte refused is a place in line lost: fairness, not exclusion.
         if failpoint!("line.wait.before_ticket").is_ok() && take_byte(dir, ticket) {
-            place.waiting = Some(ticket);
+            self.join(dir, place, start, ticket);
         }
+    }
+
+    /// `place` now holds `ticket`: counts who is ahead (as far as the
+    /// kernel shows them, and not passed over before). Returns whether the
+    /// line may hide waiters: a range over more than one byte (no ticket
+    /// is) or more byte ranges than a waiter counts.
+    fn join(&self, dir: &File, place: &mut Place, start: u64, ticket: u64) -> bool {
+        place.waiting = Some(ticket);
+        let mut passed = self.passed();
+        let (ahead, all) = tickets(dir, start, ticket, &passed);
+        if all {
+            // Passed-over bytes of this range that are gone are forgotten.
+            passed.retain(|&(s, e)| e <= start || s >= ticket || ahead.seen.contains(&(s, e)));
+        }
+        let hidden = !all
+            || ahead
+                .found
+                .iter()
+                .chain(&ahead.seen)
+                .any(|&(s, e)| e.saturating_sub(s) > 1);
+        place.ahead = ahead.found;
+        place.unmoved = 0;
+        place.looks = 0;
+        place.last_look = None;
+        hidden
     }
 
     /// How long to keep off the lock `name` before trying it: `None` to
     /// try now. `at_path` says what is at the lock path right now (device
     /// and inode), if anything.
     ///
-    /// While an older waiter stands in line, this stands back; every
-    /// [`STAND_BACK`] it looks at the lock path. Another lock than last
-    /// time: the line is moving, keep standing back. The same lock as last
-    /// time (held long, or stale with nobody reclaiming it), or free twice
-    /// a quarter of that apart (the older waiters are not taking it:
-    /// frozen, or gone without leaving): try.
+    /// While an older waiter that was in line when this one joined is
+    /// still there, this stands back; every [`STAND_BACK`] it looks at the
+    /// lock path. Another lock than last time: the line is moving, keep
+    /// standing back. The same lock as last time (held long, or stale with
+    /// nobody reclaiming it), or free twice a quarter of that apart (the
+    /// older waiters are not taking it: frozen, or gone without leaving):
+    /// try. And [`CHANCES`] looks at a lock that moved while none of those
+    /// ahead left, or [`LOOKS`] in all: they had their chance, and this
+    /// one stops standing back for them.
     pub(crate) fn stand_back(
         &self,
         dir: &File,
@@ -182,25 +264,49 @@ impl Lines {
         let start = region(name);
         if std::mem::take(&mut place.rejoin) && place.waiting.is_none() {
             let ticket = start + ticket_now();
-            if take_byte(dir, ticket) {
-                place.waiting = Some(ticket);
+            // A byte range held over the line can hide the waiters this
+            // holder would let in: it keeps off the lock for a moment, so
+            // that they are not left to race a holder already running.
+            if take_byte(dir, ticket) && self.join(dir, place, start, ticket) {
+                place.courtesy_until = Some(now.saturating_add(duration_us(STAND_BACK)));
             }
+        }
+        if let Some(until) = place.courtesy_until {
+            if now < until {
+                return Some(Duration::from_micros(until - now));
+            }
+            place.courtesy_until = None;
         }
         // A holder in the middle of its turn comes back for the lock.
         let marks = start + HALF + units_now();
         // A lock that begins below the marks is none of ours (another
         // program's range): the kernel names its start, not a mark.
-        if let Some(mark) = first_held(dir, marks, start + REGION).filter(|&mark| mark >= marks)
+        // Marks cost each acquisition [`MARKS`] at most, whoever posts them.
+        if place.marks_us < duration_us(MARKS)
+            && let Some(mark) = first_held(dir, marks, start + REGION).filter(|&mark| mark >= marks)
             && place.honoured_mark.replace(mark) != Some(mark)
         {
             let until_us = (mark - start - HALF).saturating_mul(16);
             let left = until_us.saturating_sub(now_us() % (HALF * 16));
-            return Some(Duration::from_micros(left.clamp(16, duration_us(HOLD_ON))));
+            let wait = left.clamp(16, duration_us(HOLD_ON));
+            place.marks_us = place.marks_us.saturating_add(wait);
+            return Some(Duration::from_micros(wait));
         }
-        let ticket = place.waiting?;
+        place.waiting?;
         // A look that fails sees nobody ahead: try, which is harmless.
-        let ahead = failpoint!("line.stand_back.before_look").is_ok() && conflict(dir, start, ticket - start);
-        if !ahead {
+        if failpoint!("line.stand_back.before_look").is_err() {
+            leave_standing_back(place);
+            return None;
+        }
+        let before = place.ahead.len();
+        place.ahead.retain(|&(s, e)| held_span(dir, s, e).is_some());
+        // Someone ahead left (took the lock, or gave up): the line moves,
+        // and those still ahead get their chances afresh.
+        let moved = place.ahead.len() < before;
+        if moved {
+            place.unmoved = 0;
+        }
+        if place.ahead.is_empty() {
             leave_standing_back(place);
             return None;
         }
@@ -214,6 +320,22 @@ impl Lines {
             Some(id) => Seen::Held(id),
             None => Seen::Free,
         };
+        // The lock moved since the last such look (another lock, or free):
+        // a chance those ahead had, unless one of them just left.
+        if place.last_look.replace(seen) != Some(seen) {
+            place.looks = place.looks.saturating_add(1);
+            if !moved {
+                place.unmoved = place.unmoved.saturating_add(1);
+            }
+            if place.unmoved >= CHANCES || place.looks >= LOOKS {
+                if place.unmoved >= CHANCES {
+                    self.pass_over(&place.ahead);
+                }
+                place.ahead.clear();
+                leave_standing_back(place);
+                return None;
+            }
+        }
         let again = match (place.seen.replace(seen), seen) {
             // The line moves: the lock changed hands since the last look.
             (last, Seen::Held(_)) if last != Some(seen) => STAND_BACK,
@@ -244,6 +366,7 @@ impl Lines {
                 place.turn_count = 0;
             }
             leave(dir, place);
+            place.marks_us = 0;
             if let Some(mark) = place.turn_mark.take() {
                 drop_byte(dir, mark);
             }
@@ -259,6 +382,7 @@ impl Lines {
         let mut places = self.places();
         if let Some(place) = places.get_mut(name) {
             leave(dir, place);
+            place.marks_us = 0;
             place.rejoin = false;
             if place.turn_since.is_none() {
                 places.remove(name);
@@ -320,17 +444,33 @@ impl Lines {
             return false;
         };
         match (place.waiting, place.standing_back_until) {
-            (Some(ticket), Some(until)) => {
-                let start = region(name);
-                now_us() < until && conflict(dir, start, ticket - start)
+            (Some(_), Some(until)) => {
+                now_us() < until && place.ahead.iter().any(|&(s, e)| held_span(dir, s, e).is_some())
             }
             _ => false,
+        }
+    }
+
+    /// Remembers `spans` as passed over.
+    fn pass_over(&self, spans: &[Span]) {
+        let mut passed = self.passed();
+        for span in spans {
+            if !passed.contains(span) {
+                if passed.len() >= PASSED {
+                    passed.pop_front();
+                }
+                passed.push_back(*span);
+            }
         }
     }
 
     fn places(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Place>> {
         // Nothing here is left torn by a panic.
         self.places.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn passed(&self) -> std::sync::MutexGuard<'_, VecDeque<Span>> {
+        self.passed.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -358,6 +498,9 @@ fn leave(dir: &File, place: &mut Place) {
     if let Some(ticket) = place.waiting.take() {
         drop_byte(dir, ticket);
     }
+    place.ahead = Vec::new();
+    place.last_look = None;
+    place.courtesy_until = None;
     leave_standing_back(place);
 }
 
@@ -432,9 +575,18 @@ fn conflict(dir: &File, start: u64, len: u64) -> bool {
 
 /// A byte of `dir` in `[start, end)` that another open file description
 /// holds (the kernel reports one), if any.
-#[cfg(target_os = "linux")]
 fn first_held(dir: &File, start: u64, end: u64) -> Option<u64> {
+    held_span(dir, start, end).map(|(s, _)| s)
+}
+
+/// A byte-range lock that another open file description holds on `dir`
+/// overlapping `[start, end)` (the kernel reports one), if any: its span.
+#[cfg(target_os = "linux")]
+fn held_span(dir: &File, start: u64, end: u64) -> Option<Span> {
     use nix::fcntl::{FcntlArg, fcntl};
+    // The top of the byte range a lock can name (`off_t` is signed).
+    const TOP: u64 = i64::MAX as u64;
+    let end = end.min(TOP);
     if end <= start {
         return None;
     }
@@ -443,7 +595,53 @@ fn first_held(dir: &File, start: u64, end: u64) -> Option<u64> {
     if i32::from(lock.l_type) == nix::libc::F_UNLCK {
         return None;
     }
-    u64::try_from(lock.l_start).ok()
+    let s = u64::try_from(lock.l_start).ok()?;
+    // A length of 0 runs to the end of any file.
+    let e = match u64::try_from(lock.l_len).ok()? {
+        0 => TOP,
+        len => s.saturating_add(len).min(TOP),
+    };
+    Some((s, e))
+}
+
+/// What a waiter joining the line finds ahead of it.
+#[derive(Debug, Default)]
+struct Ahead {
+    /// Byte ranges others hold, not passed over: at most [`AHEAD`].
+    found: Vec<Span>,
+    /// Byte ranges passed over before that are still there.
+    seen: Vec<Span>,
+}
+
+/// The byte ranges others hold in `[start, end)`, the kernel reporting one
+/// per look, split around each: at most [`AHEAD`] not in `passed`, with at
+/// most `2 * AHEAD + 1` looks. And whether that was all of them (a range
+/// held over others hides them: a place in line lost, at worst).
+fn tickets(dir: &File, start: u64, end: u64, passed: &VecDeque<Span>) -> (Ahead, bool) {
+    let mut ahead = Ahead::default();
+    let mut todo = vec![(start, end)];
+    let mut looks = 0;
+    while let Some((lo, hi)) = todo.pop() {
+        if looks > 2 * AHEAD || ahead.found.len() >= AHEAD {
+            return (ahead, false);
+        }
+        looks += 1;
+        let Some(span) = held_span(dir, lo, hi) else {
+            continue;
+        };
+        if passed.contains(&span) {
+            ahead.seen.push(span);
+        } else if !ahead.found.contains(&span) {
+            ahead.found.push(span);
+        }
+        if span.0 > lo {
+            todo.push((lo, span.0));
+        }
+        if span.1 < hi {
+            todo.push((span.1, hi));
+        }
+    }
+    (ahead, true)
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -455,7 +653,7 @@ fn take_byte(_dir: &File, _at: u64) -> bool {
 fn drop_byte(_dir: &File, _at: u64) {}
 
 #[cfg(not(target_os = "linux"))]
-fn first_held(_dir: &File, _start: u64, _end: u64) -> Option<u64> {
+fn held_span(_dir: &File, _start: u64, _end: u64) -> Option<Span> {
     None
 }
 
@@ -519,37 +717,103 @@ mod tests {
         frozen.wait_on(&a, "x.lock");
         std::thread::sleep(Duration::from_millis(1));
         other.wait_on(&b, "x.lock");
-        let lock = |ino| move || Some((1, ino));
-        assert!(other.stand_back(&b, "x.lock", lock(1)).is_some());
-        // A new lock at each look: the line moves.
-        for ino in 2..5 {
-            std::thread::sleep(STAND_BACK + Duration::from_millis(1));
-            assert_eq!(other.stand_back(&b, "x.lock", lock(ino)), Some(STAND_BACK));
-        }
-        // The same lock for a whole period (a stale one that only an
-        // attempt would reclaim, with the older waiter frozen): try.
-        std::thread::sleep(STAND_BACK + Duration::from_millis(1));
-        assert_eq!(
-            other.stand_back(&b, "x.lock", lock(4)),
-            None,
-            "a stale lock must be tried"
-        );
         // Free once: maybe a handoff in flight; look again soon.
         assert!(other.stand_back(&b, "x.lock", || None).is_some());
         std::thread::sleep(STAND_BACK + Duration::from_millis(1));
         assert_eq!(other.stand_back(&b, "x.lock", || None), Some(STAND_BACK / 4));
-        // Taken again by another lock: it was a handoff.
-        std::thread::sleep(STAND_BACK / 4 + Duration::from_millis(1));
-        assert_eq!(other.stand_back(&b, "x.lock", lock(9)), Some(STAND_BACK));
         // Free twice in a row: the older waiter is not taking it.
-        std::thread::sleep(STAND_BACK + Duration::from_millis(1));
-        assert!(other.stand_back(&b, "x.lock", || None).is_some());
         std::thread::sleep(STAND_BACK / 4 + Duration::from_millis(1));
         assert_eq!(
             other.stand_back(&b, "x.lock", || None),
             None,
             "a frozen older waiter cannot keep the others off"
         );
+        // Woken again, it stands back again; a new lock at each look is a
+        // line that moves, but not through the frozen waiter: after
+        // CHANCES looks at a lock that moved, it had its chance.
+        let lock = |ino| move || Some((1, ino));
+        assert!(other.stand_back(&b, "x.lock", lock(1)).is_some());
+        std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+        assert_eq!(other.stand_back(&b, "x.lock", lock(2)), Some(STAND_BACK));
+        std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+        assert_eq!(
+            other.stand_back(&b, "x.lock", lock(3)),
+            None,
+            "a frozen waiter kept the line off for good (or a looper's new locks did)"
+        );
+        // Passed over for good: the next wait does not stand back for it.
+        other.stopped_waiting(&b, "x.lock");
+        other.wait_on(&b, "x.lock");
+        assert_eq!(other.stand_back(&b, "x.lock", lock(4)), None);
+        assert!(!other.behind(&b, "x.lock"));
+        other.stopped_waiting(&b, "x.lock");
+        // Another Locker has not passed it over yet.
+        let third = Lines::default();
+        let c = dir.open();
+        third.wait_on(&c, "x.lock");
+        assert!(third.stand_back(&c, "x.lock", lock(4)).is_some());
+    }
+
+    #[test]
+    fn a_waiter_stands_back_for_those_ahead_when_it_joined_and_afresh_when_one_leaves() {
+        let dir = Dir::new();
+        let (a, b, w, late) = (dir.open(), dir.open(), dir.open(), dir.open());
+        let (first, second, waiter) = (Lines::default(), Lines::default(), Lines::default());
+        first.wait_on(&a, "x.lock");
+        std::thread::sleep(Duration::from_millis(1));
+        second.wait_on(&b, "x.lock");
+        std::thread::sleep(Duration::from_millis(1));
+        waiter.wait_on(&w, "x.lock");
+        // A byte that turns up below its ticket after it joined (anyone who
+        // can read the directory may take one) is no waiter ahead of it.
+        let planted = region("x.lock") + 1;
+        assert!(take_byte(&late, planted));
+        let lock = |ino| move || Some((1, ino));
+        assert!(waiter.stand_back(&w, "x.lock", lock(1)).is_some());
+        std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+        assert_eq!(waiter.stand_back(&w, "x.lock", lock(2)), Some(STAND_BACK));
+        std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+        // The first one takes the lock: the line moves, the second one
+        // gets its chances afresh.
+        first.acquired(&a, "x.lock");
+        for ino in 3..5 {
+            assert_eq!(
+                waiter.stand_back(&w, "x.lock", lock(ino)),
+                Some(STAND_BACK),
+                "{ino}"
+            );
+            std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+        }
+        second.acquired(&b, "x.lock");
+        assert_eq!(
+            waiter.stand_back(&w, "x.lock", lock(5)),
+            None,
+            "the planted byte holds it up"
+        );
+        waiter.stopped_waiting(&w, "x.lock");
+        drop_byte(&late, planted);
+    }
+
+    #[test]
+    fn turn_marks_cost_an_acquisition_a_turn_at_most() {
+        let dir = Dir::new();
+        let (w, squat) = (dir.open(), dir.open());
+        let waiter = Lines::default();
+        waiter.wait_on(&w, "x.lock");
+        // Marks that keep changing, for times still to come.
+        let marks = region("x.lock") + HALF;
+        let mut waited = Duration::ZERO;
+        for i in 0..1_000 {
+            let mark = marks + units_now() + 1_000 + i;
+            assert!(take_byte(&squat, mark));
+            match waiter.stand_back(&w, "x.lock", || None) {
+                Some(back) => waited += back,
+                None => break,
+            }
+            drop_byte(&squat, mark);
+        }
+        assert!(waited <= MARKS + HOLD_ON, "{waited:?}");
+        waiter.stopped_waiting(&w, "x.lock");
     }
 
     #[test]

@@ -214,6 +214,85 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
             drop(g);
             0
         }
+        // dir name n timeout_ms: n acquisitions bounded by timeout_ms,
+        // each held 2 ms; says "waits <ms...> timeouts <k>".
+        "waits" => {
+            let l = locker(&args[0], 10_000, 10);
+            let n: u32 = args[2].parse().unwrap();
+            let timeout = Duration::from_millis(args[3].parse().unwrap());
+            say("waiting");
+            let (mut waits, mut timeouts) = (Vec::new(), 0);
+            for _ in 0..n {
+                let t0 = Instant::now();
+                match l.acquire_timeout(&args[1], timeout).await {
+                    Ok(g) => {
+                        waits.push(t0.elapsed().as_millis().to_string());
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        drop(g);
+                    }
+                    Err(leasehold::Error::Timeout { .. }) => timeouts += 1,
+                    Err(e) => panic!("acquire: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            say(&format!("waits {} timeouts {timeouts}", waits.join(" ")));
+            0
+        }
+        // dir name: loop `try_acquire` (which never stands in line) until
+        // killed, holding the lock 2 ms whenever it gets it.
+        "try_loop" => {
+            let l = locker(&args[0], 10_000, 10);
+            say("trying");
+            loop {
+                if let Some(g) = l.try_acquire(&args[1]).await.expect("try_acquire") {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    drop(g);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        // dir name: take and drop the lock in a loop until killed (a
+        // holder taking it again within its turns), holding it 1 ms.
+        "turns" => {
+            let l = locker(&args[0], 10_000, 10);
+            say("looping");
+            loop {
+                let g = l.acquire(&args[1]).await.expect("acquire");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                drop(g);
+            }
+        }
+        // dir uid start,len...: become `uid` (if not empty) before opening
+        // anything, open the lock directory read-only and hold an OFD read
+        // lock on each range (len 0: to the end), each through its own
+        // open file description, until killed.
+        "squat" => {
+            use nix::fcntl::{FcntlArg, fcntl};
+            if !args[1].is_empty() {
+                let id: u32 = args[1].parse().unwrap();
+                nix::unistd::setgroups(&[]).expect("setgroups");
+                nix::unistd::setgid(nix::unistd::Gid::from_raw(id)).expect("setgid");
+                nix::unistd::setuid(nix::unistd::Uid::from_raw(id)).expect("setuid");
+            }
+            let mut held = Vec::new();
+            for spec in &args[2..] {
+                let (start, len) = spec.split_once(',').expect("start,len");
+                let fd = std::fs::File::open(&args[0]).expect("open the lock directory");
+                let lock = nix::libc::flock {
+                    l_type: nix::libc::F_RDLCK as i16,
+                    l_whence: nix::libc::SEEK_SET as i16,
+                    l_start: start.parse().unwrap(),
+                    l_len: len.parse().unwrap(),
+                    l_pid: 0,
+                };
+                fcntl(&fd, FcntlArg::F_OFD_SETLK(&lock)).expect("read lock");
+                held.push(fd);
+            }
+            say(&format!("squatting uid {}", nix::unistd::geteuid()));
+            tokio::time::sleep(CHILD_TTL).await;
+            drop(held);
+            0
+        }
         other => {
             eprintln!("unknown role {other}");
             2
