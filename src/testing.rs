@@ -139,8 +139,7 @@ fn locker() -> &'static Locker {
         let (dir, per_user) = directory();
         let cannot = |e: Error| -> ! { panic!("leasehold::testing: cannot use {}: {e}", dir.display()) };
         if per_user {
-            let opened = crate::fs::LockDir::open(&dir, false).unwrap_or_else(|e| cannot(e));
-            crate::fs::check_private(&opened).unwrap_or_else(|e| cannot(e));
+            crate::fs::open_per_user("leasehold-serial", false, true).unwrap_or_else(|e| cannot(e));
         }
         Locker::new(&dir).unwrap_or_else(|e| cannot(e))
     })
