@@ -500,3 +500,60 @@ fn a_process_with_another_view_of_the_mounts_never_splits_the_default() {
         }
     });
 }
+
+/// The command-line tool keeps the library's rule: where the default
+/// cannot be shared with the rest of the host (here, a fresh `/run` in a
+/// mount namespace of its own, with no `/run/lock`), `run` refuses without
+/// running the command, and says to give `--dir`; with `--dir` it runs.
+#[cfg(feature = "cli")]
+#[test]
+fn the_cli_refuses_a_default_it_cannot_share_and_names_dir() {
+    let probe = Command::new("unshare")
+        .args(["-m", "mount", "-t", "tmpfs", "tmpfs", "/mnt"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: cannot make a mount namespace here");
+        return;
+    }
+    let envs = Envs::new();
+    let ran = envs.path("ran");
+    let in_namespace = |args: &[&std::ffi::OsStr]| {
+        Command::new("unshare")
+            .args(["-m", "sh", "-c"])
+            .arg("set -e; mount -t tmpfs -o mode=0755 tmpfs /run; exec \"$@\"")
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_leasehold"))
+            .args(args)
+            .env_remove("LEASEHOLD_DIR")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let name = unique_name("cli-refused");
+    let (name, touch) = (std::ffi::OsStr::new(&name), std::ffi::OsStr::new("touch"));
+    for args in [
+        vec![std::ffi::OsStr::new("run"), name, touch, ran.as_os_str()],
+        vec![std::ffi::OsStr::new("holder"), name],
+    ] {
+        let out = in_namespace(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(
+            stderr.contains("no default lock directory") && stderr.contains("--dir"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!ran.exists(), "{args:?}: the command ran");
+    }
+    let dir = envs.path("cwd");
+    let out = in_namespace(&[
+        std::ffi::OsStr::new("run"),
+        std::ffi::OsStr::new("--dir"),
+        dir.as_os_str(),
+        name,
+        touch,
+        ran.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(ran.exists());
+}
