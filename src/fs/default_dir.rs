@@ -286,7 +286,7 @@ pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
     if meta.uid() != super::syscall::euid() {
         return Err(Error::InsecureDirectory {
             path: dir.path().to_owned(),
-            reason: "the default lock directory belongs to another user",
+            reason: "the default lock directory belongs to another user; remove it, or choose another with `.directory(...)`",
         });
     }
     // In a shared root, anyone may plant a symlink at our name, pointing at
@@ -297,13 +297,13 @@ pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
     if !itself {
         return Err(Error::InsecureDirectory {
             path: dir.configured().to_owned(),
-            reason: "the default lock directory is a symlink, or was replaced while it was opened",
+            reason: "the default lock directory is a symlink, or was replaced while it was opened; remove it, or choose another with `.directory(...)`",
         });
     }
     if meta.mode() & 0o077 != 0 {
         return Err(Error::InsecureDirectory {
             path: dir.path().to_owned(),
-            reason: "the default lock directory is open to other users (expected mode 0700)",
+            reason: "the default lock directory is open to other users (expected mode 0700); remove it, or choose another with `.directory(...)`",
         });
     }
     if super::syscall::read_only(dir.fd()) {
@@ -368,8 +368,8 @@ mod tests {
 
     /// The split of issue 28: a process that started while the root was in
     /// one state and one that started after it changed must open one
-    /// directory, or one of them must refuse. With "the root if shared,
-    /// else a fallback" the first pair (root's, then shared) already split.
+    /// directory, or one of them must refuse. With the old rule ("the root
+    /// if shared, else a fallback") the pair (shared, then root's) split.
     #[test]
     fn two_processes_never_open_two_default_directories_whatever_changed_between_their_starts() {
         for first in STATES {
