@@ -236,8 +236,8 @@ fn seen(table: &str, path: &Path) -> Option<Seen> {
     for _ in 0..entries.len() {
         let below = entries
             .iter()
-            .filter(|e| e.parent == current.id && path.starts_with(&e.at))
-            .last();
+            .rev()
+            .find(|e| e.parent == current.id && path.starts_with(&e.at));
         match below {
             Some(next) => current = next,
             None => break,
