@@ -36,7 +36,7 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`directory`](Self::directory) | `/run/lock/leasehold-<uid>`, else `/tmp/leasehold-<uid>` (never from the environment) |
+/// | [`directory`](Self::directory) | `/run/lock/leasehold-<uid>` on Linux, `/tmp/leasehold-<uid>` elsewhere, or [`Error::NoDefaultDirectory`] (never from the environment) |
 /// | [`lease`](Self::lease) | 30 s |
 /// | [`renew_interval`](Self::renew_interval) | a third of the lease |
 /// | [`poll_interval`](Self::poll_interval) | 50 ms |
@@ -127,28 +127,48 @@ impl LockerBuilder {
     ///
     /// # The default
     ///
-    /// Without this setting the directory depends only on the effective
-    /// uid and the host, never on environment variables, so that every
+    /// Without this setting the directory is one fixed place per user and
+    /// platform, never taken from environment variables, so that every
     /// process of one user (a cron job, a systemd unit, `sudo -u`, ssh, a
     /// login shell with any `XDG_RUNTIME_DIR`, `TMPDIR` or `HOME`) meets in
     /// the same one:
     ///
-    /// - `/run/lock/leasehold-<uid>` when `/run/lock` is a directory owned
-    ///   by root, world-writable and sticky (Debian, Ubuntu: a tmpfs emptied
-    ///   at boot). `/var/lock` is not consulted; where it exists it is
-    ///   usually a link to `/run/lock`.
-    /// - otherwise `/tmp/leasehold-<uid>`: the literal `/tmp`, never
-    ///   `$TMPDIR`.
+    /// - on Linux, `/run/lock/leasehold-<uid>` (a tmpfs emptied at boot on
+    ///   most distributions, and never private to a systemd unit as `/tmp`
+    ///   is under `PrivateTmp=`);
+    /// - elsewhere (macOS, the BSDs), `/tmp/leasehold-<uid>`: the literal
+    ///   `/tmp`, never `$TMPDIR`.
     ///
-    /// [`build`](Self::build) refuses the default directory
-    /// ([`Error::InsecureDirectory`]) unless it belongs to the user and is
-    /// closed to others (mode 0700), and fails if it is on a read-only
-    /// mount. Known limits: a systemd unit with `PrivateTmp=` has a `/tmp`
-    /// of its own, so on a host without a shared `/run/lock` it does not
-    /// meet other processes; under `ProtectSystem=strict`, `/run/lock` is
-    /// read-only and `build` fails rather than locking nothing (give such a
-    /// unit an explicit, writable directory). Processes of different users
-    /// never share the default; give them an explicit directory.
+    /// There is no fallback to another place. A default chosen by what a
+    /// process finds when it starts would send two processes to two
+    /// directories when that changed between their starts (a `chmod` of
+    /// `/run/lock`, a mount, a package creating it), and both would hold
+    /// the same lock. So where that place cannot be used,
+    /// [`build`](Self::build) fails with [`Error::NoDefaultDirectory`],
+    /// whose message names this setting:
+    ///
+    /// - its parent is missing, not root's, or writable by others without
+    ///   the sticky bit;
+    /// - the user may not create it: on Fedora and Arch, `/run/lock` is
+    ///   root's alone (mode 0755). Root may create it for the user (a
+    ///   `tmpfiles.d` line `d /run/lock/leasehold-1000 0700 alice - -`),
+    ///   or the service gives a directory;
+    /// - on Linux, the process may see another directory at that path than
+    ///   the rest of the host: the mount holding `/run/lock` is not the one
+    ///   the host's init (pid 1) sees there, as in a mount namespace with a
+    ///   `/run` or `/run/lock` of its own (`TemporaryFileSystem=`,
+    ///   `BindPaths=`, a sandbox). A unit whose namespace shares the host's
+    ///   `/run/lock` (`PrivateTmp=`, `ProtectHome=`) passes. Where pid 1's
+    ///   mount table cannot be read (`hidepid`), a bind mount of another
+    ///   directory there is refused.
+    ///
+    /// It is also refused ([`Error::InsecureDirectory`]) unless it belongs
+    /// to the user and is closed to others (mode 0700), and fails if it is
+    /// on a read-only mount (`ProtectSystem=strict`). Processes of
+    /// different users never share the default; give them an explicit
+    /// directory. Containers are hosts of their own here: processes in two
+    /// containers, or in a container and on its host, do not meet in the
+    /// default.
     ///
     /// # Examples
     ///

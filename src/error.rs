@@ -86,6 +86,31 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// No directory was given, and the per-user default
+    /// (`/run/lock/leasehold-<uid>` on Linux, `/tmp/leasehold-<uid>`
+    /// elsewhere) cannot be used here: its parent is missing or unsafe,
+    /// this user may not create it, or this process may see another
+    /// directory at its path than other processes of the user do (a mount
+    /// namespace with a mount of its own there). The default is never
+    /// replaced by another place, which some other process might not
+    /// choose: give a directory with
+    /// [`LockerBuilder::directory`](crate::LockerBuilder::directory)
+    /// (`--dir` or `LEASEHOLD_DIR` for the `leasehold` command).
+    #[error(
+        "no default lock directory {path}: {reason}; choose one with `.directory(...)` \
+         (`--dir` or `LEASEHOLD_DIR` for the leasehold command)"
+    )]
+    #[non_exhaustive]
+    NoDefaultDirectory {
+        /// The default directory that was refused.
+        path: PathBuf,
+        /// Why it cannot be used.
+        reason: &'static str,
+        /// The failure behind it, if one.
+        #[source]
+        source: Option<io::Error>,
+    },
+
     /// Something that is not a lock file occupies a lock's path (a
     /// directory, a symlink, a FIFO, a socket), or a file (for the
     /// directory strategy, a directory) whose content no lock writer

@@ -11,6 +11,7 @@
 //! reading and cleaning the directory.
 
 mod context;
+mod default_dir;
 mod dir;
 mod directory;
 mod fence;
@@ -38,7 +39,8 @@ use crate::stale::{self, Verdict};
 use crate::stats::Counters;
 
 use context::Ctx;
-pub(crate) use dir::{LockDir, check_private, per_user_directory};
+pub(crate) use default_dir::{open_per_user, per_user_directory};
+pub(crate) use dir::LockDir;
 use found::Found;
 use group::Joined;
 pub use layout::Strategy;
@@ -131,11 +133,7 @@ impl Fs {
         let (allow_insecure, create) = (settings.allow_insecure, settings.create);
         let dir = match &settings.directory {
             Some(path) => LockDir::open_with(path, allow_insecure, create)?,
-            None => {
-                let dir = LockDir::open_with(&dir::default_directory(), allow_insecure, create)?;
-                check_private(&dir)?;
-                dir
-            }
+            None => open_per_user("leasehold", allow_insecure, create)?,
         };
         dir.check_usable(settings.read_only)?;
         let lines = line::Lines::of(dir.fd());

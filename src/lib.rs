@@ -116,17 +116,19 @@
 //!   is created 0700.
 //! - The default directory (no [`LockerBuilder::directory`]) is per user
 //!   and per host and ignores the environment: `/run/lock/leasehold-<uid>`
-//!   where `/run/lock` is a root-owned, world-writable, sticky directory
-//!   (Debian, Ubuntu), else `/tmp/leasehold-<uid>` (the literal `/tmp`,
-//!   never `$TMPDIR` or `$XDG_RUNTIME_DIR`), for the effective uid. So a
-//!   cron job, a systemd unit, an ssh session and a login shell of one user
-//!   all take their locks in one place. `build()` refuses it unless it is
-//!   owned by the user and closed to others (0700), and fails on a
-//!   read-only mount. Limits: a systemd unit with `PrivateTmp=` sees a
-//!   `/tmp` of its own (one reason `/run/lock` comes first), and one under
-//!   `ProtectSystem=strict` cannot write `/run/lock`; give such units an
-//!   explicit directory.
+//!   on Linux, `/tmp/leasehold-<uid>` elsewhere (the literal `/tmp`, never
+//!   `$TMPDIR` or `$XDG_RUNTIME_DIR`), for the effective uid. So a cron
+//!   job, a systemd unit, an ssh session and a login shell of one user all
+//!   take their locks in one place. That place is fixed, with no fallback:
+//!   where it cannot be used (no `/run/lock`, one this user may not write
+//!   in, or a `/run/lock` of the process's own mount namespace that the
+//!   host's init does not see) `build()` fails with
+//!   [`Error::NoDefaultDirectory`] instead of choosing a place another
+//!   process might not choose. It is refused unless owned by the user and
+//!   closed to others (0700), and fails on a read-only mount
+//!   (`ProtectSystem=strict`); give such processes an explicit directory.
 //!
+
 //! # Which lock do you need?
 //!
 //! | you need | use | holders at once |

@@ -41,9 +41,11 @@
 //!    archive (`<dir>/target/...`).
 //! 3. Else, for an executable outside a target directory, such as a
 //!    doctest that rustdoc built in a temporary directory, the per-user
-//!    `leasehold-serial-<uid>` under `/run/lock` or `/tmp`, chosen as the
-//!    [default lock directory](crate::LockerBuilder::directory) is, which
-//!    must belong to the user and be closed to others. Such processes meet
+//!    `leasehold-serial-<uid>` in the place of the
+//!    [default lock directory](crate::LockerBuilder::directory)
+//!    (`/run/lock` on Linux, `/tmp` elsewhere), under its rules: it must
+//!    belong to the user and be closed to others, and where that place
+//!    cannot be used the test panics, naming `LEASEHOLD_SERIAL_DIR`. Such processes meet
 //!    each other there, not the tests in the target directory: to put them
 //!    all in one place, set `LEASEHOLD_SERIAL_DIR`.
 //!
@@ -137,10 +139,14 @@ fn locker() -> &'static Locker {
     static LOCKER: OnceLock<Locker> = OnceLock::new();
     LOCKER.get_or_init(|| {
         let (dir, per_user) = directory();
-        let cannot = |e: Error| -> ! { panic!("leasehold::testing: cannot use {}: {e}", dir.display()) };
+        let cannot = |e: Error| -> ! {
+            panic!(
+                "leasehold::testing: cannot use {}: {e} (or set LEASEHOLD_SERIAL_DIR)",
+                dir.display()
+            )
+        };
         if per_user {
-            let opened = crate::fs::LockDir::open(&dir, false).unwrap_or_else(|e| cannot(e));
-            crate::fs::check_private(&opened).unwrap_or_else(|e| cannot(e));
+            crate::fs::open_per_user("leasehold-serial", false, true).unwrap_or_else(|e| cannot(e));
         }
         Locker::new(&dir).unwrap_or_else(|e| cannot(e))
     })

@@ -3,10 +3,12 @@
 //! user started with different environments and working directories meet
 //! in it, and exclude each other there.
 //!
-//! The tests use the real default directory (`/run/lock/leasehold-<uid>` or
-//! `/tmp/leasehold-<uid>`), with lock names unique to the run; they take
-//! turns through `leasehold::testing`, and remove the directory afterwards
-//! only if it did not exist before and is empty.
+//! The tests use the real default directory (`/run/lock/leasehold-<uid>` on
+//! Linux, `/tmp/leasehold-<uid>` elsewhere), with lock names unique to the
+//! run; they take turns through `leasehold::testing`, and remove the
+//! directory afterwards only if it did not exist before and is empty. Other
+//! views of the mounts are made in the children's own mount namespaces:
+//! the host's `/run/lock` and `/tmp` are never changed.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -195,13 +197,14 @@ impl Envs {
 
 const ENVIRONMENTS: usize = 7;
 
-/// The directory the documented rule names for this user.
+/// The directory the documented rule names for this user: one fixed place
+/// per platform, whatever the host looks like.
 fn expected_directory() -> PathBuf {
-    let shared = std::fs::metadata("/run/lock").is_ok_and(|m| {
-        use std::os::unix::fs::MetadataExt;
-        m.is_dir() && m.uid() == 0 && m.mode() & 0o1002 == 0o1002
-    });
-    let root = if shared { "/run/lock" } else { "/tmp" };
+    let root = if cfg!(target_os = "linux") {
+        "/run/lock"
+    } else {
+        "/tmp"
+    };
     Path::new(root)
         .canonicalize()
         .unwrap()
@@ -400,4 +403,157 @@ fn a_read_only_default_directory_fails_at_build() {
         );
         kid.finish();
     });
+}
+
+/// A process whose view of the mounts differs from the host's (its own
+/// mount namespace, as a systemd unit's `PrivateTmp=`,
+/// `TemporaryFileSystem=` or `BindPaths=`, a sandbox's fresh `/run`, or
+/// `/run/lock` changed between two starts) never holds a lock by default
+/// while a process with the host's view holds it too: it meets the other
+/// in the same directory, or `build()` refuses and names the setting to
+/// give. The host's `/run/lock` and `/tmp` are never touched: each
+/// variation is a mount in the child's private namespace.
+#[test]
+fn a_process_with_another_view_of_the_mounts_never_splits_the_default() {
+    let probe = Command::new("unshare")
+        .args(["-m", "mount", "-t", "tmpfs", "tmpfs", "/mnt"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: cannot make a mount namespace here");
+        return;
+    }
+    let expected = expected_directory();
+    with_default_dir(&expected, || {
+        let envs = Envs::new();
+        use std::os::unix::fs::PermissionsExt;
+        let plain = envs.path("plain");
+        std::fs::create_dir(&plain).unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let sticky = envs.path("sticky");
+        std::fs::create_dir(&sticky).unwrap();
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let setups = [
+            // `/run/lock` was 0755 when this process started.
+            ("/run/lock not shared", "mount --bind \"$PLAIN\" /run/lock"),
+            // No `/run/lock` at all (a fresh `/run`).
+            ("no /run/lock", "mount -t tmpfs -o mode=0755 tmpfs /run"),
+            // A `/run/lock` of its own that looks shared.
+            (
+                "a private /run/lock",
+                "mount -t tmpfs -o mode=1777 tmpfs /run/lock",
+            ),
+            // systemd's PrivateTmp=.
+            ("a private /tmp", "mount --bind \"$STICKY\" /tmp"),
+        ];
+        for (what, setup) in setups {
+            let name = unique_name("view");
+            let in_namespace = |role: &str| {
+                let (_, child) = envs.command(0, role, &name);
+                let mut command = Command::new("unshare");
+                command
+                    .args(["-m", "sh", "-c"])
+                    .arg(format!("set -e; {setup}; exec \"$@\""))
+                    .arg("sh")
+                    .arg(child.get_program())
+                    .args(child.get_args())
+                    .envs(child.get_envs().filter_map(|(k, v)| Some((k, v?))))
+                    .env("PLAIN", &plain)
+                    .env("STICKY", &sticky);
+                Kid::spawn(command)
+            };
+            let refused = |said: &str| said.starts_with("error ") && said.contains(".directory(");
+            // It holds first, then a process with the host's view tries.
+            let holder = in_namespace("hold");
+            let said = holder.say();
+            eprintln!("{what}: {said}");
+            if said.starts_with("held ") {
+                let (_, command) = envs.command(0, "try", &name);
+                let kid = Kid::spawn(command);
+                assert_eq!(
+                    kid.say(),
+                    "busy",
+                    "{what}: held there as {said:?}, free on the host"
+                );
+                kid.finish();
+            } else {
+                assert!(refused(&said), "{what}: {said}");
+            }
+            drop(holder);
+            // The other way round.
+            let (_, command) = envs.command(0, "hold", &name);
+            let holder = Kid::spawn(command);
+            let held = holder.say();
+            assert!(held.starts_with("held "), "{what}: {held}");
+            let kid = in_namespace("try");
+            let said = kid.say();
+            assert!(
+                said == "busy" || refused(&said),
+                "{what}: held on the host, then {said:?}"
+            );
+            kid.finish();
+            drop(holder);
+            let (_, command) = envs.command(0, "try", &name);
+            let kid = Kid::spawn(command);
+            assert_eq!(kid.say(), "free", "{what}: after the holder died");
+            kid.finish();
+        }
+    });
+}
+
+/// The command-line tool keeps the library's rule: where the default
+/// cannot be shared with the rest of the host (here, a fresh `/run` in a
+/// mount namespace of its own, with no `/run/lock`), `run` refuses without
+/// running the command, and says to give `--dir`; with `--dir` it runs.
+#[cfg(feature = "cli")]
+#[test]
+fn the_cli_refuses_a_default_it_cannot_share_and_names_dir() {
+    let probe = Command::new("unshare")
+        .args(["-m", "mount", "-t", "tmpfs", "tmpfs", "/mnt"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: cannot make a mount namespace here");
+        return;
+    }
+    let envs = Envs::new();
+    let ran = envs.path("ran");
+    let in_namespace = |args: &[&std::ffi::OsStr]| {
+        Command::new("unshare")
+            .args(["-m", "sh", "-c"])
+            .arg("set -e; mount -t tmpfs -o mode=0755 tmpfs /run; exec \"$@\"")
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_leasehold"))
+            .args(args)
+            .env_remove("LEASEHOLD_DIR")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let name = unique_name("cli-refused");
+    let (name, touch) = (std::ffi::OsStr::new(&name), std::ffi::OsStr::new("touch"));
+    for args in [
+        vec![std::ffi::OsStr::new("run"), name, touch, ran.as_os_str()],
+        vec![std::ffi::OsStr::new("holder"), name],
+    ] {
+        let out = in_namespace(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(
+            stderr.contains("no default lock directory") && stderr.contains("--dir"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!ran.exists(), "{args:?}: the command ran");
+    }
+    let dir = envs.path("cwd");
+    let out = in_namespace(&[
+        std::ffi::OsStr::new("run"),
+        std::ffi::OsStr::new("--dir"),
+        dir.as_os_str(),
+        name,
+        touch,
+        ran.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(ran.exists());
 }

@@ -146,11 +146,14 @@
 //!
 //! The directory is `--dir`, else `$LEASEHOLD_DIR` (an explicit choice,
 //! like `--dir`), else the library's per-user default,
-//! `/run/lock/leasehold-<uid>` where `/run/lock` is a shared sticky
-//! directory, else `/tmp/leasehold-<uid>`. The default depends on the user
-//! and the host only, never on other environment variables (`TMPDIR`,
-//! `XDG_RUNTIME_DIR`, `HOME`), so cron, systemd units, `sudo -u`, ssh and
-//! login shells of one user agree on it.
+//! `/run/lock/leasehold-<uid>` on Linux, `/tmp/leasehold-<uid>` elsewhere.
+//! The default depends on the user and the host only, never on other
+//! environment variables (`TMPDIR`, `XDG_RUNTIME_DIR`, `HOME`), so cron,
+//! systemd units, `sudo -u`, ssh and login shells of one user agree on it.
+//! It has no fallback: where it cannot be used (no `/run/lock`, one this
+//! user may not write in, a mount namespace with a `/run/lock` of its own)
+//! the tool fails, saying to give `--dir`, rather than take a place another
+//! process might not.
 //!
 //! # Exit codes
 //!
@@ -395,7 +398,7 @@ struct Inspect {
 
 #[derive(Debug, Args)]
 struct Common {
-    /// Lock directory [default: $LEASEHOLD_DIR, else /run/lock/leasehold-<uid>, or /tmp/leasehold-<uid> where /run/lock is not a shared sticky directory; never from TMPDIR or XDG_RUNTIME_DIR]
+    /// Lock directory [default: $LEASEHOLD_DIR, else /run/lock/leasehold-<uid> on Linux (/tmp/leasehold-<uid> elsewhere), with no fallback; never from TMPDIR or XDG_RUNTIME_DIR]
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
     /// On-disk layout of the locks.

@@ -41,6 +41,7 @@ impl LockDir {
 
     /// Creates the directory (mode 0700) if needed, opens it and checks
     /// that it is safe to keep locks in.
+    #[cfg(test)]
     pub(crate) fn open(path: &Path, allow_insecure: bool) -> Result<Self> {
         Self::open_with(path, allow_insecure, true)
     }
@@ -144,94 +145,4 @@ impl LockDir {
 
 fn in_memory(fd: &File) -> bool {
     super::syscall::in_memory(fd)
-}
-
-/// `/run/lock/leasehold-<euid>`, or `/tmp/leasehold-<euid>` where
-/// `/run/lock` is not a shared lock directory.
-///
-/// No environment variable takes part (`XDG_RUNTIME_DIR` is unset under
-/// cron, `TMPDIR` differs between sessions): every process of one user on
-/// one host must meet in the same directory.
-pub(crate) fn default_directory() -> PathBuf {
-    per_user_directory("leasehold")
-}
-
-/// `<root>/<prefix>-<euid>`, where the root is `/run/lock` if it is a
-/// root-owned, world-writable directory with the sticky bit (as on Debian
-/// and Ubuntu: tmpfs, emptied at boot, which suits locks), else the literal
-/// `/tmp`. Whoever creates the directory first owns it, so it must then
-/// pass [`check_private`].
-pub(crate) fn per_user_directory(prefix: &str) -> PathBuf {
-    let shared =
-        |meta: &std::fs::Metadata| meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o1002 == 0o1002;
-    let root = match std::fs::metadata("/run/lock") {
-        Ok(meta) if shared(&meta) => "/run/lock",
-        _ => "/tmp",
-    };
-    Path::new(root).join(format!("{prefix}-{}", super::syscall::euid()))
-}
-
-/// A per-user directory in a shared root must be ours and closed to
-/// others, or someone could have planted it there; and writable, or a
-/// read-only mount (systemd's `ProtectSystem=strict`) would only show at the
-/// first acquisition.
-pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
-    let meta = dir
-        .fd()
-        .metadata()
-        .context("inspect lock directory", || dir.path())?;
-    if meta.uid() != super::syscall::euid() {
-        return Err(Error::InsecureDirectory {
-            path: dir.path().to_owned(),
-            reason: "the default lock directory belongs to another user",
-        });
-    }
-    // In a shared root, anyone may plant a symlink at our name, pointing at
-    // a private directory of ours (it would pass the checks above) and
-    // later somewhere else: the name itself must be the directory opened.
-    let itself = std::fs::symlink_metadata(dir.configured())
-        .is_ok_and(|at| at.is_dir() && at.dev() == meta.dev() && at.ino() == meta.ino());
-    if !itself {
-        return Err(Error::InsecureDirectory {
-            path: dir.configured().to_owned(),
-            reason: "the default lock directory is a symlink, or was replaced while it was opened",
-        });
-    }
-    if meta.mode() & 0o077 != 0 {
-        return Err(Error::InsecureDirectory {
-            path: dir.path().to_owned(),
-            reason: "the default lock directory is open to other users (expected mode 0700)",
-        });
-    }
-    if super::syscall::read_only(dir.fd()) {
-        return Err(Error::io(
-            "write to lock directory",
-            dir.path(),
-            io::Error::from(super::syscall::Errno::EROFS),
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_symlink_planted_at_the_default_name_is_refused() {
-        use std::os::unix::fs::PermissionsExt;
-        let root = tempfile::tempdir().unwrap();
-        let real = root.path().join("mine");
-        std::fs::create_dir(&real).unwrap();
-        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let planted = root.path().join("leasehold-me");
-        std::os::unix::fs::symlink(&real, &planted).unwrap();
-        let dir = LockDir::open(&planted, false).unwrap();
-        match check_private(&dir) {
-            Err(Error::InsecureDirectory { path, .. }) => assert_eq!(path, planted),
-            other => panic!("expected InsecureDirectory, got {other:?}"),
-        }
-        // The directory itself, private and ours, passes.
-        check_private(&LockDir::open(&real, false).unwrap()).unwrap();
-    }
 }
