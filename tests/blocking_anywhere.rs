@@ -312,17 +312,23 @@ enum Call {
     AcquireTimeoutHeld,
     /// Dropping a guard taken elsewhere.
     DropGuard,
+    /// Dropping a shared lock's guard taken elsewhere.
+    DropShared,
+    /// Dropping a semaphore's permit taken elsewhere.
+    DropPermit,
     /// `leasehold::testing::blocking_serial`.
     Serial,
 }
 
-const CALLS: [Call; 7] = [
+const CALLS: [Call; 9] = [
     Call::Acquire,
     Call::TryAcquireFree,
     Call::TryAcquireHeld,
     Call::AcquireTimeoutFree,
     Call::AcquireTimeoutHeld,
     Call::DropGuard,
+    Call::DropShared,
+    Call::DropPermit,
     Call::Serial,
 ];
 
@@ -370,7 +376,7 @@ fn make(call: Call, locker: &Locker, name: &str, held: &str, guard: Option<LockG
             }
             other => judge(other.map(|_| Outcome::Wrong("a held lock was taken".into()))),
         },
-        Call::DropGuard => {
+        Call::DropGuard | Call::DropShared | Call::DropPermit => {
             drop(guard.expect("a guard to drop"));
             Outcome::Worked
         }
@@ -382,23 +388,44 @@ fn make(call: Call, locker: &Locker, name: &str, held: &str, guard: Option<LockG
     }
 }
 
-/// Waits up to 10 s for `name` to be free on disk.
-fn freed(locker: &Locker, name: &str) -> bool {
+/// Waits up to 10 s for what `call` took of `name` to be free again.
+fn freed(locker: &Locker, call: Call, name: &str) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let path = locker.lock_path(name).unwrap();
-    while path.exists() {
+    let other = Locker::new(locker.directory()).unwrap();
+    let semaphore = other.semaphore(name, 1).unwrap();
+    let runtime = current();
+    loop {
+        let free = match call {
+            // An exclusive try fails while a shared holder is in.
+            Call::DropShared => other.blocking_try_acquire(name).unwrap().is_some(),
+            Call::DropPermit => runtime.block_on(semaphore.try_acquire()).unwrap().is_some(),
+            _ => !locker.lock_path(name).unwrap().exists(),
+        };
+        if free {
+            return true;
+        }
         if Instant::now() > deadline {
             return false;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    true
+}
+
+/// A guard of the kind `call` drops, of `name`, taken here.
+fn taken(locker: &Locker, call: Call, name: &str) -> Option<LockGuard> {
+    let runtime = current();
+    match call {
+        Call::DropGuard => Some(locker.blocking_acquire(name).unwrap()),
+        Call::DropShared => Some(runtime.block_on(locker.acquire_shared(name)).unwrap()),
+        Call::DropPermit => Some(runtime.block_on(locker.semaphore(name, 1).unwrap().acquire()).unwrap()),
+        _ => None,
+    }
 }
 
 fn check(dir: &Path, place: Place, call: Call, held: &str) -> Result<(), String> {
     let locker = Locker::new(dir).unwrap();
     let name = format!("{place:?}-{call:?}");
-    let guard = matches!(call, Call::DropGuard).then(|| locker.blocking_acquire(&name).unwrap());
+    let guard = taken(&locker, call, &name);
     let started = Instant::now();
     let outcome = {
         let (locker, name, held) = (locker.clone(), name.clone(), held.to_owned());
@@ -415,7 +442,7 @@ fn check(dir: &Path, place: Place, call: Call, held: &str) -> Result<(), String>
     })?;
     let expected = match (call, place.expect()) {
         // Not a blocking call: a drop works everywhere.
-        (Call::DropGuard, _) => Outcome::Worked,
+        (Call::DropGuard | Call::DropShared | Call::DropPermit, _) => Outcome::Worked,
         // A test helper: it waits on a thread of its own where this one
         // may not block.
         (Call::Serial, _) => Outcome::Worked,
@@ -430,8 +457,8 @@ fn check(dir: &Path, place: Place, call: Call, held: &str) -> Result<(), String>
     if outcome == Outcome::Refused && took > Duration::from_secs(5) {
         return Err(format!("{place:?} {call:?}: refused only after {took:?}"));
     }
-    if !freed(&locker, &name) {
-        return Err(format!("{place:?} {call:?}: the lock is still on disk"));
+    if !freed(&locker, call, &name) {
+        return Err(format!("{place:?} {call:?}: the lock is still held"));
     }
     Ok(())
 }
