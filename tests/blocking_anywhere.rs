@@ -160,7 +160,11 @@ impl Place {
 }
 
 fn multi() -> Runtime {
-    Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 fn current() -> Runtime {
@@ -211,24 +215,24 @@ fn run_on_this_thread<R: Send + 'static>(
         CurrentTaskUnconstrained => current().block_on(joined(|| tokio::spawn(unconstrained(async { f() })))),
         MultiSpawnBlocking => multi().block_on(joined(|| tokio::task::spawn_blocking(f))),
         CurrentSpawnBlocking => current().block_on(joined(|| tokio::task::spawn_blocking(f))),
-        BlockInPlaceInTask => multi().block_on(joined(|| tokio::spawn(async {
-            tokio::task::block_in_place(f)
-        }))),
+        BlockInPlaceInTask => {
+            multi().block_on(joined(|| tokio::spawn(async { tokio::task::block_in_place(f) })))
+        }
         BlockInPlaceInBlockOn => multi().block_on(async { tokio::task::block_in_place(f) }),
         CurrentLocalSet => current().block_on(LocalSet::new().run_until(async { f() })),
-        CurrentLocalTask => current().block_on(LocalSet::new().run_until(joined(|| tokio::task::spawn_local(async {
-            f()
-        })))),
-        CurrentLocalTaskUnconstrained => current().block_on(LocalSet::new().run_until(joined(
-            || tokio::task::spawn_local(unconstrained(async { f() })),
-        ))),
+        CurrentLocalTask => {
+            current().block_on(LocalSet::new().run_until(joined(|| tokio::task::spawn_local(async { f() }))))
+        }
+        CurrentLocalTaskUnconstrained => current().block_on(
+            LocalSet::new().run_until(joined(|| tokio::task::spawn_local(unconstrained(async { f() })))),
+        ),
         MultiLocalSet => multi().block_on(LocalSet::new().run_until(async { f() })),
-        MultiLocalTask => multi().block_on(LocalSet::new().run_until(joined(|| tokio::task::spawn_local(async {
-            f()
-        })))),
-        MultiLocalTaskUnconstrained => multi().block_on(LocalSet::new().run_until(joined(
-            || tokio::task::spawn_local(unconstrained(async { f() })),
-        ))),
+        MultiLocalTask => {
+            multi().block_on(LocalSet::new().run_until(joined(|| tokio::task::spawn_local(async { f() }))))
+        }
+        MultiLocalTaskUnconstrained => multi().block_on(
+            LocalSet::new().run_until(joined(|| tokio::task::spawn_local(unconstrained(async { f() })))),
+        ),
         MultiEntered => {
             let runtime = multi();
             let _entered = runtime.enter();
@@ -240,7 +244,11 @@ fn run_on_this_thread<R: Send + 'static>(
             f()
         }
         CurrentShutdown | MultiShutdown => {
-            let runtime = if place == CurrentShutdown { current() } else { multi() };
+            let runtime = if place == CurrentShutdown {
+                current()
+            } else {
+                multi()
+            };
             let on_drop = OnDrop(Some(Box::new(move || {
                 let _ = tx.send(f());
             })));
@@ -268,7 +276,10 @@ fn run_on_this_thread<R: Send + 'static>(
                     let gone = tokio::runtime::Handle::try_current()
                         .err()
                         .is_some_and(|e| e.is_thread_local_destroyed());
-                    assert!(gone, "the test needs Tokio's thread-local context destroyed first");
+                    assert!(
+                        gone,
+                        "the test needs Tokio's thread-local context destroyed first"
+                    );
                     let _ = tx.send(f());
                 }))));
             });
@@ -369,7 +380,11 @@ fn make(call: Call, locker: &Locker, name: &str, held: &str, guard: Option<LockG
             None => Outcome::Worked,
             Some(_) => Outcome::Wrong("a held lock was taken".into()),
         })),
-        Call::AcquireTimeoutFree => judge(locker.blocking_acquire_timeout(name, Duration::from_secs(30)).map(holds)),
+        Call::AcquireTimeoutFree => judge(
+            locker
+                .blocking_acquire_timeout(name, Duration::from_secs(30))
+                .map(holds),
+        ),
         Call::AcquireTimeoutHeld => match locker.blocking_acquire_timeout(held, Duration::from_millis(50)) {
             Err(error @ Error::Timeout { .. }) if error.holder().and_then(|h| h.pid()) == holder_pid => {
                 Outcome::Worked
@@ -417,7 +432,11 @@ fn taken(locker: &Locker, call: Call, name: &str) -> Option<LockGuard> {
     match call {
         Call::DropGuard => Some(locker.blocking_acquire(name).unwrap()),
         Call::DropShared => Some(runtime.block_on(locker.acquire_shared(name)).unwrap()),
-        Call::DropPermit => Some(runtime.block_on(locker.semaphore(name, 1).unwrap().acquire()).unwrap()),
+        Call::DropPermit => Some(
+            runtime
+                .block_on(locker.semaphore(name, 1).unwrap().acquire())
+                .unwrap(),
+        ),
         _ => None,
     }
 }
@@ -476,5 +495,10 @@ fn every_blocking_call_works_or_refuses_in_every_place_and_never_panics() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
