@@ -1,10 +1,10 @@
 //! The blocking API, for synchronous code: build scripts, plain `#[test]`s,
 //! services without a runtime.
 //!
-//! Each call drives the async acquisition to completion on the calling
-//! thread, on a small runtime of leasehold's own (one per process, made on
-//! first use, with no worker threads: only its blocking pool, which the
-//! attempts already run on). The guard it returns needs no runtime: leases
+//! Each call polls the async acquisition to completion on the calling
+//! thread, parked between polls, under the handle of a small runtime of
+//! leasehold's own (one per process, made on first use, with no worker
+//! threads: only its blocking pool, which the attempts already run on). The guard it returns needs no runtime: leases
 //! are renewed on a thread of their own, and dropping the guard releases
 //! the lock synchronously.
 
@@ -257,9 +257,9 @@ fn defers_wake_ups() -> bool {
 }
 
 /// The process's runtime for blocking calls. A current-thread runtime
-/// without drivers: each caller drives its own acquisition on its own
-/// thread (several at once, as `block_on` allows), and the attempts run on
-/// its blocking pool. leasehold waits on a timer of its own, so no time
+/// without drivers, never driven itself: each caller polls its own
+/// acquisition on its own thread (several at once), and the attempts run
+/// on its blocking pool. leasehold waits on a timer of its own, so no time
 /// driver is needed.
 fn runtime() -> Result<&'static Runtime> {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
