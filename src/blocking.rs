@@ -1,10 +1,10 @@
 //! The blocking API, for synchronous code: build scripts, plain `#[test]`s,
 //! services without a runtime.
 //!
-//! Each call drives the async acquisition to completion on the calling
-//! thread, on a small runtime of leasehold's own (one per process, made on
-//! first use, with no worker threads: only its blocking pool, which the
-//! attempts already run on). The guard it returns needs no runtime: leases
+//! Each call polls the async acquisition to completion on the calling
+//! thread, parked between polls, under the handle of a small runtime of
+//! leasehold's own (one per process, made on first use, with no worker
+//! threads: only its blocking pool, which the attempts already run on). The guard it returns needs no runtime: leases
 //! are renewed on a thread of their own, and dropping the guard releases
 //! the lock synchronously.
 
@@ -24,6 +24,11 @@ use crate::locker::Locker;
 const IN_RUNTIME: &str = "leasehold's blocking_* methods cannot run in async code driven by a Tokio \
      runtime, where they would block a worker thread: use the async methods there \
      (`locker.acquire(name).await`), or call them from `tokio::task::spawn_blocking`";
+
+/// The refusal on a thread that is exiting, whose Tokio context is gone.
+const EXITING: &str = "leasehold's blocking_* methods cannot run on a thread that is exiting (in the \
+     destructor of a thread-local value, after Tokio's own thread-local context is gone): \
+     call them from another thread";
 
 impl Locker {
     /// [`acquire`](Self::acquire) for synchronous code: blocks the calling
@@ -45,7 +50,13 @@ impl Locker {
     /// `acquire(name).await` there. It never blocks in that case: it
     /// returns the error at once. Like Tokio's own `blocking_*` methods, it
     /// works in `spawn_blocking`, in `block_in_place`, and on a thread that
-    /// only entered a runtime's handle.
+    /// only entered a runtime's handle; unlike them, it also works in the
+    /// future of a multi-thread runtime's `block_on` run
+    /// `tokio::task::unconstrained`, a thread no worker needs (Tokio does
+    /// not tell it apart from `block_in_place` there). Also
+    /// [`Error::Unsupported`] on a thread that is exiting, from the
+    /// destructor of a thread-local value once Tokio's own thread-local
+    /// context is gone. It never panics, wherever it is called.
     ///
     /// # Examples
     ///
@@ -125,25 +136,62 @@ impl Locker {
     }
 }
 
-/// Runs `fut` to completion on this thread, on leasehold's own runtime;
+/// Runs `fut` to completion on this thread, under leasehold's own runtime;
 /// refused inside a runtime.
+///
+/// The future is polled here, with the thread parked between polls, and
+/// not by `Runtime::block_on`: that one "enters" the runtime, which Tokio
+/// refuses with a panic on a thread that is in a runtime's `block_on`
+/// already, and some such threads may block (see [`in_async_context`]).
+/// Entering a handle (what `spawn_blocking` needs to find leasehold's
+/// blocking pool) is allowed anywhere.
 fn block_on<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
-    if in_async_context() {
-        return Err(Error::Unsupported { what: IN_RUNTIME });
+    match tokio::runtime::Handle::try_current() {
+        Err(e) if e.is_thread_local_destroyed() => return Err(Error::Unsupported { what: EXITING }),
+        Err(_) => {}
+        Ok(_) if in_async_context() => return Err(Error::Unsupported { what: IN_RUNTIME }),
+        Ok(_) => {}
     }
-    runtime()?.block_on(fut)
+    let _entered = runtime()?.handle().enter();
+    park_on(fut)
+}
+
+/// Polls `fut` until it is ready, parking this thread while it waits.
+fn park_on<F: Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(output) = fut.as_mut().poll(&mut cx) {
+            return output;
+        }
+        // A wake before this park makes it return at once; a spurious
+        // return costs one more poll.
+        std::thread::park();
+    }
 }
 
 /// Whether this thread runs asynchronous code for a Tokio runtime: a task
 /// on a worker, or the future of a runtime's `block_on` (`#[tokio::main]`,
 /// `#[tokio::test]`), of either flavor. There, Tokio's own blocking calls
-/// (`blocking_lock`, `blocking_recv`) panic, and so would our runtime's
-/// `block_on`. A thread of the blocking pool (`spawn_blocking`), one in
-/// `block_in_place`, one that only entered a runtime's handle, or one with
-/// no runtime at all may block.
+/// (`blocking_lock`, `blocking_recv`) panic, and a wait could stall the
+/// tasks this thread should run. A thread of the blocking pool
+/// (`spawn_blocking`), one in `block_in_place`, one that only entered a
+/// runtime's handle, one dropping a current-thread runtime, or one with no
+/// runtime at all may block.
 ///
-/// Tokio has no public question for this; two things it does tell apart,
-/// through its public API:
+/// Tokio has no public question for this (whether a thread has "entered" a
+/// runtime, which is what its own blocking calls check, it keeps to
+/// itself); two things it does tell apart, through its public API:
 ///
 /// - Every poll Tokio makes of a task or of a `block_on` future runs on a
 ///   cooperative budget (a count of at most 255); `spawn_blocking`,
@@ -155,12 +203,11 @@ fn block_on<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
 ///   later; outside one, `yield_now` wakes it at once.
 ///
 /// One case escapes both: the future of a multi-thread runtime's
-/// `block_on` run `unconstrained`, which is no worker (it blocks only
-/// itself).
+/// `block_on` run `unconstrained` (directly, or in a `LocalSet`'s task),
+/// which is no worker: it may block, as `block_in_place` lets it, and it
+/// then blocks only itself (and that `LocalSet`'s tasks). It looks the same
+/// as `block_in_place` in that `block_on`, which may block too.
 fn in_async_context() -> bool {
-    if tokio::runtime::Handle::try_current().is_err() {
-        return false;
-    }
     budgeted() || defers_wake_ups()
 }
 
@@ -210,9 +257,9 @@ fn defers_wake_ups() -> bool {
 }
 
 /// The process's runtime for blocking calls. A current-thread runtime
-/// without drivers: each caller drives its own acquisition on its own
-/// thread (several at once, as `block_on` allows), and the attempts run on
-/// its blocking pool. leasehold waits on a timer of its own, so no time
+/// without drivers, never driven itself: each caller polls its own
+/// acquisition on its own thread (several at once), and the attempts run
+/// on its blocking pool. leasehold waits on a timer of its own, so no time
 /// driver is needed.
 fn runtime() -> Result<&'static Runtime> {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();

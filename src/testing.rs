@@ -126,13 +126,17 @@ fn serialized(name: &str, taken: crate::Result<LockGuard>) -> SerialGuard {
 /// drop(guard);
 /// ```
 pub fn blocking_serial(name: &str) -> SerialGuard {
-    let take = || serialized(name, locker().blocking_acquire_timeout(name, timeout()));
-    if tokio::runtime::Handle::try_current().is_err() {
-        return take();
+    let take = || locker().blocking_acquire_timeout(name, timeout());
+    match take() {
+        // Where the blocking API refuses to wait on this thread (in async
+        // code, or on a thread that is exiting): wait on another.
+        Err(Error::Unsupported { .. }) => {
+            let taken = std::thread::scope(|s| s.spawn(take).join())
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            serialized(name, taken)
+        }
+        taken => serialized(name, taken),
     }
-    // Inside a runtime the blocking API refuses to wait on this thread:
-    // wait on another.
-    std::thread::scope(|s| s.spawn(take).join()).unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 fn locker() -> &'static Locker {
