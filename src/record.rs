@@ -569,6 +569,62 @@ mod tests {
         assert_eq!(r.fields, [("port".to_owned(), FieldValue::from(8080u16))]);
     }
 
+    /// No record leasehold writes exceeds what its readers accept: the
+    /// longest name and host name, in characters JSON escapes to six
+    /// bytes, the largest owner fields `build()` accepts, a marker's
+    /// fields, a fencing token and every count at its largest.
+    #[test]
+    fn the_largest_record_leasehold_writes_is_read_back() {
+        use crate::field::{MAX_FIELDS_LEN, OwnerFields};
+        use crate::sys::{MAX_HOSTNAME_LEN, MAX_MACHINE_ID_LEN};
+        let worst = "\u{1}";
+        let name =
+            crate::name::LockName::new(&worst.repeat(crate::MAX_NAME_LEN), crate::PathStyle::Hashed).unwrap();
+        // The largest owner fields: grow one value until `new` refuses it.
+        let mut fields = None;
+        for len in (0..MAX_FIELDS_LEN).step_by(7) {
+            match OwnerFields::new(&[("k".repeat(64), worst.repeat(len / 6).into())]) {
+                Ok(made) => fields = made,
+                Err(_) => break,
+            }
+        }
+        let fields = fields.unwrap();
+        assert!(
+            fields.json().len() > MAX_FIELDS_LEN - 16,
+            "{}",
+            fields.json().len()
+        );
+        let mut rec = OwnRecord::new(
+            &format!("{}-{}", u32::MAX, uuid::Uuid::max().simple()),
+            Some(&fields),
+            crate::stale::MAX_LEASE,
+            &name,
+        );
+        rec.hostname = worst.repeat(MAX_HOSTNAME_LEN);
+        rec.pid = u32::MAX;
+        rec.start_time = Some(u64::MAX);
+        rec.boot_id = Some(uuid::Uuid::max().to_string());
+        rec.pid_ns = Some(format!("pid:[{}]", u64::MAX));
+        rec.time_ns = Some(format!("time:[{}]", u64::MAX));
+        rec.proc_start = Some(u64::MAX);
+        rec.renewed_at_boot = u64::MAX;
+        rec.machine_id = Some("f".repeat(MAX_MACHINE_ID_LEN));
+        rec.fencing_token = Some(u64::MAX);
+        rec.mode = Some("semaphore");
+        rec.permits = Some(u32::MAX);
+        rec.group = Some(uuid::Uuid::max().to_string());
+        rec.renew(UNIX_EPOCH + Duration::from_secs(253_402_300_799), u64::MAX);
+        let bytes = rec.to_bytes(0);
+        // With room to spare: half the readers' limit.
+        assert!(bytes.len() <= MAX_RECORD_LEN / 2, "{} bytes", bytes.len());
+        let Parsed::Record(read) = parse(&bytes) else {
+            panic!("not read back")
+        };
+        assert_eq!(read.name.as_deref(), Some(name.as_str()));
+        assert_eq!(read.fencing_token, Some(u64::MAX));
+        assert_eq!(read.fields.len(), 1);
+    }
+
     #[test]
     fn every_key_of_a_record_is_reserved_and_read() {
         let name = crate::name::LockName::new("n", crate::name::PathStyle::Hashed).unwrap();

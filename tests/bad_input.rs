@@ -24,7 +24,8 @@ async fn names_in_both_path_styles() {
         .path_style(PathStyle::Plain)
         .build()
         .unwrap();
-    let long = "n".repeat(10_000);
+    let long = "n".repeat(leasehold::MAX_NAME_LEN);
+    let too_long = "n".repeat(leasehold::MAX_NAME_LEN + 1);
     // (name, accepted by Hashed, accepted by Plain)
     let cases: &[(&str, bool, bool)] = &[
         ("", false, false),
@@ -34,6 +35,7 @@ async fn names_in_both_path_styles() {
         ("a/../../b", true, false),
         ("nul\0inside", false, false),
         (&long, true, false),
+        (&too_long, false, false),
         ("日本語🔒", true, true),
         ("line\nbreak", true, false),
         // Windows-reserved names are ordinary file names on Unix.

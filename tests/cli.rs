@@ -1260,3 +1260,41 @@ fn a_lock_name_that_is_not_utf8_is_a_usage_error() {
     }
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
+
+/// A name over `MAX_NAME_LEN` is refused by every subcommand that takes
+/// one, before the command runs or anything is written; one at the limit
+/// works.
+#[test]
+fn names_over_the_limit_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let over = "n".repeat(leasehold::MAX_NAME_LEN + 1);
+    let marker = tmp.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    for args in [
+        vec!["run", over.as_str(), "--dir", d, "--", "sh", "-c", touch.as_str()],
+        vec![
+            "run",
+            over.as_str(),
+            "--dir",
+            d,
+            "--shared",
+            "--",
+            "sh",
+            "-c",
+            touch.as_str(),
+        ],
+        vec!["holder", over.as_str(), "--dir", d],
+    ] {
+        let done = finish(&args);
+        assert_eq!(done.code, Some(2), "{}: {}", args[0], done.stderr);
+        assert!(done.stderr.contains("invalid lock name"), "{}", done.stderr);
+        assert!(done.stderr.len() < 1000, "{} bytes of stderr", done.stderr.len());
+    }
+    assert!(!marker.exists(), "the command ran");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    let at = "n".repeat(leasehold::MAX_NAME_LEN);
+    let done = finish(&["run", &at, "--dir", d, "--", "sh", "-c", &touch]);
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    assert!(marker.exists());
+}
