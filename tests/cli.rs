@@ -1298,3 +1298,57 @@ fn names_over_the_limit_are_refused() {
     assert_eq!(done.code, Some(0), "{}", done.stderr);
     assert!(marker.exists());
 }
+
+#[path = "support/lock_files.rs"]
+mod lock_files;
+
+/// `leasehold clean --dir` pointed by mistake at a project directory (or
+/// at `/var/lock`) leaves every other tool's lock file as it was, however
+/// old: `bun.lock` (JSON with trailing commas) was deleted before.
+#[test]
+fn clean_leaves_the_lock_files_of_other_tools_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let mut files = Vec::new();
+    for (file, content) in lock_files::LOCK_FILES {
+        // At its own name, and (for `package-lock.json` and the like)
+        // where `clean` looks: at a name ending in `.lock`.
+        files.push((file.to_string(), *content));
+        if !file.ends_with(".lock") {
+            files.push((format!("{file}.lock"), *content));
+        }
+    }
+    for (file, content) in &files {
+        let path = tmp.path().join(file);
+        std::fs::write(&path, content).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let d = tmp.path().to_str().unwrap();
+    for strategy in ["file", "dir"] {
+        for args in [
+            &["clean", "--dir", d, "--strategy", strategy, "--dry-run", "--json"][..],
+            &["clean", "--dir", d, "--strategy", strategy, "--json"],
+            &["clean", "--dir", d, "--strategy", strategy],
+        ] {
+            let done = finish(args);
+            assert_eq!(done.code, Some(0), "{args:?}: {}", done.stderr);
+            if args.contains(&"--json") {
+                assert_eq!(done.json(), Value::Array(vec![]), "{args:?}");
+            }
+            for (file, content) in &files {
+                let kept = std::fs::read(tmp.path().join(file)).ok();
+                assert_eq!(
+                    kept.as_deref(),
+                    Some(*content),
+                    "{args:?} {file}: {}",
+                    done.stdout
+                );
+            }
+        }
+    }
+}
