@@ -306,6 +306,11 @@ async fn the_lock_files_of_other_tools_are_never_removed() {
         assert!(cleaned.is_empty(), "{strategy:?}: cleaned {:?}", names(&cleaned));
         for (file, _) in LOCK_FILES {
             let name = plain_name(file);
+            let got = tokio::time::timeout(Duration::from_secs(5), locker.acquire(name)).await;
+            assert!(
+                got.as_ref().is_ok_and(is_unexpected_file),
+                "{strategy:?} {file}: {got:?}"
+            );
             let got = locker.try_acquire(name).await;
             assert!(is_unexpected_file(&got), "{strategy:?} {file}: {got:?}");
             let got = locker.acquire_timeout(name, Duration::from_secs(1)).await;
