@@ -1351,4 +1351,19 @@ fn clean_leaves_the_lock_files_of_other_tools_alone() {
             }
         }
     }
+    // The deliberate exception: an empty file, which a crash between a
+    // lock file's create and its write leaves too, holds no data and is
+    // cleaned once past the grace period.
+    let (file, content) = lock_files::EMPTY_DOTLOCK;
+    let empty = tmp.path().join(file);
+    std::fs::write(&empty, content).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&empty)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let done = finish(&["clean", "--dir", d, "--strategy", "file"]);
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    assert!(!empty.exists(), "{}", done.stdout);
 }
