@@ -59,9 +59,11 @@ pub enum Error {
         holder: Option<Box<Owner>>,
     },
 
-    /// The lock name cannot be used (empty, contains NUL, or is not a valid
-    /// plain file name where one is required).
-    #[error("invalid lock name {name:?}: {reason}")]
+    /// The lock name cannot be used (empty, contains NUL, longer than
+    /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN), or is not a valid plain file
+    /// name where one is required). Its message quotes at most the first
+    /// 64 characters of the name.
+    #[error("invalid lock name {}: {reason}", quoted_start(.name))]
     InvalidName {
         /// The rejected name.
         name: String,
@@ -298,6 +300,16 @@ impl Error {
 
 /// ` held by pid P on HOST since T`, as much of it as the record says;
 /// empty without a holder.
+/// `name` quoted, cut to its first 64 characters (and their byte count
+/// said) when longer: a name refused for its length can be of any length.
+fn quoted_start(name: &str) -> String {
+    const SHOWN: usize = 64;
+    match name.char_indices().nth(SHOWN) {
+        None => format!("{name:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &name[..cut], name.len()),
+    }
+}
+
 pub(crate) fn held_by(holder: Option<&Owner>) -> String {
     let Some(owner) = holder else {
         return String::new();

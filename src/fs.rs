@@ -349,7 +349,10 @@ impl Backend for Fs {
             let name = LockName::from_file_name(&file_name);
             match self.inspect(&name) {
                 Ok(Some(inspection)) => locks.push((name, inspection)),
-                Ok(None) | Err(Error::UnexpectedFile { .. }) => {}
+                Err(Error::UnexpectedFile { path, found, .. }) => {
+                    tracing::debug!(path = %path.display(), found, "not a lock: left as it is");
+                }
+                Ok(None) => {}
                 Err(error) => return Err(error),
             }
         }

@@ -402,7 +402,7 @@ pub use field::FieldValue;
 pub use fs::Strategy;
 pub use guard::LockGuard;
 pub use locker::Locker;
-pub use name::PathStyle;
+pub use name::{MAX_NAME_LEN, PathStyle};
 pub use owner::{LockInfo, LockKind, Owner};
 pub use semaphore::Semaphore;
 pub use stale::StaleReason;

@@ -4,7 +4,8 @@
 //! [`PathStyle::Exact`] the name itself, for sharing locks with programs
 //! that use such names; such names are validated.
 //!
-//! Any string except the empty one and those containing NUL is a lock name.
+//! Any string of at most [`MAX_NAME_LEN`] bytes except the empty one and
+//! those containing NUL is a lock name.
 //! On disk it becomes `<safeName>-<hash16>.lock`, exactly as velocious
 //! derives it: every character outside `[A-Za-z0-9._-]` is replaced by `_`
 //! (once per UTF-16 code unit, as JavaScript's `String.replace` does), the
@@ -21,6 +22,33 @@ use std::sync::{Arc, Mutex};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+
+/// The longest lock name, in bytes of UTF-8, that any call accepts.
+///
+/// The whole name is written into every record of its lock (so that a
+/// listing can show it for hashed paths), and into PostgreSQL's index of
+/// locks, whose entries must fit in a third of a page; this bound keeps
+/// every record leasehold writes (with the longest host name, the largest
+/// owner fields and a marker's extra fields) well within the 64 KiB that
+/// its readers accept, and every name within PostgreSQL's limit. A longer
+/// name is refused with [`Error::InvalidName`](crate::Error::InvalidName)
+/// when the call is made, before anything is written. [`PathStyle::Plain`]
+/// and [`PathStyle::Exact`] names have a shorter limit, 200 bytes.
+///
+/// # Examples
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// use leasehold::{Error, Locker, MAX_NAME_LEN};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = Locker::new(dir.path())?;
+/// assert!(locker.lock_path(&"n".repeat(MAX_NAME_LEN)).is_ok());
+/// let too_long = locker.lock_path(&"n".repeat(MAX_NAME_LEN + 1));
+/// assert!(matches!(too_long, Err(Error::InvalidName { .. })));
+/// # Ok(()) }
+/// ```
+pub const MAX_NAME_LEN: usize = 2048;
 
 const SAFE_NAME_MAX: usize = 64;
 /// Leaves room for `.lock` and the directory strategy's
@@ -52,7 +80,8 @@ const PLAIN_NAME_MAX: usize = 200;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum PathStyle {
-    /// `<safeName>-<hash16>.lock`: any name, no collisions, as velocious's
+    /// `<safeName>-<hash16>.lock`: any name (of at most
+    /// [`MAX_NAME_LEN`] bytes), no collisions, as velocious's
     /// `AdvisoryLockFileBackend` derives it. The default.
     #[default]
     Hashed,
@@ -95,6 +124,10 @@ impl LockName {
     pub(crate) fn new(name: &str, style: PathStyle) -> Result<Self> {
         if name.is_empty() {
             return Err(invalid(name, "name is empty"));
+        }
+        if name.len() > MAX_NAME_LEN {
+            const _: () = assert!(MAX_NAME_LEN == 2048, "the message below says 2048");
+            return Err(invalid(name, "names are at most 2048 bytes"));
         }
         if name.contains('\0') {
             return Err(invalid(name, "name contains a NUL byte"));

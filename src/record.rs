@@ -3,13 +3,14 @@
 //!
 //! leasehold writes one JSON object that is a superset of both original systems'
 //! layouts (see the crate docs for the field list). It reads:
-//! - any JSON object with at least one of `uuid`, `pid`, `holderId`
-//!   (unknown fields are ignored, and never rewritten: leasehold only ever
+//! - any JSON object with `uuid` or `holderId` (every writer writes one;
+//!   unknown fields are ignored, and never rewritten: leasehold only ever
 //!   rewrites records it created);
 //! - pi-research's legacy layout, a bare UUID string;
 //! - what a writer may leave mid-write or a crash may leave (empty, blank,
-//!   NUL bytes, a JSON object cut short) as unreadable, which the
-//!   staleness rules leave alone for a grace period;
+//!   NUL bytes, a JSON object that begins as a writer's records begin,
+//!   cut short or half rewritten) as unreadable, which the staleness
+//!   rules leave alone for a grace period;
 //! - a proper prefix of a UUID as a legacy record cut short, for the grace
 //!   period only;
 //! - anything else as *foreign*: content that no supported writer (leasehold,
@@ -44,7 +45,8 @@ pub(crate) enum Parsed {
     /// pi-research's legacy format: the content is a bare UUID.
     Legacy { uuid: String },
     /// What a writer can leave mid-write, or a crash can leave: empty,
-    /// blank or NUL bytes, or a JSON object cut short.
+    /// blank or NUL bytes, or a writer's JSON object cut short (or half
+    /// rewritten in place).
     Unreadable,
     /// A proper prefix of a UUID's form (hex digits, dashes where a UUID
     /// has them): a legacy record cut short, or a pid file. Judged as
@@ -108,8 +110,10 @@ impl Record {
 /// UUID; leasehold pads its records with spaces and a newline. A crash of
 /// a writer that did not sync can leave the file's length with zeros in
 /// it, so leading and trailing blanks and NUL bytes are ignored. A
-/// complete JSON object that names no holder, or a record longer than any
-/// writer makes, is no lock record either.
+/// complete JSON object that names no holder, JSON that is neither whole
+/// nor begins as a writer's (`bun.lock`'s trailing commas, a
+/// `package-lock.json` cut short), or a record longer than any writer
+/// makes, is no lock record either.
 pub(crate) fn parse(bytes: &[u8]) -> Parsed {
     if bytes.len() > MAX_RECORD_LEN {
         return Parsed::Foreign;
@@ -125,8 +129,12 @@ pub(crate) fn parse(bytes: &[u8]) -> Parsed {
     if body.first() == Some(&b'{') {
         return match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(map)) => from_map(&map),
-            // Cut short, or not even UTF-8 (cut inside a character).
-            _ => Parsed::Unreadable,
+            // Cut short (or cut inside a character), or caught half
+            // rewritten in place: it still starts as its writer starts.
+            _ if starts_as_a_writer_starts(body) => Parsed::Unreadable,
+            // JSON with blanks between its tokens, trailing commas
+            // (Bun's `bun.lock`), other keys first: no writer's record.
+            _ => Parsed::Foreign,
         };
     }
     match uuid_form(body) {
@@ -137,6 +145,24 @@ pub(crate) fn parse(bytes: &[u8]) -> Parsed {
         Some(false) => Parsed::UuidPrefix,
         None => Parsed::Foreign,
     }
+}
+
+/// How the records of the supported writers begin: each writes compact
+/// JSON (`JSON.stringify`, `serde_json::to_vec`) in a fixed key order,
+/// leasehold and pi-research with `uuid` first, velocious with
+/// `acquiredAt` first.
+const OPENINGS: [&[u8]; 2] = [br#"{"uuid":""#, br#"{"acquiredAt":""#];
+
+/// Whether `body`, which is no whole JSON object, can be one of the
+/// supported writers' records cut short (a reader between a create and
+/// its write, or a crash) or half rewritten in place (leasehold renews
+/// its record, and re-signs a marker, by one `pwrite` over the old one,
+/// so a read may see the new record's start and the old one's end): it
+/// begins as that writer's records begin, or is a beginning of that.
+fn starts_as_a_writer_starts(body: &[u8]) -> bool {
+    OPENINGS
+        .iter()
+        .any(|opening| body.starts_with(opening) || opening.starts_with(body))
 }
 
 /// Whether `body` has a UUID's form, `8-4-4-4-12` hex digits (`Some(true)`),
@@ -181,9 +207,11 @@ fn from_map(map: &Map<String, Value>) -> Parsed {
         group: string("group"),
         fields: extra_fields(map),
     };
-    // A whole object (no torn read of a record makes one) naming no
-    // holder: every supported writer writes one of these.
-    if record.uuid.is_none() && record.pid.is_none() && record.holder_id.is_none() {
+    // A whole object (no torn read of a record makes one) without the
+    // id every supported writer writes: leasehold both, pi-research
+    // `uuid`, velocious `holderId`. (`{"pid":4242,"port":8080}` is some
+    // program's state, not a lock to reclaim when that pid is gone.)
+    if record.uuid.is_none() && record.holder_id.is_none() {
         return Parsed::Foreign;
     }
     Parsed::Record(Box::new(record))
@@ -453,8 +481,14 @@ mod tests {
         assert_eq!(parse(b"{\"uuid\":\"ab\"\0\0\0"), Parsed::Unreadable);
         assert_eq!(parse(br#"{"uuid":"ab","pid":1"#), Parsed::Unreadable);
         // Cut inside a character.
-        assert_eq!(parse(b"{\"hostname\":\"\xc3"), Parsed::Unreadable);
+        assert_eq!(parse(b"{\"uuid\":\"\xc3"), Parsed::Unreadable);
         assert_eq!(parse(b"{"), Parsed::Unreadable);
+        assert_eq!(parse(b"{\"acq"), Parsed::Unreadable);
+        // velocious's, cut short.
+        assert_eq!(
+            parse(br#"{"acquiredAt":"2026-12-03T07:06:06.123Z","holderId":"1-"#),
+            Parsed::Unreadable
+        );
     }
 
     #[test]
@@ -465,6 +499,16 @@ mod tests {
             b"{}",
             br#"{"theme":"dark"}"#,
             br#"{"uuid":5,"pid":"123"}"#,
+            // A pid alone names no holder of any writer: some program's state.
+            br#"{"pid":4242,"port":8080}"#,
+            // JSON with trailing commas (Bun's `bun.lock`), whitespace
+            // between tokens, or other keys first, cut short or not: no
+            // writer's record begins so.
+            b"{\n  \"lockfileVersion\": 1,\n  \"workspaces\": {},\n}\n",
+            b"{\n  \"name\": \"app\",\n  \"lockfileVersion\": 3,\n  \"pack",
+            b"{\"hostname\":\"\xc3",
+            br#"{"pid":12"#,
+            br#"{ "uuid": "6f1c3a0e""#,
             b"[1,2]",
             br#""6f1c3a0e-8d2b-4c55-9a7e-3b1d2f0c9e41""#,
             b"12345678901",
@@ -567,6 +611,62 @@ mod tests {
         assert_eq!(r.time_ns.as_deref(), Some("time:[4026531834]"));
         assert_eq!(r.version, Some(FORMAT_VERSION));
         assert_eq!(r.fields, [("port".to_owned(), FieldValue::from(8080u16))]);
+    }
+
+    /// No record leasehold writes exceeds what its readers accept: the
+    /// longest name and host name, in characters JSON escapes to six
+    /// bytes, the largest owner fields `build()` accepts, a marker's
+    /// fields, a fencing token and every count at its largest.
+    #[test]
+    fn the_largest_record_leasehold_writes_is_read_back() {
+        use crate::field::{MAX_FIELDS_LEN, OwnerFields};
+        use crate::sys::{MAX_HOSTNAME_LEN, MAX_MACHINE_ID_LEN};
+        let worst = "\u{1}";
+        let name =
+            crate::name::LockName::new(&worst.repeat(crate::MAX_NAME_LEN), crate::PathStyle::Hashed).unwrap();
+        // The largest owner fields: grow one value until `new` refuses it.
+        let mut fields = None;
+        for len in (0..MAX_FIELDS_LEN).step_by(7) {
+            match OwnerFields::new(&[("k".repeat(64), worst.repeat(len / 6).into())]) {
+                Ok(made) => fields = made,
+                Err(_) => break,
+            }
+        }
+        let fields = fields.unwrap();
+        assert!(
+            fields.json().len() > MAX_FIELDS_LEN - 16,
+            "{}",
+            fields.json().len()
+        );
+        let mut rec = OwnRecord::new(
+            &format!("{}-{}", u32::MAX, uuid::Uuid::max().simple()),
+            Some(&fields),
+            crate::stale::MAX_LEASE,
+            &name,
+        );
+        rec.hostname = worst.repeat(MAX_HOSTNAME_LEN);
+        rec.pid = u32::MAX;
+        rec.start_time = Some(u64::MAX);
+        rec.boot_id = Some(uuid::Uuid::max().to_string());
+        rec.pid_ns = Some(format!("pid:[{}]", u64::MAX));
+        rec.time_ns = Some(format!("time:[{}]", u64::MAX));
+        rec.proc_start = Some(u64::MAX);
+        rec.renewed_at_boot = u64::MAX;
+        rec.machine_id = Some("f".repeat(MAX_MACHINE_ID_LEN));
+        rec.fencing_token = Some(u64::MAX);
+        rec.mode = Some("semaphore");
+        rec.permits = Some(u32::MAX);
+        rec.group = Some(uuid::Uuid::max().to_string());
+        rec.renew(UNIX_EPOCH + Duration::from_secs(253_402_300_799), u64::MAX);
+        let bytes = rec.to_bytes(0);
+        // With room to spare: half the readers' limit.
+        assert!(bytes.len() <= MAX_RECORD_LEN / 2, "{} bytes", bytes.len());
+        let Parsed::Record(read) = parse(&bytes) else {
+            panic!("not read back")
+        };
+        assert_eq!(read.name.as_deref(), Some(name.as_str()));
+        assert_eq!(read.fencing_token, Some(u64::MAX));
+        assert_eq!(read.fields.len(), 1);
     }
 
     #[test]

@@ -11,9 +11,10 @@
 //! The rules, in the order they are applied:
 //!
 //! 0. **Not a lock** (content no supported writer produces, even torn:
-//!    neither a JSON object, cut short or not, nor blanks or NUL bytes,
-//!    nor a UUID or its prefix; a whole JSON object with none of
-//!    `uuid`/`pid`/`holderId`; over 64 KiB): never stale, never removed.
+//!    neither a JSON object, whole or cut short as a writer's begins
+//!    (`{"uuid":"`, `{"acquiredAt":"`), nor blanks or NUL bytes, nor a
+//!    UUID or its prefix; a whole JSON object with neither `uuid` nor
+//!    `holderId`; over 64 KiB): never stale, never removed.
 //!    A proper prefix of a UUID is rule 1 within the grace period, and
 //!    not a lock after it.
 //! 1. **Unreadable record** (empty, blank, NUL bytes, a JSON object cut

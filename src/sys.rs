@@ -137,6 +137,24 @@ pub(crate) struct Identity {
     pub(crate) machine_id: Option<String>,
 }
 
+/// The longest host name a record carries (POSIX allows no longer one
+/// anywhere; Linux's is 64 bytes): a bound of the record's length.
+pub(crate) const MAX_HOSTNAME_LEN: usize = 255;
+
+/// `/etc/machine-id` holds 32 hex digits; anything much longer is no
+/// machine id, and is not written into records.
+pub(crate) const MAX_MACHINE_ID_LEN: usize = 128;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn cut(mut text: String, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
+}
+
 /// The current process's identity, computed on first use.
 pub(crate) fn identity() -> &'static Identity {
     static IDENTITY: OnceLock<Identity> = OnceLock::new();
@@ -148,11 +166,12 @@ pub(crate) fn identity() -> &'static Identity {
             hostname: nix::unistd::gethostname()
                 .ok()
                 .and_then(|h| h.into_string().ok())
+                .map(|h| cut(h, MAX_HOSTNAME_LEN))
                 .unwrap_or_default(),
             machine_id: std::fs::read_to_string("/etc/machine-id")
                 .ok()
                 .map(|id| id.trim().to_owned())
-                .filter(|id| !id.is_empty()),
+                .filter(|id| !id.is_empty() && id.len() <= MAX_MACHINE_ID_LEN),
             start,
             start_time: imp::own_start_time(start),
             boot_id: imp::boot_id(),

@@ -24,7 +24,8 @@ async fn names_in_both_path_styles() {
         .path_style(PathStyle::Plain)
         .build()
         .unwrap();
-    let long = "n".repeat(10_000);
+    let long = "n".repeat(leasehold::MAX_NAME_LEN);
+    let too_long = "n".repeat(leasehold::MAX_NAME_LEN + 1);
     // (name, accepted by Hashed, accepted by Plain)
     let cases: &[(&str, bool, bool)] = &[
         ("", false, false),
@@ -34,6 +35,7 @@ async fn names_in_both_path_styles() {
         ("a/../../b", true, false),
         ("nul\0inside", false, false),
         (&long, true, false),
+        (&too_long, false, false),
         ("日本語🔒", true, true),
         ("line\nbreak", true, false),
         // Windows-reserved names are ordinary file names on Unix.
@@ -92,11 +94,16 @@ async fn records_of_every_shape() {
         ("whitespace", b" \n\t ".to_vec(), Held),
         ("NUL bytes (a crash without a sync)", vec![0; 200], Held),
         ("truncated", br#"{"uuid":"a","pid":12"#.to_vec(), Held),
+        ("truncated inside a character", b"{\"uuid\":\"\xc3".to_vec(), Held),
+        // No writer's record begins so: JSON with blanks between its
+        // tokens, trailing commas (Bun's `bun.lock`), or a pid alone.
         (
-            "truncated inside a character",
-            b"{\"hostname\":\"\xc3".to_vec(),
-            Held,
+            "JSON with trailing commas",
+            b"{\n  \"lockfileVersion\": 1,\n  \"workspaces\": {},\n}\n".to_vec(),
+            NotALock,
         ),
+        ("cut short, another key first", br#"{"pid":12"#.to_vec(), NotALock),
+        ("a pid alone", br#"{"pid":4242,"port":8080}"#.to_vec(), NotALock),
         ("a prefix of a UUID", b"6f1c3a0e-8d2b".to_vec(), Held),
         ("negative pid", br#"{"uuid":"a","pid":-5}"#.to_vec(), Held),
         ("missing fields", br#"{"uuid":"a"}"#.to_vec(), Held),
@@ -138,7 +145,8 @@ async fn records_of_every_shape() {
         ),
         (
             "lease decades ahead, live owner",
-            format!(r#"{{"pid":{me},"hostname":"elsewhere","leaseExpiresAt":"{decades}"}}"#).into_bytes(),
+            format!(r#"{{"holderId":"h","pid":{me},"hostname":"elsewhere","leaseExpiresAt":"{decades}"}}"#)
+                .into_bytes(),
             Held,
         ),
         (
@@ -148,7 +156,7 @@ async fn records_of_every_shape() {
         ),
         (
             "lease in the past",
-            format!(r#"{{"pid":{me},"leaseExpiresAt":"{past}"}}"#).into_bytes(),
+            format!(r#"{{"holderId":"h","pid":{me},"leaseExpiresAt":"{past}"}}"#).into_bytes(),
             Reclaimed,
         ),
         (

@@ -1260,3 +1260,110 @@ fn a_lock_name_that_is_not_utf8_is_a_usage_error() {
     }
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
+
+/// A name over `MAX_NAME_LEN` is refused by every subcommand that takes
+/// one, before the command runs or anything is written; one at the limit
+/// works.
+#[test]
+fn names_over_the_limit_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let over = "n".repeat(leasehold::MAX_NAME_LEN + 1);
+    let marker = tmp.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    for args in [
+        vec!["run", over.as_str(), "--dir", d, "--", "sh", "-c", touch.as_str()],
+        vec![
+            "run",
+            over.as_str(),
+            "--dir",
+            d,
+            "--shared",
+            "--",
+            "sh",
+            "-c",
+            touch.as_str(),
+        ],
+        vec!["holder", over.as_str(), "--dir", d],
+    ] {
+        let done = finish(&args);
+        assert_eq!(done.code, Some(2), "{}: {}", args[0], done.stderr);
+        assert!(done.stderr.contains("invalid lock name"), "{}", done.stderr);
+        assert!(done.stderr.len() < 1000, "{} bytes of stderr", done.stderr.len());
+    }
+    assert!(!marker.exists(), "the command ran");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    let at = "n".repeat(leasehold::MAX_NAME_LEN);
+    let done = finish(&["run", &at, "--dir", d, "--", "sh", "-c", &touch]);
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    assert!(marker.exists());
+}
+
+#[path = "support/lock_files.rs"]
+mod lock_files;
+
+/// `leasehold clean --dir` pointed by mistake at a project directory (or
+/// at `/var/lock`) leaves every other tool's lock file as it was, however
+/// old: `bun.lock` (JSON with trailing commas) was deleted before.
+#[test]
+fn clean_leaves_the_lock_files_of_other_tools_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let mut files = Vec::new();
+    for (file, content) in lock_files::LOCK_FILES {
+        // At its own name, and (for `package-lock.json` and the like)
+        // where `clean` looks: at a name ending in `.lock`.
+        files.push((file.to_string(), *content));
+        if !file.ends_with(".lock") {
+            files.push((format!("{file}.lock"), *content));
+        }
+    }
+    for (file, content) in &files {
+        let path = tmp.path().join(file);
+        std::fs::write(&path, content).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let d = tmp.path().to_str().unwrap();
+    for strategy in ["file", "dir"] {
+        for args in [
+            &["clean", "--dir", d, "--strategy", strategy, "--dry-run", "--json"][..],
+            &["clean", "--dir", d, "--strategy", strategy, "--json"],
+            &["clean", "--dir", d, "--strategy", strategy],
+        ] {
+            let done = finish(args);
+            assert_eq!(done.code, Some(0), "{args:?}: {}", done.stderr);
+            if args.contains(&"--json") {
+                assert_eq!(done.json(), Value::Array(vec![]), "{args:?}");
+            }
+            for (file, content) in &files {
+                let kept = std::fs::read(tmp.path().join(file)).ok();
+                assert_eq!(
+                    kept.as_deref(),
+                    Some(*content),
+                    "{args:?} {file}: {}",
+                    done.stdout
+                );
+            }
+        }
+    }
+    // The deliberate exception: an empty file, which a crash between a
+    // lock file's create and its write leaves too, holds no data and is
+    // cleaned once past the grace period.
+    let (file, content) = lock_files::EMPTY_DOTLOCK;
+    let empty = tmp.path().join(file);
+    std::fs::write(&empty, content).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&empty)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let done = finish(&["clean", "--dir", d, "--strategy", "file"]);
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    assert!(!empty.exists(), "{}", done.stdout);
+}

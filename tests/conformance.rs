@@ -126,7 +126,7 @@ macro_rules! conformance {
             async fn unreadable_records_get_a_grace_period() {
                 // Empty, cut short, or zeros (a crash without a sync): what a
                 // writer may leave. (What none leaves is no lock: tests/not_a_lock.rs.)
-                for content in ["", "{\"pid\":12", "\0\0\0\0"] {
+                for content in ["", "{\"uuid\":\"6f1c3a0e", "\0\0\0\0"] {
                     let dir = tempfile::tempdir().unwrap();
                     let locker = locker(dir.path());
                     let path = locker.lock_path("job").unwrap();
@@ -145,7 +145,7 @@ macro_rules! conformance {
                 let uptime: f64 = std::fs::read_to_string("/proc/uptime").unwrap()
                     .split_whitespace().next().unwrap().parse().unwrap();
                 let before_boot = Duration::from_secs_f64(uptime) + Duration::from_secs(60);
-                for content in ["", "{\"pid\":12", "{\"uuid\":\"6a1f"] {
+                for content in ["", "{\"acquiredAt\":\"2026-12-0", "{\"uuid\":\"6a1f"] {
                     // A fresh directory with `content` planted `age` ago.
                     let planted = |age| {
                         let dir = tempfile::tempdir().unwrap();

@@ -619,12 +619,12 @@ async fn planted(strategy: Strategy, case: &Planted<'_>) {
         // Records cut short (a JSON object's start): locks being written.
         Sentinel::new(
             outside.join("sentinel"),
-            br#"{"sentinel":"never touch""#,
+            br#"{"uuid":"sentinel: never touch""#,
             Duration::ZERO,
         ),
         Sentinel::new(
             outside.join("old-sentinel"),
-            br#"{"old sentinel":"never touch""#,
+            br#"{"uuid":"old sentinel: never touch""#,
             Duration::from_secs(3600),
         ),
         // No writer's record, even cut short: not a lock.

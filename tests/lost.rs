@@ -429,7 +429,7 @@ async fn stats_count_exactly_what_happened() {
     plant(
         leasehold::Strategy::ExclusiveFile,
         &path("expired"),
-        &format!(r#"{{"pid":1,"hostname":"elsewhere","leaseExpiresAt":"{past}"}}"#),
+        &format!(r#"{{"holderId":"h","pid":1,"hostname":"elsewhere","leaseExpiresAt":"{past}"}}"#),
         Duration::ZERO,
     );
     drop(locker.acquire("expired").await.unwrap());

@@ -262,3 +262,88 @@ async fn an_owner_json_that_is_not_a_regular_file_is_no_lock() {
         br#"{"uuid":"u","pid":999999999}"#
     );
 }
+
+#[path = "support/lock_files.rs"]
+mod lock_files;
+
+/// The lock name whose `Plain` path is where a tool's lock file is put
+/// (`Cargo.lock` is the lock `Cargo`; `package-lock.json` is planted as
+/// `package-lock.json.lock`).
+fn plain_name(file: &str) -> &str {
+    file.strip_suffix(".lock").unwrap_or(file)
+}
+
+/// Every lock file in `lock_files::LOCK_FILES`, an hour old (past the
+/// grace period and the foreign lease), at the path of its `Plain` name,
+/// as a lock file and as a lock directory's `owner.json`: `clean` keeps
+/// them, `list` leaves them out, and every acquisition of the name is
+/// refused with `UnexpectedFile` rather than reclaiming them. The empty
+/// dotlock, which a crash of any writer can leave too, is reclaimed.
+#[tokio::test]
+async fn the_lock_files_of_other_tools_are_never_removed() {
+    use lock_files::{EMPTY_DOTLOCK, LOCK_FILES};
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        for (file, content) in LOCK_FILES {
+            let path = dir.join(format!("{}.lock", plain_name(file)));
+            if strategy == Strategy::Directory {
+                std::fs::create_dir(&path).unwrap();
+                write_aged(&path.join("owner.json"), content, HOUR);
+                set_age(&path, HOUR);
+            } else {
+                write_aged(&path, content, HOUR);
+            }
+        }
+        let before = snapshot(dir);
+        let locker = locker(dir, strategy);
+        let listed = locker.list().await.unwrap();
+        let names = |l: &[leasehold::LockInfo]| l.iter().map(|l| l.name().to_owned()).collect::<Vec<_>>();
+        assert!(listed.is_empty(), "{strategy:?}: listed {:?}", names(&listed));
+        let dry = locker.clean(true).await.unwrap();
+        assert!(dry.is_empty(), "{strategy:?}: would clean {:?}", names(&dry));
+        let cleaned = locker.clean(false).await.unwrap();
+        assert!(cleaned.is_empty(), "{strategy:?}: cleaned {:?}", names(&cleaned));
+        for (file, _) in LOCK_FILES {
+            let name = plain_name(file);
+            let got = tokio::time::timeout(Duration::from_secs(5), locker.acquire(name)).await;
+            assert!(
+                got.as_ref().is_ok_and(is_unexpected_file),
+                "{strategy:?} {file}: {got:?}"
+            );
+            let got = locker.try_acquire(name).await;
+            assert!(is_unexpected_file(&got), "{strategy:?} {file}: {got:?}");
+            let got = locker.acquire_timeout(name, Duration::from_secs(1)).await;
+            assert!(is_unexpected_file(&got), "{strategy:?} {file}: {got:?}");
+            let got = locker.try_acquire_shared(name).await;
+            assert!(is_unexpected_file(&got), "{strategy:?} {file}: {got:?}");
+            let got = locker.inspect(name).await;
+            assert!(is_unexpected_file(&got), "{strategy:?} {file}: {got:?}");
+        }
+        drop(locker);
+        let _again = self::locker(dir, strategy);
+        assert_eq!(
+            snapshot(dir),
+            before,
+            "{strategy:?}: a lock file of another tool was changed"
+        );
+
+        // The one deliberate exception: an empty file is what a crash
+        // between create and write leaves, and holds no data.
+        let (file, content) = EMPTY_DOTLOCK;
+        let path = dir.join(file);
+        if strategy == Strategy::Directory {
+            std::fs::create_dir(&path).unwrap();
+            write_aged(&path.join("owner.json"), content, HOUR);
+            set_age(&path, HOUR);
+        } else {
+            write_aged(&path, content, HOUR);
+        }
+        let locker = self::locker(dir, strategy);
+        let guard = locker.try_acquire(plain_name(file)).await.unwrap();
+        assert!(
+            guard.is_some(),
+            "{strategy:?}: an empty file an hour old was not reclaimed"
+        );
+    }
+}

@@ -1250,3 +1250,45 @@ fn lockers_connecting_at_once_to_a_fresh_database_all_build() {
         );
     }
 }
+
+/// A name of `MAX_NAME_LEN` bytes that does not compress (PostgreSQL
+/// compresses a long key before indexing it, and a btree entry must fit
+/// in about 2700 bytes) is a lock on a server like any other, shared and
+/// as a semaphore too; one byte more is refused before the server is
+/// asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_name_works_on_a_server() {
+    let (_server, builder) = server();
+    let a = builder.clone().build().unwrap();
+    let b = builder.build().unwrap();
+    // Printable ASCII from a xorshift generator: nothing a compressor
+    // finds repeats in.
+    let mut x = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
+    let longest: String = (0..leasehold::MAX_NAME_LEN)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'!' + (x % 94) as u8)
+        })
+        .collect();
+    let guard = a.acquire(&longest).await.unwrap();
+    assert!(b.try_acquire(&longest).await.unwrap().is_none());
+    let owner = b.holder(&longest).await.unwrap().expect("held");
+    assert_eq!(owner.pid(), Some(std::process::id()));
+    guard.release().await.unwrap();
+    let shared = a.acquire_shared(&longest).await.unwrap();
+    assert_eq!(b.holders(&longest).await.unwrap().len(), 1);
+    shared.release().await.unwrap();
+    let sem = b.semaphore(&longest, 2).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    permit.release().await.unwrap();
+    assert!(a.try_acquire(&longest).await.unwrap().is_some());
+
+    let over = format!("{longest}x");
+    assert!(matches!(
+        a.try_acquire(&over).await,
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(a.holder(&over).await, Err(Error::InvalidName { .. })));
+}

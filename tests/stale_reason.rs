@@ -35,11 +35,11 @@ async fn each_kind_of_stale_record_has_its_reason() {
         Duration::from_secs(3600),
     );
 
-    // Garbage, older than the grace period.
+    // A record cut short, older than the grace period.
     common::plant(
         Strategy::ExclusiveFile,
         &file("torn"),
-        "{\"pi",
+        "{\"uu",
         Duration::from_secs(1),
     );
 

@@ -185,7 +185,7 @@ fn other_hosts_are_judged_by_lease_alone() {
 fn wall_clock_leases_allow_for_skew_between_hosts() {
     let just = crate::record::format_time(at(1_500));
     let long = crate::record::format_time(at(2_500));
-    let rec = |t: &str| format!(r#"{{"pid":9,"hostname":"there","leaseExpiresAt":"{t}"}}"#);
+    let rec = |t: &str| format!(r#"{{"holderId":"h","pid":9,"hostname":"there","leaseExpiresAt":"{t}"}}"#);
     assert_eq!(verdict(&rec(&just), 0, None), Verdict::Live);
     assert_eq!(
         verdict(&rec(&long), 0, None),
@@ -195,14 +195,14 @@ fn wall_clock_leases_allow_for_skew_between_hosts() {
 
 #[test]
 fn a_far_future_lease_does_not_keep_a_lock_forever() {
-    let rec = r#"{"pid":9,"hostname":"there","leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
+    let rec = r#"{"holderId":"h","pid":9,"hostname":"there","leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
     assert_eq!(verdict(rec, 3_600_000, None), Verdict::Live);
     assert_eq!(
         verdict(rec, 90_000_000, None),
         Verdict::Stale(StaleReason::LeaseExpired)
     );
     // With leaseMs, the claim is held to the lease it states.
-    let rec = r#"{"pid":9,"hostname":"there","leaseMs":30000,"leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
+    let rec = r#"{"holderId":"h","pid":9,"hostname":"there","leaseMs":30000,"leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
     assert_eq!(
         verdict(rec, 33_000, None),
         Verdict::Stale(StaleReason::LeaseExpired)

@@ -263,7 +263,7 @@ fn a_modification_time_in_the_future_extends_no_bound() {
     let future = at(0) + 365 * DAY;
     let judge_known_for =
         |rec: &str, known_for: Duration| verdict_later(rec, future, known_for, None, RULES, Duration::ZERO);
-    let rec = r#"{"pid":9,"hostname":"there","leaseMs":30000}"#;
+    let rec = r#"{"holderId":"h","pid":9,"hostname":"there","leaseMs":30000}"#;
     assert_eq!(judge_known_for(rec, Duration::from_secs(29)), Verdict::Live);
     assert_eq!(
         judge_known_for(rec, Duration::from_secs(30)),
@@ -275,7 +275,7 @@ fn a_modification_time_in_the_future_extends_no_bound() {
         judge_known_for(rec, Duration::from_secs(120)),
         Verdict::Stale(StaleReason::LeaseExpired)
     );
-    let rec = r#"{"pid":9,"hostname":"there","leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
+    let rec = r#"{"holderId":"h","pid":9,"hostname":"there","leaseExpiresAt":"2999-01-01T00:00:00.000Z"}"#;
     assert_eq!(
         judge_known_for(rec, DAY),
         Verdict::Stale(StaleReason::LeaseExpired)
@@ -284,7 +284,7 @@ fn a_modification_time_in_the_future_extends_no_bound() {
 
 #[test]
 fn huge_leases_end_within_a_year() {
-    let rec = r#"{"pid":9,"hostname":"there","leaseMs":9000000000000000}"#;
+    let rec = r#"{"holderId":"h","pid":9,"hostname":"there","leaseMs":9000000000000000}"#;
     let later = |d| verdict_later(rec, at(0), Duration::ZERO, None, RULES, d);
     assert_eq!(later(364 * DAY), Verdict::Live);
     assert_eq!(
@@ -308,7 +308,8 @@ fn huge_leases_end_within_a_year() {
 
 #[test]
 fn rechecks_come_when_the_lease_can_end() {
-    let rec = parse(br#"{"pid":9,"hostname":"there","leaseExpiresAt":"2025-12-03T07:06:06.000Z"}"#);
+    let rec =
+        parse(br#"{"holderId":"h","pid":9,"hostname":"there","leaseExpiresAt":"2025-12-03T07:06:06.000Z"}"#);
     let claimed = crate::record::parse_time("2025-12-03T07:06:06.000Z").unwrap();
     assert_eq!(
         recheck_on(&rec, at(0), RULES, &fake()),

@@ -1,0 +1,191 @@
+//! Any name that is accepted works: a name longer than
+//! `leasehold::MAX_NAME_LEN` bytes is refused with `Error::InvalidName` by
+//! every call that takes a name, before anything is written, and a name
+//! at the limit, in the characters that take the most room in a record,
+//! with the largest owner fields, fencing and a semaphore's marker, makes
+//! records that every reader reads.
+
+use std::time::Duration;
+
+use leasehold::{Error, Locker, MAX_NAME_LEN, PathStyle, Strategy};
+
+fn is_invalid_name<T: std::fmt::Debug>(got: &leasehold::Result<T>) -> bool {
+    matches!(got, Err(Error::InvalidName { .. }))
+}
+
+/// The longest name, in characters a JSON writer escapes to six bytes
+/// each (`\u0001`), and the first name too long.
+fn at_and_over_the_limit() -> (String, String) {
+    let at = "\u{1}".repeat(MAX_NAME_LEN);
+    let over = "n".repeat(MAX_NAME_LEN + 1);
+    (at, over)
+}
+
+/// Owner fields as large as `build()` accepts (4 KiB as JSON): one long
+/// value, with quotes that JSON escapes.
+fn largest_fields(builder: leasehold::LockerBuilder) -> leasehold::LockerBuilder {
+    let mut value = "\"".repeat(1000);
+    let mut b = builder.clone().owner_field("k", value.clone());
+    // Grow the value until `build()` refuses it; keep the last accepted.
+    loop {
+        value.push('v');
+        let next = builder.clone().owner_field("k", value.clone());
+        if next.clone().build().is_err() {
+            return b;
+        }
+        b = next;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_over_the_limit_are_refused_by_every_call() {
+    let (_, over) = at_and_over_the_limit();
+    // The measured failure: a 70,000-byte name made a record over the
+    // readers' limit.
+    let huge = "x".repeat(70_000);
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let tmp = tempfile::tempdir().unwrap();
+        let locker = Locker::builder()
+            .directory(tmp.path())
+            .strategy(strategy)
+            .build()
+            .unwrap();
+        for name in [over.as_str(), huge.as_str()] {
+            let t = Duration::from_millis(100);
+            assert!(is_invalid_name(&locker.lock_path(name)), "{strategy:?} lock_path");
+            assert!(
+                is_invalid_name(&locker.acquire(name).await),
+                "{strategy:?} acquire"
+            );
+            assert!(
+                is_invalid_name(&locker.try_acquire(name).await),
+                "{strategy:?} try_acquire"
+            );
+            assert!(
+                is_invalid_name(&locker.acquire_timeout(name, t).await),
+                "{strategy:?}"
+            );
+            assert!(
+                is_invalid_name(&locker.acquire_shared(name).await),
+                "{strategy:?}"
+            );
+            assert!(
+                is_invalid_name(&locker.try_acquire_shared(name).await),
+                "{strategy:?}"
+            );
+            assert!(
+                is_invalid_name(&locker.acquire_shared_timeout(name, t).await),
+                "{strategy:?}"
+            );
+            assert!(
+                is_invalid_name(&locker.semaphore(name, 2)),
+                "{strategy:?} semaphore"
+            );
+            assert!(is_invalid_name(&locker.holder(name).await), "{strategy:?} holder");
+            assert!(
+                is_invalid_name(&locker.holders(name).await),
+                "{strategy:?} holders"
+            );
+            assert!(
+                is_invalid_name(&locker.inspect(name).await),
+                "{strategy:?} inspect"
+            );
+            assert!(
+                is_invalid_name(&locker.is_held(name).await),
+                "{strategy:?} is_held"
+            );
+            assert!(
+                is_invalid_name(&locker.with_lock(name, async {}).await),
+                "{strategy:?}"
+            );
+            assert!(
+                is_invalid_name(&locker.with_lock_timeout(name, t, async {}).await),
+                "{strategy:?}"
+            );
+            let (l, n) = (locker.clone(), name.to_owned());
+            let blocking = tokio::task::spawn_blocking(move || {
+                [
+                    is_invalid_name(&l.blocking_acquire(&n)),
+                    is_invalid_name(&l.blocking_try_acquire(&n)),
+                    is_invalid_name(&l.blocking_acquire_timeout(&n, Duration::from_millis(100))),
+                ]
+            })
+            .await
+            .unwrap();
+            assert_eq!(blocking, [true; 3], "{strategy:?} blocking_*");
+        }
+        // Nothing was written.
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "{strategy:?}");
+        // The message does not repeat a name of any length in full.
+        let message = locker.lock_path(&huge).unwrap_err().to_string();
+        assert!(message.len() < 400, "{} bytes: {message:.200}", message.len());
+        assert!(message.contains(&MAX_NAME_LEN.to_string()), "{message}");
+    }
+}
+
+/// The longest name, the largest owner fields, fencing, and both kinds of
+/// marker: a rival reads every record as held (never as a file that is
+/// no lock), and the name is free again after release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_name_with_the_largest_fields_is_a_lock_every_reader_reads() {
+    let (at, _) = at_and_over_the_limit();
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = Locker::builder()
+            .directory(tmp.path())
+            .strategy(strategy)
+            .fencing(true)
+            .lease(Duration::from_secs(5));
+        let holder = largest_fields(base.clone()).build().unwrap();
+        let rival = base.build().unwrap();
+
+        let guard = holder.acquire(&at).await.unwrap();
+        assert!(rival.try_acquire(&at).await.unwrap().is_none(), "{strategy:?}");
+        let owner = rival.holder(&at).await.unwrap().expect("held");
+        assert!(owner.field("k").is_some(), "{strategy:?}");
+        let info = rival.inspect(&at).await.unwrap().expect("held");
+        assert_eq!(info.name(), at, "{strategy:?}");
+        let listed = rival.list().await.unwrap();
+        assert_eq!(listed.len(), 1, "{strategy:?}");
+        assert!(std::fs::metadata(holder.lock_path(&at).unwrap()).is_ok());
+        guard.release().await.unwrap();
+
+        // Shared holders and a semaphore's permits: the marker carries
+        // `mode`, `permits` and `group` too.
+        let shared = holder.acquire_shared(&at).await.unwrap();
+        let also = rival.acquire_shared(&at).await.unwrap();
+        assert!(rival.try_acquire(&at).await.unwrap().is_none(), "{strategy:?}");
+        drop((shared, also));
+        let sem = holder.semaphore(&at, u32::MAX).unwrap();
+        let permit = sem.acquire().await.unwrap();
+        assert!(rival.try_acquire(&at).await.unwrap().is_none(), "{strategy:?}");
+        assert!(
+            rival
+                .semaphore(&at, u32::MAX)
+                .unwrap()
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_some()
+        );
+        drop(permit);
+
+        let again = rival.try_acquire(&at).await.unwrap();
+        assert!(again.is_some(), "{strategy:?}: the name cannot be used again");
+    }
+}
+
+/// `Plain` and `Exact` names keep their own, shorter limit.
+#[tokio::test]
+async fn plain_names_keep_their_shorter_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    for style in [PathStyle::Plain, PathStyle::Exact] {
+        let locker = Locker::builder()
+            .directory(tmp.path())
+            .path_style(style)
+            .build()
+            .unwrap();
+        assert!(locker.lock_path(&"p".repeat(200)).is_ok());
+        assert!(is_invalid_name(&locker.try_acquire(&"p".repeat(201)).await));
+    }
+}
