@@ -170,40 +170,71 @@ async fn fencing_tokens_keep_growing_when_the_counter_is_lost() {
         let fence = format!("{}.fence", locker.lock_path("ledger").unwrap().display());
         let last = std::cell::Cell::new(0);
         let next = |token: u64, what: &str| {
-            assert!(token > last.get(), "{strategy:?} {what}: {token} after {}", last.get());
+            assert!(
+                token > last.get(),
+                "{strategy:?} {what}: {token} after {}",
+                last.get()
+            );
             last.set(token);
         };
         for _ in 0..3 {
-            next(locker.acquire("ledger").await.unwrap().fencing_token().unwrap(), "first");
+            next(
+                locker.acquire("ledger").await.unwrap().fencing_token().unwrap(),
+                "first",
+            );
         }
         // An operator's `rm locks/*.fence`, between two holders.
         std::fs::remove_file(&fence).unwrap();
-        next(locker.acquire("ledger").await.unwrap().fencing_token().unwrap(), "counter deleted");
+        next(
+            locker.acquire("ledger").await.unwrap().fencing_token().unwrap(),
+            "counter deleted",
+        );
         // Deleted while held: the block in hand, then the next holder.
         let held = locker.acquire("ledger").await.unwrap();
         next(held.fencing_token().unwrap(), "held");
         std::fs::remove_file(&fence).unwrap();
         drop(held);
-        next(locker.acquire("ledger").await.unwrap().fencing_token().unwrap(), "deleted while held");
+        next(
+            locker.acquire("ledger").await.unwrap().fencing_token().unwrap(),
+            "deleted while held",
+        );
         // A shared holder's token is the counter as it stands: never
         // below the last exclusive holder's, even with the counter gone.
         std::fs::remove_file(&fence).unwrap();
-        let shared = locker.acquire_shared("ledger").await.unwrap().fencing_token().unwrap();
-        assert!(shared >= last.get(), "{strategy:?}: shared {shared} after {}", last.get());
-        next(locker.acquire("ledger").await.unwrap().fencing_token().unwrap(), "after shared");
+        let shared = locker
+            .acquire_shared("ledger")
+            .await
+            .unwrap()
+            .fencing_token()
+            .unwrap();
+        assert!(
+            shared >= last.get(),
+            "{strategy:?}: shared {shared} after {}",
+            last.get()
+        );
+        next(
+            locker.acquire("ledger").await.unwrap().fencing_token().unwrap(),
+            "after shared",
+        );
         // The directory re-created, and a fresh Locker (a reboot of a tmpfs).
         drop(locker);
         std::fs::remove_dir_all(&dir).unwrap();
         std::fs::create_dir(&dir).unwrap();
         let rebooted = build();
-        next(rebooted.acquire("ledger").await.unwrap().fencing_token().unwrap(), "re-created");
+        next(
+            rebooted.acquire("ledger").await.unwrap().fencing_token().unwrap(),
+            "re-created",
+        );
         // A counter written by an earlier version (measured: 2049, then 1
         // once it was deleted): the clock takes over at once.
         let legacy = format!("{}.fence", rebooted.lock_path("legacy").unwrap().display());
         std::fs::write(&legacy, "2049\n").unwrap();
         let before = wall_us();
         let token = rebooted.acquire("legacy").await.unwrap().fencing_token().unwrap();
-        assert!(token >= before, "{strategy:?}: an old small counter jumps to the clock: {token}");
+        assert!(
+            token >= before,
+            "{strategy:?}: an old small counter jumps to the clock: {token}"
+        );
         std::fs::remove_file(&legacy).unwrap();
         let after = rebooted.acquire("legacy").await.unwrap().fencing_token().unwrap();
         assert!(after > token, "{strategy:?}: {after} after {token}");

@@ -55,17 +55,35 @@ fn next_block(last: Option<u64>, now: u64) -> Option<(Tokens, u64)> {
         // Every token handed out before the loss is at most LEAD ahead
         // of a clock reading that lies before this one.
         let first = now.checked_add(LEAD + 1)?;
-        return Some((Tokens { next: first, last: first }, now + 1));
+        return Some((
+            Tokens {
+                next: first,
+                last: first,
+            },
+            now + 1,
+        ));
     };
     let first = last.checked_add(1)?.max(now);
     let full = first.checked_add(TOKEN_BLOCK - 1)?;
     let bound = now.saturating_add(LEAD);
     if first > bound.saturating_add(MAX_WAIT) {
         // The clock went back: continue from the counter.
-        return Some((Tokens { next: first, last: full }, now));
+        return Some((
+            Tokens {
+                next: first,
+                last: full,
+            },
+            now,
+        ));
     }
     let end = full.min(bound).max(first);
-    Some((Tokens { next: first, last: end }, end - LEAD.min(end)))
+    Some((
+        Tokens {
+            next: first,
+            last: end,
+        },
+        end - LEAD.min(end),
+    ))
 }
 
 /// Reserves the next block of fencing tokens for the lock `name`, which

@@ -1,10 +1,22 @@
 //! The exclusive-file strategy.
 //!
-//! A lock is one regular file, `<dir>/<name>.lock`, created with
-//! `O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC`, mode 0600. The creator takes
-//! `flock(LOCK_EX)` on it *before* writing the record, writes the record in
-//! one `pwrite` and (by default) `fdatasync`s it, and keeps the descriptor,
-//! and so the `flock`, for as long as it holds the lock.
+//! A lock is one regular file, `<dir>/<name>.lock`, mode 0600. It appears
+//! at the lock path whole: the creator makes it under a private name in
+//! the lock directory, `<name>.lock.pending-<12 hex>` (`O_CREAT | O_EXCL |
+//! O_NOFOLLOW | O_CLOEXEC`), takes `flock(LOCK_EX)` on it, writes the
+//! record in one `pwrite` and (by default) `fdatasync`s it, then `link`s
+//! it to the lock path, which fails with `EEXIST` if the path is taken,
+//! and removes the private name. So a leasehold lock file is never seen
+//! without its record and its flock, and a creator that dies at any
+//! instant leaves either nothing at the lock path or a record whose flock
+//! is free, taken over at once. What it leaves under the private name is
+//! collected as a leftover once its flock is free. It keeps the
+//! descriptor, and so the `flock`, for as long as it holds the lock.
+//!
+//! Where the filesystem cannot `link` (some FUSE and FAT filesystems), the
+//! file is created at the lock path itself and flocked before anything
+//! is written; a creator that dies before writing then leaves an empty
+//! file, taken over after the grace period.
 //!
 //! Renewal rewrites the record in place through that descriptor with a
 //! record of the same length, then checks that the path still names the
@@ -16,19 +28,169 @@
 use std::fs::{File, TryLockError};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::context::Ctx;
 use super::syscall::{self, Errno, Open};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
-use crate::record::OwnRecord;
+use crate::record::{OwnRecord, unique_bits};
 
-/// Creates the lock file and takes its `flock`, before anything is
-/// written; `None` if the path is taken. Returns the file and its
-/// identity. Impatient callers (running on the runtime's thread) never
+/// How the creator holds a new lock file's flock: exclusively (a lock),
+/// or shared (a shared lock's marker, which every holder shares).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hold {
+    Exclusive,
+    Shared,
+}
+
+/// A lock file this process just made at the lock path: flocked, its
+/// record written.
+#[derive(Debug)]
+pub(super) struct Made {
+    pub(super) file: File,
+    pub(super) dev: u64,
+    pub(super) ino: u64,
+    /// The length of the record on disk.
+    pub(super) len: usize,
+}
+
+/// The private name of a lock file being made: `<lock>.pending-<12 hex>`,
+/// unique within this process, random across processes. No lock's file
+/// name has this shape in any path style (see `name.rs`).
+fn pending_name(name: &LockName) -> String {
+    format!(
+        "{}.pending-{:012x}",
+        name.file_name(),
+        unique_bits().1 & 0xffff_ffff_ffff
+    )
+}
+
+/// Makes the lock file of `name` holding `bytes` (synced if durable), its
+/// flock held as `hold` before anything is written; `None` if the path
+/// is taken. Impatient callers (running on the runtime's thread) never
 /// sleep here.
-pub(super) fn create(ctx: &Ctx, name: &LockName, patient: bool) -> Result<Option<(File, u64, u64)>> {
+pub(super) fn create(
+    ctx: &Ctx,
+    name: &LockName,
+    hold: Hold,
+    patient: bool,
+    bytes: &[u8],
+) -> Result<Option<Made>> {
+    if ctx.no_link.load(Ordering::Relaxed) {
+        return create_in_place(ctx, name, hold, patient, bytes);
+    }
+    // Taken: no need to make a file only to find it out.
+    match syscall::stat_at(ctx.dir.fd(), name.file_name()) {
+        Ok(_) => return Ok(None),
+        Err(Errno::ENOENT) => {}
+        Err(e) => return Err(e).context("look at lock path", || ctx.path_of(name.file_name())),
+    }
+    let mut pending = Pending {
+        ctx,
+        name: pending_name(name),
+        armed: false,
+    };
+    let mut tries = 0;
+    let file = loop {
+        match syscall::open_at(ctx.dir.fd(), pending.name.as_str(), Open::CreateNew) {
+            Ok(file) => break file,
+            // Another process's private name, once in 2^48.
+            Err(Errno::EEXIST) if tries < 4 => {
+                tries += 1;
+                pending.name = pending_name(name);
+            }
+            Err(e) => return Err(e).context("create lock file", || ctx.path_of(&pending.name)),
+        }
+    };
+    pending.armed = true;
+    let path = || ctx.path_of(&pending.name);
+    // Only a sweep of leftovers can hold the flock of a private name, and
+    // only of one left this young for `LEFTOVER_SETTLE` (a creator that
+    // stood still that long): it is then no lock of ours to make.
+    let locked = failpoint!("file.create.after_open").map_err(TryLockError::Error);
+    match locked.and_then(|()| lock(&file, hold)) {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            pending.armed = false;
+            return Ok(None);
+        }
+        Err(TryLockError::Error(e)) => return Err(flock_error(e, path())),
+    }
+    let meta = failpoint!("file.create.after_flock")
+        .and_then(|()| file.metadata())
+        .context("inspect new lock file", path)?;
+    if meta.nlink() == 0 {
+        // Collected by that sweep before our flock.
+        pending.armed = false;
+        return Ok(None);
+    }
+    write_bytes(&file, bytes, ctx.durable, path)?;
+    let linked = failpoint!("file.create.before_link").map_err(|_| Errno::EIO);
+    match linked.and_then(|()| syscall::link_at(ctx.dir.fd(), &pending.name, name.file_name())) {
+        Ok(()) => {}
+        Err(Errno::EEXIST) => return Ok(None),
+        Err(Errno::ENOENT) => {
+            pending.armed = false;
+            return Ok(None);
+        }
+        Err(Errno::EPERM | Errno::EOPNOTSUPP | Errno::ENOSYS) => {
+            drop(pending);
+            ctx.no_link.store(true, Ordering::Relaxed);
+            tracing::debug!(
+                directory = %ctx.dir.path().display(),
+                "link(2) is not supported here; lock files are made in place"
+            );
+            return create_in_place(ctx, name, hold, patient, bytes);
+        }
+        Err(e) => return Err(e).context("create lock file", || ctx.path_of(name.file_name())),
+    }
+    // Ours now; the private name is only a second name for it, removed
+    // as `pending` drops, or collected as a leftover if this process dies
+    // before (once its flock is free).
+    let _ = failpoint!("file.create.after_link");
+    Ok(Some(Made {
+        file,
+        dev: meta.dev(),
+        ino: meta.ino(),
+        len: bytes.len(),
+    }))
+}
+
+/// A private name to remove when dropped, unless disarmed.
+struct Pending<'a> {
+    ctx: &'a Ctx,
+    name: String,
+    armed: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = syscall::unlink_at(self.ctx.dir.fd(), self.name.as_str());
+        }
+    }
+}
+
+fn lock(file: &File, hold: Hold) -> std::result::Result<(), TryLockError> {
+    match hold {
+        Hold::Exclusive => file.try_lock(),
+        Hold::Shared => file.try_lock_shared(),
+    }
+}
+
+/// [`create`] where `link` is not supported: the file is made at the lock
+/// path and flocked before anything is written, so a creator that dies
+/// before its write leaves an empty file (taken over after the grace
+/// period).
+fn create_in_place(
+    ctx: &Ctx,
+    name: &LockName,
+    hold: Hold,
+    patient: bool,
+    bytes: &[u8],
+) -> Result<Option<Made>> {
     let path = || ctx.path_of(name.file_name());
     let file = match syscall::open_at(ctx.dir.fd(), name.file_name(), Open::CreateNew) {
         Ok(file) => file,
@@ -42,7 +204,7 @@ pub(super) fn create(ctx: &Ctx, name: &LockName, patient: bool) -> Result<Option
     let mut tries = 0;
     loop {
         let locked = failpoint!("file.create.after_open").map_err(TryLockError::Error);
-        match locked.and_then(|()| file.try_lock()) {
+        match locked.and_then(|()| lock(&file, hold)) {
             Ok(()) => break,
             Err(TryLockError::WouldBlock) if patient && tries < 50 => {
                 tries += 1;
@@ -69,7 +231,19 @@ pub(super) fn create(ctx: &Ctx, name: &LockName, patient: bool) -> Result<Option
     if meta.nlink() == 0 {
         return Ok(None);
     }
-    Ok(Some((file, meta.dev(), meta.ino())))
+    if let Err(e) = write_bytes(&file, bytes, ctx.durable, path) {
+        // Flocked by us, the path still names it: ours to remove.
+        if ctx.names(name, meta.dev(), meta.ino()).unwrap_or(false) {
+            let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
+        }
+        return Err(e);
+    }
+    Ok(Some(Made {
+        file,
+        dev: meta.dev(),
+        ino: meta.ino(),
+        len: bytes.len(),
+    }))
 }
 
 /// `flock` failing outright (not just contended) means the filesystem
@@ -95,15 +269,21 @@ pub(super) fn write(
     path: impl Fn() -> PathBuf,
 ) -> Result<usize> {
     let bytes = record.to_bytes(record_len);
+    write_bytes(file, &bytes, sync, path)?;
+    Ok(bytes.len())
+}
+
+/// Writes `bytes` at the start of `file`, and syncs them if `sync`.
+fn write_bytes(file: &File, bytes: &[u8], sync: bool, path: impl Fn() -> PathBuf) -> Result<()> {
     failpoint!("file.write.before_pwrite")
-        .and_then(|()| file.write_all_at(&bytes, 0))
+        .and_then(|()| file.write_all_at(bytes, 0))
         .context("write lock record", &path)?;
     if sync {
         failpoint!("file.write.before_sync")
             .and_then(|()| file.sync_data())
             .context("sync lock record", &path)?;
     }
-    Ok(bytes.len())
+    Ok(())
 }
 
 /// Removes the lock file; the caller holds the mutation lock and has

@@ -58,16 +58,25 @@ impl Whole {
     /// (and synced when durable); `None` if the path is taken. Callers on
     /// the runtime's thread pass `patient: false` and never sleep here.
     pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName, patient: bool) -> Result<Option<Self>> {
-        // The record is made once the path is ours (a directory's, once
-        // its pending directory is): an attempt that finds the lock taken
-        // makes none, and the lease is stamped as late as it can be.
+        // A directory's record is made once its pending directory is
+        // ours (an attempt that finds the lock taken makes none); a lock
+        // file appears at the lock path with its record already in it.
         let (node, record, dev, ino) = match ctx.strategy {
-            Strategy::ExclusiveFile => match file::create(ctx, name, patient)? {
-                Some((file, dev, ino)) => {
-                    (Node::File { file, record_len: 0 }, ctx.own_record(name), dev, ino)
+            Strategy::ExclusiveFile => {
+                let record = ctx.own_record(name);
+                match file::create(ctx, name, file::Hold::Exclusive, patient, &record.to_bytes(0))? {
+                    Some(made) => (
+                        Node::File {
+                            file: made.file,
+                            record_len: made.len,
+                        },
+                        record,
+                        made.dev,
+                        made.ino,
+                    ),
+                    None => return Ok(None),
                 }
-                None => return Ok(None),
-            },
+            }
             Strategy::Directory => match directory::create(ctx, name)? {
                 Some(p) => (
                     Node::Dir {
@@ -81,8 +90,8 @@ impl Whole {
                 None => return Ok(None),
             },
         };
-        // Armed from here on: a failure below removes the half-made lock.
-        let mut lock = Whole {
+        // Armed from here on: a failure below removes the lock.
+        let lock = Whole {
             ctx: Arc::clone(ctx),
             name: name.clone(),
             dev,
@@ -91,10 +100,6 @@ impl Whole {
             node,
             armed: true,
         };
-        if let Node::File { file, record_len } = &mut lock.node {
-            let path = || ctx.path_of(name.file_name());
-            *record_len = file::write(file, 0, &lock.record, ctx.durable, path)?;
-        }
         failpoint!("lock.create.after_record").context("create lock", || ctx.path_of(name.file_name()))?;
         ctx.lines.acquired(ctx.dir.fd(), name.file_name());
         Ok(Some(lock))
