@@ -404,6 +404,10 @@ fn plant_leftovers(dir: &Path, strategy: Strategy, lock_file: &str) {
     let fence = dir.join(format!("{lock_file}.fence.tmp-{:032x}", 0xc001));
     std::fs::write(&fence, b"1024\n").unwrap();
     aged(&fence);
+    // A lock file being made, empty (its maker killed before writing).
+    let pending = dir.join(format!("{lock_file}.pending-00000000d001"));
+    std::fs::write(&pending, b"").unwrap();
+    aged(&pending);
 }
 
 /// One run of `op` after its setup: acquire, check in, hold, check out,
