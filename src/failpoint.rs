@@ -16,13 +16,14 @@
 #[cfg_attr(not(any(test, feature = "failpoints")), allow(dead_code))]
 pub(crate) const FAILPOINTS: &[&str] = &[
     // Exclusive file (and a shared lock's marker file): made under a
-    // private name, flocked, written, synced, linked to the lock path.
+    // private name, flocked, written, synced, renamed (or linked) onto the
+    // lock path.
     "file.create.after_open",
     "file.create.after_flock",
     "file.write.before_pwrite",
     "file.write.before_sync",
-    "file.create.before_link",
-    "file.create.after_link",
+    "file.create.before_publish",
+    "file.create.after_publish",
     // Directory layout: publishing.
     "dir.publish.after_mkdir",
     "dir.publish.after_flock",

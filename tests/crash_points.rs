@@ -967,10 +967,10 @@ fn a_holder_killed_while_making_its_lock_file_costs_milliseconds() {
         (Op::Plain, "file.create.after_open"),
         (Op::Plain, "file.create.after_flock"),
         (Op::Plain, "file.write.before_pwrite"),
-        (Op::Plain, "file.create.before_link"),
-        (Op::Plain, "file.create.after_link"),
+        (Op::Plain, "file.create.before_publish"),
+        (Op::Plain, "file.create.after_publish"),
         (Op::Shared, "file.create.after_open"),
-        (Op::Shared, "file.create.before_link"),
+        (Op::Shared, "file.create.before_publish"),
     ];
     let rt = runtime();
     for (op, point) in cases {

@@ -4,16 +4,18 @@
 //! at the lock path whole: the creator makes it under a private name in
 //! the lock directory, `<name>.lock.pending-<12 hex>` (`O_CREAT | O_EXCL |
 //! O_NOFOLLOW | O_CLOEXEC`), takes `flock(LOCK_EX)` on it, writes the
-//! record in one `pwrite` and (by default) `fdatasync`s it, then `link`s
-//! it to the lock path, which fails with `EEXIST` if the path is taken,
-//! and removes the private name. So a leasehold lock file is never seen
+//! record in one `pwrite` and (by default) `fdatasync`s it, then renames
+//! it onto the lock path with `renameat2(RENAME_NOREPLACE)`, which fails
+//! with `EEXIST` if the path is taken (where there is none: `link`s it to
+//! the lock path, which fails alike, and removes the private name). So a
+//! leasehold lock file is never seen
 //! without its record and its flock, and a creator that dies at any
 //! instant leaves either nothing at the lock path or a record whose flock
 //! is free, taken over at once. What it leaves under the private name is
 //! collected as a leftover once its flock is free. It keeps the
 //! descriptor, and so the `flock`, for as long as it holds the lock.
 //!
-//! Where the filesystem cannot `link` (some FUSE and FAT filesystems), the
+//! Where the filesystem can do neither (some FUSE and FAT filesystems), the
 //! file is created at the lock path itself and flocked before anything
 //! is written; a creator that dies before writing then leaves an empty
 //! file, taken over after the grace period.
@@ -36,6 +38,7 @@ use super::syscall::{self, Errno, Open};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::record::{OwnRecord, unique_bits};
+use crate::sys::{self, RenameError};
 
 /// How the creator holds a new lock file's flock: exclusively (a lock),
 /// or shared (a shared lock's marker, which every holder shares).
@@ -50,6 +53,9 @@ pub(super) enum Hold {
 #[derive(Debug)]
 pub(super) struct Made {
     pub(super) file: File,
+    /// The same file opened by the lock path's name, where it was made by
+    /// `link` (see [`link`]).
+    pub(super) named: Option<File>,
     pub(super) dev: u64,
     pub(super) ino: u64,
     /// The length of the record on disk.
@@ -127,35 +133,75 @@ pub(super) fn create(
         return Ok(None);
     }
     write_bytes(&file, bytes, ctx.durable, path)?;
-    let linked = failpoint!("file.create.before_link").map_err(|_| Errno::EIO);
-    match linked.and_then(|()| syscall::link_at(ctx.dir.fd(), &pending.name, name.file_name())) {
-        Ok(()) => {}
-        Err(Errno::EEXIST) => return Ok(None),
-        Err(Errno::ENOENT) => {
+    failpoint!("file.create.before_publish").context("create lock file", || ctx.path_of(name.file_name()))?;
+    let named = match sys::rename_exclusive(ctx.dir.fd(), &pending.name, name.file_name()) {
+        Ok(()) => {
+            pending.armed = false;
+            None
+        }
+        Err(RenameError::Exists) => return Ok(None),
+        Err(RenameError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
             pending.armed = false;
             return Ok(None);
         }
+        Err(RenameError::Io(e)) => {
+            return Err(e).context("create lock file", || ctx.path_of(name.file_name()));
+        }
+        Err(RenameError::Unsupported) => match link(ctx, name, &pending, &meta)? {
+            Linked::Yes(named) => named,
+            Linked::Taken => return Ok(None),
+            Linked::Unsupported => {
+                drop(pending);
+                return create_in_place(ctx, name, hold, patient, bytes);
+            }
+        },
+    };
+    // Ours now. A private name linked to it is removed as `pending` drops,
+    // or collected as a leftover if this process dies first (once its
+    // flock is free).
+    let _ = failpoint!("file.create.after_publish");
+    Ok(Some(Made {
+        file,
+        named,
+        dev: meta.dev(),
+        ino: meta.ino(),
+        len: bytes.len(),
+    }))
+}
+
+/// What [`link`] made of the lock path.
+enum Linked {
+    /// Ours, and the lock file opened by its own name, if it could be.
+    Yes(Option<File>),
+    Taken,
+    Unsupported,
+}
+
+/// Links the private name `pending` (the file `meta`) to the lock path,
+/// where `rename` cannot refuse to replace: `link(2)` fails if the path
+/// exists. Then opens the lock by its own name too: a close is reported to
+/// inotify watchers under the name a file was opened by, and waiters wake
+/// on the close of the lock path when this process dies.
+fn link(ctx: &Ctx, name: &LockName, pending: &Pending<'_>, meta: &std::fs::Metadata) -> Result<Linked> {
+    match syscall::link_at(ctx.dir.fd(), &pending.name, name.file_name()) {
+        Ok(()) => {}
+        Err(Errno::EEXIST | Errno::ENOENT) => return Ok(Linked::Taken),
         Err(Errno::EPERM | Errno::EOPNOTSUPP | Errno::ENOSYS) => {
-            drop(pending);
             ctx.no_link.store(true, Ordering::Relaxed);
             tracing::debug!(
                 directory = %ctx.dir.path().display(),
                 "link(2) is not supported here; lock files are made in place"
             );
-            return create_in_place(ctx, name, hold, patient, bytes);
+            return Ok(Linked::Unsupported);
         }
         Err(e) => return Err(e).context("create lock file", || ctx.path_of(name.file_name())),
     }
-    // Ours now; the private name is only a second name for it, removed
-    // as `pending` drops, or collected as a leftover if this process dies
-    // before (once its flock is free).
-    let _ = failpoint!("file.create.after_link");
-    Ok(Some(Made {
-        file,
-        dev: meta.dev(),
-        ino: meta.ino(),
-        len: bytes.len(),
-    }))
+    let named = syscall::open_at(ctx.dir.fd(), name.file_name(), Open::Write).ok();
+    let same = |f: &File| {
+        f.metadata()
+            .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()))
+    };
+    Ok(Linked::Yes(named.filter(same)))
 }
 
 /// A private name to remove when dropped, unless disarmed.
@@ -240,6 +286,7 @@ fn create_in_place(
     }
     Ok(Some(Made {
         file,
+        named: None,
         dev: meta.dev(),
         ino: meta.ino(),
         len: bytes.len(),

@@ -46,7 +46,14 @@ pub(crate) struct Whole {
 enum Node {
     /// The lock file itself; renewals rewrite it in place, padded to
     /// `record_len`, the length on disk.
-    File { file: File, record_len: usize },
+    /// `_named` is the file opened by the lock path's name, where it was
+    /// linked there, kept only so that its close (when this process dies)
+    /// wakes waiters (see `file::create`).
+    File {
+        file: File,
+        _named: Option<File>,
+        record_len: usize,
+    },
     /// The lock directory, and its current `owner.json` kept open for
     /// writing only so that its close (at renewal, or when this process
     /// dies) is an inotify event that wakes waiters.
@@ -68,6 +75,7 @@ impl Whole {
                     Some(made) => (
                         Node::File {
                             file: made.file,
+                            _named: made.named,
                             record_len: made.len,
                         },
                         record,
@@ -110,7 +118,7 @@ impl Whole {
     fn write_record(&mut self, record: OwnRecord) -> Result<()> {
         let path = || self.ctx.path_of(self.name.file_name());
         match &mut self.node {
-            Node::File { file, record_len } => {
+            Node::File { file, record_len, .. } => {
                 *record_len = file::write(file, *record_len, &record, false, path)?
             }
             Node::Dir { dir, record_file } => *record_file = directory::rewrite(dir, &record, path)?,
