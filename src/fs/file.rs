@@ -114,24 +114,16 @@ pub(super) fn create(
     let path = || ctx.path_of(&pending.name);
     // Only a sweep of leftovers can hold the flock of a private name, and
     // only of one left this young for `LEFTOVER_SETTLE` (a creator that
-    // stood still that long): it is then no lock of ours to make.
-    let locked = failpoint!("file.create.after_open").map_err(TryLockError::Error);
-    match locked.and_then(|()| lock(&file, hold)) {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
+    // stood still that long): then it may remove it, and it is no lock of
+    // ours to make.
+    let meta = match lock_new(&file, hold, patient, path)? {
+        Locked::Held(meta) => meta,
+        Locked::Lost => {
             pending.armed = false;
             return Ok(None);
         }
-        Err(TryLockError::Error(e)) => return Err(flock_error(e, path())),
-    }
-    let meta = failpoint!("file.create.after_flock")
-        .and_then(|()| file.metadata())
-        .context("inspect new lock file", path)?;
-    if meta.nlink() == 0 {
-        // Collected by that sweep before our flock.
-        pending.armed = false;
-        return Ok(None);
-    }
+        Locked::Failed(e) => return Err(e),
+    };
     write_bytes(&file, bytes, ctx.durable, path)?;
     failpoint!("file.create.before_publish").context("create lock file", || ctx.path_of(name.file_name()))?;
     let named = match sys::rename_exclusive(ctx.dir.fd(), &pending.name, name.file_name()) {
@@ -219,11 +211,47 @@ impl Drop for Pending<'_> {
     }
 }
 
-fn lock(file: &File, hold: Hold) -> std::result::Result<(), TryLockError> {
-    match hold {
-        Hold::Exclusive => file.try_lock(),
-        Hold::Shared => file.try_lock_shared(),
+/// What taking the flock of a file just made came to.
+enum Locked {
+    /// Ours, with its identity.
+    Held(std::fs::Metadata),
+    /// Someone else holds the flock (only a reader testing an abandoned
+    /// file can, briefly: `patient` callers try a few times), or the file
+    /// was removed before we held it.
+    Lost,
+    /// The flock itself failed: nobody holds one on the file.
+    Failed(Error),
+}
+
+/// Takes the flock of a file just made, as `hold`. Fails only when its
+/// `fstat` does, after the flock.
+fn lock_new(file: &File, hold: Hold, patient: bool, path: impl Fn() -> PathBuf) -> Result<Locked> {
+    let mut tries = 0;
+    loop {
+        let locked = failpoint!("file.create.after_open").map_err(TryLockError::Error);
+        let locked = locked.and_then(|()| match hold {
+            Hold::Exclusive => file.try_lock(),
+            Hold::Shared => file.try_lock_shared(),
+        });
+        match locked {
+            Ok(()) => break,
+            Err(TryLockError::WouldBlock) if patient && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(TryLockError::WouldBlock) => return Ok(Locked::Lost),
+            Err(TryLockError::Error(e)) => return Ok(Locked::Failed(flock_error(e, path()))),
+        }
     }
+    // Taken after the flock: a file that was judged abandoned and removed
+    // before our flock has no links left, and is nobody's lock.
+    let meta = failpoint!("file.create.after_flock")
+        .and_then(|()| file.metadata())
+        .context("inspect new lock file", path)?;
+    Ok(match meta.nlink() {
+        0 => Locked::Lost,
+        _ => Locked::Held(meta),
+    })
 }
 
 /// [`create`] where `link` is not supported: the file is made at the lock
@@ -245,38 +273,21 @@ fn create_in_place(
     };
     // The flock must be ours before the record is readable, so that a
     // reader who sees a complete record may take a free flock as proof that
-    // the holder is gone. Only a reader testing a record older than the
-    // grace period can hold it briefly, so a few tries suffice.
-    let mut tries = 0;
-    loop {
-        let locked = failpoint!("file.create.after_open").map_err(TryLockError::Error);
-        match locked.and_then(|()| lock(&file, hold)) {
-            Ok(()) => break,
-            Err(TryLockError::WouldBlock) if patient && tries < 50 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            // Someone judged our empty file abandoned (a clock far off).
-            // We cannot tell whether the path is still ours, so we leave
-            // it: empty and without a flock, it is reclaimed after the
-            // grace period.
-            Err(TryLockError::WouldBlock) => return Ok(None),
-            Err(TryLockError::Error(e)) => {
-                // No flock on this filesystem: then nobody can hold one on
-                // our file either, and the path is still ours to remove.
-                let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
-                return Err(flock_error(e, path()));
-            }
+    // the holder is gone.
+    let meta = match lock_new(&file, hold, patient, path)? {
+        Locked::Held(meta) => meta,
+        // Someone judged our empty file abandoned (a clock far off), or
+        // removed it. We cannot tell whether the path is still ours, so
+        // we leave it: empty and without a flock, it is reclaimed after
+        // the grace period.
+        Locked::Lost => return Ok(None),
+        Locked::Failed(e) => {
+            // No flock: then nobody can hold one on our file either, and
+            // the path is still ours to remove.
+            let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
+            return Err(e);
         }
-    }
-    // Taken after the flock: a file that a reclaimer judged abandoned
-    // and removed before our flock has no links left, and is nobody's lock.
-    let meta = failpoint!("file.create.after_flock")
-        .and_then(|()| file.metadata())
-        .context("inspect new lock file", path)?;
-    if meta.nlink() == 0 {
-        return Ok(None);
-    }
+    };
     if let Err(e) = write_bytes(&file, bytes, ctx.durable, path) {
         // Flocked by us, the path still names it: ours to remove.
         if ctx.names(name, meta.dev(), meta.ino()).unwrap_or(false) {
