@@ -431,11 +431,22 @@ impl LockerBuilder {
     /// every earlier acquisition's, in every process that shares the
     /// directory with fencing on, across crashes and restarts
     /// ([`LockGuard::fencing_token`](crate::LockGuard::fencing_token)). The counter is kept beside the lock
-    /// in `<lock file>.fence`, advanced in blocks of 1,024 so in-process
+    /// in `<lock file>.fence`, advanced in blocks of up to 1,024 so in-process
     /// handoffs do not touch the disk; it costs one more write and two syncs
     /// (the counter and its directory, durable records or not: tokens must
     /// grow across crashes) per acquisition from the disk. Records from
     /// processes without fencing, velocious's and pi-research's included, carry no token.
+    ///
+    /// In a lock directory, tokens count microseconds of the wall clock
+    /// since the Unix epoch (a token is at least the clock's reading, and at
+    /// most a second ahead of it), so they keep growing when the counter is
+    /// lost: deleted, its directory re-created, a tmpfs rebooted. That rests
+    /// on one thing: that the wall clock, when the first token after the
+    /// loss is handed out, is not behind where it stood when the last one
+    /// before the loss was reserved. (While the counter is there, a clock
+    /// that goes back changes nothing.) Tokens stay below 2^53, exact as
+    /// JSON numbers in JavaScript, until the year 2255. On PostgreSQL they
+    /// come from a sequence.
     ///
     /// # Examples
     ///

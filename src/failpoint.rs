@@ -15,11 +15,15 @@
 /// what the crash test checks at each.
 #[cfg_attr(not(any(test, feature = "failpoints")), allow(dead_code))]
 pub(crate) const FAILPOINTS: &[&str] = &[
-    // Exclusive file: create, flock, write, sync.
+    // Exclusive file (and a shared lock's marker file): made under a
+    // private name, flocked, written, synced, renamed (or linked) onto the
+    // lock path.
     "file.create.after_open",
     "file.create.after_flock",
     "file.write.before_pwrite",
     "file.write.before_sync",
+    "file.create.before_publish",
+    "file.create.after_publish",
     // Directory layout: publishing.
     "dir.publish.after_mkdir",
     "dir.publish.after_flock",
@@ -47,6 +51,7 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "dir.remove.after_unlink_owner",
     // Leftover collection.
     "leftover.dir.after_flock",
+    "leftover.file.after_flock",
     "leftover.fence.before_unlink",
     // Shared locks and semaphores: joining (the group's members
     // directory, a member record made under a private name and renamed,
@@ -60,9 +65,6 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "group.record.after_rename",
     "group.join.after_share",
     "group.join.before_marker",
-    "group.marker.after_create",
-    "group.marker.before_write",
-    "group.marker.before_sync",
     "group.renew.after_dirlock",
     "group.marker.before_rewrite",
     "group.leave.after_dirlock",

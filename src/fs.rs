@@ -150,6 +150,7 @@ impl Fs {
             counters,
             first_seen: Default::default(),
             last_sweep_ms: Default::default(),
+            no_link: Default::default(),
             lines,
         };
         leftover::sweep(&ctx);

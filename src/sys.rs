@@ -263,6 +263,21 @@ pub(crate) enum RenameError {
     Io(std::io::Error),
 }
 
+/// Renames `from` to `to` inside `dir` atomically, failing if `to` exists:
+/// `renameat2(RENAME_NOREPLACE)` on Linux (glibc); `Unsupported` where
+/// there is none, or the filesystem cannot do it.
+pub(crate) fn rename_exclusive(dir: &std::fs::File, from: &str, to: &str) -> Result<(), RenameError> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        rename_noreplace(dir, from, to)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = (dir, from, to);
+        Err(RenameError::Unsupported)
+    }
+}
+
 /// Renames `from` to `to` inside `dir`, failing if `to` exists in any form.
 ///
 /// A plain `rename(2)` of a directory onto an *empty* directory replaces it,

@@ -142,6 +142,107 @@ async fn fencing_tokens_grow_through_handoffs_and_survive_restarts() {
     assert_eq!(plain.acquire("x").await.unwrap().fencing_token(), None);
 }
 
+/// Microseconds since the Unix epoch, as the fencing counter counts.
+fn wall_us() -> u64 {
+    let since = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap();
+    u64::try_from(since.as_micros()).unwrap()
+}
+
+/// The counter deleted (`rm locks/*`, a tmpfiles age rule), the whole
+/// directory re-created, a reboot (a fresh `Locker` on a new directory at
+/// the same path), an old counter with a small value: every next token is
+/// above every earlier one, exclusive and shared, in both layouts.
+#[tokio::test]
+async fn fencing_tokens_keep_growing_when_the_counter_is_lost() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("locks");
+        std::fs::create_dir(&dir).unwrap();
+        let build = || {
+            Locker::builder()
+                .directory(&dir)
+                .strategy(strategy)
+                .fencing(true)
+                .build()
+                .unwrap()
+        };
+        let locker = build();
+        let fence = format!("{}.fence", locker.lock_path("ledger").unwrap().display());
+        let last = std::cell::Cell::new(0);
+        let next = |token: u64, what: &str| {
+            assert!(
+                token > last.get(),
+                "{strategy:?} {what}: {token} after {}",
+                last.get()
+            );
+            last.set(token);
+        };
+        for _ in 0..3 {
+            next(
+                locker.acquire("ledger").await.unwrap().fencing_token().unwrap(),
+                "first",
+            );
+        }
+        // An operator's `rm locks/*.fence`, between two holders.
+        std::fs::remove_file(&fence).unwrap();
+        next(
+            locker.acquire("ledger").await.unwrap().fencing_token().unwrap(),
+            "counter deleted",
+        );
+        // Deleted while held: the block in hand, then the next holder.
+        let held = locker.acquire("ledger").await.unwrap();
+        next(held.fencing_token().unwrap(), "held");
+        std::fs::remove_file(&fence).unwrap();
+        drop(held);
+        next(
+            locker.acquire("ledger").await.unwrap().fencing_token().unwrap(),
+            "deleted while held",
+        );
+        // A shared holder's token is the counter as it stands: never
+        // below the last exclusive holder's, even with the counter gone.
+        std::fs::remove_file(&fence).unwrap();
+        let shared = locker
+            .acquire_shared("ledger")
+            .await
+            .unwrap()
+            .fencing_token()
+            .unwrap();
+        assert!(
+            shared >= last.get(),
+            "{strategy:?}: shared {shared} after {}",
+            last.get()
+        );
+        next(
+            locker.acquire("ledger").await.unwrap().fencing_token().unwrap(),
+            "after shared",
+        );
+        // The directory re-created, and a fresh Locker (a reboot of a tmpfs).
+        drop(locker);
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        let rebooted = build();
+        next(
+            rebooted.acquire("ledger").await.unwrap().fencing_token().unwrap(),
+            "re-created",
+        );
+        // A counter written by an earlier version (measured: 2049, then 1
+        // once it was deleted): the clock takes over at once.
+        let legacy = format!("{}.fence", rebooted.lock_path("legacy").unwrap().display());
+        std::fs::write(&legacy, "2049\n").unwrap();
+        let before = wall_us();
+        let token = rebooted.acquire("legacy").await.unwrap().fencing_token().unwrap();
+        assert!(
+            token >= before,
+            "{strategy:?}: an old small counter jumps to the clock: {token}"
+        );
+        std::fs::remove_file(&legacy).unwrap();
+        let after = rebooted.acquire("legacy").await.unwrap().fencing_token().unwrap();
+        assert!(after > token, "{strategy:?}: {after} after {token}");
+        // Tokens stay exact as JSON numbers in JavaScript (below 2^53).
+        assert!(last.get() < 1 << 53, "{}", last.get());
+    }
+}
+
 #[tokio::test]
 async fn a_corrupt_fencing_counter_is_an_error_not_a_reset() {
     let dir = tempfile::tempdir().unwrap();

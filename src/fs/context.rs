@@ -35,6 +35,10 @@ pub(crate) struct Ctx {
     pub(crate) first_seen: Mutex<HashMap<(u64, u64), u64>>,
     /// The boot-clock millisecond of the last leftover sweep; 0: never.
     pub(crate) last_sweep_ms: AtomicU64,
+    /// Set once `link(2)` failed as unsupported in the lock directory
+    /// (some FUSE and FAT filesystems): lock files are then created in
+    /// place (see `file::create`).
+    pub(crate) no_link: std::sync::atomic::AtomicBool,
     /// This `Locker`'s places in the lines of other processes' waiters.
     pub(crate) lines: super::line::Lines,
 }

@@ -573,36 +573,9 @@ fn lock_shared(node: &File) -> bool {
 /// if the path is taken. The caller holds the mutation lock, so nobody
 /// can remove the path meanwhile.
 fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<Option<File>> {
-    let path = || ctx.path_of(name.file_name());
     match ctx.strategy {
         Strategy::ExclusiveFile => {
-            let file = match syscall::open_at(ctx.dir.fd(), name.file_name(), Open::CreateNew) {
-                Ok(file) => file,
-                Err(Errno::EEXIST) => return Ok(None),
-                Err(e) => return Err(e).context("create lock file", path),
-            };
-            if let Err(e) = failpoint!("group.marker.after_create") {
-                let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
-                return Err(e).context("lock lock file", path);
-            }
-            if !lock_shared(&file) {
-                // A reader took our empty file for abandoned and holds
-                // its flock: the path is still ours (removals need the
-                // mutation lock); give it up.
-                let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
-                return Ok(None);
-            }
-            let written = failpoint!("group.marker.before_write")
-                .and_then(|()| file.write_all_at(bytes, 0))
-                .and_then(|()| match ctx.durable {
-                    true => failpoint!("group.marker.before_sync").and_then(|()| file.sync_data()),
-                    false => Ok(()),
-                });
-            if let Err(e) = written {
-                let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());
-                return Err(e).context("write lock record", path);
-            }
-            Ok(Some(file))
+            Ok(file::create(ctx, name, file::Hold::Shared, true, bytes)?.map(|made| made.file))
         }
         Strategy::Directory => directory::publish_bytes(ctx, name, bytes),
     }

@@ -12,7 +12,7 @@ use crate::backend::{Inspection, Mode};
 use crate::error::Result;
 use crate::name::LockName;
 use crate::owner::Owner;
-use crate::record::Parsed;
+use crate::record::{Parsed, parse};
 use crate::stale::StaleReason;
 use crate::sys;
 
@@ -29,7 +29,8 @@ pub(super) const LEFTOVER_SETTLE: Duration = Duration::from_secs(2);
 /// What a crashed process can leave in the lock directory besides locks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Leftover {
-    /// `<lock>.pending-<12 hex>`: a directory being published.
+    /// `<lock>.pending-<12 hex>`: a directory being published, or a lock
+    /// file being made.
     Pending,
     /// `<lock>.trash-<12 hex>`: a directory being released or reclaimed.
     Trash,
@@ -73,14 +74,27 @@ pub(super) fn inspection(ctx: &Ctx, file_name: &str) -> Inspection {
     }
 }
 
+/// Whether `file_name` is a lock file being made under its private name
+/// (`file::create`): `<lock file name>.pending-<12 hex>`. Unlike a pending
+/// directory's, its base may be any lock file name (`PathStyle::Exact`
+/// too, whose names cannot contain `.pending-`).
+fn pending_file_shape(file_name: &str) -> bool {
+    file_name.rsplit_once(".pending-").is_some_and(|(base, id)| {
+        !base.is_empty() && id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit())
+    })
+}
+
 /// Removes at most `limit` of what crashed processes left behind, never
 /// what a live process is using: `.pending-*` and `.trash-*` directories
-/// (directory strategy) and temporary fencing counters.
+/// (directory strategy), `.pending-*` lock files and temporary fencing
+/// counters.
 pub(super) fn clean(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
     let mut cleaned = Vec::new();
     if ctx.strategy == Strategy::Directory {
         cleaned.extend(clean_dir_leftovers(ctx, dry_run, limit)?);
     }
+    let left = limit.saturating_sub(cleaned.len());
+    cleaned.extend(clean_file_leftovers(ctx, dry_run, left)?);
     let left = limit.saturating_sub(cleaned.len());
     cleaned.extend(clean_fence_leftovers(ctx, dry_run, left)?);
     let left = limit.saturating_sub(cleaned.len());
@@ -163,6 +177,61 @@ fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(Lo
         }
         if !dry_run {
             directory::remove_dir(ctx, &name, &node);
+        }
+        cleaned.push((LockName::from_file_name(&name), inspection(ctx, &name)));
+    }
+    Ok(cleaned)
+}
+
+/// Removes `.pending-*` lock files whose creator is gone: unchanged for
+/// [`LEFTOVER_SETTLE`] (or the grace period, if shorter) and then with
+/// their flock free. Their creator holds the flock from just after making
+/// one (a sweep spares it that long) until it has linked it to the lock
+/// path and removed the private name; a crash in between leaves it, and
+/// after the link it is only a second name of a lock whose holder died.
+/// Only files that are empty or hold a leasehold record (all a creator
+/// writes) are removed; anything else of that name is someone's data.
+fn clean_file_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
+    let names = ctx.entries(pending_file_shape)?;
+    let mut cleaned = Vec::new();
+    for name in names {
+        if cleaned.len() >= limit {
+            break;
+        }
+        let Ok(file) = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Read) else {
+            continue;
+        };
+        let Ok(meta) = file.metadata() else {
+            continue;
+        };
+        let young = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < ctx.grace.min(LEFTOVER_SETTLE));
+        if !meta.is_file() || young || file.try_lock().is_err() {
+            continue;
+        }
+        if failpoint!("leftover.file.after_flock").is_err() {
+            continue;
+        }
+        let ours = match syscall::read_record(&file).map(|bytes| parse(&bytes)) {
+            Ok(Parsed::Unreadable) => true,
+            Ok(Parsed::Record(record)) => record.is_leasehold(),
+            _ => false,
+        };
+        if !ours {
+            continue;
+        }
+        // Still the file we judged: nobody makes a file under another's
+        // private name.
+        if !dry_run
+            && !matches!(
+                syscall::unlink_at(ctx.dir.fd(), name.as_str()),
+                Ok(()) | Err(Errno::ENOENT)
+            )
+        {
+            continue;
         }
         cleaned.push((LockName::from_file_name(&name), inspection(ctx, &name)));
     }
@@ -271,6 +340,10 @@ mod tests {
             assert_eq!(leftover_kind(lock), None, "{lock}");
         }
         assert_eq!(leftover_kind("x.lock.trash-xyz"), None);
+        assert!(pending_file_shape("x.lock.pending-0123456789ab"));
+        assert!(pending_file_shape("backup.pending-0123456789ab"));
+        assert!(!pending_file_shape("x.lock.pending-0123456789ab.lock"));
+        assert!(!pending_file_shape(".pending-0123456789ab"));
         assert_eq!(leftover_kind("x.lock.fence"), None);
         assert_eq!(leftover_kind("x.lock.mutex"), Some(Leftover::Mutex));
         assert_eq!(leftover_kind("x.mutex"), None);

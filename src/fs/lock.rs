@@ -46,7 +46,14 @@ pub(crate) struct Whole {
 enum Node {
     /// The lock file itself; renewals rewrite it in place, padded to
     /// `record_len`, the length on disk.
-    File { file: File, record_len: usize },
+    /// `_named` is the file opened by the lock path's name, where it was
+    /// linked there, kept only so that its close (when this process dies)
+    /// wakes waiters (see `file::create`).
+    File {
+        file: File,
+        _named: Option<File>,
+        record_len: usize,
+    },
     /// The lock directory, and its current `owner.json` kept open for
     /// writing only so that its close (at renewal, or when this process
     /// dies) is an inotify event that wakes waiters.
@@ -58,16 +65,26 @@ impl Whole {
     /// (and synced when durable); `None` if the path is taken. Callers on
     /// the runtime's thread pass `patient: false` and never sleep here.
     pub(super) fn create(ctx: &Arc<Ctx>, name: &LockName, patient: bool) -> Result<Option<Self>> {
-        // The record is made once the path is ours (a directory's, once
-        // its pending directory is): an attempt that finds the lock taken
-        // makes none, and the lease is stamped as late as it can be.
+        // A directory's record is made once its pending directory is
+        // ours (an attempt that finds the lock taken makes none); a lock
+        // file appears at the lock path with its record already in it.
         let (node, record, dev, ino) = match ctx.strategy {
-            Strategy::ExclusiveFile => match file::create(ctx, name, patient)? {
-                Some((file, dev, ino)) => {
-                    (Node::File { file, record_len: 0 }, ctx.own_record(name), dev, ino)
+            Strategy::ExclusiveFile => {
+                let record = ctx.own_record(name);
+                match file::create(ctx, name, file::Hold::Exclusive, patient, &record.to_bytes(0))? {
+                    Some(made) => (
+                        Node::File {
+                            file: made.file,
+                            _named: made.named,
+                            record_len: made.len,
+                        },
+                        record,
+                        made.dev,
+                        made.ino,
+                    ),
+                    None => return Ok(None),
                 }
-                None => return Ok(None),
-            },
+            }
             Strategy::Directory => match directory::create(ctx, name)? {
                 Some(p) => (
                     Node::Dir {
@@ -81,8 +98,8 @@ impl Whole {
                 None => return Ok(None),
             },
         };
-        // Armed from here on: a failure below removes the half-made lock.
-        let mut lock = Whole {
+        // Armed from here on: a failure below removes the lock.
+        let lock = Whole {
             ctx: Arc::clone(ctx),
             name: name.clone(),
             dev,
@@ -91,10 +108,6 @@ impl Whole {
             node,
             armed: true,
         };
-        if let Node::File { file, record_len } = &mut lock.node {
-            let path = || ctx.path_of(name.file_name());
-            *record_len = file::write(file, 0, &lock.record, ctx.durable, path)?;
-        }
         failpoint!("lock.create.after_record").context("create lock", || ctx.path_of(name.file_name()))?;
         ctx.lines.acquired(ctx.dir.fd(), name.file_name());
         Ok(Some(lock))
@@ -105,7 +118,7 @@ impl Whole {
     fn write_record(&mut self, record: OwnRecord) -> Result<()> {
         let path = || self.ctx.path_of(self.name.file_name());
         match &mut self.node {
-            Node::File { file, record_len } => {
+            Node::File { file, record_len, .. } => {
                 *record_len = file::write(file, *record_len, &record, false, path)?
             }
             Node::Dir { dir, record_file } => *record_file = directory::rewrite(dir, &record, path)?,

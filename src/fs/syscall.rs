@@ -141,6 +141,12 @@ pub(crate) fn unlink_at<P: ?Sized + NixPath>(dir: &File, name: &P) -> Result<(),
     unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)
 }
 
+/// Makes `to` a second name of the file `from`, both in `dir`; fails with
+/// `EEXIST` if `to` exists (an atomic create-with-content).
+pub(crate) fn link_at(dir: &File, from: &str, to: &str) -> Result<(), Errno> {
+    nix::unistd::linkat(dir, from, dir, to, AtFlags::empty())
+}
+
 /// Removes the empty directory `name` in `dir`.
 pub(crate) fn rmdir_at(dir: &File, name: &str) -> Result<(), Errno> {
     unlinkat(dir, name, UnlinkatFlags::RemoveDir)
