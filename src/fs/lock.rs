@@ -168,9 +168,16 @@ impl Whole {
     /// once, when ours close.
     fn defer(&mut self) -> bool {
         let node = match &self.node {
-            Node::File { file, record_len } => file.try_clone().map(|file| Node::File {
+            Node::File {
                 file,
-                record_len: *record_len,
+                _named,
+                record_len,
+            } => file.try_clone().and_then(|file| {
+                Ok(Node::File {
+                    file,
+                    _named: _named.as_ref().map(File::try_clone).transpose()?,
+                    record_len: *record_len,
+                })
             }),
             Node::Dir { dir, record_file } => dir.try_clone().and_then(|dir| {
                 Ok(Node::Dir {
