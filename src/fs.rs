@@ -278,11 +278,11 @@ impl Backend for Fs {
         attempt
     }
 
-    /// One attempt to create the lock, never sleeping, never taking the
-    /// directory lock, and syncing only where that cannot block (a
+    /// One attempt to create the lock, never sleeping, never taking a
+    /// mutation lock, and syncing only where that cannot block (a
     /// directory in memory). `None` when anything more is needed (the path
     /// is taken, a record to judge, fencing, a sync to a disk, a shared
-    /// lock's group to join under the directory lock).
+    /// lock's group to join under the name's mutation lock).
     fn attempt_inline<K: Kept>(
         &self,
         name: &LockName,

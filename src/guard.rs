@@ -39,10 +39,12 @@ pub(crate) const COURTESY: Duration = Duration::from_millis(1);
 /// after the runtime has shut down. How, depends on where the locks live:
 ///
 /// - **Files** (both strategies): the lock is removed synchronously, a few
-///   syscalls under the directory's lock, so when `drop` returns another
-///   process can take it at once. (If a process frozen while holding the
-///   directory lock keeps it, the drop waits for it up to half a second,
-///   then leaves the lock for others to judge: its holder is gone.)
+///   syscalls under the name's mutation lock, so when `drop` returns another
+///   process can take it at once. The drop never waits for anything another
+///   process holds: if another process is changing that same name at that
+///   instant (or is frozen while it does), the removal is handed to a
+///   thread of leasehold's, which finishes it as soon as it can, the lock
+///   still ours until then.
 /// - **PostgreSQL**: the unlock is queued on the `Locker`'s session and
 ///   sent by its thread at once, without waiting for the server; other
 ///   hosts see the name free a round trip later.

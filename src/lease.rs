@@ -155,8 +155,8 @@ impl Hold {
     /// waiting for another thread or process (on the runtime's thread);
     /// the hold back otherwise, still renewed.
     pub(crate) fn release_now(self, confirm: bool) -> ReleaseNow<Self> {
-        // The renewal thread keeps this while renewing, which may wait
-        // for the directory lock: never wait for it here.
+        // The renewal thread keeps this while renewing (a few syscalls,
+        // but maybe a slow disk): never wait for it here.
         let lease = Arc::clone(&self.lease);
         let mut held = match lease.held.try_lock() {
             Ok(held) => held,
@@ -336,8 +336,8 @@ impl Renewable for Lease {
         let mut slot = match self.held.try_lock() {
             Ok(slot) => slot,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            // Busy reserving fencing tokens (which may wait for the
-            // directory lock) or being released: come back shortly rather
+            // Busy reserving fencing tokens (which may wait briefly for the
+            // name's mutation lock) or being released: come back shortly rather
             // than hold up the thread every lease shares.
             Err(std::sync::TryLockError::WouldBlock) => {
                 return Step::Again(

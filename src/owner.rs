@@ -609,7 +609,8 @@ impl LockInfo {
     ///     .directory(dir.path())
     ///     .unreadable_grace(Duration::from_millis(50))
     ///     .build()?;
-    /// std::fs::write(locker.lock_path("report")?, b"{not json").unwrap();
+    /// // A record cut short by a crash while it was written.
+    /// std::fs::write(locker.lock_path("report")?, br#"{"uuid":"6f1c3a0e-8d"#).unwrap();
     /// tokio::time::sleep(Duration::from_millis(100)).await;
     ///
     /// let info = locker.inspect("report").await?.expect("present");

@@ -10,11 +10,19 @@
 //! a name's mutation-lock file (a leasehold process frozen while it
 //! reclaims, joins, leaves or fences that name).
 
+mod common;
+
 use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::ChildProc;
 use leasehold::{LockGuard, Locker, Strategy};
+
+#[test]
+fn child_process_entry() {
+    common::child_entry();
+}
 
 const LEASE: Duration = Duration::from_millis(400);
 /// Ten leases: long enough that every renewal of the holder runs while
@@ -171,7 +179,9 @@ async fn a_process_frozen_on_our_own_name_neither_robs_nor_blocks_us() {
                 let what = format!("{strategy:?} fencing {fencing} {kind:?} release() {explicit}");
                 let guard = take(&locker, kind, "job").await;
                 let frozen = frozen_flock(&mutex_of(&path));
-                let deadline = Instant::now() + HOLD;
+                // Ten leases once per kind and layout; the explicit release
+                // after two.
+                let deadline = Instant::now() + if explicit { HOLD / 5 } else { HOLD };
                 while Instant::now() < deadline {
                     tokio::time::sleep(LEASE / 8).await;
                     assert!(
@@ -211,5 +221,61 @@ async fn a_process_frozen_on_our_own_name_neither_robs_nor_blocks_us() {
                 assert!(taken.is_some(), "{what}: free again");
             }
         }
+    }
+}
+
+/// A user who can only read (list and search) the lock directory, and
+/// grabs every lock that access allows (the directory's `flock`, a `flock`
+/// and read locks on every entry it can open, every byte of the waiting
+/// line), makes nobody lose a lock or wait: holders of every kind keep
+/// theirs for ten leases and another `Locker`'s acquisitions and releases
+/// stay quick. As root, the child drops to `nobody`; otherwise it runs as
+/// this user (who could do more, and must still not matter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_access_to_the_directory_grants_no_power_over_holders() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = nix::unistd::geteuid().is_root();
+    for (strategy, fencing) in strategies() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("locks");
+        std::fs::create_dir(&dir).unwrap();
+        // Readable and searchable by everyone, writable by its owner only.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (locker, other) = (locker(&dir, strategy, fencing), locker(&dir, strategy, fencing));
+        let d = dir.to_str().unwrap();
+        let reader = ChildProc::spawn("reader", &[d, if root { "65534" } else { "" }]);
+        reader.expect("reading as uid", Duration::from_secs(20));
+        for kind in [Kind::Exclusive, Kind::Shared, Kind::Permit] {
+            let name = format!("job-{kind:?}");
+            let guard = take(&locker, kind, &name).await;
+            let deadline = Instant::now() + HOLD;
+            let mut turns = 0;
+            while Instant::now() < deadline {
+                // Another Locker takes and lets go of another name meanwhile.
+                let started = Instant::now();
+                drop(take(&other, kind, &format!("other-{kind:?}")).await);
+                assert!(
+                    started.elapsed() < Duration::from_secs(2),
+                    "{strategy:?} {kind:?}: an acquisition beside the reader took {:?}",
+                    started.elapsed()
+                );
+                turns += 1;
+                assert!(!guard.is_lost(), "{strategy:?} {kind:?}: lost beside a reader");
+                tokio::time::sleep(LEASE / 8).await;
+            }
+            assert!(turns > 10, "{strategy:?} {kind:?}");
+            let dropped = Instant::now();
+            drop(guard);
+            assert!(dropped.elapsed() < Duration::from_millis(100));
+            // And the name is free again at once.
+            let started = Instant::now();
+            drop(take(&other, kind, &name).await);
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{strategy:?} {kind:?}"
+            );
+        }
+        drop(reader);
     }
 }

@@ -166,12 +166,12 @@ async fn a_release_past_the_window_with_a_waiter_reports_success() {
     }
 }
 
-/// `release().await` runs inline when the directory lock is free (the
-/// usual case), and on the blocking pool when another process holds it:
-/// never waiting on the runtime's only thread, and, cancelled there, the
-/// release still completes.
+/// `release().await` runs inline when the name's mutation lock is free
+/// (the usual case), and on the blocking pool when another process holds
+/// it: never waiting on the runtime's only thread, and, cancelled there,
+/// the release still completes.
 #[tokio::test(flavor = "current_thread")]
-async fn a_release_behind_a_busy_directory_lock_waits_off_the_runtime() {
+async fn a_release_behind_a_busy_mutation_lock_waits_off_the_runtime() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
     let dir = tempfile::tempdir().unwrap();
@@ -180,8 +180,10 @@ async fn a_release_behind_a_busy_directory_lock_waits_off_the_runtime() {
         let guard = locker.acquire("busy").await.unwrap();
         let path = locker.lock_path("busy").unwrap();
         // Another open file description: excludes this process's own
-        // directory lock as another process's would.
-        let other = std::fs::File::open(dir.path()).unwrap();
+        // mutation lock of the name as another process's would.
+        let mut mutex = path.clone().into_os_string();
+        mutex.push(".mutex");
+        let other = std::fs::File::create(&mutex).unwrap();
         other.lock().unwrap();
         let ticks = Arc::new(AtomicU64::new(0));
         let ticker = {
@@ -201,13 +203,13 @@ async fn a_release_behind_a_busy_directory_lock_waits_off_the_runtime() {
         if cancel {
             assert!(
                 poll_once(&mut release).await.is_pending(),
-                "waits for the directory lock"
+                "waits for the mutation lock"
             );
             drop(release);
         } else {
             tokio::time::timeout(Duration::from_secs(10), release)
                 .await
-                .expect("released once the directory lock was free")
+                .expect("released once the mutation lock was free")
                 .unwrap();
         }
         let seen = ticks.load(Ordering::Relaxed);

@@ -864,6 +864,15 @@ fn torture(backend: Backend) {
     if count("E ") == 0 {
         problems.push("no section ever completed".into());
     }
+    // A running holder loses its lock only through its own state: frozen
+    // past its lease (LeaseExpired), its lock removed or replaced. Renewal
+    // takes no lock another process could hold, so no frozen neighbour
+    // can make it fail (issue 28).
+    if let Some(n) = lost_reasons.get("RenewalFailed")
+        && backend.strategy().is_some()
+    {
+        problems.push(format!("{n} holders lost their lock to a failed renewal"));
+    }
     eprintln!(
         "torture [{label}]: {procs} procs x {tasks} tasks, {secs} s of chaos, {:.1} s in all\n  \
          holds {} (committed {}, lost {} {lost_reasons:?}, fenced out {} [excused {fenced_excused}], cut by kill {killed_in_section})\n  \

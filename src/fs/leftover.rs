@@ -37,7 +37,7 @@ pub(super) enum Leftover {
     /// `<lock>.fence.tmp-<32 hex>`: a fencing counter being replaced.
     FenceTmp,
     /// `<lock>.mutex`: a name's mutation lock, left by a process that died
-    /// holding it (its last holder removes it once the name is unused).
+    /// holding it (a holder removes its own before letting go).
     Mutex,
 }
 
@@ -283,10 +283,9 @@ fn clean_fence_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
     Ok(cleaned)
 }
 
-/// Mutation-lock files of names no longer in use, left by a process that
-/// died holding one: taking the lock and letting it go removes one whose
-/// name has no lock path and no members directory (see
-/// `MutationLock`'s `Drop`); one in use, or held, stays.
+/// Mutation-lock files left by a process that died holding one (a holder
+/// removes its own before letting go): taking the lock and letting it go
+/// removes one; one that is held stays.
 fn clean_mutex_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
     let found = ctx.entries(|name| leftover_kind(name) == Some(Leftover::Mutex))?;
     let mut cleaned = Vec::new();
@@ -295,18 +294,15 @@ fn clean_mutex_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
             break;
         }
         let lock = &name[..name.len() - ".mutex".len()];
-        let unused = |n: &str| matches!(syscall::stat_at(ctx.dir.fd(), n), Err(Errno::ENOENT));
-        if !unused(lock) || !unused(&format!("{lock}.members")) {
-            continue;
-        }
-        if !dry_run {
-            let Ok(Some(mutation)) = ctx.dir.mutation_lock_now(lock) else {
-                continue;
-            };
-            drop(mutation);
-            if syscall::stat_at(ctx.dir.fd(), &name).is_ok() {
+        if dry_run {
+            // Only looked at: free means nobody holds it.
+            let free = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Read)
+                .is_ok_and(|file| file.metadata().is_ok_and(|m| m.is_file()) && file.try_lock().is_ok());
+            if !free {
                 continue;
             }
+        } else if !matches!(ctx.dir.mutation_lock_now(lock), Ok(Some(_))) {
+            continue;
         }
         cleaned.push((LockName::from_file_name(&name), inspection(ctx, &name)));
     }

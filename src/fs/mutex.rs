@@ -12,10 +12,11 @@
 //! finds it taken finishes on leasehold's own thread (`fs::later`).
 //!
 //! The file is made mode 0600, so only its owner can open it: read access
-//! to the directory gives no power over it. It is removed by whoever
-//! unlocks it last while the name has no lock path and no members
-//! directory, so a directory of many short-lived names does not fill up
-//! with them; a taker re-checks, once it has the flock, that the path
+//! to the directory gives no power over it. Whoever holds it removes it
+//! before letting go, so it exists only while someone changes the name
+//! (or a process died doing so: `clean` and the leftover sweep remove it
+//! then), and nothing is left beside a lock, or beside a file of data that
+//! is not one; a taker re-checks, once it has the flock, that the path
 //! still names the inode it locked (it may have locked one its previous
 //! holder removed), and starts over if not.
 //!
@@ -23,7 +24,6 @@
 //! descriptor, and a `flock` belongs to the open file description.
 
 use std::fs::{File, TryLockError};
-use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
@@ -47,41 +47,24 @@ pub(crate) fn file_name(lock: &str) -> String {
 
 impl LockDir {
     /// Takes the mutation lock of the lock `lock` (a lock file name),
-    /// waiting up to half a second for it.
+    /// waiting up to half a second for it; `None` when another process
+    /// kept it longer (say it is frozen while holding it): for callers
+    /// that can simply come back later.
     ///
     /// Every removal of a lock path by leasehold (release, reclaim) happens
     /// under it, after checking that the path still names the inode that
     /// was judged. Creation needs no lock: `O_EXCL` (and a rename that
     /// replaces nothing) only succeeds on an absent path, so under this
     /// lock a present path cannot change.
-    pub(crate) fn mutation_lock(&self, lock: &str) -> Result<MutationLock<'_>> {
-        self.mutation_lock_within(lock, PATIENCE)
-    }
-
-    /// As [`mutation_lock`](Self::mutation_lock), but `None` when another
-    /// process kept the lock past the patience (say it is frozen while
-    /// holding it): for callers that can simply come back later.
     pub(crate) fn try_mutation_lock(&self, lock: &str) -> Result<Option<MutationLock<'_>>> {
         self.lock_within(lock, PATIENCE)
     }
 
-    /// As [`mutation_lock`](Self::mutation_lock), but `None` at once when
-    /// another thread or process holds it: for callers that must not wait
+    /// As [`try_mutation_lock`](Self::try_mutation_lock), but `None` at
+    /// once when another thread or process holds it: for callers that must not wait
     /// (the runtime's thread, a guard's `Drop`).
     pub(crate) fn mutation_lock_now(&self, lock: &str) -> Result<Option<MutationLock<'_>>> {
         self.lock_within(lock, Duration::ZERO)
-    }
-
-    /// As [`mutation_lock`](Self::mutation_lock), waiting at most
-    /// `patience` (for callers with a deadline of their own).
-    pub(crate) fn mutation_lock_within(&self, lock: &str, patience: Duration) -> Result<MutationLock<'_>> {
-        self.lock_within(lock, patience)?.ok_or_else(|| {
-            Error::io(
-                "lock (another process kept it too long)",
-                self.path_of(&file_name(lock)),
-                io::Error::from(io::ErrorKind::TimedOut),
-            )
-        })
     }
 
     /// The mutation lock of `lock`, or `None` when the patience (at most
@@ -153,8 +136,7 @@ impl LockDir {
     }
 }
 
-/// Held while changing a name; dropping it unlocks (and removes the file
-/// if the name is no longer in use).
+/// Held while changing a name; dropping it removes the file and unlocks.
 #[derive(Debug)]
 pub(crate) struct MutationLock<'a> {
     dir: &'a LockDir,
@@ -168,11 +150,7 @@ impl Drop for MutationLock<'_> {
     fn drop(&mut self) {
         // Removed while we hold it, so nobody else can be relying on this
         // inode: a waiter that locks it next finds it gone and starts over.
-        // Kept while the name is in use, where the next change is likely.
-        let absent = |name: &str| matches!(syscall::stat_at(self.dir.fd(), name), Err(Errno::ENOENT));
-        if absent(&self.lock) && absent(&format!("{}.members", self.lock)) {
-            let _ = syscall::unlink_at(self.dir.fd(), file_name(&self.lock).as_str());
-        }
+        let _ = syscall::unlink_at(self.dir.fd(), file_name(&self.lock).as_str());
         // Closing the file releases the flock.
     }
 }
@@ -186,7 +164,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let a = LockDir::open(root.path(), false).unwrap();
         let b = LockDir::open(root.path(), false).unwrap();
-        let held = a.mutation_lock("job.lock").unwrap();
+        let held = a.mutation_lock_now("job.lock").unwrap().unwrap();
         // Another name is free at once, the same name is not.
         assert!(b.mutation_lock_now("other.lock").unwrap().is_some());
         let started = Instant::now();
@@ -201,14 +179,14 @@ mod tests {
     }
 
     #[test]
-    fn the_file_goes_when_the_name_is_unused_and_stays_while_it_is_used() {
+    fn the_file_exists_only_while_the_lock_is_held() {
         let root = tempfile::tempdir().unwrap();
         let dir = LockDir::open(root.path(), false).unwrap();
-        drop(dir.mutation_lock("job.lock").unwrap());
-        assert!(!root.path().join("job.lock.mutex").exists());
         std::fs::write(root.path().join("job.lock"), b"").unwrap();
-        drop(dir.mutation_lock("job.lock").unwrap());
+        let held = dir.mutation_lock_now("job.lock").unwrap().unwrap();
         assert!(root.path().join("job.lock.mutex").exists());
+        drop(held);
+        assert!(!root.path().join("job.lock.mutex").exists());
     }
 
     #[test]

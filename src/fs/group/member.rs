@@ -237,7 +237,10 @@ impl Member {
         let ctx = Arc::clone(&self.ctx);
         let name = self.name.clone();
         if self.mode == Mode::Shared {
-            let _mutation = ctx.dir.mutation_lock(name.file_name())?;
+            // Not long: our lease is held meanwhile (see `fence::reserve`).
+            let Some(_mutation) = ctx.dir.lock_within(name.file_name(), Duration::from_millis(20))? else {
+                return Ok(None);
+            };
             if !self.still_here()? {
                 return Ok(None);
             }
