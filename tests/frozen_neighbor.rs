@@ -213,3 +213,125 @@ async fn a_process_frozen_on_our_own_name_neither_robs_nor_blocks_us() {
         }
     }
 }
+
+/// An exact name ending in `.mutex` is another exact name's mutation-lock
+/// file: a pi-research lock file `backup.mutex` (which takes no `flock`)
+/// was deleted by a leasehold process that merely took and released
+/// `backup`, its mutation lock's last user. Such names are refused, as
+/// `.fence` ones are, and the stranger's file is kept.
+#[tokio::test(flavor = "current_thread")]
+async fn an_exact_name_is_never_another_names_mutation_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .path_style(leasehold::PathStyle::Exact)
+        .build()
+        .unwrap();
+    // pi-research holds `backup.mutex`, alive (our own pid), no flock.
+    let theirs = dir.path().join("backup.mutex");
+    let record = format!(
+        r#"{{"uuid":"0b5c3e1a-6f0e-4e0a-9a55-3a1d2c4b5e6f","pid":{}}}"#,
+        std::process::id()
+    );
+    std::fs::write(&theirs, &record).unwrap();
+    let guard = locker.acquire("backup").await.unwrap();
+    guard.release().await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&theirs).ok().as_deref(),
+        Some(record.as_str()),
+        "releasing `backup` deleted the lock file `backup.mutex`"
+    );
+    assert!(matches!(
+        locker.try_acquire("backup.mutex").await,
+        Err(leasehold::Error::InvalidName { .. })
+    ));
+}
+
+/// A shared lock's marker is what velocious and pi-research judge the
+/// name by (format.md: its `leaseExpiresAt` stays in the future while
+/// the readers hold). A process frozen while changing the name holds its
+/// mutation lock, which re-signing the marker needs: the readers renewed
+/// their own records and kept the lock, while the marker's lease ran
+/// out, and velocious's own code took the name from live readers.
+#[tokio::test(flavor = "current_thread")]
+async fn a_frozen_change_of_a_shared_name_never_lets_the_marker_lapse() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .strategy(Strategy::Directory)
+        .lease(Duration::from_millis(1000))
+        .renew_interval(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    let path = locker.lock_path("shared job").unwrap();
+    let guard = take(&locker, Kind::Shared, "shared job").await;
+    let frozen = frozen_flock(&mutex_of(&path));
+    let deadline = Instant::now() + Duration::from_millis(3000);
+    let mut lapsed = None;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if guard.is_lost() {
+            break;
+        }
+        let owner = std::fs::read_to_string(path.join("owner.json")).unwrap();
+        let expires = owner
+            .split(r#""leaseExpiresAt":""#)
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .map(|t| humantime_ms(t))
+            .expect("a leaseExpiresAt");
+        if expires <= now_ms() {
+            // velocious's own code, while the reader still holds.
+            lapsed = Some(format!("{owner} velocious try: {:?}", velocious_try(dir.path(), "shared job")));
+            break;
+        }
+    }
+    drop(frozen);
+    assert!(
+        guard.is_lost() || lapsed.is_none(),
+        "a live reader's marker shows a lapsed lease (velocious takes the name): {lapsed:?}"
+    );
+    drop(guard);
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Milliseconds since the epoch of an RFC 3339 UTC time as leasehold
+/// writes it (`2026-12-05T00:41:47.123Z`).
+fn humantime_ms(t: &str) -> u64 {
+    let (date, time) = t.trim_end_matches('Z').split_once('T').unwrap();
+    let d: Vec<i64> = date.split('-').map(|p| p.parse().unwrap()).collect();
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let h: Vec<i64> = hms.split(':').map(|p| p.parse().unwrap()).collect();
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, m) = if d[1] <= 2 { (d[0] - 1, d[1] + 9) } else { (d[0], d[1] - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d[2] - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let ms: i64 = format!("{frac:0<3}")[..3].parse().unwrap();
+    ((days * 86_400 + h[0] * 3600 + h[1] * 60 + h[2]) * 1000 + ms) as u64
+}
+
+/// velocious's `tryAcquire` of `name` in `dir` (its result, released
+/// again if taken), or `None` where node is not installed.
+fn velocious_try(dir: &Path, name: &str) -> Option<String> {
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed1/driver.mjs");
+    let out = std::process::Command::new("timeout")
+        .args(["20", "node"])
+        .arg(driver)
+        .arg(dir)
+        .arg(name)
+        .arg("try")
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
