@@ -93,7 +93,7 @@ pub enum PathStyle {
     /// those of flock(1) users (`/var/lock/backup`, in a locker on
     /// `/var/lock`). Names follow the rules of `Plain` and, so that no
     /// lock can be mistaken for the files leasehold keeps beside locks,
-    /// cannot end in `.fence` or `.members` nor contain `.pending-`,
+    /// cannot end in `.fence`, `.members` or `.mutex` nor contain `.pending-`,
     /// `.trash-` or `.fence.tmp-`. [`Locker::list`](crate::Locker::list)
     /// shows only the locks whose names end in `.lock`.
     Exact,
@@ -140,15 +140,15 @@ impl LockName {
             }
             PathStyle::Exact => {
                 check_plain(name)?;
-                let reserved = [".fence", ".members"].iter().any(|s| name.ends_with(s))
+                let reserved = [".fence", ".members", ".mutex"].iter().any(|s| name.ends_with(s))
                     || [".pending-", ".trash-", ".fence.tmp-"]
                         .iter()
                         .any(|s| name.contains(s));
                 if reserved {
                     return Err(invalid(
                         name,
-                        "exact names cannot end in '.fence' or '.members' or contain '.pending-', \
-                         '.trash-' or '.fence.tmp-': leasehold names its own files so",
+                        "exact names cannot end in '.fence', '.members' or '.mutex' or contain \
+                         '.pending-', '.trash-' or '.fence.tmp-': leasehold names its own files so",
                     ));
                 }
                 name.to_owned()
@@ -410,6 +410,8 @@ mod tests {
             "a/b",
             "x.lock.fence",
             "x.members",
+            "x.mutex",
+            "x.lock.mutex",
             "x.lock.pending-0123456789ab",
             "x.lock.trash-0123456789ab",
             "x.lock.fence.tmp-0123456789abcdef0123456789abcdef",

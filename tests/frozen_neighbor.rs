@@ -215,10 +215,13 @@ async fn a_process_frozen_on_our_own_name_neither_robs_nor_blocks_us() {
 }
 
 /// An exact name ending in `.mutex` is another exact name's mutation-lock
-/// file: a pi-research lock file `backup.mutex` (which takes no `flock`)
-/// was deleted by a leasehold process that merely took and released
-/// `backup`, its mutation lock's last user. Such names are refused, as
-/// `.fence` ones are, and the stranger's file is kept.
+/// file: a lock file `backup.mutex` of a program that takes no `flock`
+/// (pi-research's record) was deleted by a leasehold process that merely
+/// took and released `backup`, its mutation lock's last user. A
+/// mutation-lock file with content is nobody's leftover and is kept; and
+/// leasehold refuses such exact names, as it refuses `.fence` ones (a
+/// leasehold holder of `job.mutex` kept `job`'s release waiting for as
+/// long as it held).
 #[tokio::test(flavor = "current_thread")]
 async fn an_exact_name_is_never_another_names_mutation_lock() {
     let dir = tempfile::tempdir().unwrap();
