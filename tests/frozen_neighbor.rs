@@ -338,3 +338,107 @@ fn velocious_try(dir: &Path, name: &str) -> Option<String> {
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
+
+/// A process frozen while changing a name (holding its mutation lock)
+/// may delay that name's acquisitions, but an acquisition that got the
+/// lock must not fail with `Error::Lost` for it: with fencing, the token
+/// needs the mutation lock, and a busy one was reported as the loss of a
+/// lock that nobody took.
+#[tokio::test(flavor = "current_thread")]
+async fn a_frozen_change_of_our_name_never_makes_a_fencing_acquisition_lost() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = locker(dir.path(), strategy, true);
+        let path = locker.lock_path("job").unwrap();
+        let frozen = frozen_flock(&mutex_of(&path));
+        let unfreeze = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(frozen);
+        });
+        let got = tokio::time::timeout(Duration::from_secs(10), locker.acquire("job"))
+            .await
+            .expect("acquired within 10 s");
+        unfreeze.join().unwrap();
+        let guard = got.unwrap_or_else(|e| panic!("{strategy:?}: {e}"));
+        assert!(guard.fencing_token().is_some(), "{strategy:?}");
+        drop(guard);
+    }
+}
+
+/// A process frozen while it changes a shared name (its members
+/// directory made, its lock path not yet: a first joiner, a waiter
+/// announcing itself) holds that name's mutation lock. Collecting
+/// leftovers, which every `Locker` does when built and when an
+/// acquisition of any name meets contention, must not wait for it:
+/// neither building a `Locker` nor a `try_acquire` of another, held name
+/// is held up by it. (Held when tried: the sweep leaves members
+/// directories to `clean`.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_frozen_change_of_one_name_never_stalls_the_sweep() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let holder = locker(dir.path(), strategy, false);
+        let guard = holder.acquire("job").await.unwrap();
+        let mut frozen = Vec::new();
+        for i in 0..3 {
+            let path = holder.lock_path(&format!("other{i}")).unwrap();
+            let mut members = path.file_name().unwrap().to_owned();
+            members.push(".members");
+            std::fs::create_dir(path.with_file_name(members)).unwrap();
+            frozen.push(frozen_flock(&mutex_of(&path)));
+        }
+        let started = Instant::now();
+        let rival = locker(dir.path(), strategy, false);
+        let built = started.elapsed();
+        let started = Instant::now();
+        assert!(rival.try_acquire("job").await.unwrap().is_none());
+        let tried = started.elapsed();
+        assert!(
+            built < Duration::from_millis(300) && tried < Duration::from_millis(300),
+            "{strategy:?}: building a Locker took {built:?}, a try_acquire of a held name {tried:?}"
+        );
+        drop((guard, frozen));
+    }
+}
+
+/// A process that takes a shared name's mutation lock just after we
+/// joined (to join or leave it itself) and is frozen there must not make
+/// our acquisition fail: with fencing, a reader's token is read under
+/// that lock, and a busy one failed `acquire_shared` with "another
+/// process kept it too long" after half a second, the error issue 28
+/// set out to end. It may wait; it must not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_change_right_after_our_join_never_fails_a_fencing_reader() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = locker(dir.path(), strategy, true);
+        let path = locker.lock_path("job").unwrap();
+        let mutex = mutex_of(&path);
+        // Waits for the marker (made under the mutation lock), then takes
+        // the mutation lock the instant our join lets it go, and keeps it.
+        let freezer = std::thread::spawn(move || {
+            let started = Instant::now();
+            while !path.exists() {
+                assert!(started.elapsed() < Duration::from_secs(10));
+                std::thread::yield_now();
+            }
+            let file = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&mutex)
+                .unwrap();
+            file.lock().unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(file);
+        });
+        let got = tokio::time::timeout(Duration::from_secs(10), locker.acquire_shared("job"))
+            .await
+            .expect("acquired within 10 s");
+        freezer.join().unwrap();
+        let guard = got.unwrap_or_else(|e| panic!("{strategy:?}: {e}"));
+        assert!(guard.fencing_token().is_some(), "{strategy:?}");
+        drop(guard);
+    }
+}

@@ -237,7 +237,13 @@ impl Member {
         let ctx = Arc::clone(&self.ctx);
         let name = self.name.clone();
         if self.mode == Mode::Shared {
-            let _mutation = ctx.dir.mutation_lock(name.file_name())?;
+            // Busy (another process is changing this name, or is frozen
+            // while it does): as for a permit's or an exclusive lock's
+            // block, give it up and let the caller try again later,
+            // rather than fail the acquisition.
+            let Some(_mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
+                return Ok(None);
+            };
             if !self.still_here()? {
                 return Ok(None);
             }
