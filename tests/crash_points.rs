@@ -825,8 +825,8 @@ fn error_case(strategy: Strategy, op: Op, point: &str) -> Option<String> {
         let leaked: Vec<String> = all
             .iter()
             .filter(|e| !e.ends_with(".lock") && !e.ends_with(".lock.fence") && !in_use(e))
-            .cloned()
             .filter(|e| !(e.ends_with(".lock.members") && MEMBERS_LEFT_ON_ERROR.contains(&point)))
+            .cloned()
             .collect();
         assert!(leaked.is_empty(), "{what}: leaked {leaked:?}");
     }

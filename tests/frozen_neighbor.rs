@@ -281,11 +281,14 @@ async fn a_frozen_change_of_a_shared_name_never_lets_the_marker_lapse() {
             .split(r#""leaseExpiresAt":""#)
             .nth(1)
             .and_then(|rest| rest.split('"').next())
-            .map(|t| humantime_ms(t))
+            .map(humantime_ms)
             .expect("a leaseExpiresAt");
         if expires <= now_ms() {
             // velocious's own code, while the reader still holds.
-            lapsed = Some(format!("{owner} velocious try: {:?}", velocious_try(dir.path(), "shared job")));
+            lapsed = Some(format!(
+                "{owner} velocious try: {:?}",
+                velocious_try(dir.path(), "shared job")
+            ));
             break;
         }
     }
@@ -312,7 +315,11 @@ fn humantime_ms(t: &str) -> u64 {
     let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
     let h: Vec<i64> = hms.split(':').map(|p| p.parse().unwrap()).collect();
     // Days from the civil date (Howard Hinnant's algorithm).
-    let (y, m) = if d[1] <= 2 { (d[0] - 1, d[1] + 9) } else { (d[0], d[1] - 3) };
+    let (y, m) = if d[1] <= 2 {
+        (d[0] - 1, d[1] + 9)
+    } else {
+        (d[0], d[1] - 3)
+    };
     let era = y.div_euclid(400);
     let yoe = y - era * 400;
     let doy = (153 * m + 2) / 5 + d[2] - 1;

@@ -23,7 +23,6 @@
 //! descriptor, and a `flock` belongs to the open file description.
 
 use std::fs::{File, TryLockError};
-use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
@@ -47,41 +46,24 @@ pub(crate) fn file_name(lock: &str) -> String {
 
 impl LockDir {
     /// Takes the mutation lock of the lock `lock` (a lock file name),
-    /// waiting up to half a second for it.
+    /// waiting up to half a second for it; `None` when another process
+    /// kept it past that patience (say it is frozen while holding it):
+    /// for callers that can simply come back later.
     ///
     /// Every removal of a lock path by leasehold (release, reclaim) happens
     /// under it, after checking that the path still names the inode that
     /// was judged. Creation needs no lock: `O_EXCL` (and a rename that
     /// replaces nothing) only succeeds on an absent path, so under this
     /// lock a present path cannot change.
-    pub(crate) fn mutation_lock(&self, lock: &str) -> Result<MutationLock<'_>> {
-        self.mutation_lock_within(lock, PATIENCE)
-    }
-
-    /// As [`mutation_lock`](Self::mutation_lock), but `None` when another
-    /// process kept the lock past the patience (say it is frozen while
-    /// holding it): for callers that can simply come back later.
     pub(crate) fn try_mutation_lock(&self, lock: &str) -> Result<Option<MutationLock<'_>>> {
         self.lock_within(lock, PATIENCE)
     }
 
-    /// As [`mutation_lock`](Self::mutation_lock), but `None` at once when
+    /// As [`try_mutation_lock`](Self::try_mutation_lock), but `None` at once when
     /// another thread or process holds it: for callers that must not wait
     /// (the runtime's thread, a guard's `Drop`).
     pub(crate) fn mutation_lock_now(&self, lock: &str) -> Result<Option<MutationLock<'_>>> {
         self.lock_within(lock, Duration::ZERO)
-    }
-
-    /// As [`mutation_lock`](Self::mutation_lock), waiting at most
-    /// `patience` (for callers with a deadline of their own).
-    pub(crate) fn mutation_lock_within(&self, lock: &str, patience: Duration) -> Result<MutationLock<'_>> {
-        self.lock_within(lock, patience)?.ok_or_else(|| {
-            Error::io(
-                "lock (another process kept it too long)",
-                self.path_of(&file_name(lock)),
-                io::Error::from(io::ErrorKind::TimedOut),
-            )
-        })
     }
 
     /// The mutation lock of `lock`, or `None` when the patience (at most
@@ -192,7 +174,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let a = LockDir::open(root.path(), false).unwrap();
         let b = LockDir::open(root.path(), false).unwrap();
-        let held = a.mutation_lock("job.lock").unwrap();
+        let held = a.try_mutation_lock("job.lock").unwrap().unwrap();
         // Another name is free at once, the same name is not.
         assert!(b.mutation_lock_now("other.lock").unwrap().is_some());
         let started = Instant::now();
@@ -210,10 +192,10 @@ mod tests {
     fn the_file_goes_when_the_name_is_unused_and_stays_while_it_is_used() {
         let root = tempfile::tempdir().unwrap();
         let dir = LockDir::open(root.path(), false).unwrap();
-        drop(dir.mutation_lock("job.lock").unwrap());
+        drop(dir.try_mutation_lock("job.lock").unwrap().unwrap());
         assert!(!root.path().join("job.lock.mutex").exists());
         std::fs::write(root.path().join("job.lock"), b"").unwrap();
-        drop(dir.mutation_lock("job.lock").unwrap());
+        drop(dir.try_mutation_lock("job.lock").unwrap().unwrap());
         assert!(root.path().join("job.lock.mutex").exists());
     }
 
