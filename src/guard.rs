@@ -40,11 +40,13 @@ pub(crate) const COURTESY: Duration = Duration::from_millis(1);
 ///
 /// - **Files** (both strategies): the lock is removed synchronously, a few
 ///   syscalls under the name's mutation lock, so when `drop` returns another
-///   process can take it at once. The drop never waits for anything another
-///   process holds: if another process is changing that same name at that
-///   instant (or is frozen while it does), the removal is handed to a
-///   thread of leasehold's, which finishes it as soon as it can, the lock
-///   still ours until then.
+///   process can take it at once. The drop waits at most a millisecond for
+///   anything another process holds: if another process is changing that
+///   same name at that instant and does not finish (it is frozen while it
+///   does), the removal is handed to a thread of leasehold's, which
+///   finishes it as soon as it can, the lock still ours until then. (A
+///   process that exits meanwhile leaves the lock behind with its `flock`
+///   free, which leasehold takes over at once.)
 /// - **PostgreSQL**: the unlock is queued on the `Locker`'s session and
 ///   sent by its thread at once, without waiting for the server; other
 ///   hosts see the name free a round trip later.

@@ -147,8 +147,8 @@ impl LockName {
                 if reserved {
                     return Err(invalid(
                         name,
-                        "exact names cannot end in '.fence', '.members' or '.mutex' or contain '.pending-', \
-                         '.trash-' or '.fence.tmp-': leasehold names its own files so",
+                        "exact names cannot end in '.fence', '.members' or '.mutex' or contain \
+                         '.pending-', '.trash-' or '.fence.tmp-': leasehold names its own files so",
                     ));
                 }
                 name.to_owned()
@@ -412,6 +412,7 @@ mod tests {
             "x.members",
             "x.mutex",
             "job.lock.mutex",
+            "x.lock.mutex",
             "x.lock.pending-0123456789ab",
             "x.lock.trash-0123456789ab",
             "x.lock.fence.tmp-0123456789abcdef0123456789abcdef",

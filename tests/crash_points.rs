@@ -811,10 +811,22 @@ fn error_case(strategy: Strategy, op: Op, point: &str) -> Option<String> {
     // the leftovers planted for a sweep, which one that failed leaves,
     // and a members directory holding what could not be removed).
     if op != Op::Sweep {
-        let leaked: Vec<String> = entries(&dir)
-            .into_iter()
-            .filter(|e| !e.ends_with(".lock") && !e.ends_with(".lock.fence"))
+        let all = entries(&dir);
+        // A name's mutation-lock file stays while the name is in use (its
+        // lock path or members directory there), and goes with its last
+        // user after; one whose flock failed is nobody's to remove (only
+        // its holder may), and goes with the name's next user or `clean`.
+        let in_use = |e: &String| {
+            e.strip_suffix(".mutex").is_some_and(|lock| {
+                point == "dirlock.before_flock"
+                    || all.iter().any(|o| *o == lock || *o == format!("{lock}.members"))
+            })
+        };
+        let leaked: Vec<String> = all
+            .iter()
+            .filter(|e| !e.ends_with(".lock") && !e.ends_with(".lock.fence") && !in_use(e))
             .filter(|e| !(e.ends_with(".lock.members") && MEMBERS_LEFT_ON_ERROR.contains(&point)))
+            .cloned()
             .collect();
         assert!(leaked.is_empty(), "{what}: leaked {leaked:?}");
     }

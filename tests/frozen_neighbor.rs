@@ -279,3 +279,239 @@ async fn read_access_to_the_directory_grants_no_power_over_holders() {
         drop(reader);
     }
 }
+
+/// An exact name ending in `.mutex` is another exact name's mutation-lock
+/// file: a lock file `backup.mutex` of a program that takes no `flock`
+/// (pi-research's record) was deleted by a leasehold process that merely
+/// took and released `backup`, its mutation lock's last user. A
+/// mutation-lock file with content is nobody's leftover and is kept; and
+/// leasehold refuses such exact names, as it refuses `.fence` ones (a
+/// leasehold holder of `job.mutex` kept `job`'s release waiting for as
+/// long as it held).
+#[tokio::test(flavor = "current_thread")]
+async fn an_exact_name_is_never_another_names_mutation_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .path_style(leasehold::PathStyle::Exact)
+        .build()
+        .unwrap();
+    // pi-research holds `backup.mutex`, alive (our own pid), no flock.
+    let theirs = dir.path().join("backup.mutex");
+    let record = format!(
+        r#"{{"uuid":"0b5c3e1a-6f0e-4e0a-9a55-3a1d2c4b5e6f","pid":{}}}"#,
+        std::process::id()
+    );
+    std::fs::write(&theirs, &record).unwrap();
+    let guard = locker.acquire("backup").await.unwrap();
+    guard.release().await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&theirs).ok().as_deref(),
+        Some(record.as_str()),
+        "releasing `backup` deleted the lock file `backup.mutex`"
+    );
+    assert!(matches!(
+        locker.try_acquire("backup.mutex").await,
+        Err(leasehold::Error::InvalidName { .. })
+    ));
+}
+
+/// A shared lock's marker is what velocious and pi-research judge the
+/// name by (format.md: its `leaseExpiresAt` stays in the future while
+/// the readers hold). A process frozen while changing the name holds its
+/// mutation lock, which re-signing the marker needs: the readers renewed
+/// their own records and kept the lock, while the marker's lease ran
+/// out, and velocious's own code took the name from live readers.
+#[tokio::test(flavor = "current_thread")]
+async fn a_frozen_change_of_a_shared_name_never_lets_the_marker_lapse() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .strategy(Strategy::Directory)
+        .lease(Duration::from_millis(1000))
+        .renew_interval(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    let path = locker.lock_path("shared job").unwrap();
+    let guard = take(&locker, Kind::Shared, "shared job").await;
+    let frozen = frozen_flock(&mutex_of(&path));
+    let deadline = Instant::now() + Duration::from_millis(3000);
+    let mut lapsed = None;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if guard.is_lost() {
+            break;
+        }
+        let owner = std::fs::read_to_string(path.join("owner.json")).unwrap();
+        let expires = owner
+            .split(r#""leaseExpiresAt":""#)
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .map(humantime_ms)
+            .expect("a leaseExpiresAt");
+        if expires <= now_ms() {
+            // velocious's own code, while the reader still holds.
+            lapsed = Some(format!(
+                "{owner} velocious try: {:?}",
+                velocious_try(dir.path(), "shared job")
+            ));
+            break;
+        }
+    }
+    drop(frozen);
+    assert!(
+        guard.is_lost() || lapsed.is_none(),
+        "a live reader's marker shows a lapsed lease (velocious takes the name): {lapsed:?}"
+    );
+    drop(guard);
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Milliseconds since the epoch of an RFC 3339 UTC time as leasehold
+/// writes it (`2026-12-05T00:41:47.123Z`).
+fn humantime_ms(t: &str) -> u64 {
+    let (date, time) = t.trim_end_matches('Z').split_once('T').unwrap();
+    let d: Vec<i64> = date.split('-').map(|p| p.parse().unwrap()).collect();
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let h: Vec<i64> = hms.split(':').map(|p| p.parse().unwrap()).collect();
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, m) = if d[1] <= 2 {
+        (d[0] - 1, d[1] + 9)
+    } else {
+        (d[0], d[1] - 3)
+    };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d[2] - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let ms: i64 = format!("{frac:0<3}")[..3].parse().unwrap();
+    ((days * 86_400 + h[0] * 3600 + h[1] * 60 + h[2]) * 1000 + ms) as u64
+}
+
+/// velocious's `tryAcquire` of `name` in `dir` (its result, released
+/// again if taken), or `None` where node is not installed.
+fn velocious_try(dir: &Path, name: &str) -> Option<String> {
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed1/driver.mjs");
+    let out = std::process::Command::new("timeout")
+        .args(["20", "node"])
+        .arg(driver)
+        .arg(dir)
+        .arg(name)
+        .arg("try")
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// A process frozen while changing a name (holding its mutation lock)
+/// may delay that name's acquisitions, but an acquisition that got the
+/// lock must not fail with `Error::Lost` for it: with fencing, the token
+/// needs the mutation lock, and a busy one was reported as the loss of a
+/// lock that nobody took.
+#[tokio::test(flavor = "current_thread")]
+async fn a_frozen_change_of_our_name_never_makes_a_fencing_acquisition_lost() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = locker(dir.path(), strategy, true);
+        let path = locker.lock_path("job").unwrap();
+        let frozen = frozen_flock(&mutex_of(&path));
+        let unfreeze = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(frozen);
+        });
+        let got = tokio::time::timeout(Duration::from_secs(10), locker.acquire("job"))
+            .await
+            .expect("acquired within 10 s");
+        unfreeze.join().unwrap();
+        let guard = got.unwrap_or_else(|e| panic!("{strategy:?}: {e}"));
+        assert!(guard.fencing_token().is_some(), "{strategy:?}");
+        drop(guard);
+    }
+}
+
+/// A process frozen while it changes a shared name (its members
+/// directory made, its lock path not yet: a first joiner, a waiter
+/// announcing itself) holds that name's mutation lock. Collecting
+/// leftovers, which every `Locker` does when built and when an
+/// acquisition of any name meets contention, must not wait for it:
+/// neither building a `Locker` nor a `try_acquire` of another, held name
+/// is held up by it. (Held when tried: the sweep leaves members
+/// directories to `clean`.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_frozen_change_of_one_name_never_stalls_the_sweep() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let holder = locker(dir.path(), strategy, false);
+        let guard = holder.acquire("job").await.unwrap();
+        let mut frozen = Vec::new();
+        for i in 0..3 {
+            let path = holder.lock_path(&format!("other{i}")).unwrap();
+            let mut members = path.file_name().unwrap().to_owned();
+            members.push(".members");
+            std::fs::create_dir(path.with_file_name(members)).unwrap();
+            frozen.push(frozen_flock(&mutex_of(&path)));
+        }
+        let started = Instant::now();
+        let rival = locker(dir.path(), strategy, false);
+        let built = started.elapsed();
+        let started = Instant::now();
+        assert!(rival.try_acquire("job").await.unwrap().is_none());
+        let tried = started.elapsed();
+        assert!(
+            built < Duration::from_millis(300) && tried < Duration::from_millis(300),
+            "{strategy:?}: building a Locker took {built:?}, a try_acquire of a held name {tried:?}"
+        );
+        drop((guard, frozen));
+    }
+}
+
+/// A process that takes a shared name's mutation lock just after we
+/// joined (to join or leave it itself) and is frozen there must not make
+/// our acquisition fail: with fencing, a reader's token is read under
+/// that lock, and a busy one failed `acquire_shared` with "another
+/// process kept it too long" after half a second, the error issue 28
+/// set out to end. It may wait; it must not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_change_right_after_our_join_never_fails_a_fencing_reader() {
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = locker(dir.path(), strategy, true);
+        let path = locker.lock_path("job").unwrap();
+        let mutex = mutex_of(&path);
+        // Waits for the marker (made under the mutation lock), then takes
+        // the mutation lock the instant our join lets it go, and keeps it.
+        let freezer = std::thread::spawn(move || {
+            let started = Instant::now();
+            while !path.exists() {
+                assert!(started.elapsed() < Duration::from_secs(10));
+                std::thread::yield_now();
+            }
+            let file = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&mutex)
+                .unwrap();
+            file.lock().unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(file);
+        });
+        let got = tokio::time::timeout(Duration::from_secs(10), locker.acquire_shared("job"))
+            .await
+            .expect("acquired within 10 s");
+        freezer.join().unwrap();
+        let guard = got.unwrap_or_else(|e| panic!("{strategy:?}: {e}"));
+        assert!(guard.fencing_token().is_some(), "{strategy:?}");
+        drop(guard);
+    }
+}

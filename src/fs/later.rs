@@ -22,6 +22,14 @@ pub(crate) trait Retry: Send {
 /// to every taker of a busy name.
 pub(crate) const PATIENCE: Duration = Duration::from_millis(20);
 
+/// How long a release outside the release thread (a guard's `Drop`) waits
+/// for a name's mutation lock before handing the release over: long
+/// enough for a running process to finish its change (a few syscalls),
+/// so that a process that drops its guard and exits at once does not
+/// leave its lock behind for others to judge; short enough that a frozen
+/// holder of it costs the caller's thread no more.
+pub(crate) const DROP_PATIENCE: Duration = Duration::from_millis(1);
+
 /// The longest pause between two tries.
 const MOST: Duration = Duration::from_millis(50);
 

@@ -336,7 +336,7 @@ impl Whole {
         let patience = if confirm {
             Duration::from_millis(500)
         } else {
-            Duration::ZERO
+            later::DROP_PATIENCE
         };
         self.armed = false;
         let released = match self.remove(patience)? {
@@ -379,7 +379,7 @@ impl Drop for Whole {
         if !std::mem::take(&mut self.armed) {
             return;
         }
-        match self.remove(Duration::ZERO) {
+        match self.remove(later::DROP_PATIENCE) {
             Ok(Some(_)) => {}
             Ok(None) => {
                 self.armed = true;

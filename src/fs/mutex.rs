@@ -125,7 +125,7 @@ impl LockDir {
                 return Ok(Some(MutationLock {
                     dir: self,
                     lock: lock.to_owned(),
-                    _file: file,
+                    file,
                 }));
             }
             rounds += 1;
@@ -143,13 +143,19 @@ pub(crate) struct MutationLock<'a> {
     /// The lock file name whose changes this orders.
     lock: String,
     /// Open for as long as we hold the flock on it: closing it unlocks.
-    _file: File,
+    file: File,
 }
 
 impl Drop for MutationLock<'_> {
     fn drop(&mut self) {
         // Removed while we hold it, so nobody else can be relying on this
         // inode: a waiter that locks it next finds it gone and starts over.
+        // Kept if it is not empty: leasehold makes it empty, so one with
+        // content is a stranger's file at that name (another tool's lock
+        // file, say), which is never deleted.
+        if !self.file.metadata().is_ok_and(|meta| meta.len() == 0) {
+            return;
+        }
         let _ = syscall::unlink_at(self.dir.fd(), file_name(&self.lock).as_str());
         // Closing the file releases the flock.
     }

@@ -157,6 +157,12 @@ pub(crate) fn rename_at(dir: &File, from: &str, to: &str) -> Result<(), Errno> {
     renameat(dir, from, dir, to)
 }
 
+/// Renames `from` in `from_dir` to `to` in `to_dir` (one filesystem),
+/// replacing it.
+pub(crate) fn rename_between(from_dir: &File, from: &str, to_dir: &File, to: &str) -> Result<(), Errno> {
+    renameat(from_dir, from, to_dir, to)
+}
+
 /// Creates the directory `name` in `dir`, mode 0700.
 pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
     mkdirat(dir, name, Mode::from_bits_truncate(0o700))

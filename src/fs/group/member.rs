@@ -3,23 +3,24 @@
 //! leaving.
 
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::sign::{Sign, Signers};
 use super::{
-    Found, JSON, MEMBER, create_record, marker, members_dir, remove_dead, remove_marker, remove_members_dir,
-    scan, write_marker,
+    Found, JSON, MEMBER, TMP, create_record, marker, members_dir, remove_dead, remove_marker,
+    remove_members_dir, scan, write_marker,
 };
 use crate::backend::{Mode, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
 use crate::fs::context::Ctx;
+use crate::fs::layout::Strategy;
 use crate::fs::syscall::{self, Errno};
 use crate::fs::{fence, file, later};
 use crate::name::LockName;
-use crate::record::OwnRecord;
+use crate::record::{OwnRecord, Parsed};
 use crate::sys;
 
 /// One holder of a shared lock or a semaphore permit: its record in the
@@ -149,10 +150,11 @@ impl Member {
         Ok(ours.then_some(found))
     }
 
-    /// `None` while we still hold; otherwise why not. A marker being
-    /// rewritten in place can be read torn: a look that says "lost" is
-    /// made again under the name's mutation lock before it counts (and if
-    /// that stays taken, the next check decides).
+    /// `None` while we still hold; otherwise why not. Takes no lock. A
+    /// marker file rewritten in place can be read torn: only a marker that
+    /// reads whole, and is another group's or no marker, says "lost" (a
+    /// lock directory's `owner.json` is replaced by rename, so it always
+    /// reads whole); one that stays torn leaves it to the next check.
     fn lost(&self) -> Result<Option<LossReason>> {
         if let Some(moved) = self.ctx.dir_moved() {
             return Ok(Some(moved));
@@ -160,18 +162,21 @@ impl Member {
         if !self.still_here()? {
             return Ok(Some(LossReason::Replaced));
         }
-        if self.our_marker()?.is_some() {
-            return Ok(None);
-        }
-        let Some(_mutation) = self
-            .ctx
-            .dir
-            .lock_within(self.name.file_name(), Duration::from_millis(50))?
-        else {
-            return Ok(None);
-        };
-        if !self.still_here()? || self.our_marker()?.is_none() {
-            return Ok(Some(LossReason::Replaced));
+        for look in 0..3 {
+            if look > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let Some(found) = Found::open(&self.ctx, &self.name)? else {
+                return Ok(Some(LossReason::Replaced));
+            };
+            match &found.parsed {
+                Parsed::Record(_) => {
+                    let ours = marker(&found.parsed).is_some_and(|r| r.group == self.record.group);
+                    return Ok((!ours).then_some(LossReason::Replaced));
+                }
+                // Torn, or being written: look again.
+                _ => continue,
+            }
         }
         Ok(None)
     }
@@ -209,6 +214,11 @@ impl Member {
             return Ok(Renewal::Lost(LossReason::LeaseExpired));
         }
         let Some(_mutation) = ctx.dir.mutation_lock_now(self.name.file_name())? else {
+            // Another process changes the group (or is frozen while it
+            // does). The marker is what velocious and pi-research judge
+            // the name by: when it would lapse before a later renewal
+            // could sign it, sign it now without the lock.
+            self.sign_before_it_lapses()?;
             return Ok(Renewal::Renewed);
         };
         if !self.still_here()? {
@@ -227,6 +237,53 @@ impl Member {
 
     pub(crate) fn check(&self) -> Result<Option<LossReason>> {
         self.lost()
+    }
+
+    /// Re-signs our group's marker, without the name's mutation lock, if
+    /// its lease ends within three quarters of a lease (a renewal comes
+    /// at least every half lease, and a lease's last quarter is its
+    /// safety margin): so a process frozen while holding that lock never
+    /// lets the marker show a lapsed lease while we hold.
+    ///
+    /// Done so that no concurrent writer can tear it: a lock directory's
+    /// `owner.json` is replaced by a rename from a private name in the
+    /// members directory (a `.tmp-` name, removed as unfinished by a
+    /// group's next change if we die first); a marker file is rewritten in
+    /// place as under the lock, which a writer frozen mid-write and woken
+    /// at that instant could leave torn (then read as a record being
+    /// written, never as a lapsed one).
+    fn sign_before_it_lapses(&self) -> Result<()> {
+        let Some(found) = self.our_marker()? else {
+            return Ok(());
+        };
+        let Parsed::Record(record) = &found.parsed else {
+            return Ok(());
+        };
+        let due = SystemTime::now() + self.ctx.lease.mul_f64(0.75);
+        if record.lease_expires_at.is_some_and(|end| end > due) {
+            return Ok(());
+        }
+        let bytes = self.record.to_bytes(0);
+        match self.ctx.strategy {
+            Strategy::ExclusiveFile => write_marker(&self.ctx, &self.name, &found, &bytes),
+            Strategy::Directory => {
+                let tmp = format!("{TMP}sign-{}{JSON}", self.record.uuid);
+                let path = || self.path();
+                let file = syscall::open_at(&self.dir, tmp.as_str(), syscall::Open::Replace)
+                    .context("sign shared lock marker", path)?;
+                let written = file
+                    .write_all_at(&bytes, 0)
+                    .context("sign shared lock marker", path)
+                    .and_then(|()| {
+                        syscall::rename_between(&self.dir, &tmp, found.node(), "owner.json")
+                            .context("sign shared lock marker", path)
+                    });
+                if written.is_err() {
+                    let _ = syscall::unlink_at(&self.dir, tmp.as_str());
+                }
+                written
+            }
+        }
     }
 
     /// A shared holder's token: the fencing counter as it stands (every
@@ -275,7 +332,7 @@ impl Member {
         let patience = if confirm {
             Duration::from_millis(500)
         } else {
-            Duration::ZERO
+            later::DROP_PATIENCE
         };
         self.armed = false;
         let was_here = match self.leave(patience)? {
@@ -395,7 +452,7 @@ impl Drop for Member {
         if !std::mem::take(&mut self.armed) {
             return;
         }
-        match self.leave(Duration::ZERO) {
+        match self.leave(later::DROP_PATIENCE) {
             Ok(Some(_)) => {}
             Ok(None) => self.defer(),
             Err(error) => tracing::warn!(
