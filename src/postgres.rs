@@ -405,7 +405,7 @@ mod pg_server;
 
 #[cfg(test)]
 mod tests {
-    use super::session::{TOKEN_BLOCK, tokens};
+    use super::session::{LEAD, TOKEN_BLOCK, block};
     use super::*;
 
     /// The session thread owns the outcome of an attempt: a lock granted
@@ -448,7 +448,16 @@ mod tests {
                 .unwrap();
             (row.get(0), row.get(1))
         });
-        assert_eq!(recorded, TOKEN_BLOCK, "the lock was granted and recorded");
+        // The one token of a new counter: the server's clock (this
+        // host's: the server is local) in microseconds, plus the lead.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_micros()).unwrap())
+            .unwrap();
+        assert!(
+            (now - 60_000_000..now + 60_000_000).contains(&(recorded - LEAD - 1)),
+            "the lock was granted and recorded: {recorded} at {now}"
+        );
         assert_eq!(locks, 0, "then let go");
     }
 
@@ -483,7 +492,8 @@ mod tests {
         assert_eq!(keys.join, -8_327_747_811_861_364_901);
         assert_eq!(slot_key("reindex", 0), -4_442_260_240_349_315_333);
         assert_eq!(slot_key("reindex", 7), 1_983_168_917_083_701_099);
-        let t = tokens(2048);
+        let t = block(1025, 2048);
         assert_eq!((t.next, t.last), (1025, 2048));
+        assert_eq!(TOKEN_BLOCK * 8, LEAD);
     }
 }

@@ -1292,3 +1292,139 @@ async fn the_longest_name_works_on_a_server() {
     ));
     assert!(matches!(a.holder(&over).await, Err(Error::InvalidName { .. })));
 }
+
+/// The server's wall clock in microseconds since the Unix epoch: the unit
+/// of fencing tokens.
+fn server_clock_us(server: &Server) -> u64 {
+    server.sql(|c| {
+        let us: i64 = c
+            .query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        u64::try_from(us).unwrap()
+    })
+}
+
+/// Tokens count the server's clock in microseconds, so they keep growing
+/// when the counters are emptied (`TRUNCATE`) between holders: exclusive
+/// holders, permit holders, and a shared holder, whose token is the
+/// counter as it stands (no less than any token before it, less than any
+/// after it), also where the counter is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_growing_when_the_table_is_emptied() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let job = unique("job");
+    let before = server_clock_us(&server);
+    let first = a.acquire(&job).await.unwrap();
+    let t1 = first.fencing_token().unwrap();
+    let after = server_clock_us(&server);
+    assert!(
+        (before..=after + 8_193).contains(&t1),
+        "a token is the server's clock in microseconds: {t1} read between {before} and {after}"
+    );
+    first.release().await.unwrap();
+    let empty = || {
+        server.sql(|c| {
+            c.batch_execute("TRUNCATE leasehold_locks, leasehold_holders")
+                .unwrap()
+        });
+    };
+    empty();
+    let second = b.acquire(&job).await.unwrap();
+    let t2 = second.fencing_token().unwrap();
+    assert!(t2 > t1, "tokens went back after TRUNCATE: {t1} then {t2}");
+    second.release().await.unwrap();
+
+    // A shared holder with the counter there, and with it gone.
+    let shared = a.acquire_shared(&job).await.unwrap();
+    let s1 = shared.fencing_token().unwrap();
+    assert!(
+        s1 >= t2,
+        "a shared holder's token is below an earlier one: {t2} then {s1}"
+    );
+    shared.release().await.unwrap();
+    let third = b.acquire(&job).await.unwrap();
+    let t3 = third.fencing_token().unwrap();
+    assert!(t3 > s1, "{s1} then {t3}");
+    third.release().await.unwrap();
+    empty();
+    let shared = a.acquire_shared(&job).await.unwrap();
+    let s2 = shared.fencing_token().unwrap();
+    assert!(
+        s2 >= t3,
+        "a shared holder's token went back after TRUNCATE: {t3} then {s2}"
+    );
+    shared.release().await.unwrap();
+    let fourth = b.acquire(&job).await.unwrap();
+    let t4 = fourth.fencing_token().unwrap();
+    assert!(t4 > s2, "{s2} then {t4}");
+    fourth.release().await.unwrap();
+
+    // Permit holders, emptied between them and while one holds.
+    let sem = a.semaphore(&job, 2).unwrap();
+    empty();
+    let p1 = sem.acquire().await.unwrap();
+    let p1_token = p1.fencing_token().unwrap();
+    assert!(p1_token > t4, "{t4} then {p1_token}");
+    empty();
+    let p2 = b.semaphore(&job, 2).unwrap().acquire().await.unwrap();
+    let p2_token = p2.fencing_token().unwrap();
+    assert!(p2_token > p1_token, "{p1_token} then {p2_token}");
+    drop((p1, p2));
+    let last = a.acquire_timeout(&job, Duration::from_secs(5)).await.unwrap();
+    assert!(last.fencing_token().unwrap() > p2_token);
+}
+
+/// A table dropped under a running `Locker` is reported as what it is,
+/// naming the table; the holders keep their locks (they hold them on the
+/// server, not in the table), the same `Locker` creates the table again at
+/// its next attempt, and tokens, from it or from a new `Locker`, keep
+/// growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_table_is_reported_and_tokens_keep_growing() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let (x, y) = (unique("x"), unique("y"));
+    let held = a.acquire(&x).await.unwrap();
+    let t1 = held.fencing_token().unwrap();
+    server.sql(|c| c.batch_execute("DROP TABLE leasehold_locks").unwrap());
+    match a.try_acquire(&y).await {
+        Err(Error::MissingTable { table, .. }) => assert_eq!(table, "leasehold_locks"),
+        other => panic!("expected MissingTable, got {other:?}"),
+    }
+    let err = a.try_acquire(&y).await;
+    let message = match &err {
+        Err(e) => e.to_string(),
+        Ok(_) => String::new(),
+    };
+    // The table is back for the attempt after the one that found it gone.
+    let other = err.unwrap_or_else(|e| panic!("the table is not back: {message}: {e:?}"));
+    let other = other.expect("y is free");
+    assert!(other.fencing_token().unwrap() > t1);
+    held.ensure_held().await.unwrap();
+    assert!(!held.is_lost());
+    held.release().await.unwrap();
+    drop(other);
+
+    // Dropped again, and a new Locker makes it: tokens still grow.
+    server.sql(|c| c.batch_execute("DROP TABLE leasehold_locks").unwrap());
+    let c = builder(&server).build().unwrap();
+    let again = c.acquire_timeout(&x, Duration::from_secs(5)).await.unwrap();
+    assert!(again.fencing_token().unwrap() > t1);
+    again.release().await.unwrap();
+
+    // The holders' table too: a shared acquisition names it.
+    server.sql(|c| c.batch_execute("DROP TABLE leasehold_holders").unwrap());
+    match a.try_acquire_shared(&x).await {
+        Err(Error::MissingTable { table, .. }) => assert_eq!(table, "leasehold_holders"),
+        other => panic!("expected MissingTable, got {other:?}"),
+    }
+    let shared = a.try_acquire_shared(&x).await.unwrap().expect("x is free");
+    assert!(shared.fencing_token().unwrap() > t1);
+    assert_eq!(c.holders(&x).await.unwrap().len(), 1);
+}

@@ -31,7 +31,7 @@ use crate::record::OwnRecord;
 pub(super) use connection::Session;
 use connection::{BUSY, Try};
 #[cfg(test)]
-pub(super) use fence::{TOKEN_BLOCK, tokens};
+pub(super) use fence::{LEAD, TOKEN_BLOCK, block};
 pub(crate) use lock::PgLock;
 pub(super) use lock::{ANSWER_PATIENCE, Answer, Command, Line, no_answer, session_stopped};
 
@@ -158,6 +158,7 @@ impl Session {
         if Instant::now() >= until {
             return Ok(BUSY);
         }
+        self.tables()?;
         match mode {
             Mode::Exclusive => self.try_exclusive(name, keys.name, owner, until),
             Mode::Shared | Mode::Permit(_) => self.try_join(name, keys, mode, owner, until),
