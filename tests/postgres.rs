@@ -1428,3 +1428,94 @@ async fn a_dropped_table_is_reported_and_tokens_keep_growing() {
     assert!(shared.fencing_token().unwrap() > t1);
     assert_eq!(c.holders(&x).await.unwrap().len(), 1);
 }
+
+/// In a database whose encoding stores some characters in more bytes than
+/// UTF-8 does (EUC_JP: "é" is 2 bytes in UTF-8, 3 in JIS X 0212), a name
+/// of `MAX_NAME_LEN` bytes may not fit a btree index entry: it is refused
+/// as too long for the server, before any lock is taken or row written,
+/// and a name that fits there works. A character the encoding cannot
+/// store is refused as a bad name too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_too_long_for_the_databases_encoding_is_refused() {
+    let server = Server::start();
+    if server.external.is_some() {
+        eprintln!("skipped: needs a database of its own (LEASEHOLD_PG_URL)");
+        return;
+    }
+    server.sql(|c| {
+        c.batch_execute(
+            "CREATE DATABASE leasehold_euc ENCODING 'EUC_JP' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
+        )
+        .unwrap()
+    });
+    let url = server.url().replace("dbname=postgres", "dbname=leasehold_euc");
+    let a = Locker::builder().postgres(url.clone()).build().unwrap();
+    // A letter of Latin-1 (2 bytes here, 3 there) and a printable ASCII
+    // character, from a xorshift generator (nothing a compressor finds
+    // repeats in, or the server would compress the entry until it fits):
+    // 2,046 bytes here, 2,728 there. The server said "index row size 2744
+    // exceeds btree version 4 maximum 2704".
+    let letters: Vec<char> = "ÀÁÂÃÄÅÆÇÈÉÊËÌÍÎÏÑÒÓÔÕÖØÙÚÛÜÝÞßàáâãäåæçèéêëìíîïðñòóôõöøùúûüýþÿ"
+        .chars()
+        .collect();
+    let mut x = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
+    let long: String = (0..leasehold::MAX_NAME_LEN / 3)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            [
+                letters[(x % letters.len() as u64) as usize],
+                char::from(b'!' + ((x >> 8) % 94) as u8),
+            ]
+        })
+        .collect();
+    assert_eq!(long.len(), 2046);
+    for attempt in [a.try_acquire(&long).await, a.try_acquire_shared(&long).await] {
+        match attempt {
+            Err(Error::InvalidName { reason, .. }) => {
+                assert!(reason.contains("too long for this PostgreSQL"), "{reason}");
+                assert!(reason.contains("2,692 bytes"), "{reason}");
+            }
+            other => panic!("expected InvalidName, got {other:?}"),
+        }
+    }
+    let (rows, locks): (i64, i64) = off_runtime_sql(url.clone(), |c| {
+        let row = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM leasehold_locks) + (SELECT count(*) FROM leasehold_holders),
+                        (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted)",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    });
+    assert_eq!(
+        (rows, locks),
+        (0, 0),
+        "the server was not asked to lock or record it"
+    );
+    // 1,600 bytes here, 2,400 there: it fits.
+    let fits = "é".repeat(800);
+    let guard = a.try_acquire(&fits).await.unwrap().expect("free");
+    assert_eq!(
+        a.holder(&fits).await.unwrap().unwrap().pid(),
+        Some(std::process::id())
+    );
+    guard.release().await.unwrap();
+    match a.try_acquire("emoji-😀").await {
+        Err(Error::InvalidName { reason, .. }) => assert!(reason.contains("encoding"), "{reason}"),
+        other => panic!("expected InvalidName, got {other:?}"),
+    }
+    assert!(a.try_acquire("plain").await.unwrap().is_some());
+}
+
+/// Runs `f` on a connection to `url`, off the test's runtime.
+fn off_runtime_sql<T: Send + 'static>(
+    url: String,
+    f: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
+) -> T {
+    std::thread::spawn(move || f(&mut postgres::Client::connect(&url, postgres::NoTls).unwrap()))
+        .join()
+        .unwrap()
+}

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 
-use super::tables::{SCHEMA, TIDY};
+use super::tables::{SCHEMA, TIDY, TOO_LONG, UNSTORABLE};
 use crate::backend::{Mode, Tokens};
 use crate::error::{Error, Result};
 
@@ -16,6 +16,22 @@ pub(super) fn pg_error(op: &'static str) -> impl FnOnce(postgres::Error) -> Erro
     move |source| Error::Backend {
         op,
         source: Box::new(source),
+    }
+}
+
+/// Why the server refused to store a name (too long for an index entry,
+/// or a character its encoding lacks), if that is what `error` says.
+pub(super) fn name_refused(error: &Error) -> Option<&'static str> {
+    let Error::Backend { source, .. } = error else {
+        return None;
+    };
+    let code = source.downcast_ref::<postgres::Error>()?.code()?;
+    if *code == SqlState::PROGRAM_LIMIT_EXCEEDED {
+        Some(TOO_LONG)
+    } else if *code == SqlState::UNTRANSLATABLE_CHARACTER || *code == SqlState::CHARACTER_NOT_IN_REPERTOIRE {
+        Some(UNSTORABLE)
+    } else {
+        None
     }
 }
 
@@ -108,6 +124,10 @@ pub(in crate::postgres) struct Session {
     /// A statement found an owner table missing (dropped under us): the
     /// next attempt creates the tables again.
     pub(super) tables_gone: bool,
+    /// The most bytes a character outside ASCII may take in the database's
+    /// encoding; `None` where names are stored as they are (UTF-8,
+    /// `SQL_ASCII`).
+    pub(super) widest: Option<usize>,
 }
 
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -122,6 +142,7 @@ impl Session {
             generation: 0,
             locals: HashMap::new(),
             tables_gone: false,
+            widest: None,
         }
     }
 
@@ -140,9 +161,15 @@ impl Session {
                 .batch_execute(TIDY)
                 .map_err(pg_error("remove the rows of dead shared holders"))?;
             let row = client
-                .query_one("SELECT pg_backend_pid()", &[])
+                .query_one(
+                    "SELECT pg_backend_pid(), current_setting('server_encoding') IN ('UTF8', 'SQL_ASCII'),
+                         pg_encoding_max_length(pg_char_to_encoding(current_setting('server_encoding')))",
+                    &[],
+                )
                 .map_err(pg_error("start a PostgreSQL session"))?;
             self.backend_pid = row.get(0);
+            let (as_is, widest): (bool, i32) = (row.get(1), row.get(2));
+            self.widest = (!as_is).then(|| usize::try_from(widest).unwrap_or(4));
             self.generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
             self.client = Some(client);
             self.tables_gone = false;
