@@ -11,7 +11,19 @@
 //! The owner (`holder_id`, host, pid, acquisition time) and the per-name
 //! fencing counter live in `leasehold_locks`, created on first use with
 //! `CREATE TABLE IF NOT EXISTS` and written only while the advisory lock is
-//! held, so tokens strictly increase per name, forever.
+//! held. Tokens count the server's clock in microseconds (see
+//! `session/fence.rs`), so they strictly increase per name even when the
+//! table is emptied or dropped, as long as the server's clock does not go
+//! back meanwhile. A table dropped under a running `Locker` fails the
+//! attempt that finds it gone ([`Error::MissingTable`]); the next attempt
+//! creates it again.
+//!
+//! Names are stored as text, and indexed: a name must fit a btree entry
+//! (2,692 bytes of text). In UTF-8 every name of up to
+//! [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) does; in a database whose
+//! encoding takes more bytes for some characters (EUC_JP: 3 for "é"), a
+//! name that might not is refused with [`Error::InvalidName`] before the
+//! server is asked to lock it.
 //!
 //! The connection is driven by a thread of its own, so a lock is kept, and
 //! released, whatever the caller's runtime does. The session *is* the
