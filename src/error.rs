@@ -211,6 +211,24 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
+    /// A table the PostgreSQL backend keeps its holders and fencing
+    /// counters in (`leasehold_locks`, `leasehold_holders`) was dropped,
+    /// or is missing, on the server. The attempt that found it gone fails;
+    /// the `Locker` creates the table again before its next one. Locks
+    /// held meanwhile are kept (they are held on the server, not in the
+    /// table), and fencing tokens keep growing: they count the server's
+    /// clock.
+    #[error(
+        "cannot {op}: the PostgreSQL table {table} was dropped or is missing (it is created again at the next attempt)"
+    )]
+    #[non_exhaustive]
+    MissingTable {
+        /// The table, e.g. `"leasehold_locks"`.
+        table: &'static str,
+        /// The operation, e.g. `"record the lock owner"`.
+        op: &'static str,
+    },
+
     /// The Tokio runtime shut down before a blocking operation could run.
     #[error("cannot {op}: the Tokio runtime is shutting down")]
     Runtime {

@@ -314,7 +314,10 @@
 //!   application's own advisory keys meet it only by a 1-in-2^64 accident.
 //! - Owners and fencing counters live in the table `leasehold_locks`,
 //!   created on first use and written only while the lock is held; tokens
-//!   strictly increase per name, across restarts of anything.
+//!   count the server's clock in microseconds, so they strictly increase
+//!   per name across restarts of anything, and across the table being
+//!   emptied or dropped (as long as the server's clock does not go back
+//!   meanwhile).
 //! - The session is the lease: when it dies (server restart,
 //!   `pg_terminate_backend`, network loss) the server drops its locks, and
 //!   every guard reports `lost()` at its next heartbeat, one

@@ -11,7 +11,19 @@
 //! The owner (`holder_id`, host, pid, acquisition time) and the per-name
 //! fencing counter live in `leasehold_locks`, created on first use with
 //! `CREATE TABLE IF NOT EXISTS` and written only while the advisory lock is
-//! held, so tokens strictly increase per name, forever.
+//! held. Tokens count the server's clock in microseconds (see
+//! `session/fence.rs`), so they strictly increase per name even when the
+//! table is emptied or dropped, as long as the server's clock does not go
+//! back meanwhile. A table dropped under a running `Locker` fails the
+//! attempt that finds it gone ([`Error::MissingTable`]); the next attempt
+//! creates it again.
+//!
+//! Names are stored as text, and indexed: a name must fit a btree entry
+//! (2,692 bytes of text). In UTF-8 every name of up to
+//! [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) does; in a database whose
+//! encoding takes more bytes for some characters (EUC_JP: 3 for "é"), a
+//! name that might not is refused with [`Error::InvalidName`] before the
+//! server is asked to lock it.
 //!
 //! The connection is driven by a thread of its own, so a lock is kept, and
 //! released, whatever the caller's runtime does. The session *is* the
@@ -405,7 +417,7 @@ mod pg_server;
 
 #[cfg(test)]
 mod tests {
-    use super::session::{TOKEN_BLOCK, tokens};
+    use super::session::{LEAD, TOKEN_BLOCK, block};
     use super::*;
 
     /// The session thread owns the outcome of an attempt: a lock granted
@@ -448,7 +460,16 @@ mod tests {
                 .unwrap();
             (row.get(0), row.get(1))
         });
-        assert_eq!(recorded, TOKEN_BLOCK, "the lock was granted and recorded");
+        // The one token of a new counter: the server's clock (this
+        // host's: the server is local) in microseconds, plus the lead.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_micros()).unwrap())
+            .unwrap();
+        assert!(
+            (now - 60_000_000..now + 60_000_000).contains(&(recorded - LEAD - 1)),
+            "the lock was granted and recorded: {recorded} at {now}"
+        );
         assert_eq!(locks, 0, "then let go");
     }
 
@@ -483,7 +504,8 @@ mod tests {
         assert_eq!(keys.join, -8_327_747_811_861_364_901);
         assert_eq!(slot_key("reindex", 0), -4_442_260_240_349_315_333);
         assert_eq!(slot_key("reindex", 7), 1_983_168_917_083_701_099);
-        let t = tokens(2048);
+        let t = block(1025, 2048);
         assert_eq!((t.next, t.last), (1025, 2048));
+        assert_eq!(TOKEN_BLOCK * 8, LEAD);
     }
 }

@@ -1292,3 +1292,230 @@ async fn the_longest_name_works_on_a_server() {
     ));
     assert!(matches!(a.holder(&over).await, Err(Error::InvalidName { .. })));
 }
+
+/// The server's wall clock in microseconds since the Unix epoch: the unit
+/// of fencing tokens.
+fn server_clock_us(server: &Server) -> u64 {
+    server.sql(|c| {
+        let us: i64 = c
+            .query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        u64::try_from(us).unwrap()
+    })
+}
+
+/// Tokens count the server's clock in microseconds, so they keep growing
+/// when the counters are emptied (`TRUNCATE`) between holders: exclusive
+/// holders, permit holders, and a shared holder, whose token is the
+/// counter as it stands (no less than any token before it, less than any
+/// after it), also where the counter is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_growing_when_the_table_is_emptied() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let job = unique("job");
+    let before = server_clock_us(&server);
+    let first = a.acquire(&job).await.unwrap();
+    let t1 = first.fencing_token().unwrap();
+    let after = server_clock_us(&server);
+    assert!(
+        (before..=after + 8_193).contains(&t1),
+        "a token is the server's clock in microseconds: {t1} read between {before} and {after}"
+    );
+    first.release().await.unwrap();
+    let empty = || {
+        server.sql(|c| {
+            c.batch_execute("TRUNCATE leasehold_locks, leasehold_holders")
+                .unwrap()
+        });
+    };
+    empty();
+    let second = b.acquire(&job).await.unwrap();
+    let t2 = second.fencing_token().unwrap();
+    assert!(t2 > t1, "tokens went back after TRUNCATE: {t1} then {t2}");
+    second.release().await.unwrap();
+
+    // A shared holder with the counter there, and with it gone.
+    let shared = a.acquire_shared(&job).await.unwrap();
+    let s1 = shared.fencing_token().unwrap();
+    assert!(
+        s1 >= t2,
+        "a shared holder's token is below an earlier one: {t2} then {s1}"
+    );
+    shared.release().await.unwrap();
+    let third = b.acquire(&job).await.unwrap();
+    let t3 = third.fencing_token().unwrap();
+    assert!(t3 > s1, "{s1} then {t3}");
+    third.release().await.unwrap();
+    empty();
+    let shared = a.acquire_shared(&job).await.unwrap();
+    let s2 = shared.fencing_token().unwrap();
+    assert!(
+        s2 >= t3,
+        "a shared holder's token went back after TRUNCATE: {t3} then {s2}"
+    );
+    shared.release().await.unwrap();
+    let fourth = b.acquire(&job).await.unwrap();
+    let t4 = fourth.fencing_token().unwrap();
+    assert!(t4 > s2, "{s2} then {t4}");
+    fourth.release().await.unwrap();
+
+    // Permit holders, emptied between them and while one holds.
+    let sem = a.semaphore(&job, 2).unwrap();
+    empty();
+    let p1 = sem.acquire().await.unwrap();
+    let p1_token = p1.fencing_token().unwrap();
+    assert!(p1_token > t4, "{t4} then {p1_token}");
+    empty();
+    let p2 = b.semaphore(&job, 2).unwrap().acquire().await.unwrap();
+    let p2_token = p2.fencing_token().unwrap();
+    assert!(p2_token > p1_token, "{p1_token} then {p2_token}");
+    drop((p1, p2));
+    let last = a.acquire_timeout(&job, Duration::from_secs(5)).await.unwrap();
+    assert!(last.fencing_token().unwrap() > p2_token);
+}
+
+/// A table dropped under a running `Locker` is reported as what it is,
+/// naming the table; the holders keep their locks (they hold them on the
+/// server, not in the table), the same `Locker` creates the table again at
+/// its next attempt, and tokens, from it or from a new `Locker`, keep
+/// growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_table_is_reported_and_tokens_keep_growing() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let (x, y) = (unique("x"), unique("y"));
+    let held = a.acquire(&x).await.unwrap();
+    let t1 = held.fencing_token().unwrap();
+    server.sql(|c| c.batch_execute("DROP TABLE leasehold_locks").unwrap());
+    match a.try_acquire(&y).await {
+        Err(Error::MissingTable { table, .. }) => assert_eq!(table, "leasehold_locks"),
+        other => panic!("expected MissingTable, got {other:?}"),
+    }
+    let err = a.try_acquire(&y).await;
+    let message = match &err {
+        Err(e) => e.to_string(),
+        Ok(_) => String::new(),
+    };
+    // The table is back for the attempt after the one that found it gone.
+    let other = err.unwrap_or_else(|e| panic!("the table is not back: {message}: {e:?}"));
+    let other = other.expect("y is free");
+    assert!(other.fencing_token().unwrap() > t1);
+    held.ensure_held().await.unwrap();
+    assert!(!held.is_lost());
+    held.release().await.unwrap();
+    drop(other);
+
+    // Dropped again, and a new Locker makes it: tokens still grow.
+    server.sql(|c| c.batch_execute("DROP TABLE leasehold_locks").unwrap());
+    let c = builder(&server).build().unwrap();
+    let again = c.acquire_timeout(&x, Duration::from_secs(5)).await.unwrap();
+    assert!(again.fencing_token().unwrap() > t1);
+    again.release().await.unwrap();
+
+    // The holders' table too: a shared acquisition names it.
+    server.sql(|c| c.batch_execute("DROP TABLE leasehold_holders").unwrap());
+    match a.try_acquire_shared(&x).await {
+        Err(Error::MissingTable { table, .. }) => assert_eq!(table, "leasehold_holders"),
+        other => panic!("expected MissingTable, got {other:?}"),
+    }
+    let shared = a.try_acquire_shared(&x).await.unwrap().expect("x is free");
+    assert!(shared.fencing_token().unwrap() > t1);
+    assert_eq!(c.holders(&x).await.unwrap().len(), 1);
+}
+
+/// In a database whose encoding stores some characters in more bytes than
+/// UTF-8 does (EUC_JP: "é" is 2 bytes in UTF-8, 3 in JIS X 0212), a name
+/// of `MAX_NAME_LEN` bytes may not fit a btree index entry: it is refused
+/// as too long for the server, before any lock is taken or row written,
+/// and a name that fits there works. A character the encoding cannot
+/// store is refused as a bad name too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_too_long_for_the_databases_encoding_is_refused() {
+    let server = Server::start();
+    if server.external.is_some() {
+        eprintln!("skipped: needs a database of its own (LEASEHOLD_PG_URL)");
+        return;
+    }
+    server.sql(|c| {
+        c.batch_execute(
+            "CREATE DATABASE leasehold_euc ENCODING 'EUC_JP' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
+        )
+        .unwrap()
+    });
+    let url = server.url().replace("dbname=postgres", "dbname=leasehold_euc");
+    let a = Locker::builder().postgres(url.clone()).build().unwrap();
+    // A letter of Latin-1 (2 bytes here, 3 there) and a printable ASCII
+    // character, from a xorshift generator (nothing a compressor finds
+    // repeats in, or the server would compress the entry until it fits):
+    // 2,046 bytes here, 2,728 there. The server said "index row size 2744
+    // exceeds btree version 4 maximum 2704".
+    let letters: Vec<char> = "ÀÁÂÃÄÅÆÇÈÉÊËÌÍÎÏÑÒÓÔÕÖØÙÚÛÜÝÞßàáâãäåæçèéêëìíîïðñòóôõöøùúûüýþÿ"
+        .chars()
+        .collect();
+    let mut x = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
+    let long: String = (0..leasehold::MAX_NAME_LEN / 3)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            [
+                letters[(x % letters.len() as u64) as usize],
+                char::from(b'!' + ((x >> 8) % 94) as u8),
+            ]
+        })
+        .collect();
+    assert_eq!(long.len(), 2046);
+    for attempt in [a.try_acquire(&long).await, a.try_acquire_shared(&long).await] {
+        match attempt {
+            Err(Error::InvalidName { reason, .. }) => {
+                assert!(reason.contains("too long for this PostgreSQL"), "{reason}");
+                assert!(reason.contains("2,692 bytes"), "{reason}");
+            }
+            other => panic!("expected InvalidName, got {other:?}"),
+        }
+    }
+    let (rows, locks): (i64, i64) = off_runtime_sql(url.clone(), |c| {
+        let row = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM leasehold_locks) + (SELECT count(*) FROM leasehold_holders),
+                        (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted)",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    });
+    assert_eq!(
+        (rows, locks),
+        (0, 0),
+        "the server was not asked to lock or record it"
+    );
+    // 1,600 bytes here, 2,400 there: it fits.
+    let fits = "é".repeat(800);
+    let guard = a.try_acquire(&fits).await.unwrap().expect("free");
+    assert_eq!(
+        a.holder(&fits).await.unwrap().unwrap().pid(),
+        Some(std::process::id())
+    );
+    guard.release().await.unwrap();
+    match a.try_acquire("emoji-😀").await {
+        Err(Error::InvalidName { reason, .. }) => assert!(reason.contains("encoding"), "{reason}"),
+        other => panic!("expected InvalidName, got {other:?}"),
+    }
+    assert!(a.try_acquire("plain").await.unwrap().is_some());
+}
+
+/// Runs `f` on a connection to `url`, off the test's runtime.
+fn off_runtime_sql<T: Send + 'static>(
+    url: String,
+    f: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
+) -> T {
+    std::thread::spawn(move || f(&mut postgres::Client::connect(&url, postgres::NoTls).unwrap()))
+        .join()
+        .unwrap()
+}

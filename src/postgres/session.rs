@@ -25,15 +25,16 @@ use std::sync::mpsc::{self, Receiver};
 use std::time::Instant;
 
 use crate::backend::Mode;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::postgres::Keys;
 use crate::record::OwnRecord;
 pub(super) use connection::Session;
-use connection::{BUSY, Try};
+use connection::{BUSY, Try, name_refused};
 #[cfg(test)]
-pub(super) use fence::{TOKEN_BLOCK, tokens};
+pub(super) use fence::{LEAD, TOKEN_BLOCK, block};
 pub(crate) use lock::PgLock;
 pub(super) use lock::{ANSWER_PATIENCE, Answer, Command, Line, no_answer, session_stopped};
+use tables::{TOO_LONG, name_fits};
 
 impl Session {
     pub(in crate::postgres) fn run(mut self, commands: &Receiver<Command>) {
@@ -158,9 +159,27 @@ impl Session {
         if Instant::now() >= until {
             return Ok(BUSY);
         }
-        match mode {
+        self.tables()?;
+        // Connected, so the database's encoding is known.
+        self.client()?;
+        if !name_fits(name, self.widest) {
+            return Err(refused(name, TOO_LONG));
+        }
+        let tried = match mode {
             Mode::Exclusive => self.try_exclusive(name, keys.name, owner, until),
             Mode::Shared | Mode::Permit(_) => self.try_join(name, keys, mode, owner, until),
-        }
+        };
+        // Whatever the rule above missed: the attempt took nothing.
+        tried.map_err(|error| match name_refused(&error) {
+            Some(reason) => refused(name, reason),
+            None => error,
+        })
+    }
+}
+
+fn refused(name: &str, reason: &'static str) -> Error {
+    Error::InvalidName {
+        name: name.to_owned(),
+        reason,
     }
 }

@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 
-use super::tables::{SCHEMA, TIDY};
+use super::tables::{SCHEMA, TIDY, TOO_LONG, UNSTORABLE};
 use crate::backend::{Mode, Tokens};
 use crate::error::{Error, Result};
 
@@ -16,6 +17,39 @@ pub(super) fn pg_error(op: &'static str) -> impl FnOnce(postgres::Error) -> Erro
         op,
         source: Box::new(source),
     }
+}
+
+/// Why the server refused to store a name (too long for an index entry,
+/// or a character its encoding lacks), if that is what `error` says.
+pub(super) fn name_refused(error: &Error) -> Option<&'static str> {
+    let Error::Backend { source, .. } = error else {
+        return None;
+    };
+    let code = source.downcast_ref::<postgres::Error>()?.code()?;
+    if *code == SqlState::PROGRAM_LIMIT_EXCEEDED {
+        Some(TOO_LONG)
+    } else if *code == SqlState::UNTRANSLATABLE_CHARACTER || *code == SqlState::CHARACTER_NOT_IN_REPERTOIRE {
+        Some(UNSTORABLE)
+    } else {
+        None
+    }
+}
+
+/// The owner table a server error says does not exist (`42P01`), and the
+/// operation that found it gone. The relation's name is quoted in the
+/// message whatever the server's language.
+fn missing_table(error: &Error) -> Option<(&'static str, &'static str)> {
+    let Error::Backend { op, source } = error else {
+        return None;
+    };
+    let db = source.downcast_ref::<postgres::Error>()?.as_db_error()?;
+    if *db.code() != SqlState::UNDEFINED_TABLE {
+        return None;
+    }
+    ["leasehold_locks", "leasehold_holders"]
+        .into_iter()
+        .find(|table| db.message().contains(&format!("\"{table}\"")))
+        .map(|table| (table, *op))
 }
 
 fn closed_during(op: &'static str) -> Error {
@@ -87,6 +121,13 @@ pub(in crate::postgres) struct Session {
     pub(super) generation: u64,
     /// What this connection holds, by the name's key.
     pub(super) locals: HashMap<i64, Local>,
+    /// A statement found an owner table missing (dropped under us): the
+    /// next attempt creates the tables again.
+    pub(super) tables_gone: bool,
+    /// The most bytes a character outside ASCII may take in the database's
+    /// encoding; `None` where names are stored as they are (UTF-8,
+    /// `SQL_ASCII`).
+    pub(super) widest: Option<usize>,
 }
 
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -100,6 +141,8 @@ impl Session {
             backend_pid: 0,
             generation: 0,
             locals: HashMap::new(),
+            tables_gone: false,
+            widest: None,
         }
     }
 
@@ -118,11 +161,18 @@ impl Session {
                 .batch_execute(TIDY)
                 .map_err(pg_error("remove the rows of dead shared holders"))?;
             let row = client
-                .query_one("SELECT pg_backend_pid()", &[])
+                .query_one(
+                    "SELECT pg_backend_pid(), current_setting('server_encoding') IN ('UTF8', 'SQL_ASCII'),
+                         pg_encoding_max_length(pg_char_to_encoding(current_setting('server_encoding')))",
+                    &[],
+                )
                 .map_err(pg_error("start a PostgreSQL session"))?;
             self.backend_pid = row.get(0);
+            let (as_is, widest): (bool, i32) = (row.get(1), row.get(2));
+            self.widest = (!as_is).then(|| usize::try_from(widest).unwrap_or(4));
             self.generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
             self.client = Some(client);
+            self.tables_gone = false;
         }
         match self.client.as_mut() {
             Some(client) => Ok(client),
@@ -131,6 +181,24 @@ impl Session {
                 source: "no connection".into(),
             }),
         }
+    }
+
+    /// Creates the owner tables again if a statement found one missing
+    /// (see [`Error::MissingTable`]). Their fencing counters then start
+    /// from the server's clock (see `fence`), above every token handed out
+    /// before. Never on the heartbeat's path: only before a statement that
+    /// needs the tables.
+    pub(super) fn tables(&mut self) -> Result<()> {
+        if !self.tables_gone {
+            return Ok(());
+        }
+        let client = self.client()?;
+        client
+            .batch_execute(SCHEMA)
+            .map_err(pg_error("create the leasehold tables"))?;
+        tracing::warn!("a leasehold table was dropped on the server; created it again");
+        self.tables_gone = false;
+        Ok(())
     }
 
     /// The connection an attempt started on, never a new one: the locks
@@ -147,11 +215,19 @@ impl Session {
 
     /// After an error, a connection that is closed is forgotten, so the
     /// next command reconnects (and the old locks count as lost).
+    /// An error that says an owner table does not exist becomes
+    /// [`Error::MissingTable`], and the next attempt creates the tables.
     pub(super) fn settle<T>(&mut self, result: Result<T>) -> Result<T> {
         if result.is_err() && self.client.as_ref().is_some_and(Client::is_closed) {
             self.drop_connection();
         }
-        result
+        result.map_err(|error| match missing_table(&error) {
+            Some((table, op)) => {
+                self.tables_gone = true;
+                Error::MissingTable { table, op }
+            }
+            None => error,
+        })
     }
 
     pub(super) fn local(&mut self, key: i64) -> &mut Local {

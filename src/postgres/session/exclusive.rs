@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 
 use super::connection::{BUSY, Held, Session, Try, pg_error};
-use super::fence::{TOKEN_BLOCK, tokens};
+use super::fence::{advance, block, clock};
 use super::release::Lock;
+use crate::backend::Tokens;
 use crate::error::Result;
 use crate::record::OwnRecord;
 
@@ -17,6 +18,23 @@ use crate::record::OwnRecord;
 /// probe is let go in the same statement (`CASE` evaluates in order).
 const PROBE_SHARERS: &str = "SELECT CASE WHEN pg_try_advisory_lock_shared($1)
     THEN pg_advisory_unlock_shared($1) ELSE false END";
+
+/// Records the owner of the name `$1` (key `$2`; `holder_id`, hostname,
+/// pid and the owner fields `$6`) and reserves its first block of tokens
+/// (see `fence`): the block's first and last tokens.
+const RECORD: &str = concat!(
+    "WITH ",
+    clock!(),
+    " INSERT INTO leasehold_locks AS l
+         (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token, fields)
+     SELECT $1::text, $2::bigint, n + 8193, $3::text, $4::text, $5::integer, now(), pg_backend_pid(), n + 8193,
+         $6::text
+     FROM clock
+     ON CONFLICT (name) DO UPDATE SET ",
+    advance!(),
+    ", holder_id = $3, hostname = $4, pid = $5, acquired_at = now(), backend_pid = pg_backend_pid(), fields = $6
+     RETURNING l.holder_token, l.fencing_token"
+);
 
 impl Session {
     /// An exclusive attempt.
@@ -74,7 +92,7 @@ impl Session {
             self.record(name, key, owner, left)
         };
         match recorded {
-            Ok(Some(last)) => Ok(Try::Taken(Held::Exclusive, tokens(last))),
+            Ok(Some(tokens)) => Ok(Try::Taken(Held::Exclusive, tokens)),
             // Not recorded, so not ours: let it go again.
             Ok(None) => {
                 self.release_hold(key, Held::Exclusive);
@@ -89,7 +107,7 @@ impl Session {
 
     /// Records the owner and reserves the first block of tokens, under a
     /// `statement_timeout` of `left`; `None` when that ran out.
-    fn record(&mut self, name: &str, key: i64, owner: &OwnRecord, left: Duration) -> Result<Option<i64>> {
+    fn record(&mut self, name: &str, key: i64, owner: &OwnRecord, left: Duration) -> Result<Option<Tokens>> {
         let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
         let ms = left.as_millis().clamp(1, i32::MAX as u128);
         // Never a new connection: the advisory lock is on this one.
@@ -99,14 +117,8 @@ impl Session {
             .map_err(pg_error("set a statement timeout"))?;
         let fields = owner.fields.as_ref().map(|f| f.object());
         let row = client.query_one(
-            "INSERT INTO leasehold_locks AS l
-                 (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token, fields)
-             VALUES ($1, $2, $3, $4, $5, $6, now(), pg_backend_pid(), 1, $7)
-             ON CONFLICT (name) DO UPDATE SET fencing_token = l.fencing_token + $3,
-                 holder_id = $4, hostname = $5, pid = $6, acquired_at = now(), backend_pid = pg_backend_pid(),
-                 holder_token = l.fencing_token + 1, fields = $7
-             RETURNING fencing_token",
-            &[&name, &key, &TOKEN_BLOCK, &owner.holder_id, &owner.hostname, &pid, &fields],
+            RECORD,
+            &[&name, &key, &owner.holder_id, &owner.hostname, &pid, &fields],
         );
         if let Err(error) = client.batch_execute("RESET statement_timeout") {
             // Every later statement would run under this attempt's
@@ -118,7 +130,7 @@ impl Session {
             return Err(pg_error("reset the statement timeout")(error));
         }
         match row {
-            Ok(row) => Ok(Some(row.get(0))),
+            Ok(row) => Ok(Some(block(row.get(0), row.get(1)))),
             Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(None),
             Err(e) => Err(pg_error("record the lock owner")(e)),
         }

@@ -30,6 +30,7 @@ pub(in crate::postgres) type Found = (String, Mode, Vec<Owner>);
 
 impl Session {
     pub(super) fn inspect(&mut self, name: Option<&str>) -> Result<Vec<Found>> {
+        self.tables()?;
         let client = self.client()?;
         let rows = client
             .query(INSPECT, &[&name])

@@ -8,7 +8,7 @@ use postgres::Client;
 use postgres::error::SqlState;
 
 use super::connection::{BUSY, Held, Session, Try, pg_error};
-use super::fence::{TOKEN_BLOCK, tokens};
+use super::fence::{advance, block, clock, standing};
 use super::release::Lock;
 use super::tables::{granted, kind_columns, kind_of, live};
 use crate::backend::{Mode, Tokens};
@@ -51,46 +51,53 @@ macro_rules! other_kind {
 const OTHER_KIND: &str = other_kind!();
 
 /// Records a shared holder (parameters: name, mode, permits, id, key,
-/// slot, holder_id, hostname, pid, and the owner fields `$10`) unless the name is held as another
-/// kind; its token is the name's fencing counter as it stands. Answers
-/// the other kind, or the token.
+/// slot, holder_id, hostname, pid, and the owner fields `$10`) unless the
+/// name is held as another kind; its token is the name's fencing counter
+/// as it stands (see `fence`). Answers the other kind, or the token.
 const JOIN_SHARED: &str = concat!(
-    "WITH other AS (",
+    "WITH ",
+    clock!(),
+    ", other AS (",
     other_kind!(),
     "), mine AS (
         INSERT INTO leasehold_holders
             (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token,
              fields)
         SELECT $4::text, $1::text, $5::bigint, $2::text, $3::bigint, $6::bigint, $7::text, $8::text,
-            $9::integer, now(), pg_backend_pid(),
-            COALESCE((SELECT l.fencing_token FROM leasehold_locks l WHERE l.name = $1), 0), $10::text
+            $9::integer, now(), pg_backend_pid(), ",
+    standing!(),
+    ", $10::text
         WHERE NOT EXISTS (SELECT 1 FROM other)
         RETURNING holder_token)
     SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token FROM mine)"
 );
 
-/// Records a permit holder (parameters as [`JOIN_SHARED`] but the token
-/// block `$10` and the owner fields `$11`) unless the name is held as another kind (a semaphore of
-/// another count included), reserving a block of fencing tokens. Answers
-/// the other kind, or the block's last token.
+/// Records a permit holder (parameters as [`JOIN_SHARED`]) unless the
+/// name is held as another kind (a semaphore of another count included),
+/// reserving a block of fencing tokens (see `fence`). Answers the other
+/// kind, or the block's first and last tokens.
 const JOIN_PERMIT: &str = concat!(
-    "WITH other AS (",
+    "WITH ",
+    clock!(),
+    ", other AS (",
     other_kind!(),
     "), counter AS (
-        INSERT INTO leasehold_locks AS l (name, key, fencing_token)
-        SELECT $1::text, $5::bigint, $10::bigint WHERE NOT EXISTS (SELECT 1 FROM other)
-        ON CONFLICT (name) DO UPDATE SET fencing_token = l.fencing_token + $10
-        RETURNING l.fencing_token
+        INSERT INTO leasehold_locks AS l (name, key, fencing_token, holder_token)
+        SELECT $1::text, $5::bigint, n + 8193, n + 8193 FROM clock WHERE NOT EXISTS (SELECT 1 FROM other)
+        ON CONFLICT (name) DO UPDATE SET ",
+    advance!(),
+    " RETURNING l.holder_token AS first, l.fencing_token AS last
     ), mine AS (
         INSERT INTO leasehold_holders
             (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token,
              fields)
         SELECT $4::text, $1::text, $5::bigint, $2::text, $3::bigint, $6::bigint, $7::text, $8::text,
             $9::integer, now(), pg_backend_pid(),
-            c.fencing_token - $10 + 1, $11::text
+            c.first, $10::text
         FROM counter c
         RETURNING holder_token)
-    SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token + $10 - 1 FROM mine)"
+    SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token FROM mine),
+        (SELECT last FROM counter)"
 );
 
 impl Session {
@@ -244,17 +251,7 @@ impl Session {
                 Held::Permit { .. } => client.query_one(
                     JOIN_PERMIT,
                     &[
-                        &name,
-                        &mode,
-                        &permits,
-                        id,
-                        &key,
-                        &slot,
-                        holder_id,
-                        hostname,
-                        &pid,
-                        &TOKEN_BLOCK,
-                        &fields,
+                        &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields,
                     ],
                 )?,
                 _ => client.query_one(
@@ -270,13 +267,10 @@ impl Session {
             }
             let token: i64 = row.get::<_, Option<i64>>(2).unwrap_or(0);
             Ok(Ok(match held {
-                Held::Permit { .. } => tokens(token),
-                _ => {
-                    // The counter as it stands: no less than any exclusive
-                    // holder's token before us, less than any after us.
-                    let now = u64::try_from(token).unwrap_or(0);
-                    Tokens { next: now, last: now }
-                }
+                Held::Permit { .. } => block(token, row.get::<_, Option<i64>>(3).unwrap_or(token)),
+                // The counter as it stands: no less than any exclusive
+                // holder's token before us, less than any after us.
+                _ => block(token, token),
             }))
         })
     }

@@ -81,6 +81,35 @@ pub(super) const SCHEMA: &str = "
     $leasehold$;
     COMMIT;";
 
+/// The most bytes of a name's text a btree index entry holds (the primary
+/// key of `leasehold_locks`, `leasehold_holders_name`): PostgreSQL's limit
+/// of 2,704 bytes an entry (with the default 8 kB pages), less its 8-byte
+/// header and the text's 4-byte length. The entry is compressed first if
+/// that makes it fit, which a name need not allow.
+pub(super) const NAME_ROOM: usize = 2704 - 8 - 4;
+
+/// Why a name is refused as too long for the server.
+pub(super) const TOO_LONG: &str = "too long for this PostgreSQL server: in the database's encoding it may \
+    take more than the 2,692 bytes an index entry holds (every character outside ASCII counted at the \
+    encoding's widest; a UTF-8 database takes every name of up to 2,048 bytes)";
+
+/// Why a name is refused when the database cannot store one of its
+/// characters.
+pub(super) const UNSTORABLE: &str = "has a character the PostgreSQL database's encoding cannot store";
+
+/// Whether `name` surely fits an index entry in a database whose encoding
+/// takes up to `widest` bytes a character (`None`: the name is stored as
+/// it is, in UTF-8 or `SQL_ASCII`). Every server encoding stores ASCII as
+/// it is. A name of up to `MAX_NAME_LEN` (2,048) bytes always fits in
+/// UTF-8.
+pub(super) fn name_fits(name: &str, widest: Option<usize>) -> bool {
+    let size = match widest {
+        None => name.len(),
+        Some(widest) => name.chars().map(|c| if c.is_ascii() { 1 } else { widest }).sum(),
+    };
+    size <= NAME_ROOM
+}
+
 /// `pg_locks` has a row for a granted advisory lock on `$key` (the
 /// one-`bigint` form, `objsubid` 1) in this database.
 macro_rules! granted {
@@ -150,5 +179,25 @@ pub(super) fn kind_of(mode: &str, permits: Option<i64>) -> Mode {
         ("exclusive", _) => Mode::Exclusive,
         ("semaphore", Some(n)) => Mode::Permit(u32::try_from(n).unwrap_or(0)),
         _ => Mode::Shared,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_fits_in_utf8_and_wide_encodings_are_counted_at_their_widest() {
+        // The longest name, in the characters UTF-8 takes most bytes for.
+        let longest = "\u{10FFFF}".repeat(crate::MAX_NAME_LEN / 4);
+        assert_eq!(longest.len(), crate::MAX_NAME_LEN);
+        assert!(name_fits(&longest, None));
+        assert!(name_fits(&"x".repeat(NAME_ROOM), Some(4)));
+        assert!(!name_fits(&"x".repeat(NAME_ROOM + 1), None));
+        // EUC_JP: "é" takes 3 bytes (JIS X 0212).
+        assert!(name_fits(&"é".repeat(NAME_ROOM / 3), Some(3)));
+        assert!(!name_fits(&"é".repeat(NAME_ROOM / 3 + 1), Some(3)));
+        // Single-byte encodings (LATIN1...) never take more than UTF-8.
+        assert!(name_fits(&"é".repeat(crate::MAX_NAME_LEN / 2), Some(1)));
     }
 }
