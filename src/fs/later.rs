@@ -52,6 +52,20 @@ fn later() -> &'static Later {
     })
 }
 
+/// Whether a try of a release is over: `Ok(None)` (the mutation lock was
+/// taken) means try again; an error is logged, and the lock left to be
+/// judged stale once its descriptors close.
+pub(crate) fn done<T>(tried: crate::error::Result<Option<T>>, lock: &str) -> bool {
+    match tried {
+        Ok(None) => false,
+        Ok(Some(_)) => true,
+        Err(error) => {
+            tracing::warn!(lock, %error, "releasing a lock failed; it stays until it is judged stale");
+            true
+        }
+    }
+}
+
 /// Finishes `job` on the release thread.
 pub(crate) fn defer(job: Box<dyn Retry>) {
     let later = later();

@@ -205,22 +205,9 @@ impl Whole {
 
 impl later::Retry for Whole {
     fn retry(&mut self) -> bool {
-        match self.remove(later::PATIENCE) {
-            Ok(None) => false,
-            Ok(Some(_)) => {
-                self.armed = false;
-                true
-            }
-            Err(error) => {
-                self.armed = false;
-                tracing::warn!(
-                    lock = self.name.as_str(),
-                    %error,
-                    "releasing a lock failed; it stays until it is judged stale"
-                );
-                true
-            }
-        }
+        let done = later::done(self.remove(later::PATIENCE), self.name.as_str());
+        self.armed &= !done;
+        done
     }
 }
 

@@ -428,22 +428,9 @@ impl Member {
 
 impl later::Retry for Member {
     fn retry(&mut self) -> bool {
-        match self.leave(later::PATIENCE) {
-            Ok(None) => false,
-            Ok(Some(_)) => {
-                self.armed = false;
-                true
-            }
-            Err(error) => {
-                self.armed = false;
-                tracing::warn!(
-                    lock = self.name.as_str(),
-                    %error,
-                    "leaving a shared lock failed; the record stays until it is judged stale"
-                );
-                true
-            }
-        }
+        let done = later::done(self.leave(later::PATIENCE), self.name.as_str());
+        self.armed &= !done;
+        done
     }
 }
 
