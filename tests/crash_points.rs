@@ -279,10 +279,19 @@ fn log_path(dir: &Path) -> PathBuf {
 
 /// Whether `pid` is gone or a zombie: a dead holder, which excludes nobody.
 fn dead(pid: u32) -> bool {
+    // A killed process drops its locks (its descriptors) before it shows
+    // as a zombie: one whose main thread is exiting (PF_EXITING in the
+    // flags, field 9) runs no more of its code, and counts as dead.
+    const PF_EXITING: u64 = 0x4;
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+        Ok(stat) => stat.rsplit_once(") ").is_some_and(|(_, rest)| {
+            let fields: Vec<&str> = rest.split(' ').collect();
+            let exiting = fields
+                .get(6)
+                .and_then(|f| f.parse::<u64>().ok())
+                .is_some_and(|flags| flags & PF_EXITING != 0);
+            rest.starts_with('Z') || rest.starts_with('X') || exiting
+        }),
         Err(_) => true,
     }
 }
