@@ -391,8 +391,21 @@ fn cancelled_shared_and_permit_acquisitions_keep_the_promise() {
                 r.unwrap();
             }
         });
-        // Let blocking-pool leftovers finish.
-        std::thread::sleep(Duration::from_millis(500));
+        // Let blocking-pool leftovers (and releases handed to the release
+        // thread) finish.
+        let settled = std::time::Instant::now();
+        // Under this much contention within one process, a release may wait
+        // its half second for the name's mutation lock and then finish on
+        // the release thread: seen to settle 0.5-0.9 s after the runtime.
+        while settled.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+            let busy = std::fs::read_dir(dir.path())
+                .unwrap()
+                .any(|e| !e.unwrap().file_name().to_string_lossy().ends_with(".fence"));
+            if !busy && settled.elapsed() >= Duration::from_millis(500) {
+                break;
+            }
+        }
         let mut left: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
