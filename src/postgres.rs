@@ -95,7 +95,7 @@ mod session;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
@@ -322,6 +322,12 @@ impl Backend for Pg {
                 recheck_at: None,
                 sharers,
             },
+            // Looked at again when that holder's lease is surely over.
+            Answer::Wait(wait) => Attempt::Busy {
+                owner: None,
+                recheck_at: Some(SystemTime::now() + wait),
+                sharers: false,
+            },
         })
     }
 
@@ -330,7 +336,9 @@ impl Backend for Pg {
     /// documentation); `None` while another waiter holds it.
     fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
         let every = (self.lease / 3).max(Duration::from_millis(1));
-        let announced = self.line.announce(name, Keys::of(name.as_str()), every)?;
+        let announced = self
+            .line
+            .announce(name, Keys::of(name.as_str()), every, self.lease)?;
         Ok(announced.map(|a| Arc::new(a) as Arc<dyn Renewable>))
     }
 

@@ -431,11 +431,14 @@ async fn a_failed_unlock_resets_the_session_and_frees_the_lock() {
         fault
             .run(|c| c.execute("UPDATE unlock_fault SET mode = 'none'", &[]).unwrap())
             .await;
-        assert!(
-            b.try_acquire(&y).await.unwrap().is_some(),
-            "{mode}: y is free too"
-        );
-        drop((freed, gy));
+        // y is free too, once gy's lease is surely over: its session was
+        // reset under it (it could have been running until then).
+        let y_again = b
+            .acquire_timeout(&y, Duration::from_secs(3))
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: y stayed taken: {e}"));
+        assert!(gy.is_lost());
+        drop((freed, gy, y_again));
         // The backend reconnects for new acquisitions.
         let again = a.acquire_timeout(&x, Duration::from_secs(5)).await.unwrap();
         again.release().await.unwrap();

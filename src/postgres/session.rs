@@ -75,6 +75,7 @@ impl Session {
                         Answer::Taken(Box::new(lock), tokens)
                     }
                     Try::Busy { sharers } => Answer::Busy { sharers },
+                    Try::Wait(wait) => Answer::Wait(wait),
                 });
                 if let Err(mpsc::SendError(Ok(Answer::Taken(mut lock, _)))) = reply.send(answer) {
                     // The caller gave up: the lock is nobody's. Let it go
@@ -137,8 +138,14 @@ impl Session {
                 let result = self.inspect(name.as_deref());
                 let _ = reply.send(self.settle(result));
             }
-            Command::Announce { key, intent, reply } => {
-                let result = self.announce(key, intent);
+            Command::Announce {
+                name,
+                key,
+                intent,
+                lease_ms,
+                reply,
+            } => {
+                let result = self.announce(&name, key, intent, lease_ms);
                 let _ = reply.send(self.settle(result));
             }
             Command::Withdraw { name, key, intent } => self.withdraw(&name, key, intent),

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
@@ -107,7 +108,19 @@ impl Local {
 /// [`Answer`](super::lock::Answer).
 pub(super) enum Try {
     Taken(Held, Tokens),
-    Busy { sharers: bool },
+    Busy {
+        sharers: bool,
+    },
+    /// Free on the server, but an earlier holder whose session ended may
+    /// still count itself a holder for this long (see `tables::STAMP`).
+    Wait(Duration),
+}
+
+/// How long [`STAMP`](super::tables::STAMP)'s row says to wait: at least a
+/// millisecond, so that a waiter comes back after it rather than at once.
+pub(super) fn wait_of(row: &postgres::Row) -> Duration {
+    let ms = row.get::<_, Option<i64>>(0).unwrap_or(0);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1))
 }
 
 pub(super) const BUSY: Try = Try::Busy { sharers: false };

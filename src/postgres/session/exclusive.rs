@@ -5,9 +5,10 @@ use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 
-use super::connection::{BUSY, Held, Session, Try, pg_error};
+use super::connection::{BUSY, Held, Session, Try, pg_error, wait_of};
 use super::fence::{advance, block, clock};
 use super::release::Lock;
+use super::tables::{STAMP, wait_out};
 use crate::backend::Tokens;
 use crate::error::Result;
 use crate::record::OwnRecord;
@@ -20,21 +21,40 @@ const PROBE_SHARERS: &str = "SELECT CASE WHEN pg_try_advisory_lock_shared($1)
     THEN pg_advisory_unlock_shared($1) ELSE false END";
 
 /// Records the owner of the name `$1` (key `$2`; `holder_id`, hostname,
-/// pid and the owner fields `$6`) and reserves its first block of tokens
-/// (see `fence`): the block's first and last tokens.
+/// pid, the owner fields `$6` and the lease `$7` in milliseconds) and
+/// reserves its first block of tokens (see `fence`): the block's first and
+/// last tokens. No row when an earlier holder of the name (the row's
+/// exclusive holder, or a shared or permit holder's row) may still count
+/// itself a holder ([`wait_out!`]): nothing is written then.
 const RECORD: &str = concat!(
     "WITH ",
     clock!(),
     " INSERT INTO leasehold_locks AS l
-         (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token, fields)
+         (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token, fields,
+          lease_ms, free_at)
      SELECT $1::text, $2::bigint, n + 8193, $3::text, $4::text, $5::integer, now(), pg_backend_pid(), n + 8193,
-         $6::text
-     FROM clock
+         $6::text, $7::bigint, NULL
+     FROM clock WHERE NOT EXISTS (SELECT 1 FROM leasehold_holders h WHERE h.name = $1 AND ",
+    wait_out!("h"),
+    ")
      ON CONFLICT (name) DO UPDATE SET ",
     advance!(),
-    ", holder_id = $3, hostname = $4, pid = $5, acquired_at = now(), backend_pid = pg_backend_pid(), fields = $6
+    ", holder_id = $3, hostname = $4, pid = $5, acquired_at = now(), backend_pid = pg_backend_pid(), fields = $6,
+         lease_ms = $7, free_at = NULL
+     WHERE NOT (",
+    wait_out!("l"),
+    ")
      RETURNING l.holder_token, l.fencing_token"
 );
+
+/// What recording an exclusive holder came to.
+enum Recorded {
+    Tokens(Tokens),
+    /// The statement timeout ran out.
+    TimedOut,
+    /// An earlier holder may still count itself one for this long.
+    Wait(Duration),
+}
 
 impl Session {
     /// An exclusive attempt.
@@ -87,16 +107,20 @@ impl Session {
         self.local(key).exclusive = true;
         let left = until.saturating_duration_since(Instant::now());
         let recorded = if left.is_zero() {
-            Ok(None)
+            Ok(Recorded::TimedOut)
         } else {
             self.record(name, key, owner, left)
         };
         match recorded {
-            Ok(Some(tokens)) => Ok(Try::Taken(Held::Exclusive, tokens)),
+            Ok(Recorded::Tokens(tokens)) => Ok(Try::Taken(Held::Exclusive, tokens)),
             // Not recorded, so not ours: let it go again.
-            Ok(None) => {
+            Ok(Recorded::TimedOut) => {
                 self.release_hold(key, Held::Exclusive);
                 Ok(BUSY)
+            }
+            Ok(Recorded::Wait(wait)) => {
+                self.release_hold(key, Held::Exclusive);
+                Ok(Try::Wait(wait))
             }
             Err(e) => {
                 self.release_hold(key, Held::Exclusive);
@@ -106,8 +130,9 @@ impl Session {
     }
 
     /// Records the owner and reserves the first block of tokens, under a
-    /// `statement_timeout` of `left`; `None` when that ran out.
-    fn record(&mut self, name: &str, key: i64, owner: &OwnRecord, left: Duration) -> Result<Option<Tokens>> {
+    /// `statement_timeout` of `left`; or, when an earlier holder may still
+    /// count itself one, finds how long that may last.
+    fn record(&mut self, name: &str, key: i64, owner: &OwnRecord, left: Duration) -> Result<Recorded> {
         let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
         let ms = left.as_millis().clamp(1, i32::MAX as u128);
         // Never a new connection: the advisory lock is on this one.
@@ -116,10 +141,26 @@ impl Session {
             .batch_execute(&format!("SET statement_timeout = {ms}"))
             .map_err(pg_error("set a statement timeout"))?;
         let fields = owner.fields.as_ref().map(|f| f.object());
-        let row = client.query_one(
-            RECORD,
-            &[&name, &key, &owner.holder_id, &owner.hostname, &pid, &fields],
-        );
+        let lease = i64::try_from(owner.lease_ms).unwrap_or(i64::MAX);
+        let row = client
+            .query_opt(
+                RECORD,
+                &[
+                    &name,
+                    &key,
+                    &owner.holder_id,
+                    &owner.hostname,
+                    &pid,
+                    &fields,
+                    &lease,
+                ],
+            )
+            .and_then(|row| match row {
+                Some(row) => Ok(Recorded::Tokens(block(row.get(0), row.get(1)))),
+                None => client
+                    .query_one(STAMP, &[&name, &None::<i64>, &true])
+                    .map(|row| Recorded::Wait(wait_of(&row))),
+            });
         if let Err(error) = client.batch_execute("RESET statement_timeout") {
             // Every later statement would run under this attempt's
             // timeout, heartbeats included: start a fresh session.
@@ -130,8 +171,8 @@ impl Session {
             return Err(pg_error("reset the statement timeout")(error));
         }
         match row {
-            Ok(row) => Ok(Some(block(row.get(0), row.get(1)))),
-            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(None),
+            Ok(recorded) => Ok(recorded),
+            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(Recorded::TimedOut),
             Err(e) => Err(pg_error("record the lock owner")(e)),
         }
     }

@@ -1,16 +1,27 @@
 //! Writer preference: an exclusive waiter's announcement, the name's
 //! intent key held exclusively on the session while it waits, which keeps
-//! new shared holders and permit holders out.
+//! new shared holders and permit holders out, for as long as the waiter
+//! renews it: each announcement and renewal sets the name's
+//! `intent_until` (in `leasehold_locks`) to a lease from then, and a
+//! reader that finds the intent key taken stays out only while that time
+//! is ahead. So a waiter that stops running (frozen, stopped in a
+//! debugger) with its session still up keeps readers out for at most a
+//! lease, as a frozen holder keeps its lock.
 
 use std::time::Duration;
 
 use super::connection::{Session, pg_error};
+use super::fence::clock;
 use super::lock::{Command, Line};
 use super::release::Lock;
+use super::release::literal;
 use crate::error::Result;
 use crate::name::LockName;
 use crate::postgres::Keys;
 use crate::renew::{Renewable, Step};
+
+/// How long an announcement waits for the owner table.
+const INTENT_PATIENCE_MS: u32 = 500;
 
 impl Line {
     /// Announces an exclusive waiter for `name`; `None` when the intent
@@ -21,15 +32,25 @@ impl Line {
         name: &LockName,
         keys: Keys,
         every: Duration,
+        lease: Duration,
     ) -> Result<Option<Announcement>> {
         let (key, intent) = (keys.name, keys.intent);
-        let announced = self.call(|reply| Command::Announce { key, intent, reply })?;
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        let name = name.as_str().to_owned();
+        let announced = self.call(|reply| Command::Announce {
+            name: name.clone(),
+            key,
+            intent,
+            lease_ms,
+            reply,
+        })?;
         Ok(announced.then(|| Announcement {
             line: self.clone(),
-            name: name.as_str().to_owned(),
+            name,
             key,
             intent,
             every,
+            lease_ms,
         }))
     }
 }
@@ -45,12 +66,20 @@ pub(crate) struct Announcement {
     key: i64,
     intent: i64,
     every: Duration,
+    lease_ms: i64,
 }
 
 impl Renewable for Announcement {
     fn renew_once(&self) -> Step {
-        let (key, intent) = (self.key, self.intent);
-        if let Err(error) = self.line.call(|reply| Command::Announce { key, intent, reply }) {
+        let (key, intent, lease_ms) = (self.key, self.intent, self.lease_ms);
+        let name = self.name.clone();
+        if let Err(error) = self.line.call(|reply| Command::Announce {
+            name,
+            key,
+            intent,
+            lease_ms,
+            reply,
+        }) {
             tracing::debug!(lock = self.name, %error, "renewing an exclusive waiter's announcement failed");
         }
         Step::Again(self.every)
@@ -69,8 +98,11 @@ impl Drop for Announcement {
 
 impl Session {
     /// Takes the intent key of the name `key` for an exclusive waiter of
-    /// this session, unless it already holds it; whether it does now.
-    pub(super) fn announce(&mut self, key: i64, intent: i64) -> Result<bool> {
+    /// this session, unless it already holds it, having first set the
+    /// name's `intent_until` to `lease_ms` from now; whether it holds it
+    /// now.
+    pub(super) fn announce(&mut self, name: &str, key: i64, intent: i64, lease_ms: i64) -> Result<bool> {
+        self.announce_until(name, key, lease_ms);
         if self.locals.get(&key).is_some_and(|local| local.announced) {
             return Ok(true);
         }
@@ -88,6 +120,29 @@ impl Session {
             Err(e) => {
                 self.let_go(intent, Lock::Exclusive, false);
                 Err(pg_error("announce an exclusive waiter")(e))
+            }
+        }
+    }
+
+    /// Sets the name's `intent_until` to `lease_ms` from now (making its
+    /// row if it has none, with the counter a missing row stands for),
+    /// waiting at most [`INTENT_PATIENCE_MS`] for the table. Not set, the
+    /// intent key keeps no reader out: writer preference is lost for a
+    /// while, never a lock.
+    fn announce_until(&mut self, name: &str, key: i64, lease_ms: i64) {
+        let Some(client) = self.live() else { return };
+        let set = client.batch_execute(&format!(
+            "BEGIN; SET LOCAL statement_timeout = {INTENT_PATIENCE_MS};
+             WITH {clock} INSERT INTO leasehold_locks AS l (name, key, fencing_token, intent_until)
+             SELECT {name}, {key}, n + 8192, clock_timestamp() + {lease_ms} * interval '1 millisecond' FROM clock
+             ON CONFLICT (name) DO UPDATE SET intent_until = EXCLUDED.intent_until; COMMIT",
+            clock = clock!(),
+            name = literal(name),
+        ));
+        if let Err(error) = set {
+            tracing::debug!(lock = name, %error, "cannot say until when a writer waits");
+            if client.batch_execute("ROLLBACK").is_err() {
+                self.drop_connection();
             }
         }
     }

@@ -24,6 +24,9 @@ pub(in crate::postgres) enum Answer {
     Taken(Box<PgLock>, Tokens),
     /// Held elsewhere; `sharers` when held shared (or by permit holders).
     Busy { sharers: bool },
+    /// Free on the server, but an earlier holder whose session ended may
+    /// still count itself a holder for this long.
+    Wait(Duration),
 }
 
 /// What the session thread is asked to do.
@@ -65,11 +68,15 @@ pub(in crate::postgres) enum Command {
         name: Option<String>,
         reply: Sender<Result<Vec<Found>>>,
     },
-    /// An exclusive waiter announces itself (takes the intent key), or
-    /// makes sure it still is announced after a reconnection.
+    /// An exclusive waiter announces itself (takes the intent key, and
+    /// says until when it waits), or renews that (and takes the key again
+    /// after a reconnection).
     Announce {
+        name: String,
         key: i64,
         intent: i64,
+        /// How long the announcement holds without a renewal.
+        lease_ms: i64,
         reply: Sender<Result<bool>>,
     },
     /// The waiter is done waiting: lets the intent key go.
@@ -104,10 +111,19 @@ impl Line {
     }
 
     pub(super) fn call<T>(&self, make: impl FnOnce(Sender<Result<T>>) -> Command) -> Result<T> {
+        self.call_within(ANSWER_PATIENCE, make)
+    }
+
+    /// As [`call`](Self::call), waiting at most `patience` for the answer.
+    pub(super) fn call_within<T>(
+        &self,
+        patience: Duration,
+        make: impl FnOnce(Sender<Result<T>>) -> Command,
+    ) -> Result<T> {
         let (reply, answer) = mpsc::channel();
         self.send(make(reply))?;
         answer
-            .recv_timeout(ANSWER_PATIENCE)
+            .recv_timeout(patience)
             .map_err(|_| no_answer("wait for the PostgreSQL session"))?
     }
 
@@ -149,9 +165,11 @@ impl PgLock {
         }
     }
 
-    fn heartbeat(&self) -> Result<bool> {
+    /// Asks the session whether it still holds the lock, waiting at most
+    /// `patience` for the answer.
+    fn heartbeat(&self, patience: Duration) -> Result<bool> {
         let (key, generation) = (self.own_key(), self.generation);
-        self.line.call(|reply| Command::Heartbeat {
+        self.line.call_within(patience, |reply| Command::Heartbeat {
             key,
             generation,
             reply,
@@ -176,20 +194,36 @@ impl BackendLock for PgLock {
     }
 
     /// The heartbeat: the session is alive and still holds the lock.
+    ///
+    /// The lease is renewed from when the heartbeat was *sent*: the server
+    /// found the lock held after that, so the holder's lease (and with it
+    /// the time it counts itself a holder) never ends later than a lease
+    /// after the last moment the server knew it held the lock, which is
+    /// what a taker after a lost session waits out (`tables::STAMP`).
+    /// The answer is waited for only until the cutoff: a server that does
+    /// not answer (a stopped backend, a cut network) costs the lock at the
+    /// cutoff, not later.
     fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
-        if !self.heartbeat()? {
-            return Ok(Renewal::Lost(LossReason::SessionLost));
-        }
-        let boot = sys::boot_clock_ms();
-        if boot >= cutoff {
+        let (sent, sent_boot) = (SystemTime::now(), sys::boot_clock_ms());
+        if sent_boot >= cutoff {
             return Ok(Renewal::Lost(LossReason::LeaseExpired));
         }
-        self.record.renew(SystemTime::now(), boot);
+        let patience = Duration::from_millis(cutoff - sent_boot).min(ANSWER_PATIENCE);
+        match self.heartbeat(patience) {
+            Ok(true) => {}
+            Ok(false) => return Ok(Renewal::Lost(LossReason::SessionLost)),
+            Err(_) if sys::boot_clock_ms() >= cutoff => return Ok(Renewal::Lost(LossReason::LeaseExpired)),
+            Err(error) => return Err(error),
+        }
+        if sys::boot_clock_ms() >= cutoff {
+            return Ok(Renewal::Lost(LossReason::LeaseExpired));
+        }
+        self.record.renew(sent, sent_boot);
         Ok(Renewal::Renewed)
     }
 
     fn check(&self) -> Result<Option<LossReason>> {
-        Ok((!self.heartbeat()?).then_some(LossReason::SessionLost))
+        Ok((!self.heartbeat(ANSWER_PATIENCE)?).then_some(LossReason::SessionLost))
     }
 
     fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {

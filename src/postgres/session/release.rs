@@ -118,7 +118,9 @@ impl Session {
         if generation != self.generation || self.client.is_none() {
             return Ok(false);
         }
-        if held != Held::Exclusive {
+        if held == Held::Exclusive {
+            self.free_row(name);
+        } else {
             self.delete_row(name, id);
         }
         let released = self.release_hold(key, held);
@@ -130,6 +132,27 @@ impl Session {
             }
         }
         Ok(released)
+    }
+
+    /// Marks the exclusive holder's row let go (`free_at` = now), so that
+    /// the next holder need not wait out this one's lease (see
+    /// `tables::STAMP`), waiting at most [`ROW_PATIENCE_MS`] for the
+    /// table. A row left unmarked costs the next holder a lease's wait,
+    /// never an overlap.
+    fn free_row(&mut self, name: &str) {
+        let Some(client) = self.live() else { return };
+        let freed = client.batch_execute(&format!(
+            "BEGIN; SET LOCAL statement_timeout = {ROW_PATIENCE_MS};
+             UPDATE leasehold_locks SET free_at = clock_timestamp()
+             WHERE name = {} AND backend_pid = pg_backend_pid() AND free_at IS NULL; COMMIT",
+            literal(name)
+        ));
+        if let Err(error) = freed {
+            tracing::debug!(lock = name, %error, "cannot mark a lock let go");
+            if client.batch_execute("ROLLBACK").is_err() {
+                self.drop_connection();
+            }
+        }
     }
 
     /// Deletes a shared or permit holder's row, waiting at most
@@ -155,4 +178,22 @@ impl Session {
             }
         }
     }
+}
+
+/// `text` as an SQL string literal, whatever it holds: an escape string
+/// (`E'...'`, read the same way whatever `standard_conforming_strings`
+/// says) with its backslashes and quotes doubled. (A name never holds a
+/// NUL, which no PostgreSQL text can.)
+pub(super) fn literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 3);
+    out.push_str("E'");
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("''"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
 }

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use postgres::Client;
 use postgres::error::SqlState;
 
-use super::connection::{BUSY, Held, Session, Try, pg_error};
+use super::connection::{BUSY, Held, Session, Try, pg_error, wait_of};
 use super::fence::{advance, block, clock, standing};
 use super::release::Lock;
-use super::tables::{granted, kind_columns, kind_of, live};
+use super::tables::{STAMP, granted, kind_columns, kind_of, live, wait_out};
 use crate::backend::{Mode, Tokens};
 use crate::error::Result;
 use crate::postgres::{Keys, slot_key};
@@ -27,6 +27,17 @@ const JOIN_KEY: &str = "SELECT CASE
     WHEN NOT pg_try_advisory_lock_shared($2) THEN NULL
     WHEN NOT pg_advisory_unlock_shared($2) THEN NULL
     ELSE pg_try_advisory_lock_shared($1) END";
+
+/// Whether the waiter that holds the name `$1`'s intent key has not
+/// renewed its announcement (`intent_until` has passed, or was never
+/// set): it stopped running with its session still up, and keeps nobody
+/// out (see `intent`).
+const INTENT_LAPSED: &str = "SELECT NOT EXISTS (
+    SELECT 1 FROM leasehold_locks l WHERE l.name = $1 AND l.intent_until > clock_timestamp())";
+
+/// How long a reader that finds the intent key taken waits for the owner
+/// table to say whether its waiter still renews it.
+const LAPSED_PATIENCE: Duration = Duration::from_millis(200);
 
 /// Takes the first free slot among the keys `$1`. `Limit` pulls one row at
 /// a time from the scan and stops at the first that passes the filter, so
@@ -50,55 +61,89 @@ macro_rules! other_kind {
 
 const OTHER_KIND: &str = other_kind!();
 
+/// An earlier holder that may still count itself one, in the way of a
+/// shared or permit holder of the name `$1` (see [`wait_out!`]): the
+/// name's exclusive holder, and for a permit holder the last holder of its
+/// slot `$6` (`NULL` for a shared holder).
+macro_rules! pending {
+    () => {
+        concat!(
+            "pending AS (SELECT 1 FROM leasehold_locks l WHERE l.name = $1 AND ",
+            wait_out!("l"),
+            " UNION ALL SELECT 1 FROM leasehold_holders h WHERE h.name = $1 AND h.slot = $6::bigint AND ",
+            wait_out!("h"),
+            ")"
+        )
+    };
+}
+
 /// Records a shared holder (parameters: name, mode, permits, id, key,
-/// slot, holder_id, hostname, pid, and the owner fields `$10`) unless the
-/// name is held as another kind; its token is the name's fencing counter
-/// as it stands (see `fence`). Answers the other kind, or the token.
+/// slot, holder_id, hostname, pid, the owner fields `$10` and the lease
+/// `$11` in milliseconds) unless the name is held as another kind, or an
+/// earlier holder is still to be waited out; its token is the name's
+/// fencing counter as it stands (see `fence`). Answers the other kind, the
+/// token, nothing, and whether to wait.
 const JOIN_SHARED: &str = concat!(
     "WITH ",
     clock!(),
     ", other AS (",
     other_kind!(),
-    "), mine AS (
+    "), ",
+    pending!(),
+    ", mine AS (
         INSERT INTO leasehold_holders
             (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token,
-             fields)
+             fields, lease_ms)
         SELECT $4::text, $1::text, $5::bigint, $2::text, $3::bigint, $6::bigint, $7::text, $8::text,
             $9::integer, now(), pg_backend_pid(), ",
     standing!(),
-    ", $10::text
-        WHERE NOT EXISTS (SELECT 1 FROM other)
+    ", $10::text, $11::bigint
+        WHERE NOT EXISTS (SELECT 1 FROM other) AND NOT EXISTS (SELECT 1 FROM pending)
         RETURNING holder_token)
-    SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token FROM mine)"
+    SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token FROM mine), NULL::bigint,
+        EXISTS (SELECT 1 FROM pending)"
 );
 
 /// Records a permit holder (parameters as [`JOIN_SHARED`]) unless the
 /// name is held as another kind (a semaphore of another count included),
-/// reserving a block of fencing tokens (see `fence`). Answers the other
-/// kind, or the block's first and last tokens.
+/// or an earlier holder is still to be waited out, reserving a block of
+/// fencing tokens (see `fence`). Answers the other kind, the block's first
+/// and last tokens, and whether to wait.
 const JOIN_PERMIT: &str = concat!(
     "WITH ",
     clock!(),
     ", other AS (",
     other_kind!(),
-    "), counter AS (
+    "), ",
+    pending!(),
+    ", counter AS (
         INSERT INTO leasehold_locks AS l (name, key, fencing_token, holder_token)
-        SELECT $1::text, $5::bigint, n + 8193, n + 8193 FROM clock WHERE NOT EXISTS (SELECT 1 FROM other)
+        SELECT $1::text, $5::bigint, n + 8193, n + 8193 FROM clock
+        WHERE NOT EXISTS (SELECT 1 FROM other) AND NOT EXISTS (SELECT 1 FROM pending)
         ON CONFLICT (name) DO UPDATE SET ",
     advance!(),
     " RETURNING l.holder_token AS first, l.fencing_token AS last
     ), mine AS (
         INSERT INTO leasehold_holders
             (id, name, key, mode, permits, slot, holder_id, hostname, pid, acquired_at, backend_pid, holder_token,
-             fields)
+             fields, lease_ms)
         SELECT $4::text, $1::text, $5::bigint, $2::text, $3::bigint, $6::bigint, $7::text, $8::text,
             $9::integer, now(), pg_backend_pid(),
-            c.first, $10::text
+            c.first, $10::text, $11::bigint
         FROM counter c
         RETURNING holder_token)
     SELECT (SELECT mode FROM other), (SELECT permits FROM other), (SELECT holder_token FROM mine),
-        (SELECT last FROM counter)"
+        (SELECT last FROM counter), EXISTS (SELECT 1 FROM pending)"
 );
+
+/// What recording a shared or permit holder came to.
+enum Joined {
+    Tokens(Tokens),
+    /// The name is held as another kind.
+    Other(Mode),
+    /// An earlier holder may still count itself one for this long.
+    Wait(Duration),
+}
 
 impl Session {
     /// A shared or permit attempt: the name's key shared (unless an
@@ -129,6 +174,10 @@ impl Session {
                 self.unsure(key);
                 return Err(pg_error("take a shared advisory lock")(e));
             }
+        };
+        let joined = match joined {
+            None => self.past_a_lapsed_intent(name, key, until)?,
+            joined => joined,
         };
         if joined != Some(true) {
             return Ok(BUSY);
@@ -163,10 +212,14 @@ impl Session {
             self.join(name, keys, held, owner, left)
         };
         match joined {
-            Ok(Some(Ok(tokens))) => Ok(Try::Taken(held, tokens)),
-            Ok(Some(Err(other))) => {
+            Ok(Some(Joined::Tokens(tokens))) => Ok(Try::Taken(held, tokens)),
+            Ok(Some(Joined::Other(other))) => {
                 self.release_hold(key, held);
                 Err(mode.mismatch(name, other))
+            }
+            Ok(Some(Joined::Wait(wait))) => {
+                self.release_hold(key, held);
+                Ok(Try::Wait(wait))
             }
             Ok(None) => {
                 self.release_hold(key, held);
@@ -175,6 +228,36 @@ impl Session {
             Err(e) => {
                 self.release_hold(key, held);
                 Err(e)
+            }
+        }
+    }
+
+    /// Takes the name's key shared in spite of a waiting writer's intent
+    /// key, if that waiter has stopped renewing its announcement; as
+    /// [`JOIN_KEY`] answers.
+    fn past_a_lapsed_intent(&mut self, name: &str, key: i64, until: Instant) -> Result<Option<bool>> {
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .min(LAPSED_PATIENCE);
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let lapsed = self.transaction(None, left, "read a waiting writer's announcement", |client| {
+            client
+                .query_one(INTENT_LAPSED, &[&name])
+                .map(|row| row.get::<_, bool>(0))
+        })?;
+        if lapsed != Some(true) {
+            return Ok(None);
+        }
+        match self
+            .client()?
+            .query_one("SELECT pg_try_advisory_lock_shared($1)", &[&key])
+        {
+            Ok(row) => Ok(Some(row.get(0))),
+            Err(e) => {
+                self.unsure(key);
+                Err(pg_error("take a shared advisory lock")(e))
             }
         }
     }
@@ -222,7 +305,8 @@ impl Session {
     }
 
     /// Records a shared or permit holder, unless the name is held as
-    /// another kind: its first block of tokens, or the other kind. `None`
+    /// another kind or an earlier holder is still to be waited out: its
+    /// first block of tokens, the other kind, or how long to wait. `None`
     /// when `left` ran out.
     ///
     /// Recording runs under the name's join lock (a transaction-level
@@ -236,7 +320,7 @@ impl Session {
         held: Held,
         owner: &OwnRecord,
         left: Duration,
-    ) -> Result<Option<std::result::Result<Tokens, Mode>>> {
+    ) -> Result<Option<Joined>> {
         let (mode, permits) = kind_columns(held.mode());
         let slot = match held {
             Held::Permit { slot, .. } => Some(slot),
@@ -245,28 +329,33 @@ impl Session {
         let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
         let (id, holder_id, hostname) = (&owner.uuid, &owner.holder_id, &owner.hostname);
         let fields = owner.fields.as_ref().map(|f| f.object());
+        let lease = i64::try_from(owner.lease_ms).unwrap_or(i64::MAX);
         let key = keys.name;
         self.transaction(Some(keys.join), left, "record a shared holder", |client| {
             let row = match held {
                 Held::Permit { .. } => client.query_one(
                     JOIN_PERMIT,
                     &[
-                        &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields,
+                        &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields, &lease,
                     ],
                 )?,
                 _ => client.query_one(
                     JOIN_SHARED,
                     &[
-                        &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields,
+                        &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields, &lease,
                     ],
                 )?,
             };
             let other: Option<String> = row.get(0);
             if let Some(other) = other {
-                return Ok(Err(kind_of(&other, row.get(1))));
+                return Ok(Joined::Other(kind_of(&other, row.get(1))));
+            }
+            if row.get::<_, bool>(4) {
+                let row = client.query_one(STAMP, &[&name, &slot, &false])?;
+                return Ok(Joined::Wait(wait_of(&row)));
             }
             let token: i64 = row.get::<_, Option<i64>>(2).unwrap_or(0);
-            Ok(Ok(match held {
+            Ok(Joined::Tokens(match held {
                 Held::Permit { .. } => block(token, row.get::<_, Option<i64>>(3).unwrap_or(token)),
                 // The counter as it stands: no less than any exclusive
                 // holder's token before us, less than any after us.

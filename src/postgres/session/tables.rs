@@ -40,7 +40,10 @@ pub(super) const SCHEMA: &str = "
         acquired_at timestamptz,
         backend_pid integer,
         holder_token bigint,
-        fields text
+        fields text,
+        lease_ms bigint,
+        free_at timestamptz,
+        intent_until timestamptz
     );
     CREATE TABLE IF NOT EXISTS leasehold_holders (
         id text PRIMARY KEY,
@@ -55,7 +58,9 @@ pub(super) const SCHEMA: &str = "
         acquired_at timestamptz,
         backend_pid integer NOT NULL,
         holder_token bigint,
-        fields text
+        fields text,
+        lease_ms bigint,
+        free_at timestamptz
     );
     DO $leasehold$
     DECLARE
@@ -65,7 +70,12 @@ pub(super) const SCHEMA: &str = "
             SELECT t.tab, t.col, t.ty FROM (VALUES
                 ('leasehold_locks', 'holder_token', 'bigint'),
                 ('leasehold_locks', 'fields', 'text'),
-                ('leasehold_holders', 'fields', 'text')
+                ('leasehold_locks', 'lease_ms', 'bigint'),
+                ('leasehold_locks', 'free_at', 'timestamptz'),
+                ('leasehold_locks', 'intent_until', 'timestamptz'),
+                ('leasehold_holders', 'fields', 'text'),
+                ('leasehold_holders', 'lease_ms', 'bigint'),
+                ('leasehold_holders', 'free_at', 'timestamptz')
             ) AS t(tab, col, ty)
             WHERE NOT EXISTS (
                 SELECT 1 FROM pg_attribute a
@@ -157,13 +167,73 @@ macro_rules! live {
 
 pub(super) use live;
 
-/// Rows of `leasehold_holders` whose holder holds nothing any more (it
-/// died without deleting its row), and rows a dead session with our
-/// process id left (the pid was reused: they would look live to us).
+/// The rows of `leasehold_holders` whose holder holds nothing any more
+/// (it died, or its session ended, without deleting its row), and rows a
+/// dead session with our process id left (the pid was reused: they would
+/// look live to us). Such a holder may still be running, and count itself
+/// a holder, until its lease ends (see [`wait_out!`]): a row that records
+/// its lease is kept, with `free_at` set to when no such holder can still
+/// count itself one, until then. Rows of earlier versions (no lease) and
+/// rows past their `free_at` are deleted.
 pub(super) const TIDY: &str = concat!(
-    "DELETE FROM leasehold_holders h WHERE h.backend_pid = pg_backend_pid() OR NOT ",
-    live!()
+    "UPDATE leasehold_holders h SET free_at = clock_timestamp() + h.lease_ms * interval '1 millisecond'
+     WHERE h.lease_ms IS NOT NULL AND h.free_at IS NULL AND (h.backend_pid = pg_backend_pid() OR NOT ",
+    live!(),
+    "); DELETE FROM leasehold_holders h WHERE h.free_at < clock_timestamp()
+         OR (h.lease_ms IS NULL AND (h.backend_pid = pg_backend_pid() OR NOT ",
+    live!(),
+    "))"
 );
+
+/// The holders recorded in rows `$r` that may still count themselves
+/// holders though their session no longer holds the lock: the row says
+/// how long their lease is (`lease_ms`), and was neither let go cleanly
+/// (which sets `free_at` to that instant, or deletes a shared holder's
+/// row) nor found dead longer ago than that lease. `free_at IS NULL` is a
+/// row whose holder was not seen to let go: the taker that finds it sets
+/// `free_at` to its own `clock_timestamp()` plus the lease (see
+/// [`STAMP`]): the holder heard from its session last before that session
+/// ended, which was before this taker got the lock, and it counts itself a
+/// holder for less than a lease after it last heard.
+///
+/// Rows of earlier versions, which record no lease, never hold anyone
+/// back.
+macro_rules! wait_out {
+    ($r:literal) => {
+        concat!(
+            $r,
+            ".lease_ms IS NOT NULL AND (",
+            $r,
+            ".free_at IS NULL OR ",
+            $r,
+            ".free_at > clock_timestamp())"
+        )
+    };
+}
+
+pub(super) use wait_out;
+
+/// For a taker that holds the name `$1`'s key but found an earlier holder
+/// that may still count itself one ([`wait_out!`]): marks every such row
+/// not yet found dead as found now (`free_at` = now + its lease), and
+/// answers in how many milliseconds the last of them is over (`NULL` or
+/// less than 1: try again now). The rows are the name's exclusive row and,
+/// for an exclusive taker (`$3`), every shared and permit holder's row of
+/// the name, for a permit taker only those of its slot `$2`. Every row
+/// found is the row of a holder whose session holds no lock of the name
+/// that conflicts with the taker's, which the taker holds.
+pub(super) const STAMP: &str = "WITH
+    l AS (UPDATE leasehold_locks l SET free_at = clock_timestamp() + l.lease_ms * interval '1 millisecond'
+          WHERE l.name = $1 AND l.lease_ms IS NOT NULL AND l.free_at IS NULL RETURNING l.free_at),
+    h AS (UPDATE leasehold_holders h SET free_at = clock_timestamp() + h.lease_ms * interval '1 millisecond'
+          WHERE h.name = $1 AND h.lease_ms IS NOT NULL AND h.free_at IS NULL AND ($3::bool OR h.slot = $2::bigint)
+          RETURNING h.free_at),
+    ends AS (
+        SELECT free_at FROM l UNION ALL SELECT free_at FROM h
+        UNION ALL SELECT l.free_at FROM leasehold_locks l WHERE l.name = $1 AND l.lease_ms IS NOT NULL
+        UNION ALL SELECT h.free_at FROM leasehold_holders h
+            WHERE h.name = $1 AND h.lease_ms IS NOT NULL AND ($3::bool OR h.slot = $2::bigint))
+    SELECT ceil(extract(epoch FROM max(free_at) - clock_timestamp()) * 1000)::bigint FROM ends";
 
 /// A kind of holding as `leasehold_holders` spells it.
 pub(super) fn kind_columns(mode: Mode) -> (&'static str, Option<i64>) {

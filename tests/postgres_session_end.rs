@@ -1,0 +1,331 @@
+//! The PostgreSQL backend at the edges of a session's life: when the
+//! server ends a holder's session (`pg_terminate_backend`, a restart) it
+//! frees the holder's advisory locks at once, but the holder may still be
+//! running, counting itself a holder until its lease ends. No successor
+//! may enter before that: at the instant a successor gets the lock, the
+//! old guard must already report itself lost. A holder whose server stops
+//! answering (its backend process stopped) is told at its lease's cutoff,
+//! not later; and a waiting writer that stops renewing its announcement
+//! keeps readers out for at most its lease.
+//!
+//! Against a real, throwaway server (see `support/pg_server.rs`).
+
+use std::time::{Duration, Instant};
+
+use leasehold::{Locker, LockerBuilder};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use sha2::{Digest, Sha256};
+
+#[path = "support/pg_server.rs"]
+mod pg_server;
+
+use pg_server::Server;
+
+/// A lease long enough that the old holder is surely still valid when a
+/// successor could first try (heartbeats every half second).
+const LEASE: Duration = Duration::from_millis(1500);
+
+fn builder(server: &Server) -> LockerBuilder {
+    Locker::builder()
+        .postgres(server.url())
+        .lease(LEASE)
+        .renew_interval(Duration::from_millis(500))
+        .poll_interval(Duration::from_millis(20))
+}
+
+/// A unique name per test, so tests sharing an external server do not meet.
+fn unique(name: &str) -> String {
+    format!("{name}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The server process of the session that holds `name`: the exclusive
+/// holder's, or the shared or permit holder's of Locker `holder_id`.
+fn backend_of(server: &Server, name: &str, holder_id: Option<String>) -> i32 {
+    let name = name.to_owned();
+    server.sql(move |c| {
+        let row = match holder_id {
+            None => c.query_one(
+                "SELECT backend_pid FROM leasehold_locks WHERE name = $1",
+                &[&name],
+            ),
+            Some(id) => c.query_one(
+                "SELECT backend_pid FROM leasehold_holders WHERE name = $1 AND holder_id = $2",
+                &[&name, &id],
+            ),
+        };
+        row.unwrap().get(0)
+    })
+}
+
+fn terminate(server: &Server, backend: i32) {
+    let ended: bool = server.sql(move |c| {
+        c.query_one("SELECT pg_terminate_backend($1)", &[&backend])
+            .unwrap()
+            .get(0)
+    });
+    assert!(ended, "the server ended session {backend}");
+}
+
+/// Tries `take` every few milliseconds until it succeeds (for at most
+/// `within`), then checks that `old` already counts itself lost: the
+/// successor never ran beside it. Returns how long after `since` it took.
+async fn successor_enters_only_after<T, F, Fut>(
+    old: &[&dyn Fn() -> bool],
+    since: Instant,
+    within: Duration,
+    mut take: F,
+) -> (T, Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    loop {
+        if let Some(taken) = take().await {
+            let after = since.elapsed();
+            for (i, lost) in old.iter().enumerate() {
+                assert!(
+                    lost(),
+                    "a successor entered {after:?} after the session ended while old holder {i} still \
+                     counted itself a holder"
+                );
+            }
+            return (taken, after);
+        }
+        assert!(
+            since.elapsed() < within,
+            "no successor within {within:?} of the session's end"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The bound: a successor enters at most a lease (and a few polls and
+/// round trips) after it first finds the old session gone.
+const BOUND: Duration = Duration::from_millis(1500 + 2000);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exclusive_successor_waits_out_a_terminated_exclusive_holder() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let job = unique("job");
+    let held = a.acquire(&job).await.unwrap();
+    let token = held.fencing_token().unwrap();
+    terminate(&server, backend_of(&server, &job, None));
+    let ended = Instant::now();
+    let (taken, after) = successor_enters_only_after(&[&|| held.is_lost()], ended, BOUND, || async {
+        b.try_acquire(&job).await.unwrap()
+    })
+    .await;
+    assert!(taken.fencing_token().unwrap() > token);
+    eprintln!("exclusive after exclusive: entered {after:?} after the session ended");
+    drop(held);
+    // A holder that lets go cleanly costs its successor no wait.
+    taken.release().await.unwrap();
+    let start = Instant::now();
+    let again = a.acquire_timeout(&job, Duration::from_secs(5)).await.unwrap();
+    assert!(
+        start.elapsed() < LEASE / 2,
+        "a clean release made the next holder wait {:?}",
+        start.elapsed()
+    );
+    drop(again);
+    let start = Instant::now();
+    let third = b.acquire_timeout(&job, Duration::from_secs(5)).await.unwrap();
+    assert!(
+        start.elapsed() < LEASE / 2,
+        "a dropped guard made the next holder wait {:?}",
+        start.elapsed()
+    );
+    drop(third);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_and_writers_wait_out_each_others_terminated_sessions() {
+    let server = Server::start();
+    let reader = builder(&server).build().unwrap();
+    let other_reader = builder(&server).build().unwrap();
+    let writer = builder(&server).build().unwrap();
+    let doc = unique("doc");
+
+    // A writer after a reader whose session ended.
+    let read = reader.acquire_shared(&doc).await.unwrap();
+    let id = read.owner().holder_id().unwrap().to_owned();
+    terminate(&server, backend_of(&server, &doc, Some(id)));
+    let ended = Instant::now();
+    let (written, after) = successor_enters_only_after(&[&|| read.is_lost()], ended, BOUND, || async {
+        writer.try_acquire(&doc).await.unwrap()
+    })
+    .await;
+    eprintln!("writer after reader: entered {after:?} after the session ended");
+    drop(read);
+
+    // Readers after a writer whose session ended.
+    terminate(&server, backend_of(&server, &doc, None));
+    let ended = Instant::now();
+    let (again, after) = successor_enters_only_after(&[&|| written.is_lost()], ended, BOUND, || async {
+        other_reader.try_acquire_shared(&doc).await.unwrap()
+    })
+    .await;
+    eprintln!("reader after writer: entered {after:?} after the session ended");
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_never_has_more_valid_holders_than_permits_after_a_session_ends() {
+    let server = Server::start();
+    let lockers: Vec<Locker> = (0..3).map(|_| builder(&server).build().unwrap()).collect();
+    let gpu = unique("gpu");
+    let first = lockers[0].semaphore(&gpu, 2).unwrap().acquire().await.unwrap();
+    let second = lockers[1].semaphore(&gpu, 2).unwrap().acquire().await.unwrap();
+    let third = lockers[2].semaphore(&gpu, 2).unwrap();
+    assert!(
+        third.try_acquire().await.unwrap().is_none(),
+        "two permits, two holders"
+    );
+    let id = first.owner().holder_id().unwrap().to_owned();
+    terminate(&server, backend_of(&server, &gpu, Some(id)));
+    let ended = Instant::now();
+    let (permit, after) = successor_enters_only_after(&[&|| first.is_lost()], ended, BOUND, || async {
+        third.try_acquire().await.unwrap()
+    })
+    .await;
+    assert!(!second.is_lost(), "the other permit holder keeps its permit");
+    eprintln!("permit after permit: entered {after:?} after the session ended");
+    drop((permit, first, second));
+}
+
+/// Stops and resumes a server process, resuming it whatever happens.
+struct Stopped(i32);
+
+impl Stopped {
+    fn stop(pid: i32) -> Stopped {
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.0), Signal::SIGCONT);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_server_process_stops_answering_is_told_at_its_cutoff() {
+    let server = Server::start();
+    if server.external.is_some() {
+        eprintln!("skipped: cannot stop a process of an external server (LEASEHOLD_PG_URL)");
+        return;
+    }
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let job = unique("job");
+    let held = a.acquire(&job).await.unwrap();
+    let stopped = Stopped::stop(backend_of(&server, &job, None));
+    let since = Instant::now();
+    tokio::time::timeout(LEASE + Duration::from_secs(1), held.lost())
+        .await
+        .expect("lost() by the lease's cutoff, though the heartbeat gets no answer");
+    assert!(held.is_lost());
+    eprintln!("told {:?} after its server process stopped", since.elapsed());
+    // The stopped session still holds the lock on the server.
+    assert!(b.try_acquire(&job).await.unwrap().is_none());
+    drop(stopped);
+    drop(held);
+    let taken = b.acquire_timeout(&job, Duration::from_secs(10)).await.unwrap();
+    drop(taken);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_successor_runs_beside_a_holder_across_a_server_restart() {
+    let mut server = Server::start();
+    if server.external.is_some() {
+        eprintln!("skipped: cannot restart an external server (LEASEHOLD_PG_URL)");
+        return;
+    }
+    // Heartbeats far apart: the holder hears of the restart late.
+    let slow = |server: &Server| {
+        Locker::builder()
+            .postgres(server.url())
+            .lease(Duration::from_secs(4))
+            .renew_interval(Duration::from_secs(1))
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap()
+    };
+    let a = slow(&server);
+    let job = unique("job");
+    let held = a.acquire(&job).await.unwrap();
+    tokio::task::block_in_place(|| server.restart());
+    let restarted = Instant::now();
+    let b = slow(&server);
+    let (taken, after) = successor_enters_only_after(
+        &[&|| held.is_lost()],
+        restarted,
+        Duration::from_secs(10),
+        || async { b.try_acquire(&job).await.unwrap() },
+    )
+    .await;
+    eprintln!("entered {after:?} after the restart");
+    drop(taken);
+}
+
+/// The intent key of `name` (as `src/postgres.rs` derives it).
+fn intent_key(name: &str) -> i64 {
+    let mut hasher = Sha256::new();
+    hasher.update(b"leasehold-intent\0");
+    hasher.update(name.as_bytes());
+    let digest = hasher.finalize();
+    i64::from_be_bytes(digest[..8].try_into().unwrap())
+}
+
+/// A writer that announced itself and then stopped running with its
+/// session up: it holds the intent key, and its announcement's time runs
+/// out. Readers stay out until then, and only until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_waiting_writer_keeps_readers_out_for_at_most_its_lease() {
+    let server = Server::start();
+    let reader = builder(&server).build().unwrap();
+    let doc = unique("doc");
+    // Make the tables, and the name's row.
+    reader.acquire(&doc).await.unwrap().release().await.unwrap();
+    let (url, name, intent) = (server.url(), doc.clone(), intent_key(&doc));
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let frozen = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let taken: bool = c
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&intent])
+            .unwrap()
+            .get(0);
+        c.execute(
+            "UPDATE leasehold_locks SET intent_until = clock_timestamp() + interval '2 seconds' WHERE name = $1",
+            &[&name],
+        )
+        .unwrap();
+        held_tx.send(taken).unwrap();
+        // Never renewed; the session stays up until the test is done.
+        let _ = done_rx.recv_timeout(Duration::from_secs(30));
+    });
+    assert!(held_rx.recv().unwrap(), "the frozen writer took the intent key");
+    let since = Instant::now();
+    assert!(
+        reader.try_acquire_shared(&doc).await.unwrap().is_none(),
+        "a writer that renews its announcement keeps readers out"
+    );
+    let read = reader
+        .acquire_shared_timeout(&doc, Duration::from_secs(8))
+        .await
+        .expect("a reader gets in once the frozen writer's announcement ran out");
+    let after = since.elapsed();
+    assert!(
+        after >= Duration::from_millis(1500),
+        "the announcement held only {after:?} of its 2 s"
+    );
+    eprintln!("a reader got in {after:?} after the writer froze");
+    read.release().await.unwrap();
+    done_tx.send(()).unwrap();
+    frozen.join().unwrap();
+}
