@@ -329,3 +329,41 @@ async fn a_frozen_waiting_writer_keeps_readers_out_for_at_most_its_lease() {
     done_tx.send(()).unwrap();
     frozen.join().unwrap();
 }
+
+/// The server ended a `Locker`'s session while it held nothing (an idle
+/// timeout, a DBA, a restart): its next acquisition of every kind
+/// reconnects and succeeds, rather than failing on the dead connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_after_an_idle_session_ended_reconnects() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let job = unique("job");
+    for kind in ["exclusive", "shared", "permit"] {
+        // Connected, holding nothing.
+        a.acquire(&job).await.unwrap().release().await.unwrap();
+        let backend: i32 = server.sql(|c| {
+            c.query_one(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'
+                 AND pid <> pg_backend_pid() AND query NOT ILIKE '%LISTEN%' ORDER BY backend_start DESC LIMIT 1",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+        });
+        terminate(&server, backend);
+        let taken = match kind {
+            "exclusive" => a.try_acquire(&job).await.map(|g| g.is_some()),
+            "shared" => a.try_acquire_shared(&job).await.map(|g| g.is_some()),
+            _ => a
+                .semaphore(&job, 2)
+                .unwrap()
+                .try_acquire()
+                .await
+                .map(|g| g.is_some()),
+        };
+        assert!(
+            matches!(taken, Ok(true)),
+            "{kind}: the next attempt after the session ended: {taken:?}"
+        );
+    }
+}

@@ -172,15 +172,44 @@ impl Session {
         if !name_fits(name, self.widest) {
             return Err(refused(name, TOO_LONG));
         }
-        let tried = match mode {
-            Mode::Exclusive => self.try_exclusive(name, keys.name, owner, until),
-            Mode::Shared | Mode::Permit(_) => self.try_join(name, keys, mode, owner, until),
-        };
+        let mut tried = self.try_mode(name, keys, mode, owner, until);
+        // The server ended the session since its last statement (a
+        // restart, `pg_terminate_backend`, an idle timeout): the attempt
+        // found out by failing, and took nothing, since the server drops
+        // whatever a session held when it ends. Once more on a new one.
+        if tried.is_err() && self.connection_gone() && Instant::now() < until {
+            tracing::debug!(
+                lock = name,
+                "the PostgreSQL session ended; trying again on a new one"
+            );
+            tried = self.try_mode(name, keys, mode, owner, until);
+        }
         // Whatever the rule above missed: the attempt took nothing.
         tried.map_err(|error| match name_refused(&error) {
             Some(reason) => refused(name, reason),
             None => error,
         })
+    }
+}
+
+impl Session {
+    fn try_mode(
+        &mut self,
+        name: &str,
+        keys: Keys,
+        mode: Mode,
+        owner: &OwnRecord,
+        until: Instant,
+    ) -> Result<Try> {
+        match mode {
+            Mode::Exclusive => self.try_exclusive(name, keys.name, owner, until),
+            Mode::Shared | Mode::Permit(_) => self.try_join(name, keys, mode, owner, until),
+        }
+    }
+
+    /// The connection is closed (or was dropped after a failure).
+    fn connection_gone(&self) -> bool {
+        self.client.as_ref().is_none_or(postgres::Client::is_closed)
     }
 }
 

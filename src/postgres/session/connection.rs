@@ -267,16 +267,28 @@ impl Session {
             return Ok(false);
         }
         let expected = self.backend_pid;
-        let client = self.client()?;
-        let row = client
-            .query_one(
-                "SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory'
+        // Never a new connection: the lock is on this one.
+        let Some(client) = self.live() else {
+            self.drop_connection();
+            return Ok(false);
+        };
+        let row = client.query_one(
+            "SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory'
                      AND k.granted AND k.pid = pg_backend_pid() AND k.objsubid = 1
                      AND k.classid::bigint = (($1::bigint >> 32) & 4294967295)
                      AND k.objid::bigint = ($1::bigint & 4294967295))",
-                &[&key],
-            )
-            .map_err(pg_error("check the PostgreSQL session"))?;
+            &[&key],
+        );
+        let row = match row {
+            Ok(row) => row,
+            // The server ended the session (or the connection broke): its
+            // locks are gone with it.
+            Err(_) if client.is_closed() => {
+                self.drop_connection();
+                return Ok(false);
+            }
+            Err(error) => return Err(pg_error("check the PostgreSQL session")(error)),
+        };
         let pid: i32 = row.get(0);
         if pid != expected {
             tracing::warn!(
