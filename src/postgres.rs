@@ -209,7 +209,7 @@ impl Pg {
     ) -> Result<Self> {
         let listening = Arc::new(AtomicBool::new(false));
         let closed = Arc::new(AtomicBool::new(false));
-        let mut session = Session::new(url);
+        let mut session = Session::new(url, lease);
         let (commands, rx) = mpsc::channel();
         let (ready, connected) = mpsc::channel();
         // The client blocks on a runtime of its own, which cannot be done

@@ -367,3 +367,80 @@ async fn an_acquisition_after_an_idle_session_ended_reconnects() {
         );
     }
 }
+
+/// A DBA's `LOCK TABLE ... ACCESS EXCLUSIVE` on the owner tables for three
+/// seconds: inspecting (`holder()`, `list()`), releasing and acquiring on
+/// the same `Locker` wait for the tables, but never hold up the
+/// heartbeats of its other locks, whose leases (1 s) keep being renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_lock_delays_inspection_and_release_but_no_heartbeat() {
+    let server = Server::start();
+    let a = Locker::builder()
+        .postgres(server.url())
+        .lease(Duration::from_secs(1))
+        .renew_interval(Duration::from_millis(250))
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let (job, doc, other) = (unique("job"), unique("doc"), unique("other"));
+    let held = a.acquire(&job).await.unwrap();
+    let read = a.acquire_shared(&doc).await.unwrap();
+    let permit = a.semaphore(&other, 2).unwrap().acquire().await.unwrap();
+    let (url, (locked_tx, locked_rx)) = (server.url(), std::sync::mpsc::channel());
+    let dba = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        c.batch_execute("BEGIN; LOCK TABLE leasehold_locks, leasehold_holders IN ACCESS EXCLUSIVE MODE")
+            .unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        c.batch_execute("COMMIT").unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let since = Instant::now();
+    let inspect = {
+        let (a, job) = (a.clone(), job.clone());
+        tokio::spawn(async move { a.holder(&job).await })
+    };
+    let listing = {
+        let a = a.clone();
+        tokio::spawn(async move { a.list().await })
+    };
+    let released = tokio::spawn(async move { read.release().await });
+    let dropped = tokio::task::spawn_blocking(move || drop(permit));
+    // Acquisitions of other names wait for the tables too.
+    let others: Vec<_> = (0..16)
+        .map(|i| {
+            let (a, name) = (a.clone(), format!("{other}-{i}"));
+            tokio::spawn(async move { a.acquire_timeout(&name, Duration::from_secs(8)).await })
+        })
+        .collect();
+    // The whole time the tables are locked, and a lease after.
+    let kept = tokio::time::timeout(Duration::from_secs(4), held.lost()).await;
+    assert!(
+        kept.is_err(),
+        "a holder lost its lock {:?} into a table lock that only inspection and release waited for",
+        since.elapsed()
+    );
+    assert!(!held.is_lost());
+    let holder = inspect
+        .await
+        .unwrap()
+        .expect("holder() answers once the table is free");
+    assert_eq!(
+        holder.map(|h| h.holder_id().map(str::to_owned)),
+        Some(held.owner().holder_id().map(str::to_owned))
+    );
+    assert!(listing.await.unwrap().is_ok());
+    released.await.unwrap().unwrap();
+    dropped.await.unwrap();
+    for other in others {
+        drop(
+            other
+                .await
+                .unwrap()
+                .expect("an acquisition that waited for the tables"),
+        );
+    }
+    dba.join().unwrap();
+    held.release().await.unwrap();
+}

@@ -141,14 +141,29 @@ pub(in crate::postgres) struct Session {
     /// encoding; `None` where names are stored as they are (UTF-8,
     /// `SQL_ASCII`).
     pub(super) widest: Option<usize>,
+    /// The longest any statement but an attempt's may keep the session
+    /// (and the heartbeats queued behind it) waiting for a table: an
+    /// eighth of the lease (see [`Session::new`]).
+    pub(super) stall: Duration,
 }
 
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl Session {
-    /// A session on `url`, not connected yet.
-    pub(in crate::postgres) fn new(url: &str) -> Self {
+    /// A session on `url`, not connected yet, for locks of `lease`.
+    ///
+    /// Every statement that waits for an owner table (inspection, a
+    /// release's bookkeeping, an announcement, a new block of tokens) runs
+    /// under a `statement_timeout` of an eighth of the lease, at least 10
+    /// ms, so that a table locked by someone else (`LOCK TABLE`, a schema
+    /// change) delays the heartbeats queued behind it by no more than
+    /// that: a lease's renewal has a quarter lease at least to spare. What
+    /// cannot wait is given up (a row left is cleaned up later; see each
+    /// statement), or tried again later off the session thread
+    /// (inspection).
+    pub(in crate::postgres) fn new(url: &str, lease: Duration) -> Self {
         Session {
+            stall: (lease / 8).max(Duration::from_millis(10)),
             url: url.to_owned(),
             client: None,
             backend_pid: 0,
@@ -260,6 +275,42 @@ impl Session {
     /// The connection, if it is up.
     pub(super) fn live(&mut self) -> Option<&mut Client> {
         self.client.as_mut().filter(|client| !client.is_closed())
+    }
+
+    /// Runs `op` in a transaction under a `statement_timeout` of `left`,
+    /// first taking the transaction-level advisory lock `join` if given;
+    /// `None` when the timeout ran out. Nothing of a failed `op` stays.
+    pub(super) fn transaction<T>(
+        &mut self,
+        join: Option<i64>,
+        left: Duration,
+        op: &'static str,
+        body: impl FnOnce(&mut Client) -> std::result::Result<T, postgres::Error>,
+    ) -> Result<Option<T>> {
+        let ms = left.as_millis().clamp(1, i32::MAX as u128);
+        let mut begin = format!("BEGIN; SET LOCAL statement_timeout = {ms}");
+        if let Some(join) = join {
+            begin.push_str(&format!("; SELECT pg_advisory_xact_lock({join})"));
+        }
+        let client = self.same(op)?;
+        let result = client.batch_execute(&begin).and_then(|()| body(client));
+        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        if let Err(error) = client.batch_execute(end) {
+            // Whether it committed is unknown. A fresh session drops this
+            // one's advisory locks, so a row that did commit names a holder
+            // that holds nothing: it is never shown, is waited out by the
+            // next taker if it records a lease, and is cleaned up.
+            if !client.is_closed() {
+                tracing::warn!(%error, "cannot end a transaction; resetting the PostgreSQL session");
+            }
+            self.drop_connection();
+            return Err(pg_error("end a transaction")(error));
+        }
+        match result {
+            Ok(value) => Ok(Some(value)),
+            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(None),
+            Err(e) => Err(pg_error(op)(e)),
+        }
     }
 
     pub(super) fn heartbeat(&mut self, key: i64, generation: u64) -> Result<bool> {

@@ -23,9 +23,9 @@
 
 use postgres::types::ToSql;
 
-use super::connection::{Held, Session, pg_error};
+use super::connection::{Held, Session};
 use crate::backend::Tokens;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// How many fencing tokens one reservation takes at most (as for the file
 /// strategies, so handoffs do not write the counter each time).
@@ -105,20 +105,30 @@ impl Session {
             return Ok(None);
         }
         self.tables()?;
-        let client = self.client()?;
-        if held == Held::Shared {
-            // A shared holder's tokens never advance the counter.
-            let now: i64 = client
-                .query_one(STANDING, &[&name])
-                .map_err(pg_error("read the fencing counter"))?
-                .get(0);
-            return Ok(Some(block(now, now)));
+        // Waits for the table at most the session's `stall`: the holder's
+        // own heartbeats, and every other lock's, queue behind it.
+        let stall = self.stall;
+        let shared = held == Held::Shared;
+        let reserved = self.transaction(None, stall, "reserve fencing tokens", |client| {
+            if shared {
+                // A shared holder's tokens never advance the counter.
+                let now: i64 = client.query_one(STANDING, &[&name])?.get(0);
+                return Ok(block(now, now));
+            }
+            let params: [&(dyn ToSql + Sync); 2] = [&name, &key];
+            let row = client.query_one(RESERVE, &params)?;
+            Ok(block(row.get(0), row.get(1)))
+        })?;
+        match reserved {
+            Some(tokens) => Ok(Some(tokens)),
+            None => Err(Error::Backend {
+                op: "reserve fencing tokens",
+                source: format!(
+                    "the owner table stayed locked for {stall:?} (a LOCK TABLE, a schema change?)"
+                )
+                .into(),
+            }),
         }
-        let params: [&(dyn ToSql + Sync); 2] = [&name, &key];
-        let row = client
-            .query_one(RESERVE, &params)
-            .map_err(pg_error("reserve fencing tokens"))?;
-        Ok(Some(block(row.get(0), row.get(1))))
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::SystemTime;
 
-use super::connection::{Session, pg_error};
+use super::connection::Session;
 use super::tables::{granted, held, kind_of, live};
 use crate::backend::Mode;
 use crate::error::Result;
@@ -29,12 +29,16 @@ const INSPECT: &str = concat!(
 pub(in crate::postgres) type Found = (String, Mode, Vec<Owner>);
 
 impl Session {
-    pub(super) fn inspect(&mut self, name: Option<&str>) -> Result<Vec<Found>> {
+    /// Every live holder of `name` (of every name with `None`); `None`
+    /// when the owner tables stayed locked for the session's `stall` (the
+    /// caller tries again later, so that heartbeats get through meanwhile).
+    pub(super) fn inspect(&mut self, name: Option<&str>) -> Result<Option<Vec<Found>>> {
         self.tables()?;
-        let client = self.client()?;
-        let rows = client
-            .query(INSPECT, &[&name])
-            .map_err(pg_error("read lock owners"))?;
+        let stall = self.stall;
+        let rows = self.transaction(None, stall, "read lock owners", |client| {
+            client.query(INSPECT, &[&name])
+        })?;
+        let Some(rows) = rows else { return Ok(None) };
         let mut found: Vec<Found> = Vec::new();
         for row in &rows {
             let name: String = row.get(0);
@@ -63,6 +67,6 @@ impl Session {
                 _ => found.push((name, mode, vec![owner])),
             }
         }
-        Ok(found)
+        Ok(Some(found))
     }
 }

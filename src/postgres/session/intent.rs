@@ -20,9 +20,6 @@ use crate::name::LockName;
 use crate::postgres::Keys;
 use crate::renew::{Renewable, Step};
 
-/// How long an announcement waits for the owner table.
-const INTENT_PATIENCE_MS: u32 = 500;
-
 impl Line {
     /// Announces an exclusive waiter for `name`; `None` when the intent
     /// key is taken (another waiter announced itself, or a reader probes
@@ -126,13 +123,14 @@ impl Session {
 
     /// Sets the name's `intent_until` to `lease_ms` from now (making its
     /// row if it has none, with the counter a missing row stands for),
-    /// waiting at most [`INTENT_PATIENCE_MS`] for the table. Not set, the
+    /// waiting at most the session's `stall` for the table. Not set, the
     /// intent key keeps no reader out: writer preference is lost for a
     /// while, never a lock.
     fn announce_until(&mut self, name: &str, key: i64, lease_ms: i64) {
+        let ms = self.stall.as_millis();
         let Some(client) = self.live() else { return };
         let set = client.batch_execute(&format!(
-            "BEGIN; SET LOCAL statement_timeout = {INTENT_PATIENCE_MS};
+            "BEGIN; SET LOCAL statement_timeout = {ms};
              WITH {clock} INSERT INTO leasehold_locks AS l (name, key, fencing_token, intent_until)
              SELECT {name}, {key}, n + 8192, clock_timestamp() + {lease_ms} * interval '1 millisecond' FROM clock
              ON CONFLICT (name) DO UPDATE SET intent_until = EXCLUDED.intent_until; COMMIT",

@@ -64,9 +64,10 @@ pub(in crate::postgres) enum Command {
         generation: u64,
         reply: Sender<Result<Option<Tokens>>>,
     },
+    /// `None` in the answer: the owner tables were locked; ask again.
     Inspect {
         name: Option<String>,
-        reply: Sender<Result<Vec<Found>>>,
+        reply: Sender<Result<Option<Vec<Found>>>>,
     },
     /// An exclusive waiter announces itself (takes the intent key, and
     /// says until when it waits), or renews that (and takes the key again
@@ -127,12 +128,28 @@ impl Line {
             .map_err(|_| no_answer("wait for the PostgreSQL session"))?
     }
 
-    /// Every live holder known to the tables, by name.
+    /// Every live holder known to the tables, by name. While the tables
+    /// are locked (a DBA's `LOCK TABLE`, a schema change), each try gives
+    /// up after the session's `stall` and this waits a little before the
+    /// next, so the heartbeats queued meanwhile get through; for at most
+    /// [`ANSWER_PATIENCE`] in all.
     pub(in crate::postgres) fn inspect(&self, name: Option<&str>) -> Result<Vec<Found>> {
-        self.call(|reply| Command::Inspect {
-            name: name.map(str::to_owned),
-            reply,
-        })
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let found = self.call(|reply| Command::Inspect {
+                name: name.map(str::to_owned),
+                reply,
+            })?;
+            if let Some(found) = found {
+                return Ok(found);
+            }
+            if start.elapsed() >= ANSWER_PATIENCE {
+                return Err(no_answer("read lock owners (the owner tables stayed locked)"));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
     }
 }
 

@@ -7,10 +7,6 @@ use crate::error::Result;
 /// How many times an unlock is tried before the session is reset instead.
 const UNLOCK_TRIES: usize = 3;
 
-/// How long a release waits to delete its holder row (behind a table
-/// lock) before it leaves the row to be ignored and cleaned up later.
-const ROW_PATIENCE_MS: u32 = 2_000;
-
 /// A server lock mode, for letting go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lock {
@@ -136,13 +132,14 @@ impl Session {
 
     /// Marks the exclusive holder's row let go (`free_at` = now), so that
     /// the next holder need not wait out this one's lease (see
-    /// `tables::STAMP`), waiting at most [`ROW_PATIENCE_MS`] for the
+    /// `tables::STAMP`), waiting at most the session's `stall` for the
     /// table. A row left unmarked costs the next holder a lease's wait,
     /// never an overlap.
     fn free_row(&mut self, name: &str) {
+        let ms = self.stall.as_millis();
         let Some(client) = self.live() else { return };
         let freed = client.batch_execute(&format!(
-            "BEGIN; SET LOCAL statement_timeout = {ROW_PATIENCE_MS};
+            "BEGIN; SET LOCAL statement_timeout = {ms};
              UPDATE leasehold_locks SET free_at = clock_timestamp()
              WHERE name = {} AND backend_pid = pg_backend_pid() AND free_at IS NULL; COMMIT",
             literal(name)
@@ -156,7 +153,7 @@ impl Session {
     }
 
     /// Deletes a shared or permit holder's row, waiting at most
-    /// [`ROW_PATIENCE_MS`] for the table. A row left behind shows nobody
+    /// the session's `stall` for the table. A row left behind shows nobody
     /// once the session stops holding the name, and is cleaned up by the
     /// next session that starts.
     fn delete_row(&mut self, name: &str, id: &str) {
@@ -166,9 +163,10 @@ impl Session {
             tracing::warn!(lock = name, id, "not a holder id; its row stays");
             return;
         }
+        let ms = self.stall.as_millis();
         let Some(client) = self.live() else { return };
         let deleted = client.batch_execute(&format!(
-            "BEGIN; SET LOCAL statement_timeout = {ROW_PATIENCE_MS};
+            "BEGIN; SET LOCAL statement_timeout = {ms};
              DELETE FROM leasehold_holders WHERE id = '{id}'; COMMIT"
         ));
         if let Err(error) = deleted {

@@ -4,9 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use postgres::Client;
-use postgres::error::SqlState;
-
 use super::connection::{BUSY, Held, Session, Try, pg_error, wait_of};
 use super::fence::{advance, block, clock, standing};
 use super::release::Lock;
@@ -34,10 +31,6 @@ const JOIN_KEY: &str = "SELECT CASE
 /// out (see `intent`).
 const INTENT_LAPSED: &str = "SELECT NOT EXISTS (
     SELECT 1 FROM leasehold_locks l WHERE l.name = $1 AND l.intent_until > clock_timestamp())";
-
-/// How long a reader that finds the intent key taken waits for the owner
-/// table to say whether its waiter still renews it.
-const LAPSED_PATIENCE: Duration = Duration::from_millis(200);
 
 /// Takes the first free slot among the keys `$1`. `Limit` pulls one row at
 /// a time from the scan and stops at the first that passes the filter, so
@@ -236,9 +229,7 @@ impl Session {
     /// key, if that waiter has stopped renewing its announcement; as
     /// [`JOIN_KEY`] answers.
     fn past_a_lapsed_intent(&mut self, name: &str, key: i64, until: Instant) -> Result<Option<bool>> {
-        let left = until
-            .saturating_duration_since(Instant::now())
-            .min(LAPSED_PATIENCE);
+        let left = until.saturating_duration_since(Instant::now()).min(self.stall);
         if left.is_zero() {
             return Ok(None);
         }
@@ -372,40 +363,5 @@ impl Session {
             Ok(row.map(|row| kind_of(row.get(0), row.get(1))))
         })?;
         Ok(other.flatten())
-    }
-
-    /// Runs `op` in a transaction under a `statement_timeout` of `left`,
-    /// first taking the transaction-level advisory lock `join` if given;
-    /// `None` when the timeout ran out. Nothing of a failed `op` stays.
-    fn transaction<T>(
-        &mut self,
-        join: Option<i64>,
-        left: Duration,
-        op: &'static str,
-        body: impl FnOnce(&mut Client) -> std::result::Result<T, postgres::Error>,
-    ) -> Result<Option<T>> {
-        let ms = left.as_millis().clamp(1, i32::MAX as u128);
-        let mut begin = format!("BEGIN; SET LOCAL statement_timeout = {ms}");
-        if let Some(join) = join {
-            begin.push_str(&format!("; SELECT pg_advisory_xact_lock({join})"));
-        }
-        let client = self.same(op)?;
-        let result = client.batch_execute(&begin).and_then(|()| body(client));
-        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-        if let Err(error) = client.batch_execute(end) {
-            // Whether it committed is unknown. A fresh session drops this
-            // one's advisory locks, so a row that did commit names a holder
-            // that holds nothing: it is never shown, and is cleaned up.
-            if !client.is_closed() {
-                tracing::warn!(%error, "cannot end a transaction; resetting the PostgreSQL session");
-            }
-            self.drop_connection();
-            return Err(pg_error("end a transaction")(error));
-        }
-        match result {
-            Ok(value) => Ok(Some(value)),
-            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(None),
-            Err(e) => Err(pg_error(op)(e)),
-        }
     }
 }
