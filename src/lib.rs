@@ -318,10 +318,20 @@
 //!   per name across restarts of anything, and across the table being
 //!   emptied or dropped (as long as the server's clock does not go back
 //!   meanwhile).
-//! - The session is the lease: when it dies (server restart,
+//! - The session holds the locks: when it dies (server restart,
 //!   `pg_terminate_backend`, network loss) the server drops its locks, and
 //!   every guard reports `lost()` at its next heartbeat, one
-//!   `renew_interval` later; new acquisitions reconnect.
+//!   `renew_interval` later, or at its lease's cutoff if the server does
+//!   not answer; new acquisitions reconnect. The holder may still be
+//!   running until then, so the next holder waits it out: each holder's
+//!   row records its lease, and a taker that finds the row of a holder
+//!   whose session ended without letting go waits a lease from then
+//!   (docs/guarantees.md, *On PostgreSQL*). A clean release or drop costs
+//!   the next holder no wait.
+//! - Every statement that waits for an owner table (behind a DBA's
+//!   `LOCK TABLE`, a schema change) gives up after an eighth of the lease,
+//!   so it never holds up the connection's heartbeats for long;
+//!   `holder()` and `list()` then try again.
 //! - Releases `NOTIFY` channel `leasehold`; every `Locker` listens on a
 //!   second connection, so waiters on other hosts wake at once, with a poll
 //!   as the safety net (a dead session sends no notification).

@@ -26,11 +26,28 @@
 //! server is asked to lock it.
 //!
 //! The connection is driven by a thread of its own, so a lock is kept, and
-//! released, whatever the caller's runtime does. The session *is* the
-//! lease: if it dies (server restart, `pg_terminate_backend`, network
-//! loss), the server drops its locks, and every guard on it reports
-//! `lost()` at its next heartbeat (one `renew_interval`). The backend then
-//! reconnects for new acquisitions. A release sends `pg_notify` on channel
+//! released, whatever the caller's runtime does. The session holds the
+//! locks: if it dies (server restart, `pg_terminate_backend`, network
+//! loss), the server drops them, and every guard on it reports `lost()` at
+//! its next heartbeat (one `renew_interval`), or at its lease's cutoff if
+//! the server does not answer. The backend then reconnects for new
+//! acquisitions.
+//!
+//! **Waiting out a holder whose session ended.** The server frees a dead
+//! session's locks at once, but its holder may still be running until its
+//! lease's cutoff, and must not meet a successor. Each holder's row
+//! (`leasehold_locks`, `leasehold_holders`) records its lease (`lease_ms`);
+//! letting go cleanly marks the row (`free_at` = now, or deletes a shared
+//! or permit holder's row) before unlocking. A taker that holds the key but
+//! finds a row in its way neither let go nor found dead (the name's
+//! exclusive row; for a writer every holder row of the name; for a permit
+//! the last holder of its slot) records nothing: it sets the row's
+//! `free_at` to its `clock_timestamp()` plus that lease, lets the key go,
+//! and tries again then (see `session/tables.rs`, `STAMP`). A holder
+//! renews its lease from when its heartbeat was *sent*, so it counts
+//! itself a holder for less than a lease after the server last knew its
+//! session, which was before the session ended, which was before the
+//! taker found it gone. A release sends `pg_notify` on channel
 //! `leasehold`, which every backend `LISTEN`s to, to wake waiters on other
 //! hosts; a poll remains as the safety net (and is what notices a holder's
 //! session dying, which sends no notification).
@@ -68,7 +85,11 @@
 //! it again after a reconnection). A shared or permit acquisition first
 //! probes the intent key with a shared `try`, let go in the same statement,
 //! and stays out while it is taken; the holders the waiter found finish,
-//! and it gets in. Two waiting writers do not both need the intent key: one
+//! and it gets in. The announcement counts only while the waiter renews
+//! it: each announcement and renewal sets the name's `intent_until` a
+//! lease ahead, and a reader that finds the intent key taken past that
+//! time joins anyway (the waiter stopped running with its session up).
+//! Two waiting writers do not both need the intent key: one
 //! announced writer keeps new readers out, and the next one announces
 //! itself when it finds readers in turn. The server cannot tell a session
 //! from itself (its locks are re-entrant per session), so the session
