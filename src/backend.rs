@@ -17,53 +17,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::error::{Error, LossReason, Result};
+use crate::error::{LossReason, Result};
+pub(crate) use crate::mode::Mode;
 use crate::name::LockName;
 use crate::owner::Owner;
 use crate::record::OwnRecord;
 use crate::renew::Renewable;
 use crate::stale::StaleReason;
-
-/// What kind of holding an acquisition asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Mode {
-    /// One holder, nobody else.
-    Exclusive,
-    /// Any number of shared holders, no exclusive one.
-    Shared,
-    /// At most this many holders (a counting semaphore's permits).
-    Permit(u32),
-}
-
-impl Mode {
-    /// The name a record and a listing give this kind of holding.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Mode::Exclusive => "exclusive",
-            Mode::Shared => "shared",
-            Mode::Permit(_) => "semaphore",
-        }
-    }
-
-    /// The error for an acquisition of `name` as `self` while the name is
-    /// held as `held`.
-    pub(crate) fn mismatch(self, name: &str, held: Mode) -> Error {
-        Error::KindMismatch {
-            name: name.to_owned(),
-            held: held.describe(),
-            asked: self.describe(),
-        }
-    }
-
-    /// How this kind of holding reads in an error.
-    fn describe(self) -> String {
-        match self {
-            Mode::Permit(1) => "a semaphore of 1 permit".to_owned(),
-            Mode::Permit(n) => format!("a semaphore of {n} permits"),
-            other => other.as_str().to_owned(),
-        }
-    }
-}
 
 /// The result of one attempt to take a lock. `K` is what the caller's
 /// `arm` made of the lock: the lock with its renewal running.

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::field::{FieldValue, OwnerFields};
 use crate::fs::{self, Fs, Strategy};
 use crate::name::PathStyle;
-use crate::stale::MAX_LEASE;
+use crate::record::MAX_LEASE;
 use crate::store::Store;
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);

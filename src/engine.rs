@@ -269,7 +269,7 @@ impl Engine {
                 Mode::Exclusive => Error::WouldDeadlock {
                     name: name.as_str().to_owned(),
                 },
-                _ => mode.mismatch(name.as_str(), held),
+                _ => Error::kind_mismatch(name.as_str(), mode, held),
             }));
         }
         let guard = grant.guard()?;
@@ -612,7 +612,7 @@ const NOTICE_CADENCE: u32 = 6;
 fn still_waiting(name: &LockName, holder: Option<&Owner>, waited: Duration) {
     let since = holder
         .and_then(Owner::acquired_at)
-        .map(crate::record::format_time);
+        .map(crate::timestamp::format_time);
     tracing::info!(
         lock = name.as_str(),
         holder_pid = holder.and_then(Owner::pid),

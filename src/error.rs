@@ -4,6 +4,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::mode::Mode;
 use crate::owner::Owner;
 
 /// A specialized [`Result`](std::result::Result) for leasehold operations.
@@ -248,6 +249,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error for an acquisition of `name` as `asked` while the name is
+    /// held as `held`.
+    pub(crate) fn kind_mismatch(name: &str, asked: Mode, held: Mode) -> Self {
+        Error::KindMismatch {
+            name: name.to_owned(),
+            held: held.describe(),
+            asked: asked.describe(),
+        }
+    }
+
     /// Wraps an I/O error, sorting permission failures into their own kind.
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         let path = path.into();
@@ -342,7 +353,7 @@ pub(crate) fn held_by(holder: Option<&Owner>) -> String {
         text.push_str(&format!(" on {}", host.escape_debug()));
     }
     if let Some(since) = owner.acquired_at() {
-        text.push_str(&format!(" since {}", crate::record::format_time(since)));
+        text.push_str(&format!(" since {}", crate::timestamp::format_time(since)));
     }
     text
 }

@@ -77,6 +77,7 @@ pub(crate) const COURTESY: Duration = Duration::from_millis(1);
 /// # Ok(()) }
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct LockGuard {
     /// `None` once `release` took it.

@@ -390,6 +390,7 @@ mod guard;
 mod inspect;
 mod lease;
 mod locker;
+mod mode;
 mod name;
 mod owner;
 mod pool;
@@ -408,6 +409,7 @@ mod sync;
 mod sys;
 pub mod testing;
 mod timer;
+mod timestamp;
 
 pub use builder::LockerBuilder;
 pub use error::{Error, LossReason, Result};

@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::field::FieldValue;
+use crate::mode::Mode;
 use crate::record::{OwnRecord, Parsed, Record};
 use crate::stale::StaleReason;
 
@@ -441,8 +442,7 @@ pub enum LockKind {
 }
 
 impl LockKind {
-    pub(crate) fn from_mode(mode: crate::backend::Mode) -> Self {
-        use crate::backend::Mode;
+    pub(crate) fn from_mode(mode: Mode) -> Self {
         match mode {
             Mode::Exclusive => LockKind::Exclusive,
             Mode::Shared => LockKind::Shared,

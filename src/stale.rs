@@ -86,13 +86,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::record::{Parsed, Record, epoch_ms};
+use crate::record::{MAX_LEASE, Parsed, Record};
 use crate::sys::{self, Identity, Probe, ProcStart};
-
-/// Leases beyond this are almost certainly a unit mistake, and would
-/// overflow time arithmetic long before they meant anything: `build()`
-/// refuses them, and a record stating one is capped to it.
-pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+use crate::timestamp::epoch_ms;
 
 /// Why a lock was judged stale: what [`LockInfo::stale_reason`] returns,
 /// and what the next acquisition of the name reclaims it for.

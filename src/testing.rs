@@ -71,6 +71,7 @@ use crate::{Error, LockGuard, Locker};
 /// ```
 #[derive(Debug)]
 #[must_use = "the test is serialized only while the guard lives"]
+#[clippy::has_significant_drop]
 pub struct SerialGuard {
     _guard: LockGuard,
 }

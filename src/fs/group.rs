@@ -489,7 +489,7 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
             return Ok(Joined::Again);
         }
         if !same {
-            return Err(mode.mismatch(name.as_str(), held));
+            return Err(Error::kind_mismatch(name.as_str(), mode, held));
         }
     }
     // Holders of another kind whose marker was removed under them still
@@ -499,7 +499,7 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
         .filter_map(|e| e.record())
         .find(|r| !same_kind(r, mode))
     {
-        return Err(mode.mismatch(name.as_str(), mode_of(other)));
+        return Err(Error::kind_mismatch(name.as_str(), mode, mode_of(other)));
     }
     let busy = || Joined::Busy {
         owner: live.first().map(|e| Owner::from_parsed(&e.parsed)),

@@ -9,7 +9,7 @@ use super::fence::{advance, block, clock, standing};
 use super::release::Lock;
 use super::tables::{STAMP, granted, kind_columns, kind_of, live, wait_out};
 use crate::backend::{Mode, Tokens};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::postgres::{Keys, slot_key};
 use crate::record::OwnRecord;
 
@@ -188,7 +188,7 @@ impl Session {
                         return Ok(BUSY);
                     }
                     return match self.other_kind(name, mode, left)? {
-                        Some(other) => Err(mode.mismatch(name, other)),
+                        Some(other) => Err(Error::kind_mismatch(name, mode, other)),
                         None => Ok(BUSY),
                     };
                 }
@@ -208,7 +208,7 @@ impl Session {
             Ok(Some(Joined::Tokens(tokens))) => Ok(Try::Taken(held, tokens)),
             Ok(Some(Joined::Other(other))) => {
                 self.release_hold(key, held);
-                Err(mode.mismatch(name, other))
+                Err(Error::kind_mismatch(name, mode, other))
             }
             Ok(Some(Joined::Wait(wait))) => {
                 self.release_hold(key, held);

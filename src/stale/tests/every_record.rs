@@ -1,7 +1,7 @@
 //! Every record falls under a rule (property tests).
 
 use super::*;
-use crate::record::format_time;
+use crate::timestamp::format_time;
 use proptest::prelude::*;
 use serde_json::Value;
 

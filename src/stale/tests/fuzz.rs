@@ -9,7 +9,8 @@
 //! `PROPTEST_CASES=100000 cargo test --lib stale::tests::fuzz` runs longer.
 
 use super::*;
-use crate::record::{OwnRecord, format_time};
+use crate::record::OwnRecord;
+use crate::timestamp::format_time;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 

@@ -109,8 +109,8 @@ fn leases_on_this_boot_use_the_boot_clock() {
 
 #[test]
 fn boot_clocks_compare_only_within_one_time_namespace() {
-    let soon = crate::record::format_time(at(0) + Duration::from_millis(500));
-    let gone = crate::record::format_time(at(2_500));
+    let soon = crate::timestamp::format_time(at(0) + Duration::from_millis(500));
+    let gone = crate::timestamp::format_time(at(2_500));
     let rec = |time_ns: &str, renewed: u64, expires: &str| {
         format!(
             r#"{{"uuid":"u","pid":1,"leasehold":1,"bootId":"boot-a"{time_ns},"leaseMs":30000,"renewedAtBoot":{renewed},"leaseExpiresAt":"{expires}"}}"#
@@ -163,8 +163,8 @@ fn boot_clocks_compare_only_within_one_time_namespace() {
 
 #[test]
 fn other_hosts_are_judged_by_lease_alone() {
-    let past = crate::record::format_time(at(2_001));
-    let future = crate::record::format_time(at(0) + Duration::from_secs(5));
+    let past = crate::timestamp::format_time(at(2_001));
+    let future = crate::timestamp::format_time(at(0) + Duration::from_secs(5));
     let live = format!(
         r#"{{"uuid":"u","pid":999999,"hostname":"there","bootId":"boot-z","leasehold":1,"leaseExpiresAt":"{future}"}}"#
     );
@@ -183,8 +183,8 @@ fn other_hosts_are_judged_by_lease_alone() {
 
 #[test]
 fn wall_clock_leases_allow_for_skew_between_hosts() {
-    let just = crate::record::format_time(at(1_500));
-    let long = crate::record::format_time(at(2_500));
+    let just = crate::timestamp::format_time(at(1_500));
+    let long = crate::timestamp::format_time(at(2_500));
     let rec = |t: &str| format!(r#"{{"holderId":"h","pid":9,"hostname":"there","leaseExpiresAt":"{t}"}}"#);
     assert_eq!(verdict(&rec(&just), 0, None), Verdict::Live);
     assert_eq!(

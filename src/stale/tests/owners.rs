@@ -310,7 +310,7 @@ fn huge_leases_end_within_a_year() {
 fn rechecks_come_when_the_lease_can_end() {
     let rec =
         parse(br#"{"holderId":"h","pid":9,"hostname":"there","leaseExpiresAt":"2025-12-03T07:06:06.000Z"}"#);
-    let claimed = crate::record::parse_time("2025-12-03T07:06:06.000Z").unwrap();
+    let claimed = crate::timestamp::parse_time("2025-12-03T07:06:06.000Z").unwrap();
     assert_eq!(
         recheck_on(&rec, at(0), RULES, &fake()),
         Some(claimed + CLOCK_SKEW)
