@@ -72,6 +72,25 @@ fn terminate(server: &Server, backend: i32) {
             .get(0)
     });
     assert!(ended, "the server ended session {backend}");
+    // pg_terminate_backend only signals: wait until the process is gone
+    // (and its locks with it).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let gone: bool = server.sql(move |c| {
+            c.query_one(
+                "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)
+                    AND NOT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1)",
+                &[&backend],
+            )
+            .unwrap()
+            .get(0)
+        });
+        if gone {
+            return;
+        }
+        assert!(Instant::now() < deadline, "session {backend} never ended");
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 struct Stopped(i32);
@@ -236,6 +255,18 @@ async fn free_permit_slots_stay_usable_beside_a_dead_permit_holder() {
     for guard in held.drain(..) {
         guard.release().await.unwrap();
     }
+    let g = gpu.clone();
+    let rows: Vec<String> = server.sql(move |c| {
+        c.query(
+            "SELECT format('%s slot=%s lease=%s free_at=%s', holder_id, slot, lease_ms, free_at) FROM leasehold_holders WHERE name = $1",
+            &[&g],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    });
+    eprintln!("rows: {rows:?}");
     // Two slots free, at most one (dead) holder that may count itself one.
     let start = Instant::now();
     let permit = lockers[3]
@@ -663,18 +694,30 @@ async fn a_holder_reacquiring_its_own_name_waits_out_its_old_guard() {
         };
         terminate(&server, backend);
         let ended = Instant::now();
-        let (again, after) = successor_enters_only_after(
-            kind,
-            &[&|| old.is_lost()],
-            ended,
-            Duration::from_secs(5),
-            || async {
-                // An exclusive acquisition after any kind.
-                a.try_acquire(&job).await.unwrap()
-            },
-        )
-        .await;
-        eprintln!("{kind}: the same Locker got it again {after:?} after its session ended");
-        drop((again, old));
+        // While the old guard lives, any grant must find it lost.
+        let mut granted = None;
+        while ended.elapsed() < LEASE * 2 {
+            if let Some(again) = a.try_acquire(&job).await.unwrap() {
+                assert!(
+                    old.is_lost(),
+                    "{kind}: the same Locker got it again {:?} after its session ended while the old guard \
+                     still counted itself a holder",
+                    ended.elapsed()
+                );
+                granted = Some((again, ended.elapsed()));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        eprintln!(
+            "{kind}: while the old guard lives, the same Locker got it again after {:?}",
+            granted.as_ref().map(|g| g.1)
+        );
+        drop(granted);
+        drop(old);
+        // Once it is dropped, the name is taken again within a lease.
+        let (again, waited) = timed(a.acquire_timeout(&job, Duration::from_secs(10))).await;
+        eprintln!("{kind}: after dropping the old guard, taken again in {waited:?}");
+        drop(again.unwrap());
     }
 }
