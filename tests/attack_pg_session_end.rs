@@ -399,7 +399,7 @@ async fn a_reader_joining_during_an_announcement_never_outranks_the_next_writer(
     // The tables.
     reader.acquire(&unique("setup")).await.unwrap().release().await.unwrap();
     let mut backwards = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..10 {
         let doc = unique("doc");
         let open = announce_until_uncommitted(server.url(), doc.clone());
         // The announcer's clock is read; the reader's comes later.
@@ -456,8 +456,14 @@ async fn no_other_kind_enters_beside_a_dead_holder_that_still_counts_itself_one(
     .await;
     eprintln!("shared after a dead permit holder: entered {after:?}");
     drop((read, permit));
+}
 
-    // A permit beside a dead shared holder.
+/// As above, the other way round: a permit beside a dead shared holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_permit_enters_beside_a_dead_shared_holder_that_still_counts_itself_one() {
+    let server = Server::start();
+    let p = builder(&server).build().unwrap();
+    let s = builder(&server).build().unwrap();
     let name = unique("mixed");
     let read = s.acquire_shared(&name).await.unwrap();
     let id = read.owner().holder_id().unwrap().to_owned();
