@@ -133,10 +133,7 @@ where
             }
             return (taken, after);
         }
-        assert!(
-            since.elapsed() < within,
-            "{what}: no successor within {within:?}"
-        );
+        assert!(since.elapsed() < within, "{what}: no successor within {within:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -204,7 +201,8 @@ async fn nasty_names_hand_off_without_waiting_and_announce_their_writers() {
         let read = b.acquire_shared(&name).await.unwrap();
         let writer = a.clone();
         let wname = name.clone();
-        let waiting = tokio::spawn(async move { writer.acquire_timeout(&wname, Duration::from_secs(10)).await });
+        let waiting =
+            tokio::spawn(async move { writer.acquire_timeout(&wname, Duration::from_secs(10)).await });
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let n = name.clone();
@@ -342,7 +340,10 @@ async fn an_announced_waiter_does_not_delay_the_loss_report_of_a_stopped_session
     let after = since.elapsed();
     let lost_by_clock = held.is_lost();
     drop(stopped);
-    eprintln!("told {after:?} after its server process stopped (is_lost: {lost_by_clock}, told: {})", told.is_ok());
+    eprintln!(
+        "told {after:?} after its server process stopped (is_lost: {lost_by_clock}, told: {})",
+        told.is_ok()
+    );
     assert!(
         after < LEASE + Duration::from_secs(1),
         "lost() came {after:?} after the server process stopped (lease {LEASE:?})"
@@ -370,9 +371,8 @@ fn announce_until_uncommitted(url: String, name: String) -> OpenTransaction {
         let key = name_key(&name);
         c.batch_execute("BEGIN").unwrap();
         c.execute(
-            "WITH clock AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS n)
-             INSERT INTO leasehold_locks AS l (name, key, fencing_token, intent_until)
-             SELECT $1, $2, n + 8192, clock_timestamp() + 1500 * interval '1 millisecond' FROM clock
+            "INSERT INTO leasehold_locks AS l (name, key, fencing_token, intent_until)
+             VALUES ($1, $2, 0, clock_timestamp() + 1500 * interval '1 millisecond')
              ON CONFLICT (name) DO UPDATE SET intent_until = EXCLUDED.intent_until",
             &[&name, &key],
         )
@@ -385,8 +385,9 @@ fn announce_until_uncommitted(url: String, name: String) -> OpenTransaction {
     OpenTransaction { commit, done }
 }
 
-/// Attack: the row `announce` creates for a name that has none carries
-/// the counter `n + 8192` from the announcer's clock. A reader whose join
+/// Attack: the row `announce` creates for a name that has none carried
+/// the counter `n + 8192` from the announcer's clock (it now carries 0,
+/// which counts as no counter). A reader whose join
 /// does not see that row yet (it is not committed) gets the token a
 /// missing row stands for, `n' + 8192` from its own, later clock. The next
 /// writer's token then comes from the announced row and may be below the
@@ -397,7 +398,13 @@ async fn a_reader_joining_during_an_announcement_never_outranks_the_next_writer(
     let reader = builder(&server).build().unwrap();
     let writer = builder(&server).build().unwrap();
     // The tables.
-    reader.acquire(&unique("setup")).await.unwrap().release().await.unwrap();
+    reader
+        .acquire(&unique("setup"))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     let mut backwards = Vec::new();
     for _ in 0..10 {
         let doc = unique("doc");
@@ -588,7 +595,10 @@ async fn rows_and_tables_of_earlier_versions_hold_nobody_back() {
     assert!(start.elapsed() < LEASE / 2, "waited {:?}", start.elapsed());
     written.release().await.unwrap();
     let start = Instant::now();
-    let read = a.acquire_shared_timeout(&doc, Duration::from_secs(5)).await.unwrap();
+    let read = a
+        .acquire_shared_timeout(&doc, Duration::from_secs(5))
+        .await
+        .unwrap();
     assert!(start.elapsed() < LEASE / 2, "waited {:?}", start.elapsed());
     read.release().await.unwrap();
     assert!(a.holders(&doc).await.unwrap().is_empty());
@@ -623,11 +633,19 @@ async fn clean_handoffs_between_kinds_never_wait() {
         let (g, w) = timed(a.acquire_timeout(&name, t)).await;
         let g = g.unwrap();
         note("exclusive", w, &g);
-        if round % 2 == 0 { g.release().await.unwrap() } else { drop(g) }
+        if round % 2 == 0 {
+            g.release().await.unwrap()
+        } else {
+            drop(g)
+        }
         let (g, w) = timed(b.acquire_timeout(&name, t)).await;
         let g = g.unwrap();
         note("exclusive after exclusive", w, &g);
-        if round % 2 == 0 { g.release().await.unwrap() } else { drop(g) }
+        if round % 2 == 0 {
+            g.release().await.unwrap()
+        } else {
+            drop(g)
+        }
         let (g, w) = timed(a.acquire_shared_timeout(&name, t)).await;
         let g = g.unwrap();
         note("shared after exclusive", w, &g);
@@ -635,7 +653,11 @@ async fn clean_handoffs_between_kinds_never_wait() {
         let g2 = g2.unwrap();
         note("shared beside shared", w, &g2);
         drop(g);
-        if round % 2 == 0 { g2.release().await.unwrap() } else { drop(g2) }
+        if round % 2 == 0 {
+            g2.release().await.unwrap()
+        } else {
+            drop(g2)
+        }
         let (g, w) = timed(a.acquire_timeout(&name, t)).await;
         let g = g.unwrap();
         note("exclusive after shared", w, &g);
@@ -644,7 +666,8 @@ async fn clean_handoffs_between_kinds_never_wait() {
         let r = b.acquire_shared(&name).await.unwrap();
         let writer = a.clone();
         let wname = name.clone();
-        let waiting = tokio::spawn(async move { writer.acquire_timeout(&wname, Duration::from_secs(5)).await });
+        let waiting =
+            tokio::spawn(async move { writer.acquire_timeout(&wname, Duration::from_secs(5)).await });
         tokio::time::sleep(Duration::from_millis(100)).await;
         let released = Instant::now();
         r.release().await.unwrap();
@@ -672,7 +695,12 @@ async fn clean_handoffs_between_kinds_never_wait() {
         drop(g);
     }
     eprintln!("worst wait: {:?} ({})", worst.0, worst.1);
-    assert!(worst.0 < LEASE / 2, "a clean handoff waited {:?} ({})", worst.0, worst.1);
+    assert!(
+        worst.0 < LEASE / 2,
+        "a clean handoff waited {:?} ({})",
+        worst.0,
+        worst.1
+    );
     // Tokens never go backwards (shared ones may repeat).
     for pair in tokens.windows(2) {
         assert!(pair[1] >= pair[0], "tokens went backwards: {tokens:?}");

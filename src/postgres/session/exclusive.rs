@@ -158,7 +158,7 @@ impl Session {
             .and_then(|row| match row {
                 Some(row) => Ok(Recorded::Tokens(block(row.get(0), row.get(1)))),
                 None => client
-                    .query_one(STAMP, &[&name, &None::<i64>, &true])
+                    .query_one(STAMP, &[&name, &None::<i64>, &true, &"exclusive", &None::<i64>])
                     .map(|row| Recorded::Wait(wait_of(&row))),
             });
         if let Err(error) = client.batch_execute("RESET statement_timeout") {

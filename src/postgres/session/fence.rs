@@ -52,22 +52,30 @@ pub(super) use clock;
 /// `INSERT ... SELECT ... FROM clock` found there: `holder_token` gets the
 /// block's first token, `fencing_token` its last. The `INSERT` itself (the
 /// row is missing) must write `n + 8193` to both.
+///
+/// A counter of 0 is no counter (a row that a waiting writer's
+/// announcement made, see `intent`): the block is then the one token a
+/// missing row gets, `n + 8193`, above any token a shared holder was given
+/// while the row was missing or 0.
 macro_rules! advance {
     () => {
-        "fencing_token = GREATEST(GREATEST(l.fencing_token + 1, (SELECT n FROM clock)),
+        "fencing_token = GREATEST(
+             CASE WHEN l.fencing_token <= 0 THEN (SELECT n FROM clock) + 8193
+                  ELSE GREATEST(l.fencing_token + 1, (SELECT n FROM clock)) END,
              LEAST(GREATEST(l.fencing_token + 1, (SELECT n FROM clock)) + 1023, (SELECT n FROM clock) + 8192)),
-         holder_token = GREATEST(l.fencing_token + 1, (SELECT n FROM clock))"
+         holder_token = CASE WHEN l.fencing_token <= 0 THEN (SELECT n FROM clock) + 8193
+                  ELSE GREATEST(l.fencing_token + 1, (SELECT n FROM clock)) END"
     };
 }
 
 pub(super) use advance;
 
 /// A shared holder's token: the counter of the name `$1` as it stands, or,
-/// where it is missing, the highest token anyone could have been handed
+/// where it is missing (or 0: no counter yet), the highest token anyone could have been handed
 /// (`now + LEAD`: the next one is above it).
 macro_rules! standing {
     () => {
-        "COALESCE((SELECT l.fencing_token FROM leasehold_locks l WHERE l.name = $1),
+        "COALESCE((SELECT NULLIF(l.fencing_token, 0) FROM leasehold_locks l WHERE l.name = $1),
              (SELECT n FROM clock) + 8192)"
     };
 }

@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use super::connection::{Session, pg_error};
-use super::fence::clock;
 use super::lock::{Command, Line};
 use super::release::Lock;
 use super::release::literal;
@@ -70,7 +69,10 @@ impl Renewable for Announcement {
     fn renew_once(&self) -> Step {
         let (key, intent, lease_ms) = (self.key, self.intent, self.lease_ms);
         let name = self.name.clone();
-        if let Err(error) = self.line.call(|reply| Command::Announce {
+        // On the renewal thread every lease shares: never longer than until
+        // the next renewal is due (a stopped server must not hold up the
+        // loss reports of the Locker's holders).
+        if let Err(error) = self.line.call_within(self.every, |reply| Command::Announce {
             name,
             key,
             intent,
@@ -122,7 +124,8 @@ impl Session {
     }
 
     /// Sets the name's `intent_until` to `lease_ms` from now (making its
-    /// row if it has none, with the counter a missing row stands for),
+    /// row if it has none, with the counter 0, which counts as missing:
+    /// see `fence`),
     /// waiting at most the session's `stall` for the table. Not set, the
     /// intent key keeps no reader out: writer preference is lost for a
     /// while, never a lock.
@@ -131,10 +134,9 @@ impl Session {
         let Some(client) = self.live() else { return };
         let set = client.batch_execute(&format!(
             "BEGIN; SET LOCAL statement_timeout = {ms};
-             WITH {clock} INSERT INTO leasehold_locks AS l (name, key, fencing_token, intent_until)
-             SELECT {name}, {key}, n + 8192, clock_timestamp() + {lease_ms} * interval '1 millisecond' FROM clock
+             INSERT INTO leasehold_locks AS l (name, key, fencing_token, intent_until)
+             VALUES ({name}, {key}, 0, clock_timestamp() + {lease_ms} * interval '1 millisecond')
              ON CONFLICT (name) DO UPDATE SET intent_until = EXCLUDED.intent_until; COMMIT",
-            clock = clock!(),
             name = literal(name),
         ));
         if let Err(error) = set {

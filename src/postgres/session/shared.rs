@@ -32,11 +32,20 @@ const JOIN_KEY: &str = "SELECT CASE
 const INTENT_LAPSED: &str = "SELECT NOT EXISTS (
     SELECT 1 FROM leasehold_locks l WHERE l.name = $1 AND l.intent_until > clock_timestamp())";
 
-/// Takes the first free slot among the keys `$1`. `Limit` pulls one row at
-/// a time from the scan and stops at the first that passes the filter, so
-/// exactly one lock is taken when any is free.
-const TAKE_SLOT: &str =
-    "SELECT s.k FROM unnest($1::bigint[]) AS s(k) WHERE pg_try_advisory_lock(s.k) LIMIT 1";
+/// Takes the first free slot among the keys `$1`, passing over (with `$3`)
+/// those whose last holder of the name `$2` may still count itself one
+/// ([`wait_out!`]): a free slot that needs no wait goes first. `Limit`
+/// pulls one row at a time from the scan and stops at the first that
+/// passes the filter, so exactly one lock is taken when any is free; the
+/// `CASE` tries the lock only after the row check.
+const TAKE_SLOT: &str = concat!(
+    "SELECT s.k FROM unnest($1::bigint[]) AS s(k) WHERE CASE
+        WHEN $3::bool AND EXISTS (SELECT 1 FROM leasehold_holders h WHERE h.name = $2 AND h.slot = s.k AND ",
+    wait_out!("h"),
+    ") THEN false
+        ELSE pg_try_advisory_lock(s.k) END
+     LIMIT 1"
+);
 
 /// A live holder of the name `$1` of another kind than `$2` (`'shared'`
 /// or `'semaphore'`) with `$3` permits. `pg_locks` is read only for rows
@@ -55,17 +64,18 @@ macro_rules! other_kind {
 const OTHER_KIND: &str = other_kind!();
 
 /// An earlier holder that may still count itself one, in the way of a
-/// shared or permit holder of the name `$1` (see [`wait_out!`]): the
-/// name's exclusive holder, and for a permit holder the last holder of its
+/// shared or permit holder of the name `$1` (mode `$2`, permits `$3`; see
+/// [`wait_out!`]): the name's exclusive holder, a holder of another kind
+/// whose session ended, and for a permit holder the last holder of its
 /// slot `$6` (`NULL` for a shared holder).
 macro_rules! pending {
     () => {
         concat!(
             "pending AS (SELECT 1 FROM leasehold_locks l WHERE l.name = $1 AND ",
             wait_out!("l"),
-            " UNION ALL SELECT 1 FROM leasehold_holders h WHERE h.name = $1 AND h.slot = $6::bigint AND ",
+            " UNION ALL SELECT 1 FROM leasehold_holders h WHERE h.name = $1 AND ",
             wait_out!("h"),
-            ")"
+            " AND (h.slot = $6::bigint OR NOT (h.mode = $2 AND h.permits IS NOT DISTINCT FROM $3::bigint)))"
         )
     };
 }
@@ -262,6 +272,25 @@ impl Session {
             .get(&key)
             .map(|local| local.slots.clone())
             .unwrap_or_default();
+        // First the slots nobody is to be waited out on, then any.
+        for pass_over_pending in [true, false] {
+            if let Some(slot) = self.take_slot_among(name, key, permits, &mine, pass_over_pending, until)? {
+                return Ok(Some(slot));
+            }
+        }
+        Ok(None)
+    }
+
+    /// One pass of [`take_slot`](Self::take_slot) over every slot.
+    fn take_slot_among(
+        &mut self,
+        name: &str,
+        key: i64,
+        permits: u32,
+        mine: &[i64],
+        pass_over_pending: bool,
+        until: Instant,
+    ) -> Result<Option<i64>> {
         let mut start = 0;
         while start < permits {
             if Instant::now() >= until {
@@ -276,7 +305,34 @@ impl Session {
             if batch.is_empty() {
                 continue;
             }
-            match self.same("take a permit slot")?.query_opt(TAKE_SLOT, &[&batch]) {
+            // Passing over slots reads the holder table, which someone's
+            // `LOCK TABLE` may hold: within the session's `stall`, or not at
+            // all (the plain pass after it reads no table).
+            let taken = if pass_over_pending {
+                let left = until.saturating_duration_since(Instant::now()).min(self.stall);
+                match self.transaction(None, left, "take a permit slot", |client| {
+                    client.query_opt(TAKE_SLOT, &[&batch, &name, &pass_over_pending])
+                }) {
+                    Ok(Some(row)) => Ok(row),
+                    Ok(None) => {
+                        // Cancelled: none was granted that we know of.
+                        for slot in batch {
+                            self.let_go(slot, Lock::Exclusive, false);
+                        }
+                        return Ok(None);
+                    }
+                    Err(error) => {
+                        for slot in batch {
+                            self.let_go(slot, Lock::Exclusive, false);
+                        }
+                        return Err(error);
+                    }
+                }
+            } else {
+                self.same("take a permit slot")?
+                    .query_opt(TAKE_SLOT, &[&batch, &name, &pass_over_pending])
+            };
+            match taken {
                 Ok(Some(row)) => {
                     let slot: i64 = row.get(0);
                     self.local(key).slots.push(slot);
@@ -342,7 +398,7 @@ impl Session {
                 return Ok(Joined::Other(kind_of(&other, row.get(1))));
             }
             if row.get::<_, bool>(4) {
-                let row = client.query_one(STAMP, &[&name, &slot, &false])?;
+                let row = client.query_one(STAMP, &[&name, &slot, &false, &mode, &permits])?;
                 return Ok(Joined::Wait(wait_of(&row)));
             }
             let token: i64 = row.get::<_, Option<i64>>(2).unwrap_or(0);

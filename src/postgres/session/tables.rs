@@ -140,12 +140,16 @@ pub(super) use granted;
 
 /// An exclusive holder's row (`l`) in `leasehold_locks` names a holder
 /// that holds the lock: its session holds the name's key exclusively.
+///
+/// A row with `free_at` set names nobody: its holder let go, or was found
+/// dead (its server process id may since have been reused by a session
+/// that holds the key, which would make it look held).
 macro_rules! held {
     () => {
         concat!(
-            "EXISTS (SELECT 1 FROM pg_locks k WHERE ",
+            "(l.free_at IS NULL AND EXISTS (SELECT 1 FROM pg_locks k WHERE ",
             granted!("l.key"),
-            " AND k.mode = 'ExclusiveLock' AND k.pid = l.backend_pid)"
+            " AND k.mode = 'ExclusiveLock' AND k.pid = l.backend_pid))"
         )
     };
 }
@@ -155,12 +159,14 @@ pub(super) use held;
 /// A shared holder's or permit holder's row (`h`) in `leasehold_holders`
 /// names a holder that holds the lock: its session holds the name's key
 /// shared.
+///
+/// As for [`held!`], a row with `free_at` set names nobody.
 macro_rules! live {
     () => {
         concat!(
-            "EXISTS (SELECT 1 FROM pg_locks k WHERE ",
+            "(h.free_at IS NULL AND EXISTS (SELECT 1 FROM pg_locks k WHERE ",
             granted!("h.key"),
-            " AND k.mode = 'ShareLock' AND k.pid = h.backend_pid)"
+            " AND k.mode = 'ShareLock' AND k.pid = h.backend_pid))"
         )
     };
 }
@@ -213,27 +219,49 @@ macro_rules! wait_out {
 
 pub(super) use wait_out;
 
+/// A holder row `h` of the name that stands in the way of a taker (see
+/// [`STAMP`] for the parameters): any, for an exclusive taker; for a
+/// shared or permit taker, one of its slot, or a dead one of another kind.
+macro_rules! in_the_way {
+    () => {
+        concat!(
+            "$3::bool OR h.slot = $2::bigint
+             OR (NOT (h.mode = $4::text AND h.permits IS NOT DISTINCT FROM $5::bigint) AND NOT ",
+            live!(),
+            ")"
+        )
+    };
+}
+
 /// For a taker that holds the name `$1`'s key but found an earlier holder
 /// that may still count itself one ([`wait_out!`]): marks every such row
 /// not yet found dead as found now (`free_at` = now + its lease), and
 /// answers in how many milliseconds the last of them is over (`NULL` or
 /// less than 1: try again now). The rows are the name's exclusive row and,
 /// for an exclusive taker (`$3`), every shared and permit holder's row of
-/// the name, for a permit taker only those of its slot `$2`. Every row
-/// found is the row of a holder whose session holds no lock of the name
-/// that conflicts with the taker's, which the taker holds.
-pub(super) const STAMP: &str = "WITH
+/// the name; for a shared or permit taker, those of its slot `$2` and the
+/// dead ones of another kind than its own (mode `$4`, permits `$5`). Every
+/// row found is the row of a holder whose session holds no lock of the
+/// name that conflicts with the taker's, which the taker holds. Rows of
+/// the name's holders whose `free_at` has passed are deleted on the way.
+pub(super) const STAMP: &str = concat!(
+    "WITH
     l AS (UPDATE leasehold_locks l SET free_at = clock_timestamp() + l.lease_ms * interval '1 millisecond'
           WHERE l.name = $1 AND l.lease_ms IS NOT NULL AND l.free_at IS NULL RETURNING l.free_at),
     h AS (UPDATE leasehold_holders h SET free_at = clock_timestamp() + h.lease_ms * interval '1 millisecond'
-          WHERE h.name = $1 AND h.lease_ms IS NOT NULL AND h.free_at IS NULL AND ($3::bool OR h.slot = $2::bigint)
-          RETURNING h.free_at),
+          WHERE h.name = $1 AND h.lease_ms IS NOT NULL AND h.free_at IS NULL AND (",
+    in_the_way!(),
+    ") RETURNING h.free_at),
+    gone AS (DELETE FROM leasehold_holders h WHERE h.name = $1 AND h.free_at < clock_timestamp()),
     ends AS (
         SELECT free_at FROM l UNION ALL SELECT free_at FROM h
         UNION ALL SELECT l.free_at FROM leasehold_locks l WHERE l.name = $1 AND l.lease_ms IS NOT NULL
         UNION ALL SELECT h.free_at FROM leasehold_holders h
-            WHERE h.name = $1 AND h.lease_ms IS NOT NULL AND ($3::bool OR h.slot = $2::bigint))
-    SELECT ceil(extract(epoch FROM max(free_at) - clock_timestamp()) * 1000)::bigint FROM ends";
+            WHERE h.name = $1 AND h.lease_ms IS NOT NULL AND (",
+    in_the_way!(),
+    "))
+    SELECT ceil(extract(epoch FROM max(free_at) - clock_timestamp()) * 1000)::bigint FROM ends"
+);
 
 /// A kind of holding as `leasehold_holders` spells it.
 pub(super) fn kind_columns(mode: Mode) -> (&'static str, Option<i64>) {
