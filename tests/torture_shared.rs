@@ -85,6 +85,13 @@ const RENEW: Duration = Duration::from_millis(150);
 #[cfg(feature = "postgres")]
 const PG_SESSIONS_END_WITHIN: Duration = Duration::from_secs(5);
 
+/// How long a fresh `Locker` may wait for a name after the children
+/// ended: a killed holder's row is waited out, a lease after a taker
+/// first finds its session gone (plus a poll; docs/guarantees.md, *No
+/// successor while a holder whose session ended may still run*).
+#[cfg(feature = "postgres")]
+const PG_WAIT_OUT: Duration = Duration::from_millis(LEASE.as_millis() as u64 + 2_000);
+
 #[cfg(feature = "postgres")]
 #[path = "support/pg_server.rs"]
 mod pg_server;
@@ -1053,22 +1060,36 @@ fn pg_leftovers(server: &pg_server::Server, kind: Kind) -> Vec<String> {
         }
         for name in NAMES {
             match kind {
-                Kind::Shared => {
-                    if locker.try_acquire(name).await.expect("try_acquire").is_none() {
-                        left.push(format!("{name} still held"));
+                Kind::Shared => match locker.acquire_timeout(name, PG_WAIT_OUT).await {
+                    Ok(_guard) => {}
+                    Err(Error::Timeout { .. }) => {
+                        left.push(format!("{name} still held {PG_WAIT_OUT:?} after it was first asked for"))
                     }
-                }
+                    Err(e) => panic!("acquire {name}: {e}"),
+                },
                 Kind::Semaphore => {
+                    // All the permits at once: each may have to wait out a
+                    // holder that was killed (its session ended).
                     let semaphore = locker.semaphore(name, PERMITS).expect("semaphore");
+                    let takers: Vec<_> = (0..PERMITS)
+                        .map(|_| {
+                            let semaphore = semaphore.clone();
+                            tokio::spawn(async move { semaphore.acquire_timeout(PG_WAIT_OUT).await })
+                        })
+                        .collect();
                     let mut guards = Vec::new();
-                    while let Some(guard) = semaphore.try_acquire().await.expect("try_acquire") {
-                        guards.push(guard);
-                        if guards.len() == PERMITS as usize {
-                            break;
+                    for taker in takers {
+                        match taker.await.expect("taker") {
+                            Ok(guard) => guards.push(guard),
+                            Err(Error::Timeout { .. }) => {}
+                            Err(e) => panic!("acquire a permit of {name}: {e}"),
                         }
                     }
                     if guards.len() < PERMITS as usize {
-                        left.push(format!("{name}: only {} of {PERMITS} permits free", guards.len()));
+                        left.push(format!(
+                            "{name}: only {} of {PERMITS} permits to be had within {PG_WAIT_OUT:?}",
+                            guards.len()
+                        ));
                     }
                 }
             }
