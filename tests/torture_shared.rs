@@ -1,8 +1,11 @@
 //! Torture for shared locks and semaphores: child processes × tasks
 //! contend on two names while a chaos loop SIGKILLs children (and starts
 //! replacements) and SIGSTOPs them for longer than the lease, as
-//! `tests/torture.rs` does for exclusive locks. Every invariant is checked
-//! afterwards from one shared log:
+//! `tests/torture.rs` does for exclusive locks. One test per kind ×
+//! backend: both file strategies, and (feature `postgres`) PostgreSQL, on
+//! a throwaway server the test starts (`tests/support/pg_server.rs`),
+//! where the chaos also ends random client sessions (see *PostgreSQL*
+//! below). Every invariant is checked afterwards from one shared log:
 //!
 //! - shared locks (a mix of readers and writers): a writer's section
 //!   overlaps no other section; readers overlap only readers;
@@ -24,8 +27,35 @@
 //!
 //! Scale: `LEASEHOLD_TORTURE_PROCS` (default 3), `LEASEHOLD_TORTURE_TASKS`
 //! (tasks per process, default 4), `LEASEHOLD_TORTURE_SECS` (default 20):
-//! each of the four tests (kind × strategy) runs chaos for a third of it,
-//! so CI's 45 s makes the file take well under a minute.
+//! each test (kind × backend) runs chaos for a third of it, so CI's 45 s
+//! makes the four file tests take well under a minute. The PostgreSQL
+//! pair, as CI runs it:
+//!
+//! ```sh
+//! LEASEHOLD_TORTURE_SECS=30 cargo test --features postgres --test torture_shared postgres -- --nocapture
+//! ```
+//!
+//! # PostgreSQL
+//!
+//! As in `tests/torture.rs`: the server keeps a session's advisory locks
+//! for as long as the session lives, and a SIGSTOPped process's
+//! connection stays open, so a paused holder keeps its lock through the
+//! pause (its waiters wait), finds on waking that its lease ran out
+//! (`LeaseExpired`), and lets go; a killed one's session ends with it.
+//! The chaos also ends random client sessions on the server
+//! (`pg_terminate_backend`, as a DBA, a crashed backend or a restart
+//! would): a holder whose session ended may still run until its lease's
+//! cutoff, and its successor (reader, writer or permit) must wait that
+//! out. So the checker's rules are the same, with no new excuse: an
+//! overlap is excused only when the one acquired first stopped on
+//! `lost()` without committing; and the rule above that ends a killed
+//! section at its first stop does not apply (a stop does not end a hold
+//! on a server). Leftovers are advisory locks or client sessions still
+//! there [`PG_SESSIONS_END_WITHIN`] after the last child ended, names a
+//! fresh `Locker` lists as held, or a name (all [`PERMITS`] of its
+//! permits, for semaphores) a fresh `Locker` cannot take within
+//! [`PG_WAIT_OUT`] (a killed holder's row is waited out, a lease after
+//! it is found).
 //!
 //! # The log
 //!
@@ -39,7 +69,9 @@
 //!   held: taken *before* the final `is_lost()` check that precedes the
 //!   write, so a SIGSTOP between the check and the write cannot make a
 //!   correct library look wrong.
-//! - `L name id pid ns`: `lost()` fired (or `is_lost()` at the end).
+//! - `L name id pid ns reason`: `lost()` fired (or `is_lost()` at the
+//!   end). `reason` is the `LossReason` variant (`LeaseExpired`,
+//!   `SessionLost`, ...).
 //! - `B name id pid what`: the guard was not what was asked for.
 //! - `X pid error`: an acquisition failed; the task retries.
 //! - `Z pid acquisitions handoffs reclaimed_dead reclaimed_expired lost max_wait_us`:
@@ -1062,9 +1094,9 @@ fn pg_leftovers(server: &pg_server::Server, kind: Kind) -> Vec<String> {
             match kind {
                 Kind::Shared => match locker.acquire_timeout(name, PG_WAIT_OUT).await {
                     Ok(_guard) => {}
-                    Err(Error::Timeout { .. }) => {
-                        left.push(format!("{name} still held {PG_WAIT_OUT:?} after it was first asked for"))
-                    }
+                    Err(Error::Timeout { .. }) => left.push(format!(
+                        "{name} still held {PG_WAIT_OUT:?} after it was first asked for"
+                    )),
                     Err(e) => panic!("acquire {name}: {e}"),
                 },
                 Kind::Semaphore => {
