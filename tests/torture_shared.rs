@@ -1,8 +1,11 @@
 //! Torture for shared locks and semaphores: child processes × tasks
 //! contend on two names while a chaos loop SIGKILLs children (and starts
 //! replacements) and SIGSTOPs them for longer than the lease, as
-//! `tests/torture.rs` does for exclusive locks. Every invariant is checked
-//! afterwards from one shared log:
+//! `tests/torture.rs` does for exclusive locks. One test per kind ×
+//! backend: both file strategies, and (feature `postgres`) PostgreSQL, on
+//! a throwaway server the test starts (`tests/support/pg_server.rs`),
+//! where the chaos also ends random client sessions (see *PostgreSQL*
+//! below). Every invariant is checked afterwards from one shared log:
 //!
 //! - shared locks (a mix of readers and writers): a writer's section
 //!   overlaps no other section; readers overlap only readers;
@@ -24,8 +27,35 @@
 //!
 //! Scale: `LEASEHOLD_TORTURE_PROCS` (default 3), `LEASEHOLD_TORTURE_TASKS`
 //! (tasks per process, default 4), `LEASEHOLD_TORTURE_SECS` (default 20):
-//! each of the four tests (kind × strategy) runs chaos for a third of it,
-//! so CI's 45 s makes the file take well under a minute.
+//! each test (kind × backend) runs chaos for a third of it, so CI's 45 s
+//! makes the four file tests take well under a minute. The PostgreSQL
+//! pair, as CI runs it:
+//!
+//! ```sh
+//! LEASEHOLD_TORTURE_SECS=30 cargo test --features postgres --test torture_shared postgres -- --nocapture
+//! ```
+//!
+//! # PostgreSQL
+//!
+//! As in `tests/torture.rs`: the server keeps a session's advisory locks
+//! for as long as the session lives, and a SIGSTOPped process's
+//! connection stays open, so a paused holder keeps its lock through the
+//! pause (its waiters wait), finds on waking that its lease ran out
+//! (`LeaseExpired`), and lets go; a killed one's session ends with it.
+//! The chaos also ends random client sessions on the server
+//! (`pg_terminate_backend`, as a DBA, a crashed backend or a restart
+//! would): a holder whose session ended may still run until its lease's
+//! cutoff, and its successor (reader, writer or permit) must wait that
+//! out. So the checker's rules are the same, with no new excuse: an
+//! overlap is excused only when the one acquired first stopped on
+//! `lost()` without committing; and the rule above that ends a killed
+//! section at its first stop does not apply (a stop does not end a hold
+//! on a server). Leftovers are advisory locks or client sessions still
+//! there [`PG_SESSIONS_END_WITHIN`] after the last child ended, names a
+//! fresh `Locker` lists as held, or a name (all [`PERMITS`] of its
+//! permits, for semaphores) a fresh `Locker` cannot take within
+//! [`PG_WAIT_OUT`] (a killed holder's row is waited out, a lease after
+//! it is found).
 //!
 //! # The log
 //!
@@ -39,7 +69,9 @@
 //!   held: taken *before* the final `is_lost()` check that precedes the
 //!   write, so a SIGSTOP between the check and the write cannot make a
 //!   correct library look wrong.
-//! - `L name id pid ns`: `lost()` fired (or `is_lost()` at the end).
+//! - `L name id pid ns reason`: `lost()` fired (or `is_lost()` at the
+//!   end). `reason` is the `LossReason` variant (`LeaseExpired`,
+//!   `SessionLost`, ...).
 //! - `B name id pid what`: the guard was not what was asked for.
 //! - `X pid error`: an acquisition failed; the task retries.
 //! - `Z pid acquisitions handoffs reclaimed_dead reclaimed_expired lost max_wait_us`:
@@ -58,13 +90,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use leasehold::{LockGuard, Locker, Strategy};
+use leasehold::{Error, LockGuard, Locker, Strategy};
 use nix::sys::signal::{Signal, kill};
 use nix::time::{ClockId, clock_gettime};
 use nix::unistd::Pid;
 
-/// Set (to `file` or `dir`) in a child's environment: the child's strategy.
+/// Set (to a [`Backend::label`]) in a child's environment: the child's backend.
 const ROLE_ENV: &str = "LEASEHOLD_TORTURE_SHARED_CHILD_STRATEGY";
+/// The server's URL, for a child on PostgreSQL.
+#[cfg(feature = "postgres")]
+const PG_URL_ENV: &str = "LEASEHOLD_TORTURE_SHARED_CHILD_PG_URL";
 /// `shared` or `semaphore`.
 const KIND_ENV: &str = "LEASEHOLD_TORTURE_SHARED_CHILD_KIND";
 const WORK_ENV: &str = "LEASEHOLD_TORTURE_SHARED_CHILD_WORKDIR";
@@ -76,6 +111,66 @@ const PERMITS: u32 = 3;
 const LEASE: Duration = Duration::from_millis(600);
 const RENEW: Duration = Duration::from_millis(150);
 
+/// How long after the last child ended the server may still show its
+/// sessions or their locks: a killed child's session ends when the server
+/// reads the end of its socket, at once on a local one.
+#[cfg(feature = "postgres")]
+const PG_SESSIONS_END_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long a fresh `Locker` may wait for a name after the children
+/// ended: a killed holder's row is waited out, a lease after a taker
+/// first finds its session gone (plus a poll; docs/guarantees.md, *No
+/// successor while a holder whose session ended may still run*).
+#[cfg(feature = "postgres")]
+const PG_WAIT_OUT: Duration = Duration::from_millis(LEASE.as_millis() as u64 + 2_000);
+
+#[cfg(feature = "postgres")]
+#[path = "support/pg_server.rs"]
+mod pg_server;
+
+/// The backend under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    ExclusiveFile,
+    Directory,
+    #[cfg(feature = "postgres")]
+    Postgres,
+}
+
+impl Backend {
+    const ALL: &[Backend] = &[
+        Backend::ExclusiveFile,
+        Backend::Directory,
+        #[cfg(feature = "postgres")]
+        Backend::Postgres,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Backend::ExclusiveFile => "file",
+            Backend::Directory => "dir",
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => "postgres",
+        }
+    }
+
+    fn strategy(self) -> Option<Strategy> {
+        match self {
+            Backend::ExclusiveFile => Some(Strategy::ExclusiveFile),
+            Backend::Directory => Some(Strategy::Directory),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => None,
+        }
+    }
+
+    /// Whether a holder paused past its lease may be overtaken while it is
+    /// paused: on files, yes (its lease is time); on a server, no (see
+    /// *PostgreSQL* above).
+    fn leases_run_out_under_paused_holders(self) -> bool {
+        self.strategy().is_some()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Shared,
@@ -84,14 +179,13 @@ enum Kind {
 
 #[test]
 fn child_process_entry() {
-    let Ok(strategy) = std::env::var(ROLE_ENV) else {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
         return;
     };
-    let strategy = if strategy == "dir" {
-        Strategy::Directory
-    } else {
-        Strategy::ExclusiveFile
-    };
+    let backend = *Backend::ALL
+        .iter()
+        .find(|b| b.label() == role)
+        .unwrap_or_else(|| panic!("unknown backend {role:?}"));
     let kind = match std::env::var(KIND_ENV).expect("kind").as_str() {
         "shared" => Kind::Shared,
         _ => Kind::Semaphore,
@@ -112,7 +206,7 @@ fn child_process_entry() {
         .enable_all()
         .build()
         .expect("runtime");
-    let code = rt.block_on(child_main(strategy, kind, work, tasks));
+    let code = rt.block_on(child_main(backend, kind, work, tasks));
     std::process::exit(code);
 }
 
@@ -156,20 +250,21 @@ impl Log {
     }
 }
 
-async fn child_main(strategy: Strategy, kind: Kind, work: PathBuf, tasks: usize) -> i32 {
+async fn child_main(backend: Backend, kind: Kind, work: PathBuf, tasks: usize) -> i32 {
     let pid = std::process::id();
     // Two lockers per process: the shared guards of one Locker share one
     // hold, those of two do not, and both ways must exclude writers.
     let lockers: Vec<Locker> = (0..2)
         .map(|_| {
-            Locker::builder()
-                .directory(work.join("locks"))
-                .strategy(strategy)
-                .fencing(true)
-                .lease(LEASE)
-                .renew_interval(RENEW)
-                .build()
-                .expect("locker")
+            let builder = Locker::builder().fencing(true).lease(LEASE).renew_interval(RENEW);
+            let builder = match backend.strategy() {
+                Some(strategy) => builder.directory(work.join("locks")).strategy(strategy),
+                #[cfg(feature = "postgres")]
+                None => builder.postgres(std::env::var(PG_URL_ENV).expect("server url")),
+                #[cfg(not(feature = "postgres"))]
+                None => unreachable!("every backend but PostgreSQL has a strategy"),
+            };
+            builder.build().expect("locker")
         })
         .collect();
     let log = Arc::new(Log::open(&work.join("log")));
@@ -285,7 +380,15 @@ async fn task(
         };
         match outcome {
             Ok(ns) => log.line(format!("E {name} {id} {pid} {ns}")),
-            Err(ns) => log.line(format!("L {name} {id} {pid} {ns}")),
+            Err(ns) => {
+                // No I/O: a lost guard's `ensure_held` reports the loss.
+                let reason = match guard.ensure_held().await {
+                    Err(Error::Lost { reason, .. }) => format!("{reason:?}"),
+                    other => format!("Unknown({other:?})"),
+                };
+                let reason: String = reason.chars().take_while(char::is_ascii_alphanumeric).collect();
+                log.line(format!("L {name} {id} {pid} {ns} {reason}"));
+            }
         }
         drop(guard);
         tokio::time::sleep(Duration::from_millis(rng.below(4))).await;
@@ -333,7 +436,10 @@ struct Pause {
 
 /// The children; any still running are killed (by pid) and reaped on drop.
 struct Fleet {
-    strategy: &'static str,
+    backend: Backend,
+    /// The server's URL, on PostgreSQL.
+    #[cfg(feature = "postgres")]
+    pg_url: Option<String>,
     kind: &'static str,
     work: PathBuf,
     tasks: u64,
@@ -343,8 +449,13 @@ struct Fleet {
 
 impl Fleet {
     fn spawn(&mut self) {
-        let child = reexec::child_process()
-            .env(ROLE_ENV, self.strategy)
+        let mut child = reexec::child_process();
+        #[cfg(feature = "postgres")]
+        if let Some(url) = &self.pg_url {
+            child.env(PG_URL_ENV, url);
+        }
+        let child = child
+            .env(ROLE_ENV, self.backend.label())
             .env(KIND_ENV, self.kind)
             .env(WORK_ENV, &self.work)
             .env(CHILD_TASKS_ENV, self.tasks.to_string())
@@ -415,10 +526,10 @@ fn acquired_before(x: &Section, y: &Section) -> bool {
     }
 }
 
-fn torture(kind: Kind, strategy: Strategy) {
+fn torture(kind: Kind, backend: Backend) {
     let procs = env_or("LEASEHOLD_TORTURE_PROCS", 3).max(1);
     let tasks = env_or("LEASEHOLD_TORTURE_TASKS", 4).max(1);
-    // A third per kind × strategy: four of these run, two at a time.
+    // A third per kind × backend: these run two at a time.
     let secs = (env_or("LEASEHOLD_TORTURE_SECS", 20) / 3).max(2);
     let label = format!(
         "{}/{}",
@@ -427,23 +538,32 @@ fn torture(kind: Kind, strategy: Strategy) {
         } else {
             "semaphore"
         },
-        if strategy == Strategy::Directory {
-            "dir"
-        } else {
-            "file"
-        }
+        backend.label()
     );
     let began = Instant::now();
+    #[cfg(feature = "postgres")]
+    let server = (backend == Backend::Postgres).then(pg_server::Server::start);
+    #[cfg(feature = "postgres")]
+    let pg_url = server.as_ref().map(|server| {
+        // The first use creates the tables, and first uses at once race
+        // (tests/postgres.rs `lockers_connecting_at_once_to_a_fresh_database_all_build`):
+        // create them before the children all connect.
+        drop(
+            Locker::builder()
+                .postgres(server.url())
+                .build()
+                .expect("create the tables"),
+        );
+        server.url()
+    });
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path().to_owned();
     let locks = work.join("locks");
     std::fs::DirBuilder::new().mode(0o700).create(&locks).unwrap();
     let mut fleet = Fleet {
-        strategy: if strategy == Strategy::Directory {
-            "dir"
-        } else {
-            "file"
-        },
+        backend,
+        #[cfg(feature = "postgres")]
+        pg_url,
         kind: if kind == Kind::Shared {
             "shared"
         } else {
@@ -464,6 +584,8 @@ fn torture(kind: Kind, strategy: Strategy) {
     // index into `pauses` of each currently stopped pid, and when to resume it
     let mut stopped: HashMap<u32, (usize, Instant)> = HashMap::new();
     let mut kills: HashMap<u32, u64> = HashMap::new();
+    #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+    let mut terminations = 0;
     let mut early_exits: Vec<(u32, ExitStatus)> = Vec::new();
     let chaos_end = Instant::now() + Duration::from_secs(secs);
     let mut next_action = Instant::now() + Duration::from_millis(300 + rng.below(400));
@@ -493,6 +615,14 @@ fn torture(kind: Kind, strategy: Strategy) {
                     pauses[p].until = mono_ns();
                 }
                 fleet.spawn();
+            } else if roll >= 8 && backend.strategy().is_none() {
+                // End a random client session on the server (a holder's,
+                // a waiter's or a listener's), as a DBA's
+                // `pg_terminate_backend` or a crashed backend would.
+                #[cfg(feature = "postgres")]
+                if let Some(url) = fleet.pg_url.as_deref() {
+                    terminations += terminate_a_session(url, &mut rng);
+                }
             } else if roll < 8 {
                 // SIGSTOP a running child for longer than the lease.
                 let running: Vec<u32> = fleet
@@ -570,55 +700,20 @@ fn torture(kind: Kind, strategy: Strategy) {
         "[{label}] children exited before being told to: {early_exits:?}"
     );
 
-    // Leftovers: reclaim what killed children left, then nothing but the
-    // fencing counters may remain.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let cleaner = Locker::builder()
-        .directory(&locks)
-        .strategy(strategy)
-        .unreadable_grace(Duration::from_millis(1))
-        .build()
-        .unwrap();
-    let cleaned = rt
-        .block_on(async { tokio::time::timeout(Duration::from_secs(30), cleaner.clean(false)).await })
-        .expect("clean() did not hang")
-        .expect("clean()");
-    let mut left: Vec<String> = std::fs::read_dir(&locks)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.ends_with(".fence"))
-        .collect();
-    left.sort();
-    // What is inside what was left, for the report.
-    let left_detail: Vec<String> = left
-        .iter()
-        .map(|n| {
-            let p = locks.join(n);
-            match std::fs::read_dir(&p) {
-                Ok(rd) => {
-                    let mut inner: Vec<String> = rd
-                        .map(|e| {
-                            let e = e.unwrap();
-                            let body = std::fs::read_to_string(e.path()).unwrap_or_default();
-                            format!("{} {:?}", e.file_name().to_string_lossy(), body.trim_end())
-                        })
-                        .collect();
-                    inner.sort();
-                    format!("{n}/ {inner:?}")
-                }
-                Err(_) => format!("{n}: {:?}", std::fs::read_to_string(&p).unwrap_or_default()),
-            }
-        })
-        .collect();
+    let (cleaned, left) = match backend.strategy() {
+        Some(strategy) => file_leftovers(&locks, strategy),
+        #[cfg(feature = "postgres")]
+        None => (0, pg_leftovers(server.as_ref().expect("the server"), kind)),
+        #[cfg(not(feature = "postgres"))]
+        None => unreachable!("every backend but PostgreSQL has a strategy"),
+    };
 
     // The log.
     let text = std::fs::read_to_string(work.join("log")).unwrap();
     // id -> (name, role, token, pid, start)
     let mut starts: BTreeMap<String, (String, char, u64, u32, u64)> = BTreeMap::new();
     let mut ends: HashMap<String, (End, u64)> = HashMap::new();
+    let mut lost_reasons: BTreeMap<String, u64> = BTreeMap::new();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut summaries = Vec::new();
     let mut problems: Vec<String> = Vec::new();
@@ -639,6 +734,10 @@ fn torture(kind: Kind, strategy: Strategy) {
             }
             "E" | "L" => {
                 let how = if f[0] == "E" { End::Committed } else { End::Lost };
+                if how == End::Lost {
+                    let reason = f.get(5).copied().unwrap_or("");
+                    *lost_reasons.entry(reason.to_owned()).or_default() += 1;
+                }
                 if ends.insert(f[2].to_owned(), (how, num(4))).is_some() {
                     problems.push(format!("section id {} ended twice", f[2]));
                 }
@@ -674,7 +773,13 @@ fn torture(kind: Kind, strategy: Strategy) {
     // the lease (every stop is), acted as holder only until that stop:
     // once continued, its lease had run out, so its next look
     // (`is_lost()`) would have said `L` had it not been killed first.
+    // Not on a server: there a paused holder keeps its lock through the
+    // stop (see *PostgreSQL* above), so nobody may enter before the kill
+    // (or the stop it was killed in) ended its session.
     let first_stop_after = |pid: u32, start: u64| -> Option<u64> {
+        if !backend.leases_run_out_under_paused_holders() {
+            return None;
+        }
         pauses
             .iter()
             .filter(|p| p.pid == pid && p.after >= start)
@@ -715,10 +820,20 @@ fn torture(kind: Kind, strategy: Strategy) {
     }
 
     let mut overlaps_excused = 0u64;
+    let mut overlaps_found = 0u64;
+    let mut out_of_order = 0u64;
     let mut reader_overlaps = 0u64;
     let mut max_readers = 0usize;
     let mut max_permits = 0usize;
     let mut killed_in_section = 0u64;
+    // A holder's stops, to tell a robbed live holder from a frozen one.
+    let stops_of = |pid: u32| -> Vec<(u64, u64)> {
+        pauses
+            .iter()
+            .filter(|p| p.pid == pid)
+            .map(|p| (p.after, p.until))
+            .collect()
+    };
     for name in NAMES {
         let mut sections = by_name.remove(name).unwrap_or_default();
         sections.sort_by_key(|s| (s.start, s.token));
@@ -737,6 +852,7 @@ fn torture(kind: Kind, strategy: Strategy) {
             for later in [max_writer, max_other].into_iter().flatten() {
                 let ordered = ordered_kind && !(s.role == 'R' && later.role == 'R');
                 if ordered && s.how != End::Lost && acquired_before(s, later) {
+                    out_of_order += 1;
                     problems.push(format!(
                         "{name}: {s} entered after {later}, which was acquired after it"
                     ));
@@ -753,7 +869,12 @@ fn torture(kind: Kind, strategy: Strategy) {
                         if older.how == End::Lost {
                             overlaps_excused += 1;
                         } else {
-                            problems.push(format!("{name}: sections overlap: {a} and {s}"));
+                            overlaps_found += 1;
+                            problems.push(format!(
+                                "{name}: sections overlap: {a} and {s} (stops of pid {}: {:?})",
+                                older.pid,
+                                stops_of(older.pid)
+                            ));
                         }
                     }
                     if s.role == 'R' {
@@ -777,7 +898,11 @@ fn torture(kind: Kind, strategy: Strategy) {
                     }
                     max_permits = max_permits.max(counted.len());
                     if counted.len() > PERMITS as usize {
-                        let list: Vec<String> = set.iter().map(|x| x.to_string()).collect();
+                        overlaps_found += 1;
+                        let list: Vec<String> = set
+                            .iter()
+                            .map(|x| format!("{x} (stops: {:?})", stops_of(x.pid)))
+                            .collect();
                         problems.push(format!(
                             "{name}: {} holders of {PERMITS} permits at once:\n    {}",
                             counted.len(),
@@ -806,14 +931,30 @@ fn torture(kind: Kind, strategy: Strategy) {
     };
     let sum = |i: usize| summaries.iter().map(|z| z[i]).sum::<u64>();
     let max_wait_ms = summaries.iter().map(|z| z[5]).max().unwrap_or(0) as f64 / 1000.0;
+    if !left.is_empty() {
+        problems.push(format!("left behind: {left:?}"));
+    }
+    if count("E ") == 0 {
+        problems.push("no section ever completed".into());
+    }
+    match kind {
+        Kind::Shared if reader_overlaps == 0 => {
+            problems.push("readers never overlapped: the test proved nothing".into())
+        }
+        Kind::Semaphore if max_permits < 2 => {
+            problems.push("permit holders never overlapped: the test proved nothing".into())
+        }
+        _ => {}
+    }
     eprintln!(
         "torture_shared [{label}]: {procs} procs x {tasks} tasks, {secs} s of chaos, {:.1} s in all\n  \
-         acquisitions {} (readers {}, writers {}, permits {}; completed {}, lost {}, cut by kill {killed_in_section})\n  \
-         kills {} stops {} acquire errors {errors:?}\n  \
+         holds {} (readers {}, writers {}, permits {}; completed {}, lost {} {lost_reasons:?}, cut by kill {killed_in_section})\n  \
+         kills {} pauses {} sessions ended {terminations} acquire errors {errors:?}\n  \
          reader/reader overlaps {reader_overlaps} (most readers at once {max_readers}), \
          most permits at once {max_permits}, overlaps excused by a loss {overlaps_excused}\n  \
          survivors' stats: acquisitions {} handoffs {} reclaimed dead {} reclaimed expired {} lost {}; max wait {max_wait_ms:.1} ms\n  \
-         stopped in {:.2} s; clean() reclaimed {}",
+         stopped in {:.2} s; reclaimed at the end {cleaned}, left behind {}\n  \
+         overlaps found: {overlaps_found}, entries out of order: {out_of_order}, violations: {}",
         began.elapsed().as_secs_f64(),
         count("S "),
         roles("R"),
@@ -829,49 +970,217 @@ fn torture(kind: Kind, strategy: Strategy) {
         sum(3),
         sum(4),
         stop_time.as_secs_f64(),
-        cleaned.len(),
+        left.len(),
+        problems.len(),
     );
-    if !left.is_empty() {
-        problems.push(format!(
-            "left in the lock directory after clean(): {left_detail:?}"
+    if !problems.is_empty() {
+        // Keep the log for the analysis; the work directory goes with the test.
+        let kept = std::env::temp_dir().join(format!(
+            "leasehold-torture_shared-{}-{}.log",
+            label.replace('/', "-"),
+            std::process::id()
+        ));
+        let kept = match std::fs::copy(work.join("log"), &kept) {
+            Ok(_) => format!("the log is kept in {}", kept.display()),
+            Err(e) => format!("the log could not be kept in {}: {e}", kept.display()),
+        };
+        panic!(
+            "[{label}] {} violations ({kept}):\n{}",
+            problems.len(),
+            problems.join("\n")
+        );
+    }
+}
+
+/// Reclaims what killed children left, then nothing but the fencing
+/// counters may remain: the number reclaimed, and what is left (with what
+/// is inside it, for the report).
+fn file_leftovers(locks: &Path, strategy: Strategy) -> (usize, Vec<String>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cleaner = Locker::builder()
+        .directory(locks)
+        .strategy(strategy)
+        .unreadable_grace(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let cleaned = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(30), cleaner.clean(false)).await })
+        .expect("clean() did not hang")
+        .expect("clean()");
+    let mut left: Vec<String> = std::fs::read_dir(locks)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".fence"))
+        .collect();
+    left.sort();
+    // What is inside what was left, for the report.
+    let left_detail: Vec<String> = left
+        .iter()
+        .map(|n| {
+            let p = locks.join(n);
+            match std::fs::read_dir(&p) {
+                Ok(rd) => {
+                    let mut inner: Vec<String> = rd
+                        .map(|e| {
+                            let e = e.unwrap();
+                            let body = std::fs::read_to_string(e.path()).unwrap_or_default();
+                            format!("{} {:?}", e.file_name().to_string_lossy(), body.trim_end())
+                        })
+                        .collect();
+                    inner.sort();
+                    format!("{n}/ {inner:?}")
+                }
+                Err(_) => format!("{n}: {:?}", std::fs::read_to_string(&p).unwrap_or_default()),
+            }
+        })
+        .collect();
+    (cleaned.len(), left_detail)
+}
+
+/// What the children left on the server: advisory locks or sessions still
+/// there [`PG_SESSIONS_END_WITHIN`] after the last one ended (on the
+/// test's own server: a server named by `LEASEHOLD_PG_URL` may have other
+/// clients), and names a fresh `Locker` finds held: listed, or not all
+/// [`PERMITS`] permits (semaphores) or not the exclusive lock (shared
+/// locks) to be had. (The owner table keeps a row per name, the fencing
+/// counter, as the directory keeps `.fence` files.)
+#[cfg(feature = "postgres")]
+fn pg_leftovers(server: &pg_server::Server, kind: Kind) -> Vec<String> {
+    let since = Instant::now();
+    let (locks, sessions) = loop {
+        if server.external.is_some() {
+            break (0, 0);
+        }
+        let (locks, sessions): (i64, i64) = server.sql(|c| {
+            let row = c
+                .query_one(
+                    "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'),
+                            (SELECT count(*) FROM pg_stat_activity
+                              WHERE backend_type = 'client backend' AND pid <> pg_backend_pid())",
+                    &[],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        });
+        if (locks == 0 && sessions == 0) || since.elapsed() >= PG_SESSIONS_END_WITHIN {
+            break (locks, sessions);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut left = Vec::new();
+    if locks > 0 {
+        left.push(format!(
+            "{locks} advisory locks held {PG_SESSIONS_END_WITHIN:?} after the last child ended"
         ));
     }
-    if count("E ") == 0 {
-        problems.push("no section ever completed".into());
+    if sessions > 0 {
+        left.push(format!(
+            "{sessions} client sessions open {PG_SESSIONS_END_WITHIN:?} after the last child ended"
+        ));
     }
-    match kind {
-        Kind::Shared if reader_overlaps == 0 => {
-            problems.push("readers never overlapped: the test proved nothing".into())
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let locker = Locker::builder().postgres(server.url()).build().unwrap();
+    rt.block_on(async {
+        for info in locker.list().await.expect("list()") {
+            left.push(format!("{} listed as held", info.name()));
         }
-        Kind::Semaphore if max_permits < 2 => {
-            problems.push("permit holders never overlapped: the test proved nothing".into())
+        for name in NAMES {
+            match kind {
+                Kind::Shared => match locker.acquire_timeout(name, PG_WAIT_OUT).await {
+                    Ok(_guard) => {}
+                    Err(Error::Timeout { .. }) => left.push(format!(
+                        "{name} still held {PG_WAIT_OUT:?} after it was first asked for"
+                    )),
+                    Err(e) => panic!("acquire {name}: {e}"),
+                },
+                Kind::Semaphore => {
+                    // All the permits at once: each may have to wait out a
+                    // holder that was killed (its session ended).
+                    let semaphore = locker.semaphore(name, PERMITS).expect("semaphore");
+                    let takers: Vec<_> = (0..PERMITS)
+                        .map(|_| {
+                            let semaphore = semaphore.clone();
+                            tokio::spawn(async move { semaphore.acquire_timeout(PG_WAIT_OUT).await })
+                        })
+                        .collect();
+                    let mut guards = Vec::new();
+                    for taker in takers {
+                        match taker.await.expect("taker") {
+                            Ok(guard) => guards.push(guard),
+                            Err(Error::Timeout { .. }) => {}
+                            Err(e) => panic!("acquire a permit of {name}: {e}"),
+                        }
+                    }
+                    if guards.len() < PERMITS as usize {
+                        left.push(format!(
+                            "{name}: only {} of {PERMITS} permits to be had within {PG_WAIT_OUT:?}",
+                            guards.len()
+                        ));
+                    }
+                }
+            }
         }
-        _ => {}
+    });
+    left
+}
+
+/// Ends one client session of the test's server, picked at random: 1 if
+/// one was ended.
+#[cfg(feature = "postgres")]
+fn terminate_a_session(url: &str, rng: &mut Rng) -> usize {
+    let Ok(mut client) = postgres::Client::connect(url, postgres::NoTls) else {
+        return 0;
+    };
+    let pids: Vec<i32> = client
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+        .unwrap_or_default();
+    if pids.is_empty() {
+        return 0;
     }
-    assert!(
-        problems.is_empty(),
-        "[{label}] {} violations:\n{}",
-        problems.len(),
-        problems.join("\n")
-    );
+    let pid = pids[rng.below(pids.len() as u64) as usize];
+    client
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .map_or(0, |row| usize::from(row.get::<_, bool>(0)))
 }
 
 #[test]
 fn torture_shared_exclusive_file() {
-    torture(Kind::Shared, Strategy::ExclusiveFile);
+    torture(Kind::Shared, Backend::ExclusiveFile);
 }
 
 #[test]
 fn torture_shared_directory() {
-    torture(Kind::Shared, Strategy::Directory);
+    torture(Kind::Shared, Backend::Directory);
 }
 
 #[test]
 fn torture_semaphore_exclusive_file() {
-    torture(Kind::Semaphore, Strategy::ExclusiveFile);
+    torture(Kind::Semaphore, Backend::ExclusiveFile);
 }
 
 #[test]
 fn torture_semaphore_directory() {
-    torture(Kind::Semaphore, Strategy::Directory);
+    torture(Kind::Semaphore, Backend::Directory);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn torture_shared_postgres() {
+    torture(Kind::Shared, Backend::Postgres);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn torture_semaphore_postgres() {
+    torture(Kind::Semaphore, Backend::Postgres);
 }
