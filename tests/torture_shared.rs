@@ -621,7 +621,7 @@ fn torture(kind: Kind, backend: Backend) {
                 // `pg_terminate_backend` or a crashed backend would.
                 #[cfg(feature = "postgres")]
                 if let Some(url) = fleet.pg_url.as_deref() {
-                    terminations += terminate_a_session(url, &mut rng);
+                    terminations += pg_server::terminate_a_session(url, &mut |n| rng.below(n));
                 }
             } else if roll < 8 {
                 // SIGSTOP a running child for longer than the lease.
@@ -1128,29 +1128,6 @@ fn pg_leftovers(server: &pg_server::Server, kind: Kind) -> Vec<String> {
         }
     });
     left
-}
-
-/// Ends one client session of the test's server, picked at random: 1 if
-/// one was ended.
-#[cfg(feature = "postgres")]
-fn terminate_a_session(url: &str, rng: &mut Rng) -> usize {
-    let Ok(mut client) = postgres::Client::connect(url, postgres::NoTls) else {
-        return 0;
-    };
-    let pids: Vec<i32> = client
-        .query(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
-            &[],
-        )
-        .map(|rows| rows.iter().map(|r| r.get(0)).collect())
-        .unwrap_or_default();
-    if pids.is_empty() {
-        return 0;
-    }
-    let pid = pids[rng.below(pids.len() as u64) as usize];
-    client
-        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
-        .map_or(0, |row| usize::from(row.get::<_, bool>(0)))
 }
 
 #[test]

@@ -208,7 +208,7 @@ impl Session {
     }
 
     /// The connection is closed (or was dropped after a failure).
-    fn connection_gone(&self) -> bool {
+    pub(super) fn connection_gone(&self) -> bool {
         self.client.as_ref().is_none_or(postgres::Client::is_closed)
     }
 }

@@ -206,3 +206,39 @@ impl Drop for Server {
         self.stop();
     }
 }
+
+/// Ends one client session of the server at `url` (as a DBA's
+/// `pg_terminate_backend`, a crashed backend or a restart would), most
+/// often one that holds an advisory lock, so that holders lose their
+/// sessions mid-section; `pick(n)` chooses one of `n` (below `n`), and is
+/// also asked (`pick(4)`) whether to take any client session instead.
+/// Returns 1 if a session was ended.
+pub fn terminate_a_session(url: &str, pick: &mut dyn FnMut(u64) -> u64) -> usize {
+    let Ok(mut client) = postgres::Client::connect(url, postgres::NoTls) else {
+        return 0;
+    };
+    let holders = "SELECT DISTINCT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()";
+    let any =
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()";
+    let pids = |client: &mut postgres::Client, query: &str| -> Vec<i32> {
+        client
+            .query(query, &[])
+            .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+            .unwrap_or_default()
+    };
+    let mut found = if pick(4) == 0 {
+        Vec::new()
+    } else {
+        pids(&mut client, holders)
+    };
+    if found.is_empty() {
+        found = pids(&mut client, any);
+    }
+    if found.is_empty() {
+        return 0;
+    }
+    let pid = found[pick(found.len() as u64) as usize];
+    client
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .map_or(0, |row| usize::from(row.get::<_, bool>(0)))
+}

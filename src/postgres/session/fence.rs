@@ -126,7 +126,12 @@ impl Session {
             let params: [&(dyn ToSql + Sync); 2] = [&name, &key];
             let row = client.query_one(RESERVE, &params)?;
             Ok(block(row.get(0), row.get(1)))
-        })?;
+        });
+        let reserved = match reserved {
+            // The server ended the session meanwhile: the lock went with it.
+            Err(_) if self.connection_gone() => return Ok(None),
+            reserved => reserved?,
+        };
         match reserved {
             Some(tokens) => Ok(Some(tokens)),
             None => Err(Error::Backend {
