@@ -74,7 +74,7 @@ impl<'a> Acquire<'a> {
         let span = (!span.is_none()).then(|| Box::new(span));
         let stage = match engine.names.get(name) {
             Ok(name) => Stage::Start { name, timeout },
-            Err(e) => Stage::Invalid(Box::new(e)),
+            Err(e) => Stage::Invalid(Box::new(e.into())),
         };
         Self {
             engine,

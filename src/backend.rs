@@ -22,8 +22,26 @@ pub(crate) use crate::mode::Mode;
 use crate::name::LockName;
 use crate::owner::Owner;
 use crate::record::OwnRecord;
-use crate::renew::Renewable;
 use crate::stale::StaleReason;
+
+/// What the renewal thread renews (a lease; an exclusive waiter's
+/// announcement), as far as the thread knows. Part of the contract: a
+/// backend's announcements are renewed this way, so the type lives here and
+/// the renewal thread (`renew.rs`) serves it.
+pub(crate) trait Renewable: Send + Sync {
+    /// Renews once (or finds the lease lost or released) and says when to
+    /// come back.
+    fn renew_once(&self) -> Step;
+}
+
+/// What the renewal thread should do next with a lease.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Renew again after this long.
+    Again(Duration),
+    /// The lock is released or lost: stop.
+    Stop,
+}
 
 /// The result of one attempt to take a lock. `K` is what the caller's
 /// `arm` made of the lock: the lock with its renewal running.

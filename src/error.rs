@@ -4,7 +4,9 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::field::InvalidFields;
 use crate::mode::Mode;
+use crate::name::InvalidName;
 use crate::owner::Owner;
 
 /// A specialized [`Result`](std::result::Result) for leasehold operations.
@@ -246,6 +248,18 @@ pub enum Error {
         /// What is not supported.
         what: &'static str,
     },
+}
+
+impl From<InvalidName> for Error {
+    fn from(InvalidName { name, reason }: InvalidName) -> Self {
+        Error::InvalidName { name, reason }
+    }
+}
+
+impl From<InvalidFields> for Error {
+    fn from(InvalidFields { reason }: InvalidFields) -> Self {
+        Error::InvalidConfig { reason }
+    }
 }
 
 impl Error {

@@ -5,7 +5,14 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::error::{Error, Result};
+/// Owner fields refused (too many bytes, a reserved key...); it becomes
+/// [`Error::InvalidConfig`](crate::Error::InvalidConfig) (see `error.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InvalidFields {
+    pub(crate) reason: String,
+}
+
+type Result<T> = std::result::Result<T, InvalidFields>;
 
 /// The most bytes the extra fields of one `Locker` may take in a record,
 /// as JSON. Records stay far below what readers accept (64 KiB), and a
@@ -273,7 +280,7 @@ impl OwnerFields {
     /// Checks the fields a builder was given (a later value for a key
     /// replaces an earlier one); `None` for none.
     pub(crate) fn new(given: &[(String, FieldValue)]) -> Result<Option<Arc<Self>>> {
-        let invalid = |reason: String| Err(Error::InvalidConfig { reason });
+        let invalid = |reason: String| Err(InvalidFields { reason });
         let mut list: Vec<(String, FieldValue)> = Vec::new();
         for (key, value) in given {
             match list.iter_mut().find(|(k, _)| k == key) {

@@ -31,10 +31,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::Renewable;
 use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters, Wake};
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::renew::Renewable;
 use crate::stale::{self, Verdict};
 use crate::stats::Counters;
 

@@ -21,7 +21,15 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+/// A name refused by the rules of its path style; it becomes
+/// [`Error::InvalidName`](crate::Error::InvalidName) (see `error.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InvalidName {
+    pub(crate) name: String,
+    pub(crate) reason: &'static str,
+}
+
+type Result<T> = std::result::Result<T, InvalidName>;
 
 /// The longest lock name, in bytes of UTF-8, that any call accepts.
 ///
@@ -270,8 +278,8 @@ fn check_plain(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn invalid(name: &str, reason: &'static str) -> Error {
-    Error::InvalidName {
+fn invalid(name: &str, reason: &'static str) -> InvalidName {
+    InvalidName {
         name: name.to_owned(),
         reason,
     }
@@ -358,11 +366,8 @@ mod tests {
     #[test]
     fn rejects_empty_and_nul() {
         for style in [PathStyle::Hashed, PathStyle::Plain] {
-            assert!(matches!(LockName::new("", style), Err(Error::InvalidName { .. })));
-            assert!(matches!(
-                LockName::new("a\0b", style),
-                Err(Error::InvalidName { .. })
-            ));
+            assert!(matches!(LockName::new("", style), Err(InvalidName { .. })));
+            assert!(matches!(LockName::new("a\0b", style), Err(InvalidName { .. })));
         }
     }
 
@@ -389,10 +394,7 @@ mod tests {
             long.as_str(),
         ] {
             assert!(
-                matches!(
-                    LockName::new(bad, PathStyle::Plain),
-                    Err(Error::InvalidName { .. })
-                ),
+                matches!(LockName::new(bad, PathStyle::Plain), Err(InvalidName { .. })),
                 "{bad:?} accepted"
             );
         }
@@ -419,10 +421,7 @@ mod tests {
             "a\nb",
         ] {
             assert!(
-                matches!(
-                    LockName::new(bad, PathStyle::Exact),
-                    Err(Error::InvalidName { .. })
-                ),
+                matches!(LockName::new(bad, PathStyle::Exact), Err(InvalidName { .. })),
                 "{bad:?} accepted"
             );
         }

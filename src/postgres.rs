@@ -122,11 +122,11 @@ use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 use sha2::{Digest, Sha256};
 
+use crate::backend::Renewable;
 use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
-use crate::renew::Renewable;
 pub(crate) use session::PgLock;
 use session::{ANSWER_PATIENCE, Answer, Command, Line, Session, no_answer, session_stopped};
 

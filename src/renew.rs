@@ -13,21 +13,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-/// What the renewal thread renews: a lease, as far as the thread knows.
-pub(crate) trait Renewable: Send + Sync {
-    /// Renews once (or finds the lease lost or released) and says when to
-    /// come back.
-    fn renew_once(&self) -> Step;
-}
-
-/// What the renewal thread should do next with a lease.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// Renew again after this long.
-    Again(Duration),
-    /// The lock is released or lost: stop.
-    Stop,
-}
+pub(crate) use crate::backend::{Renewable, Step};
 
 /// Hands leases to the renewal thread. Clones share the thread.
 #[derive(Debug, Default, Clone)]

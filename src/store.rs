@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::backend::Renewable;
 use crate::backend::{
     Arm, Attempt, Backend, BackendLock, Inspection, Kept, Mode, ReleaseNow, Renewal, Tokens,
 };
@@ -17,7 +18,6 @@ use crate::name::LockName;
 #[cfg(feature = "postgres")]
 use crate::postgres::{Pg, PgLock};
 use crate::record::OwnRecord;
-use crate::renew::Renewable;
 
 /// Where a `Locker`'s locks live. Cheap to clone, for the blocking pool.
 #[derive(Debug, Clone)]

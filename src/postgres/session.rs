@@ -177,12 +177,24 @@ impl Session {
         // restart, `pg_terminate_backend`, an idle timeout): the attempt
         // found out by failing, and took nothing, since the server drops
         // whatever a session held when it ends. Once more on a new one.
-        if tried.is_err() && self.connection_gone() && Instant::now() < until {
+        let ended = match &tried {
+            Err(error) => self.connection_gone() || session_ended(error),
+            Ok(_) => false,
+        };
+        if ended {
             tracing::debug!(
                 lock = name,
                 "the PostgreSQL session ended; trying again on a new one"
             );
-            tried = self.try_mode(name, keys, mode, owner, until);
+            // Whatever the client makes of it yet: this one is done.
+            self.drop_connection();
+            // Out of time: an attempt that took nothing, as if busy; the
+            // caller's next one connects anew.
+            tried = if Instant::now() < until {
+                self.try_mode(name, keys, mode, owner, until)
+            } else {
+                Ok(BUSY)
+            };
         }
         // Whatever the rule above missed: the attempt took nothing.
         tried.map_err(|error| match name_refused(&error) {
@@ -211,6 +223,19 @@ impl Session {
     pub(super) fn connection_gone(&self) -> bool {
         self.client.as_ref().is_none_or(postgres::Client::is_closed)
     }
+}
+
+/// The server ended the session (SQLSTATE `57P..`: `pg_terminate_backend`,
+/// a shutdown, a crash of another backend, an idle-session timeout; not
+/// `57014`, a cancelled statement), or the connection closed: `error` tells of the end of the
+/// session, not of the statement.
+fn session_ended(error: &Error) -> bool {
+    let Error::Backend { source, .. } = error else {
+        return false;
+    };
+    source
+        .downcast_ref::<postgres::Error>()
+        .is_some_and(|e| e.is_closed() || e.code().is_some_and(|code| code.code().starts_with("57P")))
 }
 
 fn refused(name: &str, reason: &'static str) -> Error {

@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::{JSON, WAITER, create_record, ensure_members, members_dir, open_members, remove_members_dir};
+use crate::backend::{Renewable, Step};
 use crate::error::{Error, Result};
 use crate::fs::context::Ctx;
 use crate::fs::file;
 use crate::fs::syscall;
 use crate::name::LockName;
 use crate::record::OwnRecord;
-use crate::renew::{Renewable, Step};
 use crate::sys;
 
 /// An exclusive acquisition waiting for shared holders (or permit

@@ -14,10 +14,10 @@ use super::connection::{Session, pg_error};
 use super::lock::{Command, Line};
 use super::release::Lock;
 use super::release::literal;
+use crate::backend::{Renewable, Step};
 use crate::error::Result;
 use crate::name::LockName;
 use crate::postgres::Keys;
-use crate::renew::{Renewable, Step};
 
 impl Line {
     /// Announces an exclusive waiter for `name`; `None` when the intent
