@@ -23,6 +23,7 @@ mod layout;
 mod leftover;
 mod line;
 mod lock;
+mod members;
 mod mutex;
 mod syscall;
 mod wake;
@@ -186,7 +187,7 @@ impl Fs {
                         // holder it names dies.
                         member.sign_with(&self.events.signers);
                         if self.watcher.ensure(&ctx.dir, &self.waiters()) {
-                            self.watcher.ensure_child(&group::members_dir(name.file_name()));
+                            self.watcher.ensure_child(&members::members_dir(name.file_name()));
                         }
                         Some(FsLock::Member(*member))
                     }
@@ -227,7 +228,7 @@ impl Fs {
                 Verdict::NotALock => return Err(found.not_a_lock(ctx, name)),
                 _ => {
                     leftover::sweep(ctx);
-                    let sharers = group::marker(&found.parsed).is_some();
+                    let sharers = members::marker(&found.parsed).is_some();
                     // A marker's lease says nothing: its holders' deaths
                     // are events in the members directory.
                     let recheck_at = match sharers {
@@ -326,8 +327,8 @@ impl Backend for Fs {
             _ => None,
         };
         let owner = found.owner();
-        let (mode, holders) = match group::marker(&found.parsed) {
-            Some(marked) => (group::mode_of(marked), group::holders(ctx, name)?),
+        let (mode, holders) = match members::marker(&found.parsed) {
+            Some(marked) => (members::mode_of(marked), members::holders(ctx, name)?),
             None => (Mode::Exclusive, vec![owner.clone()]),
         };
         Ok(Some(Inspection {
@@ -380,7 +381,7 @@ impl Backend for Fs {
             }
         }
         cleaned.extend(leftover::clean(ctx, dry_run, usize::MAX)?);
-        cleaned.extend(group::clean_orphans(ctx, dry_run)?);
+        cleaned.extend(members::clean_orphans(ctx, dry_run)?);
         Ok(cleaned)
     }
 
@@ -399,7 +400,7 @@ impl Backend for Fs {
                 || self.watcher.ensure_child(name.file_name())
                 || !self.ctx.path_taken(name));
         if watched {
-            self.watcher.ensure_child(&group::members_dir(name.file_name()));
+            self.watcher.ensure_child(&members::members_dir(name.file_name()));
         }
         watched
     }

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::context::Ctx;
 use super::layout::Strategy;
 use super::syscall::{self, Errno, Open, read_record};
-use super::{directory, file, group};
+use super::{directory, file, members};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::owner::Owner;
@@ -105,8 +105,8 @@ impl Found {
     /// of one holder's, decides nothing. A members directory that cannot
     /// be read leaves the marker held.
     pub(super) fn judge(&mut self, ctx: &Ctx, name: &LockName) -> Verdict {
-        if group::marker(&self.parsed).is_some() {
-            return group::judge_marker(ctx, name).unwrap_or(Verdict::Live);
+        if members::marker(&self.parsed).is_some() {
+            return members::judge_marker(ctx, name).unwrap_or(Verdict::Live);
         }
         let host = stale::System;
         let mut evidence = Evidence {
@@ -181,8 +181,8 @@ impl Found {
             return Ok(false);
         }
         let is_marker =
-            group::marker(&self.parsed).is_some() || group::marker(&record::parse(&now)).is_some();
-        if is_marker && group::tidy(ctx, name)? {
+            members::marker(&self.parsed).is_some() || members::marker(&record::parse(&now)).is_some();
+        if is_marker && members::tidy(ctx, name)? {
             return Ok(false);
         }
         failpoint!("reclaim.before_remove").context("reclaim lock", path)?;

@@ -1,0 +1,411 @@
+//! The members directory of a shared lock or semaphore,
+//! `<lock path>.members/`: its names, its records (members `m-<uuid>.json`,
+//! waiting exclusive acquisitions `w-<uuid>.json`), reading and judging
+//! them, and removing the dead (docs/format.md, *Shared locks and
+//! semaphores*). Joining, leaving and the marker are `group.rs`'s; judging
+//! a marker by its members is here, below both `group.rs` and `found.rs`.
+
+use super::context::Ctx;
+use super::file;
+use super::syscall::{self, Errno, Open, read_record};
+use crate::backend::{Inspection, Mode};
+use crate::error::{Error, IoResultExt, Result};
+use crate::name::LockName;
+use crate::owner::Owner;
+use crate::record::{self, OwnRecord, Parsed, Record};
+use crate::stale::{self, Evidence, StaleReason, Verdict};
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub(super) const MEMBER: &str = "m-";
+pub(super) const WAITER: &str = "w-";
+pub(super) const JSON: &str = ".json";
+/// A record being written, before it is renamed to its name.
+pub(super) const TMP: &str = ".tmp-";
+
+/// The members directory of `name`.
+pub(super) fn members_dir(file_name: &str) -> String {
+    format!("{file_name}.members")
+}
+
+/// Whether a record's kind is `mode`.
+pub(super) fn same_kind(record: &Record, mode: Mode) -> bool {
+    match mode {
+        Mode::Exclusive => record.mode.is_none(),
+        Mode::Shared => record.mode.as_deref() == Some("shared"),
+        Mode::Permit(n) => {
+            record.mode.as_deref() == Some("semaphore") && record.permits == Some(u64::from(n))
+        }
+    }
+}
+
+/// The kind a marker or member record says.
+pub(super) fn mode_of(record: &Record) -> Mode {
+    match (record.mode.as_deref(), record.permits) {
+        (Some("semaphore"), Some(n)) => Mode::Permit(u32::try_from(n).unwrap_or(u32::MAX)),
+        (Some(_), _) => Mode::Shared,
+        (None, _) => Mode::Exclusive,
+    }
+}
+
+/// The marker's record, if `parsed` is a shared lock's or a semaphore's
+/// marker (written by leasehold, with a `mode`).
+pub(super) fn marker(parsed: &Parsed) -> Option<&Record> {
+    match parsed {
+        Parsed::Record(r) if r.is_leasehold() && r.mode.is_some() => Some(r),
+        _ => None,
+    }
+}
+
+/// One record in a members directory, judged.
+pub(super) struct Entry {
+    pub(super) file_name: String,
+    pub(super) bytes: Vec<u8>,
+    pub(super) parsed: Parsed,
+    pub(super) live: bool,
+    pub(super) reason: Option<StaleReason>,
+    pub(super) mtime: SystemTime,
+}
+
+impl Entry {
+    pub(super) fn record(&self) -> Option<&Record> {
+        match &self.parsed {
+            Parsed::Record(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// When its lease ends, as far as its record says.
+    pub(super) fn lease_end(&self) -> SystemTime {
+        self.record()
+            .and_then(|r| r.lease_expires_at)
+            .unwrap_or(self.mtime)
+    }
+
+    /// When it was acquired, as far as its record says.
+    pub(super) fn acquired(&self) -> SystemTime {
+        self.record().and_then(|r| r.acquired_at).unwrap_or(self.mtime)
+    }
+
+    pub(super) fn is_member(&self) -> bool {
+        self.file_name.starts_with(MEMBER)
+    }
+}
+
+/// The records of a members directory: holders and waiters, judged.
+pub(super) struct Scan {
+    pub(super) members: Vec<Entry>,
+    pub(super) waiters: Vec<Entry>,
+    /// Private names of records being made (see `create_record`).
+    pub(super) unfinished: Vec<String>,
+}
+
+impl Scan {
+    pub(super) fn live_members(&self) -> impl Iterator<Item = &Entry> {
+        self.members.iter().filter(|e| e.live)
+    }
+
+    pub(super) fn live_waiters(&self) -> usize {
+        self.waiters.iter().filter(|e| e.live).count()
+    }
+}
+
+/// Opens the members directory of `name`; `None` if there is none.
+pub(super) fn open_members(ctx: &Ctx, name: &LockName) -> Result<Option<File>> {
+    let dir_name = members_dir(name.file_name());
+    match syscall::open_at(ctx.dir.fd(), dir_name.as_str(), Open::Dir) {
+        Ok(dir) => Ok(Some(dir)),
+        // Absent, or something that is not a directory (never followed).
+        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => Ok(None),
+        Err(e) => Err(e).context("open members directory", || ctx.path_of(&dir_name)),
+    }
+}
+
+/// Opens the members directory of `name`, creating it if needed (under the
+/// mutation lock).
+pub(super) fn ensure_members(ctx: &Ctx, name: &LockName) -> Result<File> {
+    let dir_name = members_dir(name.file_name());
+    match syscall::mkdir_at(ctx.dir.fd(), &dir_name) {
+        Ok(()) | Err(Errno::EEXIST) => {}
+        Err(e) => return Err(e).context("create members directory", || ctx.path_of(&dir_name)),
+    }
+    failpoint!("group.members.after_mkdir").context("open members directory", || ctx.path_of(&dir_name))?;
+    match syscall::open_at(ctx.dir.fd(), dir_name.as_str(), Open::Dir) {
+        Ok(dir) => Ok(dir),
+        Err(Errno::ENOTDIR | Errno::ELOOP) => Err(Error::UnexpectedFile {
+            name: name.as_str().to_owned(),
+            path: ctx.path_of(&dir_name),
+            found: "something other than a directory",
+        }),
+        Err(e) => Err(e).context("open members directory", || ctx.path_of(&dir_name)),
+    }
+}
+
+/// Creates the record `file_name` in the members directory `dir`, whole:
+/// written (and synced when `durable`) under a private name with our
+/// flock on it, then renamed, so nobody ever finds an empty or half-made
+/// record of a live holder. The caller holds the mutation lock (under
+/// which any private name still there belongs to a process that died
+/// making it: see `remove_dead`). Returns the record open, flocked.
+pub(super) fn create_record(
+    dir: &File,
+    file_name: &str,
+    record: &OwnRecord,
+    durable: bool,
+    path: &dyn Fn() -> PathBuf,
+) -> Result<(File, usize)> {
+    let tmp = format!("{TMP}{file_name}");
+    let file = syscall::open_at(dir, tmp.as_str(), Open::CreateNew).context("create member record", path)?;
+    // Brand new, and a private name nobody tests: the flock is free.
+    let made = failpoint!("group.record.after_open")
+        .and_then(|()| file.try_lock().map_err(std::io::Error::from))
+        .context("lock member record", path)
+        .and_then(|()| file::write(&file, 0, record, durable, path))
+        .and_then(|len| {
+            failpoint!("group.record.before_rename")
+                .and_then(|()| Ok(syscall::rename_at(dir, &tmp, file_name)?))
+                .context("create member record", path)
+                .map(|()| len)
+        });
+    match made {
+        Ok(len) => Ok((file, len)),
+        Err(error) => {
+            let _ = syscall::unlink_at(dir, tmp.as_str());
+            Err(error)
+        }
+    }
+}
+
+/// Reads and judges every record of the members directory `dir`. Entries
+/// of other shapes are ignored, never touched.
+pub(super) fn scan(ctx: &Ctx, dir: &File, path: &dyn Fn() -> PathBuf) -> Result<Scan> {
+    let mut found = Scan {
+        members: Vec::new(),
+        waiters: Vec::new(),
+        unfinished: Vec::new(),
+    };
+    let names = syscall::list_at(dir).context("list members directory", path)?;
+    for name in names {
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with(TMP) && name.ends_with(JSON) {
+            found.unfinished.push(name.to_owned());
+            continue;
+        }
+        let waiter = name.starts_with(WAITER);
+        if !(name.starts_with(MEMBER) || waiter) || !name.ends_with(JSON) {
+            continue;
+        }
+        let Some(entry) = judge_entry(ctx, dir, name)? else {
+            continue;
+        };
+        if waiter {
+            found.waiters.push(entry);
+        } else {
+            found.members.push(entry);
+        }
+    }
+    // Longest held first.
+    found.members.sort_by_key(Entry::acquired);
+    Ok(found)
+}
+
+/// Reads and judges one record; `None` if it vanished or is not a regular
+/// file.
+pub(super) fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<Entry>> {
+    let file = match syscall::open_at(dir, name, Open::Read) {
+        Ok(file) => file,
+        Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO | Errno::EISDIR) => return Ok(None),
+        Err(e) => return Err(e).context("open member record", || PathBuf::from(name)),
+    };
+    let meta = file
+        .metadata()
+        .context("inspect member record", || PathBuf::from(name))?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    let bytes = read_record(&file).context("read member record", || PathBuf::from(name))?;
+    let parsed = record::parse(&bytes);
+    let mtime = meta.modified().unwrap_or(UNIX_EPOCH);
+    let mut evidence = Evidence {
+        parsed: &parsed,
+        mtime,
+        flock_free: None,
+        known_for: ctx.known_for(meta.dev(), meta.ino()),
+    };
+    let host = stale::System;
+    let mut verdict = stale::judge(&evidence, ctx.rules(), &host);
+    if verdict == Verdict::NeedsFlockTest {
+        // A free flock means its holder is gone; ours is dropped with
+        // `file` right after.
+        evidence.flock_free = Some(file.try_lock().is_ok());
+        verdict = stale::judge(&evidence, ctx.rules(), &host);
+    }
+    let reason = match verdict {
+        Verdict::Stale(reason) => Some(reason),
+        // Only leasehold writes in a members directory, under names of its
+        // own: what no writer produces there is no holder, and removed.
+        Verdict::NotALock => Some(StaleReason::Unreadable),
+        _ => None,
+    };
+    Ok(Some(Entry {
+        file_name: name.to_owned(),
+        live: reason.is_none(),
+        bytes,
+        parsed,
+        reason,
+        mtime,
+    }))
+}
+
+/// Removes the records of `scan` that were judged stale, and records left
+/// unfinished. Under the name's mutation lock, so nobody is making one.
+///
+/// Holders renew their records without that lock, so each record is read
+/// again first and kept if it changed: a renewal that completed before
+/// this second look is seen (and the holder lives on), and one that
+/// completes after it came after the lease's end, which its holder
+/// reports as a loss of its own.
+pub(super) fn remove_dead(ctx: &Ctx, dir: &File, scan: &mut Scan) {
+    for name in scan.unfinished.drain(..) {
+        let _ = syscall::unlink_at(dir, name.as_str());
+    }
+    let renewed = |entry: &Entry| match syscall::open_at(dir, entry.file_name.as_str(), Open::Read) {
+        Ok(file) => read_record(&file).map_or(true, |now| now != entry.bytes),
+        // Gone already: nothing to remove.
+        Err(_) => false,
+    };
+    for entries in [&mut scan.members, &mut scan.waiters] {
+        entries.retain_mut(|entry| {
+            if entry.live {
+                return true;
+            }
+            if renewed(entry) {
+                entry.live = true;
+                entry.reason = None;
+                return true;
+            }
+            let unlinked = failpoint!("group.reclaim.before_unlink").map_err(|_| Errno::EIO);
+            match unlinked.and_then(|()| syscall::unlink_at(dir, entry.file_name.as_str())) {
+                Ok(()) | Err(Errno::ENOENT) => {
+                    if let Some(reason) = entry.reason
+                        && entry.is_member()
+                    {
+                        ctx.counters.reclaimed(reason);
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(entry = entry.file_name, %error, "could not remove a stale member")
+                }
+            }
+            false
+        });
+    }
+}
+
+/// Whether a holder of the shared lock (or semaphore) marked at `name` is
+/// alive, for judging the marker. Only reads.
+pub(super) fn judge_marker(ctx: &Ctx, name: &LockName) -> Result<Verdict> {
+    let Some(dir) = open_members(ctx, name)? else {
+        return Ok(Verdict::Stale(StaleReason::DeadOwner));
+    };
+    let path = || ctx.path_of(&members_dir(name.file_name()));
+    let scan = scan(ctx, &dir, &path)?;
+    if scan.live_members().next().is_some() {
+        return Ok(Verdict::Live);
+    }
+    let reason = scan.members.iter().find_map(|e| e.reason);
+    Ok(Verdict::Stale(reason.unwrap_or(StaleReason::DeadOwner)))
+}
+
+/// The live holders of the shared lock (or semaphore) `name`, oldest
+/// first. Only reads.
+pub(super) fn holders(ctx: &Ctx, name: &LockName) -> Result<Vec<Owner>> {
+    let Some(dir) = open_members(ctx, name)? else {
+        return Ok(Vec::new());
+    };
+    let path = || ctx.path_of(&members_dir(name.file_name()));
+    let scan = scan(ctx, &dir, &path)?;
+    Ok(scan
+        .live_members()
+        .map(|e| Owner::from_parsed(&e.parsed))
+        .collect())
+}
+
+/// Before a stale marker is removed (under the mutation lock): removes
+/// the dead members, and the members directory if nothing is left in it.
+/// `true` if a live member remains, and so the marker must stay.
+pub(super) fn tidy(ctx: &Ctx, name: &LockName) -> Result<bool> {
+    let Some(dir) = open_members(ctx, name)? else {
+        return Ok(false);
+    };
+    let dir_name = members_dir(name.file_name());
+    let path = || ctx.path_of(&dir_name);
+    let mut scan = scan(ctx, &dir, &path)?;
+    remove_dead(ctx, &dir, &mut scan);
+    if scan.live_members().next().is_some() {
+        return Ok(true);
+    }
+    if scan.waiters.is_empty() {
+        remove_members_dir(ctx, &dir_name);
+    }
+    Ok(false)
+}
+
+/// Members directories whose lock path is gone (a crash between two
+/// steps, an announcement whose waiter died): their dead records are
+/// removed, and the directory too once nothing live is left in it. Those
+/// cleaned (or, with `dry_run`, that would be) are returned.
+pub(super) fn clean_orphans(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
+    let suffix = members_dir("");
+    let mut cleaned = Vec::new();
+    for dir_name in ctx.entries(|name| name.ends_with(&suffix))? {
+        let lock = &dir_name[..dir_name.len() - suffix.len()];
+        if ctx.path_taken(&LockName::from_file_name(lock)) {
+            continue;
+        }
+        let inspection = || Inspection {
+            owner: Owner::from_parsed(&Parsed::Unreadable),
+            holders: Vec::new(),
+            mode: Mode::Shared,
+            stale: Some(StaleReason::Leftover),
+            path: Some(ctx.path_of(&dir_name)),
+        };
+        let Some(_mutation) = ctx.dir.try_mutation_lock(lock)? else {
+            continue;
+        };
+        let name = LockName::from_file_name(lock);
+        if ctx.path_taken(&name) {
+            continue;
+        }
+        let Some(dir) = open_members(ctx, &name)? else {
+            continue;
+        };
+        let path = || ctx.path_of(&dir_name);
+        let mut scan = scan(ctx, &dir, &path)?;
+        let live = scan.live_members().count() + scan.live_waiters();
+        if dry_run {
+            if live == 0 {
+                cleaned.push((name, inspection()));
+            }
+            continue;
+        }
+        remove_dead(ctx, &dir, &mut scan);
+        if live == 0 {
+            remove_members_dir(ctx, &dir_name);
+            cleaned.push((name, inspection()));
+        }
+    }
+    Ok(cleaned)
+}
+
+/// Removes an empty members directory; one that is not empty (a waiter,
+/// a stranger's file) stays.
+pub(super) fn remove_members_dir(ctx: &Ctx, dir_name: &str) {
+    let removable = failpoint!("group.members.before_rmdir").map_err(|_| Errno::EIO);
+    match removable.and_then(|()| syscall::rmdir_at(ctx.dir.fd(), dir_name)) {
+        Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::EEXIST) => {}
+        Err(error) => tracing::debug!(dir = dir_name, %error, "could not remove a members directory"),
+    }
+}

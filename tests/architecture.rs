@@ -1,0 +1,195 @@
+//! The map in docs/architecture.md, kept true: no import circle among the
+//! crate's top modules, the contract (`src/backend.rs`) importing nothing
+//! above it, the bottom of the crate a straight line, and every source
+//! file named on the map. Read from the `crate::` paths of every file
+//! under `src/` (comments aside), so it fails the moment a `use` goes the
+//! wrong way.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top module a file of `src/` belongs to (`fs` for `src/fs/lock.rs`),
+/// `None` for the crate root and the binaries.
+fn top_module(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next()?.as_os_str().to_str()?.to_owned();
+    let top = first.strip_suffix(".rs").unwrap_or(&first).to_owned();
+    (top != "lib" && top != "bin").then_some(top)
+}
+
+/// Every top module `file` names as `crate::<module>`, outside comments.
+fn imports(file: &Path, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let mut found = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if modules.contains(&name) {
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+/// The module graph: each top module and the top modules it imports.
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let modules: BTreeSet<String> = files.iter().filter_map(|f| top_module(&src, f)).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let Some(top) = top_module(&src, file) else {
+            continue;
+        };
+        let mut uses = imports(file, &modules);
+        uses.remove(&top);
+        graph.entry(top).or_default().extend(uses);
+    }
+    graph
+}
+
+/// The strongly connected components of more than one module (Tarjan).
+fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct State<'a> {
+        graph: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on_stack: BTreeSet<&'a str>,
+        found: Vec<Vec<String>>,
+    }
+    fn visit<'a>(s: &mut State<'a>, v: &'a str) {
+        let i = s.index.len();
+        s.index.insert(v, i);
+        s.low.insert(v, i);
+        s.stack.push(v);
+        s.on_stack.insert(v);
+        if let Some(next) = s.graph.get(v) {
+            for w in next {
+                let w = w.as_str();
+                if !s.index.contains_key(w) {
+                    visit(s, w);
+                    let low = s.low[v].min(s.low[w]);
+                    s.low.insert(v, low);
+                } else if s.on_stack.contains(w) {
+                    let low = s.low[v].min(s.index[w]);
+                    s.low.insert(v, low);
+                }
+            }
+        }
+        if s.low[v] == s.index[v] {
+            let mut component = Vec::new();
+            while let Some(w) = s.stack.pop() {
+                s.on_stack.remove(w);
+                component.push(w.to_owned());
+                if w == v {
+                    break;
+                }
+            }
+            if component.len() > 1 {
+                component.sort();
+                s.found.push(component);
+            }
+        }
+    }
+    let mut state = State {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !state.index.contains_key(v.as_str()) {
+            visit(&mut state, v);
+        }
+    }
+    state.found
+}
+
+#[test]
+fn no_import_circle_among_the_top_modules() {
+    let graph = graph();
+    assert!(graph.len() > 20, "the crate's modules were found: {graph:?}");
+    let found = circles(&graph);
+    assert!(
+        found.is_empty(),
+        "modules that import each other in a circle: {found:?}"
+    );
+}
+
+#[test]
+fn the_bottom_is_a_straight_line_and_the_contract_imports_nothing_above_it() {
+    let graph = graph();
+    // Each may import only what comes before it (and `sys`, the platform).
+    let line = [
+        "timestamp",
+        "field",
+        "name",
+        "mode",
+        "record",
+        "stale",
+        "owner",
+        "error",
+        "backend",
+    ];
+    for (i, module) in line.iter().enumerate() {
+        let allowed: BTreeSet<&str> = line[..i].iter().copied().chain(["sys", "failpoint"]).collect();
+        let upward: Vec<&String> = graph
+            .get(*module)
+            .into_iter()
+            .flatten()
+            .filter(|m| !allowed.contains(m.as_str()))
+            .collect();
+        assert!(upward.is_empty(), "{module} imports {upward:?}, above it");
+    }
+}
+
+#[test]
+fn the_tests_catch_a_circle() {
+    let mut graph = graph();
+    graph.entry("error".into()).or_default().insert("backend".into());
+    assert!(!circles(&graph).is_empty());
+}
+
+#[test]
+fn every_source_file_is_on_the_map() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let map = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let src = root.join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let missing: Vec<String> = files
+        .iter()
+        .map(|f| f.strip_prefix(&src).unwrap().to_string_lossy().into_owned())
+        .filter(|rel| !rel.starts_with("bin/") && !rel.contains("/tests/") && rel != "lib.rs")
+        .filter(|rel| {
+            let name = rel.rsplit('/').next().unwrap();
+            !map.contains(name)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "source files docs/architecture.md does not name: {missing:?}"
+    );
+}
