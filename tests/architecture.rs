@@ -165,6 +165,85 @@ fn the_bottom_is_a_straight_line_and_the_contract_imports_nothing_above_it() {
     }
 }
 
+/// The graph of the submodules of `src/fs/`: each file (a directory's
+/// files count as its module) and the siblings it names through `super::`
+/// (`super::super::` from a nested file) or `crate::fs::`.
+fn fs_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let fs = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/fs");
+    let mut files = Vec::new();
+    sources(&fs, &mut files);
+    let modules: BTreeSet<String> = files
+        .iter()
+        .filter(|f| f.parent() == Some(fs.as_path()))
+        .map(|f| f.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let rel = file.strip_prefix(&fs).unwrap();
+        let nested = rel.components().count() > 1;
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy()
+            .into_owned();
+        let me = first.strip_suffix(".rs").unwrap_or(&first).to_owned();
+        let text = std::fs::read_to_string(file).unwrap();
+        let code: String = text
+            .lines()
+            .map(|line| line.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let prefixes: &[&str] = if nested {
+            &["super::super::", "crate::fs::"]
+        } else {
+            &["super::", "crate::fs::"]
+        };
+        let mut uses = BTreeSet::new();
+        for prefix in prefixes {
+            for (at, _) in code.match_indices(prefix) {
+                // `super::super::x` is not `super::x` from a top file.
+                if !nested && *prefix == "super::" && code[..at].ends_with("super::") {
+                    continue;
+                }
+                let rest = &code[at + prefix.len()..];
+                let names: Vec<&str> = match rest.strip_prefix('{') {
+                    Some(list) => list.split('}').next().unwrap_or("").split(',').collect(),
+                    None => vec![rest],
+                };
+                for name in names {
+                    let name: String = name
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if modules.contains(&name) && name != me {
+                        uses.insert(name);
+                    }
+                }
+            }
+        }
+        graph.entry(me).or_default().extend(uses);
+    }
+    graph
+}
+
+#[test]
+fn no_import_circle_among_the_filesystem_backends_files() {
+    let graph = fs_graph();
+    assert!(graph.len() > 10, "the files of src/fs were found: {graph:?}");
+    assert!(
+        graph.get("found").is_some_and(|uses| uses.contains("members")),
+        "the scan sees `use super::{{..}}` lists: {graph:?}"
+    );
+    let found = circles(&graph);
+    assert!(
+        found.is_empty(),
+        "files of src/fs that import each other in a circle: {found:?}"
+    );
+}
+
 #[test]
 fn the_tests_catch_a_circle() {
     let mut graph = graph();
