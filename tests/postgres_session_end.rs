@@ -12,93 +12,17 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold::{Locker, LockerBuilder};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use sha2::{Digest, Sha256};
+use leasehold::Locker;
 
 #[path = "support/pg_server.rs"]
 mod pg_server;
+#[path = "support/pg_session.rs"]
+mod pg_session;
 
 use pg_server::Server;
-
-/// A lease long enough that the old holder is surely still valid when a
-/// successor could first try (heartbeats every half second).
-const LEASE: Duration = Duration::from_millis(1500);
-
-fn builder(server: &Server) -> LockerBuilder {
-    Locker::builder()
-        .postgres(server.url())
-        .lease(LEASE)
-        .renew_interval(Duration::from_millis(500))
-        .poll_interval(Duration::from_millis(20))
-}
-
-/// A unique name per test, so tests sharing an external server do not meet.
-fn unique(name: &str) -> String {
-    format!("{name}-{}", uuid::Uuid::new_v4().simple())
-}
-
-/// The server process of the session that holds `name`: the exclusive
-/// holder's, or the shared or permit holder's of Locker `holder_id`.
-fn backend_of(server: &Server, name: &str, holder_id: Option<String>) -> i32 {
-    let name = name.to_owned();
-    server.sql(move |c| {
-        let row = match holder_id {
-            None => c.query_one(
-                "SELECT backend_pid FROM leasehold_locks WHERE name = $1",
-                &[&name],
-            ),
-            Some(id) => c.query_one(
-                "SELECT backend_pid FROM leasehold_holders WHERE name = $1 AND holder_id = $2",
-                &[&name, &id],
-            ),
-        };
-        row.unwrap().get(0)
-    })
-}
-
-fn terminate(server: &Server, backend: i32) {
-    let ended: bool = server.sql(move |c| {
-        c.query_one("SELECT pg_terminate_backend($1)", &[&backend])
-            .unwrap()
-            .get(0)
-    });
-    assert!(ended, "the server ended session {backend}");
-}
-
-/// Tries `take` every few milliseconds until it succeeds (for at most
-/// `within`), then checks that `old` already counts itself lost: the
-/// successor never ran beside it. Returns how long after `since` it took.
-async fn successor_enters_only_after<T, F, Fut>(
-    old: &[&dyn Fn() -> bool],
-    since: Instant,
-    within: Duration,
-    mut take: F,
-) -> (T, Duration)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    loop {
-        if let Some(taken) = take().await {
-            let after = since.elapsed();
-            for (i, lost) in old.iter().enumerate() {
-                assert!(
-                    lost(),
-                    "a successor entered {after:?} after the session ended while old holder {i} still \
-                     counted itself a holder"
-                );
-            }
-            return (taken, after);
-        }
-        assert!(
-            since.elapsed() < within,
-            "no successor within {within:?} of the session's end"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+use pg_session::{
+    LEASE, Stopped, backend_of, builder, intent_key, successor_enters_only_after, terminate, unique,
+};
 
 /// The bound: a successor enters at most a lease (and a few polls and
 /// round trips) after it first finds the old session gone.
@@ -114,7 +38,7 @@ async fn an_exclusive_successor_waits_out_a_terminated_exclusive_holder() {
     let token = held.fencing_token().unwrap();
     terminate(&server, backend_of(&server, &job, None));
     let ended = Instant::now();
-    let (taken, after) = successor_enters_only_after(&[&|| held.is_lost()], ended, BOUND, || async {
+    let (taken, after) = successor_enters_only_after("", &[&|| held.is_lost()], ended, BOUND, || async {
         b.try_acquire(&job).await.unwrap()
     })
     .await;
@@ -154,7 +78,7 @@ async fn readers_and_writers_wait_out_each_others_terminated_sessions() {
     let id = read.owner().holder_id().unwrap().to_owned();
     terminate(&server, backend_of(&server, &doc, Some(id)));
     let ended = Instant::now();
-    let (written, after) = successor_enters_only_after(&[&|| read.is_lost()], ended, BOUND, || async {
+    let (written, after) = successor_enters_only_after("", &[&|| read.is_lost()], ended, BOUND, || async {
         writer.try_acquire(&doc).await.unwrap()
     })
     .await;
@@ -164,7 +88,7 @@ async fn readers_and_writers_wait_out_each_others_terminated_sessions() {
     // Readers after a writer whose session ended.
     terminate(&server, backend_of(&server, &doc, None));
     let ended = Instant::now();
-    let (again, after) = successor_enters_only_after(&[&|| written.is_lost()], ended, BOUND, || async {
+    let (again, after) = successor_enters_only_after("", &[&|| written.is_lost()], ended, BOUND, || async {
         other_reader.try_acquire_shared(&doc).await.unwrap()
     })
     .await;
@@ -187,29 +111,13 @@ async fn a_semaphore_never_has_more_valid_holders_than_permits_after_a_session_e
     let id = first.owner().holder_id().unwrap().to_owned();
     terminate(&server, backend_of(&server, &gpu, Some(id)));
     let ended = Instant::now();
-    let (permit, after) = successor_enters_only_after(&[&|| first.is_lost()], ended, BOUND, || async {
+    let (permit, after) = successor_enters_only_after("", &[&|| first.is_lost()], ended, BOUND, || async {
         third.try_acquire().await.unwrap()
     })
     .await;
     assert!(!second.is_lost(), "the other permit holder keeps its permit");
     eprintln!("permit after permit: entered {after:?} after the session ended");
     drop((permit, first, second));
-}
-
-/// Stops and resumes a server process, resuming it whatever happens.
-struct Stopped(i32);
-
-impl Stopped {
-    fn stop(pid: i32) -> Stopped {
-        kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
-        Stopped(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.0), Signal::SIGCONT);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,6 +170,7 @@ async fn no_successor_runs_beside_a_holder_across_a_server_restart() {
     let restarted = Instant::now();
     let b = slow(&server);
     let (taken, after) = successor_enters_only_after(
+        "",
         &[&|| held.is_lost()],
         restarted,
         Duration::from_secs(10),
@@ -270,15 +179,6 @@ async fn no_successor_runs_beside_a_holder_across_a_server_restart() {
     .await;
     eprintln!("entered {after:?} after the restart");
     drop(taken);
-}
-
-/// The intent key of `name` (as `src/postgres.rs` derives it).
-fn intent_key(name: &str) -> i64 {
-    let mut hasher = Sha256::new();
-    hasher.update(b"leasehold-intent\0");
-    hasher.update(name.as_bytes());
-    let digest = hasher.finalize();
-    i64::from_be_bytes(digest[..8].try_into().unwrap())
 }
 
 /// A writer that announced itself and then stopped running with its
