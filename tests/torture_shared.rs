@@ -128,48 +128,9 @@ const PG_WAIT_OUT: Duration = Duration::from_millis(LEASE.as_millis() as u64 + 2
 #[path = "support/pg_server.rs"]
 mod pg_server;
 
-/// The backend under test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    ExclusiveFile,
-    Directory,
-    #[cfg(feature = "postgres")]
-    Postgres,
-}
-
-impl Backend {
-    const ALL: &[Backend] = &[
-        Backend::ExclusiveFile,
-        Backend::Directory,
-        #[cfg(feature = "postgres")]
-        Backend::Postgres,
-    ];
-
-    fn label(self) -> &'static str {
-        match self {
-            Backend::ExclusiveFile => "file",
-            Backend::Directory => "dir",
-            #[cfg(feature = "postgres")]
-            Backend::Postgres => "postgres",
-        }
-    }
-
-    fn strategy(self) -> Option<Strategy> {
-        match self {
-            Backend::ExclusiveFile => Some(Strategy::ExclusiveFile),
-            Backend::Directory => Some(Strategy::Directory),
-            #[cfg(feature = "postgres")]
-            Backend::Postgres => None,
-        }
-    }
-
-    /// Whether a holder paused past its lease may be overtaken while it is
-    /// paused: on files, yes (its lease is time); on a server, no (see
-    /// *PostgreSQL* above).
-    fn leases_run_out_under_paused_holders(self) -> bool {
-        self.strategy().is_some()
-    }
-}
+#[path = "support/torture_backend.rs"]
+mod torture_backend;
+use torture_backend::Backend;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
