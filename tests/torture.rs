@@ -919,38 +919,7 @@ fn file_leftovers(locks: &Path, strategy: Strategy) -> (usize, Vec<String>) {
 /// `.fence` files.)
 #[cfg(feature = "postgres")]
 fn pg_leftovers(server: &pg_server::Server) -> Vec<String> {
-    let since = Instant::now();
-    let (locks, sessions) = loop {
-        if server.external.is_some() {
-            break (0, 0);
-        }
-        let (locks, sessions): (i64, i64) = server.sql(|c| {
-            let row = c
-                .query_one(
-                    "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'),
-                            (SELECT count(*) FROM pg_stat_activity
-                              WHERE backend_type = 'client backend' AND pid <> pg_backend_pid())",
-                    &[],
-                )
-                .unwrap();
-            (row.get(0), row.get(1))
-        });
-        if (locks == 0 && sessions == 0) || since.elapsed() >= PG_SESSIONS_END_WITHIN {
-            break (locks, sessions);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut left = Vec::new();
-    if locks > 0 {
-        left.push(format!(
-            "{locks} advisory locks held {PG_SESSIONS_END_WITHIN:?} after the last child ended"
-        ));
-    }
-    if sessions > 0 {
-        left.push(format!(
-            "{sessions} client sessions open {PG_SESSIONS_END_WITHIN:?} after the last child ended"
-        ));
-    }
+    let mut left = server.advisory_locks_and_sessions_left(PG_SESSIONS_END_WITHIN);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -165,6 +165,48 @@ impl Server {
     }
 }
 
+impl Server {
+    /// What clients left on the server: advisory locks or client sessions
+    /// still there `within` after they all ended (none of them counted
+    /// on a server named by `LEASEHOLD_PG_URL`, which may have other
+    /// clients). Each finding is a line of text.
+    pub fn advisory_locks_and_sessions_left(&self, within: std::time::Duration) -> Vec<String> {
+        let since = std::time::Instant::now();
+        let (locks, sessions) = loop {
+            if self.external.is_some() {
+                break (0, 0);
+            }
+            let (locks, sessions): (i64, i64) = self.sql(|c| {
+                let row = c
+                    .query_one(
+                        "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'),
+                                (SELECT count(*) FROM pg_stat_activity
+                                  WHERE backend_type = 'client backend' AND pid <> pg_backend_pid())",
+                        &[],
+                    )
+                    .unwrap();
+                (row.get(0), row.get(1))
+            });
+            if (locks == 0 && sessions == 0) || since.elapsed() >= within {
+                break (locks, sessions);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let mut left = Vec::new();
+        if locks > 0 {
+            left.push(format!(
+                "{locks} advisory locks held {within:?} after the last client ended"
+            ));
+        }
+        if sessions > 0 {
+            left.push(format!(
+                "{sessions} client sessions open {within:?} after the last client ended"
+            ));
+        }
+        left
+    }
+}
+
 /// A connection on a thread of its own that increments the counter row
 /// on request, with no row lock: a read, then a write.
 pub struct SqlWorker {
