@@ -5,6 +5,8 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use serde::Serialize;
+use serde_json::Map;
 
 /// Who a conflict was with, in words: the point of the message is to tell
 /// the user which processes to look at.
@@ -107,8 +109,8 @@ pub(super) async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
         (Some(info), _) => {
             let mut doc = info_entry(info);
             // As asked, as when this showed the owner alone.
-            doc["name"] = json!(shown);
-            doc["path"] = json!(path.to_string_lossy());
+            doc.name = shown.to_owned();
+            doc.path = path.to_string_lossy().into_owned();
             (doc, 0)
         }
         (None, Some(info)) => (info_entry(info), 1),
@@ -156,7 +158,9 @@ pub(super) async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
     if let Some(kind) = found.as_ref().map(|l| kind_text(l.kind())) {
         line(&mut text, "kind:", &Value::String(kind));
     }
-    // The same fields as the JSON, so the two outputs cannot disagree.
+    // The same fields as the JSON, read from it, so the two outputs
+    // cannot disagree.
+    let doc = serde_json::to_value(&doc).unwrap_or(Value::Null);
     let fields = [
         ("pid", "pid:"),
         ("hostname", "host:"),
@@ -219,7 +223,7 @@ pub(super) async fn list(opts: &Inspect) -> Result<u8, Failure> {
     };
     let locks = locker.list().await?;
     if opts.json {
-        emit(&to_json(&Value::Array(locks.iter().map(info_entry).collect())));
+        emit(&to_json(&locks.iter().map(info_entry).collect::<Vec<_>>()));
     } else if locks.is_empty() {
         emit(&format!("no locks in {}\n", locker.directory().display()));
     } else {
@@ -235,7 +239,7 @@ pub(super) async fn clean(opts: &Inspect, dry_run: bool) -> Result<u8, Failure> 
     };
     let removed = locker.clean(dry_run).await?;
     if opts.json {
-        emit(&to_json(&Value::Array(removed.iter().map(info_entry).collect())));
+        emit(&to_json(&removed.iter().map(info_entry).collect::<Vec<_>>()));
     } else if removed.is_empty() {
         emit("nothing to clean\n");
     } else {
@@ -307,87 +311,119 @@ pub(super) fn holder_text(owner: &Owner) -> String {
     text
 }
 
-pub(super) fn info_entry(info: &LockInfo) -> Value {
-    let state = if info.is_stale() { "stale" } else { "held" };
-    let mut doc = entry(
-        info.name(),
-        info.path(),
-        Some(info.owner()),
-        state,
-        info.stale_reason().map(|r| r.to_string()).as_deref(),
-    );
+/// One lock as `holder --json`, `list --json` and `clean --json` show it
+/// (documented in the module docs of the binary). Every key is always
+/// present, `null` when it has no value, so consumers need no existence
+/// checks: the type says so. Keys are in alphabetical order, as the
+/// output has always had them.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct LockEntry {
+    acquired_at: Option<String>,
+    pub(super) fencing_token: Option<u64>,
+    fields: Map<String, Value>,
+    holder_id: Option<String>,
+    holders: Vec<HolderEntry>,
+    hostname: Option<String>,
+    kind: Option<&'static str>,
+    lease_expires_at: Option<String>,
+    pub(super) name: String,
+    pub(super) path: String,
+    permits: Option<u32>,
+    pid: Option<u32>,
+    stale_reason: Option<String>,
+    state: &'static str,
+}
+
+/// One holder, in the `holders` array: the owner keys of [`LockEntry`].
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct HolderEntry {
+    acquired_at: Option<String>,
+    fencing_token: Option<u64>,
+    fields: Map<String, Value>,
+    holder_id: Option<String>,
+    hostname: Option<String>,
+    lease_expires_at: Option<String>,
+    pid: Option<u32>,
+}
+
+/// The owner keys of an entry, from `owner` (all `null` without one).
+fn owner_keys(owner: Option<&Owner>) -> HolderEntry {
+    let time = |f: fn(&Owner) -> Option<SystemTime>| owner.and_then(f).and_then(|t| rfc3339(t, true));
+    HolderEntry {
+        acquired_at: time(Owner::acquired_at),
+        fencing_token: owner.and_then(Owner::fencing_token),
+        fields: fields_json(owner),
+        holder_id: owner.and_then(Owner::holder_id).map(str::to_owned),
+        hostname: owner.and_then(Owner::hostname).map(str::to_owned),
+        lease_expires_at: time(Owner::lease_expires_at),
+        pid: owner.and_then(Owner::pid),
+    }
+}
+
+/// A lock someone holds (or held: a stale one).
+pub(super) fn info_entry(info: &LockInfo) -> LockEntry {
     let (kind, permits) = match info.kind() {
         LockKind::Exclusive => ("exclusive", None),
         LockKind::Shared => ("shared", None),
         LockKind::Semaphore { permits } => ("semaphore", Some(permits)),
         _ => ("unknown", None),
     };
-    doc["kind"] = json!(kind);
-    doc["permits"] = json!(permits);
-    doc["holders"] = Value::Array(info.holders().iter().map(holder_entry).collect());
-    doc
+    let owner = owner_keys(Some(info.owner()));
+    LockEntry {
+        acquired_at: owner.acquired_at,
+        fencing_token: owner.fencing_token,
+        fields: owner.fields,
+        holder_id: owner.holder_id,
+        holders: info.holders().iter().map(holder_entry).collect(),
+        hostname: owner.hostname,
+        kind: Some(kind),
+        lease_expires_at: owner.lease_expires_at,
+        name: info.name().to_owned(),
+        path: info.path().to_string_lossy().into_owned(),
+        permits,
+        pid: owner.pid,
+        stale_reason: info.stale_reason().map(|r| r.to_string()),
+        state: if info.is_stale() { "stale" } else { "held" },
+    }
 }
 
 /// A lock nobody holds: the owner keys are null, and there are no holders.
-pub(super) fn free_entry(name: &str, path: &Path) -> Value {
-    let mut doc = entry(name, path, None, "free", None);
-    doc["kind"] = Value::Null;
-    doc["permits"] = Value::Null;
-    doc["holders"] = json!([]);
-    doc
+pub(super) fn free_entry(name: &str, path: &Path) -> LockEntry {
+    let owner = owner_keys(None);
+    LockEntry {
+        acquired_at: owner.acquired_at,
+        fencing_token: owner.fencing_token,
+        fields: owner.fields,
+        holder_id: owner.holder_id,
+        holders: Vec::new(),
+        hostname: owner.hostname,
+        kind: None,
+        lease_expires_at: owner.lease_expires_at,
+        name: name.to_owned(),
+        path: path.to_string_lossy().into_owned(),
+        permits: None,
+        pid: owner.pid,
+        stale_reason: None,
+        state: "free",
+    }
 }
 
-/// One holder, in the `holders` array: the owner keys of [`entry`].
-pub(super) fn holder_entry(owner: &Owner) -> Value {
-    let doc = entry("", Path::new(""), Some(owner), "held", None);
-    let keys = [
-        "pid",
-        "hostname",
-        "holderId",
-        "acquiredAt",
-        "leaseExpiresAt",
-        "fencingToken",
-        "fields",
-    ];
-    Value::Object(keys.iter().map(|k| ((*k).to_owned(), doc[*k].clone())).collect())
-}
-
-/// The one JSON shape of a lock, documented in the module docs; every key
-/// is always present so consumers need no existence checks.
-pub(super) fn entry(
-    name: &str,
-    path: &Path,
-    owner: Option<&Owner>,
-    state: &str,
-    reason: Option<&str>,
-) -> Value {
-    let time = |f: fn(&Owner) -> Option<SystemTime>| owner.and_then(f).and_then(|t| rfc3339(t, true));
-    json!({
-        "name": name,
-        "path": path.to_string_lossy(),
-        "pid": owner.and_then(Owner::pid),
-        "hostname": owner.and_then(Owner::hostname),
-        "holderId": owner.and_then(Owner::holder_id),
-        "acquiredAt": time(Owner::acquired_at),
-        "leaseExpiresAt": time(Owner::lease_expires_at),
-        "fencingToken": owner.and_then(Owner::fencing_token),
-        "state": state,
-        "staleReason": reason,
-        "fields": fields_json(owner),
-    })
+/// One holder, in the `holders` array.
+pub(super) fn holder_entry(owner: &Owner) -> HolderEntry {
+    owner_keys(Some(owner))
 }
 
 /// The owner fields as a JSON object (empty without any).
-pub(super) fn fields_json(owner: Option<&Owner>) -> Value {
+pub(super) fn fields_json(owner: Option<&Owner>) -> Map<String, Value> {
     let fields = owner.into_iter().flat_map(Owner::fields);
-    Value::Object(
-        fields
-            .map(|(key, value)| {
-                let value = serde_json::from_str(&value.to_string()).unwrap_or(Value::Null);
-                (key.to_owned(), value)
-            })
-            .collect(),
-    )
+    fields
+        .map(|(key, value)| {
+            let value = serde_json::from_str(&value.to_string()).unwrap_or(Value::Null);
+            (key.to_owned(), value)
+        })
+        .collect()
 }
 
 /// RFC 3339 in UTC (to the second unless `fraction`), or `None` for a
@@ -408,7 +444,7 @@ pub(super) fn rfc3339(t: SystemTime, fraction: bool) -> Option<String> {
 }
 
 /// Pretty-printed, one document, ending in a newline.
-pub(super) fn to_json(doc: &Value) -> String {
+pub(super) fn to_json(doc: &impl Serialize) -> String {
     serde_json::to_string_pretty(doc).unwrap_or_else(|_| "null".to_owned()) + "\n"
 }
 

@@ -169,10 +169,12 @@ pub(crate) fn event(kind: &str, lock: &str, fields: Value) {
 }
 
 /// The live holders, as `holder --json` lists them; none for a stale lock.
-fn holders(info: Option<&LockInfo>) -> Vec<Value> {
-    info.filter(|i| !i.is_stale())
+fn holders(info: Option<&LockInfo>) -> Value {
+    let holders: Vec<_> = info
+        .filter(|i| !i.is_stale())
         .map(|i| i.holders().iter().map(holder_entry).collect())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    serde_json::to_value(holders).unwrap_or(Value::Null)
 }
 
 /// Who holds the lock, as the live line shows it.
