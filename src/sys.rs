@@ -242,6 +242,11 @@ pub(crate) enum DirEvent<'a> {
 
 /// A running watch on a lock directory.
 pub(crate) use imp::DirWatch;
+#[cfg(test)]
+pub(crate) use imp::ofd_read_lock;
+/// Filesystem facts and OFD byte-range locks (the waiting line's), where
+/// the platform has them.
+pub(crate) use imp::{fs_in_memory, fs_is_remote, ofd_drop_byte, ofd_held_span, ofd_take_byte};
 
 /// Watches `dir` on a background thread, calling `on_event` until it
 /// returns `false`. `None` when the platform cannot watch (no inotify, or

@@ -144,5 +144,5 @@ impl LockDir {
 }
 
 fn in_memory(fd: &File) -> bool {
-    super::syscall::in_memory(fd)
+    crate::sys::fs_in_memory(fd)
 }

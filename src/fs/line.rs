@@ -186,7 +186,7 @@ impl Lines {
         Lines {
             places: Mutex::default(),
             passed: Mutex::default(),
-            off: super::syscall::remote(dir),
+            off: sys::fs_is_remote(dir),
         }
     }
 
@@ -203,7 +203,7 @@ impl Lines {
         let start = region(name);
         let ticket = start + ticket_now();
         // A byte refused is a place in line lost: fairness, not exclusion.
-        if failpoint!("line.wait.before_ticket").is_ok() && take_byte(dir, ticket) {
+        if failpoint!("line.wait.before_ticket").is_ok() && sys::ofd_take_byte(dir, ticket) {
             self.join(dir, place, start, ticket);
         }
     }
@@ -267,7 +267,7 @@ impl Lines {
             // A byte range held over the line can hide the waiters this
             // holder would let in: it keeps off the lock for a moment, so
             // that they are not left to race a holder already running.
-            if take_byte(dir, ticket) && self.join(dir, place, start, ticket) {
+            if sys::ofd_take_byte(dir, ticket) && self.join(dir, place, start, ticket) {
                 place.courtesy_until = Some(now.saturating_add(duration_us(STAND_BACK)));
             }
         }
@@ -299,7 +299,9 @@ impl Lines {
             return None;
         }
         let before = place.ahead.len();
-        place.ahead.retain(|&(s, e)| held_span(dir, s, e).is_some());
+        place
+            .ahead
+            .retain(|&(s, e)| sys::ofd_held_span(dir, s, e).is_some());
         // Someone ahead left (took the lock, or gave up): the line moves,
         // and those still ahead get their chances afresh.
         let moved = place.ahead.len() < before;
@@ -368,7 +370,7 @@ impl Lines {
             leave(dir, place);
             place.marks_us = 0;
             if let Some(mark) = place.turn_mark.take() {
-                drop_byte(dir, mark);
+                sys::ofd_drop_byte(dir, mark);
             }
             place.rejoin = false;
             place.turn_since.get_or_insert_with(now_us);
@@ -407,7 +409,7 @@ impl Lines {
                 && let Some(mut place) = places.remove(name)
                 && let Some(mark) = place.turn_mark.take()
             {
-                drop_byte(dir, mark);
+                sys::ofd_drop_byte(dir, mark);
             }
             return;
         }
@@ -418,7 +420,7 @@ impl Lines {
         let place = places.entry(name.into()).or_default();
         place.released_at = Some(now);
         if let Some(mark) = place.turn_mark.take() {
-            drop_byte(dir, mark);
+            sys::ofd_drop_byte(dir, mark);
         }
         let since = *place.turn_since.get_or_insert(now);
         if now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= TURN_ACQUISITIONS {
@@ -430,7 +432,7 @@ impl Lines {
             // to leave the lock to us for a moment.
             let until = (now.saturating_add(duration_us(HOLD_ON)) >> 4) % HALF;
             let mark = start + HALF + until;
-            if take_byte(dir, mark) {
+            if sys::ofd_take_byte(dir, mark) {
                 place.turn_mark = Some(mark);
             }
         }
@@ -445,7 +447,11 @@ impl Lines {
         };
         match (place.waiting, place.standing_back_until) {
             (Some(_), Some(until)) => {
-                now_us() < until && place.ahead.iter().any(|&(s, e)| held_span(dir, s, e).is_some())
+                now_us() < until
+                    && place
+                        .ahead
+                        .iter()
+                        .any(|&(s, e)| sys::ofd_held_span(dir, s, e).is_some())
             }
             _ => false,
         }
@@ -487,7 +493,7 @@ fn forget_idle(dir: &File, places: &mut HashMap<Box<str>, Place>, now: u64) {
                 .flatten()
                 .any(|at| now.saturating_sub(at) < idle);
         if !keep && let Some(mark) = p.turn_mark.take() {
-            drop_byte(dir, mark);
+            sys::ofd_drop_byte(dir, mark);
         }
         keep
     });
@@ -496,7 +502,7 @@ fn forget_idle(dir: &File, places: &mut HashMap<Box<str>, Place>, now: u64) {
 /// Gives up the byte a place holds in line, if any.
 fn leave(dir: &File, place: &mut Place) {
     if let Some(ticket) = place.waiting.take() {
-        drop_byte(dir, ticket);
+        sys::ofd_drop_byte(dir, ticket);
     }
     place.ahead = Vec::new();
     place.last_look = None;
@@ -537,36 +543,6 @@ fn duration_us(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-#[cfg(target_os = "linux")]
-fn range(kind: i32, start: u64, len: u64) -> Option<nix::libc::flock> {
-    Some(nix::libc::flock {
-        l_type: i16::try_from(kind).ok()?,
-        l_whence: i16::try_from(nix::libc::SEEK_SET).ok()?,
-        l_start: i64::try_from(start).ok()?,
-        l_len: i64::try_from(len).ok()?,
-        // Must be 0 for OFD locks.
-        l_pid: 0,
-    })
-}
-
-/// Holds the byte at `at` of `dir` (a read lock, so that waiters sharing a
-/// ticket do not exclude each other).
-#[cfg(target_os = "linux")]
-fn take_byte(dir: &File, at: u64) -> bool {
-    set(dir, nix::libc::F_RDLCK, at)
-}
-
-#[cfg(target_os = "linux")]
-fn drop_byte(dir: &File, at: u64) {
-    set(dir, nix::libc::F_UNLCK, at);
-}
-
-#[cfg(target_os = "linux")]
-fn set(dir: &File, kind: i32, at: u64) -> bool {
-    use nix::fcntl::{FcntlArg, fcntl};
-    range(kind, at, 1).is_some_and(|lock| fcntl(dir, FcntlArg::F_OFD_SETLK(&lock)).is_ok())
-}
-
 /// Whether another open file description holds a byte of `dir` in
 /// `[start, start + len)`.
 fn conflict(dir: &File, start: u64, len: u64) -> bool {
@@ -576,32 +552,7 @@ fn conflict(dir: &File, start: u64, len: u64) -> bool {
 /// A byte of `dir` in `[start, end)` that another open file description
 /// holds (the kernel reports one), if any.
 fn first_held(dir: &File, start: u64, end: u64) -> Option<u64> {
-    held_span(dir, start, end).map(|(s, _)| s)
-}
-
-/// A byte-range lock that another open file description holds on `dir`
-/// overlapping `[start, end)` (the kernel reports one), if any: its span.
-#[cfg(target_os = "linux")]
-fn held_span(dir: &File, start: u64, end: u64) -> Option<Span> {
-    use nix::fcntl::{FcntlArg, fcntl};
-    // The top of the byte range a lock can name (`off_t` is signed).
-    const TOP: u64 = i64::MAX as u64;
-    let end = end.min(TOP);
-    if end <= start {
-        return None;
-    }
-    let mut lock = range(nix::libc::F_WRLCK, start, end - start)?;
-    fcntl(dir, FcntlArg::F_OFD_GETLK(&mut lock)).ok()?;
-    if i32::from(lock.l_type) == nix::libc::F_UNLCK {
-        return None;
-    }
-    let s = u64::try_from(lock.l_start).ok()?;
-    // A length of 0 runs to the end of any file.
-    let e = match u64::try_from(lock.l_len).ok()? {
-        0 => TOP,
-        len => s.saturating_add(len).min(TOP),
-    };
-    Some((s, e))
+    sys::ofd_held_span(dir, start, end).map(|(s, _)| s)
 }
 
 /// What a waiter joining the line finds ahead of it.
@@ -626,7 +577,7 @@ fn tickets(dir: &File, start: u64, end: u64, passed: &VecDeque<Span>) -> (Ahead,
             return (ahead, false);
         }
         looks += 1;
-        let Some(span) = held_span(dir, lo, hi) else {
+        let Some(span) = sys::ofd_held_span(dir, lo, hi) else {
             continue;
         };
         if passed.contains(&span) {
@@ -642,19 +593,6 @@ fn tickets(dir: &File, start: u64, end: u64, passed: &VecDeque<Span>) -> (Ahead,
         }
     }
     (ahead, true)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn take_byte(_dir: &File, _at: u64) -> bool {
-    false
-}
-
-#[cfg(not(target_os = "linux"))]
-fn drop_byte(_dir: &File, _at: u64) {}
-
-#[cfg(not(target_os = "linux"))]
-fn held_span(_dir: &File, _start: u64, _end: u64) -> Option<Span> {
-    None
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -767,7 +705,7 @@ mod tests {
         // A byte that turns up below its ticket after it joined (anyone who
         // can read the directory may take one) is no waiter ahead of it.
         let planted = region("x.lock") + 1;
-        assert!(take_byte(&late, planted));
+        assert!(sys::ofd_take_byte(&late, planted));
         let lock = |ino| move || Some((1, ino));
         assert!(waiter.stand_back(&w, "x.lock", lock(1)).is_some());
         std::thread::sleep(STAND_BACK + Duration::from_millis(1));
@@ -791,7 +729,7 @@ mod tests {
             "the planted byte holds it up"
         );
         waiter.stopped_waiting(&w, "x.lock");
-        drop_byte(&late, planted);
+        sys::ofd_drop_byte(&late, planted);
     }
 
     #[test]
@@ -805,12 +743,12 @@ mod tests {
         let mut waited = Duration::ZERO;
         for i in 0..1_000 {
             let mark = marks + units_now() + 1_000 + i;
-            assert!(take_byte(&squat, mark));
+            assert!(sys::ofd_take_byte(&squat, mark));
             match waiter.stand_back(&w, "x.lock", || None) {
                 Some(back) => waited += back,
                 None => break,
             }
-            drop_byte(&squat, mark);
+            sys::ofd_drop_byte(&squat, mark);
         }
         assert!(waited <= MARKS + HOLD_ON, "{waited:?}");
         waiter.stopped_waiting(&w, "x.lock");
@@ -873,10 +811,10 @@ mod tests {
         // program that is not leasehold, say) cannot keep the line off.
         let stuck = dir.open();
         let mark = region("x.lock") + REGION - 1;
-        assert!(take_byte(&stuck, mark));
+        assert!(sys::ofd_take_byte(&stuck, mark));
         assert!(waiter.stand_back(&w, "x.lock", || None).is_some());
         assert_eq!(waiter.stand_back(&w, "x.lock", || None), None, "honoured once");
-        drop_byte(&stuck, mark);
+        sys::ofd_drop_byte(&stuck, mark);
         holder.releasing(&h, "x.lock");
         std::thread::sleep(HOLD_ON + Duration::from_millis(1));
         assert_eq!(
@@ -924,8 +862,7 @@ mod tests {
         let (w, other) = (dir.open(), dir.open());
         // Any program that can open the directory may hold a read lock
         // over any range: here, from offset 0 to far past every region.
-        let span = range(nix::libc::F_RDLCK, 0, 1 << 62).unwrap();
-        nix::fcntl::fcntl(&other, nix::fcntl::FcntlArg::F_OFD_SETLK(&span)).unwrap();
+        assert!(sys::ofd_read_lock(&other, 0, 1 << 62));
         let waiter = Lines::default();
         waiter.wait_on(&w, "x.lock");
         let mut looks = 0;

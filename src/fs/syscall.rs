@@ -226,48 +226,6 @@ pub(crate) fn read_only(file: &File) -> bool {
     fstatvfs(file).is_ok_and(|fs| fs.flags().contains(FsFlags::ST_RDONLY))
 }
 
-/// Whether the filesystem of `file` keeps everything in memory (tmpfs),
-/// where a sync returns at once and nothing outlives a reboot anyway.
-#[cfg(target_os = "linux")]
-pub(crate) fn in_memory(file: &File) -> bool {
-    use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
-    fstatfs(file).is_ok_and(|fs| fs.filesystem_type() == TMPFS_MAGIC)
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn in_memory(_: &File) -> bool {
-    false
-}
-
-/// Whether `file` is on a filesystem served over the network (or by a
-/// user-space server), where a byte-range lock can be a round trip.
-#[cfg(target_os = "linux")]
-pub(crate) fn remote(file: &File) -> bool {
-    use nix::sys::statfs::fstatfs;
-    // NFS, SMB, CIFS, SMB2, FUSE, Ceph, 9P, AFS, Coda, GFS2, OCFS2, Lustre.
-    const REMOTE: [i128; 12] = [
-        0x6969,
-        0x517B,
-        0xFF53_4D42,
-        0xFE53_4D42,
-        0x6573_5546,
-        0x00C3_6400,
-        0x0102_1997,
-        0x5346_414F,
-        0x7377_3773,
-        0x0116_1970,
-        0x7461_636f,
-        0x0BD0_0BD0,
-    ];
-    // Unknown: treat as remote (the line is an optimisation).
-    fstatfs(file).map_or(true, |fs| REMOTE.contains(&i128::from(fs.filesystem_type().0)))
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn remote(_: &File) -> bool {
-    true
-}
-
 /// The effective user id, which the default directory is named after.
 pub(crate) fn euid() -> u32 {
     nix::unistd::geteuid().as_raw()

@@ -1,6 +1,7 @@
 //! Linux: process start times from `/proc/<pid>/stat`, boot identity from
 //! `/proc/sys/kernel/random/boot_id`, and `CLOCK_BOOTTIME`.
 
+use std::fs::File;
 use std::sync::OnceLock;
 
 use nix::time::{ClockId, clock_gettime};
@@ -242,6 +243,97 @@ pub(super) fn watch_dir(
             }
         });
     spawned.ok().map(|_| watch)
+}
+
+/// Whether the filesystem of `file` keeps everything in memory (tmpfs),
+/// where a sync returns at once and nothing outlives a reboot anyway
+/// (`fstatfs(2)`).
+pub(crate) fn fs_in_memory(file: &File) -> bool {
+    use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
+    fstatfs(file).is_ok_and(|fs| fs.filesystem_type() == TMPFS_MAGIC)
+}
+
+/// Whether `file` is on a filesystem served over the network (or by a
+/// user-space server), where a byte-range lock can be a round trip
+/// (`fstatfs(2)`; an unknown answer counts as remote).
+pub(crate) fn fs_is_remote(file: &File) -> bool {
+    use nix::sys::statfs::fstatfs;
+    // NFS, SMB, CIFS, SMB2, FUSE, Ceph, 9P, AFS, Coda, GFS2, OCFS2, Lustre.
+    const REMOTE: [i128; 12] = [
+        0x6969,
+        0x517B,
+        0xFF53_4D42,
+        0xFE53_4D42,
+        0x6573_5546,
+        0x00C3_6400,
+        0x0102_1997,
+        0x5346_414F,
+        0x7377_3773,
+        0x0116_1970,
+        0x7461_636f,
+        0x0BD0_0BD0,
+    ];
+    fstatfs(file).map_or(true, |fs| REMOTE.contains(&i128::from(fs.filesystem_type().0)))
+}
+
+/// An OFD byte-range lock request (`fcntl(2)`, "Open file description
+/// locks") of `kind` over `[start, start + len)`.
+fn ofd_range(kind: i32, start: u64, len: u64) -> Option<nix::libc::flock> {
+    Some(nix::libc::flock {
+        l_type: i16::try_from(kind).ok()?,
+        l_whence: i16::try_from(nix::libc::SEEK_SET).ok()?,
+        l_start: i64::try_from(start).ok()?,
+        l_len: i64::try_from(len).ok()?,
+        // Must be 0 for OFD locks.
+        l_pid: 0,
+    })
+}
+
+/// Takes an OFD read lock on `[start, start + len)` of `file`, without
+/// waiting; whether it was taken.
+pub(crate) fn ofd_read_lock(file: &File, start: u64, len: u64) -> bool {
+    use nix::fcntl::{FcntlArg, fcntl};
+    ofd_range(nix::libc::F_RDLCK, start, len)
+        .is_some_and(|lock| fcntl(file, FcntlArg::F_OFD_SETLK(&lock)).is_ok())
+}
+
+/// Holds the byte at `at` of `dir` (a read lock, so that holders of one
+/// byte do not exclude each other); whether it is held.
+pub(crate) fn ofd_take_byte(dir: &File, at: u64) -> bool {
+    ofd_read_lock(dir, at, 1)
+}
+
+/// Lets go of the byte at `at` of `dir`.
+pub(crate) fn ofd_drop_byte(dir: &File, at: u64) {
+    use nix::fcntl::{FcntlArg, fcntl};
+    if let Some(lock) = ofd_range(nix::libc::F_UNLCK, at, 1) {
+        let _ = fcntl(dir, FcntlArg::F_OFD_SETLK(&lock));
+    }
+}
+
+/// A byte-range lock that another open file description holds on `dir`
+/// overlapping `[start, end)` (the kernel reports one, `F_OFD_GETLK`), if
+/// any: its span.
+pub(crate) fn ofd_held_span(dir: &File, start: u64, end: u64) -> Option<(u64, u64)> {
+    use nix::fcntl::{FcntlArg, fcntl};
+    // The top of the byte range a lock can name (`off_t` is signed).
+    const TOP: u64 = i64::MAX as u64;
+    let end = end.min(TOP);
+    if end <= start {
+        return None;
+    }
+    let mut lock = ofd_range(nix::libc::F_WRLCK, start, end - start)?;
+    fcntl(dir, FcntlArg::F_OFD_GETLK(&mut lock)).ok()?;
+    if i32::from(lock.l_type) == nix::libc::F_UNLCK {
+        return None;
+    }
+    let s = u64::try_from(lock.l_start).ok()?;
+    // A length of 0 runs to the end of any file.
+    let e = match u64::try_from(lock.l_len).ok()? {
+        0 => TOP,
+        len => s.saturating_add(len).min(TOP),
+    };
+    Some((s, e))
 }
 
 #[cfg(test)]

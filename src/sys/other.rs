@@ -3,6 +3,8 @@
 //! Only this process's own start is learnt (from `ps`), to be written as
 //! the `startTime` that pi-research compares.
 
+use std::fs::File;
+
 use nix::time::{ClockId, clock_gettime};
 
 use super::ProcStart;
@@ -69,5 +71,36 @@ pub(super) fn watch_dir(
     _dir: &std::fs::File,
     _on_event: Box<dyn FnMut(super::DirEvent<'_>) -> bool + Send>,
 ) -> Option<DirWatch> {
+    None
+}
+
+/// Whether the filesystem of `file` keeps everything in memory: not known
+/// here, so no.
+pub(crate) fn fs_in_memory(_: &File) -> bool {
+    false
+}
+
+/// Whether `file` is on a network filesystem: not known here, so it counts
+/// as one (the waiting line is an optimisation, left off).
+pub(crate) fn fs_is_remote(_: &File) -> bool {
+    true
+}
+
+/// No OFD byte-range locks here: the waiting line is off.
+#[cfg(test)]
+pub(crate) fn ofd_read_lock(_: &File, _start: u64, _len: u64) -> bool {
+    false
+}
+
+/// No OFD byte-range locks here.
+pub(crate) fn ofd_take_byte(_: &File, _at: u64) -> bool {
+    false
+}
+
+/// No OFD byte-range locks here.
+pub(crate) fn ofd_drop_byte(_: &File, _at: u64) {}
+
+/// No OFD byte-range locks here: nobody is seen ahead.
+pub(crate) fn ofd_held_span(_: &File, _start: u64, _end: u64) -> Option<(u64, u64)> {
     None
 }
