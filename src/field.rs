@@ -20,11 +20,22 @@ type Result<T> = std::result::Result<T, InvalidFields>;
 pub(crate) const MAX_FIELDS_LEN: usize = 4096;
 
 /// The top-level keys of a lock record that leasehold, velocious or
-/// pi-research write or read: an owner field may not take one. Every key
-/// `record::OwnRecord` serializes and `record::parse` reads is here (a
-/// unit test in `record.rs` checks). `host` and `port`, which velocious's
+/// pi-research write or read (docs/format.md): an owner field may not take
+/// one. Every key leasehold's records serialize and its reader reads is
+/// here (a unit test in `record.rs` checks); the format's one list, which
+/// the crate and its tests share. `host` and `port`, which velocious's
 /// server lock publishes, are free.
-pub(crate) const RESERVED_KEYS: &[&str] = &[
+///
+/// # Examples
+///
+/// ```
+/// use leasehold::format::RECORD_KEYS;
+///
+/// assert!(RECORD_KEYS.contains(&"leaseExpiresAt"));
+/// // An owner field may take any other key.
+/// assert!(!RECORD_KEYS.contains(&"port"));
+/// ```
+pub const RESERVED_KEYS: &[&str] = &[
     "uuid",
     "pid",
     "startTime",

@@ -430,4 +430,6 @@ pub use stats::Stats;
 pub const FAILPOINTS: &[&str] = failpoint::FAILPOINTS;
 
 #[doc = include_str!("../docs/format.md")]
-pub mod format {}
+pub mod format {
+    pub use crate::field::RESERVED_KEYS as RECORD_KEYS;
+}

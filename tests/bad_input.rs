@@ -254,25 +254,15 @@ fn any_value() -> impl proptest::strategy::Strategy<Value = String> {
 /// Anything a lock path could hold: JSON objects over the record's field
 /// names with values of any type, other JSON, and garbage.
 fn any_record() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
-    let fields = proptest::sample::select(vec![
-        "uuid",
-        "pid",
-        "startTime",
-        "holderId",
-        "hostname",
-        "acquiredAt",
-        "leaseExpiresAt",
-        "leaseMs",
-        "leasehold",
-        "bootId",
-        "pidNs",
-        "timeNs",
-        "procStart",
-        "renewedAtBoot",
-        "machineId",
-        "fencingToken",
-        "name",
-    ]);
+    // The format's keys that judging reads (the kinds of a shared lock's
+    // marker aside).
+    let fields = proptest::sample::select(
+        leasehold::format::RECORD_KEYS
+            .iter()
+            .copied()
+            .filter(|k| !matches!(*k, "mode" | "permits" | "group"))
+            .collect::<Vec<_>>(),
+    );
     let object = proptest::collection::btree_map(fields, any_value(), 0..10).prop_map(|m| {
         let body: Vec<String> = m.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
         format!("{{{}}}", body.join(",")).into_bytes()
