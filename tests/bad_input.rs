@@ -1,5 +1,6 @@
 //! Bad input, case by case, each with the outcome it must have.
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::time::{Duration, SystemTime};

@@ -1,6 +1,7 @@
 //! The blocking API from synchronous code: plain `#[test]` functions run on
 //! threads without any Tokio runtime, as a plain `fn main` does.
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

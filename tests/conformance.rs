@@ -1,5 +1,6 @@
 //! One behavioural suite, run for every strategy.
 
+#[path = "support/common.rs"]
 mod common;
 
 #[test]

@@ -10,6 +10,7 @@
 //! a name's mutation-lock file (a leasehold process frozen while it
 //! reclaims, joins, leaves or fences that name).
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::fs::File;

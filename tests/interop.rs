@@ -2,6 +2,7 @@
 //! honoured and reclaimed by their rules, and ours carry what they read.
 //! The first seed's own code is run under Node.js where `node` exists.
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader};

@@ -2,6 +2,7 @@
 //! ordinary use, without `Locker::clean`, and nothing a live process uses
 //! is touched.
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::fs::File;

@@ -1,5 +1,6 @@
 //! Knowing when a lock is lost, fencing tokens, and the counters.
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::time::{Duration, Instant, SystemTime};

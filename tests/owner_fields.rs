@@ -2,6 +2,7 @@
 //! a `Locker` writes, in both layouts and for every kind of lock, kept
 //! across renewals, read back by every reader.
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::time::Duration;

@@ -1,5 +1,6 @@
 //! Exclusion between real processes.
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::time::Duration;

@@ -1,5 +1,6 @@
 //! When a lock found on disk may be taken, and when it may not.
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::time::{Duration, SystemTime};

@@ -1,6 +1,7 @@
 //! `LockInfo::stale_reason` says why, as a typed value, for each kind of
 //! stale record leasehold meets.
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::time::{Duration, SystemTime};

@@ -6,6 +6,7 @@
 //! returns early, saying why, where that is unavailable (not Linux 5.6+,
 //! not root, no `unshare`).
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::process::{Command, Stdio};

@@ -63,7 +63,7 @@
 //! `Locker` finds held.
 //!
 //! The child-role code lives here (`child_process_entry`), started by
-//! re-running this test binary, as `tests/common` does, with its own
+//! re-running this test binary, as `tests/support/common.rs` does, with its own
 //! environment variables.
 
 use std::collections::{BTreeMap, HashMap};

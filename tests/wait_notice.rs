@@ -2,6 +2,7 @@
 //! at a slow cadence, whom it waits for; a timeout names the holder last
 //! seen.
 
+#[path = "support/common.rs"]
 mod common;
 
 use std::collections::HashMap;

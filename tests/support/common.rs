@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-#[path = "../support/reexec.rs"]
+#[path = "reexec.rs"]
 pub mod reexec;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
