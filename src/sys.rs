@@ -225,8 +225,10 @@ fn parse_lstart(text: &str) -> Option<u64> {
     u64::try_from(at.unix_timestamp()).ok()
 }
 
-/// What the directory watcher saw.
+/// What the directory watcher saw. (Only a platform with a watcher makes
+/// one; elsewhere the poll is all there is.)
 #[derive(Debug)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) enum DirEvent<'a> {
     /// An entry was removed, moved away, or closed after writing (which is
     /// also what a dying holder's descriptor does); for a watched child

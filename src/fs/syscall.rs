@@ -127,9 +127,11 @@ pub(crate) fn stat_at(dir: &File, name: &str) -> Result<Stat, Errno> {
         _ => Kind::Other,
     };
     let mtime = UNIX_EPOCH + Duration::from_secs(u64::try_from(st.st_mtime).unwrap_or(0));
-    #[allow(clippy::useless_conversion)] // `dev_t` and `ino_t` differ by platform.
+    // `dev_t` and `ino_t` differ by platform (`dev_t` is `i32` on macOS):
+    // a device number is only compared for identity, so its bits serve.
+    #[allow(clippy::useless_conversion, clippy::unnecessary_cast, clippy::cast_sign_loss)]
     Ok(Stat {
-        dev: u64::from(st.st_dev),
+        dev: st.st_dev as u64,
         ino: u64::from(st.st_ino),
         kind,
         mtime,

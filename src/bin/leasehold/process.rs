@@ -209,6 +209,8 @@ pub(super) fn guard_command(
     use nix::sys::signal::SigSet;
     use nix::unistd::{getpid, tcsetpgrp, write};
 
+    // Only where a parent-death signal exists (below) is it compared.
+    #[cfg_attr(not(any(target_os = "linux", target_os = "android")), allow(unused_variables))]
     let parent = getpid();
     #[cfg(any(target_os = "linux", target_os = "android"))]
     if nix::unistd::gettid() != parent {
