@@ -25,6 +25,7 @@ mod line;
 mod lock;
 mod members;
 mod mutex;
+mod release;
 mod syscall;
 mod wake;
 

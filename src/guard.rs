@@ -3,10 +3,11 @@
 //! Ownership, from the outside in: a [`LockGuard`] holds an `Arc<Grant>`;
 //! every guard that re-entered the lock in one scope holds the same
 //! `Grant`. The `Grant` owns the [`Hold`] (the lock as this process holds
-//! it: lease plus renewal). When the last guard goes, [`hand_on`] decides
-//! what becomes of the hold, for `Drop` and `release()` alike: it passes
-//! to the next local waiter through the name's queue, or it is released in
-//! the store and the queue's turn passes on.
+//! it: lease plus renewal). When the last guard goes, [`decide`], the one
+//! owner of release, says what becomes of the hold, for `Drop`,
+//! `release()` and the queue alike: it passes to the next local waiter
+//! through the name's queue, or it goes back to the store (dropping a
+//! `Hold` gives it back) and the queue is told.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -112,23 +113,52 @@ pub(crate) enum TokenStep {
 enum Next {
     /// A local waiter has it now (and the queue's turn).
     HandedOn,
-    /// Release it in the store, then pass the turn on, with a courtesy
-    /// pause for the next local waiter if set.
-    Release { hold: Hold, courtesy: bool },
+    /// Give it back to the store, then tell the queue.
+    GiveBack { hold: Hold, then: Then },
 }
 
-/// The release policy, one for `Drop` and [`LockGuard::release`]: within
-/// [`HANDOFF_WINDOW`] of taking the lock from the store, a lock that is
-/// not lost passes straight to the next local waiter; otherwise it is
-/// released in the store, and the next local waiter (after a
-/// [`COURTESY`] pause) competes for it afresh with other processes.
+/// What the name's queue is told once a hold went back to the store.
+#[derive(Debug, Clone, Copy)]
+enum Then {
+    /// An exclusive hold had the queue's turn: it passes on, after a
+    /// [`COURTESY`] pause for the next local waiter if set.
+    PassTurn { courtesy: bool },
+    /// A shared hold or a permit never held the turn: wake the local
+    /// waiters, which look at the store again.
+    Wake,
+}
+
+impl Then {
+    fn tell(self, queue: &Queue<Hold>) {
+        match self {
+            Then::PassTurn { courtesy } => queue.pass_fresh(courtesy),
+            Then::Wake => queue.changed.notify_waiters(),
+        }
+    }
+}
+
+/// The release policy, the one place that decides what becomes of a
+/// hold whose last guard went, for `Drop`, [`LockGuard::release`] and the
+/// queue (a hold handed to a waiter that went away) alike.
+///
+/// A shared hold or a permit goes back to the store. An exclusive one,
+/// within [`HANDOFF_WINDOW`] of taking the lock from the store and not
+/// lost, passes straight to the next local waiter; otherwise it goes
+/// back to the store, and the next local waiter (after a [`COURTESY`]
+/// pause) competes for it afresh with other processes.
 ///
 /// A lock that was lost is never handed on as held: the local waiter
 /// that receives it checks, as it takes it, and goes to the store
 /// instead. `check_lost` also looks here, for [`LockGuard::release`],
 /// which must report the loss; `Drop` leaves it to the receiver, and
 /// saves a clock read per handoff.
-fn hand_on(hold: Hold, queue: &Queue<Hold>, check_lost: bool) -> Next {
+fn decide(hold: Hold, queue: &Queue<Hold>, check_lost: bool) -> Next {
+    if hold.lease().mode() != Mode::Exclusive {
+        return Next::GiveBack {
+            hold,
+            then: Then::Wake,
+        };
+    }
     let within_window = hold.since().elapsed() < HANDOFF_WINDOW;
     let hold = if within_window && !(check_lost && hold.is_lost()) {
         match queue.offer(hold) {
@@ -138,9 +168,10 @@ fn hand_on(hold: Hold, queue: &Queue<Hold>, check_lost: bool) -> Next {
     } else {
         hold
     };
-    Next::Release {
+    let courtesy = !within_window && queue.has_waiters();
+    Next::GiveBack {
         hold,
-        courtesy: !within_window && queue.has_waiters(),
+        then: Then::PassTurn { courtesy },
     }
 }
 
@@ -217,27 +248,21 @@ impl Grant {
 }
 
 /// The release policy carried out without waiting: hand the hold on, or
-/// release it (dropping a hold releases it, see `Hold`'s `Drop`) and pass
-/// the turn. What `Drop` does, and what the queue does with a hold whose
-/// waiter went away before picking it up (its [`Dispose`](crate::queue::Dispose)).
+/// give it back to the store (dropping a hold does, see `Hold`'s `Drop`)
+/// and tell the queue. What `Drop` does, and what the queue does with a
+/// hold whose waiter went away before picking it up (its
+/// [`Dispose`](crate::queue::Dispose)).
 pub(crate) fn pass_on(hold: Hold, queue: &Queue<Hold>) {
-    if let Next::Release { hold, courtesy } = hand_on(hold, queue, false) {
+    if let Next::GiveBack { hold, then } = decide(hold, queue, false) {
         drop(hold);
-        queue.pass_fresh(courtesy);
+        then.tell(queue);
     }
 }
 
 impl Drop for Grant {
     fn drop(&mut self) {
         if let Some(hold) = self.take() {
-            if self.lease.mode() == Mode::Exclusive {
-                pass_on(hold, &self.queue);
-            } else {
-                // A shared hold or a permit never held the queue's turn:
-                // leave, then wake whoever waits on the disk here.
-                drop(hold);
-                self.queue.changed.notify_waiters();
-            }
+            pass_on(hold, &self.queue);
         }
     }
 }
@@ -473,37 +498,24 @@ impl LockGuard {
         let Some(hold) = grant.take() else {
             return Ok(());
         };
-        if grant.mode() != Mode::Exclusive {
-            // Never held the queue's turn: leave, then wake the local waiter.
-            let lost = hold.is_lost();
-            let released = blocking(move || hold.release(true)).await;
-            grant.queue.changed.notify_waiters();
-            return match (lost, released??) {
-                (true, _) => Err(self.lease.lost_error()),
-                (false, None) => Ok(()),
-                (false, Some(reason)) => Err(Error::Lost {
-                    name: self.lease.name().to_owned(),
-                    reason,
-                }),
-            };
-        }
-        let Next::Release { hold, courtesy } = hand_on(hold, &grant.queue, true) else {
+        let Next::GiveBack { hold, then } = decide(hold, &grant.queue, true) else {
             return Ok(());
         };
-        // The queue's turn is passed on when this future completes or is
-        // dropped, whichever comes first; the release itself finishes on
-        // the blocking pool either way.
-        struct PassOn(Arc<Queue<Hold>>, bool);
-        impl Drop for PassOn {
+        // The queue is told when this future completes or is dropped,
+        // whichever comes first; the release itself finishes on the
+        // blocking pool either way.
+        struct Tell(Arc<Queue<Hold>>, Then);
+        impl Drop for Tell {
             fn drop(&mut self) {
-                self.0.pass_fresh(self.1);
+                self.1.tell(&self.0);
             }
         }
-        let _pass_on = PassOn(Arc::clone(&grant.queue), courtesy);
+        let _tell = Tell(Arc::clone(&grant.queue), then);
         let lost = hold.is_lost();
-        // Inline when the directory lock is free this instant (almost
-        // always: it is held only for a few syscalls), as `Drop` does;
-        // on the blocking pool when that would mean waiting.
+        // Inline when the name's mutation lock is free this instant
+        // (almost always: it is held only for a few syscalls), as `Drop`
+        // does; on the blocking pool when that would mean waiting (and
+        // always for a shared hold, a permit, or a lock on a server).
         let released = match hold.release_now(true) {
             ReleaseNow::Done(released) => released?,
             ReleaseNow::Busy(hold) => blocking(move || hold.release(true)).await??,

@@ -9,7 +9,8 @@ use super::context::Ctx;
 use super::group::Member;
 use super::layout::Strategy;
 use super::mutex::MutationLock;
-use super::{directory, fence, file, later};
+use super::release::{self, Release};
+use super::{directory, fence, file};
 use crate::backend::{BackendLock, ReleaseNow, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
 use crate::name::LockName;
@@ -160,37 +161,46 @@ impl Whole {
             }
         }
     }
+}
 
-    /// Hands the removal to leasehold's release thread, with a copy of
-    /// our descriptors (so our `flock` stays until the lock is gone); this
-    /// one is disarmed. `false` if the descriptors could not be copied
-    /// (out of descriptors): then the lock is left to be judged stale, at
-    /// once, when ours close.
-    fn defer(&mut self) -> bool {
+impl Release for Whole {
+    fn lock_name(&self) -> &str {
+        self.name.as_str()
+    }
+
+    fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
+
+    fn armed(&mut self) -> &mut bool {
+        &mut self.armed
+    }
+
+    fn remove(&self, patience: Duration) -> Result<Option<bool>> {
+        Whole::remove(self, patience)
+    }
+
+    fn still_ours(&self) -> Result<bool> {
+        self.ctx.names(&self.name, self.dev, self.ino)
+    }
+
+    fn copy(&self) -> std::io::Result<Self> {
         let node = match &self.node {
             Node::File {
                 file,
                 _named,
                 record_len,
-            } => file.try_clone().and_then(|file| {
-                Ok(Node::File {
-                    file,
-                    _named: _named.as_ref().map(File::try_clone).transpose()?,
-                    record_len: *record_len,
-                })
-            }),
-            Node::Dir { dir, record_file } => dir.try_clone().and_then(|dir| {
-                Ok(Node::Dir {
-                    dir,
-                    record_file: record_file.try_clone()?,
-                })
-            }),
+            } => Node::File {
+                file: file.try_clone()?,
+                _named: _named.as_ref().map(File::try_clone).transpose()?,
+                record_len: *record_len,
+            },
+            Node::Dir { dir, record_file } => Node::Dir {
+                dir: dir.try_clone()?,
+                record_file: record_file.try_clone()?,
+            },
         };
-        let Ok(node) = node else {
-            return false;
-        };
-        self.armed = false;
-        later::defer(Box::new(Whole {
+        Ok(Whole {
             ctx: Arc::clone(&self.ctx),
             name: self.name.clone(),
             dev: self.dev,
@@ -198,16 +208,7 @@ impl Whole {
             record: self.record.clone(),
             node,
             armed: true,
-        }));
-        true
-    }
-}
-
-impl later::Retry for Whole {
-    fn retry(&mut self) -> bool {
-        let done = later::done(self.remove(later::PATIENCE), self.name.as_str());
-        self.armed &= !done;
-        done
+        })
     }
 }
 
@@ -309,38 +310,10 @@ impl Whole {
         })
     }
 
-    /// A lock in a moved directory is removed there all the same, but was
-    /// not a lock. The path lookup that tells is made only with `confirm`:
-    /// a guard's `Drop`, which reports nothing, is spared it.
-    ///
-    /// With `confirm` (`release().await`, on the blocking pool) it waits up
-    /// to half a second for the name's mutation lock; without (a `Drop`),
-    /// not at all. Either way, a mutation lock that stays taken (another
-    /// process frozen while changing this name) hands the removal to the
-    /// release thread rather than failing or blocking the caller.
+    /// Releases the lock (see `fs/release.rs`); `None` when it was ours to
+    /// the end, otherwise why not.
     fn release(mut self, confirm: bool) -> Result<Option<LossReason>> {
-        let moved = if confirm { self.ctx.dir_moved() } else { None };
-        let patience = if confirm {
-            Duration::from_millis(500)
-        } else {
-            later::DROP_PATIENCE
-        };
-        self.armed = false;
-        let released = match self.remove(patience)? {
-            Some(released) => released,
-            None => {
-                // Whether it is still ours can be seen without the lock.
-                let ours = self.ctx.names(&self.name, self.dev, self.ino)?;
-                if ours {
-                    self.armed = true;
-                    if !self.defer() {
-                        self.armed = false;
-                    }
-                }
-                ours
-            }
-        };
-        Ok(moved.or((!released).then_some(LossReason::Replaced)))
+        release::let_go(&mut self, confirm)
     }
 
     /// [`release`](Self::release) if the name's mutation lock is free this
@@ -356,35 +329,13 @@ impl Whole {
         self.armed = false;
         ReleaseNow::Done(
             self.remove_under(mutation)
-                .map(|released| moved.or((!released).then_some(LossReason::Replaced))),
+                .map(|released| release::outcome(moved, released)),
         )
     }
 }
 
 impl Drop for Whole {
     fn drop(&mut self) {
-        if !std::mem::take(&mut self.armed) {
-            return;
-        }
-        match self.remove(later::DROP_PATIENCE) {
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                self.armed = true;
-                if !self.defer() {
-                    self.armed = false;
-                    tracing::warn!(
-                        lock = self.name.as_str(),
-                        "could not hand a release to the release thread; the lock is judged stale once our descriptors close"
-                    );
-                }
-            }
-            // The lock stays until it is judged stale (at once, since our
-            // flock goes with it).
-            Err(error) => tracing::warn!(
-                lock = self.name.as_str(),
-                %error,
-                "releasing a dropped lock failed; it stays until it is judged stale"
-            ),
-        }
+        release::on_drop(self);
     }
 }

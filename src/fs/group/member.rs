@@ -17,8 +17,9 @@ use crate::backend::{Mode, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
 use crate::fs::context::Ctx;
 use crate::fs::layout::Strategy;
+use crate::fs::release::{self, Release};
 use crate::fs::syscall::{self, Errno};
-use crate::fs::{fence, file, later};
+use crate::fs::{fence, file};
 use crate::name::LockName;
 use crate::record::{OwnRecord, Parsed};
 use crate::sys;
@@ -320,65 +321,10 @@ impl Member {
         Ok(tokens)
     }
 
-    /// Leaves the group; `None` when we held to the end, otherwise why not.
-    ///
-    /// With `confirm` (`release().await`, on the blocking pool) it waits
-    /// up to half a second for the name's mutation lock; without (a
-    /// `Drop`), not at all. A mutation lock that stays taken hands the
-    /// leaving to the release thread (`fs::later`), our record still
-    /// flocked, rather than failing or blocking the caller.
+    /// Leaves the group (see `fs/release.rs`); `None` when we held to
+    /// the end, otherwise why not.
     pub(crate) fn release(mut self, confirm: bool) -> Result<Option<LossReason>> {
-        let moved = if confirm { self.ctx.dir_moved() } else { None };
-        let patience = if confirm {
-            Duration::from_millis(500)
-        } else {
-            later::DROP_PATIENCE
-        };
-        self.armed = false;
-        let was_here = match self.leave(patience)? {
-            Some(was_here) => was_here,
-            None => {
-                let here = self.still_here()?;
-                if here {
-                    self.defer();
-                }
-                here
-            }
-        };
-        Ok(moved.or((!was_here).then_some(LossReason::Replaced)))
-    }
-
-    /// Hands the leaving to the release thread, with copies of our
-    /// descriptors (so our flocks stay until we have left); `self` is
-    /// disarmed. Out of descriptors, we leave by closing them: our record,
-    /// its flock free, is then judged dead at once.
-    fn defer(&mut self) {
-        self.armed = false;
-        let copy = || -> std::io::Result<Member> {
-            Ok(Member {
-                ctx: Arc::clone(&self.ctx),
-                name: self.name.clone(),
-                mode: self.mode,
-                dir: self.dir.try_clone()?,
-                dir_id: self.dir_id,
-                file: self.file.try_clone()?,
-                file_name: self.file_name.clone(),
-                id: self.id,
-                record: self.record.clone(),
-                record_len: self.record_len,
-                marker: self.marker.as_ref().map(File::try_clone).transpose()?,
-                sign: Arc::clone(&self.sign),
-                armed: true,
-            })
-        };
-        match copy() {
-            Ok(member) => later::defer(Box::new(member)),
-            Err(error) => tracing::warn!(
-                lock = self.name.as_str(),
-                %error,
-                "could not hand a shared lock's release to the release thread; its record is judged dead once our descriptors close"
-            ),
-        }
+        release::let_go(&mut self, confirm)
     }
 
     /// Removes our record and, if we were the last holder, the marker; if
@@ -426,27 +372,48 @@ impl Member {
     }
 }
 
-impl later::Retry for Member {
-    fn retry(&mut self) -> bool {
-        let done = later::done(self.leave(later::PATIENCE), self.name.as_str());
-        self.armed &= !done;
-        done
+impl Release for Member {
+    fn lock_name(&self) -> &str {
+        self.name.as_str()
+    }
+
+    fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
+
+    fn armed(&mut self) -> &mut bool {
+        &mut self.armed
+    }
+
+    fn remove(&self, patience: Duration) -> Result<Option<bool>> {
+        self.leave(patience)
+    }
+
+    fn still_ours(&self) -> Result<bool> {
+        self.still_here()
+    }
+
+    fn copy(&self) -> std::io::Result<Self> {
+        Ok(Member {
+            ctx: Arc::clone(&self.ctx),
+            name: self.name.clone(),
+            mode: self.mode,
+            dir: self.dir.try_clone()?,
+            dir_id: self.dir_id,
+            file: self.file.try_clone()?,
+            file_name: self.file_name.clone(),
+            id: self.id,
+            record: self.record.clone(),
+            record_len: self.record_len,
+            marker: self.marker.as_ref().map(File::try_clone).transpose()?,
+            sign: Arc::clone(&self.sign),
+            armed: true,
+        })
     }
 }
 
 impl Drop for Member {
     fn drop(&mut self) {
-        if !std::mem::take(&mut self.armed) {
-            return;
-        }
-        match self.leave(later::DROP_PATIENCE) {
-            Ok(Some(_)) => {}
-            Ok(None) => self.defer(),
-            Err(error) => tracing::warn!(
-                lock = self.name.as_str(),
-                %error,
-                "leaving a shared lock failed; the record stays until it is judged stale"
-            ),
-        }
+        release::on_drop(self);
     }
 }
