@@ -3,10 +3,22 @@
 //! the JSON documents of `--json` (every key always present), and warnings
 //! and errors on standard error.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use std::error::Error as StdError;
+use std::io::Write;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use leasehold::{LockInfo, LockKind, Owner};
 use serde::Serialize;
-use serde_json::Map;
+use serde_json::{Map, Value};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::acquire::Want;
+use super::args::{Inspect, StrategyArg};
+use super::locker::inspecting;
+use super::target::{self, Target};
+use super::{EXIT_ERROR, Failure};
 
 /// Who a conflict was with, in words: the point of the message is to tell
 /// the user which processes to look at.
