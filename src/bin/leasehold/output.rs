@@ -132,7 +132,17 @@ pub(super) async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
         emit(&to_json(&doc));
         return Ok(code);
     }
-    let mut text = match (live, stale) {
+    let mut text = headline(&target, live, stale);
+    details(&mut text, found.as_ref(), live, &doc);
+    emit(&text);
+    Ok(code)
+}
+
+/// The first line of `holder`: how the lock is held, or that it is free
+/// (and what a stale lock left).
+fn headline(target: &Target, live: Option<&LockInfo>, stale: Option<&LockInfo>) -> String {
+    let shown = target.shown();
+    match (live, stale) {
         (Some(info), _) => match info.kind() {
             LockKind::Exclusive => format!("lock {shown:?} is held (holder alive)\n"),
             LockKind::Shared => format!(
@@ -156,7 +166,13 @@ pub(super) async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
             }
         ),
         (None, None) => format!("lock {shown:?} is free\n"),
-    };
+    }
+}
+
+/// The lines under the headline of `holder`: the kind, and the keys of
+/// the JSON document, one block per holder of a shared lock or a
+/// semaphore.
+fn details(text: &mut String, found: Option<&LockInfo>, live: Option<&LockInfo>, doc: &LockEntry) {
     let line = |text: &mut String, label: &str, value: &Value| match value {
         Value::Null => {}
         Value::String(s) => text.push_str(&format!("  {label:<15}{}\n", s.escape_debug())),
@@ -167,12 +183,12 @@ pub(super) async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
         Value::String(s) => text.push_str(&format!("    {label:<15}{}\n", s.escape_debug())),
         other => text.push_str(&format!("    {label:<15}{other}\n")),
     };
-    if let Some(kind) = found.as_ref().map(|l| kind_text(l.kind())) {
-        line(&mut text, "kind:", &Value::String(kind));
+    if let Some(kind) = found.map(|l| kind_text(l.kind())) {
+        line(text, "kind:", &Value::String(kind));
     }
     // The same fields as the JSON, read from it, so the two outputs
     // cannot disagree.
-    let doc = serde_json::to_value(&doc).unwrap_or(Value::Null);
+    let doc = serde_json::to_value(doc).unwrap_or(Value::Null);
     let fields = [
         ("pid", "pid:"),
         ("hostname", "host:"),
@@ -183,27 +199,25 @@ pub(super) async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
     ];
     if live.is_some_and(|l| l.kind() != LockKind::Exclusive) {
         // Every holder of a shared lock or a semaphore, one block each.
-        line(&mut text, "path:", &doc["path"]);
+        line(text, "path:", &doc["path"]);
         for (n, holder) in doc["holders"].as_array().into_iter().flatten().enumerate() {
             text.push_str(&format!("  holder {}:\n", n + 1));
             for (key, label) in fields {
-                nested(&mut text, label, &holder[key]);
+                nested(text, label, &holder[key]);
             }
             for (key, value) in holder["fields"].as_object().into_iter().flatten() {
-                nested(&mut text, &format!("{}:", key.escape_debug()), value);
+                nested(text, &format!("{}:", key.escape_debug()), value);
             }
         }
     } else {
         for (key, label) in fields.into_iter().chain([("path", "path:")]) {
-            line(&mut text, label, &doc[key]);
+            line(text, label, &doc[key]);
         }
         // Owner fields: `port: 3006`, `host: 127.0.0.1`.
         for (key, value) in doc["fields"].as_object().into_iter().flatten() {
-            line(&mut text, &format!("{}:", key.escape_debug()), value);
+            line(text, &format!("{}:", key.escape_debug()), value);
         }
     }
-    emit(&text);
-    Ok(code)
 }
 
 /// `1 holder`, `2 holders`.
