@@ -210,7 +210,6 @@
 // `pre_exec` hook, fenced in `guard_command`. The library forbids it.
 #![deny(unsafe_code)]
 
-use std::error::Error as StdError;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -218,16 +217,22 @@ use clap::Parser;
 use nix::sys::signal::Signal;
 
 // Beside this file, not in src/bin/, where Cargo would take each for a
-// binary of its own. `run` (run.rs) takes its lock (acquire.rs, saying
-// what it waits for in status.rs) and guards CMD (process.rs); `holder`,
-// `list` and `clean` are in output.rs; every command builds its `Locker`
-// in locker.rs from the options of args.rs.
+// binary of its own. `run` (run.rs) takes its lock (acquire.rs, as want.rs
+// says, telling what it waits for in status.rs) and guards CMD
+// (process.rs); `holder`, `list` and `clean` are in inspect.rs. Every
+// command builds its `Locker` in locker.rs from the options of args.rs,
+// prints through output.rs and exits as exit.rs says. The files import
+// each other without a circle, and none imports this one.
 #[path = "leasehold/acquire.rs"]
 mod acquire;
 #[path = "leasehold/args.rs"]
 mod args;
 #[path = "leasehold/duration.rs"]
 mod duration;
+#[path = "leasehold/exit.rs"]
+mod exit;
+#[path = "leasehold/inspect.rs"]
+mod inspect;
 #[path = "leasehold/locker.rs"]
 mod locker;
 #[path = "leasehold/output.rs"]
@@ -240,30 +245,15 @@ mod run;
 mod status;
 #[path = "leasehold/target.rs"]
 mod target;
+#[path = "leasehold/want.rs"]
+mod want;
 
 use args::{Cli, Command, PAGES};
-use output::{chain, clean, emit, holder, list, warn};
+use exit::EXIT_ERROR;
+use inspect::{clean, holder, list};
+use output::{chain, emit, warn};
 use process::{WATCHDOG, watchdog};
 use run::run;
-
-/// Exit status for library and setup errors; clap uses it for bad usage too.
-const EXIT_ERROR: u8 = 2;
-
-/// Exit status when the lock directory (or, for a lock given by its path,
-/// its directory) does not exist: sysexits' `EX_NOINPUT`, as flock(1)
-/// exits when it cannot open the lock file.
-const EXIT_NO_DIRECTORY: u8 = 66;
-
-/// Exit status of `run` when the lock was lost while CMD ran: sysexits'
-/// `EX_TEMPFAIL`, distinct from the tool's other statuses.
-const EXIT_LOST: u8 = 75;
-
-/// Exit status of `run --shared` or `run --permits` when NAME is held as
-/// another kind: sysexits' `EX_CONFIG`, for processes that disagree on
-/// what NAME is.
-const EXIT_KIND_MISMATCH: u8 = 78;
-
-type Failure = Box<dyn StdError + Send + Sync>;
 
 fn main() -> ExitCode {
     // Internal to `run`, so not a subcommand: the man page and the

@@ -1,18 +1,17 @@
-//! How `run` takes its lock: exclusive, shared or one permit of a
-//! semaphore ([`Want`]), at once, within `-w` or whenever it comes, and
-//! what it says when it gives up.
+//! How `run` takes its lock: at once, within `-w` or whenever it comes,
+//! and what it says when it gives up or finds NAME held as another kind.
 
 use std::time::{Duration, Instant};
 
-use leasehold::{LockGuard, Locker, Semaphore};
+use leasehold::{LockGuard, Locker};
 
-use super::EXIT_KIND_MISMATCH;
-use super::Failure;
 use super::args::RunArgs;
+use super::exit::{EXIT_KIND_MISMATCH, Failure};
 use super::output::{chain, conflict, holders_of, warn};
 use super::process::Forwarded;
 use super::status::Waiting;
 use super::target::Target;
+use super::want::Want;
 
 /// Takes the lock `run` asks for: at once, within `-w`, or whenever it
 /// comes, saying what it waits for (see `status.rs`). Else the status to
@@ -115,51 +114,4 @@ async fn kind_mismatch(locker: &Locker, name: &str, error: &leasehold::Error) ->
         chain(error)
     ));
     EXIT_KIND_MISMATCH
-}
-
-/// How `run` holds NAME.
-pub(super) enum Want {
-    Exclusive,
-    Shared,
-    Permit(Semaphore),
-}
-
-impl Want {
-    fn new(args: &RunArgs, locker: &Locker, name: &str) -> Result<Self, leasehold::Error> {
-        Ok(match (args.shared, args.permits) {
-            (_, Some(permits)) => Want::Permit(locker.semaphore(name, permits)?),
-            (true, None) => Want::Shared,
-            (false, None) => Want::Exclusive,
-        })
-    }
-
-    /// Every acquisition below is cancel safe, as the library's are.
-    async fn try_acquire(&self, locker: &Locker, name: &str) -> leasehold::Result<Option<LockGuard>> {
-        match self {
-            Want::Exclusive => locker.try_acquire(name).await,
-            Want::Shared => locker.try_acquire_shared(name).await,
-            Want::Permit(semaphore) => semaphore.try_acquire().await,
-        }
-    }
-
-    async fn acquire(&self, locker: &Locker, name: &str) -> leasehold::Result<LockGuard> {
-        match self {
-            Want::Exclusive => locker.acquire(name).await,
-            Want::Shared => locker.acquire_shared(name).await,
-            Want::Permit(semaphore) => semaphore.acquire().await,
-        }
-    }
-
-    async fn acquire_timeout(
-        &self,
-        locker: &Locker,
-        name: &str,
-        wait: Duration,
-    ) -> leasehold::Result<LockGuard> {
-        match self {
-            Want::Exclusive => locker.acquire_timeout(name, wait).await,
-            Want::Shared => locker.acquire_shared_timeout(name, wait).await,
-            Want::Permit(semaphore) => semaphore.acquire_timeout(wait).await,
-        }
-    }
 }

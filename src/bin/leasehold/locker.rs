@@ -8,9 +8,9 @@ use std::time::Duration;
 use leasehold::{Locker, PathStyle, Strategy};
 
 use super::args::{Common, RunArgs, StrategyArg};
+use super::exit::{EXIT_ERROR, EXIT_NO_DIRECTORY, Failure};
 use super::output::warn;
 use super::target::{self, Target};
-use super::{EXIT_ERROR, EXIT_NO_DIRECTORY, Failure};
 
 /// How a command's `Locker` is built, beyond `--dir` and `--strategy`.
 #[derive(Debug, Default)]

@@ -13,8 +13,8 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 
+use super::exit::{EXIT_ERROR, Failure};
 use super::output::warn;
-use super::{EXIT_ERROR, Failure};
 
 /// How often `run` checks whether CMD's process group is empty, once CMD
 /// itself has exited.

@@ -20,14 +20,15 @@ use serde_json::json;
 
 use super::acquire::take;
 use super::args::RunArgs;
+use super::exit::{EXIT_ERROR, EXIT_LOST, Failure};
 use super::locker::running;
 use super::output::{chain, warn};
 use super::process::{
     Forwarded, GROUP_POLL, Terminal, Watchdog, become_subreaper, command, group_is_empty, reap_orphans,
     signal_group, spawn,
 };
+use super::status;
 use super::target::Target;
-use super::{EXIT_ERROR, EXIT_LOST, Failure, status};
 
 /// The library's default lease, which `run` keeps unless `--lease` says.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);

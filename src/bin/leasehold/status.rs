@@ -12,9 +12,9 @@ use std::time::{Duration, Instant, SystemTime};
 use leasehold::{LockInfo, Locker};
 use serde_json::{Value, json};
 
-use super::acquire::Want;
 use super::duration::short;
 use super::output::{conflict, holder_entry, warn};
+use super::want::Want;
 
 /// How long a wait goes on before a terminal shows the live line.
 const LIVE_AFTER: Duration = Duration::from_secs(2);
