@@ -1,10 +1,20 @@
 //! What `run` does around CMD besides the lock: its watchdog (a child
-//! that kills CMD's process group if `run` dies), the subreaper and the
+//! that kills CMD's process group if `run` dies), the signals it forwards,
+//! starting CMD guarded and with its environment, the subreaper and the
 //! reaping of orphans, signalling and watching CMD's process group, and
 //! handing the terminal to CMD and back.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use std::ffi::OsString;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::exit::{EXIT_ERROR, Failure};
+use super::output::warn;
 
 /// How often `run` checks whether CMD's process group is empty, once CMD
 /// itself has exited.
@@ -34,7 +44,7 @@ impl Watchdog {
         let (read, write) = std::io::pipe().map_err(|e| format!("cannot create a pipe: {e}"))?;
         // This very binary even if it was replaced or deleted since.
         #[cfg(any(target_os = "linux", target_os = "android"))]
-        let exe = PathBuf::from("/proc/self/exe");
+        let exe = std::path::PathBuf::from("/proc/self/exe");
         #[cfg(not(any(target_os = "linux", target_os = "android")))]
         let exe = std::env::current_exe()?;
         let process = std::process::Command::new(exe)
@@ -113,6 +123,70 @@ pub(super) fn watchdog() -> ExitCode {
     }
     let _ = nix::sys::signal::killpg(group, Signal::SIGKILL);
     ExitCode::SUCCESS
+}
+
+/// Signals the tool forwards to CMD's process group. Installed before the wait for the lock,
+/// so a signal is never lost between taking the lock and spawning CMD.
+pub(super) struct Forwarded([tokio::signal::unix::Signal; 3]);
+
+impl Forwarded {
+    pub(super) fn install() -> Result<Self, Failure> {
+        let one = |kind| signal(kind).map_err(|e| format!("cannot install a signal handler: {e}"));
+        Ok(Self([
+            one(SignalKind::interrupt())?,
+            one(SignalKind::terminate())?,
+            one(SignalKind::hangup())?,
+        ]))
+    }
+
+    /// The next signal; never resolves if the signal driver has gone away,
+    /// rather than spinning.
+    pub(super) async fn recv(&mut self) -> Signal {
+        let [int, term, hup] = &mut self.0;
+        tokio::select! {
+            Some(()) = int.recv() => Signal::SIGINT,
+            Some(()) = term.recv() => Signal::SIGTERM,
+            Some(()) = hup.recv() => Signal::SIGHUP,
+            else => std::future::pending().await,
+        }
+    }
+}
+
+/// CMD with its arguments and its environment: `LEASEHOLD_NAME` (the lock
+/// as given) and `LEASEHOLD_FENCING_TOKEN` (when the lock has one).
+pub(super) fn command(
+    program: &OsString,
+    args: &[OsString],
+    shown: &str,
+    token: Option<u64>,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(program);
+    command.args(args).env("LEASEHOLD_NAME", shown);
+    if let Some(token) = token {
+        command.env("LEASEHOLD_FENCING_TOKEN", token.to_string());
+    }
+    // CMD leads a process group of its own: the unit that is signalled,
+    // waited for and, by the watchdog, killed.
+    command.process_group(0);
+    command
+}
+
+/// Starts CMD guarded (see [`guard_command`]) and hands it the terminal if
+/// `terminal`. Not async, so no `.await` comes between the check in
+/// `guard_command` and the fork: it forks on the thread checked. The outer
+/// error is the tool's; the inner one says CMD could not be started.
+pub(super) fn spawn(
+    command: &mut tokio::process::Command,
+    watchdog: &Watchdog,
+    terminal: Option<&Terminal>,
+) -> Result<std::io::Result<tokio::process::Child>, Failure> {
+    guard_command(command, watchdog, terminal)?;
+    let spawned = command.spawn();
+    if let (Some(terminal), Ok(child)) = (terminal, &spawned) {
+        // CMD's hook did this already; shells do it on both sides too.
+        terminal.give_to(child.id().and_then(|p| i32::try_from(p).ok()));
+    }
+    Ok(spawned)
 }
 
 /// Orphaned descendants of CMD are reparented to us, not to init, so that
@@ -200,7 +274,7 @@ impl Drop for Terminal {
 /// `Command::spawn` forks on the calling thread; the check below keeps that
 /// true (a runtime worker or a blocking-pool thread may exit while we live).
 #[allow(unsafe_code)]
-pub(super) fn guard_command(
+fn guard_command(
     command: &mut tokio::process::Command,
     watchdog: &Watchdog,
     terminal: Option<&Terminal>,

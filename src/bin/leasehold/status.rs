@@ -13,7 +13,8 @@ use leasehold::{LockInfo, Locker};
 use serde_json::{Value, json};
 
 use super::duration::short;
-use super::{Want, conflict, holder_entry, warn};
+use super::output::{conflict, holder_entry, warn};
+use super::want::Want;
 
 /// How long a wait goes on before a terminal shows the live line.
 const LIVE_AFTER: Duration = Duration::from_secs(2);

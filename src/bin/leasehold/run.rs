@@ -1,0 +1,256 @@
+//! `leasehold run`: take the lock, run CMD under it until CMD's process
+//! group is empty, and exit with CMD's status.
+//!
+//! In order: check the arguments; install the signals to forward and start
+//! the watchdog, both before the lock is taken (no signal is lost between
+//! taking the lock and spawning CMD, and a tool that cannot guard CMD never
+//! takes the lock); build the `Locker` (locker.rs) and take the lock
+//! (acquire.rs); start CMD guarded (process.rs); wait until CMD's group is
+//! empty, forwarding signals to it and stopping it if the lock is lost;
+//! release the lock; exit with CMD's status, or [`EXIT_LOST`].
+
+use std::ffi::OsString;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use leasehold::LockGuard;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use serde_json::json;
+
+use super::acquire::take;
+use super::args::RunArgs;
+use super::exit::{EXIT_ERROR, EXIT_LOST, Failure};
+use super::locker::running;
+use super::output::{chain, warn};
+use super::process::{
+    Forwarded, GROUP_POLL, Terminal, Watchdog, become_subreaper, command, group_is_empty, reap_orphans,
+    signal_group, spawn,
+};
+use super::status;
+use super::target::Target;
+
+/// The library's default lease, which `run` keeps unless `--lease` says.
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+pub(super) async fn run(mut args: RunArgs) -> Result<u8, Failure> {
+    let started = Instant::now();
+    let (target, argv) = match args.resolve() {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            warn(&e);
+            return Ok(EXIT_ERROR);
+        }
+    };
+    let kill_after = args.kill_after();
+    check_kill_after(args.lease, kill_after);
+    let mut signals = Forwarded::install()?;
+    // Before the lock is taken, so that a tool that cannot guard CMD never
+    // takes it: CMD must not run without the watchdog.
+    let watchdog = match Watchdog::start() {
+        Ok(watchdog) => watchdog,
+        Err(e) => {
+            warn(&format!(
+                "cannot start the watchdog that stops the command if leasehold dies: {}; not running the command",
+                chain(&*e)
+            ));
+            return Ok(EXIT_ERROR);
+        }
+    };
+    become_subreaper()?;
+    let locker = match running(&args, &target)? {
+        Ok(locker) => locker,
+        Err(exit) => return Ok(exit),
+    };
+    let guard = match take(&args, &locker, &target, &mut signals, started).await? {
+        Ok(guard) => guard,
+        Err(exit) => return Ok(exit),
+    };
+
+    let Some((program, rest)) = argv.split_first() else {
+        return Err("no command given".into());
+    };
+    let mut command = command(program, rest, target.shown(), guard.fencing_token());
+    let terminal = Terminal::if_foreground();
+    let mut child = match spawn(&mut command, &watchdog, terminal.as_ref())? {
+        Ok(child) => child,
+        Err(e) => return Ok(not_started(program, &e, terminal, &watchdog, guard).await),
+    };
+    // Taken now: once reaped, the child no longer reports its pid. CMD's
+    // pid is its process group id.
+    let Some(group) = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw) else {
+        // Cannot happen before the child is waited for; never leave it unguarded.
+        let _ = child.start_kill();
+        return Err("internal error: the command has no process id".into());
+    };
+    let loss = Loss {
+        target: &target,
+        json: args.json,
+        kill_after,
+    };
+    let (status, lost) = watch(&mut child, group, &guard, &mut signals, &loss).await;
+    // The group is empty: nothing is left for the watchdog to kill, and
+    // CMD's pid may now be reused by an unrelated process group.
+    watchdog.disarm();
+    drop(terminal);
+    let lost = release(guard, lost, &loss).await;
+    let status = status.map_err(|e| format!("cannot wait for the command: {e}"))?;
+    if lost {
+        return Ok(EXIT_LOST);
+    }
+    Ok(exit_status(status))
+}
+
+/// Warns that a `--kill-after` longer than the lease's safety margin may
+/// let CMD run on after another process took the lock.
+fn check_kill_after(lease: Option<Duration>, kill_after: Duration) {
+    // A failing renewal reports the loss a quarter of the lease before it
+    // runs out (the renew interval, a third, is longer): a longer grace
+    // lets CMD run on after another process may have taken the lock.
+    let margin = lease.unwrap_or(DEFAULT_LEASE) / 4;
+    if kill_after > margin {
+        warn(&format!(
+            "warning: --kill-after {kill_after:?} is longer than the {margin:?} between a failing renewal and the end of the lease: if the lock is lost, the command may still run when another process takes it"
+        ));
+    }
+}
+
+/// CMD could not be started, so nothing ran under the lock: lets the
+/// lock go, and exits as a shell does, 127 if CMD was not found, else 126.
+async fn not_started(
+    program: &OsString,
+    error: &std::io::Error,
+    terminal: Option<Terminal>,
+    watchdog: &Watchdog,
+    guard: LockGuard,
+) -> u8 {
+    drop(terminal);
+    watchdog.disarm();
+    warn(&format!("cannot run {program:?}: {error}"));
+    let _ = guard.release().await;
+    let not_found = error.kind() == std::io::ErrorKind::NotFound;
+    if not_found { 127 } else { 126 }
+}
+
+/// Waits until CMD has exited and its process group is empty, forwarding
+/// the tool's signals to the group, and stopping the group if the lock is
+/// lost meanwhile. Returns CMD's own status, and whether the loss was seen.
+async fn watch(
+    child: &mut tokio::process::Child,
+    group: Pid,
+    guard: &LockGuard,
+    signals: &mut Forwarded,
+    loss: &Loss<'_>,
+) -> (std::io::Result<ExitStatus>, bool) {
+    let mut lost = false;
+    // When the group gets SIGKILL, once the lock is lost; `None` before,
+    // after, or for a grace too long to represent (then SIGTERM is all).
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    // CMD's own status, once Tokio has collected it.
+    let mut status: Option<std::io::Result<ExitStatus>> = None;
+    loop {
+        if status.is_some() {
+            // Only now: before CMD's status is collected, this would take
+            // it from Tokio.
+            reap_orphans();
+            if group_is_empty(group) {
+                break;
+            }
+        }
+        tokio::select! {
+            biased;
+            done = child.wait(), if status.is_none() => status = Some(done),
+            sig = signals.recv() => signal_group(group, sig),
+            () = guard.lost(), if !lost => {
+                lost = true;
+                kill_at = loss.stop(group);
+            }
+            () = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
+                kill_at = None;
+                loss.kill(group);
+            }
+            () = tokio::time::sleep(GROUP_POLL), if status.is_some() => {}
+        }
+    }
+    let status = status.unwrap_or_else(|| Err(std::io::Error::other("no status")));
+    (status, lost)
+}
+
+/// Releases the lock once CMD's group is empty. Returns whether the lock
+/// was lost: `lost`, the loss seen while CMD ran, or one the release finds.
+async fn release(guard: LockGuard, lost: bool, loss: &Loss<'_>) -> bool {
+    match guard.release().await {
+        Ok(()) => lost,
+        Err(e) if e.is_lost() && lost => true,
+        // CMD finished before the loss was noticed, but may have run
+        // alongside another holder all the same: the caller must know.
+        Err(e) if e.is_lost() => {
+            loss.found_late(&e);
+            true
+        }
+        Err(e) => {
+            warn(&format!("warning: {}", chain(&e)));
+            lost
+        }
+    }
+}
+
+/// CMD's status as a shell gives it: its exit code, or 128+N if signal N
+/// killed it.
+fn exit_status(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + (sig & 0x7f)).unwrap_or(1),
+        (None, None) => 1,
+    }
+}
+
+/// What `run` says and does when its lock is lost.
+struct Loss<'a> {
+    target: &'a Target,
+    json: bool,
+    kill_after: Duration,
+}
+
+impl Loss<'_> {
+    /// Lost while CMD's group runs: says so, sends the group SIGTERM, and
+    /// returns when to send it SIGKILL.
+    fn stop(&self, group: Pid) -> Option<tokio::time::Instant> {
+        if self.json {
+            let kill_after_ms = u64::try_from(self.kill_after.as_millis()).unwrap_or(u64::MAX);
+            status::event(
+                "lost",
+                self.target.shown(),
+                json!({ "killAfterMs": kill_after_ms }),
+            );
+        }
+        warn(&format!(
+            "warning: lock {:?} was lost while the command ran; sending its process group SIGTERM, and SIGKILL in {:?}",
+            self.target.name(),
+            self.kill_after
+        ));
+        signal_group(group, Signal::SIGTERM);
+        tokio::time::Instant::now().checked_add(self.kill_after)
+    }
+
+    /// The group outlived `--kill-after` after SIGTERM.
+    fn kill(&self, group: Pid) {
+        warn(&format!(
+            "warning: the command's process group did not exit within {:?} of SIGTERM; sending it SIGKILL",
+            self.kill_after
+        ));
+        signal_group(group, Signal::SIGKILL);
+    }
+
+    /// Found only by the release, once the group had exited.
+    fn found_late(&self, error: &leasehold::Error) {
+        if self.json {
+            status::event("lost", self.target.shown(), json!({ "killAfterMs": null }));
+        }
+        warn(&format!(
+            "warning: the lock was lost while the command ran: {}",
+            chain(error)
+        ));
+    }
+}
