@@ -757,11 +757,13 @@ impl LockerBuilder {
             let pg = crate::postgres::Pg::connect(url, holder_id, fields, self.lease, waiters)?;
             return Ok(Store::Postgres(Arc::new(pg)));
         }
-        let settings = fs::Settings {
+        let place = fs::Place {
             directory: self.directory,
             allow_insecure: self.allow_insecure_directory,
             create: self.create_directory,
             read_only: self.read_only,
+        };
+        let settings = fs::Settings {
             strategy: self.strategy,
             lease: self.lease,
             grace: self.grace,
@@ -771,7 +773,7 @@ impl LockerBuilder {
             fields,
         };
         Ok(Store::Fs(Arc::new(Fs::open(
-            settings, holder_id, counters, waiters,
+            place, settings, holder_id, counters, waiters,
         )?)))
     }
 

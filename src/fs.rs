@@ -41,6 +41,7 @@ use crate::stale::{self, Verdict};
 use crate::stats::Counters;
 
 use context::Ctx;
+pub(crate) use context::{Place, Settings};
 pub(crate) use default_dir::{open_per_user, per_user_directory};
 pub(crate) use dir::LockDir;
 use found::Found;
@@ -53,25 +54,6 @@ use wake::Watcher;
 /// Create-or-reclaim rounds in one attempt before reporting contention; a
 /// round only repeats when the lock changed hands under us.
 const ROUNDS: usize = 4;
-
-/// The settings of a `Locker` that keeps its locks in a directory.
-#[derive(Debug)]
-pub(crate) struct Settings {
-    /// `None`: the per-user default directory.
-    pub(crate) directory: Option<PathBuf>,
-    pub(crate) allow_insecure: bool,
-    /// Whether a missing directory is created.
-    pub(crate) create: bool,
-    /// Only inspects: the directory need not be writable.
-    pub(crate) read_only: bool,
-    pub(crate) strategy: Strategy,
-    pub(crate) lease: Duration,
-    pub(crate) grace: Duration,
-    pub(crate) foreign_lease: Option<Duration>,
-    pub(crate) durable: bool,
-    pub(crate) fencing: bool,
-    pub(crate) fields: Option<Arc<crate::field::OwnerFields>>,
-}
 
 /// Locks in a lock directory.
 #[derive(Debug)]
@@ -127,28 +109,23 @@ impl Fs {
     /// collects what crashed processes left there while nobody looked (a
     /// bounded collection, sparing what is in use).
     pub(crate) fn open(
+        place: Place,
         settings: Settings,
         holder_id: String,
         counters: Arc<Counters>,
         waiters: Waiters,
     ) -> Result<Self> {
-        let (allow_insecure, create) = (settings.allow_insecure, settings.create);
-        let dir = match &settings.directory {
+        let (allow_insecure, create) = (place.allow_insecure, place.create);
+        let dir = match &place.directory {
             Some(path) => LockDir::open_with(path, allow_insecure, create)?,
             None => open_per_user("leasehold", allow_insecure, create)?,
         };
-        dir.check_usable(settings.read_only)?;
+        dir.check_usable(place.read_only)?;
         let lines = line::Lines::of(dir.fd());
         let ctx = Ctx {
             dir,
-            strategy: settings.strategy,
-            lease: settings.lease,
-            grace: settings.grace,
-            foreign_lease: settings.foreign_lease,
-            durable: settings.durable,
-            fencing: settings.fencing,
+            settings,
             holder_id,
-            fields: settings.fields,
             counters,
             first_seen: Default::default(),
             last_sweep_ms: Default::default(),
@@ -181,7 +158,7 @@ impl Fs {
     ) -> Result<Attempt<K>> {
         let ctx = &self.ctx;
         for _ in 0..ROUNDS {
-            let created = match (mode, ctx.strategy) {
+            let created = match (mode, ctx.settings.strategy) {
                 (Mode::Shared | Mode::Permit(_), _) => match group::join(ctx, name, mode)? {
                     Joined::Member(member) => {
                         // Watch the group, to re-sign its marker when the
@@ -214,7 +191,7 @@ impl Fs {
                 let kept = arm(lock, None);
                 // A lock lost before it could take a token is no lock:
                 // dropping it removes it.
-                if ctx.fencing && !kept.reserve_tokens()? {
+                if ctx.settings.fencing && !kept.reserve_tokens()? {
                     continue;
                 }
                 return Ok(Attempt::Acquired(kept));
@@ -256,7 +233,7 @@ impl Backend for Fs {
     type Lock = FsLock;
 
     fn kind(&self) -> &'static str {
-        self.ctx.strategy.as_str()
+        self.ctx.settings.strategy.as_str()
     }
 
     /// Creates the lock, or judges and maybe reclaims what holds its path.
@@ -292,13 +269,13 @@ impl Backend for Fs {
         arm: Arm<'_, FsLock, K>,
     ) -> Result<Option<K>> {
         let ctx = &self.ctx;
-        if (ctx.durable && !ctx.dir.in_memory()) || ctx.fencing || mode != Mode::Exclusive {
+        if (ctx.settings.durable && !ctx.dir.in_memory()) || ctx.settings.fencing || mode != Mode::Exclusive {
             return Ok(None);
         }
         // Publishing a directory takes a dozen calls even when it fails;
         // one lookup spares them when the lock is plainly held. (Freed a
         // moment later, the full attempt takes it.)
-        if ctx.strategy == Strategy::Directory && ctx.path_taken(name) {
+        if ctx.settings.strategy == Strategy::Directory && ctx.path_taken(name) {
             return Ok(None);
         }
         let created = match Whole::create(ctx, name, false) {
@@ -397,7 +374,7 @@ impl Backend for Fs {
         // holder to watch, and its arrival or removal is an event in the
         // lock directory's parent, which the watcher watches.
         let watched = self.watcher.ensure(&self.ctx.dir, &self.waiters())
-            && (self.ctx.strategy != Strategy::Directory
+            && (self.ctx.settings.strategy != Strategy::Directory
                 || self.watcher.ensure_child(name.file_name())
                 || !self.ctx.path_taken(name));
         if watched {

@@ -17,19 +17,40 @@ use crate::stale;
 use crate::stats::Counters;
 use crate::sys;
 
-/// The lock directory and the `Locker`'s settings for it.
+/// Which lock directory a `Locker` opens, and how: used once, by
+/// `Fs::open`.
 #[derive(Debug)]
-pub(crate) struct Ctx {
-    pub(crate) dir: LockDir,
+pub(crate) struct Place {
+    /// `None`: the per-user default directory.
+    pub(crate) directory: Option<PathBuf>,
+    pub(crate) allow_insecure: bool,
+    /// Whether a missing directory is created.
+    pub(crate) create: bool,
+    /// Only inspects: the directory need not be writable.
+    pub(crate) read_only: bool,
+}
+
+/// How a `Locker` that keeps its locks in a directory takes, keeps and
+/// judges them: the directory layer's one settings type, kept whole in
+/// its context (`Ctx::settings`).
+#[derive(Debug)]
+pub(crate) struct Settings {
     pub(crate) strategy: Strategy,
     pub(crate) lease: Duration,
     pub(crate) grace: Duration,
     pub(crate) foreign_lease: Option<Duration>,
     pub(crate) durable: bool,
     pub(crate) fencing: bool,
+    pub(crate) fields: Option<Arc<crate::field::OwnerFields>>,
+}
+
+/// The lock directory and the `Locker`'s settings for it.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub(crate) dir: LockDir,
+    /// How locks are taken, kept and judged here.
+    pub(crate) settings: Settings,
     pub(crate) holder_id: String,
-    /// The `Locker`'s owner fields, in every record it writes.
-    pub(crate) fields: Option<std::sync::Arc<crate::field::OwnerFields>>,
     pub(crate) counters: Arc<Counters>,
     /// When each lock file was first seen, for [`Ctx::known_for`].
     pub(crate) first_seen: Mutex<HashMap<(u64, u64), u64>>,
@@ -75,8 +96,8 @@ impl Ctx {
 
     pub(crate) fn rules(&self) -> stale::Rules {
         stale::Rules {
-            grace: self.grace,
-            foreign_lease: self.foreign_lease,
+            grace: self.settings.grace,
+            foreign_lease: self.settings.foreign_lease,
         }
     }
 
@@ -114,6 +135,6 @@ impl Ctx {
 
     /// The record a new holder of `name` writes.
     pub(crate) fn own_record(&self, name: &LockName) -> OwnRecord {
-        OwnRecord::new(&self.holder_id, self.fields.as_ref(), self.lease, name)
+        OwnRecord::new(&self.holder_id, self.settings.fields.as_ref(), self.settings.lease, name)
     }
 }

@@ -114,7 +114,7 @@ fn publish(
     let meta = failpoint!("dir.publish.after_flock")
         .and_then(|()| dir.metadata())
         .context("inspect pending lock directory", path)?;
-    let record_file = match write_owner(&dir, OWNER, &record(), ctx.durable) {
+    let record_file = match write_owner(&dir, OWNER, &record(), ctx.settings.durable) {
         Ok(file) => file,
         // Collected by a sweep between our open and our flock (see
         // `take_pending`): no lock was made.

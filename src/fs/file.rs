@@ -124,7 +124,7 @@ pub(super) fn create(
         }
         Locked::Failed(e) => return Err(e),
     };
-    write_bytes(&file, bytes, ctx.durable, path)?;
+    write_bytes(&file, bytes, ctx.settings.durable, path)?;
     failpoint!("file.create.before_publish").context("create lock file", || ctx.path_of(name.file_name()))?;
     let named = match sys::rename_exclusive(ctx.dir.fd(), &pending.name, name.file_name()) {
         Ok(()) => {
@@ -288,7 +288,7 @@ fn create_in_place(
             return Err(e);
         }
     };
-    if let Err(e) = write_bytes(&file, bytes, ctx.durable, path) {
+    if let Err(e) = write_bytes(&file, bytes, ctx.settings.durable, path) {
         // Flocked by us, the path still names it: ours to remove.
         if ctx.names(name, meta.dev(), meta.ino()).unwrap_or(false) {
             let _ = syscall::unlink_at(ctx.dir.fd(), name.file_name());

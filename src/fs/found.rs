@@ -39,14 +39,14 @@ impl Found {
             Err(Errno::ENOENT) => return Ok(None),
             Err(e) => return Err(e).context("inspect lock", path),
         };
-        if st.kind != ctx.strategy.expected_kind() {
+        if st.kind != ctx.settings.strategy.expected_kind() {
             return Err(Error::UnexpectedFile {
                 name: name.as_str().to_owned(),
                 path: path(),
                 found: st.kind.as_str(),
             });
         }
-        let how = match ctx.strategy {
+        let how = match ctx.settings.strategy {
             Strategy::ExclusiveFile => Open::Read,
             Strategy::Directory => Open::Dir,
         };
@@ -60,7 +60,7 @@ impl Found {
         if meta.dev() != st.dev || meta.ino() != st.ino {
             return Ok(None);
         }
-        let (bytes, mtime) = match ctx.strategy {
+        let (bytes, mtime) = match ctx.settings.strategy {
             Strategy::ExclusiveFile => {
                 let bytes = read_record(&node).context("read lock record", path)?;
                 (bytes, meta.modified().unwrap_or(UNIX_EPOCH))
@@ -76,7 +76,7 @@ impl Found {
         // A lock directory holds its record and nothing else (but, while
         // it is renewed, the next record): one that holds other files is
         // someone's data, which a reclaim would empty.
-        let parsed = match ctx.strategy == Strategy::Directory && directory::holds_other_files(&node) {
+        let parsed = match ctx.settings.strategy == Strategy::Directory && directory::holds_other_files(&node) {
             true => Parsed::Foreign,
             false => record::parse(&bytes),
         };
@@ -92,7 +92,7 @@ impl Found {
     }
 
     fn reread(&self, ctx: &Ctx) -> std::io::Result<Vec<u8>> {
-        match ctx.strategy {
+        match ctx.settings.strategy {
             Strategy::ExclusiveFile => read_record(&self.node),
             Strategy::Directory => Ok(directory::read_owner(&self.node)?
                 .map(|(b, _)| b)
@@ -132,7 +132,7 @@ impl Found {
         Error::UnexpectedFile {
             name: name.as_str().to_owned(),
             path: ctx.path_of(name.file_name()),
-            found: match ctx.strategy {
+            found: match ctx.settings.strategy {
                 Strategy::ExclusiveFile => "file that holds no lock record",
                 Strategy::Directory => "directory that holds something other than a lock record",
             },
@@ -186,7 +186,7 @@ impl Found {
             return Ok(false);
         }
         failpoint!("reclaim.before_remove").context("reclaim lock", path)?;
-        let removed = match ctx.strategy {
+        let removed = match ctx.settings.strategy {
             Strategy::ExclusiveFile => file::unlink(ctx, name)?,
             Strategy::Directory => directory::retire(ctx, name, &self.node, mutation)?,
         };

@@ -184,7 +184,7 @@ fn lock_shared(node: &File) -> bool {
 /// if the path is taken. The caller holds the mutation lock, so nobody
 /// can remove the path meanwhile.
 fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<Option<File>> {
-    match ctx.strategy {
+    match ctx.settings.strategy {
         Strategy::ExclusiveFile => {
             Ok(file::create(ctx, name, file::Hold::Shared, true, bytes)?.map(|made| made.file))
         }
@@ -199,7 +199,7 @@ fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<Option<Fil
 /// that wakes the waiters of other processes.
 fn write_marker(ctx: &Ctx, name: &LockName, found: &Found, bytes: &[u8]) -> Result<()> {
     let path = || ctx.path_of(name.file_name());
-    match ctx.strategy {
+    match ctx.settings.strategy {
         Strategy::ExclusiveFile => {
             let file = match syscall::open_at(ctx.dir.fd(), name.file_name(), Open::Write) {
                 Ok(file) => file,
@@ -239,7 +239,7 @@ fn remove_marker(ctx: &Ctx, name: &LockName, found: &Found, mutation: MutationLo
     if !ctx.names(name, dev, ino)? {
         return Ok(false);
     }
-    match ctx.strategy {
+    match ctx.settings.strategy {
         Strategy::ExclusiveFile => file::unlink(ctx, name),
         Strategy::Directory => directory::retire(ctx, name, found.node(), mutation),
     }

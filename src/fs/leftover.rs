@@ -90,7 +90,7 @@ fn pending_file_shape(file_name: &str) -> bool {
 /// counters.
 pub(super) fn clean(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
     let mut cleaned = Vec::new();
-    if ctx.strategy == Strategy::Directory {
+    if ctx.settings.strategy == Strategy::Directory {
         cleaned.extend(clean_dir_leftovers(ctx, dry_run, limit)?);
     }
     let left = limit.saturating_sub(cleaned.len());
@@ -162,7 +162,7 @@ fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(Lo
                 .ok()
                 .and_then(|m| m.modified().ok())
                 .and_then(|t| t.elapsed().ok())
-                .is_none_or(|age| age < ctx.grace.min(LEFTOVER_SETTLE));
+                .is_none_or(|age| age < ctx.settings.grace.min(LEFTOVER_SETTLE));
         if young {
             continue;
         }
@@ -208,7 +208,7 @@ fn clean_file_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(L
             .modified()
             .ok()
             .and_then(|t| t.elapsed().ok())
-            .is_none_or(|age| age < ctx.grace.min(LEFTOVER_SETTLE));
+            .is_none_or(|age| age < ctx.settings.grace.min(LEFTOVER_SETTLE));
         if !meta.is_file() || young || file.try_lock().is_err() {
             continue;
         }
@@ -249,7 +249,7 @@ fn clean_fence_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
         syscall::stat_at(ctx.dir.fd(), name).is_ok_and(|st| {
             st.mtime
                 .elapsed()
-                .is_ok_and(|age| age >= ctx.grace.min(LEFTOVER_SETTLE))
+                .is_ok_and(|age| age >= ctx.settings.grace.min(LEFTOVER_SETTLE))
         })
     });
     found.truncate(limit);

@@ -69,7 +69,7 @@ impl Whole {
         // A directory's record is made once its pending directory is
         // ours (an attempt that finds the lock taken makes none); a lock
         // file appears at the lock path with its record already in it.
-        let (node, record, dev, ino) = match ctx.strategy {
+        let (node, record, dev, ino) = match ctx.settings.strategy {
             Strategy::ExclusiveFile => {
                 let record = ctx.own_record(name);
                 match file::create(ctx, name, file::Hold::Exclusive, patient, &record.to_bytes(0))? {

@@ -66,7 +66,7 @@ impl Member {
         record.group = Some(group);
         let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
         let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
-        let (file, record_len) = create_record(&dir, &file_name, &record, ctx.durable, &|| path.clone())?;
+        let (file, record_len) = create_record(&dir, &file_name, &record, ctx.settings.durable, &|| path.clone())?;
         let identities = failpoint!("group.record.after_rename")
             .and_then(|()| file.metadata())
             .context("inspect member record", || path.clone())
@@ -260,12 +260,12 @@ impl Member {
         let Parsed::Record(record) = &found.parsed else {
             return Ok(());
         };
-        let due = SystemTime::now() + self.ctx.lease.mul_f64(0.75);
+        let due = SystemTime::now() + self.ctx.settings.lease.mul_f64(0.75);
         if record.lease_expires_at.is_some_and(|end| end > due) {
             return Ok(());
         }
         let bytes = self.record.to_bytes(0);
-        match self.ctx.strategy {
+        match self.ctx.settings.strategy {
             Strategy::ExclusiveFile => write_marker(&self.ctx, &self.name, &found, &bytes),
             Strategy::Directory => {
                 let tmp = format!("{TMP}sign-{}{JSON}", self.record.uuid);

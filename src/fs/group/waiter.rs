@@ -86,7 +86,7 @@ impl Renewable for Announcement {
             Ok(written) => *len = written,
             Err(error) => tracing::debug!(%error, "renewing an exclusive waiter's announcement failed"),
         }
-        Step::Again((self.ctx.lease / 3).max(Duration::from_millis(1)))
+        Step::Again((self.ctx.settings.lease / 3).max(Duration::from_millis(1)))
     }
 }
 
