@@ -72,13 +72,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leasehold::{LockGuard, Locker};
 
 #[path = "support/torture.rs"]
 mod torture;
-use torture::{Arena, Backend, LEASE, Line, Log, Rng, Tally, count, env_or, mono_ns};
+use torture::{Arena, Backend, LEASE, Line, Log, Rng, Tally, Turn, count, env_or, mono_ns};
 
 const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
 
@@ -152,20 +152,11 @@ async fn task(
             return;
         }
         let name = NAMES[rng.below(NAMES.len() as u64) as usize];
-        let asked = Instant::now();
-        let acquired = tokio::select! {
-            r = locker.acquire(name) => r,
-            _ = stop.wait_for(|s| *s) => return,
+        let guard = match torture::take_turn(locker.acquire(name), &mut stop, &log, &max_wait).await {
+            Turn::Held(guard) => guard,
+            Turn::Failed => continue,
+            Turn::Stop => return,
         };
-        let guard = match acquired {
-            Ok(guard) => guard,
-            Err(e) => {
-                log.error(&e);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        max_wait.fetch_max(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
         let token = guard.fencing_token().expect("fencing is on");
         log.line(format!("S {name} {token} {pid} {}", mono_ns()));
         let work_ms = 1 + rng.below(12);

@@ -81,13 +81,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leasehold::{Error, LockGuard, Locker};
 
 #[path = "support/torture.rs"]
 mod torture;
-use torture::{Arena, Backend, LEASE, Line, Log, Rng, Tally, count, env_or, mono_ns};
+use torture::{Arena, Backend, LEASE, Line, Log, Rng, Tally, Turn, count, env_or, mono_ns};
 
 /// `shared` or `semaphore`.
 const KIND_ENV: &str = "LEASEHOLD_TORTURE_SHARED_CHILD_KIND";
@@ -176,20 +176,11 @@ async fn task(
         };
         seq += 1;
         let id = format!("{pid}.{index}.{seq}");
-        let asked = Instant::now();
-        let acquired = tokio::select! {
-            r = acquire(&locker, name, role) => r,
-            _ = stop.wait_for(|s| *s) => return,
+        let guard = match torture::take_turn(acquire(&locker, name, role), &mut stop, &log, &max_wait).await {
+            Turn::Held(guard) => guard,
+            Turn::Failed => continue,
+            Turn::Stop => return,
         };
-        let guard = match acquired {
-            Ok(guard) => guard,
-            Err(e) => {
-                log.error(&e);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        max_wait.fetch_max(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
         let token = guard.fencing_token().expect("fencing is on");
         log.line(format!("S {name} {id} {role} {token} {pid} {}", mono_ns()));
         if guard.is_shared() != (role == 'R') {

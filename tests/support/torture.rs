@@ -13,6 +13,7 @@ use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use leasehold::{Error, LockGuard, Locker, Stats, Strategy};
@@ -188,6 +189,41 @@ pub async fn join_all(torture: &str, handles: Vec<tokio::task::JoinHandle<()>>) 
         }
     }
     ok
+}
+
+/// What one try at the lock came to.
+pub enum Turn {
+    Held(LockGuard),
+    /// It failed (logged as `X`, and waited after a little): try again.
+    Failed,
+    /// The parent said stop.
+    Stop,
+}
+
+/// Takes the lock through `acquire`, unless told to stop first, and notes
+/// the wait in `max_wait_us`.
+pub async fn take_turn(
+    acquire: impl Future<Output = leasehold::Result<LockGuard>>,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    log: &Log,
+    max_wait_us: &AtomicU64,
+) -> Turn {
+    let asked = Instant::now();
+    let acquired = tokio::select! {
+        r = acquire => r,
+        _ = stop.wait_for(|s| *s) => return Turn::Stop,
+    };
+    match acquired {
+        Ok(guard) => {
+            max_wait_us.fetch_max(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+            Turn::Held(guard)
+        }
+        Err(e) => {
+            log.error(&e);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Turn::Failed
+        }
+    }
 }
 
 /// Why a lost guard was lost: the `LossReason` variant's name. No I/O: a
