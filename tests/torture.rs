@@ -423,7 +423,7 @@ fn torture(backend: Backend) {
         let completed = sections.iter().filter(|s| s.how == End::Committed).count() as u64;
         let killed = sections.iter().filter(|s| s.how == End::Killed).count() as u64;
         killed_in_section += killed;
-        let file = File::open(counter_path(&work, name)).unwrap();
+        let file = File::open(counter_path(work, name)).unwrap();
         let (value, last) = read_counter(&file);
         if value < completed || value > completed + killed {
             lost_updates += 1;
