@@ -16,6 +16,16 @@ fn locker(dir: &std::path::Path) -> Locker {
     Locker::builder().directory(dir).durable(false).build().unwrap()
 }
 
+/// A locker with fencing on.
+fn fenced(dir: &std::path::Path) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .durable(false)
+        .fencing(true)
+        .build()
+        .unwrap()
+}
+
 fn short_lease(dir: &std::path::Path, strategy: Strategy) -> Locker {
     Locker::builder()
         .directory(dir)
@@ -358,22 +368,8 @@ async fn timeouts_on_a_multi_thread_runtime() {
 #[tokio::test(flavor = "current_thread")]
 async fn fencing_tokens_grow_over_many_handoffs() {
     let dir = tempfile::tempdir().unwrap();
-    let a = Arc::new(
-        Locker::builder()
-            .directory(dir.path())
-            .durable(false)
-            .fencing(true)
-            .build()
-            .unwrap(),
-    );
-    let b = Arc::new(
-        Locker::builder()
-            .directory(dir.path())
-            .durable(false)
-            .fencing(true)
-            .build()
-            .unwrap(),
-    );
+    let a = Arc::new(fenced(dir.path()));
+    let b = Arc::new(fenced(dir.path()));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let local = tokio::task::LocalSet::new();
     local
@@ -465,12 +461,7 @@ fn super_locker(dir: &std::path::Path) -> Locker {
 #[tokio::test(flavor = "current_thread")]
 async fn a_waiter_cancelled_while_its_token_comes_from_disk_passes_the_lock_on() {
     let dir = tempfile::tempdir().unwrap();
-    let locker = Locker::builder()
-        .directory(dir.path())
-        .durable(false)
-        .fencing(true)
-        .build()
-        .unwrap();
+    let locker = fenced(dir.path());
     let mut exercised = 0;
     for _ in 0..20 {
         let mut guard = locker.acquire("f").await.unwrap();
@@ -640,14 +631,7 @@ async fn cancellation_at_random_points_keeps_the_lock_sound() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_lock_handed_over_in_a_scope_can_be_reentered() {
     let dir = tempfile::tempdir().unwrap();
-    let locker = Arc::new(
-        Locker::builder()
-            .directory(dir.path())
-            .durable(false)
-            .fencing(true)
-            .build()
-            .unwrap(),
-    );
+    let locker = Arc::new(fenced(dir.path()));
     for burn in [0, 1022] {
         let mut held = locker.acquire("s").await.unwrap();
         // Use up the block (the next handoff fetches from disk) or not.
@@ -694,12 +678,7 @@ async fn a_lock_handed_over_in_a_scope_can_be_reentered() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_handoff_whose_token_block_cannot_be_refilled_goes_to_the_store() {
     let dir = tempfile::tempdir().unwrap();
-    let locker = Locker::builder()
-        .directory(dir.path())
-        .durable(false)
-        .fencing(true)
-        .build()
-        .unwrap();
+    let locker = fenced(dir.path());
     let mut exercised = 0;
     // The end of the block of tokens reserved last: the counter on disk.
     let fence = {

@@ -15,7 +15,8 @@ mod pg_session;
 
 use pg_server::Server;
 use pg_session::{
-    LEASE, Stopped, backend_of, builder, intent_key, name_key, successor_enters_only_after, terminate, unique,
+    Holder, LEASE, Stopped, backend_of, builder, intent_key, name_key, successor_enters_only_after,
+    terminate, unique,
 };
 
 /// Names that the SQL literal built by `release.rs` `literal()` must
@@ -124,7 +125,7 @@ async fn free_permit_slots_stay_usable_beside_a_dead_permit_holder() {
     }
     // The first took slot 0.
     let id = held[0].owner().holder_id().unwrap().to_owned();
-    terminate(&server, backend_of(&server, &gpu, Some(id)));
+    terminate(&server, backend_of(&server, &gpu, Holder::Locker(id)));
     let dead = held.remove(0);
     for guard in held.drain(..) {
         guard.release().await.unwrap();
@@ -201,7 +202,7 @@ async fn an_announced_waiter_does_not_delay_the_loss_report_of_a_stopped_session
         assert!(Instant::now() < deadline, "the writer never announced itself");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let backend = backend_of(&server, &job, None);
+    let backend = backend_of(&server, &job, Holder::Exclusive);
     // Stop right after a renewal of the holder, so the next thing the
     // renewal thread runs is likely the announcement's renewal.
     let renewals = a.stats().renewals;
@@ -321,7 +322,7 @@ async fn no_other_kind_enters_beside_a_dead_holder_that_still_counts_itself_one(
     let name = unique("mixed");
     let permit = p.semaphore(&name, 2).unwrap().acquire().await.unwrap();
     let id = permit.owner().holder_id().unwrap().to_owned();
-    terminate(&server, backend_of(&server, &name, Some(id)));
+    terminate(&server, backend_of(&server, &name, Holder::Locker(id)));
     let ended = Instant::now();
     let (read, after) = successor_enters_only_after(
         "shared after permit",
@@ -350,7 +351,7 @@ async fn no_permit_enters_beside_a_dead_shared_holder_that_still_counts_itself_o
     let name = unique("mixed");
     let read = s.acquire_shared(&name).await.unwrap();
     let id = read.owner().holder_id().unwrap().to_owned();
-    terminate(&server, backend_of(&server, &name, Some(id)));
+    terminate(&server, backend_of(&server, &name, Holder::Locker(id)));
     let ended = Instant::now();
     let sem = p.semaphore(&name, 2).unwrap();
     let (permit, after) = successor_enters_only_after(
@@ -386,12 +387,15 @@ async fn a_dead_holder_whose_pid_was_reused_is_not_listed() {
     let doc = unique("doc");
     let dead = x.acquire_shared(&doc).await.unwrap();
     let dead_id = dead.owner().holder_id().unwrap().to_owned();
-    terminate(&server, backend_of(&server, &doc, Some(dead_id.clone())));
+    terminate(
+        &server,
+        backend_of(&server, &doc, Holder::Locker(dead_id.clone())),
+    );
     drop(dead);
     let y = builder(&server).build().unwrap();
     let live = y.acquire_shared(&doc).await.unwrap();
     let live_id = live.owner().holder_id().unwrap().to_owned();
-    let live_backend = backend_of(&server, &doc, Some(live_id));
+    let live_backend = backend_of(&server, &doc, Holder::Locker(live_id));
     let d = doc.clone();
     let stamped: u64 = server.sql(move |c| {
         c.execute(
@@ -599,8 +603,12 @@ async fn a_holder_reacquiring_its_own_name_waits_out_its_old_guard() {
             _ => a.semaphore(&job, 1).unwrap().acquire().await.unwrap(),
         };
         let backend = match kind {
-            "exclusive" => backend_of(&server, &job, None),
-            _ => backend_of(&server, &job, Some(old.owner().holder_id().unwrap().to_owned())),
+            "exclusive" => backend_of(&server, &job, Holder::Exclusive),
+            _ => backend_of(
+                &server,
+                &job,
+                Holder::Locker(old.owner().holder_id().unwrap().to_owned()),
+            ),
         };
         terminate(&server, backend);
         let ended = Instant::now();

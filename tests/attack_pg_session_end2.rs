@@ -17,26 +17,7 @@ mod pg_server;
 mod pg_session;
 
 use pg_server::Server;
-use pg_session::{LEASE, builder, name_key, terminate, unique};
-
-/// The backend of an exclusive holder's row (`None`) or of the shared or
-/// permit holder row with acquisition id `id`.
-fn backend_by_id(server: &Server, name: &str, id: Option<String>) -> i32 {
-    let name = name.to_owned();
-    server.sql(move |c| {
-        let row = match id {
-            None => c.query_one(
-                "SELECT backend_pid FROM leasehold_locks WHERE name = $1",
-                &[&name],
-            ),
-            Some(id) => c.query_one(
-                "SELECT backend_pid FROM leasehold_holders WHERE name = $1 AND id = $2",
-                &[&name, &id],
-            ),
-        };
-        row.unwrap().get(0)
-    })
-}
+use pg_session::{Holder, LEASE, backend_of, builder, name_key, terminate, unique};
 
 fn id_of(guard: &LockGuard) -> String {
     guard.owner().uuid().unwrap().to_owned()
@@ -45,7 +26,7 @@ fn id_of(guard: &LockGuard) -> String {
 async fn session_of(server: &Server, locker: &Locker) -> i32 {
     let probe = unique("probe");
     let g = locker.acquire(&probe).await.unwrap();
-    let pid = backend_by_id(server, &probe, None);
+    let pid = backend_of(server, &probe, Holder::Exclusive);
     g.release().await.unwrap();
     pid
 }
@@ -200,7 +181,10 @@ async fn a_semaphore_of_another_count_beside_a_dead_and_a_live_holder() {
     let name = unique("gpu");
     let dead = p.semaphore(&name, 3).unwrap().acquire().await.unwrap();
     let live = q.semaphore(&name, 3).unwrap().acquire().await.unwrap();
-    terminate(&server, backend_by_id(&server, &name, Some(id_of(&dead))));
+    terminate(
+        &server,
+        backend_of(&server, &name, Holder::Acquisition(id_of(&dead))),
+    );
     let two = r.semaphore(&name, 2).unwrap();
     match two.try_acquire().await {
         Err(Error::KindMismatch { .. }) => {}
@@ -257,7 +241,10 @@ async fn new_sessions_tidying_during_a_wait_out_let_nobody_in_early() {
     let doc = unique("doc");
     let dead = x.acquire_shared(&doc).await.unwrap();
     let live = y.acquire_shared(&doc).await.unwrap();
-    terminate(&server, backend_by_id(&server, &doc, Some(id_of(&dead))));
+    terminate(
+        &server,
+        backend_of(&server, &doc, Holder::Acquisition(id_of(&dead))),
+    );
     // Churn: fresh Lockers connect (TIDY) and inspect.
     let url = server.url();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -333,7 +320,7 @@ async fn a_table_lock_on_one_table_during_a_wait_out_never_lets_anyone_in_early(
         let wname = unique("w");
         let dead_r = x.acquire_shared(&rname).await.unwrap();
         let dead_w = x.acquire(&wname).await.unwrap();
-        let xpid = backend_by_id(&server, &wname, None);
+        let xpid = backend_of(&server, &wname, Holder::Exclusive);
         // Sessions connected before the table lock.
         w.try_acquire(&unique("warm")).await.unwrap();
         s.try_acquire(&unique("warm")).await.unwrap();
@@ -400,7 +387,7 @@ async fn a_truncated_counter_beside_a_dead_exclusive_holder_keeps_tokens_growing
     let name = unique("t");
     let dead = x.acquire(&name).await.unwrap();
     let token = dead.fencing_token().unwrap();
-    terminate(&server, backend_by_id(&server, &name, None));
+    terminate(&server, backend_of(&server, &name, Holder::Exclusive));
     server.sql(|c| c.batch_execute("TRUNCATE leasehold_locks").unwrap());
     let g = y
         .acquire_timeout(&name, Duration::from_secs(6))

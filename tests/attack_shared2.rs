@@ -1,61 +1,22 @@
 //! Second adversarial review of shared locks and semaphores.
 //!
-//! Children are this test binary re-run with ROLE_ENV set (see
-//! `child_process_entry`), bounded by their own TTL and killed by pid when
-//! their `Kid` drops.
+//! Children are this test binary re-run with a role (see
+//! `child_process_entry` and `tests/support/common.rs`), bounded by their
+//! own TTL and killed by pid when their `ChildProc` drops.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
-#[path = "support/reexec.rs"]
-mod reexec;
+#[path = "support/common.rs"]
+mod common;
 
+use common::{ChildProc, say, strategy_from_env};
 use leasehold::{Locker, Strategy};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-
-const ROLE_ENV: &str = "LEASEHOLD_ATTACK2_ROLE";
-const ARGS_ENV: &str = "LEASEHOLD_ATTACK2_ARGS";
-const STRATEGY_ENV: &str = "LEASEHOLD_ATTACK2_STRATEGY";
-const CHILD_TTL: Duration = Duration::from_secs(60);
+use nix::sys::signal::Signal;
 
 #[test]
 fn child_process_entry() {
-    let Ok(role) = std::env::var(ROLE_ENV) else {
-        return;
-    };
-    let args: Vec<String> = std::env::var(ARGS_ENV)
-        .unwrap_or_default()
-        .split('\u{1f}')
-        .map(str::to_owned)
-        .collect();
-    std::thread::spawn(|| {
-        std::thread::sleep(CHILD_TTL);
-        std::process::exit(3);
-    });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let code = rt.block_on(run_role(&role, &args));
-    std::process::exit(code);
-}
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "@@{line}");
-    let _ = out.flush();
-}
-
-fn strategy_from_env() -> Strategy {
-    match std::env::var(STRATEGY_ENV).as_deref() {
-        Ok("dir") => Strategy::Directory,
-        _ => Strategy::ExclusiveFile,
-    }
+    common::child_entry_with(|role, args| async move { run_role(&role, &args).await });
 }
 
 fn locker(dir: &str, strategy: Strategy, lease: Duration, renew: Duration) -> Locker {
@@ -116,78 +77,7 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
             std::future::pending::<()>().await;
             0
         }
-        other => {
-            eprintln!("unknown role {other}");
-            2
-        }
-    }
-}
-
-struct Kid {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Kid {
-    fn spawn(strategy: Strategy, role: &str, args: &[&str]) -> Self {
-        let mut command = reexec::child_process();
-        command
-            .env(ROLE_ENV, role)
-            .env(
-                STRATEGY_ENV,
-                if strategy == Strategy::Directory {
-                    "dir"
-                } else {
-                    "file"
-                },
-            )
-            .env(ARGS_ENV, args.join("\u{1f}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = command.spawn().expect("spawn child");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some((_, msg)) = line.split_once("@@")
-                    && tx.send(msg.to_owned()).is_err()
-                {
-                    return;
-                }
-            }
-        });
-        Kid { child, lines }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn expect(&self, prefix: &str, within: Duration) -> String {
-        let deadline = Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.starts_with(prefix) => return line,
-                Ok(_) => continue,
-                Err(_) => panic!("child {} did not say {prefix:?} within {within:?}", self.pid()),
-            }
-        }
-    }
-
-    fn signal(&self, signal: Signal) {
-        let _ = kill(Pid::from_raw(self.pid() as i32), signal);
-    }
-}
-
-impl Drop for Kid {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = kill(Pid::from_raw(self.pid() as i32), Signal::SIGCONT);
-            let _ = kill(Pid::from_raw(self.pid() as i32), Signal::SIGKILL);
-        }
-        let _ = self.child.wait();
+        other => common::run_role(other, args).await,
     }
 }
 
@@ -229,7 +119,7 @@ fn marker_never_shows_an_expired_lease_while_a_live_reader_holds() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_str().unwrap();
         // The representative: first to join, renewing often.
-        let rep = Kid::spawn(strategy, "hold_shared", &[d, "catalog", "1500", "200"]);
+        let rep = ChildProc::spawn_with(strategy, "hold_shared", &[d, "catalog", "1500", "200"]);
         rep.expect("acquired", Duration::from_secs(30));
         // A live reader with the default renew interval (a third of the lease).
         let lease = Duration::from_millis(1500);
@@ -443,9 +333,9 @@ fn a_leaving_representative_hands_the_marker_to_a_renewing_holder() {
         let d = dir.path().to_str().unwrap();
         let stop = dir.path().join("stop-rep");
         let s = stop.to_str().unwrap();
-        let rep = Kid::spawn(strategy, "hold_shared", &[d, "catalog", "3000", "200", s]);
+        let rep = ChildProc::spawn_with(strategy, "hold_shared", &[d, "catalog", "3000", "200", s]);
         rep.expect("acquired", Duration::from_secs(30));
-        let frozen = Kid::spawn(strategy, "hold_shared", &[d, "catalog", "3000", "200"]);
+        let frozen = ChildProc::spawn_with(strategy, "hold_shared", &[d, "catalog", "3000", "200"]);
         frozen.expect("acquired", Duration::from_secs(30));
         let reader = locker(
             d,
@@ -518,7 +408,7 @@ fn a_dead_waiters_record_makes_a_second_member_for_one_locker() {
             })
             .count()
     };
-    let waiter = Kid::spawn(strategy, "wait_exclusive", &[d, "catalog"]);
+    let waiter = ChildProc::spawn_with(strategy, "wait_exclusive", &[d, "catalog"]);
     waiter.expect("waiting", Duration::from_secs(30));
     let deadline = Instant::now() + Duration::from_secs(10);
     while count("w-") == 0 {

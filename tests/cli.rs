@@ -1197,6 +1197,17 @@ fn list_and_holder_work_on_a_directory_the_user_may_only_read() {
     std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o700)).unwrap();
 }
 
+/// Writes `content` at `path`, last modified at `mtime`.
+fn write_modified(path: &Path, content: impl AsRef<[u8]>, mtime: std::time::SystemTime) {
+    std::fs::write(path, content).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+}
+
 /// `leasehold clean --dir .` in a project, or `--dir /var/lock`, is one
 /// typo away: files of data whose names end in `.lock` (Cargo.lock, a pid
 /// file) are not locks, so `clean` keeps them and `list` does not show
@@ -1212,13 +1223,7 @@ fn clean_and_list_leave_files_of_data_alone() {
     ];
     for (file, text) in files {
         let path = tmp.path().join(file);
-        std::fs::write(&path, text).unwrap();
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+        write_modified(&path, text, old);
     }
     let d = tmp.path().to_str().unwrap();
     for strategy in ["file", "dir"] {
@@ -1320,13 +1325,7 @@ fn clean_leaves_the_lock_files_of_other_tools_alone() {
     }
     for (file, content) in &files {
         let path = tmp.path().join(file);
-        std::fs::write(&path, content).unwrap();
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+        write_modified(&path, content, old);
     }
     let d = tmp.path().to_str().unwrap();
     for strategy in ["file", "dir"] {
@@ -1356,13 +1355,7 @@ fn clean_leaves_the_lock_files_of_other_tools_alone() {
     // cleaned once past the grace period.
     let (file, content) = lock_files::EMPTY_DOTLOCK;
     let empty = tmp.path().join(file);
-    std::fs::write(&empty, content).unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&empty)
-        .unwrap()
-        .set_modified(old)
-        .unwrap();
+    write_modified(&empty, content, old);
     let done = finish(&["clean", "--dir", d, "--strategy", "file"]);
     assert_eq!(done.code, Some(0), "{}", done.stderr);
     assert!(!empty.exists(), "{}", done.stdout);

@@ -21,7 +21,7 @@ mod pg_session;
 
 use pg_server::Server;
 use pg_session::{
-    LEASE, Stopped, backend_of, builder, intent_key, successor_enters_only_after, terminate, unique,
+    Holder, LEASE, Stopped, backend_of, builder, intent_key, successor_enters_only_after, terminate, unique,
 };
 
 /// The bound: a successor enters at most a lease (and a few polls and
@@ -36,7 +36,7 @@ async fn an_exclusive_successor_waits_out_a_terminated_exclusive_holder() {
     let job = unique("job");
     let held = a.acquire(&job).await.unwrap();
     let token = held.fencing_token().unwrap();
-    terminate(&server, backend_of(&server, &job, None));
+    terminate(&server, backend_of(&server, &job, Holder::Exclusive));
     let ended = Instant::now();
     let (taken, after) = successor_enters_only_after("", &[&|| held.is_lost()], ended, BOUND, || async {
         b.try_acquire(&job).await.unwrap()
@@ -76,7 +76,7 @@ async fn readers_and_writers_wait_out_each_others_terminated_sessions() {
     // A writer after a reader whose session ended.
     let read = reader.acquire_shared(&doc).await.unwrap();
     let id = read.owner().holder_id().unwrap().to_owned();
-    terminate(&server, backend_of(&server, &doc, Some(id)));
+    terminate(&server, backend_of(&server, &doc, Holder::Locker(id)));
     let ended = Instant::now();
     let (written, after) = successor_enters_only_after("", &[&|| read.is_lost()], ended, BOUND, || async {
         writer.try_acquire(&doc).await.unwrap()
@@ -86,7 +86,7 @@ async fn readers_and_writers_wait_out_each_others_terminated_sessions() {
     drop(read);
 
     // Readers after a writer whose session ended.
-    terminate(&server, backend_of(&server, &doc, None));
+    terminate(&server, backend_of(&server, &doc, Holder::Exclusive));
     let ended = Instant::now();
     let (again, after) = successor_enters_only_after("", &[&|| written.is_lost()], ended, BOUND, || async {
         other_reader.try_acquire_shared(&doc).await.unwrap()
@@ -109,7 +109,7 @@ async fn a_semaphore_never_has_more_valid_holders_than_permits_after_a_session_e
         "two permits, two holders"
     );
     let id = first.owner().holder_id().unwrap().to_owned();
-    terminate(&server, backend_of(&server, &gpu, Some(id)));
+    terminate(&server, backend_of(&server, &gpu, Holder::Locker(id)));
     let ended = Instant::now();
     let (permit, after) = successor_enters_only_after("", &[&|| first.is_lost()], ended, BOUND, || async {
         third.try_acquire().await.unwrap()
@@ -131,7 +131,7 @@ async fn a_holder_whose_server_process_stops_answering_is_told_at_its_cutoff() {
     let b = builder(&server).build().unwrap();
     let job = unique("job");
     let held = a.acquire(&job).await.unwrap();
-    let stopped = Stopped::stop(backend_of(&server, &job, None));
+    let stopped = Stopped::stop(backend_of(&server, &job, Holder::Exclusive));
     let since = Instant::now();
     tokio::time::timeout(LEASE + Duration::from_secs(1), held.lost())
         .await

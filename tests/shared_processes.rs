@@ -5,30 +5,22 @@
 //! every other locker (an `O_EXCL` create, a `mkdir`, a
 //! `renameat2(RENAME_NOREPLACE)`, and the seeds' own code under Node.js).
 //!
-//! The child roles live here (`child_process_entry`), started by re-running
-//! this test binary with [`ROLE_ENV`] set; each child is bounded in time
-//! (its own TTL) and killed by pid when its [`Kid`] is dropped.
+//! The child roles live here (`run_role`), started by re-running this test
+//! binary with a role (`tests/support/common.rs`); each child is bounded in
+//! time (its own TTL) and killed by pid when its `ChildProc` is dropped.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "support/reexec.rs"]
-mod reexec;
+#[path = "support/common.rs"]
+mod common;
 
+use common::{ChildProc, PLAIN_ENV, append, entries, path_style_from_env, say, strategy_from_env};
 use leasehold::{Locker, PathStyle, Strategy};
 use nix::sys::signal::{Signal, kill};
 use nix::time::{ClockId, clock_gettime};
 use nix::unistd::Pid;
-
-const ROLE_ENV: &str = "LEASEHOLD_SHARED_PROC_ROLE";
-const ARGS_ENV: &str = "LEASEHOLD_SHARED_PROC_ARGS";
-const STRATEGY_ENV: &str = "LEASEHOLD_SHARED_PROC_STRATEGY";
-const PLAIN_ENV: &str = "LEASEHOLD_SHARED_PROC_PLAIN";
-/// No child outlives this, whatever the parent does.
-const CHILD_TTL: Duration = Duration::from_secs(90);
 
 const BOTH: [Strategy; 2] = [Strategy::ExclusiveFile, Strategy::Directory];
 
@@ -36,25 +28,7 @@ const BOTH: [Strategy; 2] = [Strategy::ExclusiveFile, Strategy::Directory];
 
 #[test]
 fn child_process_entry() {
-    let Ok(role) = std::env::var(ROLE_ENV) else {
-        return;
-    };
-    let args: Vec<String> = std::env::var(ARGS_ENV)
-        .unwrap_or_default()
-        .split('\u{1f}')
-        .map(str::to_owned)
-        .collect();
-    std::thread::spawn(|| {
-        std::thread::sleep(CHILD_TTL);
-        std::process::exit(3);
-    });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let code = rt.block_on(run_role(&role, &args));
-    std::process::exit(code);
+    common::child_entry_with(|role, args| async move { run_role(&role, &args).await });
 }
 
 fn mono_ns() -> u64 {
@@ -62,37 +36,12 @@ fn mono_ns() -> u64 {
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "@@{line}");
-    let _ = out.flush();
-}
-
-/// One `write(2)` per line on an `O_APPEND` descriptor.
-fn append(path: &str, line: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-        .expect("open log");
-    f.write_all(format!("{line}\n").as_bytes()).expect("append");
-}
-
 fn child_locker(dir: &str, lease_ms: u64) -> Locker {
-    let strategy = match std::env::var(STRATEGY_ENV).as_deref() {
-        Ok("dir") => Strategy::Directory,
-        _ => Strategy::ExclusiveFile,
-    };
-    let style = if std::env::var_os(PLAIN_ENV).is_some() {
-        PathStyle::Plain
-    } else {
-        PathStyle::Hashed
-    };
     let lease = Duration::from_millis(lease_ms);
     Locker::builder()
         .directory(dir)
-        .strategy(strategy)
-        .path_style(style)
+        .strategy(strategy_from_env())
+        .path_style(path_style_from_env())
         .lease(lease)
         .renew_interval(lease / 4)
         .build()
@@ -204,94 +153,17 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
             }
             0
         }
-        other => {
-            eprintln!("unknown role {other}");
-            2
-        }
+        other => common::run_role(other, args).await,
     }
 }
 
 // ---------------------------------------------------------------- parent
 
-/// A child process of the test, killed (by pid) and reaped when dropped.
-struct Kid {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Kid {
-    fn spawn(strategy: Strategy, plain: bool, role: &str, args: &[&str]) -> Self {
-        let mut command = reexec::child_process();
-        command
-            .env(ROLE_ENV, role)
-            .env(
-                STRATEGY_ENV,
-                if strategy == Strategy::Directory {
-                    "dir"
-                } else {
-                    "file"
-                },
-            )
-            .env(ARGS_ENV, args.join("\u{1f}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if plain {
-            command.env(PLAIN_ENV, "1");
-        }
-        let mut child = command.spawn().expect("spawn child");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                // libtest may have printed "test child_process_entry ... "
-                // on the same line first.
-                if let Some((_, msg)) = line.split_once("@@")
-                    && tx.send(msg.to_owned()).is_err()
-                {
-                    return;
-                }
-            }
-        });
-        Kid { child, lines }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// The next message starting with `prefix`, or a panic after `within`.
-    fn expect(&self, prefix: &str, within: Duration) -> String {
-        let deadline = Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.starts_with(prefix) => return line,
-                Ok(line) if line.starts_with("failed") => {
-                    panic!("child {} failed: {line}", self.pid())
-                }
-                Ok(_) => continue,
-                Err(_) => panic!("child {} did not say {prefix:?} within {within:?}", self.pid()),
-            }
-        }
-    }
-
-    fn signal(&self, signal: Signal) {
-        kill(Pid::from_raw(self.pid() as i32), signal).expect("signal child");
-    }
-
-    fn kill_and_reap(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = kill(Pid::from_raw(self.pid() as i32), Signal::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Kid {
-    fn drop(&mut self) {
-        self.kill_and_reap();
-    }
+/// A child playing `role`, its lockers on `strategy` (and with
+/// `PathStyle::Plain` if `plain`).
+fn kid(strategy: Strategy, plain: bool, role: &str, args: &[&str]) -> ChildProc {
+    let env: &[(&str, &str)] = if plain { &[(PLAIN_ENV, "1")] } else { &[] };
+    ChildProc::spawn_env(strategy, role, args, env)
 }
 
 fn label(strategy: Strategy) -> &'static str {
@@ -309,15 +181,6 @@ fn parent_locker(dir: &Path, strategy: Strategy) -> Locker {
         .poll_interval(Duration::from_millis(10))
         .build()
         .unwrap()
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 /// A section from a log: role, id, start, end (`None`: still open), and
@@ -397,9 +260,9 @@ fn writer_is_not_starved(strategy: Strategy, lockers: u64) {
     let tasks = READER_TASKS.to_string();
     let hold = READER_HOLD_MS.to_string();
     let per = lockers.to_string();
-    let readers: Vec<Kid> = (0..READER_PROCS)
+    let readers: Vec<ChildProc> = (0..READER_PROCS)
         .map(|_| {
-            Kid::spawn(
+            kid(
                 strategy,
                 false,
                 "readers",
@@ -416,12 +279,12 @@ fn writer_is_not_starved(strategy: Strategy, lockers: u64) {
     std::thread::sleep(Duration::from_millis(1500));
     let before = sections(&log).0;
     let overlapping = most_at_once(&before, 'R');
-    let mut writer = Kid::spawn(strategy, false, "writer", &[d, "catalog", l]);
+    let mut writer = kid(strategy, false, "writer", &[d, "catalog", l]);
     writer.expect("waiting", Duration::from_secs(30));
     let acquired = writer.expect("acquired", Duration::from_secs(40));
     let waited_ms: u64 = acquired.split(' ').nth(1).unwrap().parse().unwrap();
     writer.expect("released", Duration::from_secs(10));
-    assert!(writer.child.wait().unwrap().success());
+    assert!(writer.wait(Duration::from_secs(10)).success());
     // The readers go on after the writer.
     std::thread::sleep(Duration::from_millis(500));
     drop(readers);
@@ -510,7 +373,7 @@ fn a_killed_readers_share_is_freed_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_str().unwrap();
         // A lease far longer than the bound: only the death frees it.
-        let mut reader = Kid::spawn(strategy, false, "hold_shared", &[d, "catalog", "60000"]);
+        let mut reader = kid(strategy, false, "hold_shared", &[d, "catalog", "60000"]);
         reader.expect("acquired", Duration::from_secs(30));
         let locker = parent_locker(dir.path(), strategy);
         rt.block_on(async {
@@ -553,7 +416,7 @@ fn a_frozen_readers_share_ends_with_its_lease() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_str().unwrap();
         let lease = Duration::from_millis(400);
-        let reader = Kid::spawn(strategy, false, "hold_shared", &[d, "catalog", "400"]);
+        let reader = kid(strategy, false, "hold_shared", &[d, "catalog", "400"]);
         reader.expect("acquired", Duration::from_secs(30));
         let locker = parent_locker(dir.path(), strategy);
         rt.block_on(async {
@@ -596,10 +459,10 @@ fn a_frozen_readers_share_ends_with_its_lease() {
 // ------------------------------------------------------------ (d) interop
 
 /// Readers in two processes holding `name` until `stop` appears.
-fn two_readers(strategy: Strategy, plain: bool, dir: &Path, name: &str, stop: &Path) -> Vec<Kid> {
+fn two_readers(strategy: Strategy, plain: bool, dir: &Path, name: &str, stop: &Path) -> Vec<ChildProc> {
     let (d, s) = (dir.to_str().unwrap(), stop.to_str().unwrap());
-    let kids: Vec<Kid> = (0..2)
-        .map(|_| Kid::spawn(strategy, plain, "hold_shared", &[d, name, "30000", s]))
+    let kids: Vec<ChildProc> = (0..2)
+        .map(|_| kid(strategy, plain, "hold_shared", &[d, name, "30000", s]))
         .collect();
     for k in &kids {
         k.expect("acquired", Duration::from_secs(30));
@@ -607,16 +470,12 @@ fn two_readers(strategy: Strategy, plain: bool, dir: &Path, name: &str, stop: &P
     kids
 }
 
-fn release(kids: Vec<Kid>, stop: &Path) {
+fn release(kids: Vec<ChildProc>, stop: &Path) {
     std::fs::File::create(stop).unwrap();
     for mut k in kids {
         let said = k.expect("released", Duration::from_secs(10));
         assert_eq!(said, "released lost=false");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while k.child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "reader {} did not exit", k.pid());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        k.wait(Duration::from_secs(10)); // the reader exits
         k.kill_and_reap();
     }
 }
@@ -814,9 +673,9 @@ fn velocious_and_pi_research_cannot_take_a_name_whose_first_reader_died() {
         let stop = dir.path().join("stop");
         let (d, s) = (locks.to_str().unwrap(), stop.to_str().unwrap());
         // The first reader makes the marker; the second joins.
-        let mut first = Kid::spawn(strategy, plain, "hold_shared", &[d, name, "30000", s]);
+        let mut first = kid(strategy, plain, "hold_shared", &[d, name, "30000", s]);
         first.expect("acquired", within);
-        let second = Kid::spawn(strategy, plain, "hold_shared", &[d, name, "30000", s]);
+        let second = kid(strategy, plain, "hold_shared", &[d, name, "30000", s]);
         second.expect("acquired", within);
         first.signal(Signal::SIGKILL);
         first.kill_and_reap();

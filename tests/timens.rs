@@ -32,6 +32,12 @@ fn ahead(ahead_s: &str) -> [&str; 6] {
     ["unshare", "--time", "--kill-child", "--boottime", ahead_s, "--"]
 }
 
+/// A child playing `role` (on exclusive files) in a time namespace whose
+/// boot clock is `ahead_s` seconds ahead of ours.
+fn spawn_ahead(ahead_s: &str, role: &str, args: &[&str]) -> ChildProc {
+    ChildProc::spawn_via(&ahead(ahead_s), Strategy::ExclusiveFile, role, args, &[])
+}
+
 /// Whether time namespaces can be made here; if not, why.
 fn unavailable() -> Option<String> {
     if !std::path::Path::new("/proc/self/ns/time").exists() {
@@ -132,13 +138,7 @@ fn a_reader_whose_boot_clock_is_ahead_never_takes_a_live_holders_lock() {
     let guard = rt.block_on(locker.acquire("job")).unwrap();
     let lease = LEASE_MS.to_string();
     let watch_ms = (4 * LEASE_MS).to_string();
-    let reader = ChildProc::spawn_via(
-        &ahead("100000"),
-        Strategy::ExclusiveFile,
-        "try_for",
-        &[d, "job", &lease, &watch_ms],
-        &[],
-    );
+    let reader = spawn_ahead("100000", "try_for", &[d, "job", &lease, &watch_ms]);
     assert_eq!(next(&reader, Duration::from_secs(20)), "trying");
     let said = next(&reader, Duration::from_secs(20));
     assert!(said.starts_with("kept"), "the reader said {said:?}");
@@ -157,13 +157,7 @@ fn a_frozen_holder_whose_boot_clock_is_ahead_is_taken_over_after_its_lease() {
     let d = dir.path().to_str().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let lease = LEASE_MS.to_string();
-    let holder = ChildProc::spawn_via(
-        &ahead("100000"),
-        Strategy::ExclusiveFile,
-        "hold",
-        &[d, "job", &lease],
-        &[],
-    );
+    let holder = spawn_ahead("100000", "hold", &[d, "job", &lease]);
     holder.expect("acquired", Duration::from_secs(20));
     let locker = locker(dir.path());
     let pid = namespaced_holder(&rt, &locker, holder.pid());
@@ -198,22 +192,10 @@ fn two_namespaces_with_different_offsets_judge_each_other_by_the_wall_clock() {
     let lease = LEASE_MS.to_string();
     let watch_ms = (4 * LEASE_MS).to_string();
 
-    let holder = ChildProc::spawn_via(
-        &ahead("100000"),
-        Strategy::ExclusiveFile,
-        "hold",
-        &[d, "job", &lease],
-        &[],
-    );
+    let holder = spawn_ahead("100000", "hold", &[d, "job", &lease]);
     holder.expect("acquired", Duration::from_secs(20));
     let pid = namespaced_holder(&rt, &locker, holder.pid());
-    let reader = ChildProc::spawn_via(
-        &ahead("200000"),
-        Strategy::ExclusiveFile,
-        "try_for",
-        &[d, "job", &lease, &watch_ms],
-        &[],
-    );
+    let reader = spawn_ahead("200000", "try_for", &[d, "job", &lease, &watch_ms]);
     assert_eq!(next(&reader, Duration::from_secs(20)), "trying");
     let said = next(&reader, Duration::from_secs(20));
     assert!(said.starts_with("kept"), "the reader said {said:?}");
@@ -226,24 +208,12 @@ fn two_namespaces_with_different_offsets_judge_each_other_by_the_wall_clock() {
     drop(holder);
     drop(reader);
 
-    let holder = ChildProc::spawn_via(
-        &ahead("200000"),
-        Strategy::ExclusiveFile,
-        "hold",
-        &[d, "job", &lease],
-        &[],
-    );
+    let holder = spawn_ahead("200000", "hold", &[d, "job", &lease]);
     holder.expect("acquired", Duration::from_secs(20));
     let pid = namespaced_holder(&rt, &locker, holder.pid());
     let frozen = Frozen::new(pid);
     let stopped = Instant::now();
-    let reader = ChildProc::spawn_via(
-        &ahead("100000"),
-        Strategy::ExclusiveFile,
-        "acquire",
-        &[d, "job", &lease, "20"],
-        &[],
-    );
+    let reader = spawn_ahead("100000", "acquire", &[d, "job", &lease, "20"]);
     assert_eq!(next(&reader, Duration::from_secs(20)), "waiting");
     let bound = Duration::from_millis(LEASE_MS) + SKEW + Duration::from_secs(3);
     let said = next(&reader, bound + Duration::from_secs(5));

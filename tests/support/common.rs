@@ -30,6 +30,17 @@ const CHILD_TTL: Duration = Duration::from_secs(90);
 /// Call from a `#[test] fn child_process_entry()` in every test file that
 /// starts children: a no-op in a normal run, the child's main in a child.
 pub fn child_entry() {
+    child_entry_with(|role, args| async move { run_role(&role, &args).await });
+}
+
+/// Like [`child_entry`], for a test file with roles of its own: `roles`
+/// runs the child's role (given its name and arguments) and returns its
+/// exit code; it may hand roles it does not know to [`run_role`].
+pub fn child_entry_with<F, Fut>(roles: F)
+where
+    F: FnOnce(String, Vec<String>) -> Fut,
+    Fut: std::future::Future<Output = i32>,
+{
     let Ok(role) = std::env::var(ROLE_ENV) else {
         return;
     };
@@ -47,29 +58,39 @@ pub fn child_entry() {
         .enable_all()
         .build()
         .expect("runtime");
-    let code = rt.block_on(run_role(&role, &args));
+    let code = rt.block_on(roles(role, args));
     std::process::exit(code);
 }
 
-fn say(line: &str) {
+/// A child's message to the parent, read by [`ChildProc::expect`].
+pub fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "@@{line}");
     let _ = out.flush();
 }
 
-fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
-    let strategy = match std::env::var(STRATEGY_ENV).as_deref() {
+/// In a child: the strategy its parent gave [`ChildProc::spawn_with`].
+pub fn strategy_from_env() -> leasehold::Strategy {
+    match std::env::var(STRATEGY_ENV).as_deref() {
         Ok("dir") => leasehold::Strategy::Directory,
         _ => leasehold::Strategy::ExclusiveFile,
-    };
-    let style = if std::env::var_os(PLAIN_ENV).is_some() {
+    }
+}
+
+/// In a child: `PathStyle::Plain` if its parent set [`PLAIN_ENV`].
+pub fn path_style_from_env() -> leasehold::PathStyle {
+    if std::env::var_os(PLAIN_ENV).is_some() {
         leasehold::PathStyle::Plain
     } else {
         leasehold::PathStyle::Hashed
-    };
+    }
+}
+
+fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
+    let strategy = strategy_from_env();
     Locker::builder()
         .directory(dir)
-        .path_style(style)
+        .path_style(path_style_from_env())
         .fencing(std::env::var_os(FENCING_ENV).is_some())
         .strategy(strategy)
         .lease(Duration::from_millis(lease_ms))
@@ -78,7 +99,9 @@ fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
         .expect("locker")
 }
 
-fn append(path: &str, line: &str) {
+/// Appends `line` to the log at `path`: one `write(2)` per line on an
+/// `O_APPEND` descriptor.
+pub fn append(path: &str, line: &str) {
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -87,7 +110,8 @@ fn append(path: &str, line: &str) {
     f.write_all(format!("{line}\n").as_bytes()).expect("append");
 }
 
-async fn run_role(role: &str, args: &[String]) -> i32 {
+/// The roles every test file's children can play.
+pub async fn run_role(role: &str, args: &[String]) -> i32 {
     let pid = std::process::id();
     match role {
         // dir name rounds log: enter and leave a critical section, logging both.
@@ -411,13 +435,17 @@ impl ChildProc {
         self.child.id()
     }
 
-    /// The next message starting with `prefix`, or a panic after `within`.
+    /// The next message starting with `prefix`, or a panic after `within`
+    /// (or at once if the child says `failed ...`).
     pub fn expect(&self, prefix: &str, within: Duration) -> String {
         let deadline = Instant::now() + within;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) if line.starts_with(prefix) => return line,
+                Ok(line) if line.starts_with("failed") => {
+                    panic!("child {} failed: {line}", self.pid())
+                }
                 Ok(_) => continue,
                 Err(_) => panic!("child {} did not say {prefix:?} within {within:?}", self.pid()),
             }
@@ -443,14 +471,19 @@ impl ChildProc {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-}
 
-impl Drop for ChildProc {
-    fn drop(&mut self) {
+    /// Kills the child (by pid) if it still runs, and reaps it.
+    pub fn kill_and_reap(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             let _ = kill(Pid::from_raw(self.pid() as i32), Signal::SIGKILL);
         }
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        self.kill_and_reap();
     }
 }
 

@@ -49,18 +49,31 @@ pub fn intent_key(name: &str) -> i64 {
     digest_key(b"leasehold-intent\0", name)
 }
 
-/// The server process of the session that holds `name`: the exclusive
-/// holder's, or the shared or permit holder's of Locker `holder_id`.
-pub fn backend_of(server: &Server, name: &str, holder_id: Option<String>) -> i32 {
+/// Which holder row of a name [`backend_of`] looks at.
+pub enum Holder {
+    /// The exclusive holder's (`leasehold_locks`).
+    Exclusive,
+    /// The shared or permit holder's of the Locker with this `holder_id`.
+    Locker(String),
+    /// The shared or permit holder's with this acquisition `id`.
+    Acquisition(String),
+}
+
+/// The server process of the session that holds `name`, by `holder`'s row.
+pub fn backend_of(server: &Server, name: &str, holder: Holder) -> i32 {
     let name = name.to_owned();
     server.sql(move |c| {
-        let row = match holder_id {
-            None => c.query_one(
+        let row = match holder {
+            Holder::Exclusive => c.query_one(
                 "SELECT backend_pid FROM leasehold_locks WHERE name = $1",
                 &[&name],
             ),
-            Some(id) => c.query_one(
+            Holder::Locker(id) => c.query_one(
                 "SELECT backend_pid FROM leasehold_holders WHERE name = $1 AND holder_id = $2",
+                &[&name, &id],
+            ),
+            Holder::Acquisition(id) => c.query_one(
+                "SELECT backend_pid FROM leasehold_holders WHERE name = $1 AND id = $2",
                 &[&name, &id],
             ),
         };

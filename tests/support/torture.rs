@@ -1,0 +1,797 @@
+//! What the tortures (`tests/torture.rs`, `tests/torture_shared.rs`)
+//! share: the backends they run on, the children's side (the shared log,
+//! the stop signal, the lockers), and the parent's (the chaos loop that
+//! SIGKILLs, SIGSTOPs and, on PostgreSQL, ends sessions; the stop; what is
+//! left behind; the parts of the log both read alike). Each torture keeps
+//! its own workload and its own checker.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use leasehold::{Error, LockGuard, Locker, Stats, Strategy};
+use nix::sys::signal::{Signal, kill};
+use nix::time::{ClockId, clock_gettime};
+use nix::unistd::Pid;
+
+#[path = "reexec.rs"]
+mod reexec;
+
+#[cfg(feature = "postgres")]
+#[path = "pg_server.rs"]
+pub mod pg_server;
+
+/// Every torture lock's lease, and how often it is renewed.
+pub const LEASE: Duration = Duration::from_millis(600);
+pub const RENEW: Duration = Duration::from_millis(150);
+
+/// How long after the last child ended the server may still show its
+/// sessions or their locks: a killed child's session ends when the server
+/// reads the end of its socket, at once on a local one.
+#[cfg(feature = "postgres")]
+pub const PG_SESSIONS_END_WITHIN: Duration = Duration::from_secs(5);
+
+/// Set (to a [`Backend::label`]) in a child's environment: the child's backend.
+const BACKEND_ENV: &str = "LEASEHOLD_TORTURE_CHILD_STRATEGY";
+/// The server's URL, for a child on PostgreSQL.
+#[cfg(feature = "postgres")]
+const PG_URL_ENV: &str = "LEASEHOLD_TORTURE_CHILD_PG_URL";
+const WORK_ENV: &str = "LEASEHOLD_TORTURE_CHILD_WORKDIR";
+const TASKS_ENV: &str = "LEASEHOLD_TORTURE_CHILD_TASKS";
+const TTL_ENV: &str = "LEASEHOLD_TORTURE_CHILD_TTL_SECS";
+
+/// The backend under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    ExclusiveFile,
+    Directory,
+    #[cfg(feature = "postgres")]
+    Postgres,
+}
+
+impl Backend {
+    pub const ALL: &[Backend] = &[
+        Backend::ExclusiveFile,
+        Backend::Directory,
+        #[cfg(feature = "postgres")]
+        Backend::Postgres,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Backend::ExclusiveFile => "file",
+            Backend::Directory => "dir",
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => "postgres",
+        }
+    }
+
+    pub fn strategy(self) -> Option<Strategy> {
+        match self {
+            Backend::ExclusiveFile => Some(Strategy::ExclusiveFile),
+            Backend::Directory => Some(Strategy::Directory),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => None,
+        }
+    }
+
+    /// Whether a holder paused past its lease may be overtaken while it is
+    /// paused: on files, yes (its lease is time); on a server, no (a paused holder's session keeps its lock
+    /// on a server).
+    pub fn leases_run_out_under_paused_holders(self) -> bool {
+        self.strategy().is_some()
+    }
+
+    /// A child's locker: fencing on, [`LEASE`], [`RENEW`], on the work
+    /// directory's `locks` or the server the parent named.
+    pub fn locker(self, work: &Path) -> Locker {
+        let builder = Locker::builder().fencing(true).lease(LEASE).renew_interval(RENEW);
+        let builder = match self.strategy() {
+            Some(strategy) => builder.directory(work.join("locks")).strategy(strategy),
+            #[cfg(feature = "postgres")]
+            None => builder.postgres(std::env::var(PG_URL_ENV).expect("server url")),
+            #[cfg(not(feature = "postgres"))]
+            None => unreachable!("every backend but PostgreSQL has a strategy"),
+        };
+        builder.build().expect("locker")
+    }
+}
+
+// ---------------------------------------------------------------- both
+
+pub fn mono_ns() -> u64 {
+    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("clock_gettime");
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+/// xorshift64*, enough for picking names, roles, durations and victims.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
+    }
+}
+
+// ---------------------------------------------------------------- child
+
+/// What a child is told by its parent.
+pub struct ChildSetup {
+    pub backend: Backend,
+    pub work: PathBuf,
+    pub tasks: usize,
+}
+
+/// The body of a torture's `#[test] fn child_process_entry()`: a no-op in
+/// a normal run; in a child, runs `main` on a two-thread runtime and
+/// exits with its code (or with 3 once the time to live the parent gave
+/// is up, whatever the parent does).
+pub fn child_entry<F: Future<Output = i32>>(main: impl FnOnce(ChildSetup) -> F) {
+    let Ok(role) = std::env::var(BACKEND_ENV) else {
+        return;
+    };
+    let backend = *Backend::ALL
+        .iter()
+        .find(|b| b.label() == role)
+        .unwrap_or_else(|| panic!("unknown backend {role:?}"));
+    let work = PathBuf::from(std::env::var_os(WORK_ENV).expect("work dir"));
+    let tasks: usize = std::env::var(TASKS_ENV).expect("tasks").parse().expect("tasks");
+    let ttl: u64 = std::env::var(TTL_ENV).expect("ttl").parse().expect("ttl");
+    // No child outlives this, whatever the parent does.
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(ttl));
+        std::process::exit(3);
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let code = rt.block_on(main(ChildSetup { backend, work, tasks }));
+    std::process::exit(code);
+}
+
+/// Turns `true` once the parent creates the work directory's `stop` file.
+pub fn stop_signal(work: &Path) -> tokio::sync::watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_file = work.join("stop");
+    tokio::spawn(async move {
+        while !stop_file.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = stop_tx.send(true);
+        std::future::pending::<()>().await;
+    });
+    stop_rx
+}
+
+/// Waits for a child's tasks: whether none of them failed.
+pub async fn join_all(torture: &str, handles: Vec<tokio::task::JoinHandle<()>>) -> bool {
+    let mut ok = true;
+    for handle in handles {
+        if let Err(e) = handle.await {
+            eprintln!("{torture} child {}: a task failed: {e}", std::process::id());
+            ok = false;
+        }
+    }
+    ok
+}
+
+/// What one try at the lock came to.
+pub enum Turn {
+    Held(LockGuard),
+    /// It failed (logged as `X`, and waited after a little): try again.
+    Failed,
+    /// The parent said stop.
+    Stop,
+}
+
+/// Takes the lock through `acquire`, unless told to stop first, and notes
+/// the wait in `max_wait_us`.
+pub async fn take_turn(
+    acquire: impl Future<Output = leasehold::Result<LockGuard>>,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    log: &Log,
+    max_wait_us: &AtomicU64,
+) -> Turn {
+    let asked = Instant::now();
+    let acquired = tokio::select! {
+        r = acquire => r,
+        _ = stop.wait_for(|s| *s) => return Turn::Stop,
+    };
+    match acquired {
+        Ok(guard) => {
+            max_wait_us.fetch_max(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+            Turn::Held(guard)
+        }
+        Err(e) => {
+            log.error(&e);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Turn::Failed
+        }
+    }
+}
+
+/// Why a lost guard was lost: the `LossReason` variant's name. No I/O: a
+/// lost guard's `ensure_held` reports the loss.
+pub async fn loss_reason(guard: &LockGuard) -> String {
+    let reason = match guard.ensure_held().await {
+        Err(Error::Lost { reason, .. }) => format!("{reason:?}"),
+        other => format!("Unknown({other:?})"),
+    };
+    reason.chars().take_while(char::is_ascii_alphanumeric).collect()
+}
+
+/// The shared log: one `write(2)` per line, `O_APPEND`.
+pub struct Log(File);
+
+impl Log {
+    pub fn open(work: &Path) -> Self {
+        Log(OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(work.join("log"))
+            .expect("open log"))
+    }
+
+    pub fn line(&self, line: String) {
+        let bytes = format!("{line}\n");
+        let written = (&self.0).write(bytes.as_bytes()).expect("append to log");
+        assert_eq!(written, bytes.len(), "short append to the log");
+    }
+
+    /// `X pid error`: an acquisition failed.
+    pub fn error(&self, error: &Error) {
+        let pid = std::process::id();
+        self.line(format!("X {pid} {}", format!("{error:?}").replace('\n', " ")));
+    }
+
+    /// `Z pid acquisitions handoffs reclaimed_dead reclaimed_expired lost
+    /// max_wait_us`: the child's summary, its lockers' stats summed.
+    pub fn summary(&self, stats: &[Stats], max_wait_us: u64) {
+        let sum = |f: fn(&Stats) -> u64| stats.iter().map(f).sum::<u64>();
+        self.line(format!(
+            "Z {} {} {} {} {} {} {max_wait_us}",
+            std::process::id(),
+            sum(|s| s.acquisitions),
+            sum(|s| s.handoffs),
+            sum(|s| s.reclaimed_dead_owner),
+            sum(|s| s.reclaimed_expired_lease),
+            sum(|s| s.lost),
+        ));
+    }
+}
+
+// ---------------------------------------------------------------- parent
+
+pub fn env_or(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
+fn signal(pid: u32, sig: Signal) {
+    kill(Pid::from_raw(pid as i32), sig).unwrap_or_else(|e| panic!("{sig} to {pid}: {e}"));
+}
+
+pub struct Pause {
+    pub pid: u32,
+    /// Just before `kill(SIGSTOP)`.
+    pub before: u64,
+    /// Just after it returned: the process is stopped by then.
+    pub after: u64,
+    /// When it was continued (or killed).
+    pub until: u64,
+}
+
+/// The children; any still running are killed (by pid) and reaped on drop.
+struct Fleet {
+    backend: Backend,
+    /// The server's URL, on PostgreSQL.
+    pg_url: Option<String>,
+    /// The torture's own environment for its children.
+    env: Vec<(String, String)>,
+    work: PathBuf,
+    tasks: u64,
+    ttl: u64,
+    kids: Vec<Child>,
+}
+
+impl Fleet {
+    fn spawn(&mut self) {
+        let mut child = reexec::child_process();
+        #[cfg(feature = "postgres")]
+        if let Some(url) = &self.pg_url {
+            child.env(PG_URL_ENV, url);
+        }
+        let child = child
+            .env(BACKEND_ENV, self.backend.label())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env(WORK_ENV, &self.work)
+            .env(TASKS_ENV, self.tasks.to_string())
+            .env(TTL_ENV, self.ttl.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn child");
+        self.kids.push(child);
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for kid in &mut self.kids {
+            if let Ok(None) = kid.try_wait() {
+                let _ = kill(Pid::from_raw(kid.id() as i32), Signal::SIGKILL);
+            }
+            let _ = kid.wait();
+        }
+    }
+}
+
+/// One torture run's world: its work directory (with `locks` and the
+/// children's `log`), and on PostgreSQL its own server.
+pub struct Arena {
+    pub backend: Backend,
+    /// `torture` or `torture_shared`, for the report and the kept log.
+    pub torture: &'static str,
+    pub label: String,
+    pub began: Instant,
+    #[cfg(feature = "postgres")]
+    pub server: Option<pg_server::Server>,
+    pg_url: Option<String>,
+    _tmp: tempfile::TempDir,
+    pub work: PathBuf,
+    pub locks: PathBuf,
+}
+
+/// What the chaos did, and how the children stopped.
+pub struct Chaos {
+    pub pauses: Vec<Pause>,
+    /// When each killed pid was killed.
+    pub kills: HashMap<u32, u64>,
+    /// Client sessions ended on the server.
+    pub terminations: usize,
+    /// How long the children took to stop once told.
+    pub stop_time: Duration,
+}
+
+impl Chaos {
+    /// When a killed process stopped acting: at the kill, or at the start
+    /// of the stop it was killed in.
+    pub fn silenced(&self, pid: u32) -> Option<u64> {
+        let killed = *self.kills.get(&pid)?;
+        let frozen = self
+            .pauses
+            .iter()
+            .filter(|p| p.pid == pid && p.after <= killed && p.until >= killed)
+            .map(|p| p.after)
+            .min();
+        Some(frozen.unwrap_or(killed))
+    }
+
+    /// A holder's stops, to tell a robbed live holder from a frozen one.
+    pub fn stops_of(&self, pid: u32) -> Vec<(u64, u64)> {
+        self.pauses
+            .iter()
+            .filter(|p| p.pid == pid)
+            .map(|p| (p.after, p.until))
+            .collect()
+    }
+}
+
+impl Arena {
+    pub fn new(torture: &'static str, backend: Backend, label: String) -> Self {
+        let began = Instant::now();
+        #[cfg(feature = "postgres")]
+        let server = (backend == Backend::Postgres).then(pg_server::Server::start);
+        #[cfg(feature = "postgres")]
+        let pg_url = server.as_ref().map(|server| {
+            // The first use creates the tables, and first uses at once race
+            // (tests/postgres.rs `lockers_connecting_at_once_to_a_fresh_database_all_build`):
+            // create them before the children all connect.
+            drop(
+                Locker::builder()
+                    .postgres(server.url())
+                    .build()
+                    .expect("create the tables"),
+            );
+            server.url()
+        });
+        #[cfg(not(feature = "postgres"))]
+        let pg_url = None;
+        let tmp = tempfile::tempdir().unwrap();
+        let work = tmp.path().to_owned();
+        let locks = work.join("locks");
+        std::fs::DirBuilder::new().mode(0o700).create(&locks).unwrap();
+        Arena {
+            backend,
+            torture,
+            label,
+            began,
+            #[cfg(feature = "postgres")]
+            server,
+            pg_url,
+            _tmp: tmp,
+            work,
+            locks,
+        }
+    }
+
+    /// Starts `procs` children of `tasks` tasks each (with `env` added to
+    /// theirs) and, for `secs`, SIGKILLs them (starting replacements),
+    /// SIGSTOPs them for longer than the lease and, on PostgreSQL, ends
+    /// random client sessions; then tells them to stop and asserts that
+    /// every child stopped when told, cleanly, and none before.
+    pub fn chaos(&self, procs: u64, tasks: u64, secs: u64, env: &[(&str, &str)]) -> Chaos {
+        let label = &self.label;
+        let backend = self.backend;
+        let mut fleet = Fleet {
+            backend,
+            pg_url: self.pg_url.clone(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            work: self.work.clone(),
+            tasks,
+            ttl: secs + 60,
+            kids: Vec::new(),
+        };
+        for _ in 0..procs {
+            fleet.spawn();
+        }
+
+        let mut rng = Rng::new(u64::from(std::process::id()) ^ mono_ns());
+        let mut pauses: Vec<Pause> = Vec::new();
+        // index into `pauses` of each currently stopped pid, and when to resume it
+        let mut stopped: HashMap<u32, (usize, Instant)> = HashMap::new();
+        let mut kills: HashMap<u32, u64> = HashMap::new();
+        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+        let mut terminations = 0;
+        let mut early_exits: Vec<(u32, ExitStatus)> = Vec::new();
+        let chaos_end = Instant::now() + Duration::from_secs(secs);
+        let mut next_action = Instant::now() + Duration::from_millis(300 + rng.below(400));
+        while Instant::now() < chaos_end {
+            let now = Instant::now();
+            let due: Vec<u32> = stopped
+                .iter()
+                .filter(|(_, (_, at))| *at <= now)
+                .map(|(pid, _)| *pid)
+                .collect();
+            for pid in due {
+                let (i, _) = stopped.remove(&pid).unwrap();
+                signal(pid, Signal::SIGCONT);
+                pauses[i].until = mono_ns();
+            }
+            if now >= next_action && !fleet.kids.is_empty() {
+                let roll = rng.below(10);
+                if roll < 4 {
+                    // SIGKILL anyone, stopped or not, and start a replacement.
+                    let i = rng.below(fleet.kids.len() as u64) as usize;
+                    let mut kid = fleet.kids.swap_remove(i);
+                    let pid = kid.id();
+                    kills.insert(pid, mono_ns());
+                    signal(pid, Signal::SIGKILL);
+                    kid.wait().unwrap();
+                    if let Some((p, _)) = stopped.remove(&pid) {
+                        pauses[p].until = mono_ns();
+                    }
+                    fleet.spawn();
+                } else if roll >= 8 && backend.strategy().is_none() {
+                    // End a random client session on the server (a holder's,
+                    // a waiter's or a listener's), as a DBA's
+                    // `pg_terminate_backend` or a crashed backend would.
+                    #[cfg(feature = "postgres")]
+                    if let Some(url) = fleet.pg_url.as_deref() {
+                        terminations += pg_server::terminate_a_session(url, &mut |n| rng.below(n));
+                    }
+                } else if roll < 8 {
+                    // SIGSTOP a running child for longer than the lease.
+                    let running: Vec<u32> = fleet
+                        .kids
+                        .iter()
+                        .map(Child::id)
+                        .filter(|pid| !stopped.contains_key(pid))
+                        .collect();
+                    if !running.is_empty() {
+                        let pid = running[rng.below(running.len() as u64) as usize];
+                        let before = mono_ns();
+                        signal(pid, Signal::SIGSTOP);
+                        let after = mono_ns();
+                        pauses.push(Pause {
+                            pid,
+                            before,
+                            after,
+                            until: u64::MAX,
+                        });
+                        let hold = LEASE + Duration::from_millis(100 + rng.below(500));
+                        stopped.insert(pid, (pauses.len() - 1, Instant::now() + hold));
+                    }
+                }
+                next_action = Instant::now() + Duration::from_millis(300 + rng.below(500));
+            }
+            // Nobody may exit before being told to.
+            let mut i = 0;
+            while i < fleet.kids.len() {
+                if let Some(status) = fleet.kids[i].try_wait().unwrap() {
+                    let mut kid = fleet.kids.swap_remove(i);
+                    let _ = kid.wait(); // already reaped by try_wait
+                    early_exits.push((kid.id(), status));
+                    fleet.spawn();
+                } else {
+                    i += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+
+        // Stop: continue the frozen, tell everyone, wait with a deadline.
+        for (pid, (i, _)) in stopped.drain() {
+            signal(pid, Signal::SIGCONT);
+            pauses[i].until = mono_ns();
+        }
+        File::create(self.work.join("stop")).unwrap();
+        let told = Instant::now();
+        let deadline = told + Duration::from_secs(15);
+        let mut finished: Vec<(u32, ExitStatus)> = Vec::new();
+        let mut hung: Vec<u32> = Vec::new();
+        for kid in &mut fleet.kids {
+            loop {
+                if let Some(status) = kid.try_wait().unwrap() {
+                    finished.push((kid.id(), status));
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    hung.push(kid.id());
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let stop_time = told.elapsed();
+        drop(fleet); // kills and reaps any that hung
+        assert!(
+            hung.is_empty(),
+            "[{label}] children {hung:?} did not stop within 15 s of being told"
+        );
+        for (pid, status) in &finished {
+            assert!(status.success(), "[{label}] child {pid} exited with {status}");
+        }
+        assert!(
+            early_exits.is_empty(),
+            "[{label}] children exited before being told to: {early_exits:?}"
+        );
+        Chaos {
+            pauses,
+            kills,
+            terminations,
+            stop_time,
+        }
+    }
+
+    /// What the children left: on files, [`file_leftovers`]; on
+    /// PostgreSQL, advisory locks or sessions still there
+    /// [`PG_SESSIONS_END_WITHIN`] after the last one ended (on the test's
+    /// own server: a server named by `LEASEHOLD_PG_URL` may have other
+    /// clients), names a fresh `Locker` lists as held, and what `probe`
+    /// (given a fresh `Locker`) finds still held. (The owner table keeps a
+    /// row per name, the fencing counter, as the directory keeps `.fence`
+    /// files.) The number reclaimed, and what is left.
+    pub fn leftovers<F, Fut>(&self, probe: F) -> (usize, Vec<String>)
+    where
+        F: FnOnce(Locker) -> Fut,
+        Fut: Future<Output = Vec<String>>,
+    {
+        match self.backend.strategy() {
+            Some(strategy) => file_leftovers(&self.locks, strategy),
+            #[cfg(feature = "postgres")]
+            None => {
+                let server = self.server.as_ref().expect("the server");
+                let mut left = server.advisory_locks_and_sessions_left(PG_SESSIONS_END_WITHIN);
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let locker = Locker::builder().postgres(server.url()).build().unwrap();
+                rt.block_on(async {
+                    for info in locker.list().await.expect("list()") {
+                        left.push(format!("{} listed as held", info.name()));
+                    }
+                    left.extend(probe(locker.clone()).await);
+                });
+                (0, left)
+            }
+            #[cfg(not(feature = "postgres"))]
+            None => {
+                drop(probe);
+                unreachable!("every backend but PostgreSQL has a strategy")
+            }
+        }
+    }
+
+    /// The children's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.work.join("log")).unwrap()
+    }
+
+    /// Panics with the problems found, if any, keeping the log for the
+    /// analysis (the work directory goes with the test).
+    pub fn fail_on(&self, problems: &[String]) {
+        if problems.is_empty() {
+            return;
+        }
+        let label = &self.label;
+        let kept = std::env::temp_dir().join(format!(
+            "leasehold-{}-{}-{}.log",
+            self.torture,
+            label.replace('/', "-"),
+            std::process::id()
+        ));
+        let kept = match std::fs::copy(self.work.join("log"), &kept) {
+            Ok(_) => format!("the log is kept in {}", kept.display()),
+            Err(e) => format!("the log could not be kept in {}: {e}", kept.display()),
+        };
+        panic!(
+            "[{label}] {} violations ({kept}):\n{}",
+            problems.len(),
+            problems.join("\n")
+        );
+    }
+}
+
+/// Reclaims what killed children left, then nothing but the fencing
+/// counters may remain: the number reclaimed, and what is left (with what
+/// is inside it, for the report).
+fn file_leftovers(locks: &Path, strategy: Strategy) -> (usize, Vec<String>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cleaner = Locker::builder()
+        .directory(locks)
+        .strategy(strategy)
+        .unreadable_grace(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let cleaned = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(30), cleaner.clean(false)).await })
+        .expect("clean() did not hang")
+        .expect("clean()");
+    let mut left: Vec<String> = std::fs::read_dir(locks)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".fence"))
+        .collect();
+    left.sort();
+    // What is inside what was left, for the report.
+    let left_detail: Vec<String> = left
+        .iter()
+        .map(|n| {
+            let p = locks.join(n);
+            match std::fs::read_dir(&p) {
+                Ok(rd) => {
+                    let mut inner: Vec<String> = rd
+                        .map(|e| {
+                            let e = e.unwrap();
+                            let body = std::fs::read_to_string(e.path()).unwrap_or_default();
+                            format!("{} {:?}", e.file_name().to_string_lossy(), body.trim_end())
+                        })
+                        .collect();
+                    inner.sort();
+                    format!("{n}/ {inner:?}")
+                }
+                Err(_) => format!("{n}: {:?}", std::fs::read_to_string(&p).unwrap_or_default()),
+            }
+        })
+        .collect();
+    (cleaned.len(), left_detail)
+}
+
+/// A log line split at its spaces.
+pub struct Line<'a> {
+    pub text: &'a str,
+    pub f: Vec<&'a str>,
+}
+
+impl<'a> Line<'a> {
+    pub fn new(text: &'a str) -> Self {
+        Line {
+            text,
+            f: text.split(' ').collect(),
+        }
+    }
+
+    /// Field `i` as a number; a panic if it is not one.
+    pub fn num(&self, i: usize) -> u64 {
+        self.f
+            .get(i)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("malformed log line {:?}", self.text))
+    }
+}
+
+/// What both tortures read from the log alike: the loss reasons, the
+/// acquire errors, the children's summaries, and the problems found.
+#[derive(Default)]
+pub struct Tally {
+    pub lost_reasons: BTreeMap<String, u64>,
+    pub errors: BTreeMap<String, u64>,
+    /// Each child's `Z` line, from `acquisitions` on.
+    pub summaries: Vec<Vec<u64>>,
+    pub problems: Vec<String>,
+}
+
+impl Tally {
+    pub fn lost(&mut self, reason: &str) {
+        *self.lost_reasons.entry(reason.to_owned()).or_default() += 1;
+    }
+
+    /// Reads an `X` or a `Z` line (an acquire error may only be I/O or a
+    /// loss); panics on any other.
+    pub fn other(&mut self, arena: &Arena, line: &Line) {
+        let f = &line.f;
+        match f[0] {
+            "X" => {
+                let kind: String = f[2].chars().take_while(|c| c.is_alphanumeric()).collect();
+                let seen = self.errors.entry(kind).or_default();
+                if *seen == 0 {
+                    eprintln!(
+                        "{} [{}]: first acquire error of its kind: {}",
+                        arena.torture, arena.label, line.text
+                    );
+                }
+                *seen += 1;
+                if !(f[2].starts_with("Io") || f[2].starts_with("Lost")) {
+                    self.problems
+                        .push(format!("unexpected acquire error: {}", line.text));
+                }
+            }
+            "Z" => self.summaries.push((2..=7).map(|i| line.num(i)).collect()),
+            _ => panic!("malformed log line {:?}", line.text),
+        }
+    }
+
+    /// The children's summaries, field `i` (0: acquisitions, ... 4: lost)
+    /// summed.
+    pub fn sum(&self, i: usize) -> u64 {
+        self.summaries.iter().map(|z| z[i]).sum()
+    }
+
+    /// The longest a child waited for an acquisition.
+    pub fn max_wait_ms(&self) -> f64 {
+        self.summaries.iter().map(|z| z[5]).max().unwrap_or(0) as f64 / 1000.0
+    }
+
+    /// The checks both end with: nothing left behind, some section
+    /// completed.
+    pub fn check_the_end(&mut self, log: &str, left: &[String]) {
+        if !left.is_empty() {
+            self.problems.push(format!("left behind: {left:?}"));
+        }
+        if count(log, "E ") == 0 {
+            self.problems.push("no section ever completed".into());
+        }
+    }
+}
+
+/// The log's lines that start with `prefix`.
+pub fn count(log: &str, prefix: &str) -> usize {
+    log.lines().filter(|l| l.starts_with(prefix)).count()
+}
