@@ -4,14 +4,13 @@
 //! (`fs`) or advisory locks on a PostgreSQL server (`postgres`).
 //! Everything above it — the queue, the
 //! guard, the lease and its renewal, waiting — is the same for all of them
-//! and speaks to a backend only through the two traits here: [`Backend`]
-//! for the store as a whole and [`BackendLock`] for one lock it gave out.
-//! `store` is the one place that dispatches over the
-//! backends; neither backend imports the other.
-//!
-//! What a backend cannot do is said in the types: a server has no lock
-//! path ([`Backend::lock_path`] is `None`), no uncontended shortcut
-//! ([`Backend::attempt_inline`] defaults to `None`), and nothing to clean.
+//! and speaks to a backend only through the traits here: a small core
+//! every backend keeps, [`Backend`] for the store as a whole and
+//! [`BackendLock`] for one lock it gave out, and a trait for each thing
+//! only some backends offer ([`Inline`] attempts, a [`Line`] of waiters
+//! across processes, locks [`OnDisk`]). `store` is the one place that
+//! dispatches over the backends, and says what a backend without one of
+//! those does instead; neither backend imports the other.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
@@ -145,7 +144,8 @@ pub(crate) type Arm<'a, L, K> = &'a dyn Fn(L, Option<Tokens>) -> K;
 /// A store of named locks.
 ///
 /// Every method may block (syscalls, a server round trip): the engine calls
-/// them on the blocking pool, except [`attempt_inline`](Self::attempt_inline).
+/// them on the blocking pool ([`Inline::attempt_inline`] is the one
+/// attempt made on the caller's thread).
 pub(crate) trait Backend {
     /// One lock this backend gave out.
     type Lock: BackendLock;
@@ -165,61 +165,12 @@ pub(crate) trait Backend {
         arm: Arm<'_, Self::Lock, K>,
     ) -> Result<Attempt<K>>;
 
-    /// The uncontended case, without blocking the caller's thread: `None`
-    /// when the backend cannot tell that cheaply; then [`attempt`](Self::attempt)
-    /// on the blocking pool.
-    fn attempt_inline<K: Kept>(
-        &self,
-        name: &LockName,
-        mode: Mode,
-        arm: Arm<'_, Self::Lock, K>,
-    ) -> Result<Option<K>> {
-        let _ = (name, mode, arm);
-        Ok(None)
-    }
-
-    /// How long a waiter for `name` should keep off the lock before its
-    /// next attempt, to let a process that has waited longer go first
-    /// (see `fs/line.rs`); `None`: try now. Must not block.
-    fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration> {
-        let _ = (name, mode);
-        None
-    }
-
-    /// An acquisition of `name` as `mode` found it held and will wait:
-    /// it stands in the line of other processes' waiters until
-    /// [`stopped_waiting`](Self::stopped_waiting). Called by the waiting
-    /// loop itself, never by an attempt (an attempt may finish after its
-    /// waiter is gone, and `try_acquire` never waits). Must not block.
-    fn wait_in_line(&self, name: &LockName, mode: Mode) {
-        let _ = (name, mode);
-    }
-
-    /// An acquisition of `name` that waited stopped waiting, with or
-    /// without the lock. Must not block.
-    fn stopped_waiting(&self, name: &LockName) {
-        let _ = name;
-    }
-
-    /// Whether a new shared acquisition may join the shared hold this
-    /// process already has of `name` without asking the store: not while an
-    /// exclusive acquisition waits for the name in another process (or the
-    /// readers of this one would starve it), and not when the backend cannot
-    /// tell cheaply. Must not block: it runs on the caller's thread.
-    fn may_join_locally(&self, name: &LockName) -> bool {
-        let _ = name;
-        false
-    }
-
     /// Says in the store that an exclusive acquisition waits for `name`,
     /// which shared holders (or permit holders) hold, so that new ones
-    /// queue behind it. The announcement lasts while the returned value
-    /// lives and is renewed through it; `None` when the store orders
-    /// waiters by itself.
-    fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
-        let _ = name;
-        Ok(None)
-    }
+    /// queue behind it (writer preference across processes). The
+    /// announcement lasts while the returned value lives and is renewed
+    /// through it; `None` while another waiter's announcement stands.
+    fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>>;
 
     /// The lock `name` as the store has it, held or stale.
     fn inspect(&self, name: &LockName) -> Result<Option<Inspection>>;
@@ -227,24 +178,65 @@ pub(crate) trait Backend {
     /// Every lock in the store, held or stale.
     fn list(&self) -> Result<Vec<(LockName, Inspection)>>;
 
-    /// Removes stale locks and what crashed processes left behind (or, with
-    /// `dry_run`, reports them).
-    fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>>;
-
     /// Makes sure a waiter for `name` is woken by events when the lock may
     /// have become free; `false` when it must poll instead.
     fn watch(&self, name: &LockName) -> bool;
+}
 
-    /// The lock directory, for a backend that keeps locks in one.
-    fn directory(&self) -> Option<&Path> {
-        None
-    }
+/// A backend that can often take a lock without blocking the caller's
+/// thread (files: the uncontended create).
+pub(crate) trait Inline: Backend {
+    /// The uncontended case, without blocking the caller's thread: `None`
+    /// when that cannot be told cheaply; then [`attempt`](Self::attempt)
+    /// on the blocking pool.
+    fn attempt_inline<K: Kept>(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        arm: Arm<'_, Self::Lock, K>,
+    ) -> Result<Option<K>>;
+}
 
-    /// The path of the lock `name`, for a backend that keeps locks in files.
-    fn lock_path(&self, name: &LockName) -> Option<PathBuf> {
-        let _ = name;
-        None
-    }
+/// A backend whose waiters in different processes take turns through a
+/// line of its own (files: `fs/line.rs`); a server orders its waiters
+/// itself.
+pub(crate) trait Line: Backend {
+    /// How long a waiter for `name` should keep off the lock before its
+    /// next attempt, to let a process that has waited longer go first
+    /// (see `fs/line.rs`); `None`: try now. Must not block.
+    fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration>;
+
+    /// An acquisition of `name` as `mode` found it held and will wait:
+    /// it stands in the line of other processes' waiters until
+    /// [`stopped_waiting`](Self::stopped_waiting). Called by the waiting
+    /// loop itself, never by an attempt (an attempt may finish after its
+    /// waiter is gone, and `try_acquire` never waits). Must not block.
+    fn wait_in_line(&self, name: &LockName, mode: Mode);
+
+    /// An acquisition of `name` that waited stopped waiting, with or
+    /// without the lock. Must not block.
+    fn stopped_waiting(&self, name: &LockName);
+
+    /// Whether a new shared acquisition may join the shared hold this
+    /// process already has of `name` without asking the store: not while an
+    /// exclusive acquisition waits for the name in another process (or the
+    /// readers of this one would starve it), and not when the backend cannot
+    /// tell cheaply. Must not block: it runs on the caller's thread.
+    fn may_join_locally(&self, name: &LockName) -> bool;
+}
+
+/// A backend that keeps its locks on disk, where crashed processes leave
+/// things behind.
+pub(crate) trait OnDisk: Backend {
+    /// The lock directory.
+    fn directory(&self) -> &Path;
+
+    /// The path of the lock `name`.
+    fn lock_path(&self, name: &LockName) -> PathBuf;
+
+    /// Removes stale locks and what crashed processes left behind (or, with
+    /// `dry_run`, reports them).
+    fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>>;
 }
 
 /// One lock a backend gave out. Dropping it releases it without waiting

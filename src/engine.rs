@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::backend::{Attempt, Backend, Mode, Waiters, Wake};
+use crate::backend::{Attempt, Mode, Waiters, Wake};
 use crate::error::{Error, Result};
 use crate::guard::{COURTESY, Grant, LockGuard, TokenStep};
 use crate::lease::{Hold, Keeper};

@@ -33,8 +33,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::Renewable;
-use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters, Wake};
+use crate::backend::{
+    Arm, Attempt, Backend, Inline, Inspection, Kept, Line, Mode, OnDisk, Renewable, Waiters, Wake,
+};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::stale::{self, Verdict};
@@ -257,43 +258,6 @@ impl Backend for Fs {
         attempt
     }
 
-    /// One attempt to create the lock, never sleeping, never taking a
-    /// mutation lock, and syncing only where that cannot block (a
-    /// directory in memory). `None` when anything more is needed (the path
-    /// is taken, a record to judge, fencing, a sync to a disk, a shared
-    /// lock's group to join under the name's mutation lock).
-    fn attempt_inline<K: Kept>(
-        &self,
-        name: &LockName,
-        mode: Mode,
-        arm: Arm<'_, FsLock, K>,
-    ) -> Result<Option<K>> {
-        let ctx = &self.ctx;
-        if (ctx.settings.durable && !ctx.dir.in_memory()) || ctx.settings.fencing || mode != Mode::Exclusive {
-            return Ok(None);
-        }
-        // Publishing a directory takes a dozen calls even when it fails;
-        // one lookup spares them when the lock is plainly held. (Freed a
-        // moment later, the full attempt takes it.)
-        if ctx.settings.strategy == Strategy::Directory && ctx.path_taken(name) {
-            return Ok(None);
-        }
-        let created = match Whole::create(ctx, name, false) {
-            Ok(created) => created,
-            Err(error) => {
-                ctx.ensure_dir_in_place()?;
-                return Err(error);
-            }
-        };
-        let Some(lock) = created else {
-            return Ok(None);
-        };
-        let kept = arm(FsLock::Whole(lock), None);
-        // As in `attempt`: dropping the kept lock removes it.
-        ctx.ensure_dir_in_place()?;
-        Ok(Some(kept))
-    }
-
     fn inspect(&self, name: &LockName) -> Result<Option<Inspection>> {
         let ctx = &self.ctx;
         let Some(mut found) = Found::open(ctx, name)? else {
@@ -339,30 +303,6 @@ impl Backend for Fs {
         Ok(locks)
     }
 
-    /// Reclaims every stale lock (race-safely, as an attempt would) and
-    /// removes what crashed processes left behind.
-    fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
-        let ctx = &self.ctx;
-        let mut cleaned = Vec::new();
-        for (name, inspection) in self.list()? {
-            let Some(reason) = inspection.stale else { continue };
-            if dry_run {
-                cleaned.push((name, inspection));
-                continue;
-            }
-            let Some(mut found) = Found::open(ctx, &name)? else {
-                continue;
-            };
-            // Judge again: it may have changed hands since it was listed.
-            if found.judge(ctx, &name) == Verdict::Stale(reason) && found.reclaim(ctx, &name, reason)? {
-                cleaned.push((name, inspection));
-            }
-        }
-        cleaned.extend(leftover::clean(ctx, dry_run, usize::MAX)?);
-        cleaned.extend(members::clean_orphans(ctx, dry_run)?);
-        Ok(cleaned)
-    }
-
     /// Starts the directory watcher (and, for the directory strategy, a
     /// watch inside the lock's directory, whose holder's death is a close
     /// there).
@@ -383,13 +323,51 @@ impl Backend for Fs {
         watched
     }
 
-    /// A look at the members directory (three short syscalls): no
-    /// announcement of an exclusive waiter there, live or not (a dead one
-    /// is judged, and removed, by the store's join).
-    fn may_join_locally(&self, name: &LockName) -> bool {
-        !group::announced(&self.ctx, name)
+    fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
+        Ok(group::announce(&self.ctx, name)?.map(|a| Arc::new(a) as Arc<dyn Renewable>))
     }
+}
 
+impl Inline for Fs {
+    /// One attempt to create the lock, never sleeping, never taking a
+    /// mutation lock, and syncing only where that cannot block (a
+    /// directory in memory). `None` when anything more is needed (the path
+    /// is taken, a record to judge, fencing, a sync to a disk, a shared
+    /// lock's group to join under the name's mutation lock).
+    fn attempt_inline<K: Kept>(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        arm: Arm<'_, FsLock, K>,
+    ) -> Result<Option<K>> {
+        let ctx = &self.ctx;
+        if (ctx.settings.durable && !ctx.dir.in_memory()) || ctx.settings.fencing || mode != Mode::Exclusive {
+            return Ok(None);
+        }
+        // Publishing a directory takes a dozen calls even when it fails;
+        // one lookup spares them when the lock is plainly held. (Freed a
+        // moment later, the full attempt takes it.)
+        if ctx.settings.strategy == Strategy::Directory && ctx.path_taken(name) {
+            return Ok(None);
+        }
+        let created = match Whole::create(ctx, name, false) {
+            Ok(created) => created,
+            Err(error) => {
+                ctx.ensure_dir_in_place()?;
+                return Err(error);
+            }
+        };
+        let Some(lock) = created else {
+            return Ok(None);
+        };
+        let kept = arm(FsLock::Whole(lock), None);
+        // As in `attempt`: dropping the kept lock removes it.
+        ctx.ensure_dir_in_place()?;
+        Ok(Some(kept))
+    }
+}
+
+impl Line for Fs {
     fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration> {
         let ctx = &self.ctx;
         (mode == Mode::Exclusive)
@@ -416,15 +394,44 @@ impl Backend for Fs {
             .stopped_waiting(self.ctx.dir.fd(), name.file_name());
     }
 
-    fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
-        Ok(group::announce(&self.ctx, name)?.map(|a| Arc::new(a) as Arc<dyn Renewable>))
+    /// A look at the members directory (three short syscalls): no
+    /// announcement of an exclusive waiter there, live or not (a dead one
+    /// is judged, and removed, by the store's join).
+    fn may_join_locally(&self, name: &LockName) -> bool {
+        !group::announced(&self.ctx, name)
+    }
+}
+
+impl OnDisk for Fs {
+    fn directory(&self) -> &Path {
+        self.ctx.dir.path()
     }
 
-    fn directory(&self) -> Option<&Path> {
-        Some(self.ctx.dir.path())
+    fn lock_path(&self, name: &LockName) -> PathBuf {
+        self.ctx.path_of(name.file_name())
     }
 
-    fn lock_path(&self, name: &LockName) -> Option<PathBuf> {
-        Some(self.ctx.path_of(name.file_name()))
+    /// Reclaims every stale lock (race-safely, as an attempt would) and
+    /// removes what crashed processes left behind.
+    fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
+        let ctx = &self.ctx;
+        let mut cleaned = Vec::new();
+        for (name, inspection) in self.list()? {
+            let Some(reason) = inspection.stale else { continue };
+            if dry_run {
+                cleaned.push((name, inspection));
+                continue;
+            }
+            let Some(mut found) = Found::open(ctx, &name)? else {
+                continue;
+            };
+            // Judge again: it may have changed hands since it was listed.
+            if found.judge(ctx, &name) == Verdict::Stale(reason) && found.reclaim(ctx, &name, reason)? {
+                cleaned.push((name, inspection));
+            }
+        }
+        cleaned.extend(leftover::clean(ctx, dry_run, usize::MAX)?);
+        cleaned.extend(members::clean_orphans(ctx, dry_run)?);
+        Ok(cleaned)
     }
 }

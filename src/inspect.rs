@@ -3,7 +3,7 @@
 //! cleaning up what is stale. Reads and cleans go through the backend
 //! contract on the blocking pool.
 
-use crate::backend::{Backend, Inspection};
+use crate::backend::Inspection;
 use crate::error::Result;
 use crate::locker::Locker;
 use crate::name::LockName;

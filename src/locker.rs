@@ -11,7 +11,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use crate::acquire::Acquire;
-use crate::backend::{Backend, Mode};
+use crate::backend::Mode;
 use crate::builder::LockerBuilder;
 use crate::engine::Engine;
 use crate::error::{Error, Result};

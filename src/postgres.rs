@@ -374,11 +374,6 @@ impl Backend for Pg {
         self.rows(None)
     }
 
-    /// Nothing to clean: the server drops a dead session's locks itself.
-    fn clean(&self, _dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
-        Ok(Vec::new())
-    }
-
     /// Whether releases elsewhere will wake our waiters (the session is up
     /// and listening).
     fn watch(&self, _name: &LockName) -> bool {

@@ -1,16 +1,18 @@
 //! The one place that dispatches over backends.
 //!
 //! A closed enum per side of the contract ([`Store`] for
-//! [`Backend`], [`StoreLock`] for [`BackendLock`]): static dispatch, and
-//! the compiler lists every place to touch when a backend is added.
+//! [`Backend`] and the traits only some backends offer, [`StoreLock`] for
+//! [`BackendLock`]): static dispatch, and the compiler lists every place
+//! to touch when a backend is added. What a backend without one of the
+//! optional traits does instead is said here, once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::backend::Renewable;
 use crate::backend::{
-    Arm, Attempt, Backend, BackendLock, Inspection, Kept, Mode, ReleaseNow, Renewal, Tokens,
+    Arm, Attempt, Backend, BackendLock, Inline, Inspection, Kept, Line, Mode, OnDisk, ReleaseNow, Renewable,
+    Renewal, Tokens,
 };
 use crate::error::{LossReason, Result};
 use crate::fs::{Fs, FsLock};
@@ -37,18 +39,24 @@ pub(crate) enum StoreLock {
     Postgres(PgLock),
 }
 
-impl Backend for Store {
-    type Lock = StoreLock;
-
-    fn kind(&self) -> &'static str {
-        match self {
-            Store::Fs(fs) => fs.kind(),
+/// `$body` with `$b` bound to the backend (or its lock), whichever it is.
+macro_rules! each {
+    ($enum:ident, $value:expr, $b:ident => $body:expr) => {
+        match $value {
+            $enum::Fs($b) => $body,
             #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.kind(),
+            $enum::Postgres($b) => $body,
         }
+    };
+}
+
+/// The core of the contract, which every backend keeps.
+impl Store {
+    pub(crate) fn kind(&self) -> &'static str {
+        each!(Store, self, b => b.kind())
     }
 
-    fn attempt<K: Kept>(
+    pub(crate) fn attempt<K: Kept>(
         &self,
         name: &LockName,
         mode: Mode,
@@ -66,7 +74,28 @@ impl Backend for Store {
         }
     }
 
-    fn attempt_inline<K: Kept>(
+    pub(crate) fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
+        each!(Store, self, b => b.announce(name))
+    }
+
+    pub(crate) fn inspect(&self, name: &LockName) -> Result<Option<Inspection>> {
+        each!(Store, self, b => b.inspect(name))
+    }
+
+    pub(crate) fn list(&self) -> Result<Vec<(LockName, Inspection)>> {
+        each!(Store, self, b => b.list())
+    }
+
+    pub(crate) fn watch(&self, name: &LockName) -> bool {
+        each!(Store, self, b => b.watch(name))
+    }
+}
+
+/// What only some backends offer, and what the others do instead.
+impl Store {
+    /// [`Inline::attempt_inline`]; `None` (go to the blocking pool) for a
+    /// server, which no attempt reaches without a round trip.
+    pub(crate) fn attempt_inline<K: Kept>(
         &self,
         name: &LockName,
         mode: Mode,
@@ -75,140 +104,95 @@ impl Backend for Store {
         match self {
             Store::Fs(fs) => fs.attempt_inline(name, mode, &|lock, tokens| arm(StoreLock::Fs(lock), tokens)),
             #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => {
-                pg.attempt_inline(name, mode, &|lock, tokens| arm(StoreLock::Postgres(lock), tokens))
-            }
+            Store::Postgres(_) => Ok(None),
         }
     }
 
-    fn stand_back(&self, name: &LockName, mode: Mode) -> Option<std::time::Duration> {
+    /// [`Line::stand_back`]; a server orders its waiters itself: try now.
+    pub(crate) fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration> {
         match self {
             Store::Fs(fs) => fs.stand_back(name, mode),
             #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.stand_back(name, mode),
+            Store::Postgres(_) => None,
         }
     }
 
-    fn wait_in_line(&self, name: &LockName, mode: Mode) {
+    /// [`Line::wait_in_line`]; nothing on a server.
+    pub(crate) fn wait_in_line(&self, name: &LockName, mode: Mode) {
         match self {
             Store::Fs(fs) => fs.wait_in_line(name, mode),
             #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.wait_in_line(name, mode),
+            Store::Postgres(_) => {}
         }
     }
 
-    fn stopped_waiting(&self, name: &LockName) {
+    /// [`Line::stopped_waiting`]; nothing on a server.
+    pub(crate) fn stopped_waiting(&self, name: &LockName) {
         match self {
             Store::Fs(fs) => fs.stopped_waiting(name),
             #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.stopped_waiting(name),
+            Store::Postgres(_) => {}
         }
     }
 
-    fn may_join_locally(&self, name: &LockName) -> bool {
+    /// [`Line::may_join_locally`]; never on a server, which cannot tell
+    /// without a round trip whether a writer waits.
+    pub(crate) fn may_join_locally(&self, name: &LockName) -> bool {
         match self {
             Store::Fs(fs) => fs.may_join_locally(name),
             #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.may_join_locally(name),
+            Store::Postgres(_) => false,
         }
     }
 
-    fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
+    /// [`OnDisk::directory`]; `None` for a server.
+    pub(crate) fn directory(&self) -> Option<&Path> {
         match self {
-            Store::Fs(fs) => fs.announce(name),
+            Store::Fs(fs) => Some(fs.directory()),
             #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.announce(name),
+            Store::Postgres(_) => None,
         }
     }
 
-    fn inspect(&self, name: &LockName) -> Result<Option<Inspection>> {
+    /// [`OnDisk::lock_path`]; `None` for a server.
+    pub(crate) fn lock_path(&self, name: &LockName) -> Option<PathBuf> {
         match self {
-            Store::Fs(fs) => fs.inspect(name),
+            Store::Fs(fs) => Some(fs.lock_path(name)),
             #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.inspect(name),
+            Store::Postgres(_) => None,
         }
     }
 
-    fn list(&self) -> Result<Vec<(LockName, Inspection)>> {
-        match self {
-            Store::Fs(fs) => fs.list(),
-            #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.list(),
-        }
-    }
-
-    fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
+    /// [`OnDisk::clean`]; nothing to clean on a server, which drops a
+    /// dead session's locks itself.
+    pub(crate) fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
         match self {
             Store::Fs(fs) => fs.clean(dry_run),
             #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.clean(dry_run),
-        }
-    }
-
-    fn watch(&self, name: &LockName) -> bool {
-        match self {
-            Store::Fs(fs) => fs.watch(name),
-            #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.watch(name),
-        }
-    }
-
-    fn directory(&self) -> Option<&Path> {
-        match self {
-            Store::Fs(fs) => fs.directory(),
-            #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.directory(),
-        }
-    }
-
-    fn lock_path(&self, name: &LockName) -> Option<PathBuf> {
-        match self {
-            Store::Fs(fs) => fs.lock_path(name),
-            #[cfg(feature = "postgres")]
-            Store::Postgres(pg) => pg.lock_path(name),
+            Store::Postgres(_) => Ok(Vec::new()),
         }
     }
 }
 
 impl BackendLock for StoreLock {
     fn record(&self) -> &OwnRecord {
-        match self {
-            StoreLock::Fs(lock) => lock.record(),
-            #[cfg(feature = "postgres")]
-            StoreLock::Postgres(lock) => lock.record(),
-        }
+        each!(StoreLock, self, lock => lock.record())
     }
 
     fn renew(&mut self, cutoff: u64) -> Result<Renewal> {
-        match self {
-            StoreLock::Fs(lock) => lock.renew(cutoff),
-            #[cfg(feature = "postgres")]
-            StoreLock::Postgres(lock) => lock.renew(cutoff),
-        }
+        each!(StoreLock, self, lock => lock.renew(cutoff))
     }
 
     fn check(&self) -> Result<Option<LossReason>> {
-        match self {
-            StoreLock::Fs(lock) => lock.check(),
-            #[cfg(feature = "postgres")]
-            StoreLock::Postgres(lock) => lock.check(),
-        }
+        each!(StoreLock, self, lock => lock.check())
     }
 
     fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
-        match self {
-            StoreLock::Fs(lock) => lock.reserve_tokens(),
-            #[cfg(feature = "postgres")]
-            StoreLock::Postgres(lock) => lock.reserve_tokens(),
-        }
+        each!(StoreLock, self, lock => lock.reserve_tokens())
     }
 
     fn release(self, confirm: bool) -> Result<Option<LossReason>> {
-        match self {
-            StoreLock::Fs(lock) => lock.release(confirm),
-            #[cfg(feature = "postgres")]
-            StoreLock::Postgres(lock) => lock.release(confirm),
-        }
+        each!(StoreLock, self, lock => lock.release(confirm))
     }
 
     fn release_now(self, confirm: bool) -> ReleaseNow<Self> {

@@ -135,6 +135,11 @@ impl Ctx {
 
     /// The record a new holder of `name` writes.
     pub(crate) fn own_record(&self, name: &LockName) -> OwnRecord {
-        OwnRecord::new(&self.holder_id, self.settings.fields.as_ref(), self.settings.lease, name)
+        OwnRecord::new(
+            &self.holder_id,
+            self.settings.fields.as_ref(),
+            self.settings.lease,
+            name,
+        )
     }
 }

@@ -76,7 +76,8 @@ impl Found {
         // A lock directory holds its record and nothing else (but, while
         // it is renewed, the next record): one that holds other files is
         // someone's data, which a reclaim would empty.
-        let parsed = match ctx.settings.strategy == Strategy::Directory && directory::holds_other_files(&node) {
+        let parsed = match ctx.settings.strategy == Strategy::Directory && directory::holds_other_files(&node)
+        {
             true => Parsed::Foreign,
             false => record::parse(&bytes),
         };

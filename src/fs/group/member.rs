@@ -66,7 +66,8 @@ impl Member {
         record.group = Some(group);
         let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
         let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
-        let (file, record_len) = create_record(&dir, &file_name, &record, ctx.settings.durable, &|| path.clone())?;
+        let (file, record_len) =
+            create_record(&dir, &file_name, &record, ctx.settings.durable, &|| path.clone())?;
         let identities = failpoint!("group.record.after_rename")
             .and_then(|()| file.metadata())
             .context("inspect member record", || path.clone())
