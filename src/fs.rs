@@ -6,7 +6,7 @@
 //! to reclaim it ([`found`]), fencing counters ([`fence`]) and leftovers
 //! of crashed processes ([`leftover`]) are shared; a created lock of
 //! either layout is one type, [`FsLock`]. Every syscall goes through
-//! [`syscall`], relative to the directory's descriptor ([`dir`]). This file
+//! [`syscall`](crate::sys::syscall), relative to the directory's descriptor ([`dir`]). This file
 //! is the backend's side of the contract: the create-or-reclaim loop, and
 //! reading and cleaning the directory.
 
@@ -26,7 +26,6 @@ mod lock;
 mod members;
 mod mutex;
 mod release;
-mod syscall;
 mod wake;
 
 use std::path::{Path, PathBuf};
@@ -40,6 +39,7 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::stale::{self, Verdict};
 use crate::stats::Counters;
+use crate::sys::syscall;
 
 use context::Ctx;
 pub(crate) use context::{Place, Settings};

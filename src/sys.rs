@@ -12,6 +12,8 @@ mod linux;
 #[cfg(not(target_os = "linux"))]
 mod other;
 
+pub(crate) mod syscall;
+
 #[cfg(target_os = "linux")]
 use linux as imp;
 #[cfg(not(target_os = "linux"))]
@@ -242,13 +244,22 @@ pub(crate) enum DirEvent<'a> {
     Idle,
 }
 
+/// Where the per-user default lock directories live on this host, fixed
+/// per platform and never taken from the environment (`/run/lock` on
+/// Linux, `/tmp` elsewhere), and the mount tables to compare the mount
+/// holding it in (this process's, the host init's), where the platform
+/// has them.
+pub(crate) use imp::lock_root;
+
 /// A running watch on a lock directory.
 pub(crate) use imp::DirWatch;
 #[cfg(test)]
 pub(crate) use imp::ofd_read_lock;
 /// Filesystem facts and OFD byte-range locks (the waiting line's), where
-/// the platform has them.
-pub(crate) use imp::{fs_in_memory, fs_is_remote, ofd_drop_byte, ofd_held_span, ofd_take_byte};
+/// the platform has them (`BYTE_RANGE_LOCKS`).
+pub(crate) use imp::{
+    BYTE_RANGE_LOCKS, fs_in_memory, fs_is_remote, ofd_drop_byte, ofd_held_span, ofd_take_byte,
+};
 
 /// Watches `dir` on a background thread, calling `on_event` until it
 /// returns `false`. `None` when the platform cannot watch (no inotify, or

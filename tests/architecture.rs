@@ -165,11 +165,16 @@ fn the_bottom_is_a_straight_line_and_the_contract_imports_nothing_above_it() {
     }
 }
 
-/// The graph of the submodules of `src/fs/`: each file (a directory's
-/// files count as its module) and the siblings it names through `super::`
-/// (`super::super::` from a nested file) or `crate::fs::`.
+/// The graph of the submodules of `src/fs/`.
 fn fs_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let fs = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/fs");
+    sibling_graph("src/fs", "crate::fs::")
+}
+
+/// The graph of the submodules in `dir`: each file (a directory's files
+/// count as its module) and the siblings it names through `super::`
+/// (`super::super::` from a nested file) or `crate_path`.
+fn sibling_graph(dir: &str, crate_path: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let fs = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut files = Vec::new();
     sources(&fs, &mut files);
     let modules: BTreeSet<String> = files
@@ -195,16 +200,16 @@ fn fs_graph() -> BTreeMap<String, BTreeSet<String>> {
             .map(|line| line.split("//").next().unwrap_or(""))
             .collect::<Vec<_>>()
             .join(" ");
-        let prefixes: &[&str] = if nested {
-            &["super::super::", "crate::fs::"]
+        let prefixes = if nested {
+            ["super::super::", crate_path]
         } else {
-            &["super::", "crate::fs::"]
+            ["super::", crate_path]
         };
         let mut uses = BTreeSet::new();
         for prefix in prefixes {
             for (at, _) in code.match_indices(prefix) {
                 // `super::super::x` is not `super::x` from a top file.
-                if !nested && *prefix == "super::" && code[..at].ends_with("super::") {
+                if !nested && prefix == "super::" && code[..at].ends_with("super::") {
                     continue;
                 }
                 let rest = &code[at + prefix.len()..];
@@ -241,6 +246,93 @@ fn no_import_circle_among_the_filesystem_backends_files() {
     assert!(
         found.is_empty(),
         "files of src/fs that import each other in a circle: {found:?}"
+    );
+}
+
+#[test]
+fn no_import_circle_among_the_command_line_tools_files() {
+    let graph = sibling_graph("src/bin/leasehold", "crate::");
+    assert!(
+        graph.len() > 8,
+        "the files of src/bin/leasehold were found: {graph:?}"
+    );
+    assert!(
+        graph.get("run").is_some_and(|uses| uses.contains("process")),
+        "the scan sees `use super::..`: {graph:?}"
+    );
+    let found = circles(&graph);
+    assert!(
+        found.is_empty(),
+        "files of src/bin/leasehold that import each other in a circle: {found:?}"
+    );
+}
+
+/// The lines of `text` that are code: comments and test modules aside.
+fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines()
+        .enumerate()
+        .take_while(|(_, line)| !line.starts_with("#[cfg(test)]"))
+        .map(|(i, line)| (i + 1, line.split("//").next().unwrap_or("")))
+}
+
+/// What only the platform seam may name.
+const PLATFORM: [&str; 4] = ["nix::", "libc::", "std::os::", "target_os"];
+
+/// Where each of `PLATFORM` appears in code outside `src/sys.rs`,
+/// `src/sys/`, the command-line tool (whose process handling is its own)
+/// and test files.
+fn platform_leaks(src: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let mut leaks = Vec::new();
+    for file in files {
+        let rel = file
+            .strip_prefix(src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        if rel == "sys.rs"
+            || rel.starts_with("sys/")
+            || rel.starts_with("bin/")
+            || rel.ends_with("tests.rs")
+            || rel.contains("/tests/")
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (number, code) in code_lines(&text) {
+            if PLATFORM.iter().any(|word| code.contains(word)) {
+                leaks.push(format!("{rel}:{number}: {}", code.trim()));
+            }
+        }
+    }
+    leaks
+}
+
+#[test]
+fn every_platform_difference_is_behind_sys() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let leaks = platform_leaks(&src);
+    assert!(
+        leaks.is_empty(),
+        "platform-specific code outside src/sys (put it behind the seam):\n{}",
+        leaks.join("\n")
+    );
+}
+
+#[test]
+fn the_platform_check_sees_a_leak() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("fs")).unwrap();
+    std::fs::write(
+        dir.path().join("fs/lock.rs"),
+        "use std::io;\n// nix:: in a comment is fine\nfn f() { let _ = nix::unistd::getpid(); }\n#[cfg(test)]\nmod tests { use nix::libc; }\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("sys.rs"), "use nix::libc;\n").unwrap();
+    assert_eq!(
+        platform_leaks(dir.path()),
+        ["fs/lock.rs:3: fn f() { let _ = nix::unistd::getpid(); }"]
     );
 }
 

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use super::dir::LockDir;
 use super::layout::Strategy;
-use super::syscall::{self, Errno};
 use crate::error::{Error, IoResultExt, LossReason, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
 use crate::stale;
 use crate::stats::Counters;
 use crate::sys;
+use crate::sys::syscall::{self, Errno};
 
 /// Which lock directory a `Locker` opens, and how: used once, by
 /// `Fs::open`.
@@ -142,4 +142,10 @@ impl Ctx {
             name,
         )
     }
+}
+
+/// Reads a record (a lock's, a member's, a fencing counter) through its
+/// descriptor, up to just past the size limit.
+pub(crate) fn read_record(file: &std::fs::File) -> std::io::Result<Vec<u8>> {
+    syscall::read_up_to(file, crate::record::MAX_RECORD_LEN)
 }

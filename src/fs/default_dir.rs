@@ -36,8 +36,8 @@
 //!
 //! An existing per-user directory must then pass [`check_private`].
 
+use crate::sys::syscall::{self, FileMeta};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::dir::LockDir;
@@ -59,24 +59,18 @@ pub(crate) struct Place {
 impl Place {
     /// The host's: fixed per platform, never from the environment.
     pub(crate) fn host() -> Self {
-        if cfg!(target_os = "linux") {
-            Self {
-                root: PathBuf::from("/run/lock"),
-                owner: 0,
-                mounts: Some(("/proc/self/mountinfo".into(), "/proc/1/mountinfo".into())),
-            }
-        } else {
-            Self {
-                root: PathBuf::from("/tmp"),
-                owner: 0,
-                mounts: None,
-            }
+        let (root, mounts) = crate::sys::lock_root();
+        Self {
+            root,
+            owner: 0,
+            mounts,
         }
     }
 
     /// `<root>/<prefix>-<euid>`.
     pub(crate) fn path(&self, prefix: &str) -> PathBuf {
-        self.root.join(format!("{prefix}-{}", super::syscall::euid()))
+        self.root
+            .join(format!("{prefix}-{}", crate::sys::syscall::euid()))
     }
 
     /// Opens the per-user directory `prefix`, creating it (mode 0700)
@@ -110,7 +104,7 @@ impl Place {
             return Err(refuse(reason, None));
         }
         if create {
-            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+            match syscall::private_dir().create(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
@@ -283,7 +277,7 @@ pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
         .fd()
         .metadata()
         .context("inspect lock directory", || dir.path())?;
-    if meta.uid() != super::syscall::euid() {
+    if meta.uid() != crate::sys::syscall::euid() {
         return Err(Error::InsecureDirectory {
             path: dir.path().to_owned(),
             reason: "the default lock directory belongs to another user; remove it, or choose another with `.directory(...)`",
@@ -306,11 +300,11 @@ pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
             reason: "the default lock directory is open to other users (expected mode 0700); remove it, or choose another with `.directory(...)`",
         });
     }
-    if super::syscall::read_only(dir.fd()) {
+    if crate::sys::syscall::read_only(dir.fd()) {
         return Err(Error::io(
             "write to lock directory",
             dir.path(),
-            io::Error::from(super::syscall::Errno::EROFS),
+            io::Error::from(crate::sys::syscall::Errno::EROFS),
         ));
     }
     Ok(())
@@ -361,7 +355,7 @@ mod tests {
     fn place(root: &Path) -> Place {
         Place {
             root: root.to_owned(),
-            owner: super::super::syscall::euid(),
+            owner: crate::sys::syscall::euid(),
             mounts: None,
         }
     }

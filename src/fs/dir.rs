@@ -1,8 +1,8 @@
 //! The lock directory: opened once, used only through its descriptor.
 
-use std::fs::{DirBuilder, File};
+use crate::sys::syscall::{self, FileMeta};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoResultExt, Result};
@@ -36,7 +36,7 @@ impl LockDir {
     /// unless `read_only`, create entries in it: at build rather than at
     /// the first acquisition.
     pub(crate) fn check_usable(&self, read_only: bool) -> Result<()> {
-        super::syscall::usable_dir(&self.fd, !read_only).context("use lock directory", || &self.path)
+        crate::sys::syscall::usable_dir(&self.fd, !read_only).context("use lock directory", || &self.path)
     }
 
     /// Creates the directory (mode 0700) if needed, opens it and checks
@@ -57,7 +57,7 @@ impl LockDir {
                 .join(path)
         };
         if create {
-            match DirBuilder::new().recursive(true).mode(0o700).create(&path) {
+            match syscall::private_dir().recursive(true).create(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(e).context("create lock directory", || &path),

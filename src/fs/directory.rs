@@ -16,19 +16,20 @@
 //! lock path never holds an emptied directory that a newcomer's rename
 //! could land on; the trash is emptied and removed after.
 
+use crate::sys::syscall::{FileMeta, WriteAt};
 use std::fs::{File, TryLockError};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::context::Ctx;
+use super::context::read_record;
 use super::dir::LockDir;
 use super::mutex::MutationLock;
-use super::syscall::{self, Errno, Open, read_record};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::record::{OwnRecord, unique_bits};
+use crate::sys::syscall::{self, Errno, Open};
 use crate::sys::{self, RenameError};
 
 const OWNER: &str = "owner.json";

@@ -15,14 +15,15 @@
 //! Tokens stay below 2^53 (exact as JSON numbers in JavaScript) until the
 //! year 2255.
 
-use std::os::unix::fs::FileExt;
+use crate::sys::syscall::WriteAt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::context::Ctx;
-use super::syscall::{self, Errno, Open, read_record};
+use super::context::read_record;
 use crate::backend::Tokens;
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
+use crate::sys::syscall::{self, Errno, Open};
 
 /// How many tokens one trip to the disk reserves, so that in-process
 /// handoffs do not write the counter each time.

@@ -27,17 +27,17 @@
 //! content (lease expiry, a foreign owner's pid) re-reads it under the
 //! directory's mutation lock and backs off if it changed.
 
+use crate::sys::syscall::{FileMeta, WriteAt};
 use std::fs::{File, TryLockError};
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::context::Ctx;
-use super::syscall::{self, Errno, Open};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::record::{OwnRecord, unique_bits};
+use crate::sys::syscall::{self, Errno, Open};
 use crate::sys::{self, RenameError};
 
 /// How the creator holds a new lock file's flock: exclusively (a lock),

@@ -1,18 +1,19 @@
 //! An existing lock, opened for judging and, when stale, reclaiming.
 
+use crate::sys::syscall::FileMeta;
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::context::Ctx;
+use super::context::read_record;
 use super::layout::Strategy;
-use super::syscall::{self, Errno, Open, read_record};
 use super::{directory, file, members};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::owner::Owner;
 use crate::record::{self, Parsed};
 use crate::stale::{self, Evidence, StaleReason, Verdict};
+use crate::sys::syscall::{self, Errno, Open};
 
 /// What is at a lock path: the lock file, or the lock directory and its
 /// `owner.json`, with the record as read.

@@ -23,8 +23,8 @@
 //! members are judged by the same rules as lock files ([`stale`]): a dead
 //! holder's flock is free at once, a frozen one's lease runs out.
 
+use crate::sys::syscall::{FileMeta, WriteAt};
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -36,13 +36,13 @@ use super::members::{
     mode_of, open_members, remove_dead, remove_members_dir, same_kind, scan,
 };
 use super::mutex::MutationLock;
-use super::syscall::{self, Errno, Open};
 use super::{directory, file};
 use crate::backend::Mode;
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::owner::Owner;
 use crate::record::{self};
+use crate::sys::syscall::{self, Errno, Open};
 
 /// What a join found.
 pub(super) enum Joined {

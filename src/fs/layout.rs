@@ -2,7 +2,7 @@
 //! filesystem backend's sub-dispatch: [`file`](super::file) and
 //! [`directory`](super::directory) implement them.
 
-use super::syscall::Kind;
+use crate::sys::syscall::Kind;
 
 /// How locks are laid out on disk.
 ///

@@ -7,7 +7,6 @@ use std::time::Duration;
 use super::context::Ctx;
 use super::directory;
 use super::layout::Strategy;
-use super::syscall::{self, Errno, Open};
 use crate::backend::{Inspection, Mode};
 use crate::error::Result;
 use crate::name::LockName;
@@ -15,6 +14,7 @@ use crate::owner::Owner;
 use crate::record::{Parsed, parse};
 use crate::stale::StaleReason;
 use crate::sys;
+use crate::sys::syscall::{self, Errno, Open};
 
 /// How often one `Locker` collects leftovers on its own.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
@@ -215,7 +215,7 @@ fn clean_file_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(L
         if failpoint!("leftover.file.after_flock").is_err() {
             continue;
         }
-        let ours = match syscall::read_record(&file).map(|bytes| parse(&bytes)) {
+        let ours = match super::context::read_record(&file).map(|bytes| parse(&bytes)) {
             Ok(Parsed::Unreadable) => true,
             Ok(Parsed::Record(record)) => record.is_leasehold(),
             _ => false,

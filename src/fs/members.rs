@@ -6,16 +6,17 @@
 //! a marker by its members is here, below both `group.rs` and `found.rs`.
 
 use super::context::Ctx;
+use super::context::read_record;
 use super::file;
-use super::syscall::{self, Errno, Open, read_record};
 use crate::backend::{Inspection, Mode};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
 use crate::owner::Owner;
 use crate::record::{self, OwnRecord, Parsed, Record};
 use crate::stale::{self, Evidence, StaleReason, Verdict};
+use crate::sys::syscall::FileMeta;
+use crate::sys::syscall::{self, Errno, Open};
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -23,13 +23,13 @@
 //! Threads of one process exclude each other too: each take opens its own
 //! descriptor, and a `flock` belongs to the open file description.
 
+use crate::sys::syscall::FileMeta;
 use std::fs::{File, TryLockError};
-use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use super::dir::LockDir;
-use super::syscall::{self, Errno, Open};
 use crate::error::{Error, Result};
+use crate::sys::syscall::{self, Errno, Open};
 
 /// How long a caller that may wait (on the blocking pool, never on the
 /// runtime's thread) waits for a name's mutation lock. It is held for a

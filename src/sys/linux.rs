@@ -2,6 +2,7 @@
 //! `/proc/sys/kernel/random/boot_id`, and `CLOCK_BOOTTIME`.
 
 use std::fs::File;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use nix::time::{ClockId, clock_gettime};
@@ -276,6 +277,9 @@ pub(crate) fn fs_is_remote(file: &File) -> bool {
     fstatfs(file).map_or(true, |fs| REMOTE.contains(&i128::from(fs.filesystem_type().0)))
 }
 
+/// Whether OFD byte-range locks are there to line waiters up with.
+pub(crate) const BYTE_RANGE_LOCKS: bool = true;
+
 /// An OFD byte-range lock request (`fcntl(2)`, "Open file description
 /// locks") of `kind` over `[start, start + len)`.
 fn ofd_range(kind: i32, start: u64, len: u64) -> Option<nix::libc::flock> {
@@ -334,6 +338,14 @@ pub(crate) fn ofd_held_span(dir: &File, start: u64, end: u64) -> Option<(u64, u6
         len => s.saturating_add(len).min(TOP),
     };
     Some((s, e))
+}
+
+/// `/run/lock`, and the mount tables of `/proc` (see `sys::lock_root`).
+pub(crate) fn lock_root() -> (PathBuf, Option<(PathBuf, PathBuf)>) {
+    (
+        PathBuf::from("/run/lock"),
+        Some(("/proc/self/mountinfo".into(), "/proc/1/mountinfo".into())),
+    )
 }
 
 #[cfg(test)]

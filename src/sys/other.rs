@@ -4,6 +4,7 @@
 //! the `startTime` that pi-research compares.
 
 use std::fs::File;
+use std::path::PathBuf;
 
 use nix::time::{ClockId, clock_gettime};
 
@@ -87,6 +88,9 @@ pub(crate) fn fs_is_remote(_: &File) -> bool {
 }
 
 /// No OFD byte-range locks here: the waiting line is off.
+pub(crate) const BYTE_RANGE_LOCKS: bool = false;
+
+/// No OFD byte-range locks here: the waiting line is off.
 #[cfg(test)]
 pub(crate) fn ofd_read_lock(_: &File, _start: u64, _len: u64) -> bool {
     false
@@ -103,4 +107,9 @@ pub(crate) fn ofd_drop_byte(_: &File, _at: u64) {}
 /// No OFD byte-range locks here: nobody is seen ahead.
 pub(crate) fn ofd_held_span(_: &File, _start: u64, _end: u64) -> Option<(u64, u64)> {
     None
+}
+
+/// `/tmp`, with no mount tables to compare (see `sys::lock_root`).
+pub(crate) fn lock_root() -> (PathBuf, Option<(PathBuf, PathBuf)>) {
+    (PathBuf::from("/tmp"), None)
 }

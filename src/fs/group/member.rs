@@ -2,8 +2,8 @@
 //! holds it: its record, its share of the marker's flock, renewal and
 //! leaving.
 
+use crate::sys::syscall::{FileMeta, WriteAt};
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -18,11 +18,11 @@ use crate::error::{IoResultExt, LossReason, Result};
 use crate::fs::context::Ctx;
 use crate::fs::layout::Strategy;
 use crate::fs::release::{self, Release};
-use crate::fs::syscall::{self, Errno};
 use crate::fs::{fence, file};
 use crate::name::LockName;
 use crate::record::{OwnRecord, Parsed};
 use crate::sys;
+use crate::sys::syscall::{self, Errno};
 
 /// One holder of a shared lock or a semaphore permit: its record in the
 /// members directory, created, flocked and renewed by this process.

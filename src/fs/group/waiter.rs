@@ -11,10 +11,10 @@ use crate::backend::{Renewable, Step};
 use crate::error::{Error, Result};
 use crate::fs::context::Ctx;
 use crate::fs::file;
-use crate::fs::syscall;
 use crate::name::LockName;
 use crate::record::OwnRecord;
 use crate::sys;
+use crate::sys::syscall;
 
 /// An exclusive acquisition waiting for shared holders (or permit
 /// holders) to leave, said on disk (`w-<uuid>.json`, flocked, renewed

@@ -1,15 +1,20 @@
-//! The filesystem backend's syscalls, relative to a directory descriptor.
+//! The filesystem backend's syscalls, relative to a directory descriptor,
+//! for the Unix family (Linux, macOS, the BSDs).
 //!
 //! Every lock file is reached with `*at` calls on the lock directory's
 //! descriptor, never by path. The open flags are named here once, one set
-//! per purpose, and `nix` is used nowhere else in the backend. Failures
+//! per purpose; `nix`, `libc` and `std::os::unix` are used nowhere in the
+//! backend itself: what it reads of metadata ([`FileMeta`]), its writes
+//! at an offset ([`WriteAt`]) and its private directories
+//! ([`private_dir`]) come from here too. Failures
 //! come back as [`Errno`], which callers match on (`ENOENT`: gone,
 //! `EEXIST`: taken, ...) before turning the rest into [`Error`](crate::Error)s with
 //! [`IoResultExt`](crate::error::IoResultExt).
 
 use std::ffi::OsString;
-use std::fs::File;
+use std::fs::{DirBuilder, File, Metadata};
 use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::NixPath;
@@ -182,14 +187,15 @@ pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
         .collect())
 }
 
-/// Reads a record through a descriptor, up to just past the size limit.
-pub(crate) fn read_record(file: &File) -> std::io::Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
+/// Reads a file through a descriptor, from its start, up to just past
+/// `limit` bytes (a record's size limit: more is read only to tell that it
+/// is too long).
+pub(crate) fn read_up_to(file: &File, limit: usize) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0; 4096];
     let mut len = 0;
     loop {
         if len == buf.len() {
-            if buf.len() > crate::record::MAX_RECORD_LEN {
+            if buf.len() > limit {
                 break;
             }
             buf.resize(buf.len() * 2, 0);
@@ -231,4 +237,62 @@ pub(crate) fn read_only(file: &File) -> bool {
 /// The effective user id, which the default directory is named after.
 pub(crate) fn euid() -> u32 {
     nix::unistd::geteuid().as_raw()
+}
+
+/// What the backend reads of a file's metadata, under the names Unix
+/// gives it.
+pub(crate) trait FileMeta {
+    /// The device the file is on: with [`ino`](Self::ino), what the file
+    /// is, whatever name it has.
+    fn dev(&self) -> u64;
+    /// The file's inode number.
+    fn ino(&self) -> u64;
+    /// The permission bits (and the sticky bit).
+    fn mode(&self) -> u32;
+    /// The owner's user id.
+    fn uid(&self) -> u32;
+    /// How many names the file has.
+    fn nlink(&self) -> u64;
+}
+
+impl FileMeta for Metadata {
+    fn dev(&self) -> u64 {
+        MetadataExt::dev(self)
+    }
+
+    fn ino(&self) -> u64 {
+        MetadataExt::ino(self)
+    }
+
+    fn mode(&self) -> u32 {
+        MetadataExt::mode(self)
+    }
+
+    fn uid(&self) -> u32 {
+        MetadataExt::uid(self)
+    }
+
+    fn nlink(&self) -> u64 {
+        MetadataExt::nlink(self)
+    }
+}
+
+/// Writes at an offset, without moving the file's position (`pwrite(2)`).
+pub(crate) trait WriteAt {
+    /// Writes all of `buf` at `offset`.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl WriteAt for File {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        FileExt::write_all_at(self, buf, offset)
+    }
+}
+
+/// A builder of directories only their owner may enter (mode 0700, the
+/// umask untouched).
+pub(crate) fn private_dir() -> DirBuilder {
+    let mut builder = DirBuilder::new();
+    builder.mode(0o700);
+    builder
 }

@@ -1,0 +1,340 @@
+//! The line's own tests, on a real directory. They need the kernel's OFD
+//! byte-range locks (`sys::BYTE_RANGE_LOCKS`): where there are none the
+//! line does nothing, and there is nothing to test here.
+
+use super::*;
+
+/// A lock directory, opened as another `Locker` would: OFD locks
+/// belong to an open file description, which a `dup` shares.
+struct Dir(tempfile::TempDir);
+
+impl Dir {
+    /// `None` where the platform has no byte-range locks to line up with.
+    fn new() -> Option<Self> {
+        sys::BYTE_RANGE_LOCKS.then(|| Dir(tempfile::tempdir().unwrap()))
+    }
+
+    fn open(&self) -> File {
+        File::open(self.0.path()).unwrap()
+    }
+}
+
+fn anyone_waiting(dir: &File, name: &str) -> bool {
+    conflict(dir, region(name), HALF)
+}
+
+#[test]
+fn the_oldest_waiter_goes_first_and_the_others_stand_back_for_a_while() {
+    let Some(dir) = Dir::new() else { return };
+    let (holder, a, b) = (dir.open(), dir.open(), dir.open());
+    let (older, younger) = (Lines::default(), Lines::default());
+    older.wait_on(&a, "x.lock");
+    std::thread::sleep(Duration::from_millis(1));
+    younger.wait_on(&b, "x.lock");
+    assert!(anyone_waiting(&holder, "x.lock"));
+    assert!(
+        !anyone_waiting(&holder, "y.lock"),
+        "another name has its own line"
+    );
+    assert_eq!(
+        older.stand_back(&a, "x.lock", || None),
+        None,
+        "the oldest tries at once"
+    );
+    let back = younger
+        .stand_back(&b, "x.lock", || None)
+        .expect("an older waiter is in line");
+    assert!(back <= STAND_BACK, "{back:?}");
+    // The older one leaves the line (it took the lock, or gave up):
+    // the younger may go.
+    older.acquired(&a, "x.lock");
+    assert_eq!(younger.stand_back(&b, "x.lock", || None), None);
+    younger.stopped_waiting(&b, "x.lock");
+    assert!(!anyone_waiting(&holder, "x.lock"));
+}
+
+#[test]
+fn a_waiter_stands_back_while_the_line_moves_and_no_longer_once_it_stops() {
+    let Some(dir) = Dir::new() else { return };
+    let (a, b) = (dir.open(), dir.open());
+    let (frozen, other) = (Lines::default(), Lines::default());
+    frozen.wait_on(&a, "x.lock");
+    std::thread::sleep(Duration::from_millis(1));
+    other.wait_on(&b, "x.lock");
+    // Free once: maybe a handoff in flight; look again soon.
+    assert!(other.stand_back(&b, "x.lock", || None).is_some());
+    std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+    assert_eq!(other.stand_back(&b, "x.lock", || None), Some(STAND_BACK / 4));
+    // Free twice in a row: the older waiter is not taking it.
+    std::thread::sleep(STAND_BACK / 4 + Duration::from_millis(1));
+    assert_eq!(
+        other.stand_back(&b, "x.lock", || None),
+        None,
+        "a frozen older waiter cannot keep the others off"
+    );
+    // Woken again, it stands back again; a new lock at each look is a
+    // line that moves, but not through the frozen waiter: after
+    // CHANCES looks at a lock that moved, it had its chance.
+    let lock = |ino| move || Some((1, ino));
+    assert!(other.stand_back(&b, "x.lock", lock(1)).is_some());
+    std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+    assert_eq!(other.stand_back(&b, "x.lock", lock(2)), Some(STAND_BACK));
+    std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+    assert_eq!(
+        other.stand_back(&b, "x.lock", lock(3)),
+        None,
+        "a frozen waiter kept the line off for good (or a looper's new locks did)"
+    );
+    // Passed over for good: the next wait does not stand back for it.
+    other.stopped_waiting(&b, "x.lock");
+    other.wait_on(&b, "x.lock");
+    assert_eq!(other.stand_back(&b, "x.lock", lock(4)), None);
+    assert!(!other.behind(&b, "x.lock"));
+    other.stopped_waiting(&b, "x.lock");
+    // Another Locker has not passed it over yet.
+    let third = Lines::default();
+    let c = dir.open();
+    third.wait_on(&c, "x.lock");
+    assert!(third.stand_back(&c, "x.lock", lock(4)).is_some());
+}
+
+#[test]
+fn a_waiter_stands_back_for_those_ahead_when_it_joined_and_afresh_when_one_leaves() {
+    let Some(dir) = Dir::new() else { return };
+    let (a, b, w, late) = (dir.open(), dir.open(), dir.open(), dir.open());
+    let (first, second, waiter) = (Lines::default(), Lines::default(), Lines::default());
+    first.wait_on(&a, "x.lock");
+    std::thread::sleep(Duration::from_millis(1));
+    second.wait_on(&b, "x.lock");
+    std::thread::sleep(Duration::from_millis(1));
+    waiter.wait_on(&w, "x.lock");
+    // A byte that turns up below its ticket after it joined (anyone who
+    // can read the directory may take one) is no waiter ahead of it.
+    let planted = region("x.lock") + 1;
+    assert!(sys::ofd_take_byte(&late, planted));
+    let lock = |ino| move || Some((1, ino));
+    assert!(waiter.stand_back(&w, "x.lock", lock(1)).is_some());
+    std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+    assert_eq!(waiter.stand_back(&w, "x.lock", lock(2)), Some(STAND_BACK));
+    std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+    // The first one takes the lock: the line moves, the second one
+    // gets its chances afresh.
+    first.acquired(&a, "x.lock");
+    for ino in 3..5 {
+        assert_eq!(
+            waiter.stand_back(&w, "x.lock", lock(ino)),
+            Some(STAND_BACK),
+            "{ino}"
+        );
+        std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+    }
+    second.acquired(&b, "x.lock");
+    assert_eq!(
+        waiter.stand_back(&w, "x.lock", lock(5)),
+        None,
+        "the planted byte holds it up"
+    );
+    waiter.stopped_waiting(&w, "x.lock");
+    sys::ofd_drop_byte(&late, planted);
+}
+
+#[test]
+fn turn_marks_cost_an_acquisition_a_turn_at_most() {
+    let Some(dir) = Dir::new() else { return };
+    let (w, squat) = (dir.open(), dir.open());
+    let waiter = Lines::default();
+    waiter.wait_on(&w, "x.lock");
+    // Marks that keep changing, for times still to come.
+    let marks = region("x.lock") + HALF;
+    let mut waited = Duration::ZERO;
+    for i in 0..1_000 {
+        let mark = marks + units_now() + 1_000 + i;
+        assert!(sys::ofd_take_byte(&squat, mark));
+        match waiter.stand_back(&w, "x.lock", || None) {
+            Some(back) => waited += back,
+            None => break,
+        }
+        sys::ofd_drop_byte(&squat, mark);
+    }
+    assert!(waited <= MARKS + HOLD_ON, "{waited:?}");
+    waiter.stopped_waiting(&w, "x.lock");
+}
+
+#[test]
+fn a_lock_that_stays_taken_behind_a_frozen_waiter_is_tried_all_the_same() {
+    let Some(dir) = Dir::new() else { return };
+    let (a, b) = (dir.open(), dir.open());
+    let (frozen, other) = (Lines::default(), Lines::default());
+    frozen.wait_on(&a, "x.lock");
+    std::thread::sleep(Duration::from_millis(1));
+    other.wait_on(&b, "x.lock");
+    let mut looks = 0;
+    // The same lock at every look (a dead holder's file, say): at the
+    // second look, it tries; only an attempt judges the holder.
+    while let Some(back) = other.stand_back(&b, "x.lock", || Some((1, 1))) {
+        looks += 1;
+        assert!(looks <= 3, "never tries");
+        std::thread::sleep(back + Duration::from_millis(1));
+    }
+    assert!(!other.behind(&b, "x.lock"), "then woken by the next release");
+    // And it stands back again when woken.
+    assert!(other.stand_back(&b, "x.lock", || Some((1, 1))).is_some());
+}
+
+#[test]
+fn a_holder_keeps_its_turn_then_lets_the_line_in() {
+    let Some(dir) = Dir::new() else { return };
+    let (h, w) = (dir.open(), dir.open());
+    let (holder, waiter) = (Lines::default(), Lines::default());
+    // Nobody in line: releasing leaves nothing.
+    holder.releasing(&h, "x.lock");
+    assert_eq!(holder.stand_back(&h, "x.lock", || None), None);
+    assert!(holder.places().is_empty());
+    waiter.wait_on(&w, "x.lock");
+    holder.acquired(&h, "x.lock");
+    holder.releasing(&h, "x.lock");
+    assert_eq!(holder.stand_back(&h, "x.lock", || None), None, "within its turn");
+    assert_eq!(
+        waiter.stand_back(&w, "x.lock", || None),
+        None,
+        "no mark before it came back"
+    );
+    holder.acquired(&h, "x.lock");
+    // It came straight back: now, mid-turn, the waiter leaves the lock
+    // to the holder for a moment.
+    holder.releasing(&h, "x.lock");
+    let back = waiter
+        .stand_back(&w, "x.lock", || None)
+        .expect("the holder comes back");
+    assert!(back <= HOLD_ON, "{back:?}");
+    holder.acquired(&h, "x.lock");
+    assert_eq!(
+        waiter.stand_back(&w, "x.lock", || None),
+        None,
+        "back: the mark is gone"
+    );
+    // A mark is honoured once: a byte kept there for good (by a
+    // program that is not leasehold, say) cannot keep the line off.
+    let stuck = dir.open();
+    let mark = region("x.lock") + REGION - 1;
+    assert!(sys::ofd_take_byte(&stuck, mark));
+    assert!(waiter.stand_back(&w, "x.lock", || None).is_some());
+    assert_eq!(waiter.stand_back(&w, "x.lock", || None), None, "honoured once");
+    sys::ofd_drop_byte(&stuck, mark);
+    holder.releasing(&h, "x.lock");
+    std::thread::sleep(HOLD_ON + Duration::from_millis(1));
+    assert_eq!(
+        waiter.stand_back(&w, "x.lock", || None),
+        None,
+        "a holder that does not come back costs the line only a moment"
+    );
+    std::thread::sleep(TURN);
+    holder.releasing(&h, "x.lock");
+    let back = holder
+        .stand_back(&h, "x.lock", || None)
+        .expect("its turn is over and someone waits");
+    assert!(back <= STAND_BACK);
+    waiter.stopped_waiting(&w, "x.lock");
+    assert!(!anyone_waiting(&h, "x.lock"));
+    assert!(waiter.places().is_empty());
+}
+
+#[test]
+fn a_locker_touching_many_contended_names_keeps_few_places() {
+    let Some(dir) = Dir::new() else { return };
+    let (h, w) = (dir.open(), dir.open());
+    let (holder, waiter) = (Lines::default(), Lines::default());
+    let names: Vec<String> = (0..5_000).map(|i| format!("job-{i}.lock")).collect();
+    // Each name taken and released once while someone waits for it,
+    // and never again: nothing of it is needed any more.
+    for name in &names {
+        waiter.wait_on(&w, name);
+        holder.acquired(&h, name);
+        holder.releasing(&h, name);
+        waiter.stopped_waiting(&w, name);
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    waiter.wait_on(&w, "last.lock");
+    holder.acquired(&h, "last.lock");
+    holder.releasing(&h, "last.lock");
+    let kept = holder.places().len();
+    assert!(kept <= 1_024, "{kept} places kept for names long released");
+    assert!(waiter.places().len() <= 1, "{}", waiter.places().len());
+}
+
+#[test]
+fn a_byte_range_lock_of_another_program_spanning_the_region_panics_nobody_and_stops_nobody() {
+    let Some(dir) = Dir::new() else { return };
+    let (w, other) = (dir.open(), dir.open());
+    // Any program that can open the directory may hold a read lock
+    // over any range: here, from offset 0 to far past every region.
+    assert!(sys::ofd_read_lock(&other, 0, 1 << 62));
+    let waiter = Lines::default();
+    waiter.wait_on(&w, "x.lock");
+    let mut looks = 0;
+    while let Some(back) = waiter.stand_back(&w, "x.lock", || Some((1, 1))) {
+        looks += 1;
+        assert!(looks <= 10, "never tries");
+        std::thread::sleep(back + Duration::from_millis(1));
+    }
+    waiter.stopped_waiting(&w, "x.lock");
+}
+
+#[test]
+fn a_holder_that_comes_back_late_stands_behind_those_who_waited_meanwhile() {
+    let Some(dir) = Dir::new() else { return };
+    let (h, a, b) = (dir.open(), dir.open(), dir.open());
+    let (holder, first, later) = (Lines::default(), Lines::default(), Lines::default());
+    first.wait_on(&a, "x.lock");
+    // A turn begins at the first release someone waits for...
+    holder.releasing(&h, "x.lock");
+    holder.acquired(&h, "x.lock");
+    std::thread::sleep(TURN);
+    // ...and is over: its next attempt is in line.
+    holder.releasing(&h, "x.lock");
+    assert!(holder.places().get("x.lock").is_some_and(|p| p.rejoin));
+    first.acquired(&a, "x.lock");
+    first.stopped_waiting(&a, "x.lock");
+    // Long after its release, someone else starts waiting; then the
+    // old holder comes back. It was not waiting all that time: it
+    // must not be ahead of the one who was.
+    std::thread::sleep(Duration::from_millis(50));
+    later.wait_on(&b, "x.lock");
+    std::thread::sleep(Duration::from_millis(1));
+    let _ = holder.stand_back(&h, "x.lock", || Some((1, 1)));
+    assert_eq!(
+        later.stand_back(&b, "x.lock", || Some((1, 1))),
+        None,
+        "the waiter stands back for a holder that came back after it"
+    );
+    holder.stopped_waiting(&h, "x.lock");
+    later.stopped_waiting(&b, "x.lock");
+}
+
+#[test]
+fn a_dead_waiter_leaves_the_line() {
+    let Some(dir) = Dir::new() else { return };
+    let holder = dir.open();
+    {
+        let gone = dir.open();
+        Lines::default().wait_on(&gone, "x.lock");
+        assert!(anyone_waiting(&holder, "x.lock"));
+    }
+    // Its descriptor closed (as at exit): the kernel dropped the byte.
+    assert!(!anyone_waiting(&holder, "x.lock"));
+}
+
+#[test]
+fn regions_and_tickets_stay_inside_the_byte_range_of_a_lock() {
+    for name in [
+        "",
+        "x.lock",
+        "a-very-long-name-0123456789abcdef.lock",
+        "\u{1F512}",
+    ] {
+        let start = region(name);
+        assert_eq!(start % REGION, 0);
+        assert!(i64::try_from(start + REGION).is_ok(), "{name:?}");
+    }
+    assert!(ticket_now() >= 1 && ticket_now() < REGION);
+}
