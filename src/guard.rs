@@ -253,6 +253,8 @@ impl Grant {
 /// hold whose waiter went away before picking it up (its
 /// [`Dispose`](crate::queue::Dispose)).
 pub(crate) fn pass_on(hold: Hold, queue: &Queue<Hold>) {
+    // Only an exclusive hold is ever offered to a waiter, so only one can
+    // come back here from the queue, whose turn must then move on.
     if let Next::GiveBack { hold, then } = decide(hold, queue, false) {
         drop(hold);
         then.tell(queue);

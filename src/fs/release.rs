@@ -61,12 +61,12 @@ pub(super) fn let_go<L: Release>(lock: &mut L, confirm: bool) -> Result<Option<L
     let released = match lock.remove(patience)? {
         Some(released) => released,
         None => {
-            // When that cannot be told, the release thread looks again.
-            let ours = lock.still_ours();
-            if !matches!(ours, Ok(false)) {
-                defer(lock);
-            }
-            ours?
+            // The release thread finishes the change whatever this look
+            // says: under the mutation lock it removes only what is still
+            // ours, and helps clean what a reclaimer left of ours (a
+            // retired directory's record, a members directory's dead).
+            defer(lock);
+            lock.still_ours()?
         }
     };
     Ok(outcome(moved, released))
@@ -88,7 +88,7 @@ pub(super) fn on_drop<L: Release>(lock: &mut L) {
         tracing::warn!(
             lock = lock.lock_name(),
             %error,
-            "releasing a dropped lock failed; it stays until it is judged stale"
+            "releasing a dropped lock failed; if it is still ours, it goes when the release thread finishes it or is judged stale once our descriptors close"
         );
     }
 }
