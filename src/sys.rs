@@ -10,7 +10,7 @@
 #[cfg(any(target_os = "macos", target_os = "freebsd"))]
 mod bsd;
 #[cfg(any(target_os = "macos", target_os = "freebsd", test))]
-mod kinfo;
+pub(crate) mod kinfo;
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")))]

@@ -83,7 +83,7 @@ pub(super) fn kinfo_start(reply: &[u8], layout: Layout, pid: i32) -> Option<(i64
 /// A `struct timeval` since the epoch in milliseconds; `None` for a
 /// negative or zero time (the kernel's "never set") or an impossible
 /// microsecond count.
-pub(super) fn timeval_ms(sec: i64, usec: i64) -> Option<u64> {
+pub(crate) fn timeval_ms(sec: i64, usec: i64) -> Option<u64> {
     if sec <= 0 || !(0..1_000_000).contains(&usec) {
         return None;
     }
@@ -101,7 +101,7 @@ pub(super) fn timeval_ms(sec: i64, usec: i64) -> Option<u64> {
 /// and the start on the boot clock (`ticks`, in milliseconds: what the
 /// record's `procStart` then holds) is the boot clock now minus that age.
 /// A start later than now (the wall clock was set back since) has age 0.
-pub(super) fn start_from_wall(start_ms: u64, wall_now_ms: u64, boot_now_ms: u64) -> ProcStart {
+pub(crate) fn start_from_wall(start_ms: u64, wall_now_ms: u64, boot_now_ms: u64) -> ProcStart {
     let age_ms = wall_now_ms.saturating_sub(start_ms);
     ProcStart {
         ticks: boot_now_ms.saturating_sub(age_ms),
@@ -114,7 +114,7 @@ pub(super) fn start_from_wall(start_ms: u64, wall_now_ms: u64, boot_now_ms: u64)
 /// the epoch, cut (not rounded), as `ps -o lstart=` shows the same
 /// `kinfo_proc` field, which is where pi-research's process-lifecycle
 /// service reads it off Linux.
-pub(super) fn start_time_s(start: &ProcStart) -> u64 {
+pub(crate) fn start_time_s(start: &ProcStart) -> u64 {
     start.epoch_ms / 1000
 }
 
