@@ -67,7 +67,9 @@ pub(crate) struct ProcStart {
     /// Clock ticks since boot (`/proc/<pid>/stat` field 22): exact, and
     /// immune to wall-clock steps. Comparable only within one boot, and
     /// between readers in one time namespace (the kernel shifts it by the
-    /// reader's boot-clock offset).
+    /// reader's boot-clock offset). On macOS and FreeBSD, which have no
+    /// ticks (`clock_ticks()` is `None`), the start on the boot clock in
+    /// milliseconds.
     pub(crate) ticks: u64,
     /// Milliseconds since the Unix epoch: now, on the wall clock, minus the
     /// process's age; as good as the wall clock is now.
