@@ -7,16 +7,22 @@
 //! the rest, which the staleness rules treat as "cannot decide", never as
 //! "dead".
 
+#[cfg(any(target_os = "macos", target_os = "freebsd"))]
+mod bsd;
+#[cfg(any(target_os = "macos", target_os = "freebsd", test))]
+pub(crate) mod kinfo;
 #[cfg(target_os = "linux")]
 mod linux;
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")))]
 mod other;
 
 pub(crate) mod syscall;
 
+#[cfg(any(target_os = "macos", target_os = "freebsd"))]
+use bsd as imp;
 #[cfg(target_os = "linux")]
 use linux as imp;
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")))]
 use other as imp;
 
 use std::sync::OnceLock;
@@ -61,7 +67,9 @@ pub(crate) struct ProcStart {
     /// Clock ticks since boot (`/proc/<pid>/stat` field 22): exact, and
     /// immune to wall-clock steps. Comparable only within one boot, and
     /// between readers in one time namespace (the kernel shifts it by the
-    /// reader's boot-clock offset).
+    /// reader's boot-clock offset). On macOS and FreeBSD, which have no
+    /// ticks (`clock_ticks()` is `None`), the start on the boot clock in
+    /// milliseconds.
     pub(crate) ticks: u64,
     /// Milliseconds since the Unix epoch: now, on the wall clock, minus the
     /// process's age; as good as the wall clock is now.
@@ -187,7 +195,10 @@ pub(crate) fn identity() -> &'static Identity {
 /// `ps -o lstart=` shows it in UTC: how a platform without `/proc` learns
 /// its own start (once, at the first lock), in the unit pi-research's
 /// process-lifecycle service compares there.
-#[cfg(any(not(target_os = "linux"), test))]
+#[cfg(any(
+    not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")),
+    test
+))]
 fn ps_start_epoch_s(pid: u32) -> Option<u64> {
     let out = std::process::Command::new("ps")
         .args(["-o", "lstart=", "-p", &pid.to_string()])
@@ -205,7 +216,10 @@ fn ps_start_epoch_s(pid: u32) -> Option<u64> {
 
 /// Parses `ps`'s `lstart` column in the C locale and UTC, such as
 /// `Thu Dec  3 17:32:48 2026`, into seconds since the epoch.
-#[cfg(any(not(target_os = "linux"), test))]
+#[cfg(any(
+    not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")),
+    test
+))]
 fn parse_lstart(text: &str) -> Option<u64> {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",

@@ -43,7 +43,7 @@
 //!    doctest that rustdoc built in a temporary directory, the per-user
 //!    `leasehold-serial-<uid>` in the place of the
 //!    [default lock directory](crate::LockerBuilder::directory)
-//!    (`/run/lock` on Linux, `/tmp` elsewhere), under its rules: it must
+//!    (`/run/lock` on Linux, `/private/tmp` on macOS, `/tmp` elsewhere), under its rules: it must
 //!    belong to the user and be closed to others, and where that place
 //!    cannot be used the test panics, naming `LEASEHOLD_SERIAL_DIR`. Such processes meet
 //!    each other there, not the tests in the target directory: to put them

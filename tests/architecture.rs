@@ -364,3 +364,67 @@ fn every_source_file_is_on_the_map() {
         "source files docs/architecture.md does not name: {missing:?}"
     );
 }
+
+/// Where the crate may hold `unsafe` code: `sysctl(3)` for the BSD
+/// kernels (which `nix` does not wrap) and the CLI's fork hook.
+const UNSAFE_HOMES: [&str; 2] = ["sys/bsd/sysctl.rs", "bin/leasehold/process.rs"];
+
+/// Each line of code under `src` that holds or allows `unsafe` code,
+/// outside [`UNSAFE_HOMES`].
+fn unsafe_outside_its_homes(src: &Path) -> Vec<String> {
+    const MARKS: [&str; 6] = [
+        "unsafe {",
+        "unsafe fn",
+        "unsafe impl",
+        "unsafe extern",
+        "allow(unsafe_code)",
+        "expect(unsafe_code)",
+    ];
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let mut found = Vec::new();
+    for file in files {
+        let rel = file
+            .strip_prefix(src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        if UNSAFE_HOMES.contains(&rel.as_str()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (number, code) in code_lines(&text) {
+            if MARKS.iter().any(|mark| code.contains(mark)) {
+                found.push(format!("{rel}:{number}: {}", code.trim()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn unsafe_code_stays_in_its_two_homes() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = unsafe_outside_its_homes(&src);
+    assert!(
+        found.is_empty(),
+        "unsafe code outside {UNSAFE_HOMES:?}:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_unsafe_check_sees_unsafe_code() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("sys/bsd")).unwrap();
+    std::fs::write(
+        dir.path().join("sys.rs"),
+        "// unsafe { in a comment }\n#![deny(unsafe_code)]\nfn f() { unsafe { g() } }\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("sys/bsd/sysctl.rs"), "#![allow(unsafe_code)]\n").unwrap();
+    assert_eq!(
+        unsafe_outside_its_homes(dir.path()),
+        ["sys.rs:3: fn f() { unsafe { g() } }"]
+    );
+}

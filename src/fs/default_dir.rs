@@ -7,8 +7,9 @@
 //! 0755 held its locks in `/tmp`, and one started after `chmod 1777
 //! /run/lock` held the same names in `/run/lock`. So the place depends on
 //! nothing a process finds at its start: it is `/run/lock/leasehold-<uid>`
-//! on Linux and `/tmp/leasehold-<uid>` elsewhere, fixed when leasehold is
-//! compiled. What a process finds only decides whether it may use that
+//! on Linux, `/private/tmp/leasehold-<uid>` on macOS (whose `/tmp` is a
+//! symlink to it) and `/tmp/leasehold-<uid>` elsewhere, fixed when
+//! leasehold is compiled. What a process finds only decides whether it may use that
 //! place; when it may not, `build()` fails with
 //! [`Error::NoDefaultDirectory`], which names the setting to give instead.
 //!
@@ -47,7 +48,7 @@ use crate::error::{Error, IoResultExt, Result};
 /// place: the host's in production, a temporary one in tests.
 #[derive(Debug)]
 pub(crate) struct Place {
-    /// `/run/lock` on Linux, `/tmp` elsewhere.
+    /// `/run/lock` on Linux, `/private/tmp` on macOS, `/tmp` elsewhere.
     root: PathBuf,
     /// Who must own the root: root.
     owner: u32,

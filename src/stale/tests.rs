@@ -14,6 +14,8 @@ struct Fake {
     time_ns_of: HashMap<u64, Option<String>>,
     /// Whether `now - boot_ms` is when the machine booted.
     host_wide_boot: bool,
+    /// `clock_ticks()`: `None` on a host without start ticks (the BSDs).
+    hz: Option<u64>,
 }
 
 impl Host for Fake {
@@ -39,7 +41,7 @@ impl Host for Fake {
         self.procs.get(&pid).copied().flatten()
     }
     fn clock_ticks(&self) -> Option<u64> {
-        Some(100)
+        self.hz
     }
     fn time_namespace_of(&self, pid: u64) -> Option<String> {
         match self.time_ns_of.get(&pid) {
@@ -104,6 +106,7 @@ fn fake() -> Fake {
         procs,
         time_ns_of: HashMap::new(),
         host_wide_boot: false,
+        hz: Some(100),
     }
 }
 

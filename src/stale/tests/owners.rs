@@ -331,3 +331,49 @@ fn other_pid_namespaces_are_not_probed() {
     assert_eq!(verdict(rec, 0, None), Verdict::Live);
     let _ = Record::default();
 }
+
+/// A macOS or FreeBSD host: no start ticks, no boot id or namespaces,
+/// starts read from `kinfo_proc` (a wall-clock `timeval`) and mapped onto
+/// `ProcStart` by `sys::kinfo`; pi-research writes whole epoch seconds.
+#[test]
+fn kinfo_proc_starts_tell_a_reused_pid_on_the_bsds() {
+    use crate::sys::kinfo::{start_from_wall, start_time_s, timeval_ms};
+    let mut host = fake();
+    host.hz = None;
+    host.me.boot_id = None;
+    host.me.machine_id = None;
+    host.me.pid_ns = None;
+    host.me.time_ns = None;
+    // pid 600 started 1.25 s ago, pid 700 two hours ago (kernel timevals).
+    let young = timeval_ms(((NOW_MS - 1_250) / 1000) as i64, 750_000).unwrap();
+    let old = timeval_ms(((NOW_MS - 7_200_000) / 1000) as i64, 0).unwrap();
+    host.procs
+        .insert(600, Some(start_from_wall(young, NOW_MS, host.boot_ms)));
+    host.procs
+        .insert(700, Some(start_from_wall(old, NOW_MS, host.boot_ms)));
+    let young = host.procs[&600].unwrap();
+    let old = host.procs[&700].unwrap();
+    // Each owner's own startTime names it, whenever it wrote the record.
+    assert_eq!(
+        judge_on(&host, &pi_research(600, start_time_s(&young)), 0),
+        Verdict::Live
+    );
+    assert_eq!(
+        judge_on(&host, &pi_research(700, start_time_s(&old)), 60_000),
+        Verdict::Live
+    );
+    // A record written a minute ago by an earlier owner of pid 600: the
+    // live process is younger than the record, so the pid was reused.
+    assert_eq!(
+        judge_on(&host, &pi_research(600, start_time_s(&old)), 60_000),
+        Verdict::Stale(StaleReason::ReusedPid)
+    );
+    // A value only start ticks could be is not read as ticks here.
+    assert_eq!(judge_on(&host, &pi_research(600, 4_000), 60_000), Verdict::Live);
+    // The same record as ticks would convict on a Linux host.
+    host.hz = Some(100);
+    assert_eq!(
+        judge_on(&host, &pi_research(600, 4_000), 60_000),
+        Verdict::Stale(StaleReason::ReusedPid)
+    );
+}
