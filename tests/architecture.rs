@@ -282,31 +282,40 @@ const PLATFORM: [&str; 4] = ["nix::", "libc::", "std::os::", "target_os"];
 /// `src/sys/`, the command-line tool (whose process handling is its own)
 /// and test files.
 fn platform_leaks(src: &Path) -> Vec<String> {
+    let exempt = |rel: &str| {
+        rel == "sys.rs"
+            || rel.starts_with("sys/")
+            || rel.starts_with("bin/")
+            || rel.ends_with("tests.rs")
+            || rel.contains("/tests/")
+    };
+    lines_naming(src, &PLATFORM, exempt)
+}
+
+/// Each line of code (`path:line: code`) in the files under `src` that
+/// names one of `words`, files `exempt` (by their path under `src`) aside.
+fn lines_naming(src: &Path, words: &[&str], exempt: impl Fn(&str) -> bool) -> Vec<String> {
     let mut files = Vec::new();
     sources(src, &mut files);
-    let mut leaks = Vec::new();
+    files.sort();
+    let mut found = Vec::new();
     for file in files {
         let rel = file
             .strip_prefix(src)
             .unwrap()
             .to_string_lossy()
             .replace('\\', "/");
-        if rel == "sys.rs"
-            || rel.starts_with("sys/")
-            || rel.starts_with("bin/")
-            || rel.ends_with("tests.rs")
-            || rel.contains("/tests/")
-        {
+        if exempt(&rel) {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap();
         for (number, code) in code_lines(&text) {
-            if PLATFORM.iter().any(|word| code.contains(word)) {
-                leaks.push(format!("{rel}:{number}: {}", code.trim()));
+            if words.iter().any(|word| code.contains(word)) {
+                found.push(format!("{rel}:{number}: {}", code.trim()));
             }
         }
     }
-    leaks
+    found
 }
 
 #[test]
@@ -380,26 +389,7 @@ fn unsafe_outside_its_homes(src: &Path) -> Vec<String> {
         "allow(unsafe_code)",
         "expect(unsafe_code)",
     ];
-    let mut files = Vec::new();
-    sources(src, &mut files);
-    let mut found = Vec::new();
-    for file in files {
-        let rel = file
-            .strip_prefix(src)
-            .unwrap()
-            .to_string_lossy()
-            .replace('\\', "/");
-        if UNSAFE_HOMES.contains(&rel.as_str()) {
-            continue;
-        }
-        let text = std::fs::read_to_string(&file).unwrap();
-        for (number, code) in code_lines(&text) {
-            if MARKS.iter().any(|mark| code.contains(mark)) {
-                found.push(format!("{rel}:{number}: {}", code.trim()));
-            }
-        }
-    }
-    found
+    lines_naming(src, &MARKS, |rel| UNSAFE_HOMES.contains(&rel))
 }
 
 #[test]
