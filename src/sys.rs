@@ -52,8 +52,30 @@ const PORTABLE_ENV: &str = "LEASEHOLD_TEST_PORTABLE";
 /// and the hot paths pay nothing.
 #[cfg(all(target_os = "linux", feature = "portable-test"))]
 pub(crate) fn portable() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os(PORTABLE_ENV).is_some_and(|v| v == "1"))
+    switch() == Some(Switch::Portable)
+}
+
+/// What `LEASEHOLD_TEST_PORTABLE` asks for.
+#[cfg(all(target_os = "linux", feature = "portable-test"))]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Switch {
+    /// `1`: every portable answer.
+    Portable,
+    /// `noline`: only the waiting line off, as on a platform that can
+    /// watch directories but has no OFD locks (macOS and FreeBSD with
+    /// kqueue), for measuring what the line is worth.
+    NoLine,
+}
+
+/// The switch's setting, read once.
+#[cfg(all(target_os = "linux", feature = "portable-test"))]
+fn switch() -> Option<Switch> {
+    static ON: OnceLock<Option<Switch>> = OnceLock::new();
+    *ON.get_or_init(|| match std::env::var_os(PORTABLE_ENV)?.to_str()? {
+        "1" => Some(Switch::Portable),
+        "noline" => Some(Switch::NoLine),
+        _ => None,
+    })
 }
 
 /// Whether this process answers as a platform without `/proc`, inotify or
@@ -318,7 +340,11 @@ pub(crate) use imp::DirWatch;
 /// Whether the kernel has OFD byte-range locks to line waiters up with
 /// (the waiting line is off where it has none).
 pub(crate) fn byte_range_locks() -> bool {
-    imp::BYTE_RANGE_LOCKS && !portable()
+    #[cfg(all(target_os = "linux", feature = "portable-test"))]
+    if switch().is_some() {
+        return false;
+    }
+    imp::BYTE_RANGE_LOCKS
 }
 
 /// Whether the filesystem of `file` keeps everything in memory (tmpfs),
