@@ -66,7 +66,16 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|");
     let mut settler = Settler::new(dir.path());
-    for n in PROCESSES {
+    // `LEASEHOLD_BENCH_PROCESSES=4` (or `2,16`): only these configurations.
+    let only: Option<Vec<usize>> = std::env::var("LEASEHOLD_BENCH_PROCESSES").ok().map(|list| {
+        list.split(',')
+            .map(|n| n.trim().parse().expect("a process count"))
+            .collect()
+    });
+    for n in PROCESSES
+        .into_iter()
+        .filter(|n| only.as_ref().is_none_or(|only| only.contains(n)))
+    {
         let runs: Vec<Run> = (0..REPEATS)
             .map(|_| {
                 // Every run starts from the same filesystem state.
@@ -87,7 +96,10 @@ fn main() {
     // python3's filelock module).
     if python_has_filelock() {
         println!("\npy-filelock FileLock, the same loop in Python, in the same directory:\n");
-        for n in [4, 16] {
+        for n in [4, 16]
+            .into_iter()
+            .filter(|n| only.as_ref().is_none_or(|only| only.contains(n)))
+        {
             let runs: Vec<Run> = (0..REPEATS)
                 .map(|_| {
                     settler.settle();

@@ -297,6 +297,12 @@
 //! - `failpoints`: test-only. Named failpoints between the steps of the
 //!   filesystem protocol, for the crash-point test (docs/guarantees.md,
 //!   *Crash points*); it adds `fail`. Never enable it in a build you ship.
+//! - `portable-test`: test-only. With `LEASEHOLD_TEST_PORTABLE=1` in the
+//!   environment, a Linux build answers as a platform without `/proc`,
+//!   inotify or OFD locks (no process start times, polling, no waiting
+//!   line), so CI exercises macOS's and FreeBSD's fallback paths on Linux
+//!   (docs/guarantees.md, *Platforms*). It adds nothing; never enable it in
+//!   a build you ship.
 //!
 //! [`testing`] (serializing tests across processes) is part of the default
 //! build: it adds no dependency.

@@ -25,11 +25,87 @@ use linux as imp;
 #[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")))]
 use other as imp;
 
+// The portable answers (`other.rs`) on Linux too, for tests: with the
+// feature `portable-test` and `LEASEHOLD_TEST_PORTABLE=1` in the
+// environment, every probe below answers as a platform without `/proc`,
+// inotify or OFD locks would (see `portable`).
+// Its watcher is never called: under the switch `watch_dir` answers
+// `None` itself, as `other.rs` would.
+#[cfg(all(target_os = "linux", feature = "portable-test"))]
+#[path = "sys/other.rs"]
+#[allow(dead_code)]
+mod fallback;
+
 use std::sync::OnceLock;
 
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
+
+/// The environment variable that, in a build with the test-only feature
+/// `portable-test`, selects the portable answers on Linux.
+#[cfg(all(target_os = "linux", feature = "portable-test"))]
+const PORTABLE_ENV: &str = "LEASEHOLD_TEST_PORTABLE";
+
+/// Whether this process answers as a platform without `/proc`, inotify or
+/// OFD locks (`other.rs`) although it runs on Linux: only in a build with
+/// the test-only feature `portable-test`, and only when
+/// `LEASEHOLD_TEST_PORTABLE=1`. Read once, at the first probe, and never
+/// again: the clocks, the identity and the line must not change source in
+/// the middle of a run, or a lease measured on one clock would be checked
+/// on another. Child processes inherit the variable, so every process of a
+/// test answers alike. Without the feature this is a constant `false`,
+/// and the hot paths pay nothing.
+#[cfg(all(target_os = "linux", feature = "portable-test"))]
+pub(crate) fn portable() -> bool {
+    switch() == Some(Switch::Portable)
+}
+
+/// What `LEASEHOLD_TEST_PORTABLE` asks for.
+#[cfg(all(target_os = "linux", feature = "portable-test"))]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Switch {
+    /// `1`: every portable answer.
+    Portable,
+    /// `noline`: only the waiting line off, as on a platform that can
+    /// watch directories but has no OFD locks (macOS and FreeBSD with
+    /// kqueue), for measuring what the line is worth.
+    NoLine,
+}
+
+/// The switch's setting, read once.
+#[cfg(all(target_os = "linux", feature = "portable-test"))]
+fn switch() -> Option<Switch> {
+    static ON: OnceLock<Option<Switch>> = OnceLock::new();
+    *ON.get_or_init(|| match std::env::var_os(PORTABLE_ENV)?.to_str()? {
+        "1" => Some(Switch::Portable),
+        "noline" => Some(Switch::NoLine),
+        _ => None,
+    })
+}
+
+/// Whether this process answers as a platform without `/proc`, inotify or
+/// OFD locks although it runs on Linux: never without the test-only
+/// feature `portable-test`.
+#[cfg(not(all(target_os = "linux", feature = "portable-test")))]
+pub(crate) const fn portable() -> bool {
+    false
+}
+
+/// Calls the platform's answer, or under the switch (`portable`) the
+/// portable one; without the feature, the platform's only.
+#[cfg(all(target_os = "linux", feature = "portable-test"))]
+macro_rules! pick {
+    ($f:ident($($arg:expr),*)) => {
+        if portable() { fallback::$f($($arg),*) } else { imp::$f($($arg),*) }
+    };
+}
+#[cfg(not(all(target_os = "linux", feature = "portable-test")))]
+macro_rules! pick {
+    ($f:ident($($arg:expr),*)) => {
+        imp::$f($($arg),*)
+    };
+}
 
 /// What `kill(pid, 0)` says about a process id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,13 +157,13 @@ pub(crate) struct ProcStart {
 /// The start of process `pid`, or `None` when it cannot be read (gone, or a
 /// platform without `/proc`).
 pub(crate) fn process_start(pid: u64) -> Option<ProcStart> {
-    imp::process_start(pid)
+    pick!(process_start(pid))
 }
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of
 /// [`ProcStart::ticks`]; `None` on platforms without `/proc`.
 pub(crate) fn clock_ticks() -> Option<u64> {
-    imp::clock_ticks()
+    pick!(clock_ticks())
 }
 
 /// The time namespace of process `pid` (the link text of
@@ -96,19 +172,19 @@ pub(crate) fn clock_ticks() -> Option<u64> {
 /// gone, another user's process, a kernel without time namespaces, or a
 /// platform without `/proc`.
 pub(crate) fn time_namespace_of(pid: u64) -> Option<String> {
-    imp::time_namespace_of(pid)
+    pick!(time_namespace_of(pid))
 }
 
 /// Milliseconds on a clock that never jumps and, on Linux, keeps counting
 /// through suspend (`CLOCK_BOOTTIME`), so a lease measured on it expires for
 /// holder and reclaimer alike after a laptop lid was closed.
 pub(crate) fn boot_clock_ms() -> u64 {
-    imp::boot_clock_ms()
+    pick!(boot_clock_ms())
 }
 
 /// [`boot_clock_ms`] in microseconds.
 pub(crate) fn boot_clock_us() -> u64 {
-    imp::boot_clock_us()
+    pick!(boot_clock_us())
 }
 
 /// Whether [`boot_clock_ms`] counts from this kernel's boot: `false` in a
@@ -117,7 +193,7 @@ pub(crate) fn boot_clock_us() -> u64 {
 /// wherever that cannot be told. Read once.
 pub(crate) fn boot_clock_is_host_wide() -> bool {
     static HOST_WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HOST_WIDE.get_or_init(imp::boot_clock_is_host_wide)
+    *HOST_WIDE.get_or_init(|| pick!(boot_clock_is_host_wide()))
 }
 
 /// Facts about the current process, read once.
@@ -178,15 +254,17 @@ pub(crate) fn identity() -> &'static Identity {
                 .and_then(|h| h.into_string().ok())
                 .map(|h| cut(h, MAX_HOSTNAME_LEN))
                 .unwrap_or_default(),
+            // Not on macOS or FreeBSD, which the switch stands for.
             machine_id: std::fs::read_to_string("/etc/machine-id")
                 .ok()
+                .filter(|_| !portable())
                 .map(|id| id.trim().to_owned())
                 .filter(|id| !id.is_empty() && id.len() <= MAX_MACHINE_ID_LEN),
             start,
-            start_time: imp::own_start_time(start),
-            boot_id: imp::boot_id(),
-            pid_ns: imp::pid_namespace(),
-            time_ns: imp::time_namespace(),
+            start_time: pick!(own_start_time(start)),
+            boot_id: pick!(boot_id()),
+            pid_ns: pick!(pid_namespace()),
+            time_ns: pick!(time_namespace()),
         }
     })
 }
@@ -197,6 +275,7 @@ pub(crate) fn identity() -> &'static Identity {
 /// process-lifecycle service compares there.
 #[cfg(any(
     not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")),
+    all(target_os = "linux", feature = "portable-test"),
     test
 ))]
 fn ps_start_epoch_s(pid: u32) -> Option<u64> {
@@ -218,6 +297,7 @@ fn ps_start_epoch_s(pid: u32) -> Option<u64> {
 /// `Thu Dec  3 17:32:48 2026`, into seconds since the epoch.
 #[cfg(any(
     not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")),
+    all(target_os = "linux", feature = "portable-test"),
     test
 ))]
 fn parse_lstart(text: &str) -> Option<u64> {
@@ -263,25 +343,73 @@ pub(crate) enum DirEvent<'a> {
 /// Linux, `/tmp` elsewhere), and the mount tables to compare the mount
 /// holding it in (this process's, the host init's), where the platform
 /// has them.
-pub(crate) use imp::lock_root;
+pub(crate) fn lock_root() -> (
+    std::path::PathBuf,
+    Option<(std::path::PathBuf, std::path::PathBuf)>,
+) {
+    pick!(lock_root())
+}
 
 /// A running watch on a lock directory.
 pub(crate) use imp::DirWatch;
+
+/// Whether the kernel has OFD byte-range locks to line waiters up with
+/// (the waiting line is off where it has none).
+pub(crate) fn byte_range_locks() -> bool {
+    #[cfg(all(target_os = "linux", feature = "portable-test"))]
+    if switch().is_some() {
+        return false;
+    }
+    imp::BYTE_RANGE_LOCKS
+}
+
+/// Whether the filesystem of `file` keeps everything in memory (tmpfs),
+/// where a sync returns at once; `false` where that cannot be told.
+pub(crate) fn fs_in_memory(file: &std::fs::File) -> bool {
+    pick!(fs_in_memory(file))
+}
+
+/// Whether `file` is on a filesystem served over the network (or by a
+/// user-space server); `true` where that cannot be told.
+pub(crate) fn fs_is_remote(file: &std::fs::File) -> bool {
+    pick!(fs_is_remote(file))
+}
+
+/// Takes an OFD read lock on `[start, start + len)` of `file`, without
+/// waiting; whether it was taken (never, without OFD locks).
 #[cfg(test)]
-pub(crate) use imp::ofd_read_lock;
-/// Filesystem facts and OFD byte-range locks (the waiting line's), where
-/// the platform has them (`BYTE_RANGE_LOCKS`).
-pub(crate) use imp::{
-    BYTE_RANGE_LOCKS, fs_in_memory, fs_is_remote, ofd_drop_byte, ofd_held_span, ofd_take_byte,
-};
+pub(crate) fn ofd_read_lock(file: &std::fs::File, start: u64, len: u64) -> bool {
+    pick!(ofd_read_lock(file, start, len))
+}
+
+/// Holds the byte at `at` of `dir` (an OFD read lock); whether it is held
+/// (never, without OFD locks).
+pub(crate) fn ofd_take_byte(dir: &std::fs::File, at: u64) -> bool {
+    pick!(ofd_take_byte(dir, at))
+}
+
+/// Lets go of the byte at `at` of `dir`.
+pub(crate) fn ofd_drop_byte(dir: &std::fs::File, at: u64) {
+    pick!(ofd_drop_byte(dir, at))
+}
+
+/// A byte-range lock that another open file description holds on `dir`
+/// overlapping `[start, end)`, if any: its span (none, without OFD locks).
+pub(crate) fn ofd_held_span(dir: &std::fs::File, start: u64, end: u64) -> Option<(u64, u64)> {
+    pick!(ofd_held_span(dir, start, end))
+}
 
 /// Watches `dir` on a background thread, calling `on_event` until it
 /// returns `false`. `None` when the platform cannot watch (no inotify, or
-/// its limits are reached); callers then poll.
+/// its limits are reached, or under the switch `portable`); callers then
+/// poll.
 pub(crate) fn watch_dir(
     dir: &std::fs::File,
     on_event: Box<dyn FnMut(DirEvent<'_>) -> bool + Send>,
 ) -> Option<DirWatch> {
+    if portable() {
+        return None;
+    }
     imp::watch_dir(dir, on_event)
 }
 

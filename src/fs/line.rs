@@ -128,7 +128,7 @@ impl Lines {
         Lines {
             places: Mutex::default(),
             passed: Mutex::default(),
-            off: !sys::BYTE_RANGE_LOCKS || sys::fs_is_remote(dir),
+            off: !sys::byte_range_locks() || sys::fs_is_remote(dir),
         }
     }
 

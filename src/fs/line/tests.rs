@@ -1,5 +1,5 @@
 //! The line's own tests, on a real directory. They need the kernel's OFD
-//! byte-range locks (`sys::BYTE_RANGE_LOCKS`): where there are none the
+//! byte-range locks (`sys::byte_range_locks`): where there are none the
 //! line does nothing, and there is nothing to test here.
 
 use super::*;
@@ -11,7 +11,7 @@ struct Dir(tempfile::TempDir);
 impl Dir {
     /// `None` where the platform has no byte-range locks to line up with.
     fn new() -> Option<Self> {
-        sys::BYTE_RANGE_LOCKS.then(|| Dir(tempfile::tempdir().unwrap()))
+        sys::byte_range_locks().then(|| Dir(tempfile::tempdir().unwrap()))
     }
 
     fn open(&self) -> File {
