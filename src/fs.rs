@@ -72,7 +72,7 @@ pub(crate) struct Fs {
 #[derive(Debug)]
 struct Events {
     waiters: Waiters,
-    signers: group::Signers,
+    signers: Arc<group::Signers>,
     /// For the line: a waiter standing back for an older one is not woken.
     ctx: Arc<Ctx>,
 }
@@ -140,10 +140,25 @@ impl Fs {
             watcher: Watcher::default(),
             events: Arc::new(Events {
                 waiters,
-                signers: group::Signers::default(),
+                signers: Arc::default(),
                 ctx,
             }),
         })
+    }
+
+    /// Makes sure the death of a holder of the group `name` is seen at
+    /// once, so that its marker is re-signed before programs that judge
+    /// the lock path by its pid (velocious, pi-research) see a dead one:
+    /// by the watcher, or where it cannot watch that members directory
+    /// (no inotify, its limits reached, a platform without watching), by
+    /// looking at every marker this `Locker` signs every
+    /// `SIGN_POLL` (see `fs/group/sign.rs`).
+    fn watch_group(&self, name: &LockName) {
+        let watched = self.watcher.ensure(&self.ctx.dir, &self.waiters())
+            && self.watcher.ensure_child(&members::members_dir(name.file_name()));
+        if !watched {
+            group::poll_markers(&self.events.signers);
+        }
     }
 
     /// The watcher's way to us (weak: a watcher outliving us stops).
@@ -165,9 +180,7 @@ impl Fs {
                         // Watch the group, to re-sign its marker when the
                         // holder it names dies.
                         member.sign_with(&self.events.signers);
-                        if self.watcher.ensure(&ctx.dir, &self.waiters()) {
-                            self.watcher.ensure_child(&members::members_dir(name.file_name()));
-                        }
+                        self.watch_group(name);
                         Some(FsLock::Member(*member))
                     }
                     Joined::Busy { owner, recheck_at } => {

@@ -71,6 +71,10 @@ enum Switch {
     /// watch directories but has no OFD locks (macOS and FreeBSD with
     /// kqueue), for measuring what the line is worth.
     NoLine,
+    /// `nowatch`: only the directory watcher off, as on Linux when
+    /// inotify's limits are reached (or on a platform that has byte-range
+    /// locks but no watching).
+    NoWatch,
 }
 
 /// The switch's setting, read once.
@@ -80,8 +84,21 @@ fn switch() -> Option<Switch> {
     *ON.get_or_init(|| match std::env::var_os(PORTABLE_ENV)?.to_str()? {
         "1" => Some(Switch::Portable),
         "noline" => Some(Switch::NoLine),
+        "nowatch" => Some(Switch::NoWatch),
         _ => None,
     })
+}
+
+/// Whether the switch turns only the directory watcher off (`nowatch`).
+#[cfg(all(target_os = "linux", feature = "portable-test"))]
+fn watching_off() -> bool {
+    switch() == Some(Switch::NoWatch)
+}
+
+/// Never without the test-only feature `portable-test`.
+#[cfg(not(all(target_os = "linux", feature = "portable-test")))]
+const fn watching_off() -> bool {
+    false
 }
 
 /// Whether this process answers as a platform without `/proc`, inotify or
@@ -407,7 +424,7 @@ pub(crate) fn watch_dir(
     dir: &std::fs::File,
     on_event: Box<dyn FnMut(DirEvent<'_>) -> bool + Send>,
 ) -> Option<DirWatch> {
-    if portable() {
+    if portable() || watching_off() {
         return None;
     }
     imp::watch_dir(dir, on_event)

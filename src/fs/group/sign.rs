@@ -1,7 +1,9 @@
 //! Keeping a group's marker honest: when the holder it names dies, one of
 //! this process's holders puts its own record there at once.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use super::{Found, JSON, MEMBER, judge_entry, marker, open_members, write_marker};
 use crate::error::Result;
@@ -22,10 +24,51 @@ pub(crate) struct Sign {
     pub(super) bytes: Mutex<Vec<u8>>,
 }
 
+/// How often a `Locker` that cannot watch a group's members directory
+/// looks whether the holder its marker names died ([`poll_markers`]).
+pub(crate) const SIGN_POLL: Duration = Duration::from_millis(20);
+
 /// The groups this `Locker` holds a place in, by lock file name.
 #[derive(Debug, Default)]
 pub(crate) struct Signers {
     map: Mutex<std::collections::HashMap<String, Vec<Weak<Sign>>>>,
+    /// Whether a thread of [`poll_markers`] runs for these.
+    polling: AtomicBool,
+}
+
+/// Where no watcher reports the death of a group's holder, looks at every
+/// marker `signers` signs each [`SIGN_POLL`], on a thread of its own,
+/// until it signs none (or the `Locker` is gone); unless such a thread
+/// runs already. A marker naming a dead holder is then re-signed within
+/// about that, as the watcher would have done at once.
+pub(crate) fn poll_markers(signers: &Arc<Signers>) {
+    if signers.polling.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let weak = Arc::downgrade(signers);
+    let spawned = std::thread::Builder::new()
+        .name("leasehold-markers".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(SIGN_POLL);
+                let Some(signers) = weak.upgrade() else {
+                    return;
+                };
+                signers.all_changed();
+                if signers.is_empty() {
+                    signers.polling.store(false, Ordering::Release);
+                    // A group joined meanwhile found this thread running:
+                    // keep going for it, unless another thread took over.
+                    if signers.is_empty() || signers.polling.swap(true, Ordering::AcqRel) {
+                        return;
+                    }
+                }
+            }
+        });
+    if let Err(error) = spawned {
+        signers.polling.store(false, Ordering::Release);
+        tracing::warn!(%error, "cannot start the thread that looks after shared locks' markers; they are re-signed at renewals only");
+    }
 }
 
 impl Signers {
@@ -61,6 +104,12 @@ impl Signers {
         {
             tracing::debug!(lock = sign.name.as_str(), %error, "re-signing a shared lock's marker failed");
         }
+    }
+
+    /// Whether no live holder of this `Locker` signs a marker.
+    fn is_empty(&self) -> bool {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        !map.values().flatten().any(|sign| sign.strong_count() > 0)
     }
 
     /// Events were lost: look at every group.
