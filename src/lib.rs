@@ -378,8 +378,9 @@
 //! systems build and work, judging foreign records by `kill(pid, 0)` alone
 //! and leases by the wall clock. Windows is not supported.
 
-// Denied, not forbidden: sys/bsd/sysctl.rs calls sysctl(3), which nix does
-// not wrap (tests/architecture.rs keeps every other file free of it).
+// Denied, not forbidden: sys/bsd/sysctl.rs and sys/bsd/rename.rs call
+// sysctl(3) and renameatx_np(2), which nix does not wrap
+// (tests/architecture.rs keeps every other file free of unsafe code).
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![doc(test(attr(deny(warnings))))]

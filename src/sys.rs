@@ -440,58 +440,82 @@ pub(crate) enum RenameError {
     Io(std::io::Error),
 }
 
-/// Renames `from` to `to` inside `dir` atomically, failing if `to` exists:
-/// `renameat2(RENAME_NOREPLACE)` on Linux (glibc); `Unsupported` where
-/// there is none, or the filesystem cannot do it.
+/// Renames the lock file `from` to `to` inside `dir` atomically, failing
+/// if `to` exists: `renameat2(RENAME_NOREPLACE)` on Linux (glibc),
+/// `renameatx_np(RENAME_EXCL)` on macOS; `Unsupported` where there is
+/// none, or the filesystem cannot do it (the caller then links instead).
 pub(crate) fn rename_exclusive(dir: &std::fs::File, from: &str, to: &str) -> Result<(), RenameError> {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        rename_noreplace(dir, from, to)
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    {
-        let _ = (dir, from, to);
-        Err(RenameError::Unsupported)
-    }
+    pick!(rename_exclusive(dir, from, to))
 }
 
-/// Renames `from` to `to` inside `dir`, failing if `to` exists in any form.
+/// Renames the directory `from` to `to` inside `dir`, failing if `to`
+/// exists in any form.
 ///
 /// A plain `rename(2)` of a directory onto an *empty* directory replaces it,
 /// which would let a publisher replace someone else's mkdir-style lock.
-/// Linux (glibc) has `renameat2(RENAME_NOREPLACE)` for this; elsewhere the
-/// target is checked first, which leaves a window of a few microseconds.
+/// Linux (glibc) has `renameat2(RENAME_NOREPLACE)` for this, macOS
+/// `renameatx_np(RENAME_EXCL)`; elsewhere (and on a macOS filesystem
+/// without it) the target is looked at first ([`rename_after_looking`]).
 pub(crate) fn rename_noreplace(dir: &std::fs::File, from: &str, to: &str) -> Result<(), RenameError> {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        use nix::fcntl::{RenameFlags, renameat2};
-        match renameat2(dir, from, dir, to, RenameFlags::RENAME_NOREPLACE) {
-            Ok(()) => Ok(()),
-            Err(Errno::EEXIST | Errno::ENOTEMPTY) => Err(RenameError::Exists),
-            Err(Errno::EINVAL | Errno::ENOSYS) => Err(RenameError::Unsupported),
-            Err(e) => Err(RenameError::Io(e.into())),
-        }
+    pick!(rename_noreplace(dir, from, to))
+}
+
+/// A rename that fails if `to` exists when looked at just before: what a
+/// kernel without a no-replace rename allows. A non-empty directory or a
+/// file that turns up in the window between the look and the rename still
+/// stops it (`ENOTEMPTY`, `ENOTDIR`, `EISDIR`); only an empty directory
+/// made in those microseconds is replaced.
+#[cfg_attr(all(target_os = "linux", not(feature = "portable-test")), allow(dead_code))]
+fn rename_after_looking(dir: &std::fs::File, from: &str, to: &str) -> Result<(), RenameError> {
+    use nix::fcntl::{AtFlags, renameat};
+    use nix::sys::stat::fstatat;
+    match fstatat(dir, to, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(_) => return Err(RenameError::Exists),
+        Err(Errno::ENOENT) => {}
+        Err(e) => return Err(RenameError::Io(e.into())),
     }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    {
-        use nix::fcntl::{AtFlags, renameat};
-        use nix::sys::stat::fstatat;
-        match fstatat(dir, to, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(_) => return Err(RenameError::Exists),
-            Err(Errno::ENOENT) => {}
-            Err(e) => return Err(RenameError::Io(e.into())),
-        }
-        match renameat(dir, from, dir, to) {
-            Ok(()) => Ok(()),
-            Err(Errno::EEXIST | Errno::ENOTEMPTY) => Err(RenameError::Exists),
-            Err(e) => Err(RenameError::Io(e.into())),
-        }
+    match renameat(dir, from, dir, to) {
+        Ok(()) => Ok(()),
+        Err(Errno::EEXIST | Errno::ENOTEMPTY | Errno::ENOTDIR | Errno::EISDIR) => Err(RenameError::Exists),
+        Err(e) => Err(RenameError::Io(e.into())),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_look_first_rename_never_replaces_what_it_finds() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = std::fs::File::open(root.path()).unwrap();
+        let at = |name: &str| root.path().join(name);
+        std::fs::create_dir(at("pending")).unwrap();
+        std::fs::write(at("pending/owner.json"), "{}").unwrap();
+        std::fs::write(at("a file"), "theirs").unwrap();
+        std::fs::create_dir(at("empty")).unwrap();
+        std::fs::create_dir(at("full")).unwrap();
+        std::fs::write(at("full/owner.json"), "theirs").unwrap();
+        for taken in ["a file", "empty", "full"] {
+            assert!(
+                matches!(
+                    rename_after_looking(&dir, "pending", taken),
+                    Err(RenameError::Exists)
+                ),
+                "{taken}"
+            );
+        }
+        assert_eq!(std::fs::read_to_string(at("a file")).unwrap(), "theirs");
+        assert_eq!(std::fs::read_to_string(at("full/owner.json")).unwrap(), "theirs");
+        assert!(std::fs::read_dir(at("empty")).unwrap().next().is_none());
+        rename_after_looking(&dir, "pending", "free").unwrap();
+        assert!(at("free/owner.json").exists() && !at("pending").exists());
+        assert!(rename_noreplace(&dir, "free", "full").is_err());
+        assert!(matches!(
+            rename_noreplace(&dir, "free", "empty"),
+            Err(RenameError::Exists)
+        ));
+    }
 
     #[test]
     fn lstart_is_read_in_utc() {

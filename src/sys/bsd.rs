@@ -20,6 +20,8 @@ use nix::time::{ClockId, clock_gettime};
 use super::ProcStart;
 use super::kinfo;
 
+#[cfg(target_os = "macos")]
+mod rename;
 mod sysctl;
 
 /// The pure parts' view of this kernel's `struct kinfo_proc`.
@@ -205,6 +207,43 @@ pub(crate) fn lock_root() -> (PathBuf, Option<(PathBuf, PathBuf)>) {
 }
 
 /// Run only where these kernels run (compiled, not run, on Linux CI).
+/// macOS: `renameatx_np(2)` with `RENAME_EXCL` (see
+/// `sys::rename_exclusive`); `Unsupported` on a filesystem without it.
+#[cfg(target_os = "macos")]
+pub(crate) fn rename_exclusive(dir: &File, from: &str, to: &str) -> Result<(), super::RenameError> {
+    use super::RenameError;
+    use nix::errno::Errno;
+    match rename::rename_excl(dir, from, to) {
+        Ok(()) => Ok(()),
+        Err(Errno::EEXIST | Errno::ENOTEMPTY) => Err(RenameError::Exists),
+        Err(Errno::ENOTSUP | Errno::EINVAL) => Err(RenameError::Unsupported),
+        Err(e) => Err(RenameError::Io(e.into())),
+    }
+}
+
+/// FreeBSD: no no-replace rename before FreeBSD 15 (`renameat2` there is
+/// not linked against, to run on older kernels): the caller links instead.
+#[cfg(target_os = "freebsd")]
+pub(crate) fn rename_exclusive(_dir: &File, _from: &str, _to: &str) -> Result<(), super::RenameError> {
+    Err(super::RenameError::Unsupported)
+}
+
+/// macOS: `renameatx_np(2)` with `RENAME_EXCL`; on a filesystem without it,
+/// the look-first rename (see `sys::rename_noreplace`).
+#[cfg(target_os = "macos")]
+pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), super::RenameError> {
+    match rename_exclusive(dir, from, to) {
+        Err(super::RenameError::Unsupported) => super::rename_after_looking(dir, from, to),
+        done => done,
+    }
+}
+
+/// FreeBSD: the look-first rename (see `sys::rename_noreplace`).
+#[cfg(target_os = "freebsd")]
+pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), super::RenameError> {
+    super::rename_after_looking(dir, from, to)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -348,6 +348,40 @@ pub(crate) fn lock_root() -> (PathBuf, Option<(PathBuf, PathBuf)>) {
     )
 }
 
+/// `renameat2(2)` with `RENAME_NOREPLACE` (glibc; see `sys::rename_exclusive`).
+pub(crate) fn rename_exclusive(dir: &File, from: &str, to: &str) -> Result<(), super::RenameError> {
+    #[cfg(target_env = "gnu")]
+    {
+        rename_noreplace(dir, from, to)
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        let _ = (dir, from, to);
+        Err(super::RenameError::Unsupported)
+    }
+}
+
+/// `renameat2(2)` with `RENAME_NOREPLACE` (glibc); the look-first rename
+/// elsewhere (see `sys::rename_noreplace`).
+pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), super::RenameError> {
+    #[cfg(target_env = "gnu")]
+    {
+        use super::RenameError;
+        use nix::errno::Errno;
+        use nix::fcntl::{RenameFlags, renameat2};
+        match renameat2(dir, from, dir, to, RenameFlags::RENAME_NOREPLACE) {
+            Ok(()) => Ok(()),
+            Err(Errno::EEXIST | Errno::ENOTEMPTY) => Err(RenameError::Exists),
+            Err(Errno::EINVAL | Errno::ENOSYS) => Err(RenameError::Unsupported),
+            Err(e) => Err(RenameError::Io(e.into())),
+        }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        super::rename_after_looking(dir, from, to)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

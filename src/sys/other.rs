@@ -113,3 +113,13 @@ pub(crate) fn ofd_held_span(_: &File, _start: u64, _end: u64) -> Option<(u64, u6
 pub(crate) fn lock_root() -> (PathBuf, Option<(PathBuf, PathBuf)>) {
     (PathBuf::from("/tmp"), None)
 }
+
+/// No no-replace rename for files here: the caller links instead.
+pub(crate) fn rename_exclusive(_dir: &File, _from: &str, _to: &str) -> Result<(), super::RenameError> {
+    Err(super::RenameError::Unsupported)
+}
+
+/// The look-first rename (see `sys::rename_noreplace`).
+pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), super::RenameError> {
+    super::rename_after_looking(dir, from, to)
+}
