@@ -206,7 +206,6 @@ pub(crate) fn lock_root() -> (PathBuf, Option<(PathBuf, PathBuf)>) {
     (PathBuf::from("/tmp"), None)
 }
 
-/// Run only where these kernels run (compiled, not run, on Linux CI).
 /// macOS: `renameatx_np(2)` with `RENAME_EXCL` (see
 /// `sys::rename_exclusive`); `Unsupported` on a filesystem without it.
 #[cfg(target_os = "macos")]
@@ -244,6 +243,7 @@ pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), s
     super::rename_after_looking(dir, from, to)
 }
 
+/// Run only where these kernels run (compiled, not run, on Linux CI).
 #[cfg(test)]
 mod tests {
     use super::*;
