@@ -151,13 +151,12 @@ impl Fs {
     /// the lock path by its pid (velocious, pi-research) see a dead one:
     /// by the watcher, or where it cannot watch that members directory
     /// (no inotify, its limits reached, a platform without watching), by
-    /// looking at every marker this `Locker` signs every
-    /// `SIGN_POLL` (see `fs/group/sign.rs`).
+    /// looking at its marker every `SIGN_POLL` (`Signers::poll`).
     fn watch_group(&self, name: &LockName) {
         let watched = self.watcher.ensure(&self.ctx.dir, &self.waiters())
             && self.watcher.ensure_child(&members::members_dir(name.file_name()));
         if !watched {
-            group::poll_markers(&self.events.signers);
+            self.events.signers.poll(name.file_name());
         }
     }
 
@@ -240,6 +239,14 @@ impl Fs {
             recheck_at: None,
             sharers: false,
         })
+    }
+}
+
+impl Drop for Fs {
+    /// The watcher stops with the `Locker`, but guards of shared locks may
+    /// outlive it: the marker poll looks after their groups from now on.
+    fn drop(&mut self) {
+        self.events.signers.poll_all();
     }
 }
 

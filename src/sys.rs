@@ -461,10 +461,11 @@ pub(crate) fn rename_noreplace(dir: &std::fs::File, from: &str, to: &str) -> Res
 }
 
 /// A rename that fails if `to` exists when looked at just before: what a
-/// kernel without a no-replace rename allows. A non-empty directory or a
-/// file that turns up in the window between the look and the rename still
-/// stops it (`ENOTEMPTY`, `ENOTDIR`, `EISDIR`); only an empty directory
-/// made in those microseconds is replaced.
+/// kernel without a no-replace rename allows. For a directory `from`, a
+/// non-empty directory or a file that turns up in the window between the
+/// look and the rename still stops it (`ENOTEMPTY`, `ENOTDIR`); only an
+/// empty directory made in those microseconds is replaced. For a file
+/// `from`, a file that turns up then is replaced.
 #[cfg_attr(all(target_os = "linux", not(feature = "portable-test")), allow(dead_code))]
 fn rename_after_looking(dir: &std::fs::File, from: &str, to: &str) -> Result<(), RenameError> {
     use nix::fcntl::{AtFlags, renameat};

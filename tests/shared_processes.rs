@@ -127,6 +127,10 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
             let locker = child_locker(&args[0], args[2].parse().unwrap());
             let guard = locker.acquire_shared(&args[1]).await.expect("acquire_shared");
             assert!(guard.is_shared());
+            if std::env::var_os(DROP_LOCKER_ENV).is_some() {
+                // The guard outlives its Locker, as guards may.
+                drop(locker);
+            }
             say(&format!("acquired {pid}"));
             let stop = args.get(3).filter(|s| !s.is_empty()).map(PathBuf::from);
             let stopped = async {
@@ -164,6 +168,19 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
 fn kid(strategy: Strategy, plain: bool, role: &str, args: &[&str]) -> ChildProc {
     let env: &[(&str, &str)] = if plain { &[(PLAIN_ENV, "1")] } else { &[] };
     ChildProc::spawn_env(strategy, role, args, env)
+}
+
+/// Set for a `hold_shared` child that drops its `Locker` once it holds the
+/// lock, keeping only the guard.
+const DROP_LOCKER_ENV: &str = "LEASEHOLD_TEST_DROP_LOCKER";
+
+/// [`kid`], whose `hold_shared` drops its `Locker` and keeps the guard.
+fn kid_without_locker(strategy: Strategy, plain: bool, role: &str, args: &[&str]) -> ChildProc {
+    let mut env = vec![(DROP_LOCKER_ENV, "1")];
+    if plain {
+        env.push((PLAIN_ENV, "1"));
+    }
+    ChildProc::spawn_env(strategy, role, args, &env)
 }
 
 fn label(strategy: Strategy) -> &'static str {
@@ -663,9 +680,13 @@ fn velocious_and_pi_research_cannot_take_a_name_whose_first_reader_died() {
     }
     let within = Duration::from_secs(30);
     let mut failures = Vec::new();
-    for (strategy, plain, which, name) in [
-        (Strategy::Directory, false, "seed1", "shared job"),
-        (Strategy::ExclusiveFile, true, "seed2", "state"),
+    for (strategy, plain, which, name, without_locker) in [
+        (Strategy::Directory, false, "seed1", "shared job", false),
+        (Strategy::ExclusiveFile, true, "seed2", "state", false),
+        // The reader left holds only its guard: its Locker, watcher and
+        // all, is gone, and the marker must be kept honest all the same.
+        (Strategy::Directory, false, "seed1", "shared job", true),
+        (Strategy::ExclusiveFile, true, "seed2", "state", true),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let locks = dir.path().join("locks");
@@ -675,7 +696,11 @@ fn velocious_and_pi_research_cannot_take_a_name_whose_first_reader_died() {
         // The first reader makes the marker; the second joins.
         let mut first = kid(strategy, plain, "hold_shared", &[d, name, "30000", s]);
         first.expect("acquired", within);
-        let second = kid(strategy, plain, "hold_shared", &[d, name, "30000", s]);
+        let second = if without_locker {
+            kid_without_locker(strategy, plain, "hold_shared", &[d, name, "30000", s])
+        } else {
+            kid(strategy, plain, "hold_shared", &[d, name, "30000", s])
+        };
         second.expect("acquired", within);
         first.signal(Signal::SIGKILL);
         first.kill_and_reap();
@@ -711,8 +736,9 @@ fn velocious_and_pi_research_cannot_take_a_name_whose_first_reader_died() {
         };
         if took {
             failures.push(format!(
-                "{which} took {name:?} while a leasehold reader (pid {}) still held it, \
-                 after the reader named by the marker (pid {}) was killed: {out:?}",
+                "{which} took {name:?} while a leasehold reader (pid {}, its Locker dropped: \
+                 {without_locker}) still held it, after the reader named by the marker (pid {}) \
+                 was killed: {out:?}",
                 second.pid(),
                 first.pid()
             ));

@@ -249,5 +249,5 @@ mod sign;
 mod waiter;
 
 pub(crate) use member::Member;
-pub(crate) use sign::{Signers, poll_markers};
+pub(crate) use sign::Signers;
 pub(super) use waiter::{announce, announced};

@@ -1,6 +1,7 @@
 //! Keeping a group's marker honest: when the holder it names dies, one of
 //! this process's holders puts its own record there at once.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -24,50 +25,40 @@ pub(crate) struct Sign {
     pub(super) bytes: Mutex<Vec<u8>>,
 }
 
-/// How often a `Locker` that cannot watch a group's members directory
-/// looks whether the holder its marker names died ([`poll_markers`]).
+/// How often the marker poll ([`Signers::poll`]) looks, at the most: a
+/// marker naming a dead holder is re-signed within about that. With many
+/// groups to look at, it pauses four times as long as a look took, so that
+/// it takes at most a fifth of a core.
 pub(crate) const SIGN_POLL: Duration = Duration::from_millis(20);
 
 /// The groups this `Locker` holds a place in, by lock file name.
 #[derive(Debug, Default)]
 pub(crate) struct Signers {
-    map: Mutex<std::collections::HashMap<String, Vec<Weak<Sign>>>>,
-    /// Whether a thread of [`poll_markers`] runs for these.
+    map: Mutex<HashMap<String, Vec<Weak<Sign>>>>,
+    /// The groups no watcher looks after, which the marker poll does.
+    polled: Mutex<HashSet<String>>,
+    /// Whether the marker poll's thread runs.
     polling: AtomicBool,
 }
 
-/// Where no watcher reports the death of a group's holder, looks at every
-/// marker `signers` signs each [`SIGN_POLL`], on a thread of its own,
-/// until it signs none (or the `Locker` is gone); unless such a thread
-/// runs already. A marker naming a dead holder is then re-signed within
-/// about that, as the watcher would have done at once.
-pub(crate) fn poll_markers(signers: &Arc<Signers>) {
-    if signers.polling.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    let weak = Arc::downgrade(signers);
-    let spawned = std::thread::Builder::new()
-        .name("leasehold-markers".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(SIGN_POLL);
-                let Some(signers) = weak.upgrade() else {
-                    return;
-                };
-                signers.all_changed();
-                if signers.is_empty() {
-                    signers.polling.store(false, Ordering::Release);
-                    // A group joined meanwhile found this thread running:
-                    // keep going for it, unless another thread took over.
-                    if signers.is_empty() || signers.polling.swap(true, Ordering::AcqRel) {
-                        return;
-                    }
-                }
+/// Runs the marker poll of `signers` until nothing is left to poll: the
+/// thread holds the signers (not the `Locker`, whose guards may outlive
+/// it), and so keeps the markers of every group still held honest.
+fn run_poll(signers: &Arc<Signers>) {
+    let mut pause = SIGN_POLL;
+    loop {
+        std::thread::sleep(pause);
+        let started = std::time::Instant::now();
+        let any = signers.look_at_polled();
+        pause = SIGN_POLL.max(started.elapsed() * 4);
+        if !any {
+            signers.polling.store(false, Ordering::Release);
+            // A group added meanwhile found this thread running: keep
+            // going for it, unless another thread took over.
+            if !signers.has_polled() || signers.polling.swap(true, Ordering::AcqRel) {
+                return;
             }
-        });
-    if let Err(error) = spawned {
-        signers.polling.store(false, Ordering::Release);
-        tracing::warn!(%error, "cannot start the thread that looks after shared locks' markers; they are re-signed at renewals only");
+        }
     }
 }
 
@@ -106,10 +97,73 @@ impl Signers {
         }
     }
 
-    /// Whether no live holder of this `Locker` signs a marker.
-    fn is_empty(&self) -> bool {
+    /// Has the marker poll look after the group `file_name`, which no
+    /// watcher does: where no watcher reports the death of its holders,
+    /// its marker is looked at every [`SIGN_POLL`] on a thread of the
+    /// poll's own (started unless it runs), as long as this `Locker`
+    /// holds a place in it.
+    pub(crate) fn poll(self: &Arc<Self>, file_name: &str) {
+        self.polled_names().insert(file_name.to_owned());
+        self.start_polling();
+    }
+
+    /// Has the marker poll look after every group held: the `Locker` is
+    /// gone, and its watcher with it, but guards may outlive it.
+    pub(crate) fn poll_all(self: &Arc<Self>) {
+        let names: Vec<String> = self.live_names();
+        if names.is_empty() {
+            return;
+        }
+        self.polled_names().extend(names);
+        self.start_polling();
+    }
+
+    fn start_polling(self: &Arc<Self>) {
+        if self.polling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let signers = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-markers".into())
+            .spawn(move || run_poll(&signers));
+        if let Err(error) = spawned {
+            self.polling.store(false, Ordering::Release);
+            tracing::warn!(%error, "cannot start the thread that looks after shared locks' markers; they are re-signed at renewals only");
+        }
+    }
+
+    /// Looks at every polled group's marker (see [`changed`](Self::changed));
+    /// forgets the groups this `Locker` holds no place in any more.
+    /// Whether any is left.
+    fn look_at_polled(&self) -> bool {
+        let live: HashSet<String> = self.live_names().into_iter().collect();
+        let names: Vec<String> = {
+            let mut polled = self.polled_names();
+            polled.retain(|name| live.contains(name));
+            polled.iter().cloned().collect()
+        };
+        for name in &names {
+            self.changed(name);
+        }
+        !names.is_empty()
+    }
+
+    fn has_polled(&self) -> bool {
+        let live: HashSet<String> = self.live_names().into_iter().collect();
+        self.polled_names().iter().any(|name| live.contains(name))
+    }
+
+    /// The groups a live holder of this `Locker` signs for.
+    fn live_names(&self) -> Vec<String> {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        !map.values().flatten().any(|sign| sign.strong_count() > 0)
+        map.iter()
+            .filter(|(_, signs)| signs.iter().any(|sign| sign.strong_count() > 0))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    fn polled_names(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.polled.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Events were lost: look at every group.
