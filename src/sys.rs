@@ -15,6 +15,8 @@ pub(crate) mod kinfo;
 mod linux;
 #[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")))]
 mod other;
+#[cfg(any(target_os = "macos", target_os = "freebsd", test))]
+pub(crate) mod vnode;
 
 pub(crate) mod syscall;
 

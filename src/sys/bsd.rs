@@ -5,11 +5,12 @@
 //!   FreeBSD `sysctl(3)` "KERN_PROC"), never a spawned `ps`;
 //! - the boot: macOS `kern.bootsessionuuid`, FreeBSD `kern.boot_id` (not
 //!   `kern.boottime`, which moves whenever the wall clock is stepped);
-//! - the lease clock: `CLOCK_MONOTONIC`, which on both counts time asleep.
+//! - the lease clock: `CLOCK_MONOTONIC`, which on both counts time asleep;
+//! - waking waiters: kqueue `EVFILT_VNODE` on the lock directory and the
+//!   files in it (`bsd/watch.rs`; what each event means, `sys/vnode.rs`).
 //!
-//! No start ticks, time or pid namespaces, directory watching or OFD
-//! byte-range locks here: those questions answer `None` (the poll and the
-//! lease decide).
+//! No start ticks, time or pid namespaces or OFD byte-range locks here:
+//! those questions answer `None` (the poll and the lease decide).
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -23,6 +24,10 @@ use super::kinfo;
 #[cfg(target_os = "macos")]
 mod rename;
 mod sysctl;
+mod watch;
+
+pub(crate) use watch::DirWatch;
+pub(super) use watch::watch_dir;
 
 /// The pure parts' view of this kernel's `struct kinfo_proc`.
 #[cfg(target_os = "macos")]
@@ -138,23 +143,6 @@ pub(super) fn pid_namespace() -> Option<String> {
 }
 
 pub(super) fn time_namespace() -> Option<String> {
-    None
-}
-
-/// No directory watching here (yet).
-#[derive(Debug)]
-pub(crate) struct DirWatch;
-
-impl DirWatch {
-    pub(crate) fn watch_child(&self, _name: &str) -> bool {
-        false
-    }
-}
-
-pub(super) fn watch_dir(
-    _dir: &std::fs::File,
-    _on_event: Box<dyn FnMut(super::DirEvent<'_>) -> bool + Send>,
-) -> Option<DirWatch> {
     None
 }
 
