@@ -49,7 +49,8 @@ const CHILD_LIMIT: Duration = Duration::from_secs(120);
 fn cpu_us() -> i64 {
     use nix::sys::resource::{UsageWho, getrusage};
     let usage = getrusage(UsageWho::RUSAGE_SELF).unwrap();
-    let us = |t: nix::sys::time::TimeVal| t.tv_sec() * 1_000_000 + t.tv_usec();
+    use nix::sys::time::TimeValLike;
+    let us = |t: nix::sys::time::TimeVal| t.num_microseconds();
     us(usage.user_time()) + us(usage.system_time())
 }
 
@@ -290,13 +291,17 @@ fn wait_mutex(n: usize) {
 }
 
 /// Raises the soft descriptor limit to the hard one and returns it.
+// `rlim_t` is `u64` on Linux and macOS but `i64` on FreeBSD.
+#[allow(clippy::useless_conversion)]
 fn raise_nofile() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
-        return hard;
-    }
-    soft
+    let limit = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    u64::try_from(limit).unwrap_or(0)
 }
 
 /// Many distinct names held at once.

@@ -266,7 +266,12 @@ fn child_process_entry() {
         std::process::exit(3);
     });
     count_panics();
-    let dropped = nix::unistd::setgroups(&[])
+    // nix has no setgroups for macOS.
+    #[cfg(not(target_os = "macos"))]
+    let groups = nix::unistd::setgroups(&[]);
+    #[cfg(target_os = "macos")]
+    let groups = Ok(());
+    let dropped = groups
         .and_then(|()| nix::unistd::setgid(Gid::from_raw(NOBODY)))
         .and_then(|()| nix::unistd::setuid(Uid::from_raw(NOBODY)));
     if let Err(e) = dropped {

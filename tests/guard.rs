@@ -444,6 +444,7 @@ fn concurrent_drops_wait_for_the_directory_lock_together() {
 /// uncontended acquisition is made on the runtime's own thread: it still
 /// succeeds while the blocking pool is busy. On a disk it goes to the
 /// pool, so the same setup would wait for the pool thread.
+#[cfg(target_os = "linux")]
 #[test]
 fn a_durable_lock_on_tmpfs_needs_no_blocking_thread() {
     let shm = std::path::Path::new("/dev/shm");

@@ -2,6 +2,9 @@
 //! waiter tries, never whether it may: whatever the line looks like, a
 //! waiter still takes over a dead holder's lock.
 
+// The waiting line stands on Linux's OFD byte-range locks.
+#![cfg(target_os = "linux")]
+
 use std::time::Duration;
 
 use leasehold::Locker;

@@ -651,6 +651,8 @@ fn privdrop_child() {
         .unwrap();
     let locker = moving_locker(&locks, Strategy::ExclusiveFile);
     let guard = runtime.block_on(locker.acquire("job")).unwrap();
+    // nix has no setgroups for macOS.
+    #[cfg(not(target_os = "macos"))]
     nix::unistd::setgroups(&[]).unwrap();
     nix::unistd::setgid(nogroup).unwrap();
     nix::unistd::setuid(nobody).unwrap();

@@ -290,6 +290,7 @@ pub async fn run_role(role: &str, args: &[String]) -> i32 {
         // anything, open the lock directory read-only and hold an OFD read
         // lock on each range (len 0: to the end), each through its own
         // open file description, until killed.
+        #[cfg(target_os = "linux")]
         "squat" => {
             use nix::fcntl::{FcntlArg, fcntl};
             if !args[1].is_empty() {
@@ -323,6 +324,7 @@ pub async fn run_role(role: &str, args: &[String]) -> i32 {
         // OFD read lock on every byte), and the whole byte range of the
         // directory (the waiting line), looking again for new entries
         // every 20 ms.
+        #[cfg(target_os = "linux")]
         "reader" => {
             use nix::fcntl::{FcntlArg, fcntl};
             if !args[1].is_empty() {
