@@ -344,3 +344,72 @@ async fn a_table_lock_delays_inspection_and_release_but_no_heartbeat() {
     dba.join().unwrap();
     held.release().await.unwrap();
 }
+
+/// A try whose `COMMIT` the server carried out but whose answer was lost
+/// with its session is made again, with the same acquisition: the holder
+/// row of the earlier try is there already. The acquisition must succeed
+/// (that row's holder never ran), not fail on the row's id. Here another
+/// session (dblink) commits a copy of the first row recorded, just before
+/// the acquisition's own insert, as the lost try would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_row_left_by_an_earlier_try_of_the_same_acquisition_does_not_fail_it() {
+    let server = Server::start();
+    let locker = builder(&server).build().unwrap();
+    // The owner tables exist from here on. The first holder row recorded
+    // under each id gets its copy (committed by the copier's session), once.
+    let warm = unique("warm");
+    drop(locker.acquire_shared(&warm).await.unwrap());
+    let url = server.url();
+    server.sql(move |c| {
+        c.batch_execute(&format!(
+            "CREATE EXTENSION IF NOT EXISTS dblink;
+             CREATE TABLE leasehold_test_copied (id text PRIMARY KEY);
+             CREATE FUNCTION leasehold_test_copy() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF current_setting('application_name') <> 'copier'
+                     AND NOT EXISTS (SELECT 1 FROM leasehold_test_copied WHERE id = NEW.id) THEN
+                     PERFORM dblink_exec({url}, format(
+                         'INSERT INTO leasehold_holders SELECT * FROM json_populate_record(NULL::leasehold_holders, %L);
+                          INSERT INTO leasehold_test_copied VALUES (%L)',
+                         row_to_json(NEW), NEW.id));
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER leasehold_test_copy BEFORE INSERT ON leasehold_holders
+                 FOR EACH ROW EXECUTE FUNCTION leasehold_test_copy();",
+            url = quote_literal(&format!("{url} application_name=copier"))
+        ))
+        .unwrap();
+    });
+    let reader = unique("reader");
+    let shared = tokio::time::timeout(Duration::from_secs(20), locker.acquire_shared(&reader))
+        .await
+        .expect("the shared acquisition ends")
+        .expect("a shared acquisition whose earlier try left its row");
+    let gpu = unique("gpu");
+    let permit = tokio::time::timeout(
+        Duration::from_secs(20),
+        locker.semaphore(&gpu, 2).unwrap().acquire(),
+    )
+    .await
+    .expect("the permit acquisition ends")
+    .expect("a permit acquisition whose earlier try left its row");
+    let rows: i64 = server.sql(move |c| {
+        c.query_one(
+            "SELECT count(*) FROM leasehold_holders WHERE name = $1 OR name = $2",
+            &[&reader, &gpu],
+        )
+        .unwrap()
+        .get(0)
+    });
+    assert_eq!(
+        rows, 2,
+        "one row for each holder, none left from the earlier tries"
+    );
+    drop((shared, permit));
+}
+
+/// `text` as an SQL string literal.
+fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}

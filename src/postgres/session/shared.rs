@@ -378,37 +378,65 @@ impl Session {
         let fields = owner.fields.as_ref().map(|f| f.object());
         let lease = i64::try_from(owner.lease_ms).unwrap_or(i64::MAX);
         let key = keys.name;
-        self.transaction(Some(keys.join), left, "record a shared holder", |client| {
-            let row = match held {
-                Held::Permit { .. } => client.query_one(
-                    JOIN_PERMIT,
-                    &[
-                        &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields, &lease,
-                    ],
-                )?,
-                _ => client.query_one(
-                    JOIN_SHARED,
-                    &[
-                        &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields, &lease,
-                    ],
-                )?,
-            };
-            let other: Option<String> = row.get(0);
-            if let Some(other) = other {
-                return Ok(Joined::Other(kind_of(&other, row.get(1))));
+        let started = std::time::Instant::now();
+        let mut cleared = false;
+        loop {
+            let joined = self.transaction(
+                Some(keys.join),
+                left.saturating_sub(started.elapsed()),
+                "record a shared holder",
+                |client| {
+                    let row = match held {
+                        Held::Permit { .. } => client.query_one(
+                            JOIN_PERMIT,
+                            &[
+                                &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields,
+                                &lease,
+                            ],
+                        )?,
+                        _ => client.query_one(
+                            JOIN_SHARED,
+                            &[
+                                &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields,
+                                &lease,
+                            ],
+                        )?,
+                    };
+                    let other: Option<String> = row.get(0);
+                    if let Some(other) = other {
+                        return Ok(Joined::Other(kind_of(&other, row.get(1))));
+                    }
+                    if row.get::<_, bool>(4) {
+                        let row = client.query_one(STAMP, &[&name, &slot, &false, &mode, &permits])?;
+                        return Ok(Joined::Wait(wait_of(&row)));
+                    }
+                    let token: i64 = row.get::<_, Option<i64>>(2).unwrap_or(0);
+                    Ok(Joined::Tokens(match held {
+                        Held::Permit { .. } => block(token, row.get::<_, Option<i64>>(3).unwrap_or(token)),
+                        // The counter as it stands: no less than any exclusive
+                        // holder's token before us, less than any after us.
+                        _ => block(token, token),
+                    }))
+                },
+            );
+            // A row of this very acquisition is there already: an earlier
+            // try whose COMMIT the server carried out but whose answer was
+            // lost with its session (`Session::transaction`), so the try
+            // was made again. That row's holder never ran and holds
+            // nothing: it goes, and the join is made once more.
+            match joined {
+                Err(error) if !cleared && own_row_exists(&error) => {
+                    cleared = true;
+                    self.transaction(
+                        Some(keys.join),
+                        left.saturating_sub(started.elapsed()),
+                        "remove an earlier try's holder row",
+                        |client| client.execute("DELETE FROM leasehold_holders WHERE id = $1", &[id]),
+                    )?;
+                }
+                joined => return joined,
             }
-            if row.get::<_, bool>(4) {
-                let row = client.query_one(STAMP, &[&name, &slot, &false, &mode, &permits])?;
-                return Ok(Joined::Wait(wait_of(&row)));
-            }
-            let token: i64 = row.get::<_, Option<i64>>(2).unwrap_or(0);
-            Ok(Joined::Tokens(match held {
-                Held::Permit { .. } => block(token, row.get::<_, Option<i64>>(3).unwrap_or(token)),
-                // The counter as it stands: no less than any exclusive
-                // holder's token before us, less than any after us.
-                _ => block(token, token),
-            }))
-        })
+        }
     }
 
     /// A live holder of `name` of another kind than `mode`, if any.
@@ -420,4 +448,19 @@ impl Session {
         })?;
         Ok(other.flatten())
     }
+}
+
+/// Whether `error` says that the holder row being recorded is there
+/// already (its id, the acquisition's own, is taken).
+fn own_row_exists(error: &crate::error::Error) -> bool {
+    let crate::error::Error::Backend { source, .. } = error else {
+        return false;
+    };
+    source
+        .downcast_ref::<postgres::Error>()
+        .and_then(postgres::Error::as_db_error)
+        .is_some_and(|db| {
+            *db.code() == postgres::error::SqlState::UNIQUE_VIOLATION
+                && db.constraint() == Some("leasehold_holders_pkey")
+        })
 }
