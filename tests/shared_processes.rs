@@ -151,7 +151,12 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
                 }
                 () = stopped => {
                     let lost = guard.is_lost();
-                    drop(guard);
+                    // Released, not dropped: this process exits at once,
+                    // and a drop that finds the name's mutation lock taken
+                    // (the other reader leaving at that instant) leaves
+                    // the change to leasehold's release thread, which
+                    // exits with the process (see `LockGuard`'s docs).
+                    let _ = guard.release().await;
                     say(&format!("released lost={lost}"));
                 }
             }
