@@ -9,23 +9,31 @@
 
 #[cfg(any(target_os = "macos", target_os = "freebsd"))]
 mod bsd;
-#[cfg(any(target_os = "macos", target_os = "freebsd", test))]
+#[cfg(any(target_os = "macos", target_os = "freebsd", windows, test))]
+#[cfg_attr(windows, allow(dead_code))]
 pub(crate) mod kinfo;
 #[cfg(target_os = "linux")]
 mod linux;
-#[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")))]
+#[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd", windows)))]
 mod other;
 #[cfg(any(target_os = "macos", target_os = "freebsd", test))]
 pub(crate) mod vnode;
+#[cfg(windows)]
+mod windows;
 
+#[cfg(unix)]
 pub(crate) mod syscall;
+#[cfg(windows)]
+pub(crate) use windows::syscall;
 
 #[cfg(any(target_os = "macos", target_os = "freebsd"))]
 use bsd as imp;
 #[cfg(target_os = "linux")]
 use linux as imp;
-#[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")))]
+#[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd", windows)))]
 use other as imp;
+#[cfg(windows)]
+use windows as imp;
 
 // The portable answers (`other.rs`) on Linux too, for tests: with the
 // feature `portable-test` and `LEASEHOLD_TEST_PORTABLE=1` in the
@@ -39,10 +47,6 @@ use other as imp;
 mod fallback;
 
 use std::sync::OnceLock;
-
-use nix::errno::Errno;
-use nix::sys::signal::kill;
-use nix::unistd::Pid;
 
 /// The environment variable that, in a build with the test-only feature
 /// `portable-test`, selects the portable answers on Linux.
@@ -138,11 +142,22 @@ pub(crate) enum Probe {
     Unknown,
 }
 
+/// Whether a process with id `pid` runs (on Windows: `OpenProcess` and a
+/// zero wait on it).
+#[cfg(windows)]
+pub(crate) fn probe(pid: u64) -> Probe {
+    imp::probe(pid)
+}
+
 /// Probes a process id with signal 0.
 ///
 /// Never signals a process group: ids that `kill(2)` would read as a group
 /// (0, negative) or that do not fit `pid_t` are `Unknown`.
+#[cfg(unix)]
 pub(crate) fn probe(pid: u64) -> Probe {
+    use nix::errno::Errno;
+    use nix::sys::signal::kill;
+    use nix::unistd::Pid;
     let Ok(raw) = i32::try_from(pid) else {
         return Probe::Unknown;
     };
@@ -268,17 +283,8 @@ pub(crate) fn identity() -> &'static Identity {
         let start = process_start(u64::from(pid));
         Identity {
             pid,
-            hostname: nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .map(|h| cut(h, MAX_HOSTNAME_LEN))
-                .unwrap_or_default(),
-            // Not on macOS or FreeBSD, which the switch stands for.
-            machine_id: std::fs::read_to_string("/etc/machine-id")
-                .ok()
-                .filter(|_| !portable())
-                .map(|id| id.trim().to_owned())
-                .filter(|id| !id.is_empty() && id.len() <= MAX_MACHINE_ID_LEN),
+            hostname: hostname().map(|h| cut(h, MAX_HOSTNAME_LEN)).unwrap_or_default(),
+            machine_id: machine_id(),
             start,
             start_time: pick!(own_start_time(start)),
             boot_id: pick!(boot_id()),
@@ -288,14 +294,44 @@ pub(crate) fn identity() -> &'static Identity {
     })
 }
 
+/// This host's name (`gethostname(2)`).
+#[cfg(unix)]
+fn hostname() -> Option<String> {
+    nix::unistd::gethostname().ok()?.into_string().ok()
+}
+
+/// This host's name (`GetComputerNameExW`).
+#[cfg(windows)]
+fn hostname() -> Option<String> {
+    imp::hostname()
+}
+
+/// This host's identity across boots: `/etc/machine-id` (not on macOS or
+/// FreeBSD, which the switch stands for).
+#[cfg(unix)]
+fn machine_id() -> Option<String> {
+    std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .filter(|_| !portable())
+        .map(|id| id.trim().to_owned())
+        .filter(|id| !id.is_empty() && id.len() <= MAX_MACHINE_ID_LEN)
+}
+
+/// This host's identity across boots: the `MachineGuid` Windows made when
+/// it was installed.
+#[cfg(windows)]
+fn machine_id() -> Option<String> {
+    imp::machine_id()
+}
+
 /// The start of process `pid` in whole seconds since the epoch, as
 /// `ps -o lstart=` shows it in UTC: how a platform without `/proc` learns
 /// its own start (once, at the first lock), in the unit pi-research's
 /// process-lifecycle service compares there.
 #[cfg(any(
-    not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")),
+    not(any(target_os = "linux", target_os = "macos", target_os = "freebsd", windows)),
     all(target_os = "linux", feature = "portable-test"),
-    test
+    all(test, unix)
 ))]
 fn ps_start_epoch_s(pid: u32) -> Option<u64> {
     let out = std::process::Command::new("ps")
@@ -315,9 +351,9 @@ fn ps_start_epoch_s(pid: u32) -> Option<u64> {
 /// Parses `ps`'s `lstart` column in the C locale and UTC, such as
 /// `Thu Dec  3 17:32:48 2026`, into seconds since the epoch.
 #[cfg(any(
-    not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")),
+    not(any(target_os = "linux", target_os = "macos", target_os = "freebsd", windows)),
     all(target_os = "linux", feature = "portable-test"),
-    test
+    all(test, unix)
 ))]
 fn parse_lstart(text: &str) -> Option<u64> {
     const MONTHS: [&str; 12] = [
@@ -438,6 +474,7 @@ pub(crate) enum RenameError {
     /// The target exists (for a directory: even an empty one).
     Exists,
     /// The filesystem cannot rename without replacing.
+    #[cfg_attr(windows, allow(dead_code))]
     Unsupported,
     Io(std::io::Error),
 }
@@ -468,8 +505,10 @@ pub(crate) fn rename_noreplace(dir: &std::fs::File, from: &str, to: &str) -> Res
 /// look and the rename still stops it (`ENOTEMPTY`, `ENOTDIR`); only an
 /// empty directory made in those microseconds is replaced. For a file
 /// `from`, a file that turns up then is replaced.
+#[cfg(unix)]
 #[cfg_attr(all(target_os = "linux", not(feature = "portable-test")), allow(dead_code))]
 fn rename_after_looking(dir: &std::fs::File, from: &str, to: &str) -> Result<(), RenameError> {
+    use nix::errno::Errno;
     use nix::fcntl::{AtFlags, renameat};
     use nix::sys::stat::fstatat;
     match fstatat(dir, to, AtFlags::AT_SYMLINK_NOFOLLOW) {
@@ -484,7 +523,7 @@ fn rename_after_looking(dir: &std::fs::File, from: &str, to: &str) -> Result<(),
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
 

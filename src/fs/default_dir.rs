@@ -37,7 +37,7 @@
 //!
 //! An existing per-user directory must then pass [`check_private`].
 
-use crate::sys::syscall::{self, FileMeta};
+use crate::sys::syscall;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -63,15 +63,15 @@ impl Place {
         let (root, mounts) = crate::sys::lock_root();
         Self {
             root,
-            owner: 0,
+            owner: syscall::ROOT_OWNER,
             mounts,
         }
     }
 
-    /// `<root>/<prefix>-<euid>`.
+    /// `<root>/<prefix>-<euid>` (on Windows, whose root is the user's
+    /// own, `<root>\\<prefix>`).
     pub(crate) fn path(&self, prefix: &str) -> PathBuf {
-        self.root
-            .join(format!("{prefix}-{}", crate::sys::syscall::euid()))
+        self.root.join(syscall::per_user_name(prefix))
     }
 
     /// Opens the per-user directory `prefix`, creating it (mode 0700)
@@ -83,21 +83,10 @@ impl Place {
             reason,
             source,
         };
-        let root = match std::fs::metadata(&self.root) {
-            Ok(root) => root,
+        match syscall::root_problem(&self.root, self.owner) {
+            Ok(None) => {}
+            Ok(Some(reason)) => return Err(refuse(reason, None)),
             Err(e) => return Err(refuse("its parent cannot be used on this host", Some(e))),
-        };
-        if !root.is_dir() {
-            return Err(refuse("its parent is not a directory", None));
-        }
-        if root.uid() != self.owner {
-            return Err(refuse("its parent does not belong to root", None));
-        }
-        if root.mode() & 0o022 != 0 && root.mode() & 0o1000 == 0 {
-            return Err(refuse(
-                "its parent is writable by others without the sticky bit",
-                None,
-            ));
         }
         if let Some((own, init)) = &self.mounts
             && let Err(reason) = same_mount(&self.root, own, init)
@@ -274,11 +263,9 @@ fn unescape(field: &str) -> String {
 /// read-only mount (systemd's `ProtectSystem=strict`) would only show at the
 /// first acquisition.
 pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
-    let meta = dir
-        .fd()
-        .metadata()
-        .context("inspect lock directory", || dir.path())?;
-    if meta.uid() != crate::sys::syscall::euid() {
+    let meta = syscall::meta(dir.fd()).context("inspect lock directory", || dir.path())?;
+    let inspect = |e| Error::io("inspect lock directory", dir.path(), e);
+    if !syscall::owned_by_me(dir.fd(), &meta).map_err(inspect)? {
         return Err(Error::InsecureDirectory {
             path: dir.path().to_owned(),
             reason: "the default lock directory belongs to another user; remove it, or choose another with `.directory(...)`",
@@ -287,7 +274,7 @@ pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
     // In a shared root, anyone may plant a symlink at our name, pointing at
     // a private directory of ours (it would pass the checks above) and
     // later somewhere else: the name itself must be the directory opened.
-    let itself = std::fs::symlink_metadata(dir.configured())
+    let itself = syscall::symlink_meta_of(dir.configured())
         .is_ok_and(|at| at.is_dir() && at.dev() == meta.dev() && at.ino() == meta.ino());
     if !itself {
         return Err(Error::InsecureDirectory {
@@ -295,7 +282,7 @@ pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
             reason: "the default lock directory is a symlink, or was replaced while it was opened; remove it, or choose another with `.directory(...)`",
         });
     }
-    if meta.mode() & 0o077 != 0 {
+    if syscall::open_to_others(dir.fd(), &meta).map_err(inspect)? {
         return Err(Error::InsecureDirectory {
             path: dir.path().to_owned(),
             reason: "the default lock directory is open to other users (expected mode 0700); remove it, or choose another with `.directory(...)`",
@@ -330,7 +317,7 @@ mod tests {
     /// Puts `root` in `state`, changing it in place where it can (a
     /// directory stays the same directory, its per-user directory in it).
     fn set(root: &Path, other: &Path, state: &str) {
-        let is_dir = std::fs::symlink_metadata(root).is_ok_and(|m| m.is_dir());
+        let is_dir = syscall::symlink_meta_of(root).is_ok_and(|m| m.is_dir());
         let mode = match state {
             "shared" | "replaced" => 0o1777,
             "root's" => 0o755,
@@ -382,7 +369,7 @@ mod tests {
                 // longer names it, which its holders notice and lose their
                 // locks by (`LockDir::moved`).
                 if let (Ok(a), Ok(b)) = (&a, &b) {
-                    let (am, bm) = (a.fd().metadata().unwrap(), b.fd().metadata().unwrap());
+                    let (am, bm) = (syscall::meta(a.fd()).unwrap(), syscall::meta(b.fd()).unwrap());
                     assert!(
                         (am.dev(), am.ino()) == (bm.dev(), bm.ino()) || a.moved(),
                         "{first} then {second}: two directories"

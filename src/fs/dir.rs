@@ -1,6 +1,6 @@
 //! The lock directory: opened once, used only through its descriptor.
 
-use crate::sys::syscall::{self, FileMeta};
+use crate::sys::syscall;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -65,8 +65,8 @@ impl LockDir {
         }
         let configured = path.clone();
         let path = path.canonicalize().context("resolve lock directory", || &path)?;
-        let fd = File::open(&path).context("open lock directory", || &path)?;
-        let meta = fd.metadata().context("inspect lock directory", || &path)?;
+        let fd = syscall::open_dir(&path).context("open lock directory", || &path)?;
+        let meta = syscall::meta(&fd).context("inspect lock directory", || &path)?;
         if !meta.is_dir() {
             return Err(Error::InvalidConfig {
                 reason: format!("{} is not a directory", path.display()),
@@ -113,7 +113,7 @@ impl LockDir {
     /// and the directory, reached through its descriptor, still works: it
     /// is logged once and taken as not moved.
     pub(crate) fn moved(&self) -> bool {
-        match std::fs::metadata(&self.configured) {
+        match syscall::meta_of(&self.configured) {
             Ok(meta) => meta.dev() != self.dev || meta.ino() != self.ino,
             Err(e) if e.kind() == io::ErrorKind::NotFound || e.kind() == io::ErrorKind::NotADirectory => true,
             Err(error) => {

@@ -16,7 +16,7 @@
 //! lock path never holds an emptied directory that a newcomer's rename
 //! could land on; the trash is emptied and removed after.
 
-use crate::sys::syscall::{FileMeta, WriteAt};
+use crate::sys::syscall::{Flock, WriteAt};
 use std::fs::{File, TryLockError};
 use std::io;
 use std::path::PathBuf;
@@ -113,7 +113,7 @@ fn publish(
         return Ok(None);
     };
     let meta = failpoint!("dir.publish.after_flock")
-        .and_then(|()| dir.metadata())
+        .and_then(|()| syscall::meta(&dir))
         .context("inspect pending lock directory", path)?;
     let record_file = match write_owner(&dir, OWNER, &record(), ctx.settings.durable) {
         Ok(file) => file,
@@ -159,9 +159,9 @@ fn take_pending(dir: &LockDir, pending: &str, shared: bool) -> Result<Option<Fil
         Err(e) => return Err(e).context("open pending lock directory", path),
     };
     let locked = if shared {
-        node.try_lock_shared()
+        node.try_flock_shared()
     } else {
-        node.try_lock()
+        node.try_flock()
     };
     match locked {
         Ok(()) => Ok(Some(node)),
@@ -216,7 +216,7 @@ pub(super) fn read_owner(dir: &File) -> io::Result<Option<(Vec<u8>, SystemTime)>
         Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO | Errno::EISDIR) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let meta = file.metadata()?;
+    let meta = syscall::meta(&file)?;
     if !meta.is_file() {
         return Ok(None);
     }
@@ -256,7 +256,7 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
     let moved = failpoint!("dir.retire.after_rename")
         .map_err(|_| Errno::EIO)
         .and_then(|()| syscall::stat_at(ctx.dir.fd(), &trash));
-    let judged = node.metadata();
+    let judged = syscall::meta(node);
     let same =
         matches!((&moved, &judged), (Ok(st), Ok(meta)) if st.dev == meta.dev() && st.ino == meta.ino());
     if !same {
@@ -373,7 +373,7 @@ mod tests {
         // Free again: ours, and a sweep now finds it busy.
         let ours = take_pending(&dir, pending, false).unwrap().expect("free");
         let sweep = File::open(root.path().join(pending)).unwrap();
-        assert!(matches!(sweep.try_lock(), Err(TryLockError::WouldBlock)));
+        assert!(matches!(sweep.try_flock(), Err(TryLockError::WouldBlock)));
         drop((ours, sweep));
         // Removed by a sweep before our open.
         std::fs::remove_dir(root.path().join(pending)).unwrap();

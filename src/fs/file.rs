@@ -27,7 +27,7 @@
 //! content (lease expiry, a foreign owner's pid) re-reads it under the
 //! directory's mutation lock and backs off if it changed.
 
-use crate::sys::syscall::{FileMeta, WriteAt};
+use crate::sys::syscall::{Flock, WriteAt};
 use std::fs::{File, TryLockError};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -174,7 +174,7 @@ enum Linked {
 /// exists. Then opens the lock by its own name too: a close is reported to
 /// inotify watchers under the name a file was opened by, and waiters wake
 /// on the close of the lock path when this process dies.
-fn link(ctx: &Ctx, name: &LockName, pending: &Pending<'_>, meta: &std::fs::Metadata) -> Result<Linked> {
+fn link(ctx: &Ctx, name: &LockName, pending: &Pending<'_>, meta: &syscall::Meta) -> Result<Linked> {
     match syscall::link_at(ctx.dir.fd(), &pending.name, name.file_name()) {
         Ok(()) => {}
         Err(Errno::EEXIST | Errno::ENOENT) => return Ok(Linked::Taken),
@@ -189,10 +189,7 @@ fn link(ctx: &Ctx, name: &LockName, pending: &Pending<'_>, meta: &std::fs::Metad
         Err(e) => return Err(e).context("create lock file", || ctx.path_of(name.file_name())),
     }
     let named = syscall::open_at(ctx.dir.fd(), name.file_name(), Open::Write).ok();
-    let same = |f: &File| {
-        f.metadata()
-            .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()))
-    };
+    let same = |f: &File| syscall::meta(f).is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()));
     Ok(Linked::Yes(named.filter(same)))
 }
 
@@ -214,7 +211,7 @@ impl Drop for Pending<'_> {
 /// What taking the flock of a file just made came to.
 enum Locked {
     /// Ours, with its identity.
-    Held(std::fs::Metadata),
+    Held(syscall::Meta),
     /// Someone else holds the flock (only a reader testing an abandoned
     /// file can, briefly: `patient` callers try a few times), or the file
     /// was removed before we held it.
@@ -230,8 +227,8 @@ fn lock_new(file: &File, hold: Hold, patient: bool, path: impl Fn() -> PathBuf) 
     loop {
         let locked = failpoint!("file.create.after_open").map_err(TryLockError::Error);
         let locked = locked.and_then(|()| match hold {
-            Hold::Exclusive => file.try_lock(),
-            Hold::Shared => file.try_lock_shared(),
+            Hold::Exclusive => file.try_flock(),
+            Hold::Shared => file.try_flock_shared(),
         });
         match locked {
             Ok(()) => break,
@@ -246,7 +243,7 @@ fn lock_new(file: &File, hold: Hold, patient: bool, path: impl Fn() -> PathBuf) 
     // Taken after the flock: a file that was judged abandoned and removed
     // before our flock has no links left, and is nobody's lock.
     let meta = failpoint!("file.create.after_flock")
-        .and_then(|()| file.metadata())
+        .and_then(|()| syscall::meta(file))
         .context("inspect new lock file", path)?;
     Ok(match meta.nlink() {
         0 => Locked::Lost,
@@ -307,7 +304,7 @@ fn create_in_place(
 /// `flock` failing outright (not just contended) means the filesystem
 /// cannot do it, which the staleness rules depend on.
 fn flock_error(e: std::io::Error, path: PathBuf) -> Error {
-    if e.kind() == std::io::ErrorKind::Unsupported || e.raw_os_error() == Some(Errno::ENOLCK as i32) {
+    if syscall::flock_unsupported(&e) {
         Error::Unsupported {
             what: "lock files on a filesystem without flock(2)",
         }

@@ -1,6 +1,6 @@
 //! An existing lock, opened for judging and, when stale, reclaiming.
 
-use crate::sys::syscall::FileMeta;
+use crate::sys::syscall::Flock;
 use std::fs::File;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -57,7 +57,7 @@ impl Found {
             Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO | Errno::ENOTDIR) => return Ok(None),
             Err(e) => return Err(e).context("open lock", path),
         };
-        let meta = node.metadata().context("inspect lock", path)?;
+        let meta = syscall::meta(&node).context("inspect lock", path)?;
         if meta.dev() != st.dev || meta.ino() != st.ino {
             return Ok(None);
         }
@@ -123,7 +123,7 @@ impl Found {
         }
         // Keep the flock if we get it: while we hold it nobody else can
         // judge this inode abandoned, and the holder cannot be alive.
-        self.flocked = self.node.try_lock().is_ok();
+        self.flocked = self.node.try_flock().is_ok();
         evidence.flock_free = Some(self.flocked);
         stale::judge(&evidence, ctx.rules(), &host)
     }

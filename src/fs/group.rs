@@ -23,7 +23,7 @@
 //! members are judged by the same rules as lock files ([`stale`]): a dead
 //! holder's flock is free at once, a frozen one's lease runs out.
 
-use crate::sys::syscall::{FileMeta, WriteAt};
+use crate::sys::syscall::{Flock, WriteAt};
 use std::fs::File;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -167,7 +167,7 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
 /// taken exclusively.
 fn lock_shared(node: &File) -> bool {
     for _ in 0..50 {
-        match node.try_lock_shared() {
+        match node.try_flock_shared() {
             Ok(()) => return true,
             Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(Duration::from_micros(200)),
             // No flock on this filesystem: nobody can test one either.
@@ -206,7 +206,7 @@ fn write_marker(ctx: &Ctx, name: &LockName, found: &Found, bytes: &[u8]) -> Resu
                 Err(Errno::ENOENT) => return Ok(()),
                 Err(e) => return Err(e).context("rewrite lock record", path),
             };
-            let meta = file.metadata().context("rewrite lock record", path)?;
+            let meta = syscall::meta(&file).context("rewrite lock record", path)?;
             if (meta.dev(), meta.ino()) != found.identity() || !meta.is_file() {
                 return Ok(());
             }

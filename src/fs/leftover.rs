@@ -14,7 +14,7 @@ use crate::owner::Owner;
 use crate::record::{Parsed, parse};
 use crate::stale::StaleReason;
 use crate::sys;
-use crate::sys::syscall::{self, Errno, Open};
+use crate::sys::syscall::{self, Errno, Flock, Open};
 
 /// How often one `Locker` collects leftovers on its own.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
@@ -157,8 +157,7 @@ fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(Lo
         // between meets our flock or finds its directory gone, and then
         // makes no lock and looks again (see `directory::publish`).
         let young = leftover_kind(&name) == Some(Leftover::Pending)
-            && node
-                .metadata()
+            && syscall::meta(&node)
                 .ok()
                 .and_then(|m| m.modified().ok())
                 .and_then(|t| t.elapsed().ok())
@@ -169,7 +168,7 @@ fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(Lo
         // A publisher holds the flock of its pending directory until it is
         // published, and a holder keeps its flock on a directory it is
         // retiring: busy means in use.
-        if node.try_lock().is_err() {
+        if node.try_flock().is_err() {
             continue;
         }
         if failpoint!("leftover.dir.after_flock").is_err() {
@@ -201,7 +200,7 @@ fn clean_file_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(L
         let Ok(file) = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Read) else {
             continue;
         };
-        let Ok(meta) = file.metadata() else {
+        let Ok(meta) = syscall::meta(&file) else {
             continue;
         };
         let young = meta
@@ -209,7 +208,7 @@ fn clean_file_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(L
             .ok()
             .and_then(|t| t.elapsed().ok())
             .is_none_or(|age| age < ctx.settings.grace.min(LEFTOVER_SETTLE));
-        if !meta.is_file() || young || file.try_lock().is_err() {
+        if !meta.is_file() || young || file.try_flock().is_err() {
             continue;
         }
         if failpoint!("leftover.file.after_flock").is_err() {
@@ -296,8 +295,9 @@ fn clean_mutex_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
         let lock = &name[..name.len() - ".mutex".len()];
         if dry_run {
             // Only looked at: free means nobody holds it.
-            let free = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Read)
-                .is_ok_and(|file| file.metadata().is_ok_and(|m| m.is_file()) && file.try_lock().is_ok());
+            let free = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Read).is_ok_and(|file| {
+                syscall::meta(&file).is_ok_and(|m| m.is_file()) && file.try_flock().is_ok()
+            });
             if !free {
                 continue;
             }

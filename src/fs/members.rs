@@ -14,7 +14,7 @@ use crate::name::LockName;
 use crate::owner::Owner;
 use crate::record::{self, OwnRecord, Parsed, Record};
 use crate::stale::{self, Evidence, StaleReason, Verdict};
-use crate::sys::syscall::FileMeta;
+use crate::sys::syscall::Flock;
 use crate::sys::syscall::{self, Errno, Open};
 use std::fs::File;
 use std::path::PathBuf;
@@ -161,7 +161,7 @@ pub(super) fn create_record(
     let file = syscall::open_at(dir, tmp.as_str(), Open::CreateNew).context("create member record", path)?;
     // Brand new, and a private name nobody tests: the flock is free.
     let made = failpoint!("group.record.after_open")
-        .and_then(|()| file.try_lock().map_err(std::io::Error::from))
+        .and_then(|()| file.try_flock().map_err(std::io::Error::from))
         .context("lock member record", path)
         .and_then(|()| file::write(&file, 0, record, durable, path))
         .and_then(|len| {
@@ -220,9 +220,7 @@ pub(super) fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<En
         Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO | Errno::EISDIR) => return Ok(None),
         Err(e) => return Err(e).context("open member record", || PathBuf::from(name)),
     };
-    let meta = file
-        .metadata()
-        .context("inspect member record", || PathBuf::from(name))?;
+    let meta = syscall::meta(&file).context("inspect member record", || PathBuf::from(name))?;
     if !meta.is_file() {
         return Ok(None);
     }
@@ -240,7 +238,7 @@ pub(super) fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<En
     if verdict == Verdict::NeedsFlockTest {
         // A free flock means its holder is gone; ours is dropped with
         // `file` right after.
-        evidence.flock_free = Some(file.try_lock().is_ok());
+        evidence.flock_free = Some(file.try_flock().is_ok());
         verdict = stale::judge(&evidence, ctx.rules(), &host);
     }
     let reason = match verdict {

@@ -23,7 +23,7 @@
 //! Threads of one process exclude each other too: each take opens its own
 //! descriptor, and a `flock` belongs to the open file description.
 
-use crate::sys::syscall::FileMeta;
+use crate::sys::syscall::Flock;
 use std::fs::{File, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -93,9 +93,7 @@ impl LockDir {
                 }
                 Err(e) => return Err(Error::io("open mutation lock", path(), e.into())),
             };
-            let meta = file
-                .metadata()
-                .map_err(|e| Error::io("inspect mutation lock", path(), e))?;
+            let meta = syscall::meta(&file).map_err(|e| Error::io("inspect mutation lock", path(), e))?;
             if !meta.is_file() {
                 return Err(Error::UnexpectedFile {
                     name: lock.to_owned(),
@@ -105,7 +103,7 @@ impl LockDir {
             }
             loop {
                 let locked = failpoint!("dirlock.before_flock").map_err(TryLockError::Error);
-                match locked.and_then(|()| file.try_lock()) {
+                match locked.and_then(|()| file.try_flock()) {
                     Ok(()) => break,
                     Err(TryLockError::WouldBlock) => {}
                     Err(TryLockError::Error(e)) => {
@@ -153,7 +151,7 @@ impl Drop for MutationLock<'_> {
         // Kept if it is not empty: leasehold makes it empty, so one with
         // content is a stranger's file at that name (another tool's lock
         // file, say), which is never deleted.
-        if !self.file.metadata().is_ok_and(|meta| meta.len() == 0) {
+        if !syscall::meta(&self.file).is_ok_and(|meta| meta.len() == 0) {
             return;
         }
         let _ = syscall::unlink_at(self.dir.fd(), file_name(&self.lock).as_str());

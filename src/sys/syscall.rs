@@ -12,7 +12,7 @@
 //! [`IoResultExt`](crate::error::IoResultExt).
 
 use std::ffi::OsString;
-use std::fs::{DirBuilder, File, Metadata};
+use std::fs::{DirBuilder, File, Metadata, TryLockError};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -240,41 +240,129 @@ pub(crate) fn euid() -> u32 {
 }
 
 /// What the backend reads of a file's metadata, under the names Unix
-/// gives it.
-pub(crate) trait FileMeta {
-    /// The device the file is on: with [`ino`](Self::ino), what the file
-    /// is, whatever name it has.
-    fn dev(&self) -> u64;
-    /// The file's inode number.
-    fn ino(&self) -> u64;
-    /// The permission bits (and the sticky bit).
-    fn mode(&self) -> u32;
-    /// The owner's user id.
-    fn uid(&self) -> u32;
-    /// How many names the file has.
-    fn nlink(&self) -> u64;
+/// gives it, read through an open file ([`meta`]) or a path
+/// ([`meta_of`], [`symlink_meta_of`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Meta {
+    dev: u64,
+    ino: u64,
+    mode: u32,
+    uid: u32,
+    nlink: u64,
+    len: u64,
+    kind: Kind,
+    modified: Option<SystemTime>,
 }
 
-impl FileMeta for Metadata {
-    fn dev(&self) -> u64 {
-        MetadataExt::dev(self)
+impl Meta {
+    /// The device the file is on: with [`ino`](Self::ino), what the file
+    /// is, whatever name it has.
+    pub(crate) fn dev(&self) -> u64 {
+        self.dev
     }
 
-    fn ino(&self) -> u64 {
-        MetadataExt::ino(self)
+    /// The file's inode number.
+    pub(crate) fn ino(&self) -> u64 {
+        self.ino
     }
 
-    fn mode(&self) -> u32 {
-        MetadataExt::mode(self)
+    /// The permission bits (and the sticky bit).
+    pub(crate) fn mode(&self) -> u32 {
+        self.mode
     }
 
-    fn uid(&self) -> u32 {
-        MetadataExt::uid(self)
+    /// The owner's user id.
+    pub(crate) fn uid(&self) -> u32 {
+        self.uid
     }
 
-    fn nlink(&self) -> u64 {
-        MetadataExt::nlink(self)
+    /// How many names the file has.
+    pub(crate) fn nlink(&self) -> u64 {
+        self.nlink
     }
+
+    /// The file's length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub(crate) fn is_file(&self) -> bool {
+        self.kind == Kind::File
+    }
+
+    pub(crate) fn is_dir(&self) -> bool {
+        self.kind == Kind::Dir
+    }
+
+    /// The last modification, where the filesystem keeps it.
+    pub(crate) fn modified(&self) -> std::io::Result<SystemTime> {
+        self.modified
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::Unsupported))
+    }
+}
+
+impl From<Metadata> for Meta {
+    fn from(meta: Metadata) -> Self {
+        let kind = if meta.is_file() {
+            Kind::File
+        } else if meta.is_dir() {
+            Kind::Dir
+        } else if meta.is_symlink() {
+            Kind::Symlink
+        } else {
+            Kind::Other
+        };
+        Self {
+            dev: MetadataExt::dev(&meta),
+            ino: MetadataExt::ino(&meta),
+            mode: MetadataExt::mode(&meta),
+            uid: MetadataExt::uid(&meta),
+            nlink: MetadataExt::nlink(&meta),
+            len: meta.len(),
+            kind,
+            modified: meta.modified().ok(),
+        }
+    }
+}
+
+/// The metadata of an open file.
+pub(crate) fn meta(file: &File) -> std::io::Result<Meta> {
+    file.metadata().map(Meta::from)
+}
+
+/// The metadata of what `path` names, following symlinks.
+pub(crate) fn meta_of(path: &std::path::Path) -> std::io::Result<Meta> {
+    std::fs::metadata(path).map(Meta::from)
+}
+
+/// The metadata of `path` itself, a symlink not followed.
+pub(crate) fn symlink_meta_of(path: &std::path::Path) -> std::io::Result<Meta> {
+    std::fs::symlink_metadata(path).map(Meta::from)
+}
+
+/// The liveness mark of a lock file: `flock(2)`, which the kernel drops
+/// when the holder's last descriptor closes, even at a crash.
+pub(crate) trait Flock {
+    /// Takes the mark exclusively, without waiting.
+    fn try_flock(&self) -> Result<(), TryLockError>;
+    /// Takes the mark shared, without waiting.
+    fn try_flock_shared(&self) -> Result<(), TryLockError>;
+}
+
+impl Flock for File {
+    fn try_flock(&self) -> Result<(), TryLockError> {
+        self.try_lock()
+    }
+
+    fn try_flock_shared(&self) -> Result<(), TryLockError> {
+        self.try_lock_shared()
+    }
+}
+
+/// Whether a failed [`Flock`] says the filesystem has no such locks
+/// (rather than that something went wrong).
+pub(crate) fn flock_unsupported(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::Unsupported || e.raw_os_error() == Some(Errno::ENOLCK as i32)
 }
 
 /// Writes at an offset, without moving the file's position (`pwrite(2)`).
@@ -295,4 +383,47 @@ pub(crate) fn private_dir() -> DirBuilder {
     let mut builder = DirBuilder::new();
     builder.mode(0o700);
     builder
+}
+
+/// The name of a user's default lock directory: `<prefix>-<euid>`, as its
+/// root is shared by every user of the host.
+pub(crate) fn per_user_name(prefix: &str) -> String {
+    format!("{prefix}-{}", euid())
+}
+
+/// Why the shared root of the per-user default directories cannot be
+/// trusted, if it cannot: it must be a directory of `owner` (root) that,
+/// if others may write in it, has the sticky bit (else they could move a
+/// user's directory away).
+pub(crate) fn root_problem(root: &std::path::Path, owner: u32) -> std::io::Result<Option<&'static str>> {
+    let root = meta_of(root)?;
+    Ok(if !root.is_dir() {
+        Some("its parent is not a directory")
+    } else if root.uid() != owner {
+        Some("its parent does not belong to root")
+    } else if root.mode() & 0o022 != 0 && root.mode() & 0o1000 == 0 {
+        Some("its parent is writable by others without the sticky bit")
+    } else {
+        None
+    })
+}
+
+/// Who may be the owner of a shared root: root.
+pub(crate) const ROOT_OWNER: u32 = 0;
+
+/// Whether the open directory `dir` belongs to this process's effective
+/// user.
+pub(crate) fn owned_by_me(_dir: &File, meta: &Meta) -> std::io::Result<bool> {
+    Ok(meta.uid() == euid())
+}
+
+/// Whether other users may enter the directory (any group or other bit
+/// of its mode).
+pub(crate) fn open_to_others(_dir: &File, meta: &Meta) -> std::io::Result<bool> {
+    Ok(meta.mode() & 0o077 != 0)
+}
+
+/// Opens the directory at `path`, to hold it and work inside it.
+pub(crate) fn open_dir(path: &std::path::Path) -> std::io::Result<File> {
+    File::open(path)
 }

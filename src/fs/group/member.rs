@@ -2,7 +2,7 @@
 //! holds it: its record, its share of the marker's flock, renewal and
 //! leaving.
 
-use crate::sys::syscall::{FileMeta, WriteAt};
+use crate::sys::syscall::WriteAt;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -69,12 +69,10 @@ impl Member {
         let (file, record_len) =
             create_record(&dir, &file_name, &record, ctx.settings.durable, &|| path.clone())?;
         let identities = failpoint!("group.record.after_rename")
-            .and_then(|()| file.metadata())
+            .and_then(|()| syscall::meta(&file))
             .context("inspect member record", || path.clone())
             .and_then(|meta| {
-                let dir_meta = dir
-                    .metadata()
-                    .context("inspect members directory", || path.clone())?;
+                let dir_meta = syscall::meta(&dir).context("inspect members directory", || path.clone())?;
                 Ok((meta, dir_meta))
             });
         let (meta, dir_meta) = match identities {

@@ -14,7 +14,7 @@ use crate::fs::file;
 use crate::name::LockName;
 use crate::record::OwnRecord;
 use crate::sys;
-use crate::sys::syscall;
+use crate::sys::syscall::{self, Flock};
 
 /// An exclusive acquisition waiting for shared holders (or permit
 /// holders) to leave, said on disk (`w-<uuid>.json`, flocked, renewed
@@ -44,7 +44,7 @@ pub(in crate::fs) fn announced(ctx: &Ctx, name: &LockName) -> bool {
             .filter_map(|n| n.to_str())
             .filter(|n| n.starts_with(WAITER) && n.ends_with(JSON))
             .any(|n| match syscall::open_at(&dir, n, syscall::Open::Read) {
-                Ok(file) => file.try_lock().is_err(),
+                Ok(file) => file.try_flock().is_err(),
                 Err(_) => false,
             }),
         Err(_) => true,

@@ -1,0 +1,192 @@
+//! Who owns a directory and who else may change it: Windows' access
+//! control lists in the place of Unix's owner and mode bits.
+//!
+//! A directory is this user's when its owner is the user of this
+//! process's token (or the token's default owner, which for an elevated
+//! administrator is the Administrators group). It is open to others when
+//! its discretionary access list lets anyone but that user, the local
+//! system or the Administrators group create, delete or rename entries in
+//! it, or change its access list or owner; reading and listing it are
+//! left to anyone the list lets read (they grant no power over a holder).
+//! No list at all lets everyone do everything, so it is open.
+
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::os::windows::io::AsRawHandle;
+
+use windows_sys::Win32::Foundation as win;
+use windows_sys::Win32::Security as sec;
+use windows_sys::Win32::Security::Authorization as authz;
+use windows_sys::Win32::System::Threading as threading;
+
+/// The rights that change a directory's entries or its protection.
+const CHANGING: u32 = 0x0002 // FILE_ADD_FILE
+    | 0x0004 // FILE_ADD_SUBDIRECTORY
+    | 0x0040 // FILE_DELETE_CHILD
+    | 0x0001_0000 // DELETE
+    | 0x0004_0000 // WRITE_DAC
+    | 0x0008_0000 // WRITE_OWNER
+    | 0x1000_0000 // GENERIC_ALL
+    | 0x4000_0000; // GENERIC_WRITE
+
+/// `ACCESS_ALLOWED_ACE_TYPE`.
+const ALLOWED: u8 = 0;
+/// `INHERIT_ONLY_ACE`: an entry for the directory's children only.
+const INHERIT_ONLY: u8 = 0x08;
+
+/// A security descriptor the system allocated, freed when dropped.
+struct Descriptor(sec::PSECURITY_DESCRIPTOR);
+
+impl Drop for Descriptor {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor came from GetSecurityInfo, which asks for
+        // it to be freed with LocalFree, once.
+        unsafe { win::LocalFree(self.0) };
+    }
+}
+
+/// The owner or the access list of `dir`, with the descriptor that holds
+/// it (the pointer is valid while the descriptor lives).
+fn security(dir: &File, what: u32) -> std::io::Result<(Descriptor, sec::PSID, *mut sec::ACL)> {
+    let mut owner: sec::PSID = std::ptr::null_mut();
+    let mut dacl: *mut sec::ACL = std::ptr::null_mut();
+    let mut descriptor: sec::PSECURITY_DESCRIPTOR = std::ptr::null_mut();
+    // SAFETY: the handle is open while `dir` lives; the out-pointers are
+    // writable, and the ones not asked for are null, as the call allows.
+    let status = unsafe {
+        authz::GetSecurityInfo(
+            dir.as_raw_handle(),
+            authz::SE_FILE_OBJECT,
+            what,
+            &mut owner,
+            std::ptr::null_mut(),
+            &mut dacl,
+            std::ptr::null_mut(),
+            &mut descriptor,
+        )
+    };
+    if status != win::ERROR_SUCCESS {
+        return Err(std::io::Error::from_raw_os_error(
+            i32::try_from(status).unwrap_or(i32::MAX),
+        ));
+    }
+    Ok((Descriptor(descriptor), owner, dacl))
+}
+
+/// One piece of this process's token: its user, or its default owner.
+fn token_sid(class: sec::TOKEN_INFORMATION_CLASS) -> std::io::Result<Vec<u8>> {
+    let mut token: win::HANDLE = std::ptr::null_mut();
+    // SAFETY: the pseudo-handle of this process needs no closing; `token`
+    // is writable and, on success, a handle closed below.
+    if unsafe { threading::OpenProcessToken(threading::GetCurrentProcess(), sec::TOKEN_QUERY, &mut token) }
+        == 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; 256];
+    let mut len = 0u32;
+    let asked = loop {
+        // SAFETY: `token` is open; `buf` is writable for its length, and
+        // the call says in `len` how much it needs when that is too short.
+        let ok = unsafe {
+            sec::GetTokenInformation(
+                token,
+                class,
+                buf.as_mut_ptr().cast(),
+                u32::try_from(buf.len()).unwrap_or(u32::MAX),
+                &mut len,
+            )
+        };
+        if ok != 0 {
+            break Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        let needed = usize::try_from(len).unwrap_or(0);
+        if e.raw_os_error() == i32::try_from(win::ERROR_INSUFFICIENT_BUFFER).ok() && needed > buf.len() {
+            buf.resize(needed, 0);
+            continue;
+        }
+        break Err(e);
+    };
+    // SAFETY: opened above, closed once.
+    unsafe { win::CloseHandle(token) };
+    asked.map(|()| buf)
+}
+
+/// The SID a `TOKEN_USER` or `TOKEN_OWNER` in `buf` points at (both begin
+/// with it).
+fn sid_in(buf: &[u8]) -> sec::PSID {
+    // SAFETY: `buf` holds a TOKEN_USER or TOKEN_OWNER as the system wrote
+    // it, whose first field is a pointer to a SID inside `buf`; the read is
+    // unaligned-safe.
+    unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<sec::PSID>()) }
+}
+
+/// Whether two SIDs are the same.
+fn same(a: sec::PSID, b: sec::PSID) -> bool {
+    // SAFETY: both point at valid SIDs (from the system, kept alive by the
+    // caller).
+    !a.is_null() && !b.is_null() && unsafe { sec::EqualSid(a, b) } != 0
+}
+
+/// A well-known SID, as bytes.
+fn well_known(kind: sec::WELL_KNOWN_SID_TYPE) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 68]; // SECURITY_MAX_SID_SIZE
+    let mut len = u32::try_from(buf.len()).ok()?;
+    // SAFETY: `buf` is writable for `len` bytes; no domain is needed for
+    // the kinds asked here.
+    let ok =
+        unsafe { sec::CreateWellKnownSid(kind, std::ptr::null_mut(), buf.as_mut_ptr().cast(), &mut len) };
+    (ok != 0).then_some(buf)
+}
+
+/// Whether `dir` belongs to this process's user (see the module docs).
+pub(crate) fn owned_by_me(dir: &File) -> std::io::Result<bool> {
+    let (_held, owner, _) = security(dir, sec::OWNER_SECURITY_INFORMATION)?;
+    let user = token_sid(sec::TokenUser)?;
+    let default_owner = token_sid(sec::TokenOwner)?;
+    Ok(same(owner, sid_in(&user)) || same(owner, sid_in(&default_owner)))
+}
+
+/// Whether anyone but this user, the system and the administrators may
+/// change `dir` (see the module docs).
+pub(crate) fn open_to_others(dir: &File) -> std::io::Result<bool> {
+    let (_held, _, dacl) = security(dir, sec::DACL_SECURITY_INFORMATION)?;
+    if dacl.is_null() {
+        return Ok(true);
+    }
+    let user = token_sid(sec::TokenUser)?;
+    let trusted: Vec<Vec<u8>> = [sec::WinLocalSystemSid, sec::WinBuiltinAdministratorsSid]
+        .into_iter()
+        .filter_map(well_known)
+        .collect();
+    // SAFETY: `dacl` points into the descriptor `_held` keeps alive.
+    let count = unsafe { (*dacl).AceCount };
+    for index in 0..u32::from(count) {
+        let mut ace: *mut core::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: `index` is below the list's count; `ace` is writable.
+        if unsafe { sec::GetAce(dacl, index, &mut ace) } == 0 || ace.is_null() {
+            continue;
+        }
+        let ace = ace.cast::<sec::ACCESS_ALLOWED_ACE>();
+        // SAFETY: every entry starts with an ACE_HEADER; only entries whose
+        // type says ACCESS_ALLOWED_ACE are read further as one.
+        let header = unsafe { (*ace).Header };
+        if header.AceType != ALLOWED || header.AceFlags & INHERIT_ONLY != 0 {
+            continue;
+        }
+        // SAFETY: as above; the SID begins at `SidStart` and lies within
+        // the entry.
+        let (mask, sid) = unsafe { ((*ace).Mask, std::ptr::addr_of_mut!((*ace).SidStart).cast()) };
+        if mask & CHANGING == 0 {
+            continue;
+        }
+        let ours =
+            same(sid, sid_in(&user)) || trusted.iter().any(|t| same(sid, t.as_ptr().cast_mut().cast()));
+        if !ours {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}

@@ -1,0 +1,722 @@
+//! The filesystem backend's calls, relative to a directory handle, for
+//! Windows: the same contract as the Unix family's `sys/syscall.rs`.
+//!
+//! Windows has no `openat`: a name is reached as the directory handle's
+//! current path (`GetFinalPathNameByHandleW`, asked at every call, in the
+//! `\\?\` form that has no `MAX_PATH` limit) joined with the name. Every
+//! open passes `FILE_FLAG_OPEN_REPARSE_POINT`, so a symbolic link or
+//! junction planted at a lock's name is opened itself, never followed, and
+//! is refused as `ELOOP`, as `O_NOFOLLOW` refuses it on Unix. Every open
+//! shares reading, writing and deleting with other handles, so a reader
+//! of a record never stops its holder from replacing or removing it.
+//!
+//! Failures come back as [`Errno`], the POSIX numbers the backend matches
+//! on (`ENOENT`: gone, `EEXIST`: taken, ...), translated from Windows'
+//! error codes; an error with no POSIX twin keeps its Windows code and
+//! turns back into it when made an [`std::io::Error`].
+//!
+//! The liveness mark ([`Flock`]) is `LockFileEx` on one byte far past the
+//! end of any record: Windows' byte-range locks are mandatory, so a lock
+//! over the record itself would stop every reader from reading it.
+
+#![allow(unsafe_code)]
+
+use std::ffi::{OsStr, OsString};
+use std::fs::{DirBuilder, File, OpenOptions, TryLockError};
+use std::os::windows::ffi::{OsStrExt, OsStringExt};
+use std::os::windows::fs::{FileExt, OpenOptionsExt};
+use std::os::windows::io::AsRawHandle;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use windows_sys::Win32::Foundation as win;
+use windows_sys::Win32::Storage::FileSystem as fs;
+use windows_sys::Win32::System::IO::OVERLAPPED;
+
+/// A POSIX error number, as the backend matches on it (see the module
+/// docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Errno(i32);
+
+/// Where Windows codes without a POSIX twin start in [`Errno`]'s numbers.
+const UNMAPPED: i32 = 1 << 20;
+
+// The table of every number the backend matches on, some of which only
+// Unix produces.
+#[allow(dead_code)]
+impl Errno {
+    pub(crate) const EPERM: Errno = Errno(1);
+    pub(crate) const ENOENT: Errno = Errno(2);
+    pub(crate) const ESRCH: Errno = Errno(3);
+    pub(crate) const EINTR: Errno = Errno(4);
+    pub(crate) const EIO: Errno = Errno(5);
+    pub(crate) const ENXIO: Errno = Errno(6);
+    pub(crate) const EBADF: Errno = Errno(9);
+    pub(crate) const EAGAIN: Errno = Errno(11);
+    pub(crate) const EACCES: Errno = Errno(13);
+    pub(crate) const EBUSY: Errno = Errno(16);
+    pub(crate) const EEXIST: Errno = Errno(17);
+    pub(crate) const EXDEV: Errno = Errno(18);
+    pub(crate) const ENOTDIR: Errno = Errno(20);
+    pub(crate) const EISDIR: Errno = Errno(21);
+    pub(crate) const EINVAL: Errno = Errno(22);
+    pub(crate) const EMFILE: Errno = Errno(24);
+    pub(crate) const EROFS: Errno = Errno(30);
+    pub(crate) const EPIPE: Errno = Errno(32);
+    pub(crate) const ENAMETOOLONG: Errno = Errno(36);
+    pub(crate) const ENOLCK: Errno = Errno(37);
+    pub(crate) const ENOSYS: Errno = Errno(38);
+    pub(crate) const ENOTEMPTY: Errno = Errno(39);
+    pub(crate) const ELOOP: Errno = Errno(40);
+    pub(crate) const ENOTSUP: Errno = Errno(95);
+    pub(crate) const EOPNOTSUPP: Errno = Errno(95);
+
+    /// The POSIX twin of a Windows error code.
+    fn from_windows(code: u32) -> Errno {
+        match code {
+            win::ERROR_FILE_NOT_FOUND | win::ERROR_PATH_NOT_FOUND | win::ERROR_BAD_NETPATH => Errno::ENOENT,
+            win::ERROR_ACCESS_DENIED => Errno::EACCES,
+            win::ERROR_SHARING_VIOLATION => Errno::EBUSY,
+            win::ERROR_LOCK_VIOLATION => Errno::EAGAIN,
+            win::ERROR_FILE_EXISTS | win::ERROR_ALREADY_EXISTS => Errno::EEXIST,
+            win::ERROR_DIR_NOT_EMPTY => Errno::ENOTEMPTY,
+            win::ERROR_DIRECTORY => Errno::ENOTDIR,
+            win::ERROR_NOT_SAME_DEVICE => Errno::EXDEV,
+            win::ERROR_WRITE_PROTECT => Errno::EROFS,
+            win::ERROR_TOO_MANY_OPEN_FILES => Errno::EMFILE,
+            win::ERROR_NOT_SUPPORTED | win::ERROR_INVALID_FUNCTION => Errno::ENOTSUP,
+            win::ERROR_CANT_ACCESS_FILE | win::ERROR_CANT_RESOLVE_FILENAME => Errno::ELOOP,
+            win::ERROR_FILENAME_EXCED_RANGE => Errno::ENAMETOOLONG,
+            win::ERROR_INVALID_PARAMETER | win::ERROR_INVALID_NAME => Errno::EINVAL,
+            win::ERROR_INVALID_HANDLE => Errno::EBADF,
+            win::ERROR_BROKEN_PIPE => Errno::EPIPE,
+            other => Errno(UNMAPPED.saturating_add(i32::try_from(other).unwrap_or(0))),
+        }
+    }
+
+    /// The Windows code an error of this number stands for.
+    fn to_windows(self) -> u32 {
+        match self {
+            Errno::ENOENT => win::ERROR_FILE_NOT_FOUND,
+            Errno::EACCES | Errno::EPERM => win::ERROR_ACCESS_DENIED,
+            Errno::EBUSY => win::ERROR_SHARING_VIOLATION,
+            Errno::EAGAIN => win::ERROR_LOCK_VIOLATION,
+            Errno::EEXIST => win::ERROR_FILE_EXISTS,
+            Errno::ENOTEMPTY => win::ERROR_DIR_NOT_EMPTY,
+            Errno::ENOTDIR => win::ERROR_DIRECTORY,
+            Errno::EXDEV => win::ERROR_NOT_SAME_DEVICE,
+            Errno::EROFS => win::ERROR_WRITE_PROTECT,
+            Errno::EMFILE => win::ERROR_TOO_MANY_OPEN_FILES,
+            Errno::ENOTSUP | Errno::ENOSYS => win::ERROR_NOT_SUPPORTED,
+            Errno::ELOOP => win::ERROR_CANT_RESOLVE_FILENAME,
+            Errno::ENAMETOOLONG => win::ERROR_FILENAME_EXCED_RANGE,
+            Errno::EINVAL => win::ERROR_INVALID_PARAMETER,
+            Errno::EBADF => win::ERROR_INVALID_HANDLE,
+            Errno::EPIPE => win::ERROR_BROKEN_PIPE,
+            Errno(n) if n >= UNMAPPED => u32::try_from(n - UNMAPPED).unwrap_or(win::ERROR_GEN_FAILURE),
+            _ => win::ERROR_GEN_FAILURE,
+        }
+    }
+
+    /// The number of an I/O error.
+    pub(crate) fn of(e: &std::io::Error) -> Errno {
+        match e.raw_os_error().and_then(|code| u32::try_from(code).ok()) {
+            Some(code) => Errno::from_windows(code),
+            None => match e.kind() {
+                std::io::ErrorKind::NotFound => Errno::ENOENT,
+                std::io::ErrorKind::AlreadyExists => Errno::EEXIST,
+                std::io::ErrorKind::PermissionDenied => Errno::EACCES,
+                std::io::ErrorKind::InvalidInput => Errno::EINVAL,
+                std::io::ErrorKind::Unsupported => Errno::ENOTSUP,
+                _ => Errno::EIO,
+            },
+        }
+    }
+
+    /// The last Windows error of this thread.
+    fn last() -> Errno {
+        Errno::of(&std::io::Error::last_os_error())
+    }
+}
+
+impl From<Errno> for std::io::Error {
+    fn from(e: Errno) -> Self {
+        std::io::Error::from_raw_os_error(i32::try_from(e.to_windows()).unwrap_or(i32::MAX))
+    }
+}
+
+impl std::fmt::Display for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::io::Error::from(*self).fmt(f)
+    }
+}
+
+impl std::error::Error for Errno {}
+
+/// What a file is opened for; each names one set of flags (see the Unix
+/// twin for what each is for). None follows a reparse point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Open {
+    CreateNew,
+    Replace,
+    Write,
+    Read,
+    Dir,
+    Mutex,
+    List,
+}
+
+/// Every handle shares everything: see the module docs.
+const SHARE_ALL: u32 = fs::FILE_SHARE_READ | fs::FILE_SHARE_WRITE | fs::FILE_SHARE_DELETE;
+
+/// The current path of the directory behind `dir`, as `\\?\C:\...`.
+pub(crate) fn path_of(dir: &File) -> Result<PathBuf, Errno> {
+    let handle = dir.as_raw_handle();
+    let mut buf = vec![0u16; 512];
+    loop {
+        let capacity = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+        // SAFETY: `handle` is an open handle owned by `dir`, which outlives
+        // the call; `buf` is writable for `capacity` UTF-16 units.
+        let len = unsafe {
+            fs::GetFinalPathNameByHandleW(handle, buf.as_mut_ptr(), capacity, fs::FILE_NAME_NORMALIZED)
+        };
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        if len == 0 {
+            return Err(Errno::last());
+        }
+        if len < buf.len() {
+            buf.truncate(len);
+            return Ok(PathBuf::from(OsString::from_wide(&buf)));
+        }
+        // Too small: `len` is the size needed, with the final NUL.
+        buf.resize(len.saturating_add(1), 0);
+    }
+}
+
+/// The path of `name` in `dir`; `name` must be one plain component.
+fn child(dir: &File, name: &OsStr) -> Result<PathBuf, Errno> {
+    let wide: Vec<u16> = name.encode_wide().collect();
+    let separator = |c: &u16| *c == u16::from(b'\\') || *c == u16::from(b'/');
+    if wide.is_empty() || wide.iter().any(separator) || name == "." || name == ".." {
+        return Err(Errno::EINVAL);
+    }
+    Ok(path_of(dir)?.join(name))
+}
+
+/// Opens `name` in `dir` for `how`.
+pub(crate) fn open_at<P: ?Sized + AsRef<OsStr>>(dir: &File, name: &P, how: Open) -> Result<File, Errno> {
+    if how == Open::List && name.as_ref() == "." {
+        return open_path(&path_of(dir)?, how);
+    }
+    open_path(&child(dir, name.as_ref())?, how)
+}
+
+/// Opens `path` for `how`: see [`open_at`].
+fn open_path(path: &Path, how: Open) -> Result<File, Errno> {
+    let mut options = OpenOptions::new();
+    options.share_mode(SHARE_ALL);
+    let mut flags = fs::FILE_FLAG_OPEN_REPARSE_POINT;
+    match how {
+        Open::CreateNew => {
+            options.write(true).create_new(true);
+        }
+        Open::Replace => {
+            options.write(true).create(true).truncate(true);
+        }
+        Open::Write => {
+            options.write(true);
+        }
+        Open::Read => {
+            options.read(true);
+        }
+        Open::Mutex => {
+            options.read(true).write(true).create(true);
+        }
+        Open::Dir | Open::List => {
+            options.read(true);
+            flags |= fs::FILE_FLAG_BACKUP_SEMANTICS;
+        }
+    }
+    options.custom_flags(flags);
+    let file = options.open(path).map_err(|e| Errno::of(&e))?;
+    let info = information(&file)?;
+    let is_dir = info.dwFileAttributes & fs::FILE_ATTRIBUTE_DIRECTORY != 0;
+    if info.dwFileAttributes & fs::FILE_ATTRIBUTE_REPARSE_POINT != 0 {
+        return Err(Errno::ELOOP);
+    }
+    match how {
+        Open::Dir | Open::List if !is_dir => Err(Errno::ENOTDIR),
+        Open::Dir | Open::List => Ok(file),
+        _ if is_dir => Err(Errno::EISDIR),
+        _ => Ok(file),
+    }
+}
+
+/// `GetFileInformationByHandle` of an open file.
+fn information(file: &File) -> Result<fs::BY_HANDLE_FILE_INFORMATION, Errno> {
+    // SAFETY: an all-zero BY_HANDLE_FILE_INFORMATION is a valid value (it
+    // holds only integers).
+    let mut info: fs::BY_HANDLE_FILE_INFORMATION = unsafe { std::mem::zeroed() };
+    // SAFETY: the handle is open for as long as `file` lives, and `info`
+    // is a writable structure of the type the call fills.
+    if unsafe { fs::GetFileInformationByHandle(file.as_raw_handle(), &mut info) } == 0 {
+        return Err(Errno::last());
+    }
+    Ok(info)
+}
+
+/// What kind of file a path names. (The kinds Unix has and Windows not
+/// are kept, for the messages the backend shares.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)]
+pub(crate) enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    Device,
+    Other,
+}
+
+impl Kind {
+    /// The kind, as an error message says it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Kind::File => "regular file",
+            Kind::Dir => "directory",
+            Kind::Symlink => "symbolic link or junction",
+            Kind::Fifo => "FIFO",
+            Kind::Socket => "socket",
+            Kind::Device => "device",
+            Kind::Other => "special file",
+        }
+    }
+}
+
+/// What a look at a path says, without following a reparse point.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stat {
+    /// The volume's serial number.
+    pub(crate) dev: u64,
+    /// The file's index on its volume.
+    pub(crate) ino: u64,
+    pub(crate) kind: Kind,
+    /// The modification time, to the second.
+    pub(crate) mtime: SystemTime,
+}
+
+/// Looks at `name` in `dir` without following a reparse point. (Windows
+/// has no `fstatat`: the name is opened for no access at all, which no
+/// share mode refuses, and asked.)
+pub(crate) fn stat_at(dir: &File, name: &str) -> Result<Stat, Errno> {
+    let path = child(dir, OsStr::new(name))?;
+    let file = OpenOptions::new()
+        .access_mode(0)
+        .share_mode(SHARE_ALL)
+        .custom_flags(fs::FILE_FLAG_OPEN_REPARSE_POINT | fs::FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)
+        .map_err(|e| Errno::of(&e))?;
+    let meta = meta(&file).map_err(|e| Errno::of(&e))?;
+    let mtime = meta.modified.unwrap_or(UNIX_EPOCH);
+    let seconds = mtime.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    Ok(Stat {
+        dev: meta.dev,
+        ino: meta.ino,
+        kind: meta.kind,
+        mtime: UNIX_EPOCH + Duration::from_secs(seconds),
+    })
+}
+
+/// Removes the file (not a directory) `name` in `dir`.
+pub(crate) fn unlink_at<P: ?Sized + AsRef<OsStr>>(dir: &File, name: &P) -> Result<(), Errno> {
+    let path = child(dir, name.as_ref())?;
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) => match Errno::of(&e) {
+            // A directory is refused with "access denied": say which.
+            Errno::EACCES
+                if stat_at(dir, &name.as_ref().to_string_lossy()).is_ok_and(|st| st.kind == Kind::Dir) =>
+            {
+                Err(Errno::EISDIR)
+            }
+            other => Err(other),
+        },
+    }
+}
+
+/// Makes `to` a second name of the file `from`, both in `dir`; fails with
+/// `EEXIST` if `to` exists (`CreateHardLinkW`).
+pub(crate) fn link_at(dir: &File, from: &str, to: &str) -> Result<(), Errno> {
+    let base = path_of(dir)?;
+    std::fs::hard_link(base.join(checked(from)?), base.join(checked(to)?)).map_err(|e| Errno::of(&e))
+}
+
+/// `name`, if it is one plain component.
+fn checked(name: &str) -> Result<&str, Errno> {
+    if name.is_empty() || name.contains(['\\', '/']) || name == "." || name == ".." {
+        return Err(Errno::EINVAL);
+    }
+    Ok(name)
+}
+
+/// Removes the empty directory `name` in `dir`.
+pub(crate) fn rmdir_at(dir: &File, name: &str) -> Result<(), Errno> {
+    std::fs::remove_dir(child(dir, OsStr::new(name))?).map_err(|e| Errno::of(&e))
+}
+
+/// Renames `from` to `to`, both in `dir`, replacing what `to` names.
+pub(crate) fn rename_at(dir: &File, from: &str, to: &str) -> Result<(), Errno> {
+    rename_between(dir, from, dir, to)
+}
+
+/// Renames `from` in `from_dir` to `to` in `to_dir` (one volume),
+/// replacing it (`MoveFileExW` with `MOVEFILE_REPLACE_EXISTING`).
+pub(crate) fn rename_between(from_dir: &File, from: &str, to_dir: &File, to: &str) -> Result<(), Errno> {
+    let from = child(from_dir, OsStr::new(from))?;
+    let to = child(to_dir, OsStr::new(to))?;
+    move_file(&from, &to, fs::MOVEFILE_REPLACE_EXISTING)
+}
+
+/// `MoveFileExW(from, to, flags)`.
+pub(crate) fn move_file(from: &Path, to: &Path, flags: u32) -> Result<(), Errno> {
+    let from = wide(from);
+    let to = wide(to);
+    // SAFETY: both are NUL-terminated UTF-16 strings that live across the
+    // call.
+    if unsafe { fs::MoveFileExW(from.as_ptr(), to.as_ptr(), flags) } == 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// `path` as a NUL-terminated UTF-16 string.
+pub(crate) fn wide(path: &Path) -> Vec<u16> {
+    path.as_os_str().encode_wide().chain(std::iter::once(0)).collect()
+}
+
+/// Creates the directory `name` in `dir`. (Its access control list is
+/// inherited from `dir`, as Windows does for every new file.)
+pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
+    std::fs::create_dir(child(dir, OsStr::new(name))?).map_err(|e| Errno::of(&e))
+}
+
+/// The names in the directory `dir`, in no particular order. Entries that
+/// cannot be read are skipped.
+pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
+    let listing = std::fs::read_dir(path_of(dir)?).map_err(|e| Errno::of(&e))?;
+    Ok(listing
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name())
+        .collect())
+}
+
+/// Reads a file through a handle, from its start, up to just past `limit`
+/// bytes.
+pub(crate) fn read_up_to(file: &File, limit: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            if buf.len() > limit {
+                break;
+            }
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.seek_read(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            // Reading at or past the end of a file is "end of file" here.
+            Err(e) if e.raw_os_error() == i32::try_from(win::ERROR_HANDLE_EOF).ok() => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// Whether this process may use the directory `dir`: on Windows, whose
+/// access control lists are judged at each access, only whether it is on
+/// a read-only volume when `write` is asked; a refused access shows at
+/// the first create, with Windows' own reason.
+pub(crate) fn usable_dir(dir: &File, write: bool) -> std::io::Result<()> {
+    if write && read_only(dir) {
+        return Err(Errno::EROFS.into());
+    }
+    Ok(())
+}
+
+/// Whether the volume of `file` is read-only.
+pub(crate) fn read_only(file: &File) -> bool {
+    let mut flags = 0u32;
+    // SAFETY: the handle is open for as long as `file` lives; the name and
+    // file-system-name buffers are absent (null, length 0), which the call
+    // allows; the other out-parameters are null or a writable u32.
+    let ok = unsafe {
+        fs::GetVolumeInformationByHandleW(
+            file.as_raw_handle(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut flags,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    /// `FILE_READ_ONLY_VOLUME` (winnt.h).
+    const READ_ONLY_VOLUME: u32 = 0x0008_0000;
+    ok != 0 && flags & READ_ONLY_VOLUME != 0
+}
+
+/// What the backend reads of a file's metadata (see the Unix twin). On
+/// Windows the device is the volume's serial number and the inode the
+/// file's index on it; the mode is made up from the attributes (0o700 for
+/// a directory, 0o600 for a file, the write bits off when read-only) and
+/// the owner is not read here ([`super::owner_is_me`] is).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Meta {
+    dev: u64,
+    ino: u64,
+    mode: u32,
+    nlink: u64,
+    len: u64,
+    kind: Kind,
+    modified: Option<SystemTime>,
+}
+
+impl Meta {
+    pub(crate) fn dev(&self) -> u64 {
+        self.dev
+    }
+
+    pub(crate) fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    pub(crate) fn mode(&self) -> u32 {
+        self.mode
+    }
+
+    pub(crate) fn nlink(&self) -> u64 {
+        self.nlink
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub(crate) fn is_file(&self) -> bool {
+        self.kind == Kind::File
+    }
+
+    pub(crate) fn is_dir(&self) -> bool {
+        self.kind == Kind::Dir
+    }
+
+    pub(crate) fn modified(&self) -> std::io::Result<SystemTime> {
+        self.modified
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::Unsupported))
+    }
+}
+
+/// A FILETIME (100 ns since 1601) as a `SystemTime`.
+pub(crate) fn system_time(high: u32, low: u32) -> Option<SystemTime> {
+    /// 1601-01-01 to 1970-01-01, in 100 ns.
+    const EPOCH_GAP: u64 = 116_444_736_000_000_000;
+    let ticks = (u64::from(high) << 32) | u64::from(low);
+    let since_epoch = ticks.checked_sub(EPOCH_GAP)?;
+    Some(UNIX_EPOCH + Duration::from_nanos(since_epoch.saturating_mul(100)))
+}
+
+/// The metadata of an open file.
+pub(crate) fn meta(file: &File) -> std::io::Result<Meta> {
+    let info = information(file)?;
+    let attributes = info.dwFileAttributes;
+    let kind = if attributes & fs::FILE_ATTRIBUTE_REPARSE_POINT != 0 {
+        Kind::Symlink
+    } else if attributes & fs::FILE_ATTRIBUTE_DIRECTORY != 0 {
+        Kind::Dir
+    } else {
+        Kind::File
+    };
+    let mut mode = if kind == Kind::Dir { 0o700 } else { 0o600 };
+    if attributes & fs::FILE_ATTRIBUTE_READONLY != 0 {
+        mode &= !0o200;
+    }
+    Ok(Meta {
+        dev: u64::from(info.dwVolumeSerialNumber),
+        ino: (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow),
+        mode,
+        nlink: u64::from(info.nNumberOfLinks),
+        len: (u64::from(info.nFileSizeHigh) << 32) | u64::from(info.nFileSizeLow),
+        kind,
+        modified: system_time(
+            info.ftLastWriteTime.dwHighDateTime,
+            info.ftLastWriteTime.dwLowDateTime,
+        ),
+    })
+}
+
+/// The metadata of what `path` names, following reparse points.
+pub(crate) fn meta_of(path: &Path) -> std::io::Result<Meta> {
+    let file = OpenOptions::new()
+        .access_mode(0)
+        .share_mode(SHARE_ALL)
+        .custom_flags(fs::FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)?;
+    meta(&file)
+}
+
+/// The metadata of `path` itself, a reparse point not followed.
+pub(crate) fn symlink_meta_of(path: &Path) -> std::io::Result<Meta> {
+    let file = OpenOptions::new()
+        .access_mode(0)
+        .share_mode(SHARE_ALL)
+        .custom_flags(fs::FILE_FLAG_BACKUP_SEMANTICS | fs::FILE_FLAG_OPEN_REPARSE_POINT)
+        .open(path)?;
+    meta(&file)
+}
+
+/// Where the liveness mark lies: one byte at 2^62, far past any record
+/// (see the module docs).
+const MARK_AT: u64 = 1 << 62;
+
+/// The liveness mark of a lock file: `LockFileEx` on the byte at
+/// [`MARK_AT`], which Windows lets go when the holder's handle closes,
+/// even at a crash (as `flock(2)` on Unix).
+pub(crate) trait Flock {
+    /// Takes the mark exclusively, without waiting.
+    fn try_flock(&self) -> Result<(), TryLockError>;
+    /// Takes the mark shared, without waiting.
+    fn try_flock_shared(&self) -> Result<(), TryLockError>;
+}
+
+impl Flock for File {
+    fn try_flock(&self) -> Result<(), TryLockError> {
+        lock_byte(self, MARK_AT, true)
+    }
+
+    fn try_flock_shared(&self) -> Result<(), TryLockError> {
+        lock_byte(self, MARK_AT, false)
+    }
+}
+
+/// `LockFileEx` on the byte at `at`, without waiting.
+pub(crate) fn lock_byte(file: &File, at: u64, exclusive: bool) -> Result<(), TryLockError> {
+    let mut flags = fs::LOCKFILE_FAIL_IMMEDIATELY;
+    if exclusive {
+        flags |= fs::LOCKFILE_EXCLUSIVE_LOCK;
+    }
+    let mut overlapped = at_offset(at);
+    // SAFETY: the handle is open for as long as `file` lives (it was not
+    // opened for overlapped I/O, so the call completes before returning and
+    // `overlapped` only carries the offset).
+    let ok = unsafe { fs::LockFileEx(file.as_raw_handle(), flags, 0, 1, 0, &mut overlapped) };
+    if ok != 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error().and_then(|code| u32::try_from(code).ok()) {
+        Some(win::ERROR_LOCK_VIOLATION | win::ERROR_IO_PENDING) => Err(TryLockError::WouldBlock),
+        _ => Err(TryLockError::Error(e)),
+    }
+}
+
+/// An OVERLAPPED that carries only the offset `at`.
+fn at_offset(at: u64) -> OVERLAPPED {
+    // SAFETY: an all-zero OVERLAPPED is valid (integers, a null event).
+    let mut overlapped: OVERLAPPED = unsafe { std::mem::zeroed() };
+    overlapped.Anonymous.Anonymous.Offset = (at & 0xffff_ffff) as u32;
+    overlapped.Anonymous.Anonymous.OffsetHigh = (at >> 32) as u32;
+    overlapped
+}
+
+/// Whether a failed [`Flock`] says the filesystem has no such locks.
+pub(crate) fn flock_unsupported(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::Unsupported
+        || e.raw_os_error()
+            .and_then(|code| u32::try_from(code).ok())
+            .is_some_and(|code| code == win::ERROR_NOT_SUPPORTED || code == win::ERROR_INVALID_FUNCTION)
+}
+
+/// Writes at an offset (`WriteFile` with an offset).
+pub(crate) trait WriteAt {
+    /// Writes all of `buf` at `offset`.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl WriteAt for File {
+    fn write_all_at(&self, mut buf: &[u8], mut offset: u64) -> std::io::Result<()> {
+        while !buf.is_empty() {
+            match self.seek_write(buf, offset) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    buf = &buf[n..];
+                    offset += n as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A builder of directories. (Windows gives a new directory the access
+/// control list its parent passes on; the default directory's parent, the
+/// user's local application data, passes on access for that user, the
+/// system and administrators only.)
+pub(crate) fn private_dir() -> DirBuilder {
+    DirBuilder::new()
+}
+
+/// The name of a user's default lock directory: `<prefix>` alone, as its
+/// root (the user's local application data) is the user's own.
+pub(crate) fn per_user_name(prefix: &str) -> String {
+    prefix.to_owned()
+}
+
+/// Who must own the root of the per-user directories: this user (the
+/// value is not a user id on Windows; see [`root_problem`]).
+pub(crate) const ROOT_OWNER: u32 = 0;
+
+/// Why the root of the per-user default directory cannot be trusted, if
+/// it cannot: it must be a directory of this user's that nobody else may
+/// change (see `security.rs` for what is checked).
+pub(crate) fn root_problem(root: &Path, _owner: u32) -> std::io::Result<Option<&'static str>> {
+    if root.as_os_str().is_empty() {
+        return Ok(Some("this user has no local application data folder"));
+    }
+    let dir = open_dir(root)?;
+    Ok(if !meta(&dir)?.is_dir() {
+        Some("its parent is not a directory")
+    } else if !super::security::owned_by_me(&dir)? {
+        Some("its parent does not belong to this user")
+    } else if super::security::open_to_others(&dir)? {
+        Some("its parent may be changed by other users")
+    } else {
+        None
+    })
+}
+
+/// Whether the open directory `dir` belongs to this process's user.
+pub(crate) fn owned_by_me(dir: &File, _meta: &Meta) -> std::io::Result<bool> {
+    super::security::owned_by_me(dir)
+}
+
+/// Whether other users may change the directory (see `security.rs`).
+pub(crate) fn open_to_others(dir: &File, _meta: &Meta) -> std::io::Result<bool> {
+    super::security::open_to_others(dir)
+}
+
+/// Opens the directory at `path` (following reparse points on the way, as
+/// a configured path may), to hold it and work inside it.
+pub(crate) fn open_dir(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .share_mode(SHARE_ALL)
+        .custom_flags(fs::FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)
+}
