@@ -408,6 +408,11 @@ pub(crate) fn lock_root() -> (
 /// A running watch on a lock directory.
 pub(crate) use imp::DirWatch;
 
+/// Whether a directory can carry the liveness mark (`flock(2)` on a
+/// directory's descriptor), as the directory layout needs: everywhere but
+/// Windows, whose byte-range locks are for files only.
+pub(crate) const DIRECTORY_MARKS: bool = cfg!(unix);
+
 /// Whether the kernel has OFD byte-range locks to line waiters up with
 /// (the waiting line is off where it has none).
 pub(crate) fn byte_range_locks() -> bool {

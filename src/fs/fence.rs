@@ -162,7 +162,7 @@ pub(super) fn reserve(
         // whether or not records are durable: tokens must grow across a
         // crash, and this is paid once per block.
         failpoint!("fence.reserve.before_dirsync")
-            .and_then(|()| ctx.dir.fd().sync_all())
+            .and_then(|()| syscall::sync_dir(ctx.dir.fd()))
             .context("sync lock directory", || ctx.dir.path())?;
         return Ok(Some(block));
     }

@@ -427,3 +427,9 @@ pub(crate) fn open_to_others(_dir: &File, meta: &Meta) -> std::io::Result<bool> 
 pub(crate) fn open_dir(path: &std::path::Path) -> std::io::Result<File> {
     File::open(path)
 }
+
+/// Makes the entries of the directory `dir` durable (`fsync(2)` on it), so
+/// that a rename inside it outlives a crash.
+pub(crate) fn sync_dir(dir: &File) -> std::io::Result<()> {
+    dir.sync_all()
+}

@@ -720,3 +720,18 @@ pub(crate) fn open_dir(path: &Path) -> std::io::Result<File> {
         .custom_flags(fs::FILE_FLAG_BACKUP_SEMANTICS)
         .open(path)
 }
+
+/// Makes the entries of the directory `dir` durable: `FlushFileBuffers`
+/// on a second handle of it opened for writing (which a directory allows
+/// with backup semantics, and the call needs), as the lock directory's own
+/// handle is open for reading only.
+pub(crate) fn sync_dir(dir: &File) -> std::io::Result<()> {
+    let path = path_of(dir)?;
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .share_mode(SHARE_ALL)
+        .custom_flags(fs::FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)?
+        .sync_all()
+}
