@@ -207,13 +207,15 @@
 //! | `"lost"` | the lock was lost while CMD ran (the warning follows) | `killAfterMs` (null if CMD had already exited) |
 
 // Denied, not forbidden: guarding CMD between fork and exec needs one
-// `pre_exec` hook, fenced in `guard_command`. The library forbids it.
+// `pre_exec` hook, fenced in `guard_command`; on Windows, CMD's Job object
+// needs the Win32 calls of job.rs. The library forbids it.
 #![deny(unsafe_code)]
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+#[cfg(unix)]
 use nix::sys::signal::Signal;
 
 // Beside this file, not in src/bin/, where Cargo would take each for a
@@ -233,6 +235,10 @@ mod duration;
 mod exit;
 #[path = "leasehold/inspect.rs"]
 mod inspect;
+// Windows: CMD's Job object, for process.rs.
+#[cfg(windows)]
+#[path = "leasehold/job.rs"]
+mod job;
 #[path = "leasehold/locker.rs"]
 mod locker;
 #[path = "leasehold/output.rs"]
@@ -252,13 +258,17 @@ use args::{Cli, Command, PAGES};
 use exit::EXIT_ERROR;
 use inspect::{clean, holder, list};
 use output::{chain, emit, warn};
+#[cfg(unix)]
 use process::{WATCHDOG, watchdog};
 use run::run;
 
 fn main() -> ExitCode {
     // Internal to `run`, so not a subcommand: the man page and the
-    // completions would show it.
+    // completions would show it. Windows needs none: its watchdog is the
+    // kernel's, through CMD's Job object.
+    #[cfg(unix)]
     let mut argv = std::env::args_os().skip(1);
+    #[cfg(unix)]
     if let (Some(first), None) = (argv.next(), argv.next())
         && first == WATCHDOG
     {
@@ -272,6 +282,7 @@ fn main() -> ExitCode {
         // terminal back from the background needs it, and the tool must not
         // be stopped by writing a warning while CMD's group has the
         // terminal (`stty tostop`): stopped, it would not renew the lease.
+        #[cfg(unix)]
         Command::Run(_) => {
             let _ = nix::sys::signal::SigSet::from(Signal::SIGTTOU).thread_block();
         }
@@ -291,18 +302,36 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(args).await,
-            Command::Holder { name, opts } => holder(&name, &opts).await,
-            Command::List(opts) => list(&opts).await,
-            Command::Clean { opts, dry_run } => clean(&opts, dry_run).await,
-            Command::Man { .. } | Command::Completions { .. } => Ok(EXIT_ERROR),
+            Command::Holder { name, opts } => holder(&name, &opts).await.map(u32::from),
+            Command::List(opts) => list(&opts).await.map(u32::from),
+            Command::Clean { opts, dry_run } => clean(&opts, dry_run).await.map(u32::from),
+            Command::Man { .. } | Command::Completions { .. } => Ok(EXIT_ERROR.into()),
         }
     });
     // Nothing of ours should linger, but never hang on exit if it does.
     runtime.shutdown_timeout(Duration::from_secs(1));
-    ExitCode::from(result.unwrap_or_else(|e| {
+    exit(result.unwrap_or_else(|e| {
         warn(&chain(&*e));
-        EXIT_ERROR
+        EXIT_ERROR.into()
     }))
+}
+
+/// Exits with `status`, a byte on Unix, where a status has no more.
+#[cfg(unix)]
+fn exit(status: u32) -> ExitCode {
+    ExitCode::from(u8::try_from(status).unwrap_or(EXIT_ERROR))
+}
+
+/// Windows: exits with `status`, all 32 bits of it, which `ExitCode` cannot
+/// yet say in stable Rust (CMD's own exit code, passed on whole).
+#[cfg(windows)]
+fn exit(status: u32) -> ExitCode {
+    match u8::try_from(status) {
+        Ok(status) => ExitCode::from(status),
+        // After the runtime's shutdown: `exit` flushes stdout, as a return
+        // from main does.
+        Err(_) => std::process::exit(i32::from_ne_bytes(status.to_ne_bytes())),
+    }
 }
 
 /// `leasehold man [SUBCOMMAND]`: the page, from the parser's own definitions.

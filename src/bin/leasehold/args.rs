@@ -252,7 +252,11 @@ impl RunArgs {
                         .to_owned(),
                 );
             }
+            #[cfg(unix)]
             Some(script) => vec!["sh".into(), "-c".into(), script.clone()],
+            // Passed to cmd verbatim, in quotes that /S takes off (process.rs).
+            #[cfg(windows)]
+            Some(script) => vec!["cmd".into(), "/S".into(), "/C".into(), script.clone()],
             None if self.command.is_empty() => return Err("no command given".to_owned()),
             None => std::mem::take(&mut self.command),
         };
@@ -263,7 +267,9 @@ impl RunArgs {
     /// of the default 30 s lease: when failing renewals report the loss at
     /// that margin (a quarter of the lease), a CMD that ignores SIGTERM is
     /// killed before anyone else may take the lock. A shorter lease gets a
-    /// sixth of itself, which keeps that proportion.
+    /// sixth of itself, which keeps that proportion. Unix only: Windows
+    /// has no SIGTERM, and a lost lock terminates CMD's job at once.
+    #[cfg(unix)]
     pub(super) fn kill_after(&self) -> Duration {
         let default = Duration::from_secs(5);
         self.kill_after
