@@ -121,6 +121,7 @@ fn helper() {
         }
         None if mode == "tree" => {
             // Not waited for: it must die with the tool, not with us.
+            #[allow(clippy::zombie_processes)]
             let _grandchild = Command::new(std::env::current_exe().expect("exe"))
                 .args(["--exact", "helper", "--nocapture", "--test-threads=1"])
                 .env("LH_MODE", "beat")
@@ -196,14 +197,23 @@ fn dash_c_runs_the_string_through_the_shell() {
     let out = tmp.path().join("out");
     let out_s = out.to_str().unwrap();
     // `exit N` and `echo ... > FILE` mean the same to sh and to cmd.
-    assert_eq!(finish(leasehold(&["run", "job", "--dir", dir, "-c", "exit 5"])), Some(5));
+    assert_eq!(
+        finish(leasehold(&["run", "job", "--dir", dir, "-c", "exit 5"])),
+        Some(5)
+    );
     // Quotes inside the string reach the shell as they are: cmd prints
     // them, sh takes them off; the environment reaches the shell too.
     #[cfg(unix)]
     let (script, expected) = (format!("echo \"a  b\" $LEASEHOLD_NAME > '{out_s}'"), "a  b job");
     #[cfg(windows)]
-    let (script, expected) = (format!("echo \"a  b\" %LEASEHOLD_NAME%> \"{out_s}\""), "\"a  b\" job");
-    assert_eq!(finish(leasehold(&["run", "job", "--dir", dir, "-c", &script])), Some(0));
+    let (script, expected) = (
+        format!("echo \"a  b\" %LEASEHOLD_NAME%> \"{out_s}\""),
+        "\"a  b\" job",
+    );
+    assert_eq!(
+        finish(leasehold(&["run", "job", "--dir", dir, "-c", &script])),
+        Some(0)
+    );
     let got = std::fs::read_to_string(&out).unwrap();
     assert_eq!(got.trim_end(), expected);
 }
@@ -218,9 +228,17 @@ fn a_second_run_of_a_held_name_waits_or_gives_up() {
     await_file(Path::new(&started));
     let unused = tmp.path().join("unused");
 
-    assert_eq!(finish(run_helper(tmp.path(), &["-n"], "exit:0", &unused)), Some(1));
     assert_eq!(
-        finish(run_helper(tmp.path(), &["--no-wait", "-E", "9"], "exit:0", &unused)),
+        finish(run_helper(tmp.path(), &["-n"], "exit:0", &unused)),
+        Some(1)
+    );
+    assert_eq!(
+        finish(run_helper(
+            tmp.path(),
+            &["--no-wait", "-E", "9"],
+            "exit:0",
+            &unused
+        )),
         Some(9)
     );
     let asked = Instant::now();

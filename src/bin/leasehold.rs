@@ -20,7 +20,7 @@
 //! `-w`/`--timeout` (also `--wait`; seconds with fractions, or `90s`,
 //! `5m`, `1h30m`), `-E`/`--conflict-exit-code` (default 1), `-s`/`--shared`,
 //! `-x`/`--exclusive` (the last of the two wins), `-c`/`--command` (run
-//! through `sh -c`), `-o`/`--close` (accepted: CMD never holds a descriptor
+//! through `sh -c`; `cmd /C` on Windows), `-o`/`--close` (accepted: CMD never holds a descriptor
 //! of the lock, the tool does, so there is nothing to close) and
 //! `--verbose`. Not taken: flock(1)'s descriptor form (`flock 9` in a
 //! script that opened the file itself), `-u` and `-F` (the tool must stay
@@ -155,19 +155,51 @@
 //! the tool fails, saying to give `--dir`, rather than take a place another
 //! process might not.
 //!
+//! # On Windows
+//!
+//! `run` works as above, with a Job object where Unix has CMD's process
+//! group and the watchdog:
+//!
+//! - CMD is created suspended, put in a Job object made with
+//!   `JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE`, then resumed: CMD and every
+//!   process it starts are in the job (none may break away), and the lock
+//!   is held until none of them runs. The tool holds the job's only handle:
+//!   when the tool ends in any way (`taskkill /F`, Task Manager, a crash),
+//!   the kernel closes it and terminates every process of the job. There
+//!   is no watchdog process; if the job cannot be created, CMD is not run
+//!   (status 2).
+//! - `-c STRING` runs `cmd /S /C "STRING"`: STRING reaches cmd as it is,
+//!   quotes included (`%VAR%` expands, `&`, `|` and `>` work).
+//! - Ctrl-C and Ctrl-Break: the console delivers them to every process
+//!   attached to it, CMD included (it shares the tool's console and
+//!   process group), so the tool forwards nothing: it survives them and
+//!   waits for CMD's job as usual; CMD decides (a program that does not
+//!   handle Ctrl-C exits with `STATUS_CONTROL_C_EXIT`, 0xC000013A, which the
+//!   tool then exits with). While the tool waits for the lock, Ctrl-C ends
+//!   the wait with 130 and Ctrl-Break with 149 (128 plus the C runtime's
+//!   `SIGINT`, 2, and `SIGBREAK`, 21). Closing the console, logging off and
+//!   shutting down end the tool, and the job with it. There is no terminal
+//!   to hand over, and no job control.
+//! - A lost lock terminates the job at once (`TerminateJobObject`): there
+//!   is no SIGTERM to give CMD a chance first, so `--kill-after` has no
+//!   effect (`"killAfterMs": 0` in the `lost` event). CMD's processes
+//!   exit with code 75, and so does the tool.
+//! - CMD's exit code is passed on whole, all 32 bits of it (as `%ERRORLEVEL%`
+//!   shows it), where Unix keeps a byte.
+//!
 //! # Exit codes
 //!
-//! | code | meaning | flock(1) |
-//! |---|---|---|
-//! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N | the same |
-//! | 0 | `holder`: the lock is held; `list`, `clean`, `man`, `completions`: success | |
-//! | 1 | `run`: the lock was held (`-n`) or `-w` ran out (see `-E`); `holder`: the lock is free | the same |
-//! | 2 | bad usage (`--permits 0`, `-w 5x`, `--shared` with `--permits`, ...), or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) | 64 for bad usage |
-//! | 66 | the lock directory does not exist (`holder`, `list`, `clean` never create it), or a PATH's directory does not exist or is a file (`run`, `holder`); sysexits' `EX_NOINPUT` | the same, when it cannot open the lock file |
-//! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) | no leases: never |
-//! | 78 | `run --shared` or `run --permits N`: NAME is held as another kind (a semaphore of another count, a semaphore when asked shared, or shared when asked for a permit); CMD never ran. sysexits' `EX_CONFIG`: the processes using NAME disagree on what it is | no semaphores: never |
-//! | 126, 127 | `run`: CMD could not be executed, or was not found (as a shell says) | 69 for both |
-//! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) | dies of the signal |
+//! | code | meaning | flock(1) | on Windows |
+//! |---|---|---|---|
+//! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N | the same | CMD's exit code, all 32 bits, once its Job object is empty (no signals: a process the tool terminated exits with the code it gave `TerminateJobObject`, 75) |
+//! | 0 | `holder`: the lock is held; `list`, `clean`, `man`, `completions`: success | | the same |
+//! | 1 | `run`: the lock was held (`-n`) or `-w` ran out (see `-E`); `holder`: the lock is free | the same | the same |
+//! | 2 | bad usage (`--permits 0`, `-w 5x`, `--shared` with `--permits`, ...), or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) | 64 for bad usage | the same, with the Job object for the watchdog |
+//! | 66 | the lock directory does not exist (`holder`, `list`, `clean` never create it), or a PATH's directory does not exist or is a file (`run`, `holder`); sysexits' `EX_NOINPUT` | the same, when it cannot open the lock file | the same |
+//! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) | no leases: never | the same: the job was terminated |
+//! | 78 | `run --shared` or `run --permits N`: NAME is held as another kind (a semaphore of another count, a semaphore when asked shared, or shared when asked for a permit); CMD never ran. sysexits' `EX_CONFIG`: the processes using NAME disagree on what it is | no semaphores: never | the same |
+//! | 126, 127 | `run`: CMD could not be executed, or was not found (as a shell says) | 69 for both | the same |
+//! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) | dies of the signal | 130 for Ctrl-C, 149 for Ctrl-Break |
 //!
 //! # JSON output
 //!

@@ -227,7 +227,9 @@ fn exit_status(status: ExitStatus) -> u32 {
 /// Ctrl-C exits with `STATUS_CONTROL_C_EXIT`, 0xC000013A).
 #[cfg(windows)]
 fn exit_status(status: ExitStatus) -> u32 {
-    status.code().map_or(1, |code| u32::from_ne_bytes(code.to_ne_bytes()))
+    status
+        .code()
+        .map_or(1, |code| u32::from_ne_bytes(code.to_ne_bytes()))
 }
 
 /// What `run` says and does when its lock is lost.
