@@ -20,7 +20,7 @@
 //! `-w`/`--timeout` (also `--wait`; seconds with fractions, or `90s`,
 //! `5m`, `1h30m`), `-E`/`--conflict-exit-code` (default 1), `-s`/`--shared`,
 //! `-x`/`--exclusive` (the last of the two wins), `-c`/`--command` (run
-//! through `sh -c`), `-o`/`--close` (accepted: CMD never holds a descriptor
+//! through `sh -c`; `cmd /C` on Windows), `-o`/`--close` (accepted: CMD never holds a descriptor
 //! of the lock, the tool does, so there is nothing to close) and
 //! `--verbose`. Not taken: flock(1)'s descriptor form (`flock 9` in a
 //! script that opened the file itself), `-u` and `-F` (the tool must stay
@@ -155,19 +155,51 @@
 //! the tool fails, saying to give `--dir`, rather than take a place another
 //! process might not.
 //!
+//! # On Windows
+//!
+//! `run` works as above, with a Job object where Unix has CMD's process
+//! group and the watchdog:
+//!
+//! - CMD is created suspended, put in a Job object made with
+//!   `JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE`, then resumed: CMD and every
+//!   process it starts are in the job (none may break away), and the lock
+//!   is held until none of them runs. The tool holds the job's only handle:
+//!   when the tool ends in any way (`taskkill /F`, Task Manager, a crash),
+//!   the kernel closes it and terminates every process of the job. There
+//!   is no watchdog process; if the job cannot be created, CMD is not run
+//!   (status 2).
+//! - `-c STRING` runs `cmd /S /C "STRING"`: STRING reaches cmd as it is,
+//!   quotes included (`%VAR%` expands, `&`, `|` and `>` work).
+//! - Ctrl-C and Ctrl-Break: the console delivers them to every process
+//!   attached to it, CMD included (it shares the tool's console and
+//!   process group), so the tool forwards nothing: it survives them and
+//!   waits for CMD's job as usual; CMD decides (a program that does not
+//!   handle Ctrl-C exits with `STATUS_CONTROL_C_EXIT`, 0xC000013A, which the
+//!   tool then exits with). While the tool waits for the lock, Ctrl-C ends
+//!   the wait with 130 and Ctrl-Break with 149 (128 plus the C runtime's
+//!   `SIGINT`, 2, and `SIGBREAK`, 21). Closing the console, logging off and
+//!   shutting down end the tool, and the job with it. There is no terminal
+//!   to hand over, and no job control.
+//! - A lost lock terminates the job at once (`TerminateJobObject`): there
+//!   is no SIGTERM to give CMD a chance first, so `--kill-after` has no
+//!   effect (`"killAfterMs": 0` in the `lost` event). CMD's processes
+//!   exit with code 75, and so does the tool.
+//! - CMD's exit code is passed on whole, all 32 bits of it (as `%ERRORLEVEL%`
+//!   shows it), where Unix keeps a byte.
+//!
 //! # Exit codes
 //!
-//! | code | meaning | flock(1) |
-//! |---|---|---|
-//! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N | the same |
-//! | 0 | `holder`: the lock is held; `list`, `clean`, `man`, `completions`: success | |
-//! | 1 | `run`: the lock was held (`-n`) or `-w` ran out (see `-E`); `holder`: the lock is free | the same |
-//! | 2 | bad usage (`--permits 0`, `-w 5x`, `--shared` with `--permits`, ...), or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) | 64 for bad usage |
-//! | 66 | the lock directory does not exist (`holder`, `list`, `clean` never create it), or a PATH's directory does not exist or is a file (`run`, `holder`); sysexits' `EX_NOINPUT` | the same, when it cannot open the lock file |
-//! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) | no leases: never |
-//! | 78 | `run --shared` or `run --permits N`: NAME is held as another kind (a semaphore of another count, a semaphore when asked shared, or shared when asked for a permit); CMD never ran. sysexits' `EX_CONFIG`: the processes using NAME disagree on what it is | no semaphores: never |
-//! | 126, 127 | `run`: CMD could not be executed, or was not found (as a shell says) | 69 for both |
-//! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) | dies of the signal |
+//! | code | meaning | flock(1) | on Windows |
+//! |---|---|---|---|
+//! | CMD's status | `run`: CMD ran, and its process group is empty; 128+N if CMD was killed by signal N | the same | CMD's exit code, all 32 bits, once its Job object is empty (no signals: a process the tool terminated exits with the code it gave `TerminateJobObject`, 75) |
+//! | 0 | `holder`: the lock is held; `list`, `clean`, `man`, `completions`: success | | the same |
+//! | 1 | `run`: the lock was held (`-n`) or `-w` ran out (see `-E`); `holder`: the lock is free | the same | the same |
+//! | 2 | bad usage (`--permits 0`, `-w 5x`, `--shared` with `--permits`, ...), or an error from the lock library (printed as `leasehold: ...`); `run`: the watchdog could not be started (CMD never ran, the lock was not taken) | 64 for bad usage | the same, with the Job object for the watchdog |
+//! | 66 | the lock directory does not exist (`holder`, `list`, `clean` never create it), or a PATH's directory does not exist or is a file (`run`, `holder`); sysexits' `EX_NOINPUT` | the same, when it cannot open the lock file | the same |
+//! | 75 | `run`: the lock was lost while CMD or its process group ran; the group was stopped (or had already exited) | no leases: never | the same: the job was terminated |
+//! | 78 | `run --shared` or `run --permits N`: NAME is held as another kind (a semaphore of another count, a semaphore when asked shared, or shared when asked for a permit); CMD never ran. sysexits' `EX_CONFIG`: the processes using NAME disagree on what it is | no semaphores: never | the same |
+//! | 126, 127 | `run`: CMD could not be executed, or was not found (as a shell says) | 69 for both | the same |
+//! | 128+N | `run`: signal N arrived while waiting for the lock (CMD never ran) | dies of the signal | 130 for Ctrl-C, 149 for Ctrl-Break |
 //!
 //! # JSON output
 //!
@@ -207,13 +239,15 @@
 //! | `"lost"` | the lock was lost while CMD ran (the warning follows) | `killAfterMs` (null if CMD had already exited) |
 
 // Denied, not forbidden: guarding CMD between fork and exec needs one
-// `pre_exec` hook, fenced in `guard_command`. The library forbids it.
+// `pre_exec` hook, fenced in `guard_command`; on Windows, CMD's Job object
+// needs the Win32 calls of job.rs. The library forbids it.
 #![deny(unsafe_code)]
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+#[cfg(unix)]
 use nix::sys::signal::Signal;
 
 // Beside this file, not in src/bin/, where Cargo would take each for a
@@ -233,6 +267,10 @@ mod duration;
 mod exit;
 #[path = "leasehold/inspect.rs"]
 mod inspect;
+// Windows: CMD's Job object, for process.rs.
+#[cfg(windows)]
+#[path = "leasehold/job.rs"]
+mod job;
 #[path = "leasehold/locker.rs"]
 mod locker;
 #[path = "leasehold/output.rs"]
@@ -252,13 +290,17 @@ use args::{Cli, Command, PAGES};
 use exit::EXIT_ERROR;
 use inspect::{clean, holder, list};
 use output::{chain, emit, warn};
+#[cfg(unix)]
 use process::{WATCHDOG, watchdog};
 use run::run;
 
 fn main() -> ExitCode {
     // Internal to `run`, so not a subcommand: the man page and the
-    // completions would show it.
+    // completions would show it. Windows needs none: its watchdog is the
+    // kernel's, through CMD's Job object.
+    #[cfg(unix)]
     let mut argv = std::env::args_os().skip(1);
+    #[cfg(unix)]
     if let (Some(first), None) = (argv.next(), argv.next())
         && first == WATCHDOG
     {
@@ -272,6 +314,7 @@ fn main() -> ExitCode {
         // terminal back from the background needs it, and the tool must not
         // be stopped by writing a warning while CMD's group has the
         // terminal (`stty tostop`): stopped, it would not renew the lease.
+        #[cfg(unix)]
         Command::Run(_) => {
             let _ = nix::sys::signal::SigSet::from(Signal::SIGTTOU).thread_block();
         }
@@ -291,18 +334,36 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(args).await,
-            Command::Holder { name, opts } => holder(&name, &opts).await,
-            Command::List(opts) => list(&opts).await,
-            Command::Clean { opts, dry_run } => clean(&opts, dry_run).await,
-            Command::Man { .. } | Command::Completions { .. } => Ok(EXIT_ERROR),
+            Command::Holder { name, opts } => holder(&name, &opts).await.map(u32::from),
+            Command::List(opts) => list(&opts).await.map(u32::from),
+            Command::Clean { opts, dry_run } => clean(&opts, dry_run).await.map(u32::from),
+            Command::Man { .. } | Command::Completions { .. } => Ok(EXIT_ERROR.into()),
         }
     });
     // Nothing of ours should linger, but never hang on exit if it does.
     runtime.shutdown_timeout(Duration::from_secs(1));
-    ExitCode::from(result.unwrap_or_else(|e| {
+    exit(result.unwrap_or_else(|e| {
         warn(&chain(&*e));
-        EXIT_ERROR
+        EXIT_ERROR.into()
     }))
+}
+
+/// Exits with `status`, a byte on Unix, where a status has no more.
+#[cfg(unix)]
+fn exit(status: u32) -> ExitCode {
+    ExitCode::from(u8::try_from(status).unwrap_or(EXIT_ERROR))
+}
+
+/// Windows: exits with `status`, all 32 bits of it, which `ExitCode` cannot
+/// yet say in stable Rust (CMD's own exit code, passed on whole).
+#[cfg(windows)]
+fn exit(status: u32) -> ExitCode {
+    match u8::try_from(status) {
+        Ok(status) => ExitCode::from(status),
+        // After the runtime's shutdown: `exit` flushes stdout, as a return
+        // from main does.
+        Err(_) => std::process::exit(i32::from_ne_bytes(status.to_ne_bytes())),
+    }
 }
 
 /// `leasehold man [SUBCOMMAND]`: the page, from the parser's own definitions.

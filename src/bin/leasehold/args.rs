@@ -15,26 +15,14 @@ pub(super) const RUN_SHORT_HELP: &str = "\
 Like flock(1): leasehold run [-n | -w DURATION] [-E N] [-s | -x] NAME|PATH (CMD ARGS... | -c STRING)
 See --help for the exit statuses, the kinds of lock, signals and the differences from flock(1).";
 
-/// The end of `leasehold run --help`.
-pub(super) const RUN_HELP: &str = "\
-Exit status:
-  CMD's status  CMD ran and exited, and its process group is empty
-  128+N         CMD was killed by signal N; or signal N arrived while waiting for
-                the lock (CMD never ran)
-  1             the lock was held (-n) or -w ran out; see -E (--conflict-exit-code)
-  2             bad usage (e.g. --permits 0, -w 5x, --shared with --permits), an
-                error from the lock library, or the watchdog could not be started
-                (then CMD never ran)
-  66            the lock's directory does not exist, or a PATH's is a file (a PATH's
-                directory is never created; as flock(1), which says it cannot
-                open the lock file)
-  75            the lock was lost while CMD or its group ran: the group was sent
-                SIGTERM, then SIGKILL after --kill-after (or it had already exited
-                when the loss was found)
-  78            --shared or --permits N: NAME is held as another kind (a semaphore of
-                another count, or shared vs semaphore); CMD never ran
-  126, 127      CMD could not be executed, or was not found (flock(1) says 69)
-
+/// The end of `leasehold run --help`: what differs between Unix and
+/// Windows (the exit statuses; the process group or the Job object) around
+/// what does not.
+macro_rules! run_help {
+    ($status:expr, $process:expr) => {
+        concat!(
+            $status,
+            "\
 Output: none of leasehold's own on success, nor on -n or -w giving up (as flock(1),
 so cron mails nothing). --verbose says who holds the lock (pid, host, since) when
 it must wait, again every 5 s, and how long the wait took. On a terminal, a wait
@@ -62,6 +50,43 @@ Kinds: without --shared or --permits the lock is exclusive (one run at a time).
 run holds back new shared runs. --permits N runs hold one of N permits of the
 semaphore NAME (at most N at once); every run of NAME must give the same N.
 
+",
+            $process,
+            "\
+--json: one JSON object per line on stderr for each event: {\"event\": \"waiting\" |
+\"acquired\" | \"busy\" | \"timeout\" | \"lost\", \"lock\": ..., ...}, with the holders (as
+`leasehold holder --json` shows them), waitedMs, fencingToken, exitCode or
+killAfterMs.
+
+Durations: seconds (fractions allowed: 0.5) or units ms, s, m, h, d (90s, 5m,
+1h30m, 1.5h)."
+        )
+    };
+}
+
+#[cfg(unix)]
+pub(super) const RUN_HELP: &str = run_help!(
+    "\
+Exit status:
+  CMD's status  CMD ran and exited, and its process group is empty
+  128+N         CMD was killed by signal N; or signal N arrived while waiting for
+                the lock (CMD never ran)
+  1             the lock was held (-n) or -w ran out; see -E (--conflict-exit-code)
+  2             bad usage (e.g. --permits 0, -w 5x, --shared with --permits), an
+                error from the lock library, or the watchdog could not be started
+                (then CMD never ran)
+  66            the lock's directory does not exist, or a PATH's is a file (a PATH's
+                directory is never created; as flock(1), which says it cannot
+                open the lock file)
+  75            the lock was lost while CMD or its group ran: the group was sent
+                SIGTERM, then SIGKILL after --kill-after (or it had already exited
+                when the loss was found)
+  78            --shared or --permits N: NAME is held as another kind (a semaphore of
+                another count, or shared vs semaphore); CMD never ran
+  126, 127      CMD could not be executed, or was not found (flock(1) says 69)
+
+",
+    "\
 CMD runs in a process group of its own. The lock is held until CMD and every
 process left in its group have exited (like flock(1), a background job of CMD
 keeps the lock); the status is then CMD's own. -o is accepted for flock(1)'s
@@ -76,13 +101,46 @@ set-user-ID or file-capability one (sudo). In a terminal, CMD's group gets the
 terminal while it runs (Ctrl-C goes to it); Ctrl-Z (job control) is not
 supported.
 
---json: one JSON object per line on stderr for each event: {\"event\": \"waiting\" |
-\"acquired\" | \"busy\" | \"timeout\" | \"lost\", \"lock\": ..., ...}, with the holders (as
-`leasehold holder --json` shows them), waitedMs, fencingToken, exitCode or
-killAfterMs.
+"
+);
 
-Durations: seconds (fractions allowed: 0.5) or units ms, s, m, h, d (90s, 5m,
-1h30m, 1.5h).";
+#[cfg(windows)]
+pub(super) const RUN_HELP: &str = run_help!(
+    "\
+Exit status:
+  CMD's status  CMD ran and exited, and its Job object is empty: its exit code,
+                all 32 bits of it (0xC000013A if Ctrl-C ended it)
+  130, 149      Ctrl-C or Ctrl-Break arrived while waiting for the lock (CMD never
+                ran)
+  1             the lock was held (-n) or -w ran out; see -E (--conflict-exit-code)
+  2             bad usage (e.g. --permits 0, -w 5x, --shared with --permits), an
+                error from the lock library, or the Job object could not be
+                created (then CMD never ran)
+  66            the lock's directory does not exist, or a PATH's is a file (a PATH's
+                directory is never created; as flock(1), which says it cannot
+                open the lock file)
+  75            the lock was lost while CMD or its job ran: the job was terminated
+                at once (its processes exit with 75 too), or had already exited
+                when the loss was found
+  78            --shared or --permits N: NAME is held as another kind (a semaphore of
+                another count, or shared vs semaphore); CMD never ran
+  126, 127      CMD could not be executed, or was not found (flock(1) says 69)
+
+",
+    "\
+On Windows, CMD runs in a Job object that terminates with leasehold: CMD starts
+suspended and joins it before it runs, and every process it starts is in it too
+(none may break away). The lock is held until every process of the job has exited;
+the status is then CMD's own. If leasehold dies without releasing the lock
+(taskkill /F, a crash), the kernel terminates the job, so nothing of CMD runs on
+without the lock; if the job cannot be created, CMD is not run. -c STRING runs
+cmd /S /C \"STRING\" (STRING as it is, quotes included). Ctrl-C and Ctrl-Break reach
+CMD from the console, not through leasehold, which waits for the job as usual. A
+lost lock terminates the job at once: there is no SIGTERM, and --kill-after has no
+effect. -o is accepted for flock(1)'s sake.
+
+"
+);
 
 /// Named cross-process locks: run a command under a lock, inspect and clean
 /// a lock directory.
@@ -200,7 +258,11 @@ pub(super) struct RunArgs {
     /// Write one JSON object per line to stderr for what happens to the lock: waiting, acquired, busy, timeout, lost (see --help).
     #[arg(long)]
     pub(super) json: bool,
-    /// Run STRING through `sh -c` instead of CMD (as flock -c).
+    #[cfg_attr(unix, doc = "Run STRING through `sh -c` instead of CMD (as flock -c).")]
+    #[cfg_attr(
+        windows,
+        doc = "Run STRING through `cmd /S /C \"STRING\"` instead of CMD (as flock -c runs `sh -c`)."
+    )]
     #[arg(
         short = 'c',
         long = "command",
@@ -252,7 +314,11 @@ impl RunArgs {
                         .to_owned(),
                 );
             }
+            #[cfg(unix)]
             Some(script) => vec!["sh".into(), "-c".into(), script.clone()],
+            // Passed to cmd verbatim, in quotes that /S takes off (process.rs).
+            #[cfg(windows)]
+            Some(script) => vec!["cmd".into(), "/S".into(), "/C".into(), script.clone()],
             None if self.command.is_empty() => return Err("no command given".to_owned()),
             None => std::mem::take(&mut self.command),
         };
@@ -263,7 +329,9 @@ impl RunArgs {
     /// of the default 30 s lease: when failing renewals report the loss at
     /// that margin (a quarter of the lease), a CMD that ignores SIGTERM is
     /// killed before anyone else may take the lock. A shorter lease gets a
-    /// sixth of itself, which keeps that proportion.
+    /// sixth of itself, which keeps that proportion. Unix only: Windows
+    /// has no SIGTERM, and a lost lock terminates CMD's job at once.
+    #[cfg(unix)]
     pub(super) fn kill_after(&self) -> Duration {
         let default = Duration::from_secs(5);
         self.kill_after

@@ -3,29 +3,48 @@
 //! starting CMD guarded and with its environment, the subreaper and the
 //! reaping of orphans, signalling and watching CMD's process group, and
 //! handing the terminal to CMD and back.
+//!
+//! On Windows (at the end of this file) the same names stand for CMD's Job
+//! object (job.rs): the watchdog is the job, which the kernel terminates
+//! with the tool; CMD's group is the job's processes; the console, not
+//! the tool, hands Ctrl-C and Ctrl-Break to CMD; there is no terminal to
+//! hand over and no orphan to reap.
 
 use std::ffi::OsString;
+#[cfg(unix)]
 use std::io::Write;
+#[cfg(unix)]
 use std::process::ExitCode;
 use std::time::Duration;
 
+#[cfg(unix)]
 use nix::sys::signal::Signal;
+#[cfg(unix)]
 use nix::unistd::Pid;
+#[cfg(unix)]
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::exit::{EXIT_ERROR, Failure};
+#[cfg(unix)]
+use super::exit::EXIT_ERROR;
+use super::exit::Failure;
+#[cfg(windows)]
+use super::job::Job;
+#[cfg(unix)]
 use super::output::warn;
 
 /// How often `run` checks whether CMD's process group is empty, once CMD
 /// itself has exited.
 pub(super) const GROUP_POLL: Duration = Duration::from_millis(50);
 
+#[cfg(unix)]
 /// The only argument `run` starts its watchdog with.
 pub(super) const WATCHDOG: &str = "__watchdog";
 
+#[cfg(unix)]
 /// The byte `run` sends its watchdog once CMD's process group is empty.
 pub(super) const DISARM: u8 = b'd';
 
+#[cfg(unix)]
 /// The watchdog of one `run`: a child process (this same binary, in a
 /// process group of its own) reading a pipe whose write end only `run`
 /// holds. CMD writes its pid, which is its process group id, to the pipe
@@ -38,6 +57,7 @@ pub(super) struct Watchdog {
     _process: std::process::Child,
 }
 
+#[cfg(unix)]
 impl Watchdog {
     pub(super) fn start() -> Result<Self, Failure> {
         use std::os::unix::process::CommandExt;
@@ -70,6 +90,7 @@ impl Watchdog {
     }
 }
 
+#[cfg(unix)]
 /// `leasehold __watchdog`, started by `run` (see [`Watchdog`]): reads CMD's
 /// process group id from stdin, then waits for EOF, and SIGKILLs the group
 /// unless `run` disarmed it first. Runs without the async runtime.
@@ -125,10 +146,12 @@ pub(super) fn watchdog() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+#[cfg(unix)]
 /// Signals the tool forwards to CMD's process group. Installed before the wait for the lock,
 /// so a signal is never lost between taking the lock and spawning CMD.
 pub(super) struct Forwarded([tokio::signal::unix::Signal; 3]);
 
+#[cfg(unix)]
 impl Forwarded {
     pub(super) fn install() -> Result<Self, Failure> {
         let one = |kind| signal(kind).map_err(|e| format!("cannot install a signal handler: {e}"));
@@ -154,23 +177,46 @@ impl Forwarded {
 
 /// CMD with its arguments and its environment: `LEASEHOLD_NAME` (the lock
 /// as given) and `LEASEHOLD_FENCING_TOKEN` (when the lock has one).
+/// `shell` (`-c`) matters on Windows only.
 pub(super) fn command(
     program: &OsString,
     args: &[OsString],
     shown: &str,
     token: Option<u64>,
+    #[cfg_attr(unix, allow(unused_variables))] shell: bool,
 ) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(program);
-    command.args(args).env("LEASEHOLD_NAME", shown);
+    #[cfg(unix)]
+    command.args(args);
+    #[cfg(windows)]
+    match args.split_last() {
+        // `cmd /S /C "STRING"`: with /S, cmd takes off the first and the
+        // last quote and runs what is between as it is. Through `arg`,
+        // std would escape STRING's own quotes as `\"`, which cmd does not
+        // read as C programs do.
+        Some((script, switches)) if shell => {
+            let mut quoted = OsString::from("\"");
+            quoted.push(script);
+            quoted.push("\"");
+            command.args(switches).raw_arg(quoted);
+        }
+        _ => {
+            command.args(args);
+        }
+    }
+    command.env("LEASEHOLD_NAME", shown);
     if let Some(token) = token {
         command.env("LEASEHOLD_FENCING_TOKEN", token.to_string());
     }
     // CMD leads a process group of its own: the unit that is signalled,
-    // waited for and, by the watchdog, killed.
+    // waited for and, by the watchdog, killed. On Windows the Job object
+    // (job.rs) is that unit.
+    #[cfg(unix)]
     command.process_group(0);
     command
 }
 
+#[cfg(unix)]
 /// Starts CMD guarded (see [`guard_command`]) and hands it the terminal if
 /// `terminal`. Not async, so no `.await` comes between the check in
 /// `guard_command` and the fork: it forks on the thread checked. The outer
@@ -197,12 +243,24 @@ pub(super) fn become_subreaper() -> Result<(), Failure> {
         .map_err(|e| format!("cannot become a child subreaper: {e}").into())
 }
 
-/// Elsewhere init reaps orphans, a little later.
+/// Elsewhere init reaps orphans, a little later; on Windows an exited
+/// process leaves nothing to reap.
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 pub(super) fn become_subreaper() -> Result<(), Failure> {
     Ok(())
 }
 
+/// CMD's process group, named by its id, CMD's pid.
+#[cfg(unix)]
+pub(super) type Group = Pid;
+
+/// CMD's group once it runs (`None` cannot happen before it is waited for).
+#[cfg(unix)]
+pub(super) fn group_of(child: &tokio::process::Child, _watchdog: &Watchdog) -> Option<Group> {
+    child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw)
+}
+
+#[cfg(unix)]
 /// Reaps every exited child: orphans of CMD's group, reparented to us. Call
 /// only after Tokio has collected CMD's own status.
 pub(super) fn reap_orphans() {
@@ -214,18 +272,21 @@ pub(super) fn reap_orphans() {
     }
 }
 
+#[cfg(unix)]
 /// Whether no process is left in the group; EPERM (a member we may not
 /// signal, e.g. set-user-ID) counts as alive.
-pub(super) fn group_is_empty(group: Pid) -> bool {
-    nix::sys::signal::killpg(group, None) == Err(nix::errno::Errno::ESRCH)
+pub(super) fn group_is_empty(group: &Group) -> bool {
+    nix::sys::signal::killpg(*group, None) == Err(nix::errno::Errno::ESRCH)
 }
 
+#[cfg(unix)]
 /// A failed kill only means the group is already gone, which the loop in
 /// `run` notices.
-pub(super) fn signal_group(group: Pid, sig: Signal) {
-    let _ = nix::sys::signal::killpg(group, sig);
+pub(super) fn signal_group(group: &Group, sig: Signal) {
+    let _ = nix::sys::signal::killpg(*group, sig);
 }
 
+#[cfg(unix)]
 /// The controlling terminal (`/dev/tty`, whatever stdin is), when our
 /// process group is its foreground group: CMD's group takes it over (or
 /// CMD would be stopped by SIGTTIN/SIGTTOU on using it, a password prompt
@@ -237,6 +298,7 @@ pub(super) struct Terminal {
     tty: std::fs::File,
 }
 
+#[cfg(unix)]
 impl Terminal {
     pub(super) fn if_foreground() -> Option<Self> {
         use std::os::unix::fs::OpenOptionsExt;
@@ -257,12 +319,14 @@ impl Terminal {
     }
 }
 
+#[cfg(unix)]
 impl Drop for Terminal {
     fn drop(&mut self) {
         let _ = nix::unistd::tcsetpgrp(&self.tty, nix::unistd::getpgrp());
     }
 }
 
+#[cfg(unix)]
 /// Guards CMD between fork and exec, so that it never runs on without the
 /// lock: it tells the watchdog its pid (its process group id) before it
 /// can start anything, takes the terminal if `terminal`, and on Linux dies
@@ -340,4 +404,133 @@ fn guard_command(
         });
     }
     Ok(())
+}
+
+/// Windows: the watchdog is CMD's Job object, which the kernel terminates
+/// with every process in it when the tool's handle to it closes, however
+/// the tool ends. Created before the lock is taken, as the Unix watchdog is
+/// started: a tool that cannot guard CMD never takes the lock.
+#[cfg(windows)]
+pub(super) struct Watchdog {
+    job: std::sync::Arc<Job>,
+}
+
+#[cfg(windows)]
+impl Watchdog {
+    pub(super) fn start() -> Result<Self, Failure> {
+        let job = Job::new().map_err(|e| format!("cannot create a job object: {e}"))?;
+        Ok(Self {
+            job: std::sync::Arc::new(job),
+        })
+    }
+
+    /// Nothing to do: the job is empty, and closing it kills nothing.
+    pub(super) fn disarm(&self) {}
+}
+
+/// Windows: the console events the tool waits for. Ctrl-C and Ctrl-Break
+/// reach every process attached to the console, CMD (which shares the
+/// tool's console and process group) included, so there is nothing to
+/// forward: the tool only stays alive to wait for CMD, and while it waits
+/// for the lock, ends the wait. Closing the console window, logging off
+/// and shutting down are not caught: the tool is ended with the console,
+/// and its job with it.
+#[cfg(windows)]
+pub(super) struct Forwarded {
+    interrupt: tokio::signal::windows::CtrlC,
+    brk: tokio::signal::windows::CtrlBreak,
+}
+
+/// Windows: a console event, numbered as the C runtime's signals
+/// (`SIGINT` 2, `SIGBREAK` 21), so that one arriving while the tool waits
+/// for the lock ends it with 128+N as on Unix.
+#[cfg(windows)]
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Signal {
+    Interrupt = 2,
+    Break = 21,
+}
+
+#[cfg(windows)]
+impl Forwarded {
+    pub(super) fn install() -> Result<Self, Failure> {
+        let failed = |e: std::io::Error| format!("cannot install a console control handler: {e}");
+        Ok(Self {
+            interrupt: tokio::signal::windows::ctrl_c().map_err(failed)?,
+            brk: tokio::signal::windows::ctrl_break().map_err(failed)?,
+        })
+    }
+
+    /// The next event; never resolves if the signal driver has gone away,
+    /// rather than spinning.
+    pub(super) async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            Some(()) = self.interrupt.recv() => Signal::Interrupt,
+            Some(()) = self.brk.recv() => Signal::Break,
+            else => std::future::pending().await,
+        }
+    }
+}
+
+/// Windows: CMD's processes are those of the job.
+#[cfg(windows)]
+pub(super) struct Group(std::sync::Arc<Job>);
+
+#[cfg(windows)]
+impl Group {
+    /// Terminates every process of the job, each exiting with `code`
+    /// (Windows has no SIGTERM to give them a chance first).
+    pub(super) fn terminate(&self, code: u32) {
+        self.0.terminate(code);
+    }
+}
+
+#[cfg(windows)]
+pub(super) fn group_of(_child: &tokio::process::Child, watchdog: &Watchdog) -> Option<Group> {
+    Some(Group(std::sync::Arc::clone(&watchdog.job)))
+}
+
+/// Windows: starts CMD in the job (job.rs). The outer error is the tool's:
+/// the job could not take CMD, which was killed before it ran.
+#[cfg(windows)]
+pub(super) fn spawn(
+    command: &mut tokio::process::Command,
+    watchdog: &Watchdog,
+    _terminal: Option<&Terminal>,
+) -> Result<std::io::Result<tokio::process::Child>, Failure> {
+    watchdog
+        .job
+        .spawn(command)
+        .map_err(|e| format!("cannot put the command in a job object: {e}").into())
+}
+
+/// Windows: nothing to reap.
+#[cfg(windows)]
+pub(super) fn reap_orphans() {}
+
+#[cfg(windows)]
+pub(super) fn group_is_empty(group: &Group) -> bool {
+    group.0.is_empty()
+}
+
+/// Windows: the console delivered the event to CMD itself.
+#[cfg(windows)]
+pub(super) fn signal_group(_group: &Group, _sig: Signal) {}
+
+/// Windows: CMD shares the tool's console; there is no foreground process
+/// group to hand it.
+#[cfg(windows)]
+pub(super) struct Terminal;
+
+#[cfg(windows)]
+impl Terminal {
+    pub(super) fn if_foreground() -> Option<Self> {
+        None
+    }
+}
+
+/// Windows: nothing to hand back; `run` drops its terminal as on Unix.
+#[cfg(windows)]
+impl Drop for Terminal {
+    fn drop(&mut self) {}
 }

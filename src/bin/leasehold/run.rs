@@ -8,14 +8,20 @@
 //! (acquire.rs); start CMD guarded (process.rs); wait until CMD's group is
 //! empty, forwarding signals to it and stopping it if the lock is lost;
 //! release the lock; exit with CMD's status, or [`EXIT_LOST`].
+//!
+//! On Windows, CMD's group is its Job object and the watchdog is that job
+//! (process.rs, job.rs): a lost lock terminates the job at once, as there
+//! is no SIGTERM to send first, and CMD's exit code is passed on whole.
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
-use std::time::{Duration, Instant};
+#[cfg(unix)]
+use std::time::Duration;
+use std::time::Instant;
 
 use leasehold::LockGuard;
+#[cfg(unix)]
 use nix::sys::signal::Signal;
-use nix::unistd::Pid;
 use serde_json::json;
 
 use super::acquire::take;
@@ -24,25 +30,31 @@ use super::exit::{EXIT_ERROR, EXIT_LOST, Failure};
 use super::locker::running;
 use super::output::{chain, warn};
 use super::process::{
-    Forwarded, GROUP_POLL, Terminal, Watchdog, become_subreaper, command, group_is_empty, reap_orphans,
-    signal_group, spawn,
+    Forwarded, GROUP_POLL, Group, Terminal, Watchdog, become_subreaper, command, group_is_empty, group_of,
+    reap_orphans, signal_group, spawn,
 };
 use super::status;
 use super::target::Target;
 
 /// The library's default lease, which `run` keeps unless `--lease` says.
+#[cfg(unix)]
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-pub(super) async fn run(mut args: RunArgs) -> Result<u8, Failure> {
+/// The status to exit with: a byte, but for CMD's own exit code on
+/// Windows, which is passed on whole (`0xC000013A` after Ctrl-C).
+pub(super) async fn run(mut args: RunArgs) -> Result<u32, Failure> {
     let started = Instant::now();
     let (target, argv) = match args.resolve() {
         Ok(resolved) => resolved,
         Err(e) => {
             warn(&e);
-            return Ok(EXIT_ERROR);
+            return Ok(EXIT_ERROR.into());
         }
     };
+    // Windows has no SIGTERM: a lost lock terminates CMD's job at once.
+    #[cfg(unix)]
     let kill_after = args.kill_after();
+    #[cfg(unix)]
     check_kill_after(args.lease, kill_after);
     let mut signals = Forwarded::install()?;
     // Before the lock is taken, so that a tool that cannot guard CMD never
@@ -54,31 +66,32 @@ pub(super) async fn run(mut args: RunArgs) -> Result<u8, Failure> {
                 "cannot start the watchdog that stops the command if leasehold dies: {}; not running the command",
                 chain(&*e)
             ));
-            return Ok(EXIT_ERROR);
+            return Ok(EXIT_ERROR.into());
         }
     };
     become_subreaper()?;
     let locker = match running(&args, &target)? {
         Ok(locker) => locker,
-        Err(exit) => return Ok(exit),
+        Err(exit) => return Ok(exit.into()),
     };
     let guard = match take(&args, &locker, &target, &mut signals, started).await? {
         Ok(guard) => guard,
-        Err(exit) => return Ok(exit),
+        Err(exit) => return Ok(exit.into()),
     };
 
     let Some((program, rest)) = argv.split_first() else {
         return Err("no command given".into());
     };
-    let mut command = command(program, rest, target.shown(), guard.fencing_token());
+    let shell = args.shell_command.is_some();
+    let mut command = command(program, rest, target.shown(), guard.fencing_token(), shell);
     let terminal = Terminal::if_foreground();
     let mut child = match spawn(&mut command, &watchdog, terminal.as_ref())? {
         Ok(child) => child,
-        Err(e) => return Ok(not_started(program, &e, terminal, &watchdog, guard).await),
+        Err(e) => return Ok(not_started(program, &e, terminal, &watchdog, guard).await.into()),
     };
     // Taken now: once reaped, the child no longer reports its pid. CMD's
     // pid is its process group id.
-    let Some(group) = child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw) else {
+    let Some(group) = group_of(&child, &watchdog) else {
         // Cannot happen before the child is waited for; never leave it unguarded.
         let _ = child.start_kill();
         return Err("internal error: the command has no process id".into());
@@ -86,9 +99,10 @@ pub(super) async fn run(mut args: RunArgs) -> Result<u8, Failure> {
     let loss = Loss {
         target: &target,
         json: args.json,
+        #[cfg(unix)]
         kill_after,
     };
-    let (status, lost) = watch(&mut child, group, &guard, &mut signals, &loss).await;
+    let (status, lost) = watch(&mut child, &group, &guard, &mut signals, &loss).await;
     // The group is empty: nothing is left for the watchdog to kill, and
     // CMD's pid may now be reused by an unrelated process group.
     watchdog.disarm();
@@ -96,11 +110,12 @@ pub(super) async fn run(mut args: RunArgs) -> Result<u8, Failure> {
     let lost = release(guard, lost, &loss).await;
     let status = status.map_err(|e| format!("cannot wait for the command: {e}"))?;
     if lost {
-        return Ok(EXIT_LOST);
+        return Ok(EXIT_LOST.into());
     }
     Ok(exit_status(status))
 }
 
+#[cfg(unix)]
 /// Warns that a `--kill-after` longer than the lease's safety margin may
 /// let CMD run on after another process took the lock.
 fn check_kill_after(lease: Option<Duration>, kill_after: Duration) {
@@ -137,7 +152,7 @@ async fn not_started(
 /// lost meanwhile. Returns CMD's own status, and whether the loss was seen.
 async fn watch(
     child: &mut tokio::process::Child,
-    group: Pid,
+    group: &Group,
     guard: &LockGuard,
     signals: &mut Forwarded,
     loss: &Loss<'_>,
@@ -197,26 +212,39 @@ async fn release(guard: LockGuard, lost: bool, loss: &Loss<'_>) -> bool {
 
 /// CMD's status as a shell gives it: its exit code, or 128+N if signal N
 /// killed it.
-fn exit_status(status: ExitStatus) -> u8 {
+#[cfg(unix)]
+fn exit_status(status: ExitStatus) -> u32 {
     use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
+    let status = match (status.code(), status.signal()) {
         (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
         (None, Some(sig)) => u8::try_from(128 + (sig & 0x7f)).unwrap_or(1),
         (None, None) => 1,
-    }
+    };
+    status.into()
+}
+
+/// Windows: CMD's exit code, all 32 bits of it (a process that ends by
+/// Ctrl-C exits with `STATUS_CONTROL_C_EXIT`, 0xC000013A).
+#[cfg(windows)]
+fn exit_status(status: ExitStatus) -> u32 {
+    status
+        .code()
+        .map_or(1, |code| u32::from_ne_bytes(code.to_ne_bytes()))
 }
 
 /// What `run` says and does when its lock is lost.
 struct Loss<'a> {
     target: &'a Target,
     json: bool,
+    #[cfg(unix)]
     kill_after: Duration,
 }
 
 impl Loss<'_> {
     /// Lost while CMD's group runs: says so, sends the group SIGTERM, and
     /// returns when to send it SIGKILL.
-    fn stop(&self, group: Pid) -> Option<tokio::time::Instant> {
+    #[cfg(unix)]
+    fn stop(&self, group: &Group) -> Option<tokio::time::Instant> {
         if self.json {
             let kill_after_ms = u64::try_from(self.kill_after.as_millis()).unwrap_or(u64::MAX);
             status::event(
@@ -234,8 +262,32 @@ impl Loss<'_> {
         tokio::time::Instant::now().checked_add(self.kill_after)
     }
 
+    /// Windows: lost while CMD's job runs: says so and terminates the job
+    /// at once, every process of it exiting with [`EXIT_LOST`]. There is
+    /// no SIGTERM to send first, so `--kill-after` has nothing to wait for.
+    #[cfg(windows)]
+    fn stop(&self, group: &Group) -> Option<tokio::time::Instant> {
+        if self.json {
+            status::event("lost", self.target.shown(), json!({ "killAfterMs": 0 }));
+        }
+        warn(&format!(
+            "warning: lock {:?} was lost while the command ran; terminating its job object (the command and every process it started)",
+            self.target.name(),
+        ));
+        group.terminate(EXIT_LOST.into());
+        None
+    }
+
+    /// Windows: never reached, as `stop` asks for no later kill; the
+    /// same termination if it were.
+    #[cfg(windows)]
+    fn kill(&self, group: &Group) {
+        group.terminate(EXIT_LOST.into());
+    }
+
     /// The group outlived `--kill-after` after SIGTERM.
-    fn kill(&self, group: Pid) {
+    #[cfg(unix)]
+    fn kill(&self, group: &Group) {
         warn(&format!(
             "warning: the command's process group did not exit within {:?} of SIGTERM; sending it SIGKILL",
             self.kill_after

@@ -137,16 +137,22 @@ pub(crate) fn check_lock_path(dir: &Path, file: &str, directories: bool) -> Resu
 /// decide).
 fn holds_data(path: &Path, len: u64) -> Option<u64> {
     use std::io::{Read, Seek};
+    #[cfg(unix)]
     use std::os::unix::fs::OpenOptionsExt;
+    #[cfg(windows)]
+    use std::os::windows::fs::OpenOptionsExt;
 
     if len == 0 {
         return None;
     }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits())
-        .open(path)
-        .ok()?;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    options.custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits());
+    // The reparse point itself, never what it points to, as O_NOFOLLOW.
+    #[cfg(windows)]
+    options.custom_flags(windows_sys::Win32::Storage::FileSystem::FILE_FLAG_OPEN_REPARSE_POINT);
+    let file = options.open(path).ok()?;
     // Whether or not someone holds its `flock`: a `flock` says nothing of
     // what the file is, and the library removes a file that holds no
     // record once its `flock` is let go. A leasehold holder rewrites its
