@@ -13,7 +13,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use leasehold::Locker;
+#[cfg(unix)]
 use nix::sys::signal::{Signal, kill};
+#[cfg(unix)]
 use nix::unistd::Pid;
 
 const ROLE_ENV: &str = "LEASEHOLD_TEST_ROLE";
@@ -454,6 +456,7 @@ impl ChildProc {
         }
     }
 
+    #[cfg(unix)]
     pub fn signal(&self, signal: Signal) {
         kill(Pid::from_raw(self.pid() as i32), signal).expect("signal child");
     }
@@ -477,7 +480,11 @@ impl ChildProc {
     /// Kills the child (by pid) if it still runs, and reaps it.
     pub fn kill_and_reap(&mut self) {
         if let Ok(None) = self.child.try_wait() {
+            #[cfg(unix)]
             let _ = kill(Pid::from_raw(self.pid() as i32), Signal::SIGKILL);
+            // TerminateProcess, through the handle std keeps.
+            #[cfg(windows)]
+            let _ = self.child.kill();
         }
         let _ = self.child.wait();
     }
@@ -544,12 +551,19 @@ pub fn iso(t: std::time::SystemTime) -> String {
 
 /// A pid that no process has: a child that has exited and been reaped.
 pub fn dead_pid() -> u32 {
+    #[cfg(unix)]
     let mut child = Command::new("true").spawn().expect("spawn true");
+    #[cfg(windows)]
+    let mut child = Command::new("cmd")
+        .args(["/C", "exit"])
+        .spawn()
+        .expect("spawn cmd");
     let pid = child.id();
     child.wait().expect("reap");
     pid
 }
 
+#[cfg(target_os = "linux")]
 /// Field 22 of `/proc/<pid>/stat`: the start in clock ticks since boot,
 /// which is the `startTime` pi-research's process-lifecycle service writes
 /// and compares on Linux.
@@ -563,6 +577,7 @@ pub fn start_ticks(pid: u32) -> u64 {
         .unwrap()
 }
 
+#[cfg(target_os = "linux")]
 /// This process's start in ms since the epoch (boot time plus start
 /// ticks), as writers that use the wall clock record it.
 pub fn own_start_ms() -> u64 {

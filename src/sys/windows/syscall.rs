@@ -329,20 +329,84 @@ pub(crate) fn stat_at(dir: &File, name: &str) -> Result<Stat, Errno> {
 }
 
 /// Removes the file (not a directory) `name` in `dir`.
+///
+/// Windows keeps the name of a deleted file until every handle of it is
+/// closed (unless the filesystem deletes with POSIX semantics), and
+/// refuses to make a new file of that name meanwhile: a reader that has
+/// the record open at the moment of a release would keep the lock's name
+/// taken. So the file is first renamed aside, to `<name>.pending-<12 hex>`
+/// (the shape of a half-made lock file, which the sweep removes once its
+/// mark is free), and deleted there; the lock's name is free at once.
 pub(crate) fn unlink_at<P: ?Sized + AsRef<OsStr>>(dir: &File, name: &P) -> Result<(), Errno> {
     let path = child(dir, name.as_ref())?;
-    match std::fs::remove_file(&path) {
-        Ok(()) => Ok(()),
-        Err(e) => match Errno::of(&e) {
-            // A directory is refused with "access denied": say which.
-            Errno::EACCES
-                if stat_at(dir, &name.as_ref().to_string_lossy()).is_ok_and(|st| st.kind == Kind::Dir) =>
-            {
-                Err(Errno::EISDIR)
-            }
-            other => Err(other),
-        },
+    // Opened for deletion, the name itself (a reparse point is not
+    // followed): the rename and the deletion below act on this very file,
+    // whatever comes to bear its name meanwhile.
+    let file = OpenOptions::new()
+        .access_mode(fs::DELETE | fs::FILE_READ_ATTRIBUTES)
+        .share_mode(SHARE_ALL)
+        .custom_flags(fs::FILE_FLAG_OPEN_REPARSE_POINT | fs::FILE_FLAG_BACKUP_SEMANTICS)
+        .open(&path)
+        .map_err(|e| Errno::of(&e))?;
+    if information(&file)?.dwFileAttributes & fs::FILE_ATTRIBUTE_DIRECTORY != 0 {
+        return Err(Errno::EISDIR);
     }
+    let mut aside = name.as_ref().to_owned();
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    aside.push(format!(".pending-{}", &id[..12]));
+    // Renaming fails only when someone holds the file open without sharing
+    // deletion (no leasehold process does); then it is deleted in place,
+    // when they close it.
+    let _ = rename_handle(&file, &child(dir, &aside)?);
+    let disposition = fs::FILE_DISPOSITION_INFO { DeleteFile: true };
+    // SAFETY: the handle is open with DELETE access while `file` lives;
+    // the buffer is a FILE_DISPOSITION_INFO of the size passed.
+    let ok = unsafe {
+        fs::SetFileInformationByHandle(
+            file.as_raw_handle(),
+            fs::FileDispositionInfo,
+            std::ptr::from_ref(&disposition).cast(),
+            u32::try_from(std::mem::size_of::<fs::FILE_DISPOSITION_INFO>()).unwrap_or(0),
+        )
+    };
+    if ok == 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// Renames the file behind `file` to `to` (a full path), never replacing
+/// what is there (`SetFileInformationByHandle(FileRenameInfo)`).
+fn rename_handle(file: &File, to: &Path) -> Result<(), Errno> {
+    let name: Vec<u16> = to.as_os_str().encode_wide().collect();
+    let header = std::mem::offset_of!(fs::FILE_RENAME_INFO, FileName);
+    let name_bytes = name.len() * 2;
+    // The structure, then the name in place of its one-unit `FileName`
+    // (and a NUL), in u64s so that the buffer is aligned for it.
+    let mut buf = vec![0u64; (header + name_bytes + 2).div_ceil(8) + 1];
+    let info = buf.as_mut_ptr().cast::<fs::FILE_RENAME_INFO>();
+    // SAFETY: `buf` is zeroed, aligned to 8 and large enough for the
+    // header and the name; the fields are written through the raw pointer,
+    // and the name copied to where `FileName` begins.
+    unsafe {
+        (*info).Anonymous.ReplaceIfExists = false;
+        (*info).RootDirectory = std::ptr::null_mut();
+        (*info).FileNameLength = u32::try_from(name_bytes).map_err(|_| Errno::ENAMETOOLONG)?;
+        std::ptr::copy_nonoverlapping(
+            name.as_ptr(),
+            std::ptr::addr_of_mut!((*info).FileName).cast::<u16>(),
+            name.len(),
+        );
+    }
+    let size = u32::try_from(buf.len() * 8).map_err(|_| Errno::ENAMETOOLONG)?;
+    // SAFETY: the handle is open with DELETE access while `file` lives;
+    // `info` points at a FILE_RENAME_INFO of `size` bytes.
+    if unsafe { fs::SetFileInformationByHandle(file.as_raw_handle(), fs::FileRenameInfo, info.cast(), size) }
+        == 0
+    {
+        return Err(Errno::last());
+    }
+    Ok(())
 }
 
 /// Makes `to` a second name of the file `from`, both in `dir`; fails with
