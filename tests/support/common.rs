@@ -71,6 +71,17 @@ pub fn say(line: &str) {
     let _ = out.flush();
 }
 
+/// The layouts this platform has: both on Unix; on Windows, which cannot
+/// lock a directory, the file layout only (`build()` refuses the other
+/// with `Error::Unsupported`).
+pub fn strategies() -> &'static [leasehold::Strategy] {
+    if cfg!(windows) {
+        &[leasehold::Strategy::ExclusiveFile]
+    } else {
+        &[leasehold::Strategy::ExclusiveFile, leasehold::Strategy::Directory]
+    }
+}
+
 /// In a child: the strategy its parent gave [`ChildProc::spawn_with`].
 pub fn strategy_from_env() -> leasehold::Strategy {
     match std::env::var(STRATEGY_ENV).as_deref() {
