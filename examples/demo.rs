@@ -8,7 +8,8 @@
 //! Every line is printed while what it says is true: a worker prints only
 //! while it holds the lock ("releasing it" comes before the release), and
 //! the holder is frozen before it is named and killed, so it cannot let go
-//! in between. Each holder shows its fencing token, larger than every one
+//! in between (with SIGSTOP on Unix; on Windows by attaching to it as a
+//! debugger, which suspends all its threads). Each holder shows its fencing token, larger than every one
 //! before it (a process reserves tokens in blocks, so they jump). So the
 //! output never shows two holders at once.
 
@@ -16,10 +17,7 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use leasehold::{Locker, Owner, Result};
-use nix::sys::signal::{Signal, kill};
-use nix::sys::wait::{WaitPidFlag, waitpid};
-use nix::unistd::Pid;
+use leasehold::{Locker, Result};
 
 const LOCK: &str = "nightly-report";
 const LEASE: Duration = Duration::from_secs(60);
@@ -63,11 +61,12 @@ async fn main() -> Result<()> {
                 .expect("spawn worker")
         })
         .collect();
-    let id_of = |pid: u32| workers.iter().position(|w| w.id() == pid).map_or(0, |i| i + 1);
+    let pids: Vec<u32> = workers.iter().map(Child::id).collect();
+    let id_of = |pid: u32| pids.iter().position(|&p| p == pid).map_or(0, |i| i + 1);
 
     // Let them take turns, then kill whoever holds the lock.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let victim = frozen_holder(&locker).await?;
+    let (victim, frozen) = freeze::holder(&locker, LOCK).await?;
     let pid = victim.pid().unwrap_or(0);
     let held_for = victim
         .acquired_at()
@@ -75,12 +74,16 @@ async fn main() -> Result<()> {
         .unwrap_or_default();
     println!(
         "\n>>> worker {} (pid {pid}) holds {LOCK:?} [token {}] (for {held_for:.1?} now); \
-         frozen with SIGSTOP now, killing it with SIGKILL\n",
+         frozen {} now, killing it\n",
         id_of(pid),
         victim.fencing_token().unwrap_or(0),
+        freeze::HOW,
     );
     let killed_at = Instant::now();
-    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    if let Some(i) = workers.iter().position(|w| w.id() == pid) {
+        let _ = workers[i].kill();
+    }
+    drop(frozen);
     loop {
         match locker.holder(LOCK).await? {
             Some(next) if next.pid() != Some(pid) => {
@@ -123,27 +126,116 @@ fn locker(dir: &Path) -> Result<Locker> {
         .build()
 }
 
-/// The holder of the lock, stopped with SIGSTOP while it holds it: it
-/// cannot let go between this look and the kill. A worker that turns out
-/// to have let go before it stopped is let go on (SIGCONT), and the next
-/// holder tried.
-async fn frozen_holder(locker: &Locker) -> Result<Owner> {
-    loop {
-        let Some(holder) = locker.holder(LOCK).await? else {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            continue;
-        };
-        let pid = Pid::from_raw(holder.pid().unwrap_or(0) as i32);
-        if kill(pid, Signal::SIGSTOP).is_ok() {
-            // Returns once the worker is stopped (or gone).
-            let _ = tokio::task::spawn_blocking(move || waitpid(pid, Some(WaitPidFlag::WUNTRACED))).await;
-            let still = locker.holder(LOCK).await?;
-            if still
-                .is_some_and(|now| now.pid() == holder.pid() && now.fencing_token() == holder.fencing_token())
-            {
-                return Ok(holder);
+/// Freezing the holder, so that it cannot let go between the look that
+/// names it and the kill.
+#[cfg(unix)]
+mod freeze {
+    use std::time::Duration;
+
+    use leasehold::{Locker, Owner, Result};
+    use nix::sys::signal::{Signal, kill};
+    use nix::sys::wait::{WaitPidFlag, waitpid};
+    use nix::unistd::Pid;
+
+    pub const HOW: &str = "with SIGSTOP";
+
+    /// A frozen process, let go (SIGCONT) when dropped: after the kill,
+    /// that changes nothing.
+    pub struct Frozen(Pid);
+
+    impl Drop for Frozen {
+        fn drop(&mut self) {
+            let _ = kill(self.0, Signal::SIGCONT);
+        }
+    }
+
+    /// The holder of `name`, stopped with SIGSTOP while it holds it. A
+    /// worker that turns out to have let go before it stopped is let go on,
+    /// and the next holder tried.
+    pub async fn holder(locker: &Locker, name: &str) -> Result<(Owner, Frozen)> {
+        loop {
+            let Some(holder) = locker.holder(name).await? else {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            };
+            let pid = Pid::from_raw(holder.pid().unwrap_or(0) as i32);
+            if kill(pid, Signal::SIGSTOP).is_ok() {
+                let frozen = Frozen(pid);
+                // Returns once the worker is stopped (or gone).
+                let _ = tokio::task::spawn_blocking(move || waitpid(pid, Some(WaitPidFlag::WUNTRACED))).await;
+                let still = locker.holder(name).await?;
+                if still.is_some_and(|now| {
+                    now.pid() == holder.pid() && now.fencing_token() == holder.fencing_token()
+                }) {
+                    return Ok((holder, frozen));
+                }
             }
-            let _ = kill(pid, Signal::SIGCONT);
+        }
+    }
+}
+
+/// Freezing the holder, so that it cannot let go between the look that
+/// names it and the kill: Windows has no SIGSTOP, but a process a debugger
+/// attaches to has all its threads suspended until the debugger goes on.
+#[cfg(windows)]
+mod freeze {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use leasehold::{Locker, Owner, Result};
+    use windows_sys::Win32::System::Diagnostics::Debug::{
+        DebugActiveProcess, DebugActiveProcessStop, DebugSetProcessKillOnExit,
+    };
+
+    pub const HOW: &str = "by a debugger";
+
+    /// A frozen process: a thread of ours is its debugger (a debugger is a
+    /// thread). Dropping this lets it go (after the kill, that changes
+    /// nothing).
+    pub struct Frozen(mpsc::Sender<()>);
+
+    /// Attaches to `pid` on a thread of its own, which stays its debugger
+    /// (without answering its debug events, so it stays suspended) until
+    /// told to let go; `None` if it cannot be attached to.
+    fn attach(pid: u32) -> Option<Frozen> {
+        let (attached_tx, attached) = mpsc::channel();
+        let (go_on, wait) = mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            // SAFETY: plain calls with a process id; the debugger is this
+            // thread, which detaches before it ends.
+            let ok = unsafe { DebugActiveProcess(pid) } != 0;
+            if ok {
+                // SAFETY: as above; the debuggee is not killed if we exit.
+                unsafe { DebugSetProcessKillOnExit(0) };
+            }
+            let _ = attached_tx.send(ok);
+            if ok {
+                let _ = wait.recv();
+                // SAFETY: detaches the process this thread attached to.
+                unsafe { DebugActiveProcessStop(pid) };
+            }
+        });
+        attached.recv().ok()?.then_some(Frozen(go_on))
+    }
+
+    /// The holder of `name`, suspended while it holds it. A worker that
+    /// turns out to have let go before it was suspended is let go on, and
+    /// the next holder tried.
+    pub async fn holder(locker: &Locker, name: &str) -> Result<(Owner, Frozen)> {
+        loop {
+            let Some(holder) = locker.holder(name).await? else {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            };
+            if let Some(frozen) = attach(holder.pid().unwrap_or(0)) {
+                let still = locker.holder(name).await?;
+                if still.is_some_and(|now| {
+                    now.pid() == holder.pid() && now.fencing_token() == holder.fencing_token()
+                }) {
+                    return Ok((holder, frozen));
+                }
+                drop(frozen.0);
+            }
         }
     }
 }
