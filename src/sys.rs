@@ -408,6 +408,13 @@ pub(crate) fn lock_root() -> (
 /// A running watch on a lock directory.
 pub(crate) use imp::DirWatch;
 
+/// Whether the directory watcher sees a holder's death (its descriptor's
+/// close: inotify's `IN_CLOSE_WRITE`, kqueue's `NOTE_FUNLOCK` or
+/// `NOTE_CLOSE_WRITE`), so that waiters may poll only as a safety net.
+/// Not on Windows, where closing a handle is no directory change: waiters
+/// there poll at their interval besides.
+pub(crate) const WATCH_SEES_DEATHS: bool = cfg!(unix);
+
 /// Whether a directory can carry the liveness mark (`flock(2)` on a
 /// directory's descriptor), as the directory layout needs: everywhere but
 /// Windows, whose byte-range locks are for files only.

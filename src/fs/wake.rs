@@ -26,7 +26,8 @@ pub(crate) struct Watcher {
 
 impl Watcher {
     /// Starts the watcher if it is not running; returns whether events will
-    /// arrive (otherwise the caller must poll).
+    /// arrive, holders' deaths among them (otherwise the caller must poll;
+    /// events that arrive still wake it early).
     pub(crate) fn ensure(&self, dir: &LockDir, waiters: &Waiters) -> bool {
         let watch = self.watch.get_or_init(|| {
             let weak = waiters.clone();
@@ -58,7 +59,7 @@ impl Watcher {
             }
             watch
         });
-        watch.is_some() && !*self.gone.lock().unwrap_or_else(|e| e.into_inner())
+        watch.is_some() && sys::WATCH_SEES_DEATHS && !*self.gone.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Also watches inside the lock directory `file_name` (directory

@@ -14,9 +14,12 @@
 //! - a rename that never replaces: `MoveFileExW` without
 //!   `MOVEFILE_REPLACE_EXISTING`.
 //!
-//! No start ticks, pid or time namespaces, directory watching or waiting
-//! line here: those questions answer `None` or `false` (the poll and the
-//! lease decide).
+//! - waking waiters: `ReadDirectoryChangesW` on the lock directory, and a
+//!   pending shared `LockFileEx` on each held lock file's mark, which is
+//!   granted when its holder lets go or dies (`windows/watch.rs`).
+//!
+//! No start ticks, pid or time namespaces or waiting line here: those
+//! questions answer `None` or `false` (the poll and the lease decide).
 
 #![allow(unsafe_code)]
 
@@ -37,6 +40,8 @@ use super::{Probe, ProcStart};
 mod security;
 #[path = "windows/syscall.rs"]
 pub(crate) mod syscall;
+#[path = "windows/watch.rs"]
+mod watch;
 
 /// An open process handle, closed when dropped.
 struct Process(win::HANDLE);
@@ -242,22 +247,7 @@ pub(super) fn time_namespace() -> Option<String> {
     None
 }
 
-/// No directory watching here yet: waiters poll.
-#[derive(Debug)]
-pub(crate) struct DirWatch;
-
-impl DirWatch {
-    pub(crate) fn watch_child(&self, _name: &str) -> bool {
-        false
-    }
-}
-
-pub(super) fn watch_dir(
-    _dir: &File,
-    _on_event: Box<dyn FnMut(super::DirEvent<'_>) -> bool + Send>,
-) -> Option<DirWatch> {
-    None
-}
+pub(crate) use watch::{DirWatch, watch_dir};
 
 /// Whether the filesystem of `file` keeps everything in memory: no
 /// Windows filesystem leasehold meets does.

@@ -1,0 +1,340 @@
+//! The directory watcher of Windows: `ReadDirectoryChangesW` on the lock
+//! directory and everything below it (a members directory too), read by
+//! one thread per `Locker`, as inotify's is on Linux. A name added,
+//! removed or renamed, or a file written, is `Changed(<the entry of the
+//! lock directory it is in>)`; a lost batch (the buffer overflowed) is
+//! `Overflow`; a directory that can no longer be read is `Gone`.
+//!
+//! A holder's death changes no entry on Windows (closing a handle is no
+//! directory change), so this watcher does not see it:
+//! `sys::WATCH_SEES_DEATHS` is `false`, and waiters keep polling at their
+//! poll interval besides (a release wakes them at once).
+//!
+//! Dropping the watch stops the thread and waits for it: its handle of
+//! the directory is closed before the drop returns (Windows does not
+//! remove a directory while a handle of it is open).
+
+#![allow(unsafe_code)]
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::os::windows::ffi::OsStringExt;
+use std::os::windows::fs::OpenOptionsExt;
+use std::os::windows::io::AsRawHandle;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use windows_sys::Win32::Foundation as win;
+use windows_sys::Win32::Storage::FileSystem as fs;
+use windows_sys::Win32::System::IO::{CancelIoEx, GetOverlappedResult, OVERLAPPED};
+use windows_sys::Win32::System::Threading as threading;
+
+use super::super::DirEvent;
+use super::syscall;
+
+/// How long the thread waits for an event before it reports `Idle`.
+const IDLE: Duration = Duration::from_millis(500);
+
+/// The bytes of one batch of directory changes.
+const BUF_LEN: usize = 64 * 1024;
+
+/// An event object, closed when dropped.
+#[derive(Debug)]
+struct Event(win::HANDLE);
+
+// SAFETY: an event handle may be used and closed from any thread.
+unsafe impl Send for Event {}
+// SAFETY: as above; `SetEvent` and waits are thread-safe.
+unsafe impl Sync for Event {}
+
+impl Event {
+    fn new(manual_reset: bool) -> Option<Event> {
+        // SAFETY: no security attributes, no name: a fresh unnamed event.
+        let handle = unsafe {
+            threading::CreateEventW(std::ptr::null(), i32::from(manual_reset), 0, std::ptr::null())
+        };
+        (!handle.is_null()).then_some(Event(handle))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: created by `Event::new`, closed once.
+            unsafe { win::CloseHandle(self.0) };
+        }
+    }
+}
+
+/// An overlapped operation in flight on `file`: its OVERLAPPED (boxed, so
+/// that it does not move while the kernel holds it) and its event.
+struct Pending {
+    file: File,
+    overlapped: Box<OVERLAPPED>,
+    event: Event,
+}
+
+// SAFETY: the OVERLAPPED's raw event handle is owned by `event`, which
+// moves with it; handles and events may be used from any thread, and the
+// watch's thread is the only one that touches a `Pending` once made.
+unsafe impl Send for Pending {}
+
+impl Pending {
+    fn new(file: File) -> Option<Pending> {
+        let event = Event::new(true)?;
+        // SAFETY: an all-zero OVERLAPPED is valid.
+        let mut overlapped: Box<OVERLAPPED> = Box::new(unsafe { std::mem::zeroed() });
+        overlapped.hEvent = event.0;
+        Some(Pending {
+            file,
+            overlapped,
+            event,
+        })
+    }
+
+    /// Cancels the operation and waits, up to a second, until the kernel
+    /// is done with the OVERLAPPED (and the buffer), so that both can be
+    /// freed; `false` if it was not done by then (Wine does not always
+    /// cancel a directory read): then they must be leaked, as closing the
+    /// handle still completes the operation later.
+    fn cancel(&mut self) -> bool {
+        let handle = self.file.as_raw_handle();
+        // SAFETY: `handle` is open while `self.file` lives; the OVERLAPPED
+        // is the one the operation was started with; its event lives while
+        // `self.event` does.
+        unsafe {
+            CancelIoEx(handle, &*self.overlapped);
+            threading::WaitForSingleObject(self.event.0, 1000) == win::WAIT_OBJECT_0
+        }
+    }
+}
+
+/// The directory's changes, read into a buffer the kernel fills.
+struct Changes {
+    op: Pending,
+    /// DWORD-aligned, as `ReadDirectoryChangesW` requires.
+    buf: Box<[u32]>,
+}
+
+impl Changes {
+    fn open(dir: &std::path::Path) -> Option<Changes> {
+        let file = OpenOptions::new()
+            .access_mode(fs::FILE_LIST_DIRECTORY)
+            .share_mode(fs::FILE_SHARE_READ | fs::FILE_SHARE_WRITE | fs::FILE_SHARE_DELETE)
+            .custom_flags(fs::FILE_FLAG_BACKUP_SEMANTICS | fs::FILE_FLAG_OVERLAPPED)
+            .open(dir)
+            .ok()?;
+        let mut changes = Changes {
+            op: Pending::new(file)?,
+            buf: vec![0u32; BUF_LEN / 4].into_boxed_slice(),
+        };
+        changes.read().then_some(changes)
+    }
+
+    /// Starts the next read; whether it started.
+    fn read(&mut self) -> bool {
+        let filter = fs::FILE_NOTIFY_CHANGE_FILE_NAME
+            | fs::FILE_NOTIFY_CHANGE_DIR_NAME
+            | fs::FILE_NOTIFY_CHANGE_LAST_WRITE;
+        // SAFETY: the handle is open for overlapped I/O while `op.file`
+        // lives; the buffer and the OVERLAPPED are boxed, outlive the read
+        // (it is cancelled and waited for before they are freed), and the
+        // buffer's length is passed.
+        unsafe {
+            threading::ResetEvent(self.op.event.0);
+            fs::ReadDirectoryChangesW(
+                self.op.file.as_raw_handle(),
+                self.buf.as_mut_ptr().cast(),
+                u32::try_from(BUF_LEN).unwrap_or(0),
+                1,
+                filter,
+                std::ptr::null_mut(),
+                &mut *self.op.overlapped,
+                None,
+            ) != 0
+        }
+    }
+
+    /// The entries of the lock directory that the finished read names
+    /// (the first component of each path); `None` if events were lost.
+    fn take(&mut self) -> Option<Vec<OsString>> {
+        let mut len = 0u32;
+        // SAFETY: the read finished (its event is set); this only collects
+        // its result.
+        let ok =
+            unsafe { GetOverlappedResult(self.op.file.as_raw_handle(), &*self.op.overlapped, &mut len, 0) }
+                != 0;
+        let len = usize::try_from(len).unwrap_or(0).min(BUF_LEN);
+        if !ok || len == 0 {
+            return None;
+        }
+        // SAFETY: the kernel wrote `len` bytes into `buf`, which is at
+        // least that long; they are read as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), len) };
+        Some(notified_names(bytes))
+    }
+}
+
+impl Drop for Changes {
+    fn drop(&mut self) {
+        if !self.op.cancel() {
+            // The kernel may still write into these when the handle, closed
+            // right after this, completes the read: they are never freed.
+            let overlapped = std::mem::replace(&mut self.op.overlapped, Box::new(OVERLAPPED::default()));
+            let event = std::mem::replace(&mut self.op.event, Event(std::ptr::null_mut()));
+            Box::leak(overlapped);
+            Box::leak(std::mem::take(&mut self.buf));
+            std::mem::forget(event);
+        }
+    }
+}
+
+/// The names in a batch of `FILE_NOTIFY_INFORMATION` records: each
+/// record's path up to its first separator. Read field by field, little
+/// end first, from any alignment (Wine does not align them).
+fn notified_names(bytes: &[u8]) -> Vec<OsString> {
+    let u32_at =
+        |at: usize| -> Option<u32> { Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?)) };
+    let mut names = Vec::new();
+    let mut at = 0usize;
+    while let (Some(next), Some(name_len)) = (u32_at(at), u32_at(at + 8)) {
+        let start = at + 12;
+        let end = start.saturating_add(usize::try_from(name_len).unwrap_or(usize::MAX));
+        let Some(name) = bytes.get(start..end) else {
+            break;
+        };
+        let units: Vec<u16> = name
+            .chunks_exact(2)
+            .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
+            .take_while(|&unit| unit != u16::from(b'\\') && unit != u16::from(b'/'))
+            .collect();
+        if !units.is_empty() {
+            names.push(OsString::from_wide(&units));
+        }
+        if next == 0 {
+            break;
+        }
+        at = at.saturating_add(usize::try_from(next).unwrap_or(usize::MAX));
+    }
+    names
+}
+
+/// A running watch; dropping it stops its thread and waits for it.
+#[derive(Debug)]
+pub(crate) struct DirWatch {
+    stop: Arc<Event>,
+    stopping: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DirWatch {
+    /// Everything below the lock directory is watched already.
+    pub(crate) fn watch_child(&self, _name: &str) -> bool {
+        true
+    }
+}
+
+impl Drop for DirWatch {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        // SAFETY: the event lives while `self.stop` does.
+        unsafe { threading::SetEvent(self.stop.0) };
+        if let Some(thread) = self.thread.take()
+            && thread.thread().id() != std::thread::current().id()
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Starts watching `dir`; `None` if it cannot be.
+pub(crate) fn watch_dir(
+    dir: &File,
+    mut on_event: Box<dyn FnMut(DirEvent<'_>) -> bool + Send>,
+) -> Option<DirWatch> {
+    let path = syscall::path_of(dir).ok()?;
+    let changes = Changes::open(&path)?;
+    let stop = Arc::new(Event::new(true)?);
+    let stopping = Arc::new(AtomicBool::new(false));
+    let (thread_stop, thread_stopping) = (Arc::clone(&stop), Arc::clone(&stopping));
+    let thread = std::thread::Builder::new()
+        .name("leasehold-watch".into())
+        .spawn(move || run(changes, &thread_stop, &thread_stopping, &mut *on_event))
+        .ok()?;
+    Some(DirWatch {
+        stop,
+        stopping,
+        thread: Some(thread),
+    })
+}
+
+fn run(
+    mut changes: Changes,
+    stop: &Event,
+    stopping: &AtomicBool,
+    on_event: &mut dyn FnMut(DirEvent<'_>) -> bool,
+) {
+    let handles = [stop.0, changes.op.event.0];
+    let wait_ms = u32::try_from(IDLE.as_millis()).unwrap_or(u32::MAX);
+    while !stopping.load(Ordering::Relaxed) {
+        // SAFETY: both handles are events that live across the wait (owned
+        // by `stop` and `changes`).
+        let woke = unsafe { threading::WaitForMultipleObjects(2, handles.as_ptr(), 0, wait_ms) };
+        let delivered = match woke {
+            win::WAIT_TIMEOUT => on_event(DirEvent::Idle),
+            win::WAIT_OBJECT_0 => return,
+            _ if woke == win::WAIT_OBJECT_0 + 1 => {
+                let delivered = match changes.take() {
+                    Some(names) => names.iter().all(|name| on_event(DirEvent::Changed(name))),
+                    None => on_event(DirEvent::Overflow),
+                };
+                if delivered && !changes.read() {
+                    let _ = on_event(DirEvent::Gone);
+                    return;
+                }
+                delivered
+            }
+            // The wait itself failed: the watch cannot go on.
+            _ => {
+                let _ = on_event(DirEvent::Gone);
+                return;
+            }
+        };
+        if !delivered {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One FILE_NOTIFY_INFORMATION record: next offset, action, name.
+    fn record(next: u32, name: &str) -> Vec<u8> {
+        let units: Vec<u8> = name.encode_utf16().flat_map(u16::to_le_bytes).collect();
+        let mut bytes = Vec::new();
+        bytes.extend(next.to_le_bytes());
+        bytes.extend(1u32.to_le_bytes());
+        bytes.extend(u32::try_from(units.len()).unwrap().to_le_bytes());
+        bytes.extend(units);
+        bytes
+    }
+
+    #[test]
+    fn notified_names_are_the_entries_of_the_lock_directory() {
+        let first = record(0, "a.lock");
+        // The second record starts at an odd offset, as Wine writes them.
+        let mut batch = record(u32::try_from(first.len() + 1).unwrap(), "a.lock");
+        batch.push(0);
+        batch.extend(record(0, "job.members\\m-1"));
+        assert_eq!(notified_names(&batch), ["a.lock", "job.members"]);
+        assert_eq!(notified_names(&first), ["a.lock"]);
+        assert!(notified_names(&[1, 2, 3]).is_empty());
+        // A record whose name runs past the batch ends it.
+        let mut cut = record(0, "b.lock");
+        cut.truncate(cut.len() - 1);
+        assert!(notified_names(&cut).is_empty());
+    }
+}
