@@ -36,7 +36,7 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`directory`](Self::directory) | `/run/lock/leasehold-<uid>` on Linux, `/tmp/leasehold-<uid>` elsewhere, or [`Error::NoDefaultDirectory`] (never from the environment) |
+/// | [`directory`](Self::directory) | `/run/lock/leasehold-<uid>` on Linux, `leasehold` in the user's local application data on Windows, `/tmp/leasehold-<uid>` elsewhere, or [`Error::NoDefaultDirectory`] (never from the environment) |
 /// | [`lease`](Self::lease) | 30 s |
 /// | [`renew_interval`](Self::renew_interval) | a third of the lease |
 /// | [`poll_interval`](Self::poll_interval) | 50 ms |
@@ -136,6 +136,11 @@ impl LockerBuilder {
     /// - on Linux, `/run/lock/leasehold-<uid>` (a tmpfs emptied at boot on
     ///   most distributions, and never private to a systemd unit as `/tmp`
     ///   is under `PrivateTmp=`);
+    /// - on Windows, `leasehold` in the user's local application data
+    ///   folder (`C:\Users\<user>\AppData\Local\leasehold`), asked of the
+    ///   shell (`FOLDERID_LocalAppData`), never of `%LOCALAPPDATA%`; it
+    ///   must belong to the user, and nobody but the user, the system and
+    ///   the administrators may change it (its access list is read);
     /// - elsewhere (macOS, the BSDs), `/tmp/leasehold-<uid>`: the literal
     ///   `/tmp`, never `$TMPDIR`.
     ///

@@ -92,7 +92,8 @@ pub enum Error {
     },
 
     /// No directory was given, and the per-user default
-    /// (`/run/lock/leasehold-<uid>` on Linux, `/tmp/leasehold-<uid>`
+    /// (`/run/lock/leasehold-<uid>` on Linux, `leasehold` in the user's
+    /// local application data on Windows, `/tmp/leasehold-<uid>`
     /// elsewhere) cannot be used here: its parent is missing or unsafe,
     /// this user may not create it, or this process may see another
     /// directory at its path than other processes of the user do (a mount

@@ -116,7 +116,8 @@
 //!   is created 0700.
 //! - The default directory (no [`LockerBuilder::directory`]) is per user
 //!   and per host and ignores the environment: `/run/lock/leasehold-<uid>`
-//!   on Linux, `/tmp/leasehold-<uid>` elsewhere (the literal `/tmp`, never
+//!   on Linux, `leasehold` in the user's local application data on
+//!   Windows, `/tmp/leasehold-<uid>` elsewhere (the literal `/tmp`, never
 //!   `$TMPDIR` or `$XDG_RUNTIME_DIR`), for the effective uid. So a cron
 //!   job, a systemd unit, an ssh session and a login shell of one user all
 //!   take their locks in one place. That place is fixed, with no fallback:
