@@ -1,0 +1,95 @@
+//! What only Windows does: run under Wine in CI (`.ci/run`).
+#![cfg(windows)]
+
+use leasehold::Locker;
+
+/// The default directory is `leasehold` in the user's local application
+/// data, made on first use, and two lockers meet there.
+#[tokio::test]
+async fn the_default_directory_is_in_local_app_data() {
+    let a = Locker::builder().build().unwrap();
+    let b = Locker::builder().build().unwrap();
+    let dir = a.directory().to_owned();
+    eprintln!("default directory: {}", dir.display());
+    assert!(dir.ends_with("leasehold"), "{}", dir.display());
+    assert!(
+        dir.to_string_lossy()
+            .to_ascii_lowercase()
+            .contains("appdata\\local"),
+        "{}",
+        dir.display()
+    );
+    let name = format!("default-{}", std::process::id());
+    let held = a.acquire(&name).await.unwrap();
+    assert!(b.try_acquire(&name).await.unwrap().is_none());
+    drop(held);
+    assert!(b.try_acquire(&name).await.unwrap().is_some());
+}
+
+fn locker(dir: &std::path::Path) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .poll_interval(std::time::Duration::from_millis(5))
+        .build()
+        .unwrap()
+}
+
+/// A released lock's name is free at once although a reader still has its
+/// file open: Windows keeps a deleted file's name while a handle of it is
+/// open, so the release renames the file aside before it deletes it.
+#[tokio::test]
+async fn a_release_frees_the_name_while_a_reader_has_the_file_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (locker(dir.path()), locker(dir.path()));
+    for round in 0..5 {
+        let name = format!("read-{round}");
+        let held = a.acquire(&name).await.unwrap();
+        // std opens with every share mode, as velocious's and
+        // pi-research's Node.js does.
+        let reader = std::fs::File::open(a.lock_path(&name).unwrap()).unwrap();
+        held.release().await.unwrap();
+        let next = b.try_acquire(&name).await.unwrap();
+        assert!(next.is_some(), "round {round}: the name stayed taken");
+        drop(reader);
+    }
+    drop((a, b));
+}
+
+/// A reader that opens a lock file without sharing deletion (no leasehold,
+/// velocious or pi-research process does) delays the file's removal until
+/// it closes it, and never lets two holders in meanwhile; once it closed
+/// it, the holder that could not remove its file is gone from it (its mark
+/// is free), and the name is taken at once. (Wine's registry has no
+/// `BootId`, which the mark's evidence needs; `.ci/wine/setup` gives its
+/// prefix one, as every Windows has.)
+#[tokio::test]
+async fn a_reader_that_does_not_share_deletion_never_makes_two_holders() {
+    use std::os::windows::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (locker(dir.path()), locker(dir.path()));
+    let held = a.acquire("stubborn").await.unwrap();
+    let path = a.lock_path("stubborn").unwrap();
+    // FILE_SHARE_READ | FILE_SHARE_WRITE, no FILE_SHARE_DELETE.
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .share_mode(0x1 | 0x2)
+        .open(&path)
+        .unwrap();
+    assert!(b.try_acquire("stubborn").await.unwrap().is_none(), "held");
+    let released = held.release().await;
+    // Whatever the release could do, nobody else holds the name while the
+    // reader keeps the file.
+    let during = b.try_acquire("stubborn").await;
+    assert!(
+        !matches!(during, Ok(Some(_))) || released.is_ok(),
+        "a second holder while the first's release failed: {released:?}"
+    );
+    drop(during);
+    drop(reader);
+    let after = tokio::time::timeout(std::time::Duration::from_secs(10), b.acquire("stubborn"))
+        .await
+        .expect("the name is free once the reader closed the file")
+        .unwrap();
+    drop(after);
+    drop((a, b));
+}
