@@ -93,3 +93,66 @@ async fn a_reader_that_does_not_share_deletion_never_makes_two_holders() {
     drop(after);
     drop((a, b));
 }
+
+/// The `startTime` this process writes: pi-research's unit on Windows,
+/// whole seconds since the epoch (what PowerShell's `Get-Process`
+/// `StartTime` gives, where pi-research reads it there).
+async fn own_start_time(dir: &std::path::Path) -> u64 {
+    let probe = locker(dir);
+    let held = probe.acquire("probe-start").await.unwrap();
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(probe.lock_path("probe-start").unwrap()).unwrap()).unwrap();
+    drop(held);
+    record["startTime"].as_u64().expect("startTime written")
+}
+
+/// A record as pi-research writes it, last changed an hour ago.
+fn plant_pi_research(path: &std::path::Path, pid: u32, start_time: u64) {
+    let record = format!(r#"{{"uuid":"seed","pid":{pid},"startTime":{start_time}}}"#);
+    std::fs::write(path, &record).unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
+}
+
+/// pi-research's records on Windows are judged as pi-research judges them:
+/// a live pid with its start (to the second) holds; a live pid with
+/// another start is a reused pid; a dead pid holds nothing.
+#[tokio::test]
+async fn pi_research_records_are_judged_by_pid_and_start_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = own_start_time(dir.path()).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(start <= now && now - start < 3600, "start {start}, now {now}");
+    let locker = Locker::builder()
+        .directory(dir.path())
+        .path_style(leasehold::PathStyle::Plain)
+        .foreign_lease(None)
+        .build()
+        .unwrap();
+    let path = locker.lock_path("job").unwrap();
+    let me = std::process::id();
+
+    plant_pi_research(&path, me, start);
+    assert!(locker.try_acquire("job").await.unwrap().is_none(), "a live holder");
+
+    plant_pi_research(&path, me, start - 7200);
+    let guard = locker.try_acquire("job").await.unwrap().expect("a reused pid holds nothing");
+    drop(guard);
+
+    let mut child = std::process::Command::new("cmd").args(["/C", "exit"]).spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    drop(child);
+    plant_pi_research(&path, dead, start);
+    let guard = locker.try_acquire("job").await.unwrap().expect("a dead pid holds nothing");
+    drop(guard);
+    drop(locker);
+}
