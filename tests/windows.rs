@@ -141,18 +141,32 @@ async fn pi_research_records_are_judged_by_pid_and_start_second() {
     let me = std::process::id();
 
     plant_pi_research(&path, me, start);
-    assert!(locker.try_acquire("job").await.unwrap().is_none(), "a live holder");
+    assert!(
+        locker.try_acquire("job").await.unwrap().is_none(),
+        "a live holder"
+    );
 
     plant_pi_research(&path, me, start - 7200);
-    let guard = locker.try_acquire("job").await.unwrap().expect("a reused pid holds nothing");
+    let guard = locker
+        .try_acquire("job")
+        .await
+        .unwrap()
+        .expect("a reused pid holds nothing");
     drop(guard);
 
-    let mut child = std::process::Command::new("cmd").args(["/C", "exit"]).spawn().unwrap();
+    let mut child = std::process::Command::new("cmd")
+        .args(["/C", "exit"])
+        .spawn()
+        .unwrap();
     let dead = child.id();
     child.wait().unwrap();
     drop(child);
     plant_pi_research(&path, dead, start);
-    let guard = locker.try_acquire("job").await.unwrap().expect("a dead pid holds nothing");
+    let guard = locker
+        .try_acquire("job")
+        .await
+        .unwrap()
+        .expect("a dead pid holds nothing");
     drop(guard);
     drop(locker);
 }

@@ -146,7 +146,8 @@
 //!
 //! The directory is `--dir`, else `$LEASEHOLD_DIR` (an explicit choice,
 //! like `--dir`), else the library's per-user default,
-//! `/run/lock/leasehold-<uid>` on Linux, `/tmp/leasehold-<uid>` elsewhere.
+//! `/run/lock/leasehold-<uid>` on Linux, `leasehold` in the user's local
+//! application data folder on Windows, `/tmp/leasehold-<uid>` elsewhere.
 //! The default depends on the user and the host only, never on other
 //! environment variables (`TMPDIR`, `XDG_RUNTIME_DIR`, `HOME`), so cron,
 //! systemd units, `sudo -u`, ssh and login shells of one user agree on it.

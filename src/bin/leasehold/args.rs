@@ -205,7 +205,7 @@ pub(super) struct Inspect {
 
 #[derive(Debug, Args)]
 pub(super) struct Common {
-    /// Lock directory [default: $LEASEHOLD_DIR, else /run/lock/leasehold-<uid> on Linux (/tmp/leasehold-<uid> elsewhere), with no fallback; never from TMPDIR or XDG_RUNTIME_DIR]
+    /// Lock directory [default: $LEASEHOLD_DIR, else /run/lock/leasehold-<uid> on Linux (leasehold in the user's local application data on Windows, /tmp/leasehold-<uid> elsewhere), with no fallback; never from TMPDIR or XDG_RUNTIME_DIR]
     #[arg(long, value_name = "DIR")]
     pub(super) dir: Option<PathBuf>,
     /// On-disk layout of the locks.
