@@ -472,6 +472,17 @@ impl ChildProc {
         kill(Pid::from_raw(self.pid() as i32), signal).expect("signal child");
     }
 
+    /// Kills the child at once, as a crash would, without reaping it:
+    /// SIGKILL by pid on Unix, `TerminateProcess` through the handle std
+    /// keeps on Windows. Either way the kernel drops its liveness mark
+    /// (`flock`, `LockFileEx`) with the process.
+    pub fn kill(&mut self) {
+        #[cfg(unix)]
+        self.signal(Signal::SIGKILL);
+        #[cfg(windows)]
+        self.child.kill().expect("kill child");
+    }
+
     /// Waits for the child to exit; panics after `within`.
     pub fn wait(&mut self, within: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + within;
