@@ -66,16 +66,12 @@ impl Member {
         record.group = Some(group);
         let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
         let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
-        let (file, record_len) =
+        let (file, record_len, id) =
             create_record(&dir, &file_name, &record, ctx.settings.durable, &|| path.clone())?;
         let identities = failpoint!("group.record.after_rename")
-            .and_then(|()| syscall::meta(&file))
             .context("inspect member record", || path.clone())
-            .and_then(|meta| {
-                let dir_meta = syscall::meta(&dir).context("inspect members directory", || path.clone())?;
-                Ok((meta, dir_meta))
-            });
-        let (meta, dir_meta) = match identities {
+            .and_then(|()| syscall::meta(&dir).context("inspect members directory", || path.clone()));
+        let dir_meta = match identities {
             Ok(identities) => identities,
             Err(error) => {
                 // No holder after all: its record goes now (the caller
@@ -100,7 +96,7 @@ impl Member {
             dir_id: (dir_meta.dev(), dir_meta.ino()),
             file,
             file_name,
-            id: (meta.dev(), meta.ino()),
+            id,
             record,
             record_len,
             marker: None,
