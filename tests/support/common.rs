@@ -113,8 +113,9 @@ fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
 }
 
 /// Appends `line` to the log at `path`: one `write(2)` per line on an
-/// `O_APPEND` descriptor.
+/// `O_APPEND` descriptor (on Windows, in [`append_turn`]).
 pub fn append(path: &str, line: &str) {
+    let _turn = append_turn(Path::new(path));
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -122,6 +123,30 @@ pub fn append(path: &str, line: &str) {
         .expect("open log");
     f.write_all(format!("{line}\n").as_bytes()).expect("append");
 }
+
+/// On Windows, a turn to append to `log`, held until the returned handle
+/// closes: a whole-file lock on `<log>.lock`. Windows appends through a
+/// `FILE_APPEND_DATA` handle atomically, but Wine 8 writes at the end of
+/// file as it last saw it, so two processes appending at once may
+/// overwrite each other's line. (Closed, not unlocked: Wine's
+/// `File::unlock` of such a lock fails.) Nothing on Unix, where
+/// `O_APPEND` writes are atomic.
+#[cfg(windows)]
+pub fn append_turn(log: &Path) -> std::fs::File {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".lock");
+    let turn = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(name)
+        .expect("open the log's lock");
+    turn.lock().expect("lock the log");
+    turn
+}
+
+#[cfg(unix)]
+pub fn append_turn(_log: &Path) {}
 
 /// The roles every test file's children can play.
 pub async fn run_role(role: &str, args: &[String]) -> i32 {

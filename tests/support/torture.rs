@@ -257,19 +257,45 @@ pub async fn loss_reason(guard: &LockGuard) -> String {
     reason.chars().take_while(char::is_ascii_alphanumeric).collect()
 }
 
-/// The shared log: one `write(2)` per line, `O_APPEND`.
-pub struct Log(File);
+/// The shared log: one `write(2)` per line, `O_APPEND`; on Windows,
+/// made in turns (see `turn`).
+pub struct Log(File, PathBuf);
 
 impl Log {
     pub fn open(work: &Path) -> Self {
-        Log(OpenOptions::new()
-            .append(true)
+        Log(
+            OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(work.join("log"))
+                .expect("open log"),
+            work.join("log.lock"),
+        )
+    }
+
+    /// On Windows, a turn to append, held until the returned handle
+    /// closes: a whole-file lock on `log.lock`. Windows appends through a
+    /// `FILE_APPEND_DATA` handle atomically, but Wine 8 writes at the end
+    /// of file as it last saw it, so two processes appending at once may
+    /// overwrite each other's line. (Closed, not unlocked: Wine's
+    /// `File::unlock` of such a lock fails.) Nothing on Unix, where
+    /// `O_APPEND` writes are atomic.
+    fn turn(&self) -> Option<File> {
+        if cfg!(unix) {
+            return None;
+        }
+        let turn = OpenOptions::new()
+            .write(true)
             .create(true)
-            .open(work.join("log"))
-            .expect("open log"))
+            .truncate(false)
+            .open(&self.1)
+            .expect("open the log's lock");
+        turn.lock().expect("lock the log");
+        Some(turn)
     }
 
     pub fn line(&self, line: String) {
+        let _turn = self.turn();
         let bytes = format!("{line}\n");
         let written = (&self.0).write(bytes.as_bytes()).expect("append to log");
         assert_eq!(written, bytes.len(), "short append to the log");
