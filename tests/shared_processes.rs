@@ -10,6 +10,7 @@
 //! time (its own TTL) and killed by pid when its `ChildProc` is dropped.
 
 use std::path::{Path, PathBuf};
+#[cfg(unix)]
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,12 +18,13 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{ChildProc, PLAIN_ENV, append, entries, path_style_from_env, say, strategy_from_env};
-use leasehold::{Locker, PathStyle, Strategy};
+#[cfg(unix)]
+use leasehold::PathStyle;
+use leasehold::{Locker, Strategy};
+#[cfg(unix)]
 use nix::sys::signal::{Signal, kill};
-use nix::time::{ClockId, clock_gettime};
+#[cfg(unix)]
 use nix::unistd::Pid;
-
-const BOTH: [Strategy; 2] = [Strategy::ExclusiveFile, Strategy::Directory];
 
 // ---------------------------------------------------------------- children
 
@@ -31,9 +33,24 @@ fn child_process_entry() {
     common::child_entry_with(|role, args| async move { run_role(&role, &args).await });
 }
 
+/// A clock all processes share, in ns: `CLOCK_MONOTONIC` on Unix.
+#[cfg(unix)]
 fn mono_ns() -> u64 {
+    use nix::time::{ClockId, clock_gettime};
     let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("clock_gettime");
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+/// A clock all processes share, in ns: on Windows, where std offers no
+/// monotonic clock comparable between processes, the system time
+/// (`GetSystemTimePreciseAsFileTime`, 100 ns steps), which only a clock
+/// adjustment during the test could move.
+#[cfg(windows)]
+fn mono_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as u64
 }
 
 fn child_locker(dir: &str, lease_ms: u64) -> Locker {
@@ -180,6 +197,7 @@ fn kid(strategy: Strategy, plain: bool, role: &str, args: &[&str]) -> ChildProc 
 const DROP_LOCKER_ENV: &str = "LEASEHOLD_TEST_DROP_LOCKER";
 
 /// [`kid`], whose `hold_shared` drops its `Locker` and keeps the guard.
+#[cfg(unix)]
 fn kid_without_locker(strategy: Strategy, plain: bool, role: &str, args: &[&str]) -> ChildProc {
     let mut env = vec![(DROP_LOCKER_ENV, "1")];
     if plain {
@@ -366,6 +384,8 @@ fn a_writer_is_not_starved_by_readers_in_other_processes_file() {
     writer_is_not_starved(Strategy::ExclusiveFile, 0);
 }
 
+// The directory layout: Windows cannot lock a directory.
+#[cfg(unix)]
 #[test]
 fn a_writer_is_not_starved_by_readers_in_other_processes_dir() {
     writer_is_not_starved(Strategy::Directory, 0);
@@ -378,6 +398,8 @@ fn a_writer_is_not_starved_by_readers_sharing_a_locker_file() {
     writer_is_not_starved(Strategy::ExclusiveFile, 2);
 }
 
+// The directory layout: Windows cannot lock a directory.
+#[cfg(unix)]
 #[test]
 fn a_writer_is_not_starved_by_readers_sharing_a_locker_dir() {
     writer_is_not_starved(Strategy::Directory, 2);
@@ -391,7 +413,7 @@ fn a_killed_readers_share_is_freed_at_once() {
         .enable_all()
         .build()
         .unwrap();
-    for strategy in BOTH {
+    for &strategy in common::strategies() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_str().unwrap();
         // A lease far longer than the bound: only the death frees it.
@@ -404,7 +426,7 @@ fn a_killed_readers_share_is_freed_at_once() {
                 "{strategy:?}: a writer got in beside a live reader"
             );
         });
-        reader.signal(Signal::SIGKILL);
+        reader.kill();
         reader.kill_and_reap();
         let t0 = Instant::now();
         let guard = rt
@@ -428,13 +450,15 @@ fn a_killed_readers_share_is_freed_at_once() {
 
 // ------------------------------------------- (c) a frozen reader's share
 
+// SIGSTOP/SIGCONT: freezing a process has no Windows twin.
+#[cfg(unix)]
 #[test]
 fn a_frozen_readers_share_ends_with_its_lease() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    for strategy in BOTH {
+    for &strategy in common::strategies() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_str().unwrap();
         let lease = Duration::from_millis(400);
@@ -585,6 +609,9 @@ fn readers_keep_the_plain_lock_path_taken_directory() {
 
 // ------------------------------------------------- the seeds' own code
 
+// The seeds' drivers run under Node.js, and velocious's half needs the
+// directory layout, which Windows cannot lock.
+#[cfg(unix)]
 fn node() -> bool {
     let ok = Command::new("node")
         .arg("--version")
@@ -598,6 +625,7 @@ fn node() -> bool {
 
 /// Runs a seed's driver (`tests/fixtures/<seed>/driver.mjs`), killed by pid
 /// if it outlives `within`; its output lines.
+#[cfg(unix)]
 fn seed(which: &str, dir: &Path, name: &str, mode: &[&str], within: Duration) -> Vec<String> {
     let driver = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
@@ -638,6 +666,8 @@ fn seed(which: &str, dir: &Path, name: &str, mode: &[&str], within: Duration) ->
 /// velocious's backend (directory layout, hashed names) and pi-research's
 /// `FileLockService` (a plain `<name>.lock` file) cannot take a name
 /// leasehold readers hold, and can once they left.
+// Node.js, and the directory layout (see `node`).
+#[cfg(unix)]
 #[test]
 fn velocious_and_pi_research_cannot_take_a_name_leasehold_readers_hold() {
     if !node() {
@@ -680,6 +710,8 @@ fn velocious_and_pi_research_cannot_take_a_name_leasehold_readers_hold() {
 /// The marker names one reader (the representative). When that reader is
 /// killed while another still holds, the seeds, which judge the marker by
 /// its pid, must still find the name taken.
+// Node.js, and the directory layout (see `node`).
+#[cfg(unix)]
 #[test]
 fn velocious_and_pi_research_cannot_take_a_name_whose_first_reader_died() {
     if !node() {

@@ -176,7 +176,7 @@ impl Release for Whole {
         &mut self.armed
     }
 
-    fn remove(&self, patience: Duration) -> Result<Option<bool>> {
+    fn remove(&mut self, patience: Duration) -> Result<Option<bool>> {
         Whole::remove(self, patience)
     }
 

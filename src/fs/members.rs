@@ -149,14 +149,18 @@ pub(super) fn ensure_members(ctx: &Ctx, name: &LockName) -> Result<File> {
 /// flock on it, then renamed, so nobody ever finds an empty or half-made
 /// record of a live holder. The caller holds the mutation lock (under
 /// which any private name still there belongs to a process that died
-/// making it: see `remove_dead`). Returns the record open, flocked.
+/// making it: see `remove_dead`). Returns the record open, flocked, its
+/// length and its identity (dev, ino), taken before the rename: Wine
+/// cannot tell the volume of a handle whose file was renamed by path since
+/// it was opened (its serial reads 0), Windows and Unix can, and a rename
+/// changes no file's identity.
 pub(super) fn create_record(
     dir: &File,
     file_name: &str,
     record: &OwnRecord,
     durable: bool,
     path: &dyn Fn() -> PathBuf,
-) -> Result<(File, usize)> {
+) -> Result<(File, usize, (u64, u64))> {
     let tmp = format!("{TMP}{file_name}");
     let file = syscall::open_at(dir, tmp.as_str(), Open::CreateNew).context("create member record", path)?;
     // Brand new, and a private name nobody tests: the flock is free.
@@ -165,13 +169,14 @@ pub(super) fn create_record(
         .context("lock member record", path)
         .and_then(|()| file::write(&file, 0, record, durable, path))
         .and_then(|len| {
+            let meta = syscall::meta(&file).context("inspect member record", path)?;
             failpoint!("group.record.before_rename")
                 .and_then(|()| Ok(syscall::rename_at(dir, &tmp, file_name)?))
                 .context("create member record", path)
-                .map(|()| len)
+                .map(|()| (len, (meta.dev(), meta.ino())))
         });
     match made {
-        Ok(len) => Ok((file, len)),
+        Ok((len, id)) => Ok((file, len, id)),
         Err(error) => {
             let _ = syscall::unlink_at(dir, tmp.as_str());
             Err(error)

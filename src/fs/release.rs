@@ -36,8 +36,9 @@ pub(super) trait Release: Send + Sized + 'static {
 
     /// Under the name's mutation lock, waited for at most `patience`:
     /// removes what is ours. `None` if the mutation lock stayed taken;
-    /// `Some(false)` if the lock was no longer ours.
-    fn remove(&self, patience: Duration) -> Result<Option<bool>>;
+    /// `Some(false)` if the lock was no longer ours. (`&mut`: what it
+    /// removed, it may also close.)
+    fn remove(&mut self, patience: Duration) -> Result<Option<bool>>;
 
     /// Whether it is still ours, as can be seen without the mutation lock.
     fn still_ours(&self) -> Result<bool>;

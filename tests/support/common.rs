@@ -113,14 +113,38 @@ fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
 }
 
 /// Appends `line` to the log at `path`: one `write(2)` per line on an
-/// `O_APPEND` descriptor.
+/// `O_APPEND` descriptor (on Windows, in [`append_turn`]).
 pub fn append(path: &str, line: &str) {
+    let _turn = append_turn(Path::new(path));
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .open(path)
         .expect("open log");
     f.write_all(format!("{line}\n").as_bytes()).expect("append");
+}
+
+/// On Windows, a turn to append to `log`, held until the returned handle
+/// closes: a whole-file lock on `<log>.lock`. Windows appends through a
+/// `FILE_APPEND_DATA` handle atomically, but Wine 8 writes at the end of
+/// file as it last saw it, so two processes appending at once may
+/// overwrite each other's line. (Closed, not unlocked: Wine's
+/// `File::unlock` of such a lock fails.) Nothing on Unix, where
+/// `O_APPEND` writes are atomic.
+pub fn append_turn(log: &Path) -> Option<std::fs::File> {
+    if cfg!(unix) {
+        return None;
+    }
+    let mut name = log.as_os_str().to_owned();
+    name.push(".lock");
+    let turn = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(name)
+        .expect("open the log's lock");
+    turn.lock().expect("lock the log");
+    Some(turn)
 }
 
 /// The roles every test file's children can play.
@@ -470,6 +494,17 @@ impl ChildProc {
     #[cfg(unix)]
     pub fn signal(&self, signal: Signal) {
         kill(Pid::from_raw(self.pid() as i32), signal).expect("signal child");
+    }
+
+    /// Kills the child at once, as a crash would, without reaping it:
+    /// SIGKILL by pid on Unix, `TerminateProcess` through the handle std
+    /// keeps on Windows. Either way the kernel drops its liveness mark
+    /// (`flock`, `LockFileEx`) with the process.
+    pub fn kill(&mut self) {
+        #[cfg(unix)]
+        self.signal(Signal::SIGKILL);
+        #[cfg(windows)]
+        self.child.kill().expect("kill child");
     }
 
     /// Waits for the child to exit; panics after `within`.

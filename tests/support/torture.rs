@@ -4,12 +4,17 @@
 //! SIGKILLs, SIGSTOPs and, on PostgreSQL, ends sessions; the stop; what is
 //! left behind; the parts of the log both read alike). Each torture keeps
 //! its own workload and its own checker.
+//!
+//! On Windows the chaos only kills (`TerminateProcess`): freezing a
+//! process, SIGSTOP's part, has no Windows twin, so no holder there is
+//! ever paused past its lease.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::future::Future;
 use std::io::Write;
+#[cfg(unix)]
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
@@ -17,8 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use leasehold::{Error, LockGuard, Locker, Stats, Strategy};
+#[cfg(unix)]
 use nix::sys::signal::{Signal, kill};
-use nix::time::{ClockId, clock_gettime};
+#[cfg(unix)]
 use nix::unistd::Pid;
 
 #[path = "reexec.rs"]
@@ -106,9 +112,24 @@ impl Backend {
 
 // ---------------------------------------------------------------- both
 
+/// A clock all processes share, in ns: `CLOCK_MONOTONIC` on Unix.
+#[cfg(unix)]
 pub fn mono_ns() -> u64 {
+    use nix::time::{ClockId, clock_gettime};
     let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("clock_gettime");
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+/// A clock all processes share, in ns: on Windows, where std offers no
+/// monotonic clock comparable between processes, the system time
+/// (`GetSystemTimePreciseAsFileTime`, 100 ns steps), which only a clock
+/// adjustment during the run could move.
+#[cfg(windows)]
+pub fn mono_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as u64
 }
 
 /// xorshift64*, enough for picking names, roles, durations and victims.
@@ -236,19 +257,45 @@ pub async fn loss_reason(guard: &LockGuard) -> String {
     reason.chars().take_while(char::is_ascii_alphanumeric).collect()
 }
 
-/// The shared log: one `write(2)` per line, `O_APPEND`.
-pub struct Log(File);
+/// The shared log: one `write(2)` per line, `O_APPEND`; on Windows,
+/// made in turns (see `turn`).
+pub struct Log(File, PathBuf);
 
 impl Log {
     pub fn open(work: &Path) -> Self {
-        Log(OpenOptions::new()
-            .append(true)
+        Log(
+            OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(work.join("log"))
+                .expect("open log"),
+            work.join("log.lock"),
+        )
+    }
+
+    /// On Windows, a turn to append, held until the returned handle
+    /// closes: a whole-file lock on `log.lock`. Windows appends through a
+    /// `FILE_APPEND_DATA` handle atomically, but Wine 8 writes at the end
+    /// of file as it last saw it, so two processes appending at once may
+    /// overwrite each other's line. (Closed, not unlocked: Wine's
+    /// `File::unlock` of such a lock fails.) Nothing on Unix, where
+    /// `O_APPEND` writes are atomic.
+    fn turn(&self) -> Option<File> {
+        if cfg!(unix) {
+            return None;
+        }
+        let turn = OpenOptions::new()
+            .write(true)
             .create(true)
-            .open(work.join("log"))
-            .expect("open log"))
+            .truncate(false)
+            .open(&self.1)
+            .expect("open the log's lock");
+        turn.lock().expect("lock the log");
+        Some(turn)
     }
 
     pub fn line(&self, line: String) {
+        let _turn = self.turn();
         let bytes = format!("{line}\n");
         let written = (&self.0).write(bytes.as_bytes()).expect("append to log");
         assert_eq!(written, bytes.len(), "short append to the log");
@@ -288,8 +335,35 @@ pub fn env_or(name: &str, default: u64) -> u64 {
     }
 }
 
+#[cfg(unix)]
 fn signal(pid: u32, sig: Signal) {
     kill(Pid::from_raw(pid as i32), sig).unwrap_or_else(|e| panic!("{sig} to {pid}: {e}"));
+}
+
+/// Whether the chaos can freeze a process: SIGSTOP has no Windows twin.
+const CAN_FREEZE: bool = cfg!(unix);
+
+/// Freezes `pid` (SIGSTOP); only where [`CAN_FREEZE`].
+fn freeze(pid: u32) {
+    #[cfg(unix)]
+    signal(pid, Signal::SIGSTOP);
+    #[cfg(windows)]
+    unreachable!("pid {pid}: the chaos freezes nobody on Windows");
+}
+
+/// Continues a process [`freeze`] froze (SIGCONT).
+fn resume(pid: u32) {
+    #[cfg(unix)]
+    signal(pid, Signal::SIGCONT);
+    #[cfg(windows)]
+    unreachable!("pid {pid}: the chaos freezes nobody on Windows");
+}
+
+/// Kills a child at once, as a crash would: SIGKILL on Unix,
+/// `TerminateProcess` on Windows (which returns before the process is
+/// gone: the caller's `wait` sees it gone).
+fn kill_now(kid: &mut Child) {
+    kid.kill().unwrap_or_else(|e| panic!("kill {}: {e}", kid.id()));
 }
 
 pub struct Pause {
@@ -341,7 +415,7 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         for kid in &mut self.kids {
             if let Ok(None) = kid.try_wait() {
-                let _ = kill(Pid::from_raw(kid.id() as i32), Signal::SIGKILL);
+                let _ = kid.kill();
             }
             let _ = kid.wait();
         }
@@ -422,7 +496,10 @@ impl Arena {
         let tmp = tempfile::tempdir().unwrap();
         let work = tmp.path().to_owned();
         let locks = work.join("locks");
+        #[cfg(unix)]
         std::fs::DirBuilder::new().mode(0o700).create(&locks).unwrap();
+        #[cfg(windows)]
+        std::fs::create_dir(&locks).unwrap();
         Arena {
             backend,
             torture,
@@ -439,7 +516,7 @@ impl Arena {
 
     /// Starts `procs` children of `tasks` tasks each (with `env` added to
     /// theirs) and, for `secs`, SIGKILLs them (starting replacements),
-    /// SIGSTOPs them for longer than the lease and, on PostgreSQL, ends
+    /// SIGSTOPs them for longer than the lease (not on Windows) and, on PostgreSQL, ends
     /// random client sessions; then tells them to stop and asserts that
     /// every child stopped when told, cleanly, and none before.
     pub fn chaos(&self, procs: u64, tasks: u64, secs: u64, env: &[(&str, &str)]) -> Chaos {
@@ -477,7 +554,7 @@ impl Arena {
                 .collect();
             for pid in due {
                 let (i, _) = stopped.remove(&pid).unwrap();
-                signal(pid, Signal::SIGCONT);
+                resume(pid);
                 pauses[i].until = mono_ns();
             }
             if now >= next_action && !fleet.kids.is_empty() {
@@ -488,7 +565,7 @@ impl Arena {
                     let mut kid = fleet.kids.swap_remove(i);
                     let pid = kid.id();
                     kills.insert(pid, mono_ns());
-                    signal(pid, Signal::SIGKILL);
+                    kill_now(&mut kid);
                     kid.wait().unwrap();
                     if let Some((p, _)) = stopped.remove(&pid) {
                         pauses[p].until = mono_ns();
@@ -502,7 +579,7 @@ impl Arena {
                     if let Some(url) = fleet.pg_url.as_deref() {
                         terminations += pg_server::terminate_a_session(url, &mut |n| rng.below(n));
                     }
-                } else if roll < 8 {
+                } else if roll < 8 && CAN_FREEZE {
                     // SIGSTOP a running child for longer than the lease.
                     let running: Vec<u32> = fleet
                         .kids
@@ -513,7 +590,7 @@ impl Arena {
                     if !running.is_empty() {
                         let pid = running[rng.below(running.len() as u64) as usize];
                         let before = mono_ns();
-                        signal(pid, Signal::SIGSTOP);
+                        freeze(pid);
                         let after = mono_ns();
                         pauses.push(Pause {
                             pid,
@@ -544,7 +621,7 @@ impl Arena {
 
         // Stop: continue the frozen, tell everyone, wait with a deadline.
         for (pid, (i, _)) in stopped.drain() {
-            signal(pid, Signal::SIGCONT);
+            resume(pid);
             pauses[i].until = mono_ns();
         }
         File::create(self.work.join("stop")).unwrap();

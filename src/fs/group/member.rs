@@ -36,7 +36,11 @@ pub(crate) struct Member {
     /// The members directory and its identity.
     dir: File,
     dir_id: (u64, u64),
-    file: File,
+    /// Our record, open and flocked; closed once we left and unlinked it:
+    /// on Windows an unlinked file keeps a (pending) name in the members
+    /// directory until its last handle closes, and the last holder to
+    /// leave must find that directory empty to remove it.
+    file: Option<File>,
     file_name: String,
     id: (u64, u64),
     pub(super) record: OwnRecord,
@@ -66,16 +70,12 @@ impl Member {
         record.group = Some(group);
         let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
         let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
-        let (file, record_len) =
+        let (file, record_len, id) =
             create_record(&dir, &file_name, &record, ctx.settings.durable, &|| path.clone())?;
         let identities = failpoint!("group.record.after_rename")
-            .and_then(|()| syscall::meta(&file))
             .context("inspect member record", || path.clone())
-            .and_then(|meta| {
-                let dir_meta = syscall::meta(&dir).context("inspect members directory", || path.clone())?;
-                Ok((meta, dir_meta))
-            });
-        let (meta, dir_meta) = match identities {
+            .and_then(|()| syscall::meta(&dir).context("inspect members directory", || path.clone()));
+        let dir_meta = match identities {
             Ok(identities) => identities,
             Err(error) => {
                 // No holder after all: its record goes now (the caller
@@ -98,9 +98,9 @@ impl Member {
             mode,
             dir,
             dir_id: (dir_meta.dev(), dir_meta.ino()),
-            file,
+            file: Some(file),
             file_name,
-            id: (meta.dev(), meta.ino()),
+            id,
             record,
             record_len,
             marker: None,
@@ -123,6 +123,14 @@ impl Member {
         self.ctx
             .path_of(&members_dir(self.name.file_name()))
             .join(&self.file_name)
+    }
+
+    /// Our record, open, unless we left.
+    fn record_file(&self) -> Result<&File> {
+        self.file
+            .as_ref()
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+            .context("write member record", || self.path())
     }
 
     /// Whether our record is still where we made it.
@@ -207,7 +215,7 @@ impl Member {
         let mut record = self.record.clone();
         record.renew(SystemTime::now(), boot);
         let path = || self.path();
-        self.record_len = file::write(&self.file, self.record_len, &record, false, path)?;
+        self.record_len = file::write(self.record_file()?, self.record_len, &record, false, path)?;
         self.record = record;
         *self.sign.bytes.lock().unwrap_or_else(|e| e.into_inner()) = self.record.to_bytes(0);
         if sys::boot_clock_ms() >= cutoff {
@@ -313,7 +321,7 @@ impl Member {
             let mut record = self.record.clone();
             record.fencing_token = Some(token);
             let path = || self.path();
-            self.record_len = file::write(&self.file, self.record_len, &record, false, path)?;
+            self.record_len = file::write(self.record_file()?, self.record_len, &record, false, path)?;
             self.record = record;
             *self.sign.bytes.lock().unwrap_or_else(|e| e.into_inner()) = self.record.to_bytes(0);
         }
@@ -330,7 +338,7 @@ impl Member {
     /// not, re-signs the marker with a live holder's record (which also
     /// wakes the waiters of other processes: a permit is free). `None` if
     /// the name's mutation lock stayed taken for `patience`.
-    fn leave(&self, patience: Duration) -> Result<Option<bool>> {
+    fn leave(&mut self, patience: Duration) -> Result<Option<bool>> {
         let ctx = &self.ctx;
         let Some(mutation) = ctx.dir.lock_within(self.name.file_name(), patience)? else {
             return Ok(None);
@@ -342,6 +350,8 @@ impl Member {
                 Ok(()) | Err(Errno::ENOENT) => {}
                 Err(e) => return Err(e).context("remove member record", || self.path()),
             }
+            // Unlinked, it is gone only once closed, on Windows (see `file`).
+            self.file = None;
         }
         failpoint!("group.leave.after_unlink").context("leave shared lock", || self.path())?;
         let dir_name = members_dir(self.name.file_name());
@@ -384,7 +394,7 @@ impl Release for Member {
         &mut self.armed
     }
 
-    fn remove(&self, patience: Duration) -> Result<Option<bool>> {
+    fn remove(&mut self, patience: Duration) -> Result<Option<bool>> {
         self.leave(patience)
     }
 
@@ -399,7 +409,7 @@ impl Release for Member {
             mode: self.mode,
             dir: self.dir.try_clone()?,
             dir_id: self.dir_id,
-            file: self.file.try_clone()?,
+            file: self.file.as_ref().map(File::try_clone).transpose()?,
             file_name: self.file_name.clone(),
             id: self.id,
             record: self.record.clone(),
