@@ -297,7 +297,7 @@ impl Kind {
 /// What a look at a path says, without following a reparse point.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stat {
-    /// The volume's serial number.
+    /// Always 0 (see [`Meta`]).
     pub(crate) dev: u64,
     /// The file's index on its volume.
     pub(crate) ino: u64,
@@ -535,8 +535,8 @@ pub(crate) fn read_only(file: &File) -> bool {
 }
 
 /// What the backend reads of a file's metadata (see the Unix twin). On
-/// Windows the device is the volume's serial number and the inode the
-/// file's index on it; the mode is made up from the attributes (0o700 for
+/// Windows the device is always 0 and the inode the file's index on its
+/// volume (files are compared within one lock directory); the mode is made up from the attributes (0o700 for
 /// a directory, 0o600 for a file, the write bits off when read-only) and
 /// the owner is not read here ([`super::owner_is_me`] is).
 #[derive(Debug, Clone, Copy)]
@@ -610,7 +610,12 @@ pub(crate) fn meta(file: &File) -> std::io::Result<Meta> {
         mode &= !0o200;
     }
     Ok(Meta {
-        dev: u64::from(info.dwVolumeSerialNumber),
+        // Files are only ever compared within one lock directory, on one
+        // volume: the index alone names a file there. (The volume's serial
+        // would be redundant, and Wine reads it as 0 through a handle whose
+        // file was renamed by path since, which would make such a file
+        // look replaced.)
+        dev: 0,
         ino: (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow),
         mode,
         nlink: u64::from(info.nNumberOfLinks),
