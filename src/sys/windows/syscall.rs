@@ -238,7 +238,17 @@ fn open_path(path: &Path, how: Open) -> Result<File, Errno> {
         }
     }
     options.custom_flags(flags);
-    let file = options.open(path).map_err(|e| Errno::of(&e))?;
+    let file = match options.open(path) {
+        Ok(file) => file,
+        // Windows opens a directory (or a directory junction) only with
+        // backup semantics: without them the open fails with
+        // ERROR_ACCESS_DENIED, which must read as "not a file here", as
+        // Unix's EISDIR and ELOOP do, and not as a lack of permission.
+        Err(e) if Errno::of(&e) == Errno::EACCES && !matches!(how, Open::Dir | Open::List) => {
+            return Err(not_a_file(path).unwrap_or(Errno::EACCES));
+        }
+        Err(e) => return Err(Errno::of(&e)),
+    };
     let info = information(&file)?;
     let is_dir = info.dwFileAttributes & fs::FILE_ATTRIBUTE_DIRECTORY != 0;
     if info.dwFileAttributes & fs::FILE_ATTRIBUTE_REPARSE_POINT != 0 {
@@ -249,6 +259,25 @@ fn open_path(path: &Path, how: Open) -> Result<File, Errno> {
         Open::Dir | Open::List => Ok(file),
         _ if is_dir => Err(Errno::EISDIR),
         _ => Ok(file),
+    }
+}
+
+/// `ELOOP` if `path` is a reparse point, `EISDIR` if a directory, looked
+/// at through a handle with no access (which no share mode refuses).
+fn not_a_file(path: &Path) -> Option<Errno> {
+    let file = OpenOptions::new()
+        .access_mode(0)
+        .share_mode(SHARE_ALL)
+        .custom_flags(fs::FILE_FLAG_OPEN_REPARSE_POINT | fs::FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)
+        .ok()?;
+    let attributes = information(&file).ok()?.dwFileAttributes;
+    if attributes & fs::FILE_ATTRIBUTE_REPARSE_POINT != 0 {
+        Some(Errno::ELOOP)
+    } else if attributes & fs::FILE_ATTRIBUTE_DIRECTORY != 0 {
+        Some(Errno::EISDIR)
+    } else {
+        None
     }
 }
 
