@@ -149,14 +149,17 @@ pub(super) fn ensure_members(ctx: &Ctx, name: &LockName) -> Result<File> {
 /// flock on it, then renamed, so nobody ever finds an empty or half-made
 /// record of a live holder. The caller holds the mutation lock (under
 /// which any private name still there belongs to a process that died
-/// making it: see `remove_dead`). Returns the record open, flocked.
+/// making it: see `remove_dead`). Returns the record open, flocked, and
+/// its metadata, read before the rename (which changes no file's
+/// identity; but Wine 8.0 answers a volume serial of 0 for a handle whose
+/// file was renamed by path since, where Windows answers the volume's).
 pub(super) fn create_record(
     dir: &File,
     file_name: &str,
     record: &OwnRecord,
     durable: bool,
     path: &dyn Fn() -> PathBuf,
-) -> Result<(File, usize)> {
+) -> Result<(File, usize, syscall::Meta)> {
     let tmp = format!("{TMP}{file_name}");
     let file = syscall::open_at(dir, tmp.as_str(), Open::CreateNew).context("create member record", path)?;
     // Brand new, and a private name nobody tests: the flock is free.
@@ -164,14 +167,15 @@ pub(super) fn create_record(
         .and_then(|()| file.try_flock().map_err(std::io::Error::from))
         .context("lock member record", path)
         .and_then(|()| file::write(&file, 0, record, durable, path))
-        .and_then(|len| {
+        .and_then(|len| Ok((len, syscall::meta(&file).context("inspect member record", path)?)))
+        .and_then(|(len, meta)| {
             failpoint!("group.record.before_rename")
                 .and_then(|()| Ok(syscall::rename_at(dir, &tmp, file_name)?))
                 .context("create member record", path)
-                .map(|()| len)
+                .map(|()| (len, meta))
         });
     match made {
-        Ok(len) => Ok((file, len)),
+        Ok((len, meta)) => Ok((file, len, meta)),
         Err(error) => {
             let _ = syscall::unlink_at(dir, tmp.as_str());
             Err(error)

@@ -66,12 +66,11 @@ impl Member {
         record.group = Some(group);
         let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
         let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
-        let (file, record_len) =
+        let (file, record_len, meta) =
             create_record(&dir, &file_name, &record, ctx.settings.durable, &|| path.clone())?;
         let identities = failpoint!("group.record.after_rename")
-            .and_then(|()| syscall::meta(&file))
             .context("inspect member record", || path.clone())
-            .and_then(|meta| {
+            .and_then(|()| {
                 let dir_meta = syscall::meta(&dir).context("inspect members directory", || path.clone())?;
                 Ok((meta, dir_meta))
             });

@@ -64,7 +64,7 @@ pub(in crate::fs) fn announce(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<
     let record = ctx.own_record(name);
     let file_name = format!("{WAITER}{}{JSON}", record.uuid);
     let path = ctx.path_of(&dir_name).join(&file_name);
-    let (file, len) =
+    let (file, len, _) =
         create_record(&dir, &file_name, &record, false, &|| path.clone()).inspect_err(left_empty)?;
     Ok(Some(Announcement {
         ctx: Arc::clone(ctx),
