@@ -353,7 +353,7 @@ fn ps_start_epoch_s(pid: u32) -> Option<u64> {
 #[cfg(any(
     not(any(target_os = "linux", target_os = "macos", target_os = "freebsd", windows)),
     all(target_os = "linux", feature = "portable-test"),
-    all(test, unix)
+    test
 ))]
 fn parse_lstart(text: &str) -> Option<u64> {
     const MONTHS: [&str; 12] = [

@@ -37,6 +37,13 @@ fn short_lease(dir: &std::path::Path, strategy: Strategy) -> Locker {
         .unwrap()
 }
 
+/// The layouts this platform has: Windows refuses the directory layout
+/// (a directory cannot carry the liveness mark there).
+#[cfg(unix)]
+const LAYOUTS: &[Strategy] = &[Strategy::ExclusiveFile, Strategy::Directory];
+#[cfg(windows)]
+const LAYOUTS: &[Strategy] = &[Strategy::ExclusiveFile];
+
 /// Polls `fut` once, with this task's waker.
 async fn poll_once<F: Future + ?Sized>(fut: &mut Pin<Box<F>>) -> Poll<F::Output> {
     std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
@@ -47,8 +54,24 @@ fn remove(path: &std::path::Path) {
     if path.is_dir() {
         std::fs::remove_dir_all(path).unwrap();
     } else {
-        std::fs::remove_file(path).unwrap();
+        remove_lock_file(path);
     }
+}
+
+/// Removes the lock file at `path` so that its name is free at once, as
+/// `unlink` does on Unix. Windows keeps a deleted file's name while its
+/// holder has it open ("delete pending": Wine does, and Windows without
+/// POSIX delete), so there the file is renamed aside first, as the
+/// library's own removal does, and deleted under that name.
+fn remove_lock_file(path: &std::path::Path) {
+    #[cfg(windows)]
+    let path = &{
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(".removed");
+        std::fs::rename(path, &aside).unwrap();
+        std::path::PathBuf::from(aside)
+    };
+    std::fs::remove_file(path).unwrap();
 }
 
 async fn wait_lost(guard: &leasehold::LockGuard) {
@@ -66,7 +89,7 @@ async fn wait_lost(guard: &leasehold::LockGuard) {
 /// on a first guard and on a guard made by re-entry in a scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_resolves_for_a_loss_reported_before_it_is_awaited() {
-    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+    for &strategy in LAYOUTS {
         let dir = tempfile::tempdir().unwrap();
         let locker = short_lease(dir.path(), strategy);
         locker
@@ -97,7 +120,7 @@ async fn lost_resolves_for_a_loss_reported_before_it_is_awaited() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_lost_lock_dropped_with_a_waiter_is_not_handed_on() {
     let mut offered = 0;
-    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+    for &strategy in LAYOUTS {
         for _ in 0..20 {
             let dir = tempfile::tempdir().unwrap();
             let locker = short_lease(dir.path(), strategy);
@@ -238,9 +261,12 @@ async fn invalid_names_are_refused_every_time() {
     assert!(dir.path().join("shared-name").exists());
     drop(g);
     let g = hashed.acquire("shared-name").await.unwrap();
+    // The lock directory's canonical path (`\\?\C:\...` on Windows, the
+    // real path where the temporary folder's path holds a symlink).
+    let canonical = dir.path().canonicalize().unwrap();
     assert_eq!(
         hashed.lock_path("shared-name").unwrap().parent(),
-        Some(dir.path())
+        Some(canonical.as_path())
     );
     assert!(hashed.lock_path("shared-name").unwrap().exists());
     drop(g);

@@ -15,11 +15,16 @@ fn lockers(dir: &std::path::Path, strategy: Strategy) -> (Locker, Locker) {
     (make(), make())
 }
 
-const BOTH: [Strategy; 2] = [Strategy::ExclusiveFile, Strategy::Directory];
+/// The layouts this platform has: Windows refuses the directory layout
+/// (a directory cannot carry the liveness mark there).
+#[cfg(unix)]
+const LAYOUTS: &[Strategy] = &[Strategy::ExclusiveFile, Strategy::Directory];
+#[cfg(windows)]
+const LAYOUTS: &[Strategy] = &[Strategy::ExclusiveFile];
 
 #[tokio::test]
 async fn readers_overlap_and_exclude_a_writer() {
-    for strategy in BOTH {
+    for &strategy in LAYOUTS {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = lockers(dir.path(), strategy);
         let r1 = a.acquire_shared("cat").await.unwrap();
@@ -57,7 +62,7 @@ async fn readers_overlap_and_exclude_a_writer() {
 
 #[tokio::test]
 async fn a_waiting_writer_holds_back_new_readers() {
-    for strategy in BOTH {
+    for &strategy in LAYOUTS {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = lockers(dir.path(), strategy);
         let r1 = a.acquire_shared("cat").await.unwrap();
@@ -90,7 +95,7 @@ async fn a_waiting_writer_holds_back_new_readers() {
 
 #[tokio::test]
 async fn a_semaphore_admits_at_most_its_permits() {
-    for strategy in BOTH {
+    for &strategy in LAYOUTS {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = lockers(dir.path(), strategy);
         let sa = a.semaphore("gpu", 2).unwrap();
@@ -155,7 +160,7 @@ async fn an_exclusive_acquisition_inside_a_shared_scope_is_refused() {
 
 #[tokio::test]
 async fn a_marker_whose_holders_are_dead_is_reclaimed_and_clean_removes_orphans() {
-    for strategy in BOTH {
+    for &strategy in LAYOUTS {
         let dir = tempfile::tempdir().unwrap();
         let locker = Locker::builder()
             .directory(dir.path())
@@ -228,7 +233,7 @@ async fn shared_guards_of_one_locker_share_one_hold_and_a_token() {
 
 #[tokio::test]
 async fn cancelled_shared_and_permit_waiters_leave_nothing() {
-    for strategy in BOTH {
+    for &strategy in LAYOUTS {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = lockers(dir.path(), strategy);
         let w = a.acquire("cat").await.unwrap();
@@ -260,7 +265,7 @@ async fn cancelled_shared_and_permit_waiters_leave_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_stream_of_local_readers_does_not_starve_a_writer_elsewhere() {
-    for strategy in BOTH {
+    for &strategy in LAYOUTS {
         let dir = tempfile::tempdir().unwrap();
         let (readers, writer) = lockers(dir.path(), strategy);
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

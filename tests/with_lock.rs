@@ -60,7 +60,7 @@ async fn a_lost_lock_drops_the_future_at_once() {
             async move {
                 let _flag = flag;
                 // Someone removes the lock under us.
-                std::fs::remove_file(&path).unwrap();
+                remove_lock_file(&path);
                 tokio::time::sleep(Duration::from_secs(30)).await;
                 "ran on without the lock"
             }
@@ -95,4 +95,20 @@ async fn with_lock_timeout_times_out_without_running_the_future() {
         .unwrap_err();
     assert!(err.is_timeout());
     assert!(!ran.load(Ordering::SeqCst));
+}
+
+/// Removes the lock file at `path` so that its name is free at once, as
+/// `unlink` does on Unix. Windows keeps a deleted file's name while its
+/// holder has it open ("delete pending": Wine does, and Windows without
+/// POSIX delete), so there the file is renamed aside first, as the
+/// library's own removal does, and deleted under that name.
+fn remove_lock_file(path: &std::path::Path) {
+    #[cfg(windows)]
+    let path = &{
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(".removed");
+        std::fs::rename(path, &aside).unwrap();
+        std::path::PathBuf::from(aside)
+    };
+    std::fs::remove_file(path).unwrap();
 }

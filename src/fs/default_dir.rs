@@ -301,9 +301,12 @@ pub(crate) fn check_private(dir: &LockDir) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(unix)]
     use std::os::unix::fs::PermissionsExt;
 
-    /// The states a root may be in when a process starts.
+    /// The states a root may be in when a process starts. (Unix: modes,
+    /// sticky bits and symlinks; Windows' root is judged by its ACL.)
+    #[cfg(unix)]
     const STATES: [&str; 7] = [
         "shared",  // 1777, as Debian's /run/lock
         "root's",  // 0755, as Fedora's /run/lock
@@ -316,6 +319,7 @@ mod tests {
 
     /// Puts `root` in `state`, changing it in place where it can (a
     /// directory stays the same directory, its per-user directory in it).
+    #[cfg(unix)]
     fn set(root: &Path, other: &Path, state: &str) {
         let is_dir = syscall::symlink_meta_of(root).is_ok_and(|m| m.is_dir());
         let mode = match state {
@@ -343,7 +347,10 @@ mod tests {
     fn place(root: &Path) -> Place {
         Place {
             root: root.to_owned(),
+            #[cfg(unix)]
             owner: crate::sys::syscall::euid(),
+            #[cfg(windows)]
+            owner: syscall::ROOT_OWNER,
             mounts: None,
         }
     }
@@ -352,6 +359,8 @@ mod tests {
     /// one state and one that started after it changed must open one
     /// directory, or one of them must refuse. With the old rule ("the root
     /// if shared, else a fallback") the pair (shared, then root's) split.
+    // The states are Unix modes and symlinks (see `STATES`).
+    #[cfg(unix)]
     #[test]
     fn two_processes_never_open_two_default_directories_whatever_changed_between_their_starts() {
         for first in STATES {
@@ -398,7 +407,12 @@ mod tests {
             message.contains(".directory(") && message.contains("--dir"),
             "{message}"
         );
-        assert!(message.contains("leasehold-"), "{message}");
+        // The per-user name: `leasehold-<uid>` on Unix, `leasehold` in the
+        // user's own folder on Windows.
+        assert!(
+            message.contains(&syscall::per_user_name("leasehold")),
+            "{message}"
+        );
         assert!(std::error::Error::source(&err).is_some());
     }
 
@@ -459,6 +473,9 @@ mod tests {
         assert_eq!(seen.dir, Path::new("/x"));
     }
 
+    // Modes and a symlink: Unix (Windows' rule is the ACL's, and a
+    // symlink there needs a privilege).
+    #[cfg(unix)]
     #[test]
     fn a_symlink_planted_at_the_default_name_is_refused() {
         let root = tempfile::tempdir().unwrap();
