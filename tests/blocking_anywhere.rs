@@ -489,6 +489,12 @@ fn every_blocking_call_works_or_refuses_in_every_place_and_never_panics() {
     let _held = holder.blocking_acquire("held").unwrap();
     let mut failures = Vec::new();
     for place in PLACES {
+        // The place is made by a thread-local destructor that must run
+        // after Tokio's: the reverse order of registration, which Windows'
+        // thread-local destructors do not keep (the set-up itself fails).
+        if cfg!(windows) && place == Place::ThreadExit {
+            continue;
+        }
         for call in CALLS {
             if let Err(failure) = check(dir.path(), place, call, "held") {
                 failures.push(failure);
