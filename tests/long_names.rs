@@ -5,6 +5,9 @@
 //! with the largest owner fields, fencing and a semaphore's marker, makes
 //! records that every reader reads.
 
+#[path = "support/common.rs"]
+mod common;
+
 use std::time::Duration;
 
 use leasehold::{Error, Locker, MAX_NAME_LEN, PathStyle, Strategy};
@@ -43,7 +46,7 @@ async fn names_over_the_limit_are_refused_by_every_call() {
     // The measured failure: a 70,000-byte name made a record over the
     // readers' limit.
     let huge = "x".repeat(70_000);
-    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+    for &strategy in common::strategies() {
         let tmp = tempfile::tempdir().unwrap();
         let locker = Locker::builder()
             .directory(tmp.path())
@@ -129,7 +132,7 @@ async fn names_over_the_limit_are_refused_by_every_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_longest_name_with_the_largest_fields_is_a_lock_every_reader_reads() {
     let (at, _) = at_and_over_the_limit();
-    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+    for &strategy in common::strategies() {
         let tmp = tempfile::tempdir().unwrap();
         let base = Locker::builder()
             .directory(tmp.path())
@@ -188,4 +191,60 @@ async fn plain_names_keep_their_shorter_limit() {
         assert!(locker.lock_path(&"p".repeat(200)).is_ok());
         assert!(is_invalid_name(&locker.try_acquire(&"p".repeat(201)).await));
     }
+}
+
+/// The longest `Plain` and `Exact` names in a lock directory with a long
+/// path: every file leasehold keeps for them (the lock, its mutation lock,
+/// its fencing counter, a members directory, a renamed-aside file on
+/// release) is reached by a path of over 380 characters, past Windows'
+/// `MAX_PATH` (260), which works because leasehold's Windows paths are
+/// `\\?\` paths made from the directory handle.
+///
+/// The directory's own path stays under `MAX_PATH`: Wine 8.0's
+/// `GetFinalPathNameByHandleW` (which resolves a directory handle, in std's
+/// `canonicalize` and in leasehold) answers `ERROR_MORE_DATA` for a longer
+/// one, from a buffer of `MAX_PATH` characters; Windows has no such limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_plain_names_work_in_a_directory_with_a_long_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut deep = tmp.path().to_path_buf();
+    for i in 0..3 {
+        deep.push(format!("{i}-{}", "d".repeat(48)));
+    }
+    assert!(deep.as_os_str().len() > 160, "{}", deep.display());
+    let name = "p".repeat(200);
+    for style in [PathStyle::Plain, PathStyle::Exact] {
+        let build = || {
+            Locker::builder()
+                .directory(&deep)
+                .path_style(style)
+                .fencing(true)
+                .lease(Duration::from_secs(5))
+                .build()
+                .unwrap()
+        };
+        let (holder, rival) = (build(), build());
+        let guard = holder.acquire(&name).await.unwrap();
+        let path = holder.lock_path(&name).unwrap();
+        assert!(path.as_os_str().len() > 380, "{style:?}: {}", path.display());
+        assert!(std::fs::metadata(&path).unwrap().is_file(), "{style:?}");
+        assert!(rival.try_acquire(&name).await.unwrap().is_none(), "{style:?}");
+        let owner = rival.holder(&name).await.unwrap().expect("held");
+        assert_eq!(owner.pid(), Some(std::process::id()), "{style:?}");
+        assert_eq!(owner.fencing_token(), guard.fencing_token(), "{style:?}");
+        guard.release().await.unwrap();
+        let again = rival.try_acquire(&name).await.unwrap().expect("free after release");
+        assert!(again.fencing_token() > owner.fencing_token(), "{style:?}");
+        drop(again);
+        // A shared lock's members directory sits beside it too.
+        let shared = holder.acquire_shared(&name).await.unwrap();
+        let also = rival.acquire_shared(&name).await.unwrap();
+        assert_eq!(rival.holders(&name).await.unwrap().len(), 2, "{style:?}");
+        drop((shared, also));
+        assert!(!rival.is_held(&name).await.unwrap(), "{style:?}");
+    }
+    // Nothing is left but each name's fencing counter.
+    let mut left = common::entries(&deep);
+    left.retain(|e| !e.ends_with(".fence"));
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
