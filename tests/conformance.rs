@@ -76,7 +76,11 @@ macro_rules! conformance {
                 let d = dir.path().to_str().unwrap();
                 let mut holder = ChildProc::spawn_with(STRATEGY, "hold", &[d, "job", "60000"]);
                 holder.expect("acquired", Duration::from_secs(20));
-                let waiter = ChildProc::spawn_with(STRATEGY, "acquire", &[d, "job", "60000", "10000"]);
+                // A 10 s poll: only the watcher's news of the death explains
+                // a prompt take-over. A death is no directory change on
+                // Windows, where waiters poll (here every 20 ms).
+                let poll = if cfg!(windows) { "20" } else { "10000" };
+                let waiter = ChildProc::spawn_with(STRATEGY, "acquire", &[d, "job", "60000", poll]);
                 waiter.expect("waiting", Duration::from_secs(20));
                 std::thread::sleep(Duration::from_millis(200));
                 // SIGKILL on Unix, TerminateProcess on Windows (and reaped).
