@@ -175,10 +175,6 @@ async fn hashed_names_differing_in_case_are_two_locks() {
     );
 }
 
-/// A live process that is not ours: init on Unix; on Windows the System
-/// process (pid 4), which refuses to be opened, so it exists.
-const OTHERS: u32 = if cfg!(unix) { 1 } else { 4 };
-
 enum Expect {
     /// Left alone: the lock stays held.
     Held,
@@ -194,6 +190,20 @@ enum Expect {
 async fn records_of_every_shape() {
     use Expect::{Held, NotALock, Reclaimed};
     let me = std::process::id();
+    // A live process that is not ours: init on Unix; on Windows, which has
+    // no pid that is always a live process (Wine has no System at 4), a
+    // child of ours, holding a lock elsewhere until it is killed.
+    #[cfg(unix)]
+    let others = 1;
+    #[cfg(windows)]
+    let (_elsewhere, _child, others) = {
+        let elsewhere = tempfile::tempdir().unwrap();
+        let d = elsewhere.path().to_str().unwrap().to_owned();
+        let child = common::ChildProc::spawn("hold", &[&d, "x", "60000"]);
+        child.expect("acquired", Duration::from_secs(20));
+        let pid = child.pid();
+        (elsewhere, child, pid)
+    };
     let future = iso(SystemTime::now() + Duration::from_secs(3600));
     let decades = iso(SystemTime::now() + Duration::from_secs(40 * 365 * 86_400));
     let past = iso(SystemTime::now() - Duration::from_secs(60));
@@ -246,7 +256,7 @@ async fn records_of_every_shape() {
         ),
         (
             "a live pid not ours",
-            format!(r#"{{"uuid":"a","pid":{OTHERS}}}"#).into_bytes(),
+            format!(r#"{{"uuid":"a","pid":{others}}}"#).into_bytes(),
             Held,
         ),
         (
