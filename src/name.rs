@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
+use crate::sys;
+
 /// A name refused by the rules of its path style; it becomes
 /// [`Error::InvalidName`](crate::Error::InvalidName) (see `error.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +97,19 @@ pub enum PathStyle {
     Hashed,
     /// `<name>.lock`, for existing lock files (pi-research's, say).
     /// Names must be usable as one file name: not empty, at most 200 bytes,
-    /// no `/`, no `..`, no NUL or other control characters, not `.`.
+    /// no `/`, no `..`, no NUL or other control characters, not `.`. On
+    /// Windows they must also be names Windows can hold: none of
+    /// `<>:"\|?*`, no trailing `.` or space, and not a reserved device
+    /// name (`CON`, `PRN`, `AUX`, `NUL`, `COM0`–`COM9`, `LPT0`–`LPT9`, and
+    /// `COM¹`–`COM³`, `LPT¹`–`LPT³`, in any case, alone or followed by a
+    /// `.` and anything: `nul.txt` is `NUL` too).
+    ///
+    /// The name is the file name, so the file system decides which names
+    /// are one lock: on a case-insensitive one (Windows', and macOS's by
+    /// default) two names that differ only in case, such as `Job` and
+    /// `job`, are **one** lock. They exclude each other, and the record
+    /// names whichever took it. [`Hashed`](Self::Hashed) names never
+    /// collide so: case differences give different hashes.
     Plain,
     /// `<name>`, as is: for lock files whose whole name is given, such as
     /// those of flock(1) users (`/var/lock/backup`, in a locker on
@@ -103,7 +117,9 @@ pub enum PathStyle {
     /// lock can be mistaken for the files leasehold keeps beside locks,
     /// cannot end in `.fence`, `.members` or `.mutex` nor contain `.pending-`,
     /// `.trash-` or `.fence.tmp-`. [`Locker::list`](crate::Locker::list)
-    /// shows only the locks whose names end in `.lock`.
+    /// shows only the locks whose names end in `.lock`. As with `Plain`,
+    /// names that differ only in case are one lock on a case-insensitive
+    /// file system.
     Exact,
 }
 
@@ -275,7 +291,47 @@ fn check_plain(name: &str) -> Result<()> {
     if name.chars().any(char::is_control) {
         return Err(invalid(name, "plain names cannot contain control characters"));
     }
+    if sys::WINDOWS_FILE_NAMES
+        && let Some(reason) = windows_refusal(name)
+    {
+        return Err(invalid(name, reason));
+    }
     Ok(())
+}
+
+/// Why Windows cannot hold `name` as a file name (or the start of one:
+/// `<name>.lock`), or `None`: the rule [`check_plain`] adds on Windows,
+/// pure so that every platform tests it. Control characters, `/` and
+/// the empty name are refused everywhere, before this.
+fn windows_refusal(name: &str) -> Option<&'static str> {
+    if name.contains(['<', '>', ':', '"', '\\', '|', '?', '*']) {
+        return Some("plain names on Windows cannot contain '<', '>', ':', '\"', '\\', '|', '?' or '*'");
+    }
+    if name.ends_with(['.', ' ']) {
+        return Some("plain names on Windows cannot end in '.' or ' ': Windows drops them");
+    }
+    // `NUL`, `nul.txt`, `Com1.tar.gz` and `CON .x` all name the device
+    // (Windows trims the spaces before the extension).
+    let stem = name.split('.').next().unwrap_or(name).trim_end_matches(' ');
+    let device = match stem.len() {
+        3 => ["CON", "PRN", "AUX", "NUL"]
+            .iter()
+            .any(|d| stem.eq_ignore_ascii_case(d)),
+        _ => ["COM", "LPT"].iter().any(|d| {
+            stem.get(..3).is_some_and(|p| p.eq_ignore_ascii_case(d))
+                && matches!(
+                    &stem[3..],
+                    "0" | "1" | "2" | "3" | "4" | "5" | "6" | "7" | "8" | "9" | "¹" | "²" | "³"
+                )
+        }),
+    };
+    if device {
+        return Some(
+            "plain names on Windows cannot be a reserved device name (CON, PRN, AUX, NUL, \
+             COM0-COM9, LPT0-LPT9, COM¹-COM³, LPT¹-LPT³), alone or followed by '.'",
+        );
+    }
+    None
 }
 
 fn invalid(name: &str, reason: &'static str) -> InvalidName {
@@ -427,7 +483,98 @@ mod tests {
         }
     }
 
+    #[test]
+    fn names_windows_cannot_hold_are_refused_there() {
+        for good in [
+            "state",
+            "a.b-c d",
+            "CONSOLE",
+            "con-1",
+            "nul_x",
+            "COM10",
+            "LPT",
+            "COMx",
+            "xCON",
+            "job.nul",
+            "com⁴",
+            "日本語🔒",
+            ".hidden",
+        ] {
+            assert_eq!(windows_refusal(good), None, "{good:?} refused");
+        }
+        for (bad, why) in [
+            ("a<b", "cannot contain"),
+            ("a>b", "cannot contain"),
+            ("C:x", "cannot contain"),
+            ("say\"hi\"", "cannot contain"),
+            ("a\\b", "cannot contain"),
+            ("a|b", "cannot contain"),
+            ("what?", "cannot contain"),
+            ("*", "cannot contain"),
+            ("job.", "cannot end in"),
+            ("job ", "cannot end in"),
+            ("CON", "device"),
+            ("con", "device"),
+            ("Prn", "device"),
+            ("aux", "device"),
+            ("NUL", "device"),
+            ("nul.txt", "device"),
+            ("NUL.tar.gz", "device"),
+            ("nul .txt", "device"),
+            ("COM0", "device"),
+            ("com1", "device"),
+            ("Com9.log", "device"),
+            ("LPT0", "device"),
+            ("lpt5.x", "device"),
+            ("COM¹", "device"),
+            ("com²", "device"),
+            ("LPT³.lock", "device"),
+        ] {
+            let reason = windows_refusal(bad).unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert!(reason.contains(why), "{bad:?}: {reason}");
+            assert!(reason.starts_with("plain names on Windows"), "{reason}");
+            // Through the path styles: refused on Windows only.
+            for style in [PathStyle::Plain, PathStyle::Exact] {
+                let got = LockName::new(bad, style);
+                if sys::WINDOWS_FILE_NAMES {
+                    assert_eq!(got.unwrap_err().reason, reason, "{bad:?}");
+                } else {
+                    assert!(got.is_ok(), "{bad:?} refused off Windows");
+                }
+            }
+            // Hashed names are made of safe characters, and end in
+            // `-<hash16>.lock`: any name works. (`nul.txt` becomes
+            // `nul.txt-<hash16>.lock`, which Win32 path parsing would take
+            // for `NUL`; leasehold's `\\?\` paths skip that parsing.)
+            let hashed = hashed(bad).unwrap();
+            if let Some(reason) = windows_refusal(hashed.file_name()) {
+                assert!(
+                    reason.contains("device") && bad.contains('.'),
+                    "{bad:?}: {reason}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn hashed_names_that_differ_in_case_never_share_a_file() {
+        let (upper, lower) = (hashed("Job").unwrap(), hashed("job").unwrap());
+        assert_ne!(
+            upper.file_name().to_ascii_lowercase(),
+            lower.file_name().to_ascii_lowercase()
+        );
+    }
+
     proptest! {
+        #[test]
+        fn hashed_file_names_break_no_windows_character_rule(name in "\\PC{1,100}") {
+            prop_assume!(!name.contains('\0'));
+            let hashed = hashed(&name).unwrap();
+            if let Some(reason) = windows_refusal(hashed.file_name()) {
+                prop_assert!(reason.contains("device"), "{}: {}", hashed.file_name(), reason);
+            }
+        }
+
         #[test]
         fn exact_names_stay_one_file_name(name in "\\PC{1,60}") {
             if let Ok(n) = LockName::new(&name, PathStyle::Exact) {

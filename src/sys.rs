@@ -420,6 +420,12 @@ pub(crate) const WATCH_SEES_DEATHS: bool = cfg!(unix);
 /// Windows, whose byte-range locks are for files only.
 pub(crate) const DIRECTORY_MARKS: bool = cfg!(unix);
 
+/// Whether a plain or exact lock name, which becomes a file name as it is,
+/// must also be a name Windows can hold (no `<>:"\|?*`, no trailing dot
+/// or space, no reserved device name such as `NUL` or `com1.txt`): on
+/// Windows only, where such a name fails or, worse, opens a device.
+pub(crate) const WINDOWS_FILE_NAMES: bool = cfg!(windows);
+
 /// Whether the kernel has OFD byte-range locks to line waiters up with
 /// (the waiting line is off where it has none).
 pub(crate) fn byte_range_locks() -> bool {

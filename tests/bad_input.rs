@@ -15,6 +15,9 @@ fn child_process_entry() {
     common::child_entry();
 }
 
+/// Whether names Windows cannot hold are accepted as plain names.
+const UNIX: bool = cfg!(unix);
+
 /// Names: what each path style accepts, and where the lock then lives.
 #[tokio::test]
 async fn names_in_both_path_styles() {
@@ -39,10 +42,24 @@ async fn names_in_both_path_styles() {
         (&too_long, false, false),
         ("日本語🔒", true, true),
         ("line\nbreak", true, false),
-        // Windows-reserved names are ordinary file names on Unix.
-        ("CON", true, true),
-        ("nul", true, true),
-        ("COM1.txt", true, true),
+        // Names Windows cannot hold are ordinary file names on Unix; on
+        // Windows `Plain` refuses them (`Hashed` makes them safe).
+        ("CON", true, UNIX),
+        ("nul", true, UNIX),
+        ("COM1.txt", true, UNIX),
+        ("lpt²", true, UNIX),
+        ("a:b", true, UNIX),
+        ("a\\b", true, UNIX),
+        ("why?", true, UNIX),
+        ("<tag>", true, UNIX),
+        ("pipe|d", true, UNIX),
+        ("star*", true, UNIX),
+        ("say \"hi\"", true, UNIX),
+        ("dot.", true, UNIX),
+        ("space ", true, UNIX),
+        ("nul.txt", true, UNIX),
+        ("CONSOLE", true, true),
+        ("com10", true, true),
         ("-rf", true, true),
     ];
     let mut paths = std::collections::HashSet::new();
@@ -68,6 +85,96 @@ async fn names_in_both_path_styles() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
+/// On Windows, `Plain` and `Exact` names Windows cannot hold are refused
+/// with a reason that says so, before anything is made.
+#[cfg(windows)]
+#[tokio::test]
+async fn names_windows_cannot_hold_are_refused_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    for style in [PathStyle::Plain, PathStyle::Exact] {
+        let locker = Locker::builder()
+            .directory(dir.path())
+            .path_style(style)
+            .build()
+            .unwrap();
+        for (name, why) in [
+            ("a:b", "cannot contain"),
+            ("what?", "cannot contain"),
+            ("job.", "cannot end in"),
+            ("job ", "cannot end in"),
+            ("AUX", "reserved device name"),
+            ("nul.txt", "reserved device name"),
+            ("Com7.tar.gz", "reserved device name"),
+            ("LPT³", "reserved device name"),
+        ] {
+            match locker.try_acquire(name).await {
+                Err(Error::InvalidName { reason, .. }) => {
+                    assert!(
+                        reason.contains("on Windows") && reason.contains(why),
+                        "{name:?}: {reason}"
+                    );
+                }
+                other => panic!("{style:?} {name:?}: {other:?}"),
+            }
+            assert!(matches!(locker.lock_path(name), Err(Error::InvalidName { .. })));
+        }
+    }
+    assert!(common::entries(dir.path()).is_empty());
+}
+
+/// On Windows' case-insensitive file system two plain names that differ
+/// only in case are one lock file, so one lock: they exclude each other,
+/// and the record names whichever took it.
+#[cfg(windows)]
+#[tokio::test]
+async fn plain_names_differing_in_case_are_one_lock_on_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    for style in [PathStyle::Plain, PathStyle::Exact] {
+        let plain = || {
+            Locker::builder()
+                .directory(dir.path())
+                .path_style(style)
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (plain(), plain());
+        let guard = a.acquire("Job").await.unwrap();
+        assert!(b.try_acquire("job").await.unwrap().is_none(), "{style:?}");
+        assert!(b.is_held("JOB").await.unwrap(), "{style:?}");
+        let owner = b.holder("job").await.unwrap().expect("held");
+        assert_eq!(owner.name(), Some("Job"), "{style:?}");
+        assert_eq!(owner.uuid(), guard.owner().uuid(), "{style:?}");
+        drop(guard);
+        let other = b.try_acquire("job").await.unwrap().expect("free after release");
+        assert!(a.try_acquire("Job").await.unwrap().is_none(), "{style:?}");
+        drop(other);
+    }
+    assert!(common::entries(dir.path()).is_empty());
+}
+
+/// Hashed names that differ only in case are two locks everywhere: the
+/// hash tells them apart, whatever the file system's case rules.
+#[tokio::test]
+async fn hashed_names_differing_in_case_are_two_locks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Locker::new(dir.path()).unwrap(), Locker::new(dir.path()).unwrap());
+    let upper = a.acquire("Job").await.unwrap();
+    let lower = b.try_acquire("job").await.unwrap().expect("another lock");
+    assert_eq!(
+        b.holder("Job").await.unwrap().expect("held").uuid(),
+        upper.owner().uuid()
+    );
+    assert_eq!(
+        a.holder("job").await.unwrap().expect("held").uuid(),
+        lower.owner().uuid()
+    );
+    let (p, q) = (a.lock_path("Job").unwrap(), a.lock_path("job").unwrap());
+    assert_ne!(
+        p.file_name().unwrap().to_ascii_lowercase(),
+        q.file_name().unwrap().to_ascii_lowercase()
+    );
+}
+
 enum Expect {
     /// Left alone: the lock stays held.
     Held,
@@ -83,6 +190,20 @@ enum Expect {
 async fn records_of_every_shape() {
     use Expect::{Held, NotALock, Reclaimed};
     let me = std::process::id();
+    // A live process that is not ours: init on Unix; on Windows, which has
+    // no pid that is always a live process (Wine has no System at 4), a
+    // child of ours, holding a lock elsewhere until it is killed.
+    #[cfg(unix)]
+    let others = 1;
+    #[cfg(windows)]
+    let (_elsewhere, _child, others) = {
+        let elsewhere = tempfile::tempdir().unwrap();
+        let d = elsewhere.path().to_str().unwrap().to_owned();
+        let child = common::ChildProc::spawn("hold", &[&d, "x", "60000"]);
+        child.expect("acquired", Duration::from_secs(20));
+        let pid = child.pid();
+        (elsewhere, child, pid)
+    };
     let future = iso(SystemTime::now() + Duration::from_secs(3600));
     let decades = iso(SystemTime::now() + Duration::from_secs(40 * 365 * 86_400));
     let past = iso(SystemTime::now() - Duration::from_secs(60));
@@ -133,7 +254,11 @@ async fn records_of_every_shape() {
             format!(r#"{{"uuid":"a","pid":{me}}}"#).into_bytes(),
             Held,
         ),
-        ("pid 1", br#"{"uuid":"a","pid":1}"#.to_vec(), Held),
+        (
+            "a live pid not ours",
+            format!(r#"{{"uuid":"a","pid":{others}}}"#).into_bytes(),
+            Held,
+        ),
         (
             "a dead pid",
             br#"{"uuid":"a","pid":999999999}"#.to_vec(),
@@ -168,7 +293,7 @@ async fn records_of_every_shape() {
         ("a JSON array", b"[1,2,3]".to_vec(), NotALock),
         ("a JSON string", br#""uuid""#.to_vec(), NotALock),
     ];
-    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+    for &strategy in common::strategies() {
         let dir = tempfile::tempdir().unwrap();
         let locker = Locker::builder()
             .directory(dir.path())
@@ -237,7 +362,7 @@ fn any_value() -> impl proptest::strategy::Strategy<Value = String> {
         r#"{"x":1}"#.into(),
         format!("{:?}", boot.trim()),
         format!("{time_ns:?}"),
-        format!("{:?}", nix::unistd::gethostname().unwrap().to_string_lossy()),
+        format!("{:?}", hostname()),
         r#""elsewhere""#.into(),
         r#""NaN""#.into(),
         r#""2999-01-01T00:00:00.000Z""#.into(),
@@ -250,6 +375,24 @@ fn any_value() -> impl proptest::strategy::Strategy<Value = String> {
         1 => any::<f64>().prop_map(|f| if f.is_finite() { format!("{f:e}") } else { "null".into() }),
         1 => "[a-z0-9 :-]{0,12}".prop_map(|s| format!("{s:?}")),
     ]
+}
+
+/// This host's name, as leasehold writes it in records.
+#[cfg(unix)]
+fn hostname() -> String {
+    nix::unistd::gethostname().unwrap().to_string_lossy().into_owned()
+}
+
+/// This host's name, as leasehold writes it in records (its DNS host
+/// name, which no std call gives): read from a record of its own.
+#[cfg(windows)]
+fn hostname() -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    let guard = locker.blocking_acquire("me").unwrap();
+    let name = guard.owner().hostname().expect("a hostname").to_owned();
+    drop((guard, locker));
+    name
 }
 
 /// Anything a lock path could hold: JSON objects over the record's field
@@ -311,6 +454,8 @@ proptest! {
         bytes in any_record(),
         directory in any::<bool>(),
     ) {
+        // The directory layout where this platform has it (not Windows).
+        let directory = directory && common::strategies().contains(&Strategy::Directory);
         let strategy = if directory { Strategy::Directory } else { Strategy::ExclusiveFile };
         let dir = tempfile::tempdir().unwrap();
         let locker = Locker::builder().directory(dir.path()).strategy(strategy).build().unwrap();
@@ -350,6 +495,7 @@ proptest! {
 
 /// Every entry of the lock directory `path` and its content (`None` for a
 /// directory), sorted.
+#[cfg(unix)]
 fn contents(path: &std::path::Path) -> Vec<(String, Option<Vec<u8>>)> {
     let mut all: Vec<_> = std::fs::read_dir(path)
         .unwrap()
@@ -366,6 +512,8 @@ fn contents(path: &std::path::Path) -> Vec<(String, Option<Vec<u8>>)> {
     all
 }
 
+// The directory layout, which Windows cannot lock (`build()` refuses it).
+#[cfg(unix)]
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 

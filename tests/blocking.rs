@@ -97,8 +97,17 @@ fn the_guard_keeps_its_lease_alive_without_a_runtime() {
     std::thread::sleep(Duration::from_millis(2500));
     assert!(!guard.is_lost());
     assert!(locker(dir.path()).blocking_try_acquire("job").unwrap().is_none());
-    // Removed behind its back: the guard notices within its lease.
-    std::fs::remove_file(short.lock_path("job").unwrap()).unwrap();
+    // Removed behind its back: the guard notices within its lease. (On
+    // Windows renamed aside first: Wine keeps a deleted file's name until
+    // its holder's handle closes.)
+    let path = short.lock_path("job").unwrap();
+    if cfg!(windows) {
+        let aside = path.with_extension("removed");
+        std::fs::rename(&path, &aside).unwrap();
+        std::fs::remove_file(&aside).unwrap();
+    } else {
+        std::fs::remove_file(&path).unwrap();
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
     while !guard.is_lost() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -145,7 +154,7 @@ fn many_threads_take_turns_and_never_overlap() {
 fn a_lock_held_by_a_killed_process_is_taken_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_str().unwrap();
-    let child = common::ChildProc::spawn("hold", &[path, "job", "30000"]);
+    let mut child = common::ChildProc::spawn("hold", &[path, "job", "30000"]);
     child.expect("acquired", Duration::from_secs(30));
     let waiter = {
         let locker = locker(dir.path());
@@ -157,7 +166,8 @@ fn a_lock_held_by_a_killed_process_is_taken_at_once() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(!waiter.is_finished(), "the child holds the lock");
     let killed = Instant::now();
-    child.signal(nix::sys::signal::Signal::SIGKILL);
+    // SIGKILL on Unix, TerminateProcess on Windows (and reaped).
+    child.kill_and_reap();
     let (got, at) = waiter.join().unwrap();
     got.unwrap();
     // Well within the 30 s lease: the dead holder's flock told.

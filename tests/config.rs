@@ -1,5 +1,8 @@
 //! Every configuration `build()` accepts keeps a live holder's lock.
 
+#[path = "support/common.rs"]
+mod common;
+
 use std::time::{Duration, Instant};
 
 use leasehold::{Error, Locker, Strategy};
@@ -33,7 +36,7 @@ async fn every_accepted_configuration_keeps_a_live_holders_lock() {
     let dir = tempfile::tempdir().unwrap();
     let mut accepted = Vec::new();
     let mut refused = 0;
-    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+    for &strategy in common::strategies() {
         for lease in leases {
             for fraction in fractions {
                 let renew = lease.mul_f64(fraction);

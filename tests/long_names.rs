@@ -5,9 +5,12 @@
 //! with the largest owner fields, fencing and a semaphore's marker, makes
 //! records that every reader reads.
 
+#[path = "support/common.rs"]
+mod common;
+
 use std::time::Duration;
 
-use leasehold::{Error, Locker, MAX_NAME_LEN, PathStyle, Strategy};
+use leasehold::{Error, Locker, MAX_NAME_LEN, PathStyle};
 
 fn is_invalid_name<T: std::fmt::Debug>(got: &leasehold::Result<T>) -> bool {
     matches!(got, Err(Error::InvalidName { .. }))
@@ -43,7 +46,7 @@ async fn names_over_the_limit_are_refused_by_every_call() {
     // The measured failure: a 70,000-byte name made a record over the
     // readers' limit.
     let huge = "x".repeat(70_000);
-    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+    for &strategy in common::strategies() {
         let tmp = tempfile::tempdir().unwrap();
         let locker = Locker::builder()
             .directory(tmp.path())
@@ -129,7 +132,7 @@ async fn names_over_the_limit_are_refused_by_every_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_longest_name_with_the_largest_fields_is_a_lock_every_reader_reads() {
     let (at, _) = at_and_over_the_limit();
-    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+    for &strategy in common::strategies() {
         let tmp = tempfile::tempdir().unwrap();
         let base = Locker::builder()
             .directory(tmp.path())
@@ -188,4 +191,87 @@ async fn plain_names_keep_their_shorter_limit() {
         assert!(locker.lock_path(&"p".repeat(200)).is_ok());
         assert!(is_invalid_name(&locker.try_acquire(&"p".repeat(201)).await));
     }
+}
+
+/// The longest `Plain` and `Exact` names in a lock directory with a long
+/// path: every file leasehold keeps for them (the lock, its mutation lock,
+/// its fencing counter, a renamed-aside file on release, a shared lock's
+/// members directory and records) is reached by a path of over 380
+/// characters, past Windows' `MAX_PATH` (260), which works because
+/// leasehold's Windows paths are `\\?\` paths made from the directory
+/// handle.
+///
+/// Under Wine, no directory leasehold opens may have a path over
+/// `MAX_PATH`: Wine 8.0's `GetFinalPathNameByHandleW` (how std's
+/// `canonicalize` and leasehold resolve a directory handle) answers
+/// `ERROR_MORE_DATA` for a longer one, from a buffer of `MAX_PATH`
+/// characters; Windows has no such limit. So there the lock directory is
+/// shorter, and the shared lock (whose members directory is named after
+/// the lock) is taken in a shorter one still.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_plain_names_work_in_a_directory_with_a_long_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut deep = tmp.path().to_path_buf();
+    for i in 0..if under_wine() { 3 } else { 6 } {
+        deep.push(format!("{i}-{}", "d".repeat(48)));
+    }
+    assert!(deep.as_os_str().len() > 160, "{}", deep.display());
+    let shared_in = if under_wine() { tmp.path() } else { deep.as_path() };
+    let name = "p".repeat(200);
+    for style in [PathStyle::Plain, PathStyle::Exact] {
+        let build = |dir: &std::path::Path| {
+            Locker::builder()
+                .directory(dir)
+                .path_style(style)
+                .fencing(true)
+                .lease(Duration::from_secs(5))
+                .build()
+                .unwrap()
+        };
+        let (holder, rival) = (build(&deep), build(&deep));
+        let guard = holder.acquire(&name).await.unwrap();
+        let path = holder.lock_path(&name).unwrap();
+        assert!(path.as_os_str().len() > 380, "{style:?}: {}", path.display());
+        assert!(std::fs::metadata(&path).unwrap().is_file(), "{style:?}");
+        assert!(rival.try_acquire(&name).await.unwrap().is_none(), "{style:?}");
+        let owner = rival.holder(&name).await.unwrap().expect("held");
+        assert_eq!(owner.pid(), Some(std::process::id()), "{style:?}");
+        assert_eq!(owner.fencing_token(), guard.fencing_token(), "{style:?}");
+        // `list` shows locks whose file names end in `.lock`: not Exact's.
+        let listed = usize::from(style == PathStyle::Plain);
+        assert_eq!(rival.list().await.unwrap().len(), listed, "{style:?}");
+        guard.release().await.unwrap();
+        let again = rival
+            .try_acquire(&name)
+            .await
+            .unwrap()
+            .expect("free after release");
+        assert!(again.fencing_token() > owner.fencing_token(), "{style:?}");
+        drop(again);
+        // A shared lock's members directory sits beside it.
+        let (holder, rival) = (build(shared_in), build(shared_in));
+        let shared = holder.acquire_shared(&name).await.unwrap();
+        let also = rival.acquire_shared(&name).await.unwrap();
+        assert_eq!(rival.holders(&name).await.unwrap().len(), 2, "{style:?}");
+        assert!(rival.try_acquire(&name).await.unwrap().is_none(), "{style:?}");
+        drop((shared, also));
+        assert!(!rival.is_held(&name).await.unwrap(), "{style:?}");
+    }
+    // Nothing is left but each name's fencing counter.
+    for dir in [deep.as_path(), shared_in] {
+        let mut left = common::entries(dir);
+        left.retain(|e| !e.ends_with(".fence") && !e.starts_with("0-"));
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+}
+
+/// Whether this Windows is Wine (whose system folder has its device
+/// host, `winedevice.exe`): for what Wine does differently from Windows.
+fn under_wine() -> bool {
+    cfg!(windows)
+        && std::env::var_os("SystemRoot").is_some_and(|root| {
+            std::path::Path::new(&root)
+                .join(r"system32\winedevice.exe")
+                .exists()
+        })
 }
