@@ -434,12 +434,13 @@ fn listen(url: &str, on_notify: &dyn Fn(&str), listening: &AtomicBool, closed: &
     }
 }
 
-#[cfg(test)]
+// The tests start a PostgreSQL server of their own from Debian's binaries.
+#[cfg(all(test, unix))]
 #[path = "../tests/support/pg_server.rs"]
 #[allow(unreachable_pub, missing_docs, missing_debug_implementations)]
 mod pg_server;
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use super::session::{LEAD, TOKEN_BLOCK, block};
     use super::*;

@@ -3,6 +3,8 @@
 //! handoffs that must not wait, and the rows and announcements behind them.
 //!
 //! Against a real, throwaway server (see `support/pg_server.rs`).
+// Each test starts a PostgreSQL server of its own from Debian's binaries.
+#![cfg(unix)]
 
 use std::time::{Duration, Instant};
 

@@ -5,6 +5,8 @@
 //! across a truncated counter with a dead holder).
 //!
 //! Against a real, throwaway server (see `support/pg_server.rs`).
+// Each test starts a PostgreSQL server of its own from Debian's binaries.
+#![cfg(unix)]
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};

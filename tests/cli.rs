@@ -1,6 +1,8 @@
 //! The command-line tool, driven as a user would: the real binary, each
 //! test in its own temporary directory, every process it starts bounded in
 //! time and killed by pid when the test is done with it.
+// The tool on Unix: process groups, signals, `flock(1)`; `leasehold run` on every platform is tests/cli_run.rs's.
+#![cfg(unix)]
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::ExitStatusExt;

@@ -9,6 +9,8 @@
 //! directory afterwards only if it did not exist before and is empty. Other
 //! views of the mounts are made in the children's own mount namespaces:
 //! the host's `/run/lock` and `/tmp` are never changed.
+// The Unix default directory's rules (`/run/lock`, uids, modes, mount views); Windows' default directory is tests/windows.rs's.
+#![cfg(unix)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

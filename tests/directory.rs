@@ -1,4 +1,6 @@
 //! What only the directory strategy has to get right.
+// The directory layout, which Windows refuses (it cannot lock a directory).
+#![cfg(unix)]
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;

@@ -2,6 +2,8 @@
 //! first acquisition: not a directory, not writable (by mode, as another
 //! user, or on a read-only mount), or open to everyone without the sticky
 //! bit.
+// Permission modes and other users (`chmod`, running as `nobody`) have no Windows twins.
+#![cfg(unix)]
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

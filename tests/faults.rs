@@ -9,6 +9,8 @@
 //! and run instead in a child process (this binary, re-run with
 //! `LEASEHOLD_FAULTS_ROLE`) that drops to uid/gid 65534; if it cannot, the
 //! skip is printed.
+// Other users, permission modes and signals (`setuid`, `chmod`, SIGSTOP) have no Windows twins.
+#![cfg(unix)]
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

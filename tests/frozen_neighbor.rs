@@ -9,6 +9,8 @@
 //! what leasehold's own processes did before locks were per name), and on
 //! a name's mutation-lock file (a leasehold process frozen while it
 //! reclaims, joins, leaves or fences that name).
+// A neighbour frozen with SIGSTOP: Windows has no such signal.
+#![cfg(unix)]
 
 #[path = "support/common.rs"]
 mod common;

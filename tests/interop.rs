@@ -1,6 +1,8 @@
 //! Living side by side with the seeds' lock files: their records are read,
 //! honoured and reclaimed by their rules, and ours carry what they read.
 //! The first seed's own code is run under Node.js where `node` exists.
+// velocious's directory locks (the directory layout, which Windows refuses) and velocious's own code under Node.js.
+#![cfg(unix)]
 
 #[path = "support/common.rs"]
 mod common;

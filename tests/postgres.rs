@@ -3,6 +3,8 @@
 //! as the unprivileged `postgres` user when the tests run as root), unless
 //! `LEASEHOLD_PG_URL` names one. Without a server the tests fail loudly:
 //! they never pretend to pass.
+// Each test starts a PostgreSQL server of its own from Debian's binaries.
+#![cfg(unix)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

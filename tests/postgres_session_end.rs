@@ -9,6 +9,8 @@
 //! keeps readers out for at most its lease.
 //!
 //! Against a real, throwaway server (see `support/pg_server.rs`).
+// Each test starts a PostgreSQL server of its own from Debian's binaries.
+#![cfg(unix)]
 
 use std::time::{Duration, Instant};
 

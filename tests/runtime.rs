@@ -177,11 +177,13 @@ async fn waits_follow_tokios_paused_clock() {
 
 #[test]
 fn child_process_entry() {
+    #[cfg(unix)]
     if std::env::var_os(FORK_CHILD).is_some() {
         fork_child();
     }
 }
 
+#[cfg(unix)]
 const FORK_CHILD: &str = "LEASEHOLD_TEST_FORK_CHILD";
 
 /// A contended 100 ms `acquire_timeout` in a fresh runtime and `Locker`.
@@ -207,7 +209,9 @@ fn contended_timeout(dir: &Path) -> Duration {
 
 /// A process that waited through leasehold once, then forked (a pre-fork
 /// server building its runtimes after the fork): in the child, waits still
-/// end. The child inherits the timer's state but not its thread.
+/// end. The child inherits the timer's state but not its thread. (Windows
+/// has no fork.)
+#[cfg(unix)]
 fn fork_child() {
     let dir = tempfile::tempdir().unwrap();
     assert!(contended_timeout(dir.path()) < Duration::from_secs(2));
@@ -239,6 +243,8 @@ fn fork_child() {
     }
 }
 
+// Windows has no fork.
+#[cfg(unix)]
 #[test]
 fn a_forked_child_still_times_out() {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())

@@ -5,6 +5,8 @@
 //! Each test runs one side under `unshare --time --fork --boottime N`, and
 //! returns early, saying why, where that is unavailable (not Linux 5.6+,
 //! not root, no `unshare`).
+// Linux time namespaces (`unshare --time`).
+#![cfg(target_os = "linux")]
 
 #[path = "support/common.rs"]
 mod common;

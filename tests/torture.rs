@@ -531,7 +531,7 @@ fn torture_directory() {
     torture(Backend::Directory);
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "postgres", unix))]
 #[test]
 fn torture_postgres() {
     torture(Backend::Postgres);

@@ -578,13 +578,13 @@ fn torture_semaphore_directory() {
     torture(Kind::Semaphore, Backend::Directory);
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "postgres", unix))]
 #[test]
 fn torture_shared_postgres() {
     torture(Kind::Shared, Backend::Postgres);
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "postgres", unix))]
 #[test]
 fn torture_semaphore_postgres() {
     torture(Kind::Semaphore, Backend::Postgres);

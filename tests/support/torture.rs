@@ -30,7 +30,7 @@ use nix::unistd::Pid;
 #[path = "reexec.rs"]
 mod reexec;
 
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "postgres", unix))]
 #[path = "pg_server.rs"]
 pub mod pg_server;
 
@@ -41,13 +41,13 @@ pub const RENEW: Duration = Duration::from_millis(150);
 /// How long after the last child ended the server may still show its
 /// sessions or their locks: a killed child's session ends when the server
 /// reads the end of its socket, at once on a local one.
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "postgres", unix))]
 pub const PG_SESSIONS_END_WITHIN: Duration = Duration::from_secs(5);
 
 /// Set (to a [`Backend::label`]) in a child's environment: the child's backend.
 const BACKEND_ENV: &str = "LEASEHOLD_TORTURE_CHILD_STRATEGY";
 /// The server's URL, for a child on PostgreSQL.
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "postgres", unix))]
 const PG_URL_ENV: &str = "LEASEHOLD_TORTURE_CHILD_PG_URL";
 const WORK_ENV: &str = "LEASEHOLD_TORTURE_CHILD_WORKDIR";
 const TASKS_ENV: &str = "LEASEHOLD_TORTURE_CHILD_TASKS";
@@ -58,7 +58,7 @@ const TTL_ENV: &str = "LEASEHOLD_TORTURE_CHILD_TTL_SECS";
 pub enum Backend {
     ExclusiveFile,
     Directory,
-    #[cfg(feature = "postgres")]
+    #[cfg(all(feature = "postgres", unix))]
     Postgres,
 }
 
@@ -66,7 +66,7 @@ impl Backend {
     pub const ALL: &[Backend] = &[
         Backend::ExclusiveFile,
         Backend::Directory,
-        #[cfg(feature = "postgres")]
+        #[cfg(all(feature = "postgres", unix))]
         Backend::Postgres,
     ];
 
@@ -74,7 +74,7 @@ impl Backend {
         match self {
             Backend::ExclusiveFile => "file",
             Backend::Directory => "dir",
-            #[cfg(feature = "postgres")]
+            #[cfg(all(feature = "postgres", unix))]
             Backend::Postgres => "postgres",
         }
     }
@@ -83,7 +83,7 @@ impl Backend {
         match self {
             Backend::ExclusiveFile => Some(Strategy::ExclusiveFile),
             Backend::Directory => Some(Strategy::Directory),
-            #[cfg(feature = "postgres")]
+            #[cfg(all(feature = "postgres", unix))]
             Backend::Postgres => None,
         }
     }
@@ -101,9 +101,9 @@ impl Backend {
         let builder = Locker::builder().fencing(true).lease(LEASE).renew_interval(RENEW);
         let builder = match self.strategy() {
             Some(strategy) => builder.directory(work.join("locks")).strategy(strategy),
-            #[cfg(feature = "postgres")]
+            #[cfg(all(feature = "postgres", unix))]
             None => builder.postgres(std::env::var(PG_URL_ENV).expect("server url")),
-            #[cfg(not(feature = "postgres"))]
+            #[cfg(not(all(feature = "postgres", unix)))]
             None => unreachable!("every backend but PostgreSQL has a strategy"),
         };
         builder.build().expect("locker")
@@ -392,7 +392,7 @@ struct Fleet {
 impl Fleet {
     fn spawn(&mut self) {
         let mut child = reexec::child_process();
-        #[cfg(feature = "postgres")]
+        #[cfg(all(feature = "postgres", unix))]
         if let Some(url) = &self.pg_url {
             child.env(PG_URL_ENV, url);
         }
@@ -430,7 +430,7 @@ pub struct Arena {
     pub torture: &'static str,
     pub label: String,
     pub began: Instant,
-    #[cfg(feature = "postgres")]
+    #[cfg(all(feature = "postgres", unix))]
     pub server: Option<pg_server::Server>,
     pg_url: Option<String>,
     _tmp: tempfile::TempDir,
@@ -476,9 +476,9 @@ impl Chaos {
 impl Arena {
     pub fn new(torture: &'static str, backend: Backend, label: String) -> Self {
         let began = Instant::now();
-        #[cfg(feature = "postgres")]
+        #[cfg(all(feature = "postgres", unix))]
         let server = (backend == Backend::Postgres).then(pg_server::Server::start);
-        #[cfg(feature = "postgres")]
+        #[cfg(all(feature = "postgres", unix))]
         let pg_url = server.as_ref().map(|server| {
             // The first use creates the tables, and first uses at once race
             // (tests/postgres.rs `lockers_connecting_at_once_to_a_fresh_database_all_build`):
@@ -491,7 +491,7 @@ impl Arena {
             );
             server.url()
         });
-        #[cfg(not(feature = "postgres"))]
+        #[cfg(not(all(feature = "postgres", unix)))]
         let pg_url = None;
         let tmp = tempfile::tempdir().unwrap();
         let work = tmp.path().to_owned();
@@ -505,7 +505,7 @@ impl Arena {
             torture,
             label,
             began,
-            #[cfg(feature = "postgres")]
+            #[cfg(all(feature = "postgres", unix))]
             server,
             pg_url,
             _tmp: tmp,
@@ -540,7 +540,7 @@ impl Arena {
         // index into `pauses` of each currently stopped pid, and when to resume it
         let mut stopped: HashMap<u32, (usize, Instant)> = HashMap::new();
         let mut kills: HashMap<u32, u64> = HashMap::new();
-        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+        #[cfg_attr(not(all(feature = "postgres", unix)), allow(unused_mut))]
         let mut terminations = 0;
         let mut early_exits: Vec<(u32, ExitStatus)> = Vec::new();
         let chaos_end = Instant::now() + Duration::from_secs(secs);
@@ -575,7 +575,7 @@ impl Arena {
                     // End a random client session on the server (a holder's,
                     // a waiter's or a listener's), as a DBA's
                     // `pg_terminate_backend` or a crashed backend would.
-                    #[cfg(feature = "postgres")]
+                    #[cfg(all(feature = "postgres", unix))]
                     if let Some(url) = fleet.pg_url.as_deref() {
                         terminations += pg_server::terminate_a_session(url, &mut |n| rng.below(n));
                     }
@@ -678,7 +678,7 @@ impl Arena {
     {
         match self.backend.strategy() {
             Some(strategy) => file_leftovers(&self.locks, strategy),
-            #[cfg(feature = "postgres")]
+            #[cfg(all(feature = "postgres", unix))]
             None => {
                 let server = self.server.as_ref().expect("the server");
                 let mut left = server.advisory_locks_and_sessions_left(PG_SESSIONS_END_WITHIN);
@@ -695,7 +695,7 @@ impl Arena {
                 });
                 (0, left)
             }
-            #[cfg(not(feature = "postgres"))]
+            #[cfg(not(all(feature = "postgres", unix)))]
             None => {
                 drop(probe);
                 unreachable!("every backend but PostgreSQL has a strategy")
