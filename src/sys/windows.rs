@@ -14,9 +14,11 @@
 //! - a rename that never replaces: `MoveFileExW` without
 //!   `MOVEFILE_REPLACE_EXISTING`.
 //!
-//! - waking waiters: `ReadDirectoryChangesW` on the lock directory, and a
-//!   pending shared `LockFileEx` on each held lock file's mark, which is
-//!   granted when its holder lets go or dies (`windows/watch.rs`).
+//! - waking waiters: `ReadDirectoryChangesW` on the lock directory
+//!   (`windows/watch.rs`); a holder's death is no directory change, and is
+//!   seen by polling;
+//! - files and directories made with an access list of the user's alone
+//!   (`windows/security.rs`).
 //!
 //! No start ticks, pid or time namespaces or waiting line here: those
 //! questions answer `None` or `false` (the poll and the lease decide).
@@ -106,6 +108,16 @@ impl Drop for Process {
 /// opening it is refused as an invalid parameter; one that refuses us
 /// (another user's, a protected one) exists.
 pub(super) fn probe(pid: u64) -> Probe {
+    // Windows ignores a process id's two low bits (every id is a multiple
+    // of 4): 5 would open 4, the System process. Such an id names no process
+    // of its own: "no process" when none has it with those bits cleared,
+    // else nothing can be told.
+    if !pid.is_multiple_of(4) {
+        return match Process::open(pid) {
+            Err(win::ERROR_INVALID_PARAMETER) if u32::try_from(pid).is_ok() => Probe::Dead,
+            _ => Probe::Unknown,
+        };
+    }
     match Process::open(pid) {
         Ok(process) => match process.exited() {
             Some(true) => Probe::Dead,
@@ -119,6 +131,9 @@ pub(super) fn probe(pid: u64) -> Probe {
 }
 
 pub(super) fn process_start(pid: u64) -> Option<ProcStart> {
+    if !pid.is_multiple_of(4) {
+        return None;
+    }
     let process = Process::open(pid).ok()?;
     if process.exited() != Some(false) {
         return None;

@@ -5,10 +5,21 @@
 //! process's token (or the token's default owner, which for an elevated
 //! administrator is the Administrators group). It is open to others when
 //! its discretionary access list lets anyone but that user, the local
-//! system or the Administrators group create, delete or rename entries in
+//! system, the Administrators group or the owner of what an entry applies
+//! to (CREATOR OWNER, OWNER RIGHTS) create, delete or rename entries in
 //! it, or change its access list or owner; reading and listing it are
 //! left to anyone the list lets read (they grant no power over a holder).
-//! No list at all lets everyone do everything, so it is open.
+//! No list at all lets everyone do everything, so it is open. An entry that
+//! applies only to what is made inside the directory (inherit-only) counts
+//! too, and so does any kind of allowing entry this reading does not know
+//! (an object or conditional one): the directory is then called open.
+//!
+//! Every file and directory leasehold makes gets an access list of its
+//! own, not inherited ([`private`]): full control for this process's user,
+//! the local system and the administrators, nothing for anyone else, as
+//! Unix makes them mode 0600. So another user cannot open a lock file at
+//! all, and cannot hold a byte-range lock over a record (Windows' locks
+//! are mandatory: one over the record would stop its holder's renewals).
 
 #![allow(unsafe_code)]
 
@@ -32,8 +43,11 @@ const CHANGING: u32 = 0x0002 // FILE_ADD_FILE
 
 /// `ACCESS_ALLOWED_ACE_TYPE`.
 const ALLOWED: u8 = 0;
-/// `INHERIT_ONLY_ACE`: an entry for the directory's children only.
-const INHERIT_ONLY: u8 = 0x08;
+/// The denying and auditing kinds of entry (`ACCESS_DENIED_ACE_TYPE`,
+/// `SYSTEM_AUDIT_ACE_TYPE`, `SYSTEM_ALARM_ACE_TYPE`, their object and
+/// callback forms, and the mandatory label, resource attribute, scoped
+/// policy and trust kinds), which grant nothing.
+const GRANTS_NOTHING: [u8; 13] = [1, 2, 3, 6, 7, 8, 10, 12, 13, 15, 17, 18, 19];
 
 /// A security descriptor the system allocated, freed when dropped.
 struct Descriptor(sec::PSECURITY_DESCRIPTOR);
@@ -157,10 +171,17 @@ pub(crate) fn open_to_others(dir: &File) -> std::io::Result<bool> {
         return Ok(true);
     }
     let user = token_sid(sec::TokenUser)?;
-    let trusted: Vec<Vec<u8>> = [sec::WinLocalSystemSid, sec::WinBuiltinAdministratorsSid]
-        .into_iter()
-        .filter_map(well_known)
-        .collect();
+    // CREATOR OWNER and OWNER RIGHTS stand for whoever owns what they
+    // apply to: a file this user makes is this user's.
+    let trusted: Vec<Vec<u8>> = [
+        sec::WinLocalSystemSid,
+        sec::WinBuiltinAdministratorsSid,
+        sec::WinCreatorOwnerSid,
+        sec::WinCreatorOwnerRightsSid,
+    ]
+    .into_iter()
+    .filter_map(well_known)
+    .collect();
     // SAFETY: `dacl` points into the descriptor `_held` keeps alive.
     let count = unsafe { (*dacl).AceCount };
     for index in 0..u32::from(count) {
@@ -173,8 +194,12 @@ pub(crate) fn open_to_others(dir: &File) -> std::io::Result<bool> {
         // SAFETY: every entry starts with an ACE_HEADER; only entries whose
         // type says ACCESS_ALLOWED_ACE are read further as one.
         let header = unsafe { (*ace).Header };
-        if header.AceType != ALLOWED || header.AceFlags & INHERIT_ONLY != 0 {
+        if GRANTS_NOTHING.contains(&header.AceType) {
             continue;
+        }
+        if header.AceType != ALLOWED {
+            // An allowing entry of a kind not read here: open, to be safe.
+            return Ok(true);
         }
         // SAFETY: as above; the SID begins at `SidStart` and lies within
         // the entry.
@@ -189,4 +214,74 @@ pub(crate) fn open_to_others(dir: &File) -> std::io::Result<bool> {
         }
     }
     Ok(false)
+}
+
+/// The security descriptor every file and directory leasehold makes gets
+/// (see the module docs), made once; `None` where it cannot be made (the
+/// new file then gets what its directory passes on).
+pub(crate) fn private() -> Option<sec::PSECURITY_DESCRIPTOR> {
+    /// The descriptor's address, as an integer so that it may be shared
+    /// between threads (it is only ever read after it is made).
+    static PRIVATE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    PRIVATE
+        .get_or_init(|| {
+            let user = token_sid(sec::TokenUser).ok()?;
+            let mut text: windows_sys::core::PWSTR = std::ptr::null_mut();
+            // SAFETY: `user` holds a TOKEN_USER whose SID lives in `user`;
+            // `text` receives a string the system allocates, freed below.
+            if unsafe { authz::ConvertSidToStringSidW(sid_in(&user), &mut text) } == 0 {
+                return None;
+            }
+            // SAFETY: on success `text` is a NUL-terminated UTF-16 string.
+            let len = (0..).take_while(|&i| unsafe { *text.add(i) } != 0).count();
+            // SAFETY: `len` units were just read one by one.
+            let sid = String::from_utf16_lossy(unsafe { std::slice::from_raw_parts(text, len) });
+            // SAFETY: allocated by ConvertSidToStringSidW, freed once.
+            unsafe { win::LocalFree(text.cast()) };
+            // A protected list (P: nothing inherited): full access (FA) for
+            // the user, the local system (SY) and the administrators (BA).
+            let sddl: Vec<u16> = format!("D:P(A;;FA;;;{sid})(A;;FA;;;SY)(A;;FA;;;BA)")
+                .encode_utf16()
+                .chain(std::iter::once(0))
+                .collect();
+            let mut descriptor: sec::PSECURITY_DESCRIPTOR = std::ptr::null_mut();
+            // SAFETY: `sddl` is a NUL-terminated UTF-16 string; the
+            // descriptor the system allocates is kept for the process.
+            let ok = unsafe {
+                authz::ConvertStringSecurityDescriptorToSecurityDescriptorW(
+                    sddl.as_ptr(),
+                    authz::SDDL_REVISION_1,
+                    &mut descriptor,
+                    std::ptr::null_mut(),
+                )
+            };
+            (ok != 0 && !descriptor.is_null()).then_some(descriptor as usize)
+        })
+        .map(|address| address as sec::PSECURITY_DESCRIPTOR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What leasehold makes is the user's alone. (Under Wine every file
+    /// reads back so, whatever it was made with: there this shows only that
+    /// the private descriptor is made and taken without error.)
+    #[test]
+    fn what_leasehold_makes_is_the_users_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir_handle = super::super::syscall::open_dir(dir.path()).unwrap();
+        assert!(private().is_some(), "the private descriptor is made");
+        let file =
+            super::super::syscall::open_at(&dir_handle, "x.lock", super::super::syscall::Open::CreateNew)
+                .unwrap();
+        let read = std::fs::File::open(dir.path().join("x.lock")).unwrap();
+        assert!(owned_by_me(&read).unwrap(), "owned by this user");
+        assert!(!open_to_others(&read).unwrap(), "nobody else may change it");
+        super::super::syscall::mkdir_at(&dir_handle, "d.members").unwrap();
+        let sub = super::super::syscall::open_dir(&dir.path().join("d.members")).unwrap();
+        assert!(owned_by_me(&sub).unwrap());
+        assert!(!open_to_others(&sub).unwrap());
+        drop((file, read, sub, dir_handle));
+    }
 }

@@ -238,7 +238,21 @@ fn open_path(path: &Path, how: Open) -> Result<File, Errno> {
         }
     }
     options.custom_flags(flags);
-    let file = match options.open(path) {
+    let made = match how {
+        // Made with an access list of the user, the system and the
+        // administrators alone (see `security::private`), as Unix makes them
+        // mode 0600.
+        Open::CreateNew => create_private(path, fs::FILE_GENERIC_WRITE, fs::CREATE_NEW, flags),
+        Open::Replace => create_private(path, fs::FILE_GENERIC_WRITE, fs::CREATE_ALWAYS, flags),
+        Open::Mutex => create_private(
+            path,
+            fs::FILE_GENERIC_READ | fs::FILE_GENERIC_WRITE,
+            fs::OPEN_ALWAYS,
+            flags,
+        ),
+        Open::Write | Open::Read | Open::Dir | Open::List => options.open(path),
+    };
+    let file = match made {
         Ok(file) => file,
         // Windows opens a directory (or a directory junction) only with
         // backup semantics: without them the open fails with
@@ -279,6 +293,49 @@ fn not_a_file(path: &Path) -> Option<Errno> {
     } else {
         None
     }
+}
+
+/// `CreateFileW` of `path` for `access`, shared as every open is, with
+/// `disposition` and `flags`, giving a file it makes the private access
+/// list (where one could be made; else the one its directory passes on).
+fn create_private(path: &Path, access: u32, disposition: u32, flags: u32) -> std::io::Result<File> {
+    use std::os::windows::io::FromRawHandle;
+    let name = wide(path);
+    let private = super::security::private();
+    let attributes = private.map(|descriptor| windows_sys::Win32::Security::SECURITY_ATTRIBUTES {
+        nLength: u32::try_from(std::mem::size_of::<
+            windows_sys::Win32::Security::SECURITY_ATTRIBUTES,
+        >())
+        .unwrap_or(0),
+        lpSecurityDescriptor: descriptor,
+        bInheritHandle: 0,
+    });
+    let attributes_ptr = attributes.as_ref().map_or(std::ptr::null(), std::ptr::from_ref);
+    // SAFETY: `name` is a NUL-terminated UTF-16 path living across the
+    // call; `attributes_ptr` is null or points at a SECURITY_ATTRIBUTES on
+    // this stack frame whose descriptor lives for the process.
+    let handle = unsafe {
+        fs::CreateFileW(
+            name.as_ptr(),
+            access,
+            SHARE_ALL,
+            attributes_ptr,
+            disposition,
+            fs::FILE_ATTRIBUTE_NORMAL | flags,
+            std::ptr::null_mut(),
+        )
+    };
+    if handle == win::INVALID_HANDLE_VALUE {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a handle just opened, owned by nothing else.
+    let file = unsafe { File::from_raw_handle(handle) };
+    if disposition == fs::CREATE_ALWAYS {
+        // CREATE_ALWAYS keeps an existing file's attributes but not its
+        // length: as `O_TRUNC`.
+        file.set_len(0)?;
+    }
+    Ok(file)
 }
 
 /// `GetFileInformationByHandle` of an open file.
@@ -488,10 +545,26 @@ pub(crate) fn wide(path: &Path) -> Vec<u16> {
     path.as_os_str().encode_wide().chain(std::iter::once(0)).collect()
 }
 
-/// Creates the directory `name` in `dir`. (Its access control list is
-/// inherited from `dir`, as Windows does for every new file.)
+/// Creates the directory `name` in `dir`, with the private access list of
+/// the files leasehold makes (see `security::private`).
 pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
-    std::fs::create_dir(child(dir, OsStr::new(name))?).map_err(|e| Errno::of(&e))
+    let path = wide(&child(dir, OsStr::new(name))?);
+    let attributes =
+        super::security::private().map(|descriptor| windows_sys::Win32::Security::SECURITY_ATTRIBUTES {
+            nLength: u32::try_from(std::mem::size_of::<
+                windows_sys::Win32::Security::SECURITY_ATTRIBUTES,
+            >())
+            .unwrap_or(0),
+            lpSecurityDescriptor: descriptor,
+            bInheritHandle: 0,
+        });
+    let attributes_ptr = attributes.as_ref().map_or(std::ptr::null(), std::ptr::from_ref);
+    // SAFETY: `path` is a NUL-terminated UTF-16 path living across the
+    // call; `attributes_ptr` is null or a SECURITY_ATTRIBUTES on this frame.
+    if unsafe { fs::CreateDirectoryW(path.as_ptr(), attributes_ptr) } == 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
 }
 
 /// The names in the directory `dir`, in no particular order. Entries that
@@ -645,7 +718,7 @@ pub(crate) fn meta(file: &File) -> std::io::Result<Meta> {
         // file was renamed by path since, which would make such a file
         // look replaced.)
         dev: 0,
-        ino: (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow),
+        ino: file_id(file).unwrap_or((u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow)),
         mode,
         nlink: u64::from(info.nNumberOfLinks),
         len: (u64::from(info.nFileSizeHigh) << 32) | u64::from(info.nFileSizeLow),
@@ -655,6 +728,32 @@ pub(crate) fn meta(file: &File) -> std::io::Result<Meta> {
             info.ftLastWriteTime.dwLowDateTime,
         ),
     })
+}
+
+/// The file's 128-bit id (`FileIdInfo`), folded into 64 bits: on NTFS its
+/// upper half is zero and the rest is the 64-bit index; on ReFS (a Dev
+/// Drive) the 64-bit index is not unique, and the whole id is. `None`
+/// where the call is not known (before Windows 8, some filesystems).
+fn file_id(file: &File) -> Option<u64> {
+    // SAFETY: an all-zero FILE_ID_INFO is valid (integers and bytes).
+    let mut info: fs::FILE_ID_INFO = unsafe { std::mem::zeroed() };
+    // SAFETY: the handle is open while `file` lives; `info` is a writable
+    // FILE_ID_INFO of the size passed.
+    let ok = unsafe {
+        fs::GetFileInformationByHandleEx(
+            file.as_raw_handle(),
+            fs::FileIdInfo,
+            std::ptr::from_mut(&mut info).cast(),
+            u32::try_from(std::mem::size_of::<fs::FILE_ID_INFO>()).ok()?,
+        )
+    };
+    if ok == 0 {
+        return None;
+    }
+    let id = info.FileId.Identifier;
+    let low = u64::from_le_bytes(id[..8].try_into().ok()?);
+    let high = u64::from_le_bytes(id[8..].try_into().ok()?);
+    Some(low ^ high.rotate_left(32))
 }
 
 /// The metadata of what `path` names, following reparse points.
@@ -1000,5 +1099,10 @@ mod tests {
         assert_eq!(crate::sys::probe(4_000_001), Probe::Dead);
         assert_eq!(crate::sys::probe(0), Probe::Unknown);
         assert_eq!(crate::sys::probe(1 << 40), Probe::Unknown);
+        // A live process's id plus 1 to 3 opens that process on Windows: it
+        // names none of its own, and is not taken for it.
+        let me = u64::from(std::process::id());
+        assert_eq!(crate::sys::probe(me), Probe::Alive);
+        assert_eq!(crate::sys::probe(me + 1), Probe::Unknown);
     }
 }

@@ -113,6 +113,8 @@ impl Pending {
 /// The directory's changes, read into a buffer the kernel fills.
 struct Changes {
     op: Pending,
+    /// Whether a read is in flight (the kernel may write into the buffer).
+    reading: bool,
     /// DWORD-aligned, as `ReadDirectoryChangesW` requires.
     buf: Box<[u32]>,
 }
@@ -127,6 +129,7 @@ impl Changes {
             .ok()?;
         let mut changes = Changes {
             op: Pending::new(file)?,
+            reading: false,
             buf: vec![0u32; BUF_LEN / 4].into_boxed_slice(),
         };
         changes.read().then_some(changes)
@@ -141,7 +144,7 @@ impl Changes {
         // lives; the buffer and the OVERLAPPED are boxed, outlive the read
         // (it is cancelled and waited for before they are freed), and the
         // buffer's length is passed.
-        unsafe {
+        self.reading = unsafe {
             threading::ResetEvent(self.op.event.0);
             fs::ReadDirectoryChangesW(
                 self.op.file.as_raw_handle(),
@@ -153,12 +156,14 @@ impl Changes {
                 &mut *self.op.overlapped,
                 None,
             ) != 0
-        }
+        };
+        self.reading
     }
 
     /// The entries of the lock directory that the finished read names
     /// (the first component of each path); `None` if events were lost.
     fn take(&mut self) -> Option<Vec<OsString>> {
+        self.reading = false;
         let mut len = 0u32;
         // SAFETY: the read finished (its event is set); this only collects
         // its result.
@@ -178,7 +183,7 @@ impl Changes {
 
 impl Drop for Changes {
     fn drop(&mut self) {
-        if !self.op.cancel() {
+        if self.reading && !self.op.cancel() {
             // The kernel may still write into these when the handle, closed
             // right after this, completes the read: they are never freed.
             let overlapped = std::mem::replace(&mut self.op.overlapped, Box::new(OVERLAPPED::default()));
