@@ -170,3 +170,81 @@ async fn pi_research_records_are_judged_by_pid_and_start_second() {
     drop(guard);
     drop(locker);
 }
+
+/// The role a child of [`semaphores_between_processes`] plays: take a
+/// permit of `gpu` in the lock directory `LEASEHOLD_TEST_PERMIT_DIR`, say
+/// so, and hold it until killed.
+#[tokio::test]
+async fn permit_holder() {
+    let Some(dir) = std::env::var_os("LEASEHOLD_TEST_PERMIT_DIR") else {
+        return;
+    };
+    let locker = locker(std::path::Path::new(&dir));
+    let permit = locker.semaphore("gpu", 3).unwrap().acquire().await.unwrap();
+    println!("HELD {}", std::process::id());
+    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    drop(permit);
+}
+
+/// A child holding a permit, started by re-running this test binary.
+struct PermitHolder(std::process::Child);
+
+impl PermitHolder {
+    fn start(dir: &std::path::Path) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "permit_holder", "--nocapture", "--test-threads", "1"])
+            .env("LEASEHOLD_TEST_PERMIT_DIR", dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut line = String::new();
+        while !line.contains("HELD") {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "the child ended before it held a permit"
+            );
+            assert!(std::time::Instant::now() < deadline, "no permit within 30 s");
+        }
+        PermitHolder(child)
+    }
+}
+
+impl Drop for PermitHolder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A semaphore of 3 permits is held by 3 processes at once and refuses a
+/// fourth; a killed holder's permit is taken at once, without waiting out
+/// its lease.
+#[tokio::test]
+async fn semaphores_between_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut holders: Vec<PermitHolder> = (0..3).map(|_| PermitHolder::start(dir.path())).collect();
+    let here = locker(dir.path());
+    let gpu = here.semaphore("gpu", 3).unwrap();
+    assert!(gpu.try_acquire().await.unwrap().is_none(), "a fourth permit");
+    assert_eq!(here.holders("gpu").await.unwrap().len(), 3);
+    let killed = holders.remove(0);
+    drop(killed);
+    let started = std::time::Instant::now();
+    let permit = tokio::time::timeout(std::time::Duration::from_secs(10), gpu.acquire())
+        .await
+        .expect("the killed holder's permit came back")
+        .unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "waited {:?} (the lease is 30 s)",
+        started.elapsed()
+    );
+    drop(permit);
+    drop(holders);
+    drop((gpu, here));
+}
