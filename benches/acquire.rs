@@ -29,6 +29,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+#[cfg(unix)]
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Duration;
@@ -90,12 +91,11 @@ fn uncontended(c: &mut Criterion) {
     let file_record = vec![b' '; file_len];
     let raw = work.join("raw.lock");
     let create = |path: &Path| {
-        OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .unwrap()
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        options.mode(0o600);
+        options.open(path).unwrap()
     };
     settler.settle();
     group.bench_function("raw_file_floor", |b| {
@@ -124,7 +124,9 @@ fn uncontended(c: &mut Criterion) {
     let dir_record = vec![b' '; dir_len];
     let pending = work.join("raw-dir.pending");
     let target = work.join("raw-dir.lock");
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut mkdir = std::fs::DirBuilder::new();
+    #[cfg(unix)]
     mkdir.mode(0o700);
     settler.settle();
     group.bench_function("raw_directory_floor", |b| {

@@ -30,7 +30,7 @@ use crate::postgres::Keys;
 use crate::record::OwnRecord;
 pub(super) use connection::Session;
 use connection::{BUSY, Try, name_refused};
-#[cfg(test)]
+#[cfg(all(test, unix))]
 pub(super) use fence::{LEAD, TOKEN_BLOCK, block};
 pub(crate) use lock::PgLock;
 pub(super) use lock::{ANSWER_PATIENCE, Answer, Command, Line, no_answer, session_stopped};
