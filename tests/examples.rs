@@ -32,7 +32,7 @@ fn example_names() -> Vec<String> {
 
 /// Runs one example; returns its stdout, or panics with what went wrong.
 fn run(name: &str) -> String {
-    let binary = examples_dir().join(name);
+    let binary = examples_dir().join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(
         binary.exists(),
         "{} is not built: run `cargo test` without a target filter (it builds the examples) \
@@ -59,11 +59,9 @@ fn run(name: &str) -> String {
             break status;
         }
         if started.elapsed() > BOUND {
-            // End it, and whatever it started in its process group is its own.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            // End it (SIGKILL; TerminateProcess on Windows), and whatever
+            // it started in its process group is its own.
+            let _ = child.kill();
             let _ = child.wait();
             panic!("example {name} (pid {pid}) ran over {BOUND:?} and was killed");
         }
