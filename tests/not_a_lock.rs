@@ -223,6 +223,12 @@ async fn file_names_that_are_not_utf8_are_skipped() {
         let wide: Vec<u16> = std::iter::once(0xD800).chain(".lock".encode_utf16()).collect();
         std::ffi::OsString::from_wide(&wide)
     };
+    // Wine 8.0 cannot make such a name (its Unix side stores names as
+    // UTF-8: the create fails as not found); NTFS can.
+    if under_wine() {
+        eprintln!("skipped: Wine makes no file name holding a lone surrogate");
+        return;
+    }
     for &strategy in strategies() {
         let tmp = tempfile::tempdir().unwrap();
         let odd = tmp.path().join(&odd_name);
@@ -239,6 +245,17 @@ async fn file_names_that_are_not_utf8_are_skipped() {
         assert!(locker.clean(false).await.unwrap().is_empty(), "{strategy:?}");
         assert_eq!(snapshot_raw(tmp.path()), before, "{strategy:?}");
     }
+}
+
+/// Whether this Windows is Wine (whose system folder has its device
+/// host, `winedevice.exe`): for what Wine does differently from Windows.
+fn under_wine() -> bool {
+    cfg!(windows)
+        && std::env::var_os("SystemRoot").is_some_and(|root| {
+            std::path::Path::new(&root)
+                .join(r"system32\winedevice.exe")
+                .exists()
+        })
 }
 
 /// The names (not UTF-8, so not through `snapshot`) and sizes of `dir`'s
