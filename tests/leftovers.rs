@@ -39,9 +39,7 @@ fn age(path: &Path, by: Duration) {
     } else {
         File::options().write(true).open(path)
     };
-    node.unwrap()
-        .set_modified(SystemTime::now() - by)
-        .unwrap();
+    node.unwrap().set_modified(SystemTime::now() - by).unwrap();
 }
 
 /// Plants what a process killed while publishing (`.pending-*`), while

@@ -41,9 +41,7 @@ fn set_age(path: &Path, age: Duration) {
     } else {
         std::fs::File::options().write(true).open(path)
     };
-    node.unwrap()
-        .set_modified(SystemTime::now() - age)
-        .unwrap();
+    node.unwrap().set_modified(SystemTime::now() - age).unwrap();
 }
 
 fn locker(dir: &Path, strategy: Strategy) -> Locker {
