@@ -86,7 +86,8 @@ pub(crate) const FAILPOINTS: &[&str] = &[
 ];
 
 /// The OS error code of an I/O error, a failpoint's error unless the test
-/// names another: `EIO` on Unix; on Windows `ERROR_IO_DEVICE` (5 there is
+/// names another: `EIO` on Unix; on Windows `ERROR_GEN_FAILURE`, the code
+/// the backend's own `EIO` stands for there (5 there is
 /// `ERROR_ACCESS_DENIED`, which the backend reads as "not a file here" or
 /// a refused lock, not as a failed step: tests/crash_points.rs failed
 /// under Wine).
@@ -94,7 +95,7 @@ pub(crate) const FAILPOINTS: &[&str] = &[
 pub(crate) const EIO: i32 = 5;
 /// See the Unix twin.
 #[cfg(all(feature = "failpoints", windows))]
-pub(crate) const EIO: i32 = 1117;
+pub(crate) const EIO: i32 = 31;
 
 /// The failpoint `name`: `Ok(())` unless the test configured it.
 #[cfg(feature = "failpoints")]

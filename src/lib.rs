@@ -443,7 +443,7 @@ pub use stats::Stats;
 pub const FAILPOINTS: &[&str] = failpoint::FAILPOINTS;
 
 /// The OS error code a failpoint configured `return` fails with: `EIO`,
-/// or `ERROR_IO_DEVICE` on Windows (feature `failpoints`, test-only; not
+/// or `ERROR_GEN_FAILURE` on Windows (feature `failpoints`, test-only; not
 /// part of the API).
 #[cfg(feature = "failpoints")]
 #[doc(hidden)]

@@ -23,7 +23,7 @@
 //!   fencing counter.
 //!
 //! Then each point's error variant, in this process: the step after the
-//! point fails with EIO (`ERROR_IO_DEVICE` on Windows). The operation returns a typed error (or handles
+//! point fails with EIO (`ERROR_GEN_FAILURE` on Windows). The operation returns a typed error (or handles
 //! it), and nothing is held (another `Locker` acquires at once) or left.
 //!
 //! Run with `cargo test --features failpoints --test crash_points`.
