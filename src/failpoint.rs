@@ -85,6 +85,18 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "engine.wait.before_watch",
 ];
 
+/// The OS error code of an I/O error, a failpoint's error unless the test
+/// names another: `EIO` on Unix; on Windows `ERROR_GEN_FAILURE`, the code
+/// the backend's own `EIO` stands for there (5 there is
+/// `ERROR_ACCESS_DENIED`, which the backend reads as "not a file here" or
+/// a refused lock, not as a failed step: tests/crash_points.rs failed
+/// under Wine).
+#[cfg(all(feature = "failpoints", unix))]
+pub(crate) const EIO: i32 = 5;
+/// See the Unix twin.
+#[cfg(all(feature = "failpoints", windows))]
+pub(crate) const EIO: i32 = 31;
+
 /// The failpoint `name`: `Ok(())` unless the test configured it.
 #[cfg(feature = "failpoints")]
 macro_rules! failpoint {
@@ -102,11 +114,12 @@ macro_rules! failpoint {
 }
 
 /// Runs the point `name`: its callback if it has one; an error if it is
-/// configured `return`, with the errno given (`return(28)`), else `EIO`.
+/// configured `return`, with the OS error code given (`return(28)`), else
+/// [`EIO`].
 #[cfg(feature = "failpoints")]
 pub(crate) fn eval(name: &str) -> std::io::Result<()> {
     debug_assert!(FAILPOINTS.contains(&name), "failpoint {name} is not listed");
-    match fail::eval(name, |errno| errno.and_then(|e| e.parse().ok()).unwrap_or(5)) {
+    match fail::eval(name, |errno| errno.and_then(|e| e.parse().ok()).unwrap_or(EIO)) {
         Some(errno) => Err(std::io::Error::from_raw_os_error(errno)),
         None => Ok(()),
     }

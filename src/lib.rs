@@ -442,6 +442,13 @@ pub use stats::Stats;
 #[doc(hidden)]
 pub const FAILPOINTS: &[&str] = failpoint::FAILPOINTS;
 
+/// The OS error code a failpoint configured `return` fails with: `EIO`,
+/// or `ERROR_GEN_FAILURE` on Windows (feature `failpoints`, test-only; not
+/// part of the API).
+#[cfg(feature = "failpoints")]
+#[doc(hidden)]
+pub const FAILPOINT_ERROR: i32 = failpoint::EIO;
+
 #[doc = include_str!("../docs/format.md")]
 pub mod format {
     pub use crate::field::RESERVED_KEYS as RECORD_KEYS;

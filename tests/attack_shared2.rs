@@ -4,14 +4,19 @@
 //! `child_process_entry` and `tests/support/common.rs`), bounded by their
 //! own TTL and killed by pid when their `ChildProc` drops.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+#[cfg(unix)]
+use std::path::Path;
+use std::path::PathBuf;
+#[cfg(unix)]
+use std::time::SystemTime;
+use std::time::{Duration, Instant};
 
 #[path = "support/common.rs"]
 mod common;
 
 use common::{ChildProc, say, strategy_from_env};
 use leasehold::{Locker, Strategy};
+#[cfg(unix)]
 use nix::sys::signal::Signal;
 
 #[test]
@@ -83,6 +88,7 @@ async fn run_role(role: &str, args: &[String]) -> i32 {
 
 /// The marker's record as velocious (directory) or pi-research (file)
 /// would read it.
+#[cfg(unix)]
 fn read_marker(path: &Path, strategy: Strategy) -> Option<serde_json::Value> {
     let file: PathBuf = match strategy {
         Strategy::Directory => path.join("owner.json"),
@@ -92,6 +98,7 @@ fn read_marker(path: &Path, strategy: Strategy) -> Option<serde_json::Value> {
     serde_json::from_slice(&bytes).ok()
 }
 
+#[cfg(unix)]
 fn parse_rfc3339(s: &str) -> Option<SystemTime> {
     let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
     let nanos = t.unix_timestamp_nanos();
@@ -107,6 +114,8 @@ fn parse_rfc3339(s: &str) -> Option<SystemTime> {
 /// reclaims a lock whose `leaseExpiresAt` is past) sees an expired lock,
 /// although a live leasehold reader holds the name shared: it would take
 /// the path and run beside the reader.
+// A frozen process (SIGSTOP): Windows has no such signal.
+#[cfg(unix)]
 #[test]
 fn marker_never_shows_an_expired_lease_while_a_live_reader_holds() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -181,7 +190,7 @@ fn cancelled_shared_and_permit_acquisitions_keep_the_promise() {
         .enable_all()
         .build()
         .unwrap();
-    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+    for &strategy in common::strategies() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_str().unwrap().to_owned();
         let readers = Arc::new(AtomicI64::new(0));
@@ -320,6 +329,8 @@ fn cancelled_shared_and_permit_acquisitions_keep_the_promise() {
 /// every renewal moves), i.e. the holder that renewed least recently: a
 /// frozen holder is picked over one that renews. The marker then names a
 /// stopped process whose lease runs out soonest.
+// A frozen process (SIGSTOP): Windows has no such signal.
+#[cfg(unix)]
 #[test]
 fn a_leaving_representative_hands_the_marker_to_a_renewing_holder() {
     let rt = tokio::runtime::Builder::new_multi_thread()

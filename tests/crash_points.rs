@@ -6,7 +6,8 @@
 //! every point traced, to learn which points it passes and how often.
 //! Then, for each point a layout passes (the first and second time it is
 //! passed, once per kind of lock: exclusive, shared, semaphore), a child
-//! runs the operation and kills itself with SIGKILL there, while this
+//! runs the operation and kills itself with SIGKILL there (on Windows it
+//! stops there and this process kills it: `TerminateProcess`), while this
 //! process contends for the lock (exclusively, and shared or for a permit
 //! in turn); afterwards:
 //!
@@ -22,7 +23,7 @@
 //!   fencing counter.
 //!
 //! Then each point's error variant, in this process: the step after the
-//! point fails with EIO. The operation returns a typed error (or handles
+//! point fails with EIO (`ERROR_GEN_FAILURE` on Windows). The operation returns a typed error (or handles
 //! it), and nothing is held (another `Locker` acquires at once) or left.
 //!
 //! Run with `cargo test --features failpoints --test crash_points`.
@@ -134,14 +135,20 @@ const OPS: [Op; 13] = [
     Op::PermitReclaim,
     Op::PermitWriter,
 ];
-const STRATEGIES: [Strategy; 2] = [Strategy::ExclusiveFile, Strategy::Directory];
+#[cfg(unix)]
+const STRATEGIES: &[Strategy] = &[Strategy::ExclusiveFile, Strategy::Directory];
+// Windows cannot lock a directory: `build()` refuses that layout there.
+#[cfg(windows)]
+const STRATEGIES: &[Strategy] = &[Strategy::ExclusiveFile];
 /// The permits of every semaphore here.
 const PERMITS: u32 = 2;
 /// How long a helper holds the lock before the child's operation: past
 /// the child's start (so that it waits, or joins), and, where the child
 /// joins, past the child's leaving (so that it leaves a group that goes on).
-const HELPER_HOLD: Duration = Duration::from_millis(300);
-const HELPER_HOLD_LONG: Duration = Duration::from_millis(900);
+/// (Longer on Windows, where a process takes longer to start: under Wine
+/// a child's operation was seen to begin after a 300 ms hold had ended.)
+const HELPER_HOLD: Duration = Duration::from_millis(if cfg!(windows) { 700 } else { 300 });
+const HELPER_HOLD_LONG: Duration = Duration::from_millis(if cfg!(windows) { 1500 } else { 900 });
 
 /// How a lock is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,6 +285,7 @@ fn log_path(dir: &Path) -> PathBuf {
 }
 
 /// Whether `pid` is gone or a zombie: a dead holder, which excludes nobody.
+#[cfg(unix)]
 fn dead(pid: u32) -> bool {
     // A killed process drops its locks (its descriptors) before it shows
     // as a zombie: one whose main thread is exiting (PF_EXITING in the
@@ -293,6 +301,27 @@ fn dead(pid: u32) -> bool {
             rest.starts_with('Z') || rest.starts_with('X') || exiting
         }),
         Err(_) => true,
+    }
+}
+
+/// Whether `pid` is gone or has exited (its handle not yet closed): a
+/// dead holder, which excludes nobody.
+#[cfg(windows)]
+fn dead(pid: u32) -> bool {
+    use windows_sys::Win32::Foundation::{CloseHandle, STILL_ACTIVE};
+    use windows_sys::Win32::System::Threading::{
+        GetExitCodeProcess, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
+    };
+    // SAFETY: a handle opened here, read through a local, closed once.
+    unsafe {
+        let process = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, 0, pid);
+        if process.is_null() {
+            return true;
+        }
+        let mut code = 0u32;
+        let read = GetExitCodeProcess(process, &mut code);
+        CloseHandle(process);
+        read == 0 || code != STILL_ACTIVE as u32
     }
 }
 
@@ -381,6 +410,7 @@ fn leave(dir: &Path, kind: Kind) -> Result<(), String> {
 }
 
 fn append(path: &Path, line: &str) {
+    let _turn = append_turn(path);
     let mut log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -389,14 +419,41 @@ fn append(path: &Path, line: &str) {
     log.write_all(format!("{line}\n").as_bytes()).expect("append");
 }
 
+/// On Windows, a turn to append to `log`, held until the returned handle
+/// closes (a whole-file lock on `<log>.lock`): Wine 8 writes a
+/// `FILE_APPEND_DATA` handle's data at the end of file as it last saw it,
+/// so two processes appending at once may overwrite each other's line.
+/// Nothing on Unix, where `O_APPEND` writes are atomic.
+fn append_turn(log: &Path) -> Option<std::fs::File> {
+    if cfg!(unix) {
+        return None;
+    }
+    let mut name = log.as_os_str().to_owned();
+    name.push(".lock");
+    let turn = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(name)
+        .expect("open the log's lock");
+    turn.lock().expect("lock the log");
+    Some(turn)
+}
+
 // ---- The operations ------------------------------------------------------
 
 /// Plants what processes killed mid-publish, mid-release and mid-fencing
 /// leave, aged past the settle time.
 fn plant_leftovers(dir: &Path, strategy: Strategy, lock_file: &str) {
+    // Windows changes a file's times only through a handle open for
+    // writing; Unix, through any descriptor of the owner's.
     let aged = |path: &Path| {
-        std::fs::File::open(path)
-            .unwrap()
+        let node = if path.is_dir() {
+            std::fs::File::open(path)
+        } else {
+            std::fs::File::options().write(true).open(path)
+        };
+        node.unwrap()
             .set_modified(SystemTime::now() - Duration::from_secs(10))
             .unwrap();
     };
@@ -492,13 +549,23 @@ fn child_process_entry() {
             let seen = std::sync::atomic::AtomicU32::new(0);
             fail::cfg_callback(point, move || {
                 if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == nth {
+                    #[cfg(unix)]
                     let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+                    // A process cannot kill itself at once here: it says
+                    // where it is and stops; the parent terminates it
+                    // (`Proc::wait`).
+                    #[cfg(windows)]
+                    {
+                        say("at the point");
+                        std::thread::sleep(CHILD_TTL);
+                    }
                 }
             })
             .unwrap();
         }
         // As "crash", but stops (SIGSTOP) there: frozen between two steps,
         // holding whatever it holds at that instant, until killed.
+        #[cfg(unix)]
         "freeze" => {
             let spec = std::env::var(POINT_ENV).unwrap();
             let (point, nth) = spec.split_once('@').unwrap();
@@ -575,10 +642,18 @@ impl Proc {
         }
     }
 
-    /// Waits for the exit (bounded): `None` if the child was killed.
+    /// Waits for the exit (bounded): `None` if the child was killed. On
+    /// Windows, a child that says it stopped at its point is killed
+    /// (`TerminateProcess`) then.
     fn wait(&mut self) -> Option<i32> {
         let deadline = Instant::now() + CHILD_TTL;
         loop {
+            #[cfg(windows)]
+            if self.lines.try_iter().any(|line| line == "at the point") {
+                self.child.kill().expect("kill the child");
+                self.child.wait().expect("reap the child");
+                return None;
+            }
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return status.code();
             }
@@ -616,6 +691,7 @@ fn fresh(strategy: Strategy, op: Op) -> (tempfile::TempDir, PathBuf, Option<Proc
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("locks");
     std::fs::create_dir(&dir).unwrap();
+    #[cfg(unix)]
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let lock_file = locker(&dir, strategy, false)
         .lock_path(NAME)
@@ -751,7 +827,8 @@ async fn contend(dir: PathBuf, strategy: Strategy, op: Op, stop: Arc<tokio::sync
 fn trace() -> Vec<(Strategy, Op, Vec<String>)> {
     let queue: Mutex<Vec<(Strategy, Op)>> = Mutex::new(
         STRATEGIES
-            .into_iter()
+            .iter()
+            .copied()
             .flat_map(|s| OPS.into_iter().map(move |op| (s, op)))
             .rev()
             .collect(),
@@ -864,17 +941,26 @@ fn error_case(strategy: Strategy, op: Op, point: &str) -> Option<String> {
     // The error says what failed: the injected EIO, never a loss or a
     // replacement that did not happen.
     if let Err(error) = &result {
-        let injected =
-            matches!(error, leasehold::Error::Io { source, .. } if source.raw_os_error() == Some(5));
+        let injected = matches!(error, leasehold::Error::Io { source, .. } if source.raw_os_error() == Some(leasehold::FAILPOINT_ERROR));
         assert!(injected, "{what}: reported {error:?} for an EIO");
     }
     result.err().map(|e| format!("{e:?}"))
 }
 
 /// The failpoints between filesystem steps: all but the `engine.` ones,
-/// which other tests use to act at a moment of the wait.
+/// which other tests use to act at a moment of the wait, and on Windows
+/// those of the directory layout and of the waiting line, which it has
+/// not.
 fn steps() -> impl Iterator<Item = &'static &'static str> {
-    FAILPOINTS.iter().filter(|p| !p.starts_with("engine."))
+    let elsewhere: &[&str] = if cfg!(windows) {
+        &["dir.", "leftover.dir.", "line."]
+    } else {
+        &[]
+    };
+    FAILPOINTS
+        .iter()
+        .filter(|p| !p.starts_with("engine."))
+        .filter(move |p| !elsewhere.iter().any(|e| p.starts_with(e)))
 }
 
 /// The enumerations run one at a time: side by side, their children
@@ -1043,6 +1129,7 @@ fn a_holder_killed_while_making_its_lock_file_costs_milliseconds() {
 }
 
 /// Whether the process is stopped (SIGSTOP).
+#[cfg(unix)]
 fn stopped(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         stat.rsplit_once(") ")
@@ -1052,6 +1139,7 @@ fn stopped(pid: u32) -> bool {
 
 /// How long the holders beside a frozen process keep their locks: ten of
 /// their leases.
+#[cfg(unix)]
 const FREEZE_LEASE: Duration = Duration::from_millis(400);
 
 /// Nobody else's pause can cost a holder its lock (issue 28): a process
@@ -1061,6 +1149,8 @@ const FREEZE_LEASE: Duration = Duration::from_millis(400);
 /// leases, and let them go at once. (Changing the frozen process's own
 /// name waits for it, by design: see docs/format.md, *The mutation lock
 /// of a name*.)
+// A frozen process (SIGSTOP): Windows has no such signal.
+#[cfg(unix)]
 #[test]
 fn a_process_frozen_at_every_step_costs_no_holder_its_lock() {
     if std::env::var_os(ROLE_ENV).is_some() {
@@ -1110,6 +1200,7 @@ fn a_process_frozen_at_every_step_costs_no_holder_its_lock() {
 }
 
 /// One step: `true` if the child was frozen there.
+#[cfg(unix)]
 fn freeze_case(strategy: Strategy, op: Op, point: &str) -> bool {
     let (_root, dir, helper) = fresh(strategy, op);
     let what = format!("{} {} {point}", strategy_str(strategy), op.as_str());

@@ -2,6 +2,8 @@
 //! never left half-made, in either layout, synced or not: the attempt
 //! fails and the directory is empty. Its own test binary, because the
 //! limit is process-wide.
+// A file-size limit (RLIMIT_FSIZE, SIGXFSZ) is Unix's: Windows has none to set.
+#![cfg(unix)]
 
 use std::time::Duration;
 

@@ -8,9 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-
 #[path = "support/reexec.rs"]
 mod reexec;
 
@@ -91,7 +88,8 @@ impl Kid {
 impl Drop for Kid {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
-            let _ = kill(Pid::from_raw(self.0.id() as i32), Signal::SIGKILL);
+            // SIGKILL by pid on Unix, TerminateProcess on Windows.
+            let _ = self.0.kill();
         }
         let _ = self.0.wait();
     }
@@ -125,10 +123,18 @@ fn unique_name(what: &str) -> String {
 }
 
 /// Where the documented rule puts this build's serial locks: this
-/// executable is `<target>/<profile>/deps/<name>`.
+/// executable is `<target>/<profile>/deps/<name>`, or
+/// `<target>/<triple>/<profile>/deps/<name>` with `--target` (the target
+/// directory is the one holding Cargo's `.rustc_info.json`).
 fn expected_directory() -> PathBuf {
     let exe = std::env::current_exe().unwrap().canonicalize().unwrap();
-    exe.ancestors().nth(3).unwrap().join("leasehold-serial")
+    let above_profile = exe.ancestors().nth(3).unwrap();
+    let marker = ".rustc_info.json";
+    let target = match above_profile.parent() {
+        Some(up) if !above_profile.join(marker).exists() && up.join(marker).exists() => up,
+        _ => above_profile,
+    };
+    target.join("leasehold-serial")
 }
 
 /// Working directories at different depths, as the packages of a

@@ -7,11 +7,14 @@ use std::io::Write;
 use std::time::Duration;
 
 /// The shared resource: every test writes "begin", works, writes "end".
+/// One per user: `/tmp` is everyone's on Unix; Windows' temporary
+/// directory is the user's own.
 fn shared_log() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!(
-        "leasehold-testing-example-{}.log",
-        nix::unistd::geteuid()
-    ))
+    #[cfg(unix)]
+    let name = format!("leasehold-testing-example-{}.log", nix::unistd::geteuid());
+    #[cfg(windows)]
+    let name = "leasehold-testing-example.log".to_owned();
+    std::env::temp_dir().join(name)
 }
 
 fn use_the_resource(test: &str) {

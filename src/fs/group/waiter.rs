@@ -25,7 +25,11 @@ pub(crate) struct Announcement {
     ctx: Arc<Ctx>,
     name: LockName,
     dir: File,
-    file: File,
+    /// Our announcement, open; closed once unlinked: on Windows an
+    /// unlinked file keeps a (pending) name in the members directory until
+    /// its last handle closes, and the directory must be found empty to be
+    /// removed.
+    file: Option<File>,
     file_name: String,
     state: Mutex<(OwnRecord, usize)>,
 }
@@ -70,7 +74,7 @@ pub(in crate::fs) fn announce(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<
         ctx: Arc::clone(ctx),
         name: name.clone(),
         dir,
-        file,
+        file: Some(file),
         file_name,
         state: Mutex::new((record, len)),
     }))
@@ -82,9 +86,12 @@ impl Renewable for Announcement {
         let (record, len) = &mut *state;
         record.renew(SystemTime::now(), sys::boot_clock_ms());
         let path = || PathBuf::from(&self.file_name);
-        match file::write(&self.file, *len, record, false, path) {
-            Ok(written) => *len = written,
-            Err(error) => tracing::debug!(%error, "renewing an exclusive waiter's announcement failed"),
+        // (Closed only in `drop`.)
+        if let Some(own) = &self.file {
+            match file::write(own, *len, record, false, path) {
+                Ok(written) => *len = written,
+                Err(error) => tracing::debug!(%error, "renewing an exclusive waiter's announcement failed"),
+            }
         }
         Step::Again((self.ctx.settings.lease / 3).max(Duration::from_millis(1)))
     }
@@ -96,6 +103,8 @@ impl Drop for Announcement {
     fn drop(&mut self) {
         let _ = failpoint!("group.withdraw.before_unlink")
             .and_then(|()| Ok(syscall::unlink_at(&self.dir, self.file_name.as_str())?));
+        // Unlinked, it is gone only once closed, on Windows (see `file`).
+        self.file = None;
         // Waits at most a few milliseconds: this runs on a runtime thread
         // (or the renewal thread). A directory left behind goes with the next leaver, or
         // `clean`.
