@@ -21,7 +21,7 @@ fn plant(path: &std::path::Path, content: &str, age: Duration) {
 /// two hours in that unit: milliseconds since the epoch on Linux; whole
 /// seconds on Windows (pi-research's unit there), read from a record
 /// leasehold writes.
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 async fn own_start_time(_dir: &std::path::Path) -> (u64, u64) {
     (common::own_start_ms(), 7_200_000)
 }

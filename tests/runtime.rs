@@ -202,6 +202,7 @@ fn child_process_entry() {
 const FORK_CHILD: &str = "LEASEHOLD_TEST_FORK_CHILD";
 
 /// A contended 100 ms `acquire_timeout` in a fresh runtime and `Locker`.
+#[cfg(unix)]
 fn contended_timeout(dir: &Path) -> Duration {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

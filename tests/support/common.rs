@@ -609,7 +609,7 @@ pub fn dead_pid() -> u32 {
     pid
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 /// Field 22 of `/proc/<pid>/stat`: the start in clock ticks since boot,
 /// which is the `startTime` pi-research's process-lifecycle service writes
 /// and compares on Linux.
@@ -623,7 +623,7 @@ pub fn start_ticks(pid: u32) -> u64 {
         .unwrap()
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 /// This process's start in ms since the epoch (boot time plus start
 /// ticks), as writers that use the wall clock record it.
 pub fn own_start_ms() -> u64 {
