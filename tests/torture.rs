@@ -159,7 +159,10 @@ async fn child_main(backend: Backend, work: PathBuf, tasks: usize) -> i32 {
         })
         .collect();
     let ok = torture::join_all("torture", handles).await;
-    log.summary(&[locker.stats()], max_wait.load(Ordering::Relaxed));
+    // Written once the locker is dropped: the parent reads it as "done".
+    let stats = locker.stats();
+    drop(locker);
+    log.summary(&[stats], max_wait.load(Ordering::Relaxed));
     if ok { 0 } else { 1 }
 }
 

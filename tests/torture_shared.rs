@@ -149,6 +149,8 @@ async fn child_main(backend: Backend, kind: Kind, work: PathBuf, tasks: usize) -
         .collect();
     let ok = torture::join_all("torture_shared", handles).await;
     let stats: Vec<_> = lockers.iter().map(Locker::stats).collect();
+    // Written once the lockers are dropped: the parent reads it as "done".
+    drop(lockers);
     log.summary(&stats, max_wait.load(Ordering::Relaxed));
     if ok { 0 } else { 1 }
 }
