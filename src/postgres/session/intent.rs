@@ -118,7 +118,17 @@ impl Session {
             }
             Err(e) => {
                 self.let_go(intent, Lock::Exclusive, false);
-                Err(pg_error("announce an exclusive waiter")(e))
+                let error = pg_error("announce an exclusive waiter")(e);
+                // The server ended the session (a restart,
+                // `pg_terminate_backend`): it dropped whatever the session
+                // held, and the waiter's next attempt connects anew, as an
+                // attempt does. Not announced meanwhile: writer preference
+                // lost for a while, never a lock, and no error to the caller.
+                if self.connection_gone() || super::session_ended(&error) {
+                    self.drop_connection();
+                    return Ok(false);
+                }
+                Err(error)
             }
         }
     }
