@@ -466,6 +466,29 @@ pub(crate) fn ofd_drop_byte(dir: &std::fs::File, at: u64) {
     pick!(ofd_drop_byte(dir, at))
 }
 
+/// Whether another open file description holds a byte of `dir` in
+/// `[start, end)`.
+pub(crate) fn ofd_held(dir: &std::fs::File, start: u64, end: u64) -> bool {
+    #[cfg(windows)]
+    return imp::ofd_held(dir, start, end);
+    #[cfg(not(windows))]
+    ofd_held_span(dir, start, end).is_some()
+}
+
+/// The file whose bytes the waiting line of the lock directory `dir`
+/// locks, where that is not `dir` itself: on Windows, which cannot lock
+/// a directory, a file in it (`imp::LINE_FILE`), made if `create`. `None`
+/// elsewhere, and where it cannot be opened.
+pub(crate) fn line_file(dir: &std::fs::File, create: bool) -> Option<std::fs::File> {
+    #[cfg(windows)]
+    return imp::line_file(dir, create);
+    #[cfg(not(windows))]
+    {
+        let _ = (dir, create);
+        None
+    }
+}
+
 /// A byte-range lock that another open file description holds on `dir`
 /// overlapping `[start, end)`, if any: its span (none, without OFD locks).
 pub(crate) fn ofd_held_span(dir: &std::fs::File, start: u64, end: u64) -> Option<(u64, u64)> {

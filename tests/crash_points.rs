@@ -778,10 +778,13 @@ async fn recovered(dir: &Path, strategy: Strategy, op: Op, what: &str) -> Durati
     took
 }
 
+/// The directory's entries, but the waiting line's file that Windows
+/// keeps (see `support/common.rs`).
 fn entries(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "leasehold..line")
         .collect();
     names.sort();
     names

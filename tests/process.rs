@@ -93,6 +93,7 @@ fn processes_contending_in_a_loop_take_turns() {
         "{} acquisitions, counts {counts:?}, {turns} turns, longest run {longest}",
         order.len()
     );
+    eprintln!("{summary}");
     assert_eq!(counts.len(), 3, "{summary}");
     assert!(
         least * 4 >= most,

@@ -37,6 +37,12 @@
 //!   turn it may take the lock again at once, which keeps most of the
 //!   throughput of back-to-back acquisitions.
 //!
+//! On Windows, which cannot lock a directory, the tickets and turn marks
+//! are byte-range locks on a file in the lock directory instead
+//! (`leasehold..line`, made by the first waiter and left in place), and
+//! the kernel's report is a search (see `sys/windows.rs`); the rules here
+//! are the same.
+//!
 //! The line decides only *when* a process tries to take the lock, never
 //! whether a creation or reclaim is safe: every rule of exclusion stands as
 //! it was, and a line in disarray (a frozen waiter, two names whose regions
@@ -109,6 +115,20 @@ pub(crate) struct Lines {
     /// byte-range lock can be a network round trip (NFS and the like):
     /// the line would cost every release one.
     off: bool,
+    /// Where the line's bytes are not the lock directory's own (Windows,
+    /// which cannot lock a directory): the file in it that holds them.
+    /// `None`: the calls' directory handle holds them.
+    file: Option<LineFile>,
+}
+
+/// The line's file in the lock directory, opened when first needed: made
+/// by the first waiter, and looked for by holders at most every
+/// [`STAND_BACK`] until then.
+#[derive(Debug, Default)]
+struct LineFile {
+    file: std::sync::OnceLock<File>,
+    /// When a holder last found no line file (boot-clock µs, 0: never).
+    missed_at: std::sync::atomic::AtomicU64,
 }
 
 /// How long a holder in the middle of its turn asks the line to leave the
@@ -129,6 +149,32 @@ impl Lines {
             places: Mutex::default(),
             passed: Mutex::default(),
             off: !sys::byte_range_locks() || sys::fs_is_remote(dir),
+            file: (!sys::DIRECTORY_MARKS).then(LineFile::default),
+        }
+    }
+
+    /// What holds the line's bytes for the lock directory `dir`: `dir`
+    /// itself, or the line file in it, made if `create` (a waiter) and
+    /// else only opened if there. `None` when there is no line file: then
+    /// nobody stands in line.
+    fn bytes_of<'a>(&'a self, dir: &'a File, create: bool) -> Option<&'a File> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(line) = &self.file else {
+            return Some(dir);
+        };
+        if let Some(file) = line.file.get() {
+            return Some(file);
+        }
+        let missed_at = line.missed_at.load(Relaxed);
+        if !create && missed_at != 0 && now_us().saturating_sub(missed_at) < duration_us(STAND_BACK) {
+            return None;
+        }
+        match sys::line_file(dir, create) {
+            Some(file) => Some(line.file.get_or_init(|| file)),
+            None => {
+                line.missed_at.store(now_us().max(1), Relaxed);
+                None
+            }
         }
     }
 
@@ -137,6 +183,9 @@ impl Lines {
         if self.off {
             return;
         }
+        let Some(dir) = self.bytes_of(dir, true) else {
+            return;
+        };
         let mut places = self.places();
         let place = places.entry(name.into()).or_default();
         if place.waiting.is_some() {
@@ -199,6 +248,7 @@ impl Lines {
         }
         let mut places = self.places();
         let place = places.get_mut(name)?;
+        let dir = self.bytes_of(dir, true)?;
         let now = now_us();
         if let Some(released) = place.released_at.take() {
             place.comes_back = now.saturating_sub(released) < duration_us(HOLD_ON) / 2;
@@ -241,9 +291,7 @@ impl Lines {
             return None;
         }
         let before = place.ahead.len();
-        place
-            .ahead
-            .retain(|&(s, e)| sys::ofd_held_span(dir, s, e).is_some());
+        place.ahead.retain(|&(s, e)| sys::ofd_held(dir, s, e));
         // Someone ahead left (took the lock, or gave up): the line moves,
         // and those still ahead get their chances afresh.
         let moved = place.ahead.len() < before;
@@ -303,6 +351,11 @@ impl Lines {
         if places.is_empty() {
             return;
         }
+        // Bytes are held only where the line's file was opened.
+        let Some(dir) = self.bytes_of(dir, false) else {
+            places.remove(name);
+            return;
+        };
         if let Some(place) = places.get_mut(name) {
             // Taken after waiting in line: a new turn.
             if place.waiting.is_some() || place.rejoin {
@@ -324,6 +377,13 @@ impl Lines {
     /// out, cancelled, failed), or with it: leave the line.
     pub(crate) fn stopped_waiting(&self, dir: &File, name: &str) {
         let mut places = self.places();
+        if places.is_empty() {
+            return;
+        }
+        let Some(dir) = self.bytes_of(dir, false) else {
+            places.remove(name);
+            return;
+        };
         if let Some(place) = places.get_mut(name) {
             leave(dir, place);
             place.marks_us = 0;
@@ -341,6 +401,10 @@ impl Lines {
         if self.off {
             return;
         }
+        let Some(dir) = self.bytes_of(dir, false) else {
+            // No line file: nobody has stood in line here.
+            return;
+        };
         let start = region(name);
         // A look that fails sees nobody in line: the turn goes on.
         let waiters = failpoint!("line.release.before_look").is_ok() && conflict(dir, start, HALF);
@@ -387,13 +451,12 @@ impl Lines {
         let Some(place) = places.get(name) else {
             return false;
         };
+        let Some(dir) = self.bytes_of(dir, false) else {
+            return false;
+        };
         match (place.waiting, place.standing_back_until) {
             (Some(_), Some(until)) => {
-                now_us() < until
-                    && place
-                        .ahead
-                        .iter()
-                        .any(|&(s, e)| sys::ofd_held_span(dir, s, e).is_some())
+                now_us() < until && place.ahead.iter().any(|&(s, e)| sys::ofd_held(dir, s, e))
             }
             _ => false,
         }

@@ -270,33 +270,138 @@ pub(crate) fn fs_in_memory(_: &File) -> bool {
     false
 }
 
-/// Whether `file` is on a network filesystem: not asked here, so it counts
-/// as one (the waiting line is an optimisation, left off).
-pub(crate) fn fs_is_remote(_: &File) -> bool {
-    true
+/// Whether `file` is on a network share, where a byte-range lock is a
+/// round trip to the server (the waiting line is left off there).
+pub(crate) fn fs_is_remote(file: &File) -> bool {
+    syscall::on_remote_drive(file)
 }
 
-/// The waiting line is off here: its tickets are byte-range locks on the
-/// lock directory, which Windows does not lock.
-pub(crate) const BYTE_RANGE_LOCKS: bool = false;
+/// The waiting line is on here: Windows cannot lock a directory, so its
+/// tickets are byte-range locks on a file in the lock directory,
+/// [`LINE_FILE`] (see [`line_file`]).
+pub(crate) const BYTE_RANGE_LOCKS: bool = true;
 
-/// No byte-range locks on directories here.
+/// The file in a lock directory whose bytes the waiting line locks: `..`
+/// is in no lock's file name, and leasehold lists only names that end in
+/// `.lock`, so no lock ever meets it. It is made once, empty and private,
+/// and left in place: waiters of other processes may hold bytes of it.
+pub(crate) const LINE_FILE: &str = "leasehold..line";
+
+/// The line's file in the lock directory `dir`, made when `create`, else
+/// opened only if it is there (no waiter has stood in line in `dir`
+/// until one has made it).
+pub(crate) fn line_file(dir: &File, create: bool) -> Option<File> {
+    let how = if create {
+        syscall::Open::Mutex
+    } else {
+        syscall::Open::Read
+    };
+    let file = syscall::open_at(dir, LINE_FILE, how).ok()?;
+    // Windows' byte-range locks are mandatory: a file that is also named
+    // elsewhere (a hard link planted here) is someone's data, whose reads
+    // and writes a ticket would stop. No line then.
+    let meta = syscall::meta(&file).ok()?;
+    (meta.is_file() && meta.nlink() == 1).then_some(file)
+}
+
+// The line's bytes. Windows' byte-range locks differ from the OFD locks
+// the line was made for in two ways, and the line's offsets are doubled
+// here to meet both:
+//
+// - A lock is asked for, not read: there is no `F_OFD_GETLK`. Whether
+//   another handle holds a byte of a range is seen by taking a *shared*
+//   lock over the range on the same handle as one's own bytes and letting
+//   it go at once. A handle's shared lock may overlap its own exclusive
+//   ones, so only others' bytes refuse it, as `F_OFD_GETLK` sees only
+//   other open file descriptions'.
+// - So the bytes one holds are *exclusive* (a shared byte would not
+//   refuse a shared look), and an unlock names its range exactly: had a
+//   look the same range as one of one's own bytes, Windows would let go
+//   of the exclusive lock first. The byte of offset `at` is locked at
+//   `2 * at` and every look covers at least two bytes, so no look ever
+//   has the bounds of a held byte.
+
+/// Where the line's offset `at` is locked: see above. The line's offsets
+/// are below 2^62.
+fn doubled(at: u64) -> u64 {
+    at.min(1 << 62).saturating_mul(2)
+}
+
+/// Holds the line's byte `at` of the line file `file` (exclusively: see
+/// above); whether it is held. A look by another process over the byte
+/// refuses it for the moment the look lasts, so it is asked again a few
+/// times.
+pub(crate) fn ofd_take_byte(file: &File, at: u64) -> bool {
+    (0..8).any(|attempt| {
+        if attempt > 0 {
+            std::thread::yield_now();
+        }
+        syscall::lock_range(file, doubled(at), 1, true).is_ok()
+    })
+}
+
+/// Lets go of the line's byte `at` of `file`.
+pub(crate) fn ofd_drop_byte(file: &File, at: u64) {
+    syscall::unlock_range(file, doubled(at), 1);
+}
+
+/// Holds the line's bytes `[start, start + len)` of `file`, as another
+/// program might (exclusively, so that looks see it); whether it did.
 #[cfg(test)]
-pub(crate) fn ofd_read_lock(_: &File, _start: u64, _len: u64) -> bool {
-    false
+pub(crate) fn ofd_read_lock(file: &File, start: u64, len: u64) -> bool {
+    syscall::lock_range(file, doubled(start), len.saturating_mul(2), true).is_ok()
 }
 
-/// No byte-range locks on directories here.
-pub(crate) fn ofd_take_byte(_: &File, _at: u64) -> bool {
-    false
+/// Whether another handle holds one of the line's bytes `[start, end)` of
+/// `file` (a shared look over them, let go at once). A look that fails
+/// for any other reason sees nobody: the line decides fairness, never
+/// exclusion.
+pub(crate) fn ofd_held(file: &File, start: u64, end: u64) -> bool {
+    let (from, to) = (doubled(start), doubled(end));
+    if to <= from {
+        return false;
+    }
+    match syscall::lock_range(file, from, to - from, false) {
+        Ok(()) => {
+            syscall::unlock_range(file, from, to - from);
+            false
+        }
+        Err(std::fs::TryLockError::WouldBlock) => true,
+        Err(std::fs::TryLockError::Error(_)) => false,
+    }
 }
 
-/// No byte-range locks on directories here.
-pub(crate) fn ofd_drop_byte(_: &File, _at: u64) {}
-
-/// No byte-range locks on directories here: nobody is seen ahead.
-pub(crate) fn ofd_held_span(_: &File, _start: u64, _end: u64) -> Option<(u64, u64)> {
-    None
+/// The first of the line's bytes in `[start, end)` of `file` that another
+/// handle holds, if any, found by halving the range (at most 63 looks):
+/// as its span, one byte long (Windows does not say how far a lock
+/// reaches), or two when a lock reaches below `start`.
+pub(crate) fn ofd_held_span(file: &File, start: u64, end: u64) -> Option<(u64, u64)> {
+    let end = end.min(1 << 62);
+    if !ofd_held(file, start, end) {
+        return None;
+    }
+    let (mut lo, mut hi) = (start, end);
+    // A byte in [lo, hi) is held.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if ofd_held(file, lo, mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    // Bytes come and go while the range is halved: the one found must
+    // still be held.
+    if !ofd_held(file, lo, hi) {
+        return None;
+    }
+    // A lock that goes on below the range is reported as beginning below
+    // it, as `F_OFD_GETLK` reports a lock's whole span: the line takes
+    // such a lock for another program's range, not for a ticket or mark.
+    if lo == start && lo > 0 && ofd_held(file, lo - 1, lo) {
+        return Some((lo - 1, hi));
+    }
+    Some((lo, hi))
 }
 
 /// The user's local application data folder (`FOLDERID_LocalAppData`,
@@ -353,5 +458,65 @@ pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), s
         // denied": look whether that is why.
         Err(Errno::EACCES) if syscall::stat_at(dir, to).is_ok() => Err(RenameError::Exists),
         Err(e) => Err(RenameError::Io(e.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line_of(dir: &tempfile::TempDir) -> File {
+        line_file(&syscall::open_dir(dir.path()).unwrap(), true).unwrap()
+    }
+
+    #[test]
+    fn a_handle_sees_others_bytes_and_never_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mine, theirs) = (line_of(&dir), line_of(&dir));
+        assert!(ofd_take_byte(&mine, 100));
+        assert!(!ofd_held(&mine, 0, 1 << 40), "its own byte");
+        assert!(ofd_held(&theirs, 100, 101));
+        assert!(!ofd_held(&theirs, 0, 100) && !ofd_held(&theirs, 101, 200));
+        assert_eq!(ofd_held_span(&theirs, 0, 1 << 40), Some((100, 101)));
+        // A look of exactly the bounds of a held byte would have let go of
+        // it (see above): looks never have them, and the byte stays held.
+        for _ in 0..3 {
+            assert!(!ofd_held(&mine, 100, 101));
+        }
+        assert!(ofd_held(&theirs, 100, 101), "a look let go of the byte");
+        assert!(!ofd_take_byte(&theirs, 100), "bytes are exclusive");
+        ofd_drop_byte(&mine, 100);
+        assert!(!ofd_held(&theirs, 0, 1 << 40));
+        assert!(ofd_take_byte(&theirs, 100));
+    }
+
+    #[test]
+    fn the_first_held_byte_is_found_and_a_range_from_below_reported_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (line_of(&dir), line_of(&dir), line_of(&dir));
+        assert!(ofd_take_byte(&a, (1 << 40) + 7) && ofd_take_byte(&b, (1 << 40) + 3));
+        assert_eq!(
+            ofd_held_span(&c, 1 << 40, 1 << 41),
+            Some(((1 << 40) + 3, (1 << 40) + 4))
+        );
+        let d = line_of(&dir);
+        assert!(ofd_read_lock(&d, 0, (1 << 40) + 1));
+        assert_eq!(
+            ofd_held_span(&c, 1 << 40, 1 << 41),
+            Some(((1 << 40) - 1, (1 << 40) + 1))
+        );
+    }
+
+    #[test]
+    fn a_line_file_named_elsewhere_too_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let data = elsewhere.path().join("data");
+        std::fs::write(&data, b"someone's data").unwrap();
+        std::fs::hard_link(&data, dir.path().join(LINE_FILE)).unwrap();
+        let handle = syscall::open_dir(dir.path()).unwrap();
+        assert!(line_file(&handle, true).is_none());
+        assert!(line_file(&handle, false).is_none());
+        assert_eq!(std::fs::read(&data).unwrap(), b"someone's data");
     }
 }

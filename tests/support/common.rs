@@ -542,11 +542,18 @@ impl Drop for ChildProc {
     }
 }
 
-/// Lists the directory's entries, sorted, for "nothing left behind" checks.
+/// The file in which, on Windows, leasehold keeps the waiting line of a
+/// lock directory once a waiter has stood in line there, and leaves for
+/// good (docs/guarantees.md, *Platforms*).
+pub const LINE_FILE: &str = "leasehold..line";
+
+/// Lists the directory's entries, sorted, for "nothing left behind"
+/// checks: all but the waiting line's file.
 pub fn entries(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .expect("read dir")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name != LINE_FILE)
         .collect();
     names.sort();
     names

@@ -53,7 +53,7 @@ pub(super) fn duration_us(d: Duration) -> u64 {
 /// Whether another open file description holds a byte of `dir` in
 /// `[start, start + len)`.
 pub(super) fn conflict(dir: &File, start: u64, len: u64) -> bool {
-    first_held(dir, start, start.saturating_add(len)).is_some()
+    sys::ofd_held(dir, start, start.saturating_add(len))
 }
 
 /// A byte of `dir` in `[start, end)` that another open file description

@@ -14,8 +14,17 @@ impl Dir {
         sys::byte_range_locks().then(|| Dir(tempfile::tempdir().unwrap()))
     }
 
+    #[cfg(not(windows))]
     fn open(&self) -> File {
         File::open(self.0.path()).unwrap()
+    }
+
+    /// On Windows the line's bytes are in the line file: a handle of it
+    /// of its own, as another `Locker` opens it.
+    #[cfg(windows)]
+    fn open(&self) -> File {
+        let dir = sys::syscall::open_dir(self.0.path()).unwrap();
+        sys::line_file(&dir, true).unwrap()
     }
 }
 

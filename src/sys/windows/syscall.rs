@@ -802,15 +802,21 @@ impl Flock for File {
 
 /// `LockFileEx` on the byte at `at`, without waiting.
 pub(crate) fn lock_byte(file: &File, at: u64, exclusive: bool) -> Result<(), TryLockError> {
+    lock_range(file, at, 1, exclusive)
+}
+
+/// `LockFileEx` on `[at, at + len)`, without waiting.
+pub(crate) fn lock_range(file: &File, at: u64, len: u64, exclusive: bool) -> Result<(), TryLockError> {
     let mut flags = fs::LOCKFILE_FAIL_IMMEDIATELY;
     if exclusive {
         flags |= fs::LOCKFILE_EXCLUSIVE_LOCK;
     }
     let mut overlapped = at_offset(at);
+    let (low, high) = split(len);
     // SAFETY: the handle is open for as long as `file` lives (it was not
     // opened for overlapped I/O, so the call completes before returning and
     // `overlapped` only carries the offset).
-    let ok = unsafe { fs::LockFileEx(file.as_raw_handle(), flags, 0, 1, 0, &mut overlapped) };
+    let ok = unsafe { fs::LockFileEx(file.as_raw_handle(), flags, 0, low, high, &mut overlapped) };
     if ok != 0 {
         return Ok(());
     }
@@ -819,6 +825,49 @@ pub(crate) fn lock_byte(file: &File, at: u64, exclusive: bool) -> Result<(), Try
         Some(win::ERROR_LOCK_VIOLATION | win::ERROR_IO_PENDING) => Err(TryLockError::WouldBlock),
         _ => Err(TryLockError::Error(e)),
     }
+}
+
+/// `UnlockFileEx` of `[at, at + len)`, a range this handle locked with
+/// exactly these bounds; whether it was locked.
+pub(crate) fn unlock_range(file: &File, at: u64, len: u64) -> bool {
+    let mut overlapped = at_offset(at);
+    let (low, high) = split(len);
+    // SAFETY: as in `lock_range`.
+    unsafe { fs::UnlockFileEx(file.as_raw_handle(), 0, low, high, &mut overlapped) != 0 }
+}
+
+/// `n` as the low and high halves Windows takes lengths in.
+fn split(n: u64) -> (u32, u32) {
+    ((n & 0xffff_ffff) as u32, (n >> 32) as u32)
+}
+
+/// Whether the directory behind `dir` is on a network share (a UNC path,
+/// or a drive letter Windows reports as `DRIVE_REMOTE`); `true` where that
+/// cannot be told.
+pub(crate) fn on_remote_drive(dir: &File) -> bool {
+    let Ok(path) = path_of(dir) else {
+        return true;
+    };
+    let text = path.to_string_lossy();
+    let Some(local) = text.strip_prefix(r"\\?\") else {
+        return true;
+    };
+    let drive = local.as_bytes();
+    if local.starts_with(r"UNC\") || drive.len() < 2 || !drive[0].is_ascii_alphabetic() || drive[1] != b':' {
+        return true;
+    }
+    let root: Vec<u16> = format!("{}:\\", char::from(drive[0]))
+        .encode_utf16()
+        .chain([0])
+        .collect();
+    // SAFETY: `root` is a NUL-terminated UTF-16 string that outlives the call.
+    let kind = unsafe { fs::GetDriveTypeW(root.as_ptr()) };
+    // `GetDriveTypeW`'s answers for local drives (windows-sys has them
+    // under `Win32_System_WindowsProgramming`, not worth the feature).
+    const DRIVE_REMOVABLE: u32 = 2;
+    const DRIVE_FIXED: u32 = 3;
+    const DRIVE_RAMDISK: u32 = 6;
+    !matches!(kind, DRIVE_REMOVABLE | DRIVE_FIXED | DRIVE_RAMDISK)
 }
 
 /// An OVERLAPPED that carries only the offset `at`.
