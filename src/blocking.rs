@@ -1,7 +1,13 @@
 //! The blocking API, for synchronous code: build scripts, plain `#[test]`s,
 //! services without a runtime.
 //!
-//! Each call polls the async acquisition to completion on the calling
+//! Every acquiring and inspecting method has a `blocking_` twin here that
+//! returns what the async one does: exclusive, shared, semaphore and
+//! closure acquisitions, the questions of `inspect.rs`, and a guard's
+//! `ensure_held` and `release`. Each is one call of [`block_on`] on its
+//! twin's future, so the two cannot drift apart.
+//!
+//! Each call polls the async future to completion on the calling
 //! thread, parked between polls, under the handle of a small runtime of
 //! leasehold's own (one per process, made on first use, with no worker
 //! threads: only its blocking pool, which the attempts already run on). The guard it returns needs no runtime: leases
@@ -19,6 +25,8 @@ use tokio::runtime::Runtime;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::locker::Locker;
+use crate::owner::{LockInfo, Owner};
+use crate::semaphore::Semaphore;
 
 /// The refusal in async code, where blocking would stall a worker.
 const IN_RUNTIME: &str = "leasehold's blocking_* methods cannot run in async code driven by a Tokio \
@@ -133,6 +141,470 @@ impl Locker {
     /// ```
     pub fn blocking_acquire_timeout(&self, name: &str, timeout: Duration) -> Result<LockGuard> {
         block_on(self.acquire_timeout(name, timeout))
+    }
+}
+
+impl Locker {
+    /// [`acquire_shared`](Self::acquire_shared) for synchronous code:
+    /// blocks the calling thread until `name` is held shared, however long
+    /// that takes.
+    ///
+    /// Readers overlap, in this process and others; a writer
+    /// ([`blocking_acquire`](Self::blocking_acquire) or its async twin)
+    /// never runs with them, and once one waits, new readers queue behind
+    /// it.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_shared`](Self::acquire_shared); and
+    /// [`Error::Unsupported`] in async code a Tokio runtime drives, at
+    /// once, as for [`blocking_acquire`](Self::blocking_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let other = leasehold::Locker::new(dir.path())?; // as another process
+    ///
+    ///     let a = locker.blocking_acquire_shared("catalog")?;
+    ///     let b = other.blocking_acquire_shared("catalog")?; // readers overlap
+    ///     assert!(a.is_shared() && b.is_shared());
+    ///     assert!(other.blocking_try_acquire("catalog")?.is_none()); // a writer does not
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_acquire_shared(&self, name: &str) -> Result<LockGuard> {
+        block_on(self.acquire_shared(name))
+    }
+
+    /// [`try_acquire_shared`](Self::try_acquire_shared) for synchronous
+    /// code: takes `name` shared if that needs no wait, else returns
+    /// `Ok(None)` at once (a writer holds it, or waits for it).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_shared`](Self::try_acquire_shared); and
+    /// [`Error::Unsupported`] in async code, as for
+    /// [`blocking_acquire`](Self::blocking_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let writer = locker.blocking_acquire("catalog")?;
+    ///     assert!(locker.blocking_try_acquire_shared("catalog")?.is_none());
+    ///     drop(writer);
+    ///     assert!(locker.blocking_try_acquire_shared("catalog")?.is_some());
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_try_acquire_shared(&self, name: &str) -> Result<Option<LockGuard>> {
+        block_on(self.try_acquire_shared(name))
+    }
+
+    /// [`acquire_shared_timeout`](Self::acquire_shared_timeout) for
+    /// synchronous code: blocks the calling thread until `name` is held
+    /// shared, or `timeout` has passed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when a writer still held it (or still waited for
+    /// it) at the deadline; otherwise as
+    /// [`blocking_acquire_shared`](Self::blocking_acquire_shared).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let _writer = locker.blocking_acquire("catalog")?;
+    ///     let err = locker
+    ///         .blocking_acquire_shared_timeout("catalog", Duration::from_millis(50))
+    ///         .unwrap_err();
+    ///     assert!(err.is_timeout());
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_acquire_shared_timeout(&self, name: &str, timeout: Duration) -> Result<LockGuard> {
+        block_on(self.acquire_shared_timeout(name, timeout))
+    }
+
+    /// [`with_lock`](Self::with_lock) for synchronous code: acquires
+    /// `name`, blocking as long as it takes, runs `f` while holding it,
+    /// releases it, and returns `f`'s output.
+    ///
+    /// `f` runs on the calling thread inside a [`scope`](Self::scope):
+    /// blocking acquisitions of `name` through this `Locker` nested in it
+    /// re-enter the lock instead of waiting for it. A synchronous `f`
+    /// cannot be stopped halfway: if the lock is lost while it runs, it
+    /// runs to its end, and then [`Error::Lost`] is returned instead of
+    /// its output (which was computed partly without the lock). To stop a
+    /// long task on a loss, take the guard with
+    /// [`blocking_acquire`](Self::blocking_acquire) and check
+    /// [`is_lost`](LockGuard::is_lost) between its steps.
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock`](Self::with_lock); and [`Error::Unsupported`] in
+    /// async code, at once and without calling `f`, as for
+    /// [`blocking_acquire`](Self::blocking_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let total = locker.blocking_with_lock("ledger", || {
+    ///         // A nested acquisition of the name re-enters the lock.
+    ///         let _again = locker.blocking_acquire("ledger")?;
+    ///         Ok::<_, leasehold::Error>(40 + 2)
+    ///     })??;
+    ///     assert_eq!(total, 42);
+    ///     assert!(!locker.blocking_is_held("ledger")?);
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_with_lock<T>(&self, name: &str, f: impl FnOnce() -> T) -> Result<T> {
+        // `f` runs in the polled future, so that the scope's task-local is
+        // set around it (nested blocking calls poll theirs inside it).
+        block_on(self.with_lock(name, async { f() }))
+    }
+
+    /// [`with_lock_timeout`](Self::with_lock_timeout) for synchronous
+    /// code: as [`blocking_with_lock`](Self::blocking_with_lock), waiting at
+    /// most `timeout` for the lock (`f` itself is not timed).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the lock was still held at the deadline
+    /// (`f` is then not called); otherwise as
+    /// [`blocking_with_lock`](Self::blocking_with_lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let _held = locker.blocking_acquire("deploy")?;
+    ///     let other = leasehold::Locker::new(dir.path())?;
+    ///     let err = other
+    ///         .blocking_with_lock_timeout("deploy", Duration::from_millis(50), || unreachable!())
+    ///         .unwrap_err();
+    ///     assert!(err.is_timeout());
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_with_lock_timeout<T>(
+        &self,
+        name: &str,
+        timeout: Duration,
+        f: impl FnOnce() -> T,
+    ) -> Result<T> {
+        block_on(self.with_lock_timeout(name, timeout, async { f() }))
+    }
+
+    /// [`holder`](Self::holder) for synchronous code: who holds `name`
+    /// now, or `None` if nobody does (or only a stale lock is left).
+    ///
+    /// # Errors
+    ///
+    /// As [`holder`](Self::holder); and [`Error::Unsupported`] in async
+    /// code, at once, as for [`blocking_acquire`](Self::blocking_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     assert!(locker.blocking_holder("reindex")?.is_none());
+    ///     let _guard = locker.blocking_acquire("reindex")?;
+    ///     let owner = locker.blocking_holder("reindex")?.expect("held");
+    ///     assert_eq!(owner.pid(), Some(std::process::id()));
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_holder(&self, name: &str) -> Result<Option<Owner>> {
+        block_on(self.holder(name))
+    }
+
+    /// [`holders`](Self::holders) for synchronous code: every live holder
+    /// of `name` (the exclusive one, or every shared or permit holder),
+    /// oldest first; empty when nobody holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`blocking_holder`](Self::blocking_holder).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let one = leasehold::Locker::new(dir.path())?;
+    ///     let two = leasehold::Locker::new(dir.path())?;
+    ///     let _a = one.blocking_acquire_shared("catalog")?;
+    ///     let _b = two.blocking_acquire_shared("catalog")?;
+    ///     assert_eq!(one.blocking_holders("catalog")?.len(), 2);
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_holders(&self, name: &str) -> Result<Vec<Owner>> {
+        block_on(self.holders(name))
+    }
+
+    /// [`inspect`](Self::inspect) for synchronous code: the lock `name` as
+    /// found in the store, held or stale, or `None` if there is none.
+    ///
+    /// # Errors
+    ///
+    /// As [`blocking_holder`](Self::blocking_holder).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let _guard = locker.blocking_acquire_shared("catalog")?;
+    ///     let info = locker.blocking_inspect("catalog")?.expect("a lock is there");
+    ///     assert_eq!(info.kind(), leasehold::LockKind::Shared);
+    ///     assert!(!info.is_stale());
+    ///     assert!(locker.blocking_inspect("nothing")?.is_none());
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        block_on(self.inspect(name))
+    }
+
+    /// [`list`](Self::list) for synchronous code: every lock in the store,
+    /// with its holders and whether it is stale.
+    ///
+    /// # Errors
+    ///
+    /// As [`list`](Self::list); and [`Error::Unsupported`] in async code,
+    /// at once, as for [`blocking_acquire`](Self::blocking_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let _a = locker.blocking_acquire("a")?;
+    ///     let _b = locker.blocking_acquire_shared("b")?;
+    ///     let mut names: Vec<String> =
+    ///         locker.blocking_list()?.iter().map(|l| l.name().to_owned()).collect();
+    ///     names.sort();
+    ///     assert_eq!(names, ["a", "b"]);
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_list(&self) -> Result<Vec<LockInfo>> {
+        block_on(self.list())
+    }
+
+    /// [`clean`](Self::clean) for synchronous code: removes every stale
+    /// lock in the store, and what crashed processes left behind,
+    /// returning what was removed (or, with `dry_run`, what would be). Live
+    /// locks are never touched.
+    ///
+    /// # Errors
+    ///
+    /// As [`clean`](Self::clean); and [`Error::Unsupported`] in async
+    /// code, at once (nothing is removed), as for
+    /// [`blocking_acquire`](Self::blocking_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let _live = locker.blocking_acquire("live")?;
+    ///     // A lock whose owner process is gone.
+    ///     std::fs::write(locker.lock_path("crashed")?, r#"{"uuid":"x","pid":999999999}"#).unwrap();
+    ///     assert_eq!(locker.blocking_clean(true)?.len(), 1); // only says
+    ///     let removed = locker.blocking_clean(false)?;
+    ///     assert_eq!(removed[0].stale_reason(), Some(leasehold::StaleReason::DeadOwner));
+    ///     assert!(locker.blocking_clean(false)?.is_empty());
+    ///     assert!(locker.blocking_is_held("live")?);
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_clean(&self, dry_run: bool) -> Result<Vec<LockInfo>> {
+        block_on(self.clean(dry_run))
+    }
+
+    /// [`is_held`](Self::is_held) for synchronous code: whether a live
+    /// holder has `name` now (an answer that may be out of date as soon as
+    /// it is returned: for diagnostics, not to decide whether to acquire).
+    ///
+    /// # Errors
+    ///
+    /// As [`blocking_holder`](Self::blocking_holder).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     assert!(!locker.blocking_is_held("reindex")?);
+    ///     let guard = locker.blocking_acquire("reindex")?;
+    ///     assert!(locker.blocking_is_held("reindex")?);
+    ///     drop(guard);
+    ///     assert!(!locker.blocking_is_held("reindex")?);
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_is_held(&self, name: &str) -> Result<bool> {
+        block_on(self.is_held(name))
+    }
+}
+
+impl Semaphore {
+    /// [`acquire`](Self::acquire) for synchronous code: blocks the calling
+    /// thread until a permit is held, however long that takes.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire); and [`Error::Unsupported`] in async
+    /// code a Tokio runtime drives, at once, as for
+    /// [`Locker::blocking_acquire`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let gpu = locker.semaphore("gpu", 2)?;
+    ///     let first = gpu.blocking_acquire()?;
+    ///     let second = gpu.blocking_acquire()?;
+    ///     assert!(gpu.blocking_try_acquire()?.is_none()); // both permits are taken
+    ///     drop((first, second));
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_acquire(&self) -> Result<LockGuard> {
+        block_on(self.acquire())
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for synchronous code: takes a
+    /// permit if one is free now, else returns `Ok(None)` at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`blocking_acquire`](Self::blocking_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let one = locker.semaphore("gpu", 1)?;
+    ///     let held = one.blocking_try_acquire()?.expect("a free permit");
+    ///     assert!(one.blocking_try_acquire()?.is_none());
+    ///     drop(held);
+    ///     assert!(one.blocking_try_acquire()?.is_some());
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_try_acquire(&self) -> Result<Option<LockGuard>> {
+        block_on(self.try_acquire())
+    }
+
+    /// [`acquire_timeout`](Self::acquire_timeout) for synchronous code:
+    /// blocks the calling thread until a permit is held, or `timeout` has
+    /// passed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when no permit came free in time; otherwise as
+    /// [`blocking_acquire`](Self::blocking_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let one = locker.semaphore("gpu", 1)?;
+    ///     let _held = one.blocking_acquire()?;
+    ///     let err = one.blocking_acquire_timeout(Duration::from_millis(50)).unwrap_err();
+    ///     assert!(err.is_timeout());
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
+        block_on(self.acquire_timeout(timeout))
+    }
+}
+
+impl LockGuard {
+    /// [`ensure_held`](Self::ensure_held) for synchronous code: checks in
+    /// the store, now, that the lock is still this guard's.
+    ///
+    /// # Errors
+    ///
+    /// As [`ensure_held`](Self::ensure_held); and [`Error::Unsupported`]
+    /// in async code, at once, as for [`Locker::blocking_acquire`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let guard = locker.blocking_acquire("ledger")?;
+    ///     guard.blocking_ensure_held()?;
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_ensure_held(&self) -> Result<()> {
+        block_on(self.ensure_held())
+    }
+
+    /// [`release`](Self::release) for synchronous code: releases the lock
+    /// now and reports what happened (dropping the guard releases it too,
+    /// but reports a failure only through `tracing`).
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release). [`Error::Unsupported`] in async code,
+    /// at once; the guard is then dropped, which releases the lock as
+    /// `Drop` does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let guard = locker.blocking_acquire("backup")?;
+    ///     guard.blocking_release()?;
+    ///     assert!(!locker.blocking_is_held("backup")?);
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_release(self) -> Result<()> {
+        block_on(self.release())
     }
 }
 

@@ -1,4 +1,6 @@
-//! Nothing panics: every blocking method of the crate, and a guard's
+//! Nothing panics: the blocking methods of the crate (every exclusive
+//! form, and one of each other kind: shared, permit, closure, inspecting;
+//! `tests/blocking_kinds.rs` has the rest), and a guard's
 //! `Drop`, called in every place a Tokio program can call them (plain
 //! threads, runtimes' `block_on` and tasks of both flavors, `unconstrained`,
 //! `spawn_blocking`, `block_in_place`, `LocalSet`s, entered handles, a
@@ -329,9 +331,19 @@ enum Call {
     DropPermit,
     /// `leasehold::testing::blocking_serial`.
     Serial,
+    /// `blocking_acquire_shared` of a free name.
+    AcquireShared,
+    /// `Semaphore::blocking_acquire_timeout` of a free name.
+    PermitTimeoutFree,
+    /// `blocking_holder` of the name another `Locker` holds.
+    HolderOfHeld,
+    /// `blocking_list`.
+    List,
+    /// `blocking_with_lock` of a free name.
+    WithLock,
 }
 
-const CALLS: [Call; 9] = [
+const CALLS: [Call; 14] = [
     Call::Acquire,
     Call::TryAcquireFree,
     Call::TryAcquireHeld,
@@ -341,6 +353,11 @@ const CALLS: [Call; 9] = [
     Call::DropShared,
     Call::DropPermit,
     Call::Serial,
+    Call::AcquireShared,
+    Call::PermitTimeoutFree,
+    Call::HolderOfHeld,
+    Call::List,
+    Call::WithLock,
 ];
 
 /// What a call did.
@@ -400,6 +417,42 @@ fn make(call: Call, locker: &Locker, name: &str, held: &str, guard: Option<LockG
             drop(serial);
             Outcome::Worked
         }
+        Call::AcquireShared => judge(locker.blocking_acquire_shared(name).map(|guard| {
+            if guard.is_shared() {
+                holds(guard)
+            } else {
+                Outcome::Wrong("not a shared guard".into())
+            }
+        })),
+        Call::PermitTimeoutFree => judge(
+            locker
+                .semaphore(name, 2)
+                .and_then(|semaphore| semaphore.blocking_acquire_timeout(Duration::from_secs(30)))
+                .map(holds),
+        ),
+        Call::HolderOfHeld => {
+            judge(
+                locker
+                    .blocking_holder(held)
+                    .map(|owner| match owner.and_then(|owner| owner.pid()) {
+                        pid if pid == holder_pid => Outcome::Worked,
+                        other => Outcome::Wrong(format!("holder pid {other:?}")),
+                    }),
+            )
+        }
+        Call::List => judge(locker.blocking_list().map(|locks| {
+            if locks.iter().any(|lock| lock.name() == held) {
+                Outcome::Worked
+            } else {
+                Outcome::Wrong(format!("{held} not listed"))
+            }
+        })),
+        Call::WithLock => judge(locker.blocking_with_lock(name, || exists(name)).map(
+            |inside| match inside {
+                true => Outcome::Worked,
+                false => Outcome::Wrong("not held while `f` ran".into()),
+            },
+        )),
     }
 }
 
