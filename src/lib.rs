@@ -305,8 +305,14 @@
 //!   (docs/guarantees.md, *Platforms*). It adds nothing; never enable it in
 //!   a build you ship.
 //!
-//! [`testing`] (serializing tests across processes) is part of the default
-//! build: it adds no dependency.
+//! - `macros`: the test attributes `#[leasehold::serial(name)]` and
+//!   `#[leasehold::parallel(name)]` (see [`testing`]); it adds
+//!   `leasehold-macros`, a crate of this workspace, and through it the
+//!   `syn`, `quote` and `proc-macro2` that tokio's macros already build.
+//!
+//! [`testing`] (serializing tests across processes: [`testing::serial`],
+//! [`testing::parallel`]) is part of the default build: it adds no
+//! dependency.
 //!
 //! # PostgreSQL
 //!
@@ -435,6 +441,8 @@ pub use owner::{LockInfo, LockKind, Owner};
 pub use semaphore::Semaphore;
 pub use stale::StaleReason;
 pub use stats::Stats;
+#[cfg(feature = "macros")]
+pub use leasehold_macros::{parallel, serial};
 
 /// Every failpoint, for `tests/crash_points.rs` (feature `failpoints`,
 /// test-only; not part of the API).
