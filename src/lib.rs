@@ -435,14 +435,14 @@ pub use error::{Error, LossReason, Result};
 pub use field::FieldValue;
 pub use fs::Strategy;
 pub use guard::LockGuard;
+#[cfg(feature = "macros")]
+pub use leasehold_macros::{parallel, serial};
 pub use locker::Locker;
 pub use name::{MAX_NAME_LEN, PathStyle};
 pub use owner::{LockInfo, LockKind, Owner};
 pub use semaphore::Semaphore;
 pub use stale::StaleReason;
 pub use stats::Stats;
-#[cfg(feature = "macros")]
-pub use leasehold_macros::{parallel, serial};
 
 /// Every failpoint, for `tests/crash_points.rs` (feature `failpoints`,
 /// test-only; not part of the API).

@@ -179,12 +179,14 @@ fn parse_function(input: ParseStream) -> syn::Result<Function> {
 /// The lock name: one identifier or one non-empty string literal.
 fn parse_name(mode: Mode, args: TokenStream) -> syn::Result<String> {
     let attribute = mode.attribute();
-    let usage = format!("write `#[leasehold::{attribute}(database)]` or `#[leasehold::{attribute}(\"db-1\")]`");
+    let usage =
+        format!("write `#[leasehold::{attribute}(database)]` or `#[leasehold::{attribute}(\"db-1\")]`");
     let parser = |input: ParseStream| -> syn::Result<String> {
         if input.is_empty() {
-            return Err(input.error(format!(
-                "`#[leasehold::{attribute}]` needs the name of the lock to hold: {usage}"
-            )));
+            return Err(syn::Error::new(
+                Span::call_site(),
+                format!("`#[leasehold::{attribute}]` needs the name of the lock to hold: {usage}"),
+            ));
         }
         let name = if input.peek(LitStr) {
             let lit: LitStr = input.parse()?;
@@ -284,9 +286,18 @@ mod tests {
         let out = expanded(
             Mode::Serial,
             quote!(database),
-            quote!(#[test] fn t() -> Result<(), E> { work()?; Ok(()) }),
+            quote!(
+                #[test]
+                fn t() -> Result<(), E> {
+                    work()?;
+                    Ok(())
+                }
+            ),
         );
-        assert!(out.starts_with("# [test] fn t () -> Result < () , E > {"), "{out}");
+        assert!(
+            out.starts_with("# [test] fn t () -> Result < () , E > {"),
+            "{out}"
+        );
         assert!(
             out.contains(
                 "let _leasehold_guard = :: leasehold :: testing :: blocking_serial (\"database\") ;"
@@ -301,7 +312,12 @@ mod tests {
         let out = expanded(
             Mode::Parallel,
             quote!("db-1"),
-            quote!(#[tokio::test] async fn t() { work().await }),
+            quote!(
+                #[tokio::test]
+                async fn t() {
+                    work().await
+                }
+            ),
         );
         assert!(
             out.contains(":: leasehold :: testing :: parallel (\"db-1\") . await ;"),
@@ -311,7 +327,16 @@ mod tests {
 
     #[test]
     fn inner_attributes_stay_first_and_raw_identifiers_lose_their_prefix() {
-        let out = expanded(Mode::Serial, quote!(r#type), quote!(fn t() { #![allow(unused)] let x = 1; }));
+        let out = expanded(
+            Mode::Serial,
+            quote!(r#type),
+            quote!(
+                fn t() {
+                    #![allow(unused)]
+                    let x = 1;
+                }
+            ),
+        );
         let allow = out.find("# ! [allow (unused)]").expect(&out);
         let take = out.find("blocking_serial (\"type\")").expect(&out);
         assert!(allow < take, "{out}");
@@ -327,17 +352,37 @@ mod tests {
             (quote!(a, b), "takes one lock name, and nothing after it"),
             (quote!(name = "db"), "takes one lock name, and nothing after it"),
         ] {
-            let out = expanded(Mode::Serial, args.clone(), quote!(#[test] fn kept() {}));
+            let out = expanded(
+                Mode::Serial,
+                args.clone(),
+                quote!(
+                    #[test]
+                    fn kept() {}
+                ),
+            );
             assert!(out.contains("compile_error"), "{args}: {out}");
             assert!(out.contains(message), "{args}: {out}");
-            assert!(out.contains("write `#[leasehold::serial(database)]`"), "{args}: {out}");
+            assert!(
+                out.contains("write `#[leasehold::serial(database)]`"),
+                "{args}: {out}"
+            );
             assert!(out.ends_with("# [test] fn kept () { }"), "{args}: {out}");
         }
     }
 
     #[test]
     fn only_functions_are_accepted() {
-        for item in [quote!(struct S;), quote!(const fn f() {}), quote!(mod m {})] {
+        for item in [
+            quote!(
+                struct S;
+            ),
+            quote!(
+                const fn f() {}
+            ),
+            quote!(
+                mod m {}
+            ),
+        ] {
             let out = expanded(Mode::Parallel, quote!(db), item.clone());
             assert!(out.contains("compile_error"), "{item}: {out}");
             assert!(out.contains("`#[leasehold::parallel]`"), "{item}: {out}");
