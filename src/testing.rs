@@ -30,9 +30,10 @@
 //! shared (a reader's lock): tests holding `parallel` of one name run
 //! together, and a `serial` one of that name runs alone. A `serial` test
 //! that waits keeps new `parallel` ones back, so it is not starved.
-//! [`is_held`] tells whether anyone holds a name now. A test must not take
-//! a name it already holds (`serial` then `parallel` of one name in one
-//! test waits for itself until the timeout).
+//! [`is_held`] tells whether anyone holds a name now. A test takes each
+//! name once: taking again a name it holds, in either mode, may wait for
+//! itself until the timeout (a second `parallel` queues behind a `serial`
+//! test that waits for the first).
 //!
 //! # Attributes
 //!
@@ -198,9 +199,11 @@ pub fn blocking_serial(name: &str) -> SerialGuard {
 /// # Examples
 ///
 /// ```
-/// let a: leasehold::testing::ParallelGuard = leasehold::testing::blocking_parallel("database");
-/// let b = leasehold::testing::blocking_parallel("database"); // runs beside `a`
-/// drop((a, b)); // a serial test of "database" may go
+/// use leasehold::testing::{ParallelGuard, blocking_parallel};
+///
+/// let guard: ParallelGuard = blocking_parallel("reference-data");
+/// // ... other tests holding `parallel("reference-data")` run beside this one ...
+/// drop(guard); // a serial test of "reference-data" may go
 /// ```
 #[derive(Debug)]
 #[must_use = "the test keeps serial tests out only while the guard lives"]

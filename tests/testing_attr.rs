@@ -142,7 +142,9 @@ async fn the_lock_is_let_go_however_the_function_ends() {
 }
 
 /// The scratch crate's test files: uses that must compile (with warnings
-/// denied), and bad ones with the error each must give, by line.
+/// denied), and bad ones with the error each must give, by line. (Unix
+/// only: see the test.)
+#[cfg(unix)]
 const GOOD: &str = r#"#![deny(warnings)]
 
 #[leasehold::serial(database)]
@@ -185,6 +187,7 @@ fn calls_the_helper() {
 }
 "#;
 
+#[cfg(unix)]
 const BAD: &str = r#"#[leasehold::serial]
 #[test]
 fn no_name() {}
@@ -219,6 +222,7 @@ fn uses_them() {
 "#;
 
 /// (line in BAD, what its error says).
+#[cfg(unix)]
 const BAD_ERRORS: &[(usize, &str)] = &[
     (1, "`#[leasehold::serial]` needs the name of the lock to hold"),
     (
