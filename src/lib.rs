@@ -305,8 +305,14 @@
 //!   (docs/guarantees.md, *Platforms*). It adds nothing; never enable it in
 //!   a build you ship.
 //!
-//! [`testing`] (serializing tests across processes) is part of the default
-//! build: it adds no dependency.
+//! - `macros`: the test attributes `#[leasehold::serial(name)]` and
+//!   `#[leasehold::parallel(name)]` (see [`testing`]); it adds
+//!   `leasehold-macros`, a crate of this workspace, and through it the
+//!   `syn`, `quote` and `proc-macro2` that tokio's macros already build.
+//!
+//! [`testing`] (serializing tests across processes: [`testing::serial`],
+//! [`testing::parallel`]) is part of the default build: it adds no
+//! dependency.
 //!
 //! # PostgreSQL
 //!
@@ -429,6 +435,8 @@ pub use error::{Error, LossReason, Result};
 pub use field::FieldValue;
 pub use fs::Strategy;
 pub use guard::LockGuard;
+#[cfg(feature = "macros")]
+pub use leasehold_macros::{parallel, serial};
 pub use locker::Locker;
 pub use name::{MAX_NAME_LEN, PathStyle};
 pub use owner::{LockInfo, LockKind, Owner};

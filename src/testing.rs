@@ -12,12 +12,59 @@
 //!     // ... no other test holding "database", in any process, runs now ...
 //! }
 //!
+//! #[tokio::test]
+//! async fn reads_the_database() {
+//!     let _parallel = leasehold::testing::parallel("database").await;
+//!     // ... other `parallel("database")` tests may run now, never a
+//!     // `serial("database")` one ...
+//! }
+//!
 //! #[test]
 //! fn resets_the_database() {
 //!     let _serial = leasehold::testing::blocking_serial("database");
 //!     // ...
 //! }
 //! ```
+//!
+//! [`serial`] takes a name exclusively (a writer's lock), [`parallel`]
+//! shared (a reader's lock): tests holding `parallel` of one name run
+//! together, and a `serial` one of that name runs alone. A `serial` test
+//! that waits keeps new `parallel` ones back, so it is not starved.
+//! [`is_held`] tells whether anyone holds a name now. A test takes each
+//! name once: taking again a name it holds, in either mode, may wait for
+//! itself until the timeout (a second `parallel` queues behind a `serial`
+//! test that waits for the first).
+//!
+//! # Attributes
+//!
+//! With the `macros` feature, `#[leasehold::serial(name)]` and
+//! `#[leasehold::parallel(name)]` do the same for a whole test, with no
+//! change to its body, for `#[test]` and `#[tokio::test]` functions
+//! alike, above or below that attribute:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! leasehold = { version = "0.1", features = ["macros"] }
+//! ```
+//!
+#![cfg_attr(feature = "macros", doc = "```no_run")]
+#![cfg_attr(not(feature = "macros"), doc = "```ignore")]
+//! #[leasehold::serial(database)]
+//! #[tokio::test]
+//! async fn migrates_the_database() -> Result<(), Box<dyn std::error::Error>> {
+//!     // ... as if the body began with `let _g = serial("database").await;`
+//!     Ok(())
+//! }
+//!
+//! #[test]
+//! #[leasehold::parallel(database)]
+//! fn reads_the_database() {
+//!     // ... as if it began with `let _g = blocking_parallel("database");`
+//! }
+//! ```
+//!
+//! The name is an identifier or a string literal
+//! (`#[leasehold::serial("db-1")]`); anything else is a compile error.
 //!
 //! # Where the locks live
 //!
@@ -48,6 +95,9 @@
 //!    cannot be used the test panics, naming `LEASEHOLD_SERIAL_DIR`. Such processes meet
 //!    each other there, not the tests in the target directory: to put them
 //!    all in one place, set `LEASEHOLD_SERIAL_DIR`.
+//!
+//! [`serial`] and [`parallel`] of one name use one lock there, so they
+//! exclude each other across processes as well as threads.
 //!
 //! A test waits at most `$LEASEHOLD_SERIAL_TIMEOUT` seconds (default 300),
 //! then panics naming the holder.
@@ -99,18 +149,21 @@ pub struct SerialGuard {
 /// # }
 /// ```
 pub async fn serial(name: &str) -> SerialGuard {
-    serialized(name, locker().acquire_timeout(name, timeout()).await)
+    let taken = locker().acquire_timeout(name, timeout()).await;
+    SerialGuard {
+        _guard: held("serial", name, taken),
+    }
 }
 
-/// The guard of a serial lock taken, or the panic of one not taken.
-fn serialized(name: &str, taken: crate::Result<LockGuard>) -> SerialGuard {
+/// The guard of a lock taken, or the panic of one not taken.
+fn held(what: &str, name: &str, taken: crate::Result<LockGuard>) -> LockGuard {
     match taken {
-        Ok(guard) => SerialGuard { _guard: guard },
+        Ok(guard) => guard,
         Err(timeout @ Error::Timeout { .. }) => panic!(
-            "leasehold::testing::serial({name:?}): {timeout} (lock directory {})",
+            "leasehold::testing::{what}({name:?}): {timeout} (lock directory {})",
             locker().directory().display()
         ),
-        Err(error) => panic!("leasehold::testing::serial({name:?}): {error}"),
+        Err(error) => panic!("leasehold::testing::{what}({name:?}): {error}"),
     }
 }
 
@@ -128,16 +181,160 @@ fn serialized(name: &str, taken: crate::Result<LockGuard>) -> SerialGuard {
 /// ```
 pub fn blocking_serial(name: &str) -> SerialGuard {
     let take = || locker().blocking_acquire_timeout(name, timeout());
-    match take() {
+    let taken = match take() {
         // Where the blocking API refuses to wait on this thread (in async
         // code, or on a thread that is exiting): wait on another.
-        Err(Error::Unsupported { .. }) => {
-            let taken = std::thread::scope(|s| s.spawn(take).join())
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            serialized(name, taken)
-        }
-        taken => serialized(name, taken),
+        Err(Error::Unsupported { .. }) => std::thread::scope(|s| s.spawn(take).join())
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+        taken => taken,
+    };
+    SerialGuard {
+        _guard: held("serial", name, taken),
     }
+}
+
+/// Held while a test runs beside others of its name; dropping it lets a
+/// [`serial`] test of that name in once the last of them has gone.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold::testing::{ParallelGuard, blocking_parallel};
+///
+/// let guard: ParallelGuard = blocking_parallel("reference-data");
+/// // ... other tests holding `parallel("reference-data")` run beside this one ...
+/// drop(guard); // a serial test of "reference-data" may go
+/// ```
+#[derive(Debug)]
+#[must_use = "the test keeps serial tests out only while the guard lives"]
+#[clippy::has_significant_drop]
+pub struct ParallelGuard {
+    _guard: LockGuard,
+}
+
+/// Waits until no test holds `name` through [`serial`] (or waits to), in
+/// any process, and holds it shared until the returned guard is dropped:
+/// any number of tests holding `parallel(name)` run at once, and no
+/// `serial(name)` test runs beside them.
+///
+/// A [`serial`] test that waits for `name` goes first: a `parallel` test
+/// that comes after it waits until it is done, so a steady stream of
+/// parallel tests cannot starve it.
+///
+/// # Panics
+///
+/// As [`serial`]: if the lock directory cannot be used, or if `name` is
+/// still held by a `serial` test after the timeout, naming the holder.
+///
+/// # Cancel safety
+///
+/// Cancel safe, as [`Locker::acquire_shared`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let reader = leasehold::testing::parallel("shared-fixtures").await;
+/// let another = leasehold::testing::parallel("shared-fixtures").await; // no wait
+/// assert!(leasehold::testing::is_held("shared-fixtures").await);
+/// drop((reader, another));
+/// # }
+/// ```
+pub async fn parallel(name: &str) -> ParallelGuard {
+    let taken = locker().acquire_shared_timeout(name, timeout()).await;
+    ParallelGuard {
+        _guard: held("parallel", name, taken),
+    }
+}
+
+/// [`parallel`] for synchronous tests. It may also be called from async
+/// code: it then blocks the calling thread while it waits.
+///
+/// # Panics
+///
+/// As [`parallel`].
+///
+/// # Examples
+///
+/// ```
+/// let guard = leasehold::testing::blocking_parallel("fixtures");
+/// drop(guard);
+/// ```
+pub fn blocking_parallel(name: &str) -> ParallelGuard {
+    block_on(parallel(name))
+}
+
+/// Whether any test (or anything else using the lock directory of these
+/// tests) holds `name` now, through [`serial`] or [`parallel`], in this
+/// process or another. The answer may be out of date as soon as it is
+/// returned: use it in assertions and diagnostics, not to decide whether to
+/// take a lock.
+///
+/// # Panics
+///
+/// If the lock directory cannot be used or read, or `name` is not a valid
+/// lock name.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only reads.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use leasehold::testing::{is_held, serial};
+///
+/// let guard = serial("is-held-example").await;
+/// assert!(is_held("is-held-example").await);
+/// drop(guard);
+/// assert!(!is_held("is-held-example").await);
+/// # }
+/// ```
+pub async fn is_held(name: &str) -> bool {
+    match locker().is_held(name).await {
+        Ok(held) => held,
+        Err(error) => panic!("leasehold::testing::is_held({name:?}): {error}"),
+    }
+}
+
+/// [`is_held`] for synchronous tests.
+///
+/// # Panics
+///
+/// As [`is_held`].
+///
+/// # Examples
+///
+/// ```
+/// let guard = leasehold::testing::blocking_parallel("blocking-is-held-example");
+/// assert!(leasehold::testing::blocking_is_held("blocking-is-held-example"));
+/// drop(guard);
+/// ```
+pub fn blocking_is_held(name: &str) -> bool {
+    block_on(is_held(name))
+}
+
+/// Runs `fut` to completion on a thread of its own, under a runtime of its
+/// own, wherever it is called from (in async code, too, where the blocking
+/// API refuses to wait). Guards outlive that runtime: their leases are
+/// renewed on the `Locker`'s own thread.
+fn block_on<F>(fut: F) -> F::Output
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap_or_else(|e| panic!("leasehold::testing: cannot start a runtime: {e}"))
+                .block_on(fut)
+        })
+        .join()
+    })
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 fn locker() -> &'static Locker {
