@@ -254,7 +254,8 @@ use nix::sys::signal::Signal;
 // Beside this file, not in src/bin/, where Cargo would take each for a
 // binary of its own. `run` (run.rs) takes its lock (acquire.rs, as want.rs
 // says, telling what it waits for in status.rs) and guards CMD
-// (process.rs); `holder`, `list` and `clean` are in inspect.rs. Every
+// (process.rs), and leaves nothing beside the lock (tidy.rs); `holder`,
+// `list` and `clean` are in inspect.rs. Every
 // command builds its `Locker` in locker.rs from the options of args.rs,
 // prints through output.rs and exits as exit.rs says. The files import
 // each other without a circle, and none imports this one.
@@ -284,10 +285,12 @@ mod run;
 mod status;
 #[path = "leasehold/target.rs"]
 mod target;
+#[path = "leasehold/tidy.rs"]
+mod tidy;
 #[path = "leasehold/want.rs"]
 mod want;
 
-use args::{Cli, Command, PAGES};
+use args::{Cli, Command, PAGES, flock_form};
 use exit::EXIT_ERROR;
 use inspect::{clean, holder, list};
 use output::{chain, emit, warn};
@@ -307,7 +310,7 @@ fn main() -> ExitCode {
     {
         return watchdog();
     }
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(flock_form(std::env::args_os().collect(), &subcommands()));
     match cli.command {
         Command::Man { subcommand } => return man(subcommand.as_deref()),
         Command::Completions { shell } => return completions(shell),
@@ -388,6 +391,11 @@ fn man(subcommand: Option<&str>) -> ExitCode {
     }
     emit(&String::from_utf8_lossy(&roff));
     ExitCode::SUCCESS
+}
+
+/// The names of the subcommands, from the parser's own definitions.
+fn subcommands() -> Vec<&'static str> {
+    PAGES.iter().map(|(sub, _)| *sub).collect()
 }
 
 /// `leasehold completions SHELL`.

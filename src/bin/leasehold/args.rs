@@ -271,14 +271,11 @@ pub(super) struct RunArgs {
     )]
     pub(super) shell_command: Option<OsString>,
     /// The command to run, and its arguments; `--` before it is needed only when CMD starts with `-`.
-    // Not required with --file either: clap then takes CMD's first word
-    // for NAME|PATH (`--file x -- true`), and `resolve` moves it back, or
-    // says that no command was given.
-    #[arg(
-        trailing_var_arg = true,
-        value_name = "CMD",
-        required_unless_present_any = ["shell_command", "file"]
-    )]
+    // Required, but `resolve` says so, not clap: `leasehold run 9` (flock's
+    // descriptor form) must hear that descriptors are not taken, not that
+    // CMD is missing. With --file, clap takes CMD's first word for
+    // NAME|PATH (`--file x -- true`), and `resolve` moves it back.
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub(super) command: Vec<OsString>,
 }
 
@@ -298,6 +295,7 @@ impl RunArgs {
                 }
                 Target::parse(file, true)?
             }
+            (None, Some(lock)) if is_descriptor(lock) => return Err(descriptor_refused(lock)),
             (None, Some(lock)) => Target::parse(lock, false)?,
             (None, None) => return Err("no lock given".to_owned()),
         };
@@ -339,6 +337,50 @@ impl RunArgs {
     }
 }
 
+/// An all-digits lock argument: flock(1)'s descriptor form (`flock -n 9`
+/// in a script that ran `exec 9>/var/lock/x`), which leasehold cannot take:
+/// it must hold the lock itself to renew its lease and guard CMD.
+fn is_descriptor(lock: &str) -> bool {
+    !lock.is_empty() && lock.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// What to say of flock(1)'s descriptor form, and what to write instead.
+fn descriptor_refused(lock: &str) -> String {
+    format!(
+        "{lock:?} looks like flock(1)'s descriptor form (exec {lock}>/var/lock/x; flock -n {lock}), \
+         which leasehold does not support: it holds the lock itself. Put the command under \
+         the lock instead, e.g. `leasehold run -n /var/lock/x -- cmd`, or `leasehold run -n \
+         /var/lock/x -c 'commands'` for several; a lock file named {lock:?} is ./{lock} (or \
+         --file {lock}); a name in the lock directory needs a character other than a digit"
+    )
+}
+
+/// flock(1)'s own form, `leasehold -n /var/lock/x cmd`: the arguments of
+/// `run` without the word `run`. Taken when the first argument is none of
+/// the subcommands (nor `help`) and is an option other than leasehold's
+/// own `-h`, `--help`, `-V` and `--version`, or has a `/` (a lock file by
+/// its path), or is all digits (flock's descriptor form, which `run` then
+/// refuses with its reason). A bare NAME is not taken: `leasehold holdr
+/// backup`, a mistyped subcommand, must not run `backup` under the lock
+/// "holdr". Returns the arguments with `run` put in front, or as they were.
+pub(super) fn flock_form(args: Vec<OsString>, subcommands: &[&str]) -> Vec<OsString> {
+    let Some(first) = args.get(1).map(|a| a.to_string_lossy().into_owned()) else {
+        return args;
+    };
+    let own = ["-h", "--help", "-V", "--version"];
+    let run = if subcommands.contains(&first.as_str()) || first == "help" || own.contains(&first.as_str()) {
+        false
+    } else {
+        first.starts_with('-') || first.contains('/') || is_descriptor(&first)
+    };
+    if !run {
+        return args;
+    }
+    let mut args = args;
+    args.insert(1, "run".into());
+    args
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub(super) enum StrategyArg {
     /// One lock file per name.
@@ -365,5 +407,64 @@ pub(super) fn parse_permits(s: &str) -> Result<u32, String> {
         Ok(0) => Err("a semaphore needs at least one permit".to_owned()),
         Ok(n) => Ok(n),
         Err(_) => Err(format!("{s:?} is not a number of permits (1 to {})", u32::MAX)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_subcommand_has_a_page_and_is_never_taken_for_flocks_form() {
+        let names: Vec<&str> = PAGES.iter().map(|(sub, _)| *sub).collect();
+        let top = Cli::command();
+        let parsed: Vec<&str> = top.get_subcommands().map(clap::Command::get_name).collect();
+        assert_eq!(parsed, names);
+        for sub in names.iter().chain(&["help"]) {
+            let args: Vec<OsString> = ["leasehold", sub, "x"].map(OsString::from).into();
+            assert_eq!(flock_form(args.clone(), &names), args, "{sub}");
+        }
+    }
+
+    #[test]
+    fn flocks_form_is_run_without_the_word() {
+        let names: Vec<&str> = PAGES.iter().map(|(sub, _)| *sub).collect();
+        let form = |args: &[&str]| {
+            let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+            flock_form(args, &names)
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
+        for args in [
+            &["leasehold", "-n", "/var/lock/x", "cmd"][..],
+            &["leasehold", "/var/lock/x", "cmd"],
+            &["leasehold", "./x", "cmd"],
+            &["leasehold", "-w", "5", "job", "cmd"],
+            &["leasehold", "9"],
+        ] {
+            assert_eq!(form(args)[..2], ["leasehold", "run"], "{args:?}");
+            assert_eq!(form(args)[2..], args[1..], "{args:?}");
+        }
+        for args in [
+            &["leasehold"][..],
+            &["leasehold", "--help"],
+            &["leasehold", "-V"],
+            &["leasehold", "holdr", "backup"],
+            &["leasehold", "list"],
+        ] {
+            assert_eq!(form(args), args, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn digits_alone_are_flocks_descriptor_form() {
+        for lock in ["9", "0", "123"] {
+            assert!(is_descriptor(lock), "{lock}");
+        }
+        for lock in ["", "./9", "9a", "job9", "-9"] {
+            assert!(!is_descriptor(lock), "{lock}");
+        }
     }
 }
