@@ -172,7 +172,11 @@ pub(super) async fn clean(opts: &Inspect, dry_run: bool) -> Result<u8, Failure> 
     // removed had it not been killed (tidy.rs); the library keeps them.
     let paths: Vec<&std::path::Path> = removed.iter().map(LockInfo::path).collect();
     let counters = tidy::orphans(locker.directory(), &paths);
-    let counters = if dry_run { counters } else { tidy::remove_orphans(counters) };
+    let counters = if dry_run {
+        counters
+    } else {
+        tidy::remove_orphans(counters)
+    };
     let verb = if dry_run { "would remove" } else { "removed" };
     if opts.json {
         let mut entries: Vec<_> = removed.iter().map(info_entry).collect();
@@ -184,7 +188,10 @@ pub(super) async fn clean(opts: &Inspect, dry_run: bool) -> Result<u8, Failure> 
         let mut text = table(&removed, |_| verb);
         for counter in &counters {
             let file = counter.file_name().unwrap_or_default().to_string_lossy();
-            text.push_str(&format!("{verb:<12} {}  ({COUNTER_REASON})\n", file.escape_debug()));
+            text.push_str(&format!(
+                "{verb:<12} {}  ({COUNTER_REASON})\n",
+                file.escape_debug()
+            ));
         }
         emit(&text);
     }

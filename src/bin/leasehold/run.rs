@@ -104,7 +104,12 @@ struct Held<'a> {
 impl Held<'_> {
     /// Runs CMD under `guard`, waits until its group is empty and lets the
     /// lock go: the status to exit with.
-    async fn run(&self, guard: LockGuard, argv: &[OsString], signals: &mut Forwarded) -> Result<u32, Failure> {
+    async fn run(
+        &self,
+        guard: LockGuard,
+        argv: &[OsString],
+        signals: &mut Forwarded,
+    ) -> Result<u32, Failure> {
         let (args, target, watchdog) = (self.args, self.target, self.watchdog);
         let Some((program, rest)) = argv.split_first() else {
             return Err("no command given".into());

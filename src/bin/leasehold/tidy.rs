@@ -148,7 +148,13 @@ mod tests {
     fn a_counter_is_a_number() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("x.fence");
-        for (text, counter) in [("12\n", true), ("12", true), ("", false), ("\n", false), ("1 2\n", false)] {
+        for (text, counter) in [
+            ("12\n", true),
+            ("12", true),
+            ("", false),
+            ("\n", false),
+            ("1 2\n", false),
+        ] {
             std::fs::write(&path, text).unwrap();
             assert_eq!(is_counter(&path), counter, "{text:?}");
         }
