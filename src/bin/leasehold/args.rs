@@ -10,6 +10,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use super::duration::parse_duration;
 use super::target::Target;
 
+/// The end of `leasehold --help`: flock(1)'s own form, and its rule.
+const FLOCK_FORM: &str = "\
+As flock(1): leasehold [-n | -w DURATION] [RUN OPTIONS] PATH CMD [ARGS]... is
+leasehold run with the same arguments, so a crontab line changes by one word
+(flock -n /var/lock/x cmd becomes leasehold -n /var/lock/x cmd). Taken when the first
+argument is not a subcommand and is an option (but -h, -V), or has a `/`; a bare
+word first is always a subcommand. flock(1)'s descriptor form (flock -n 9) is not
+supported: put the command under the lock (leasehold run -n /var/lock/x -- cmd).";
+
 /// The end of `leasehold run -h`.
 pub(super) const RUN_SHORT_HELP: &str = "\
 Like flock(1): leasehold run [-n | -w DURATION] [-E N] [-s | -x] NAME|PATH (CMD ARGS... | -c STRING)
@@ -33,15 +42,25 @@ The lock: NAME is a lock in the lock directory (--dir, $LEASEHOLD_DIR, or the
 per-user default). An argument with a `/`, or --file PATH, is a lock file given by
 its path, as flock(1) takes it: exactly that file, in its directory, which must
 exist; --dir does not apply. leasehold creates the file when it takes the lock and
-removes it when it releases it, and keeps its fencing counter beside it
-(PATH.fence); held shared or as a semaphore, it lists its holders in the directory
-PATH.members, removed with the last of them. An empty file that flock(1) left
+removes it when it releases it; while the lock is held, its fencing counter
+(PATH.fence) and, held shared or as a semaphore, the directory PATH.members
+listing its holders are beside it, removed by the run that lets the lock go free:
+after a run, nothing of leasehold's is left beside PATH. A run killed while
+holding the lock leaves its lock and counter; the next run of it removes them,
+and so does `leasehold clean --dir DIR` for a PATH ending in .lock (and for every
+NAME). LEASEHOLD_FENCING_TOKEN is above the token of every earlier run of the lock
+as long as the wall clock has not been stepped back between them (tokens count
+microseconds; a removed counter resumes past the clock). An empty file that flock(1) left
 behind is taken over once it is a second old and nobody holds it; one that
 flock(1) holds is waited for. A PATH
 that holds anything else (a file of data, held by flock(1) or not; a directory that
-is no lock) is refused (status 2) and left as it is. Not taken from flock(1): its descriptor form (flock 9, in
-a script that opened the file itself), -u (unlock a descriptor) and -F (no fork:
-leasehold must stay to renew the lease and guard CMD); they are usage errors. Do not
+is no lock) is refused (status 2) and left as it is. Not taken from flock(1): its descriptor
+form (exec 9>/var/lock/x; flock -n 9: an all-digits lock is refused; write
+leasehold run -n /var/lock/x -- cmd, and ./9 for a file named 9), -u (unlock a
+descriptor) and -F (no fork: leasehold must stay to renew the lease and guard
+CMD); they are usage errors. flock(1)'s own order is taken without the word run
+(leasehold -n /var/lock/x cmd) when the first argument is an option or a path;
+a bare word first is always a subcommand. Do not
 take one path with flock(1) and leasehold at once, though: flock(1) never removes
 its file, and a waiter of one kind can miss a file the other removed.
 
@@ -145,7 +164,7 @@ effect. -o is accepted for flock(1)'s sake.
 /// Named cross-process locks: run a command under a lock, inspect and clean
 /// a lock directory.
 #[derive(Debug, Parser)]
-#[command(name = "leasehold", version)]
+#[command(name = "leasehold", version, after_help = FLOCK_FORM)]
 pub(super) struct Cli {
     #[command(subcommand)]
     pub(super) command: Command,
@@ -172,7 +191,7 @@ pub(super) enum Command {
     },
     /// List every lock in the directory, held or stale (files of data named *.lock are no locks, and left out); exit 66 if the directory does not exist.
     List(Inspect),
-    /// Remove stale locks and crash leftovers; live locks, and files of data named *.lock (Cargo.lock, a pid file), are never touched. Exit 66 if the directory does not exist.
+    /// Remove stale locks and crash leftovers (among them the fencing counters, *.lock.fence, of locks that are gone); live locks, and files of data named *.lock (Cargo.lock, a pid file), are never touched. Exit 66 if the directory does not exist.
     Clean {
         #[command(flatten)]
         opts: Inspect,
