@@ -1362,3 +1362,293 @@ fn clean_leaves_the_lock_files_of_other_tools_alone() {
     assert_eq!(done.code, Some(0), "{}", done.stderr);
     assert!(!empty.exists(), "{}", done.stdout);
 }
+
+/// What is in `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The token a command printed as `token N`.
+fn token_in(out: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix("token "))
+        .unwrap_or_else(|| panic!("no token in {out:?}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("not a token ({e}): {out:?}"))
+}
+
+const PRINT_TOKEN: &str = "echo \"token $LEASEHOLD_FENCING_TOKEN\"";
+
+/// A `run` with `args` (the lock and its options) whose command prints its
+/// token and `started`, then holds the lock until `go` exists.
+fn holding_until(args: &[&str], go: &Path) -> (Proc, u64) {
+    let script = "echo \"token $LEASEHOLD_FENCING_TOKEN\"; echo started; i=0; \
+                  while [ ! -e \"$1\" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done";
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--", "sh", "-c", script, "sh", go.to_str().unwrap()]);
+    let p = Proc::spawn(leasehold(&all));
+    let line = p.lines.recv_timeout(BOUND).expect("token line");
+    let token = token_in(&line);
+    p.expect_line("started");
+    (p, token)
+}
+
+/// Issue 35: after `run`, nothing of leasehold's is left beside the lock
+/// (no `.fence` counter), whatever the command did, for a path and for a
+/// name, in both layouts and of every kind; and the tokens still grow.
+#[test]
+fn run_leaves_nothing_beside_its_lock_and_tokens_still_grow() {
+    let tmp = tempfile::tempdir().unwrap();
+    let locks = tmp.path().join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    let d = locks.to_str().unwrap();
+    let path = format!("{d}/backup.lock");
+    let plain = format!("{d}/job");
+    let fail = format!("{PRINT_TOKEN}; exit 3");
+    let mut tokens = Vec::new();
+    for strategy in ["file", "dir"] {
+        for (lock, kind, script, code) in [
+            (&path[..], &[][..], PRINT_TOKEN, 0),
+            (&path, &[], &fail, 3),
+            (&plain, &[], PRINT_TOKEN, 0),
+            (&path, &["--shared"], PRINT_TOKEN, 0),
+            (&path, &["--permits", "2"], &fail, 3),
+            (&path, &[], PRINT_TOKEN, 0),
+        ] {
+            let mut args = vec!["run", "--strategy", strategy];
+            args.extend_from_slice(kind);
+            args.extend_from_slice(&[lock, "--", "sh", "-c", script]);
+            let done = finish(&args);
+            assert_eq!(done.code, Some(code), "{args:?}: {}", done.stderr);
+            tokens.push(token_in(&done.stdout));
+            assert_eq!(entries(&locks), Vec::<String>::new(), "{args:?} left files");
+        }
+        // A name in the lock directory, and a command that is not found.
+        let done = finish(&[
+            "run",
+            "--strategy",
+            strategy,
+            "--dir",
+            d,
+            "job",
+            "--",
+            "sh",
+            "-c",
+            PRINT_TOKEN,
+        ]);
+        assert_eq!(done.code, Some(0), "{}", done.stderr);
+        tokens.push(token_in(&done.stdout));
+        assert_eq!(entries(&locks), Vec::<String>::new(), "a name left files");
+        let done = finish(&["run", "--strategy", strategy, &path, "--", "/nonexistent/command"]);
+        assert_eq!(done.code, Some(127), "{}", done.stderr);
+        assert_eq!(
+            entries(&locks),
+            Vec::<String>::new(),
+            "a missing command left files"
+        );
+    }
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens of successive runs must strictly increase: {tokens:?}"
+    );
+}
+
+/// Nothing left either when runs overlap: a run that waited for the lock,
+/// shared runs that let go in turn; each later token above the earlier.
+#[test]
+fn overlapping_runs_leave_nothing_beside_their_lock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let locks = tmp.path().join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    let path = format!("{}/backup.lock", locks.to_str().unwrap());
+    let go = tmp.path().join("go");
+
+    let (mut first, first_token) = holding_until(&[&path], &go);
+    let waiter = Proc::spawn(leasehold(&[
+        "run",
+        "-w",
+        "20",
+        &path,
+        "--",
+        "sh",
+        "-c",
+        PRINT_TOKEN,
+    ]));
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(first.wait().code(), Some(0));
+    let line = waiter.lines.recv_timeout(BOUND).expect("the waiter's token");
+    let mut waiter = waiter;
+    assert_eq!(waiter.wait().code(), Some(0));
+    assert!(token_in(&line) > first_token, "{line} after {first_token}");
+    assert_eq!(entries(&locks), Vec::<String>::new(), "after a waiter");
+    std::fs::remove_file(&go).unwrap();
+
+    let go2 = tmp.path().join("go2");
+    let (mut a, _) = holding_until(&["-s", &path], &go);
+    let (mut b, _) = holding_until(&["-s", &path], &go2);
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(a.wait().code(), Some(0));
+    assert!(b.running());
+    std::fs::write(&go2, "").unwrap();
+    assert_eq!(b.wait().code(), Some(0));
+    assert_eq!(entries(&locks), Vec::<String>::new(), "after shared runs");
+}
+
+/// A run killed while it holds its lock (SIGKILL: it cannot tidy up)
+/// leaves the lock and its fencing counter: the next run of the lock
+/// removes both, and so does `clean`; the next token is above the killed
+/// run's.
+#[test]
+fn a_killed_runs_leftovers_go_with_the_next_run_or_clean() {
+    let tmp = tempfile::tempdir().unwrap();
+    let locks = tmp.path().join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    let d = locks.to_str().unwrap();
+    let path = format!("{d}/backup.lock");
+    let go = tmp.path().join("go");
+    let kill_holding = |args: &[&str]| {
+        let (mut tool, token) = holding_until(args, &go);
+        tool.signal(Signal::SIGKILL);
+        assert_eq!(tool.wait().signal(), Some(9));
+        assert_ne!(
+            entries(&locks),
+            Vec::<String>::new(),
+            "a killed run cannot tidy up"
+        );
+        token
+    };
+
+    // The next run takes over the stale lock and removes both.
+    let killed = kill_holding(&[&path]);
+    assert_eq!(entries(&locks), ["backup.lock", "backup.lock.fence"]);
+    let done = finish(&["run", &path, "--", "sh", "-c", PRINT_TOKEN]);
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    assert!(token_in(&done.stdout) > killed, "{} after {killed}", done.stdout);
+    assert_eq!(entries(&locks), Vec::<String>::new(), "the next run left files");
+
+    // `clean` removes both, for a path and for a name; --dry-run says so.
+    kill_holding(&[&path]);
+    kill_holding(&["--dir", d, "job"]);
+    let dry = finish(&["clean", "--dir", d, "--dry-run", "--json"]);
+    assert_eq!(dry.code, Some(0), "{}", dry.stderr);
+    let listed = dry.json();
+    let counters: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            e["staleReason"]
+                .as_str()
+                .filter(|r| r.contains("fencing counter"))
+                .and(e["name"].as_str())
+        })
+        .collect();
+    assert_eq!(counters.len(), 2, "{}", dry.stdout);
+    assert!(counters.contains(&"backup.lock.fence"), "{counters:?}");
+    assert_eq!(entries(&locks).len(), 4, "--dry-run removed something");
+    let done = finish(&["clean", "--dir", d]);
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    assert!(done.stdout.contains("backup.lock.fence"), "{}", done.stdout);
+    assert_eq!(entries(&locks), Vec::<String>::new(), "clean left files");
+}
+
+/// flock(1)'s descriptor form (`exec 9>/var/lock/x; flock -n 9`) is
+/// refused, saying what to write instead; a file named 9 is `./9`.
+#[test]
+fn flocks_descriptor_form_is_refused_and_a_file_named_9_works() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ran = tmp.path().join("ran");
+    let ran = ran.to_str().unwrap();
+    for args in [
+        &["run", "-n", "9", "touch", ran][..],
+        &["run", "9"],
+        &["run", "9", "-c", "true"],
+        &["-n", "9"],
+        &["9", "touch", ran],
+    ] {
+        let mut cmd = leasehold(args);
+        cmd.current_dir(tmp.path());
+        let done = finish_cmd(cmd);
+        assert_eq!(done.code, Some(2), "{args:?}: {}", done.stderr);
+        assert!(
+            done.stderr.contains("descriptor form"),
+            "{args:?}: {}",
+            done.stderr
+        );
+        assert!(
+            done.stderr.contains("leasehold run -n /var/lock/x -- cmd"),
+            "{args:?} says what to write: {}",
+            done.stderr
+        );
+        assert!(!Path::new(ran).exists(), "{args:?} ran the command");
+        assert_eq!(entries(tmp.path()), Vec::<String>::new(), "{args:?} left files");
+    }
+    for args in [
+        &["run", "-n", "./9", "touch", ran][..],
+        &["run", "--file", "9", "--", "touch", ran],
+    ] {
+        let mut cmd = leasehold(args);
+        cmd.current_dir(tmp.path());
+        let done = finish_cmd(cmd);
+        assert_eq!(done.code, Some(0), "{args:?}: {}", done.stderr);
+        assert_eq!(entries(tmp.path()), ["ran"], "{args:?}");
+        std::fs::remove_file(ran).unwrap();
+    }
+}
+
+/// flock(1)'s own form: `leasehold -n /var/lock/x cmd`, the crontab line
+/// with one word changed; a bare first word is a subcommand, never a lock.
+#[test]
+fn flocks_own_form_is_run_without_the_word() {
+    let tmp = tempfile::tempdir().unwrap();
+    let locks = tmp.path().join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    let d = locks.to_str().unwrap();
+    let path = format!("{d}/backup.lock");
+    let go = tmp.path().join("go");
+
+    let done = finish(&["-n", &path, "sh", "-c", "echo \"$LEASEHOLD_NAME\"; exit 4"]);
+    assert_eq!(done.code, Some(4), "{}", done.stderr);
+    assert_eq!(done.stdout.trim(), path);
+    let done = finish(&[&path, "printf", "%s,", "-n", "x"]);
+    assert_eq!(
+        (done.code, &done.stdout[..]),
+        (Some(0), "-n,x,"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(entries(&locks), Vec::<String>::new());
+
+    // It excludes `run`, and gives up as flock -n does.
+    let (mut holder, _) = holding_until(&[&path], &go);
+    let busy = finish(&["-n", &path, "true"]);
+    assert_eq!(busy.code, Some(1), "{}", busy.stderr);
+    assert_eq!((busy.stdout.as_str(), busy.stderr.as_str()), ("", ""), "quiet");
+    let busy = finish(&["-w", "0.2", "-E", "7", &path, "true"]);
+    assert_eq!(busy.code, Some(7), "{}", busy.stderr);
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(holder.wait().code(), Some(0));
+
+    // A name, after an option.
+    let done = finish(&["--dir", d, "-n", "job", "true"]);
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    // A bare first word is a subcommand: a typo never runs the command.
+    let ran = tmp.path().join("ran");
+    let done = finish(&["holdr", "touch", ran.to_str().unwrap()]);
+    assert_eq!(done.code, Some(2), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("holder"),
+        "suggests the subcommand: {}",
+        done.stderr
+    );
+    assert!(!ran.exists(), "a mistyped subcommand ran the command");
+    assert_eq!(finish(&["--version"]).code, Some(0));
+    assert_eq!(finish(&["list", "--dir", d]).code, Some(0));
+}

@@ -6,6 +6,7 @@
 //!               [--dir DIR] [--strategy file|dir] [--lease DURATION] [--kill-after DURATION]
 //!               NAME|PATH [--] CMD ARGS...
 //! leasehold run [options] NAME|PATH -c STRING
+//! leasehold [run options] PATH CMD ARGS...      (flock(1)'s own form: `run` without the word)
 //! leasehold holder NAME|PATH [--dir DIR] [--strategy file|dir] [--json]
 //! leasehold list [--dir DIR] [--strategy file|dir] [--json]
 //! leasehold clean [--dir DIR] [--strategy file|dir] [--dry-run] [--json]
@@ -22,25 +23,41 @@
 //! `-x`/`--exclusive` (the last of the two wins), `-c`/`--command` (run
 //! through `sh -c`; `cmd /C` on Windows), `-o`/`--close` (accepted: CMD never holds a descriptor
 //! of the lock, the tool does, so there is nothing to close) and
-//! `--verbose`. Not taken: flock(1)'s descriptor form (`flock 9` in a
-//! script that opened the file itself), `-u` and `-F` (the tool must stay
-//! to renew the lease and guard CMD); they are usage errors. An argument
-//! with a `/` (or `--file PATH`) is a lock file
-//! given by its path, as flock(1) takes it, so a crontab line changes by one
-//! word:
+//! `--verbose`. Not taken: flock(1)'s descriptor form (`exec 9>/var/lock/x;
+//! flock -n 9` in a script that opened the file itself: an all-digits lock
+//! argument is refused with status 2, saying to put the command under the
+//! lock instead, `leasehold run -n /var/lock/x -- cmd`; a lock file named
+//! `9` is `./9` or `--file 9`), `-u` and `-F` (the tool must stay to renew
+//! the lease and guard CMD); they are usage errors. An argument with a `/`
+//! (or `--file PATH`) is a lock file given by its path, as flock(1) takes
+//! it, and flock(1)'s own argument order is taken without the word `run`,
+//! so a crontab line changes by one word:
 //!
 //! ```text
 //! */5 * * * *  flock     -n /var/lock/backup.lock /usr/local/bin/backup
-//! */5 * * * *  leasehold run -n /var/lock/backup.lock /usr/local/bin/backup
+//! */5 * * * *  leasehold -n /var/lock/backup.lock /usr/local/bin/backup
 //! ```
+//!
+//! The rule: when the first argument is not a subcommand (`run`, `holder`,
+//! `list`, `clean`, `man`, `completions`, `help`) and is an option other
+//! than `-h`, `--help`, `-V` and `--version`, or has a `/`, or is all
+//! digits, the arguments are those of `run`. A bare word first is always a
+//! subcommand, so a mistyped one (`leasehold holdr backup`) is a usage
+//! error, never `backup` run under a lock named `holdr`: a NAME in that
+//! form needs an option before it (`leasehold -n backup cmd`) or `run`.
 //!
 //! That locks exactly `/var/lock/backup.lock`, in `/var/lock` (which must
 //! exist: it is never created; a world-writable directory must be sticky,
 //! as `/var/lock` and `/tmp` are). The file exists while the lock is
-//! held (flock(1)'s stays), and the fencing counter `backup.lock.fence`
-//! stays beside it; held shared or as a semaphore, its holders are listed
-//! in the directory `backup.lock.members` beside it, removed with the last
-//! of them. The empty file flock(1) leaves behind is taken over
+//! held (flock(1)'s stays). While it is held, the fencing counter
+//! `backup.lock.fence` is beside it, and, held shared or as a semaphore,
+//! its holders are listed in the directory `backup.lock.members`; once
+//! the lock is free, the run that let it go last has removed them both:
+//! after `run`, nothing of leasehold's is left beside PATH (nor in the lock
+//! directory for a NAME). A run killed while it held the lock (SIGKILL, the
+//! OOM killer) leaves its lock and counter: the next run of that lock
+//! removes both, and so does `clean` (the counter, for a lock whose file
+//! name ends in `.lock`, as every NAME's does). The empty file flock(1) leaves behind is taken over
 //! once it is a second old and nobody holds its `flock`; one that flock(1)
 //! holds is waited for. A PATH that holds anything else (a file of data
 //! held by flock(1) or not, such as a script that locks itself with
@@ -78,6 +95,19 @@
 //!   every process left in CMD's process group have exited. CMD inherits
 //!   stdio and gets `LEASEHOLD_NAME` (the NAME or PATH as given) and
 //!   `LEASEHOLD_FENCING_TOKEN` in its environment.
+//!
+//!   Fencing tokens: every run of a lock gets a token above those of every
+//!   earlier run of it (exclusive and shared, killed runs, other users'
+//!   runs, library services with fencing on) as long as the wall clock has
+//!   not been stepped back between them. The library counts tokens in
+//!   wall-clock microseconds and keeps the last one in the counter
+//!   `<lock>.fence` while the lock is held; the tool removes that counter
+//!   once the lock is free (above), and where it is missing the library
+//!   resumes at the clock plus 8,192 µs, above every token handed out
+//!   before (docs/format.md, *Fencing counters*). A library service that
+//!   shares a NAME with the tool and relies on its counter to outlast a
+//!   clock stepped back should not share it with `run`: its counter is
+//!   removed whenever a run lets the lock go free.
 //!
 //!   By default the lock is exclusive: one `run` of NAME at a time. With
 //!   `--shared` (`-s`) it is held shared: any number of `--shared` runs of
@@ -133,7 +163,8 @@
 //! - `holder` tells who holds NAME and how (exclusive, shared, or a
 //!   semaphore of N permits), listing every holder of a shared lock or a
 //!   semaphore; `list` shows every lock in the directory, with its kind
-//!   and holders; `clean` removes stale locks and crash leftovers (never a
+//!   and holders; `clean` removes stale locks and crash leftovers (the
+//!   fencing counter of a lock that is gone among them; never a
 //!   live lock, never a file of data whose name ends in `.lock`, such as
 //!   `Cargo.lock` or a pid file: `list` leaves those out too), or with
 //!   `--dry-run` says what it would remove. None of
@@ -206,7 +237,9 @@
 //!
 //! With `--json`, stdout is one JSON document: for `holder` an object, for
 //! `list` and `clean` an array of objects (for `clean`, the locks removed,
-//! or that would be with `--dry-run`). Every object has these keys (the
+//! or that would be with `--dry-run`, then the fencing counters: `name` is
+//! the counter's file name, `state` `"stale"`, `staleReason` `"fencing
+//! counter of a lock that is gone"`, `kind` null). Every object has these keys (the
 //! owner keys are those of the holder whose record the lock path shows,
 //! for a shared lock or a semaphore one of its holders):
 //!
@@ -254,7 +287,8 @@ use nix::sys::signal::Signal;
 // Beside this file, not in src/bin/, where Cargo would take each for a
 // binary of its own. `run` (run.rs) takes its lock (acquire.rs, as want.rs
 // says, telling what it waits for in status.rs) and guards CMD
-// (process.rs); `holder`, `list` and `clean` are in inspect.rs. Every
+// (process.rs), and leaves nothing beside the lock (tidy.rs); `holder`,
+// `list` and `clean` are in inspect.rs. Every
 // command builds its `Locker` in locker.rs from the options of args.rs,
 // prints through output.rs and exits as exit.rs says. The files import
 // each other without a circle, and none imports this one.
@@ -284,10 +318,12 @@ mod run;
 mod status;
 #[path = "leasehold/target.rs"]
 mod target;
+#[path = "leasehold/tidy.rs"]
+mod tidy;
 #[path = "leasehold/want.rs"]
 mod want;
 
-use args::{Cli, Command, PAGES};
+use args::{Cli, Command, PAGES, flock_form};
 use exit::EXIT_ERROR;
 use inspect::{clean, holder, list};
 use output::{chain, emit, warn};
@@ -307,7 +343,7 @@ fn main() -> ExitCode {
     {
         return watchdog();
     }
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(flock_form(std::env::args_os().collect(), &subcommands()));
     match cli.command {
         Command::Man { subcommand } => return man(subcommand.as_deref()),
         Command::Completions { shell } => return completions(shell),
@@ -388,6 +424,11 @@ fn man(subcommand: Option<&str>) -> ExitCode {
     }
     emit(&String::from_utf8_lossy(&roff));
     ExitCode::SUCCESS
+}
+
+/// The names of the subcommands, from the parser's own definitions.
+fn subcommands() -> Vec<&'static str> {
+    PAGES.iter().map(|(sub, _)| *sub).collect()
 }
 
 /// `leasehold completions SHELL`.

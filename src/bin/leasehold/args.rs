@@ -10,6 +10,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use super::duration::parse_duration;
 use super::target::Target;
 
+/// The end of `leasehold --help`: flock(1)'s own form, and its rule.
+const FLOCK_FORM: &str = "\
+As flock(1): leasehold [-n | -w DURATION] [RUN OPTIONS] PATH CMD [ARGS]... is
+leasehold run with the same arguments, so a crontab line changes by one word
+(flock -n /var/lock/x cmd becomes leasehold -n /var/lock/x cmd). Taken when the first
+argument is not a subcommand and is an option (but -h, -V), or has a `/`; a bare
+word first is always a subcommand. flock(1)'s descriptor form (flock -n 9) is not
+supported: put the command under the lock (leasehold run -n /var/lock/x -- cmd).";
+
 /// The end of `leasehold run -h`.
 pub(super) const RUN_SHORT_HELP: &str = "\
 Like flock(1): leasehold run [-n | -w DURATION] [-E N] [-s | -x] NAME|PATH (CMD ARGS... | -c STRING)
@@ -33,15 +42,25 @@ The lock: NAME is a lock in the lock directory (--dir, $LEASEHOLD_DIR, or the
 per-user default). An argument with a `/`, or --file PATH, is a lock file given by
 its path, as flock(1) takes it: exactly that file, in its directory, which must
 exist; --dir does not apply. leasehold creates the file when it takes the lock and
-removes it when it releases it, and keeps its fencing counter beside it
-(PATH.fence); held shared or as a semaphore, it lists its holders in the directory
-PATH.members, removed with the last of them. An empty file that flock(1) left
+removes it when it releases it; while the lock is held, its fencing counter
+(PATH.fence) and, held shared or as a semaphore, the directory PATH.members
+listing its holders are beside it, removed by the run that lets the lock go free:
+after a run, nothing of leasehold's is left beside PATH. A run killed while
+holding the lock leaves its lock and counter; the next run of it removes them,
+and so does `leasehold clean --dir DIR` for a PATH ending in .lock (and for every
+NAME). LEASEHOLD_FENCING_TOKEN is above the token of every earlier run of the lock
+as long as the wall clock has not been stepped back between them (tokens count
+microseconds; a removed counter resumes past the clock). An empty file that flock(1) left
 behind is taken over once it is a second old and nobody holds it; one that
 flock(1) holds is waited for. A PATH
 that holds anything else (a file of data, held by flock(1) or not; a directory that
-is no lock) is refused (status 2) and left as it is. Not taken from flock(1): its descriptor form (flock 9, in
-a script that opened the file itself), -u (unlock a descriptor) and -F (no fork:
-leasehold must stay to renew the lease and guard CMD); they are usage errors. Do not
+is no lock) is refused (status 2) and left as it is. Not taken from flock(1): its descriptor
+form (exec 9>/var/lock/x; flock -n 9: an all-digits lock is refused; write
+leasehold run -n /var/lock/x -- cmd, and ./9 for a file named 9), -u (unlock a
+descriptor) and -F (no fork: leasehold must stay to renew the lease and guard
+CMD); they are usage errors. flock(1)'s own order is taken without the word run
+(leasehold -n /var/lock/x cmd) when the first argument is an option or a path;
+a bare word first is always a subcommand. Do not
 take one path with flock(1) and leasehold at once, though: flock(1) never removes
 its file, and a waiter of one kind can miss a file the other removed.
 
@@ -145,7 +164,7 @@ effect. -o is accepted for flock(1)'s sake.
 /// Named cross-process locks: run a command under a lock, inspect and clean
 /// a lock directory.
 #[derive(Debug, Parser)]
-#[command(name = "leasehold", version)]
+#[command(name = "leasehold", version, after_help = FLOCK_FORM)]
 pub(super) struct Cli {
     #[command(subcommand)]
     pub(super) command: Command,
@@ -172,7 +191,7 @@ pub(super) enum Command {
     },
     /// List every lock in the directory, held or stale (files of data named *.lock are no locks, and left out); exit 66 if the directory does not exist.
     List(Inspect),
-    /// Remove stale locks and crash leftovers; live locks, and files of data named *.lock (Cargo.lock, a pid file), are never touched. Exit 66 if the directory does not exist.
+    /// Remove stale locks and crash leftovers (among them the fencing counters, *.lock.fence, of locks that are gone); live locks, and files of data named *.lock (Cargo.lock, a pid file), are never touched. Exit 66 if the directory does not exist.
     Clean {
         #[command(flatten)]
         opts: Inspect,
@@ -271,14 +290,11 @@ pub(super) struct RunArgs {
     )]
     pub(super) shell_command: Option<OsString>,
     /// The command to run, and its arguments; `--` before it is needed only when CMD starts with `-`.
-    // Not required with --file either: clap then takes CMD's first word
-    // for NAME|PATH (`--file x -- true`), and `resolve` moves it back, or
-    // says that no command was given.
-    #[arg(
-        trailing_var_arg = true,
-        value_name = "CMD",
-        required_unless_present_any = ["shell_command", "file"]
-    )]
+    // Required, but `resolve` says so, not clap: `leasehold run 9` (flock's
+    // descriptor form) must hear that descriptors are not taken, not that
+    // CMD is missing. With --file, clap takes CMD's first word for
+    // NAME|PATH (`--file x -- true`), and `resolve` moves it back.
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub(super) command: Vec<OsString>,
 }
 
@@ -298,6 +314,7 @@ impl RunArgs {
                 }
                 Target::parse(file, true)?
             }
+            (None, Some(lock)) if is_descriptor(lock) => return Err(descriptor_refused(lock)),
             (None, Some(lock)) => Target::parse(lock, false)?,
             (None, None) => return Err("no lock given".to_owned()),
         };
@@ -339,6 +356,50 @@ impl RunArgs {
     }
 }
 
+/// An all-digits lock argument: flock(1)'s descriptor form (`flock -n 9`
+/// in a script that ran `exec 9>/var/lock/x`), which leasehold cannot take:
+/// it must hold the lock itself to renew its lease and guard CMD.
+fn is_descriptor(lock: &str) -> bool {
+    !lock.is_empty() && lock.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// What to say of flock(1)'s descriptor form, and what to write instead.
+fn descriptor_refused(lock: &str) -> String {
+    format!(
+        "{lock:?} looks like flock(1)'s descriptor form (exec {lock}>/var/lock/x; flock -n {lock}), \
+         which leasehold does not support: it holds the lock itself. Put the command under \
+         the lock instead, e.g. `leasehold run -n /var/lock/x -- cmd`, or `leasehold run -n \
+         /var/lock/x -c 'commands'` for several; a lock file named {lock:?} is ./{lock} (or \
+         --file {lock}); a name in the lock directory needs a character other than a digit"
+    )
+}
+
+/// flock(1)'s own form, `leasehold -n /var/lock/x cmd`: the arguments of
+/// `run` without the word `run`. Taken when the first argument is none of
+/// the subcommands (nor `help`) and is an option other than leasehold's
+/// own `-h`, `--help`, `-V` and `--version`, or has a `/` (a lock file by
+/// its path), or is all digits (flock's descriptor form, which `run` then
+/// refuses with its reason). A bare NAME is not taken: `leasehold holdr
+/// backup`, a mistyped subcommand, must not run `backup` under the lock
+/// "holdr". Returns the arguments with `run` put in front, or as they were.
+pub(super) fn flock_form(args: Vec<OsString>, subcommands: &[&str]) -> Vec<OsString> {
+    let Some(first) = args.get(1).map(|a| a.to_string_lossy().into_owned()) else {
+        return args;
+    };
+    let own = ["-h", "--help", "-V", "--version"];
+    let run = if subcommands.contains(&first.as_str()) || first == "help" || own.contains(&first.as_str()) {
+        false
+    } else {
+        first.starts_with('-') || first.contains('/') || is_descriptor(&first)
+    };
+    if !run {
+        return args;
+    }
+    let mut args = args;
+    args.insert(1, "run".into());
+    args
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub(super) enum StrategyArg {
     /// One lock file per name.
@@ -365,5 +426,64 @@ pub(super) fn parse_permits(s: &str) -> Result<u32, String> {
         Ok(0) => Err("a semaphore needs at least one permit".to_owned()),
         Ok(n) => Ok(n),
         Err(_) => Err(format!("{s:?} is not a number of permits (1 to {})", u32::MAX)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_subcommand_has_a_page_and_is_never_taken_for_flocks_form() {
+        let names: Vec<&str> = PAGES.iter().map(|(sub, _)| *sub).collect();
+        let top = Cli::command();
+        let parsed: Vec<&str> = top.get_subcommands().map(clap::Command::get_name).collect();
+        assert_eq!(parsed, names);
+        for sub in names.iter().chain(&["help"]) {
+            let args: Vec<OsString> = ["leasehold", sub, "x"].map(OsString::from).into();
+            assert_eq!(flock_form(args.clone(), &names), args, "{sub}");
+        }
+    }
+
+    #[test]
+    fn flocks_form_is_run_without_the_word() {
+        let names: Vec<&str> = PAGES.iter().map(|(sub, _)| *sub).collect();
+        let form = |args: &[&str]| {
+            let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+            flock_form(args, &names)
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
+        for args in [
+            &["leasehold", "-n", "/var/lock/x", "cmd"][..],
+            &["leasehold", "/var/lock/x", "cmd"],
+            &["leasehold", "./x", "cmd"],
+            &["leasehold", "-w", "5", "job", "cmd"],
+            &["leasehold", "9"],
+        ] {
+            assert_eq!(form(args)[..2], ["leasehold", "run"], "{args:?}");
+            assert_eq!(form(args)[2..], args[1..], "{args:?}");
+        }
+        for args in [
+            &["leasehold"][..],
+            &["leasehold", "--help"],
+            &["leasehold", "-V"],
+            &["leasehold", "holdr", "backup"],
+            &["leasehold", "list"],
+        ] {
+            assert_eq!(form(args), args, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn digits_alone_are_flocks_descriptor_form() {
+        for lock in ["9", "0", "123"] {
+            assert!(is_descriptor(lock), "{lock}");
+        }
+        for lock in ["", "./9", "9a", "job9", "-9"] {
+            assert!(!is_descriptor(lock), "{lock}");
+        }
     }
 }

@@ -10,6 +10,7 @@ use super::exit::{EXIT_ERROR, Failure};
 use super::locker::inspecting;
 use super::output::{LockEntry, count, emit, free_entry, info_entry, kind_text, rfc3339, to_json, warn};
 use super::target::{self, Target};
+use super::tidy;
 
 pub(super) async fn holder(lock: &str, opts: &Inspect) -> Result<u8, Failure> {
     let target = match Target::parse(lock, false) {
@@ -167,15 +168,47 @@ pub(super) async fn clean(opts: &Inspect, dry_run: bool) -> Result<u8, Failure> 
         Err(code) => return Ok(code),
     };
     let removed = locker.clean(dry_run).await?;
+    // The fencing counters of locks that are gone, which `run` would have
+    // removed had it not been killed (tidy.rs); the library keeps them.
+    let paths: Vec<&std::path::Path> = removed.iter().map(LockInfo::path).collect();
+    let counters = tidy::orphans(locker.directory(), &paths);
+    let counters = if dry_run {
+        counters
+    } else {
+        tidy::remove_orphans(counters)
+    };
+    let verb = if dry_run { "would remove" } else { "removed" };
     if opts.json {
-        emit(&to_json(&removed.iter().map(info_entry).collect::<Vec<_>>()));
-    } else if removed.is_empty() {
+        let mut entries: Vec<_> = removed.iter().map(info_entry).collect();
+        entries.extend(counters.iter().map(|counter| counter_entry(counter)));
+        emit(&to_json(&entries));
+    } else if removed.is_empty() && counters.is_empty() {
         emit("nothing to clean\n");
     } else {
-        let verb = if dry_run { "would remove" } else { "removed" };
-        emit(&table(&removed, |_| verb));
+        let mut text = table(&removed, |_| verb);
+        for counter in &counters {
+            let file = counter.file_name().unwrap_or_default().to_string_lossy();
+            text.push_str(&format!(
+                "{verb:<12} {}  ({COUNTER_REASON})\n",
+                file.escape_debug()
+            ));
+        }
+        emit(&text);
     }
     Ok(0)
+}
+
+/// Why `clean` removes a fencing counter.
+const COUNTER_REASON: &str = "fencing counter of a lock that is gone";
+
+/// A fencing counter `clean` removes, in its JSON array: named by its file,
+/// stale, of no kind and with no holder.
+fn counter_entry(counter: &std::path::Path) -> LockEntry {
+    let file = counter.file_name().unwrap_or_default().to_string_lossy();
+    let mut entry = free_entry(&file, counter);
+    entry.state = "stale";
+    entry.stale_reason = Some(COUNTER_REASON.to_owned());
+    entry
 }
 
 /// One line per lock, with its kind (`exclusive`, `shared`, `semaphore N`)

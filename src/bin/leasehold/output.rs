@@ -123,8 +123,8 @@ pub(super) struct LockEntry {
     pub(super) path: String,
     permits: Option<u32>,
     pid: Option<u32>,
-    stale_reason: Option<String>,
-    state: &'static str,
+    pub(super) stale_reason: Option<String>,
+    pub(super) state: &'static str,
 }
 
 /// One holder, in the `holders` array: the owner keys of [`LockEntry`].

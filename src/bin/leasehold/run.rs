@@ -35,6 +35,7 @@ use super::process::{
 };
 use super::status;
 use super::target::Target;
+use super::tidy;
 
 /// The library's default lease, which `run` keeps unless `--lease` says.
 #[cfg(unix)]
@@ -78,41 +79,73 @@ pub(super) async fn run(mut args: RunArgs) -> Result<u32, Failure> {
         Ok(guard) => guard,
         Err(exit) => return Ok(exit.into()),
     };
-
-    let Some((program, rest)) = argv.split_first() else {
-        return Err("no command given".into());
-    };
-    let shell = args.shell_command.is_some();
-    let mut command = command(program, rest, target.shown(), guard.fencing_token(), shell);
-    let terminal = Terminal::if_foreground();
-    let mut child = match spawn(&mut command, &watchdog, terminal.as_ref())? {
-        Ok(child) => child,
-        Err(e) => return Ok(not_started(program, &e, terminal, &watchdog, guard).await.into()),
-    };
-    // Taken now: once reaped, the child no longer reports its pid. CMD's
-    // pid is its process group id.
-    let Some(group) = group_of(&child, &watchdog) else {
-        // Cannot happen before the child is waited for; never leave it unguarded.
-        let _ = child.start_kill();
-        return Err("internal error: the command has no process id".into());
-    };
-    let loss = Loss {
+    let held = Held {
+        args: &args,
         target: &target,
-        json: args.json,
+        watchdog: &watchdog,
         #[cfg(unix)]
         kill_after,
     };
-    let (status, lost) = watch(&mut child, &group, &guard, &mut signals, &loss).await;
-    // The group is empty: nothing is left for the watchdog to kill, and
-    // CMD's pid may now be reused by an unrelated process group.
-    watchdog.disarm();
-    drop(terminal);
-    let lost = release(guard, lost, &loss).await;
-    let status = status.map_err(|e| format!("cannot wait for the command: {e}"))?;
-    if lost {
-        return Ok(EXIT_LOST.into());
+    let status = held.run(guard, &argv, &mut signals).await;
+    // However CMD ended, once the lock is let go (tidy.rs).
+    tidy::after_run(&locker, target.name()).await;
+    status
+}
+
+/// What `run` holds the lock with, once it has it.
+struct Held<'a> {
+    args: &'a RunArgs,
+    target: &'a Target,
+    watchdog: &'a Watchdog,
+    #[cfg(unix)]
+    kill_after: Duration,
+}
+
+impl Held<'_> {
+    /// Runs CMD under `guard`, waits until its group is empty and lets the
+    /// lock go: the status to exit with.
+    async fn run(
+        &self,
+        guard: LockGuard,
+        argv: &[OsString],
+        signals: &mut Forwarded,
+    ) -> Result<u32, Failure> {
+        let (args, target, watchdog) = (self.args, self.target, self.watchdog);
+        let Some((program, rest)) = argv.split_first() else {
+            return Err("no command given".into());
+        };
+        let shell = args.shell_command.is_some();
+        let mut command = command(program, rest, target.shown(), guard.fencing_token(), shell);
+        let terminal = Terminal::if_foreground();
+        let mut child = match spawn(&mut command, watchdog, terminal.as_ref())? {
+            Ok(child) => child,
+            Err(e) => return Ok(not_started(program, &e, terminal, watchdog, guard).await.into()),
+        };
+        // Taken now: once reaped, the child no longer reports its pid. CMD's
+        // pid is its process group id.
+        let Some(group) = group_of(&child, watchdog) else {
+            // Cannot happen before the child is waited for; never leave it unguarded.
+            let _ = child.start_kill();
+            return Err("internal error: the command has no process id".into());
+        };
+        let loss = Loss {
+            target,
+            json: args.json,
+            #[cfg(unix)]
+            kill_after: self.kill_after,
+        };
+        let (status, lost) = watch(&mut child, &group, &guard, signals, &loss).await;
+        // The group is empty: nothing is left for the watchdog to kill, and
+        // CMD's pid may now be reused by an unrelated process group.
+        watchdog.disarm();
+        drop(terminal);
+        let lost = release(guard, lost, &loss).await;
+        let status = status.map_err(|e| format!("cannot wait for the command: {e}"))?;
+        if lost {
+            return Ok(EXIT_LOST.into());
+        }
+        Ok(exit_status(status))
     }
-    Ok(exit_status(status))
 }
 
 #[cfg(unix)]
