@@ -1,5 +1,6 @@
 //! The one error type.
 
+use std::fmt;
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,6 +18,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Variants carry the lock name, the path and the operation involved, so a
 /// log line is enough to find the cause. `Display` never repeats the
 /// [`source`](std::error::Error::source), so walk the chain when you print.
+///
+/// `Debug` is written for people, not for code: it is what a `main` that
+/// returns `Result<(), leasehold::Error>` prints on failure, so it says the
+/// variant's name, the `Display` text and every cause in the chain, on one
+/// line (`Timeout: timed out after 2s waiting for lock "jobs" held by pid
+/// 4242 on build-7 since 2026-12-04T11:20:05.120Z`). Code that needs the
+/// fields matches on the variant, or asks [`Error::holder`].
 ///
 /// # Examples
 ///
@@ -36,7 +44,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// `acquire_timeout` ran out of time while another holder kept the lock.
@@ -251,6 +259,21 @@ pub enum Error {
     },
 }
 
+/// The variant's name, the message and the causes after it, on one line:
+/// what a user reads when `main` returns the error, instead of a derived
+/// dump of nested structs and `SystemTime` internals.
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {self}", self.variant())?;
+        let mut cause = std::error::Error::source(self);
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
 impl From<InvalidName> for Error {
     fn from(InvalidName { name, reason }: InvalidName) -> Self {
         Error::InvalidName { name, reason }
@@ -264,6 +287,28 @@ impl From<InvalidFields> for Error {
 }
 
 impl Error {
+    /// The variant's name, as `Debug` starts with it.
+    fn variant(&self) -> &'static str {
+        match self {
+            Error::Timeout { .. } => "Timeout",
+            Error::InvalidName { .. } => "InvalidName",
+            Error::InvalidConfig { .. } => "InvalidConfig",
+            Error::InsecureDirectory { .. } => "InsecureDirectory",
+            Error::NoDefaultDirectory { .. } => "NoDefaultDirectory",
+            Error::UnexpectedFile { .. } => "UnexpectedFile",
+            Error::PermissionDenied { .. } => "PermissionDenied",
+            Error::Io { .. } => "Io",
+            Error::Lost { .. } => "Lost",
+            Error::DirectoryReplaced { .. } => "DirectoryReplaced",
+            Error::KindMismatch { .. } => "KindMismatch",
+            Error::WouldDeadlock { .. } => "WouldDeadlock",
+            Error::Backend { .. } => "Backend",
+            Error::MissingTable { .. } => "MissingTable",
+            Error::Runtime { .. } => "Runtime",
+            Error::Unsupported { .. } => "Unsupported",
+        }
+    }
+
     /// The error for an acquisition of `name` as `asked` while the name is
     /// held as `held`.
     pub(crate) fn kind_mismatch(name: &str, asked: Mode, held: Mode) -> Self {

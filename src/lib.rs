@@ -38,12 +38,16 @@
 //! wait. [`Locker::stats`] counts what happened.
 //!
 //! leasehold descends from two lock systems and reads and honours their lock
-//! files: velocious's `AdvisoryLockFileBackend`, a JavaScript backend that
-//! publishes each lock as a directory holding an `owner.json` lease record
-//! (leasehold's directory strategy), and pi-research's `FileLockService`, a
-//! TypeScript service that creates each lock file with `O_EXCL` and judges
-//! its owner by pid and process start time (leasehold's default, exclusive-file
-//! strategy).
+//! files: the `AdvisoryLockFileBackend` of [velocious] (a Node.js web and
+//! database framework), a JavaScript backend that publishes each lock as a
+//! directory holding an `owner.json` lease record (leasehold's directory
+//! strategy), and the `FileLockService` of [pi-research] (a TypeScript set of
+//! web-research tools and a research agent), a service that creates each lock
+//! file with `O_EXCL` and judges its owner by pid and process start time
+//! (leasehold's default, exclusive-file strategy).
+//!
+//! [velocious]: https://github.com/kaspernj/velocious#readme
+//! [pi-research]: https://github.com/Lincoln504/pi-research#readme
 //!
 //! The owner record is a JSON object that both of them understand:
 //!

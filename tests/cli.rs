@@ -26,20 +26,26 @@ fn leasehold(args: &[&str]) -> Command {
     cmd
 }
 
+#[path = "support/stderr_tap.rs"]
+mod stderr_tap;
+use stderr_tap::StderrTap;
+
 /// A running process, SIGKILLed (by pid) and reaped when dropped, with its
-/// stdout readable line by line as it comes.
+/// stdout readable line by line as it comes. Its stderr (the tool's
+/// warnings when a test makes it lose a lock, the command's shell saying
+/// `Terminated`) is kept, and shown only if the test fails.
 struct Proc {
     child: Child,
     lines: mpsc::Receiver<String>,
+    stderr: StderrTap,
 }
 
 impl Proc {
     fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+        let mut child = stderr_tap::stderr_for(cmd.stdout(Stdio::piped()))
             .spawn()
             .expect("spawn");
+        let stderr = StderrTap::new(&mut child);
         let stdout = child.stdout.take().expect("stdout");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -49,7 +55,7 @@ impl Proc {
                 }
             }
         });
-        Self { child, lines }
+        Self { child, lines, stderr }
     }
 
     fn pid(&self) -> u32 {
@@ -96,6 +102,7 @@ impl Drop for Proc {
             let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
         }
         let _ = self.child.wait();
+        self.stderr.show_if_failing();
     }
 }
 
@@ -134,9 +141,11 @@ fn finish_cmd(mut cmd: Command) -> Done {
     };
     let out = pipe(Box::new(child.stdout.take().expect("stdout")));
     let err = pipe(Box::new(child.stderr.take().expect("stderr")));
+    let stderr = StderrTap::new(&mut child);
     let mut proc = Proc {
         child,
         lines: mpsc::channel().1,
+        stderr,
     };
     let status = proc.wait();
     Done {

@@ -9,8 +9,11 @@ use std::process::{Child, Command, Stdio};
 
 #[path = "reexec.rs"]
 pub mod reexec;
+#[path = "stderr_tap.rs"]
+pub mod stderr_tap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use stderr_tap::StderrTap;
 
 use leasehold::Locker;
 #[cfg(unix)]
@@ -409,9 +412,12 @@ pub async fn run_role(role: &str, args: &[String]) -> i32 {
 }
 
 /// A child process of the test, killed (by pid) and reaped when dropped.
+/// Its stderr is kept, and shown only if the test fails (see
+/// [`stderr_tap`]).
 pub struct ChildProc {
     child: Child,
     lines: mpsc::Receiver<String>,
+    stderr: StderrTap,
 }
 
 impl ChildProc {
@@ -444,16 +450,16 @@ impl ChildProc {
         } else {
             "file"
         };
-        let mut child = reexec::child_process_via(wrapper)
+        let mut command = reexec::child_process_via(wrapper);
+        command
             .env(ROLE_ENV, role)
             .env(STRATEGY_ENV, strategy)
             .envs(env.iter().copied())
             .env(ARGS_ENV, args.join("\u{1f}"))
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn child");
+            .stdout(Stdio::piped());
+        let mut child = stderr_tap::stderr_for(&mut command).spawn().expect("spawn child");
+        let stderr = StderrTap::new(&mut child);
         let stdout = child.stdout.take().expect("stdout");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -467,7 +473,7 @@ impl ChildProc {
                 }
             }
         });
-        Self { child, lines }
+        Self { child, lines, stderr }
     }
 
     pub fn pid(&self) -> u32 {
@@ -539,6 +545,7 @@ impl ChildProc {
 impl Drop for ChildProc {
     fn drop(&mut self) {
         self.kill_and_reap();
+        self.stderr.show_if_failing();
     }
 }
 
