@@ -35,18 +35,34 @@ pub(crate) struct Sleep {
 }
 
 /// Whether Tokio's clock is virtual: paused now (it stands still between
-/// two reads), or paused before and resumed (it runs apart from the
-/// monotonic clock). A clock too coarse to tick between two reads looks
-/// paused too, which costs nothing: Tokio's timers are then used, on a
-/// real clock.
+/// two reads, and still once the monotonic clock has ticked), or paused
+/// before and resumed (it runs apart from the monotonic clock).
 fn virtual_clock() -> bool {
     let first = tokio::time::Instant::now();
     let second = tokio::time::Instant::now();
     if first == second {
-        return true;
+        return stands_still(second);
     }
     let (tokio, real) = (second.into_std(), Instant::now());
     tokio > real || real - tokio > Duration::from_millis(1)
+}
+
+/// Whether Tokio's clock, read as `at` twice in a row, stands still (is
+/// paused): it has not moved once the monotonic clock has. A real clock
+/// too coarse to tick between two reads (Windows' ticks are 100 ns, and
+/// Wine's reads often meet within one) is no paused clock, and must not
+/// lead to asking the runtime for a time driver, which prints a caught
+/// panic where it has none. The wait for a tick is bounded (a monotonic
+/// clock ticks within a microsecond, at most a millisecond or so).
+fn stands_still(at: tokio::time::Instant) -> bool {
+    let real = Instant::now();
+    for _ in 0..1_000_000 {
+        if Instant::now() != real {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    tokio::time::Instant::now() == at
 }
 
 /// Whether the current runtime has a time driver, asked only of runtimes
@@ -99,7 +115,7 @@ pub(crate) struct Stamp {
 pub(crate) fn stamp() -> Stamp {
     let first = tokio::time::Instant::now();
     let second = tokio::time::Instant::now();
-    if first == second {
+    if first == second && stands_still(second) {
         if time_driver() {
             return Stamp {
                 at: second.into_std(),
@@ -346,6 +362,39 @@ impl Timer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On a real clock too coarse to tick between two reads (Windows'
+    /// 100 ns, under Wine often), the clock was taken for a paused one,
+    /// and asking a runtime without a time driver whether it had one
+    /// printed a caught panic ("panicked at src/timer.rs") into the
+    /// program's stderr, once per runtime: every blocking call's.
+    #[test]
+    fn a_coarse_real_clock_never_asks_a_runtime_without_timers() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static ASKED: AtomicUsize = AtomicUsize::new(0);
+        let previous = std::sync::Arc::new(std::panic::take_hook());
+        let chained = std::sync::Arc::clone(&previous);
+        std::panic::set_hook(Box::new(move |info| {
+            if info.location().is_some_and(|l| l.file().ends_with("timer.rs")) {
+                ASKED.fetch_add(1, Ordering::Relaxed);
+            } else {
+                chained(info);
+            }
+        }));
+        for _ in 0..200 {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            runtime.block_on(async {
+                for _ in 0..50 {
+                    let at = stamp();
+                    assert!(!at.tokio, "a real clock taken for Tokio's");
+                    assert!(!on_tokio_clock());
+                }
+            });
+        }
+        drop(std::panic::take_hook());
+        std::panic::set_hook(Box::new(move |info| previous(info)));
+        assert_eq!(ASKED.load(Ordering::Relaxed), 0, "runtimes without timers asked");
+    }
 
     #[test]
     fn sleeps_end_at_their_deadline_without_a_runtime_timer() {
