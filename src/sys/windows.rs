@@ -372,9 +372,10 @@ pub(crate) fn ofd_held(file: &File, start: u64, end: u64) -> bool {
 }
 
 /// The first of the line's bytes in `[start, end)` of `file` that another
-/// handle holds, if any, found by halving the range (at most 63 looks):
-/// as its span, one byte long (Windows does not say how far a lock
-/// reaches), or two when a lock reaches below `start`.
+/// handle holds, if any, found by halving the range (at most 63 looks),
+/// as the span of the held bytes that run on from it (Windows does not say
+/// how far a lock reaches: one look more for a ticket, and a search for a
+/// range), beginning one byte below `start` when a lock reaches below it.
 pub(crate) fn ofd_held_span(file: &File, start: u64, end: u64) -> Option<(u64, u64)> {
     let end = end.min(1 << 62);
     if !ofd_held(file, start, end) {
@@ -398,10 +399,45 @@ pub(crate) fn ofd_held_span(file: &File, start: u64, end: u64) -> Option<(u64, u
     // A lock that goes on below the range is reported as beginning below
     // it, as `F_OFD_GETLK` reports a lock's whole span: the line takes
     // such a lock for another program's range, not for a ticket or mark.
-    if lo == start && lo > 0 && ofd_held(file, lo - 1, lo) {
-        return Some((lo - 1, hi));
+    let from = if lo == start && lo > 0 && held_at(file, lo - 1) {
+        lo - 1
+    } else {
+        lo
+    };
+    // And it goes on up to the first byte not held: a range held over the
+    // line is reported whole, as `F_OFD_GETLK` would, not as one ticket
+    // per byte (which a waiter joining would count one by one).
+    Some((from, run_end(file, lo)))
+}
+
+/// Whether another handle holds the line's byte `at`.
+fn held_at(file: &File, at: u64) -> bool {
+    at < 1 << 62 && ofd_held(file, at, at + 1)
+}
+
+/// The first byte not held above `at`, a byte another handle holds: one
+/// look for a ticket, and for a range a search doubling the step and then
+/// halving it (at most 124 looks).
+fn run_end(file: &File, at: u64) -> u64 {
+    // `held` is held, and `free` is not (or is the line's end).
+    let (mut held, mut step) = (at, 1);
+    let mut free = loop {
+        let next = at.saturating_add(step).min(1 << 62);
+        if !held_at(file, next) {
+            break next;
+        }
+        held = next;
+        step = step.saturating_mul(2);
+    };
+    while free - held > 1 {
+        let mid = held + (free - held) / 2;
+        if held_at(file, mid) {
+            held = mid;
+        } else {
+            free = mid;
+        }
     }
-    Some((lo, hi))
+    free
 }
 
 /// The user's local application data folder (`FOLDERID_LocalAppData`,
