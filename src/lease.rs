@@ -260,7 +260,9 @@ impl Roll {
     /// The error of an acquisition of `name` after the shut down, if it was.
     pub(crate) fn check(&self, name: &str) -> Result<()> {
         if self.is_closed() {
-            return Err(Error::ShutDown { name: name.to_owned() });
+            return Err(Error::ShutDown {
+                name: name.to_owned(),
+            });
         }
         Ok(())
     }
@@ -270,7 +272,9 @@ impl Roll {
     pub(crate) fn enter(self: &Arc<Self>, name: &str) -> Result<Flight> {
         let mut state = self.state();
         if state.closed {
-            return Err(Error::ShutDown { name: name.to_owned() });
+            return Err(Error::ShutDown {
+                name: name.to_owned(),
+            });
         }
         state.in_flight += 1;
         Ok(Flight(Arc::clone(self)))
