@@ -560,7 +560,12 @@ impl Locker {
     /// Waiting for the signal in a service:
     ///
     /// ```no_run
-    /// # async fn serve(locker: leasehold::Locker) -> std::io::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// // ... tasks take locks through clones of `locker` ...
+    ///
     /// async fn terminated() -> std::io::Result<()> {
     ///     #[cfg(unix)]
     ///     {
