@@ -125,6 +125,9 @@ impl Future for Acquire<'_> {
                             what: "leasehold's async methods must run inside a Tokio runtime",
                         }));
                     };
+                    if let Err(error) = engine.keeper.roll.check(name.as_str()) {
+                        return Poll::Ready(Err(error));
+                    }
                     if let Some(guard) = engine.reenter(&name, this.mode) {
                         return Poll::Ready(guard);
                     }
@@ -152,6 +155,15 @@ impl Future for Acquire<'_> {
                             deadline: deadline.map(|at| Box::new(timer::sleep_until(at))),
                         },
                     };
+                }
+                // `release_all` wakes every queued task: it leaves the
+                // queue (passing on a turn granted meanwhile) and fails.
+                Stage::Queued { name, .. } if this.engine.keeper.roll.is_closed() => {
+                    let error = Error::ShutDown {
+                        name: name.as_str().to_owned(),
+                    };
+                    this.stage = Stage::Done;
+                    return Poll::Ready(Err(error));
                 }
                 Stage::Queued {
                     ticket,

@@ -24,7 +24,7 @@ use tokio::runtime::Runtime;
 
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::locker::Locker;
+use crate::locker::{Locker, ReleasedLock};
 use crate::owner::{LockInfo, Owner};
 use crate::semaphore::Semaphore;
 
@@ -472,6 +472,40 @@ impl Locker {
     /// ```
     pub fn blocking_is_held(&self, name: &str) -> Result<bool> {
         block_on(self.is_held(name))
+    }
+
+    /// [`release_all`](Self::release_all) for synchronous code: releases
+    /// every lock this `Locker` and its clones hold, and takes no more,
+    /// returning what it released.
+    ///
+    /// # Errors
+    ///
+    /// Only [`Error::Unsupported`], inside a Tokio runtime, at once, as
+    /// for [`blocking_acquire`](Self::blocking_acquire) (nothing is
+    /// released then: call `release_all().await` there).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn main() -> leasehold::Result<()> {
+    ///     let dir = tempfile::tempdir().unwrap();
+    ///     let locker = leasehold::Locker::new(dir.path())?;
+    ///     let guard = locker.blocking_acquire("codegen")?;
+    ///
+    ///     let released = locker.blocking_release_all()?;
+    ///     assert_eq!(released[0].name(), "codegen");
+    ///     assert!(guard.is_lost());
+    ///     let other = leasehold::Locker::new(dir.path())?; // as another process
+    ///     assert!(other.blocking_try_acquire("codegen")?.is_some());
+    ///     assert!(matches!(
+    ///         locker.blocking_acquire("codegen"),
+    ///         Err(leasehold::Error::ShutDown { .. })
+    ///     ));
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn blocking_release_all(&self) -> Result<Vec<ReleasedLock>> {
+        block_on(async { Ok(self.release_all().await) })
     }
 }
 

@@ -45,8 +45,9 @@ pub(crate) struct Engine {
     id: u64,
     pub(crate) store: Store,
     pub(crate) counters: Arc<Counters>,
-    /// Arms the renewal of every lock taken; shares `counters`.
-    keeper: Keeper,
+    /// Arms the renewal of every lock taken; shares `counters`. Its roll
+    /// lists the leases, and refuses attempts after `release_all`.
+    pub(crate) keeper: Keeper,
     poll_interval: Duration,
     /// After how long a waiter says, at INFO, who it waits for.
     wait_notice: Option<Duration>,
@@ -89,6 +90,7 @@ impl Engine {
             renew_interval,
             counters: Arc::clone(&counters),
             renewer: Renewer::default(),
+            roll: Arc::default(),
         };
         Ok(Engine {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -109,6 +111,7 @@ impl Engine {
     /// excludes `mode` (or waits for it here).
     pub(crate) async fn try_acquire(&self, name: &str, mode: Mode) -> Result<Option<LockGuard>> {
         let name = self.names.get(name)?;
+        self.keeper.roll.check(name.as_str())?;
         if let Some(guard) = self.reenter(&name, mode) {
             return guard.map(Some);
         }
@@ -563,24 +566,44 @@ impl Engine {
     /// A lock server is told `deadline`, so that a statement stuck there
     /// cannot keep the caller past it.
     async fn attempt(&self, name: &LockName, mode: Mode, deadline: Option<Instant>) -> Result<Attempt<Hold>> {
+        // Counted until the attempt is over, wherever it runs, so that
+        // `release_all` finds on its roll a lock the attempt takes.
+        let flight = self.keeper.roll.enter(name.as_str())?;
         bump(&self.counters.fs_attempts);
         let keeper = &self.keeper;
         let arm = |lock, tokens| keeper.hold(name.as_str(), mode, lock, tokens);
         if let Some(hold) = self.store.attempt_inline(name, mode, &arm)? {
-            return Ok(Attempt::Acquired(hold));
+            return self.unless_shut(name, Attempt::Acquired(hold));
         }
-        let (store, name, keeper) = (self.store.clone(), name.clone(), self.keeper.clone());
-        blocking(move || {
-            let arm = |lock, tokens| keeper.hold(name.as_str(), mode, lock, tokens);
-            store.attempt(&name, mode, deadline, &arm)
+        let (store, owned, keeper) = (self.store.clone(), name.clone(), self.keeper.clone());
+        let attempt = blocking(move || {
+            let _flight = flight;
+            let arm = |lock, tokens| keeper.hold(owned.as_str(), mode, lock, tokens);
+            store.attempt(&owned, mode, deadline, &arm)
         })
-        .await?
+        .await??;
+        self.unless_shut(name, attempt)
+    }
+
+    /// A lock taken while `release_all` began is not handed out: it was
+    /// (or is being) released with the rest, and the acquisition fails.
+    fn unless_shut(&self, name: &LockName, attempt: Attempt<Hold>) -> Result<Attempt<Hold>> {
+        match attempt {
+            Attempt::Acquired(hold) if self.keeper.roll.is_closed() => {
+                drop(hold);
+                Err(Error::ShutDown {
+                    name: name.as_str().to_owned(),
+                })
+            }
+            attempt => Ok(attempt),
+        }
     }
 
     /// Announces an exclusive waiter for `name` to its shared holders and
     /// has the renewal thread keep the announcement current. Dropping the
     /// result withdraws it.
     async fn announce(&self, name: &LockName) -> Result<Option<Announced>> {
+        self.keeper.roll.check(name.as_str())?;
         let (store, name) = (self.store.clone(), name.clone());
         let Some(announcement) = blocking(move || store.announce(&name)).await?? else {
             return Ok(None);

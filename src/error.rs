@@ -213,6 +213,17 @@ pub enum Error {
         name: String,
     },
 
+    /// The `Locker` (or a clone of it) was shut down with
+    /// [`Locker::release_all`](crate::Locker::release_all): it takes no
+    /// lock any more. Every acquisition after that call fails with this,
+    /// at once, and so does every acquisition that was waiting when it
+    /// was made. Build a new `Locker` to take locks again.
+    #[error("cannot acquire lock {name:?}: its Locker was shut down by release_all")]
+    ShutDown {
+        /// The lock name.
+        name: String,
+    },
+
     /// The lock server (PostgreSQL) failed or could not be reached.
     #[error("cannot {op}")]
     Backend {
@@ -302,6 +313,7 @@ impl Error {
             Error::DirectoryReplaced { .. } => "DirectoryReplaced",
             Error::KindMismatch { .. } => "KindMismatch",
             Error::WouldDeadlock { .. } => "WouldDeadlock",
+            Error::ShutDown { .. } => "ShutDown",
             Error::Backend { .. } => "Backend",
             Error::MissingTable { .. } => "MissingTable",
             Error::Runtime { .. } => "Runtime",
@@ -481,4 +493,9 @@ pub enum LossReason {
     /// terminated).
     #[error("the server session holding the lock ended")]
     SessionLost,
+    /// This process let the lock go on purpose:
+    /// [`Locker::release_all`](crate::Locker::release_all) released it
+    /// (at shutdown), and another process may hold it now.
+    #[error("the lock was released at shutdown by release_all")]
+    ReleasedAtShutdown,
 }

@@ -2,10 +2,11 @@
 //! the moment a lock is taken, [`Hold`] is the lock as this process holds
 //! it (moved whole on an in-process handoff), and [`Lease`] is the state
 //! the renewal thread ([`renew`](crate::renew)) works on, deciding for each
-//! renewal whether to go on, retry, or report the lock lost.
+//! renewal whether to go on, retry, or report the lock lost. [`Roll`]
+//! lists every lease a `Locker` armed, for `Locker::release_all`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -65,6 +66,8 @@ pub(crate) struct Keeper {
     pub(crate) renew_interval: Duration,
     pub(crate) counters: Arc<Counters>,
     pub(crate) renewer: Renewer,
+    /// Every lease armed here, and whether the `Locker` was shut down.
+    pub(crate) roll: Arc<Roll>,
 }
 
 impl Keeper {
@@ -90,6 +93,7 @@ impl Keeper {
         });
         let registration = self.renewer.add(&lease, first);
         *lock(&lease.registration) = registration;
+        self.roll.add(&lease);
         Hold {
             lease,
             since: Instant::now(),
@@ -145,10 +149,9 @@ impl Hold {
     /// `None` when it was ours to the end; otherwise why it was not.
     /// `confirm` waits for the whole truth (see [`BackendLock::release`]).
     pub(crate) fn release(self, confirm: bool) -> Result<Option<LossReason>> {
-        match self.lease.take_lock() {
-            Some(held) => held.release(confirm),
-            None => Ok(Some(self.lease.loss_reason())),
-        }
+        self.lease
+            .release_held(confirm)
+            .unwrap_or_else(|| Ok(Some(self.lease.loss_reason())))
     }
 
     /// [`release`](Self::release), if that can be done at once without
@@ -189,15 +192,126 @@ impl Drop for Hold {
     /// any more: its last guard went (and no local waiter took it over),
     /// or its acquisition was abandoned.
     fn drop(&mut self) {
-        let Some(held) = self.lease.take_lock() else {
+        let Some(released) = self.lease.release_held(false) else {
             return;
         };
-        match held.release(false) {
+        match released {
             Ok(None) => {}
             Ok(Some(reason)) => {
                 tracing::debug!(lock = &*self.lease.name, %reason, "released a lock that was no longer ours");
             }
             Err(error) => tracing::warn!(lock = &*self.lease.name, %error, "releasing a lock failed"),
+        }
+    }
+}
+
+/// Every lease a `Locker` (and its clones) armed, for
+/// `Locker::release_all`, and the gate every attempt on the store passes.
+///
+/// Closing it ([`close`](Self::close)) refuses every later attempt
+/// ([`enter`](Self::enter)); [`shut_down`](Self::shut_down) then waits for
+/// the attempts already under way (one attempt each: bounded by the
+/// store), so that a lock one of them takes is on the roll before the
+/// roll is read, and releases everything on it.
+#[derive(Debug, Default)]
+pub(crate) struct Roll {
+    state: Mutex<RollState>,
+    /// Signalled when the last attempt under way ends.
+    idle: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct RollState {
+    closed: bool,
+    in_flight: usize,
+    leases: Vec<Weak<Lease>>,
+    /// When to forget the leases that are gone: amortized, at twice the
+    /// count left after the last time.
+    prune_at: usize,
+}
+
+/// An attempt on the store under way; its end is counted when dropped.
+#[derive(Debug)]
+pub(crate) struct Flight(Arc<Roll>);
+
+/// What `Roll::shut_down` released: each lease it found holding a lock,
+/// with what the release said (as `Hold::release` says it).
+pub(crate) type ShutDown = Vec<(Arc<Lease>, Result<Option<LossReason>>)>;
+
+impl Roll {
+    fn state(&self) -> MutexGuard<'_, RollState> {
+        lock(&self.state)
+    }
+
+    fn add(&self, lease: &Arc<Lease>) {
+        let mut state = self.state();
+        if state.leases.len() >= state.prune_at {
+            state.leases.retain(|lease| lease.strong_count() > 0);
+            state.prune_at = (state.leases.len() * 2).max(64);
+        }
+        state.leases.push(Arc::downgrade(lease));
+    }
+
+    /// Whether the `Locker` was shut down.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state().closed
+    }
+
+    /// The error of an acquisition of `name` after the shut down, if it was.
+    pub(crate) fn check(&self, name: &str) -> Result<()> {
+        if self.is_closed() {
+            return Err(Error::ShutDown {
+                name: name.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Lets an attempt on the store for `name` begin, unless the `Locker`
+    /// was shut down.
+    pub(crate) fn enter(self: &Arc<Self>, name: &str) -> Result<Flight> {
+        let mut state = self.state();
+        if state.closed {
+            return Err(Error::ShutDown {
+                name: name.to_owned(),
+            });
+        }
+        state.in_flight += 1;
+        Ok(Flight(Arc::clone(self)))
+    }
+
+    /// Refuses every attempt from now on.
+    pub(crate) fn close(&self) {
+        self.state().closed = true;
+    }
+
+    /// Closes the roll, waits for the attempts under way, and releases
+    /// every lock on it. Blocks: for the blocking pool.
+    pub(crate) fn shut_down(&self) -> ShutDown {
+        let leases = {
+            let mut state = self.state();
+            state.closed = true;
+            while state.in_flight > 0 {
+                state = self.idle.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+            // Kept: a second `release_all` at the same time must wait for
+            // these releases too (each lease's lock is held while it goes).
+            state.leases.clone()
+        };
+        leases
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|lease| lease.shut_down().map(|released| (lease, released)))
+            .collect()
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.in_flight -= 1;
+        if state.in_flight == 0 {
+            self.0.idle.notify_all();
         }
     }
 }
@@ -248,11 +362,39 @@ impl Lease {
         self.lost.subscribe()
     }
 
-    /// Takes the lock out of the lease (to release it), ending renewal.
-    fn take_lock(&self) -> Option<StoreLock> {
-        let held = self.held().take();
+    /// Releases the lock if the lease still has it, ending renewal: the
+    /// one way a lock leaves its lease to be let go, for a hold's
+    /// `release` and `Drop` and for [`shut_down`](Self::shut_down). `None`
+    /// when the lease had nothing left to release.
+    ///
+    /// The lease's lock is kept while the store works, so that a
+    /// `release_all` running at the same time waits for this release to
+    /// be done rather than find nothing and return while the lock still
+    /// stands (the renewal thread only tries it, and comes back later).
+    fn release_held(&self, confirm: bool) -> Option<Result<Option<LossReason>>> {
+        self.let_go(confirm, None)
+    }
+
+    /// Releases the lock for `Locker::release_all`: tells the guards
+    /// first ([`LossReason::ReleasedAtShutdown`]), then lets the lock go
+    /// as a hold's `release` does, waiting for the store's answer. `None`
+    /// when the lease held nothing any more (released, or lost, before).
+    /// A renewal in flight is waited for: it holds the lease's lock.
+    pub(crate) fn shut_down(&self) -> Option<Result<Option<LossReason>>> {
+        self.let_go(true, Some(LossReason::ReleasedAtShutdown))
+    }
+
+    /// [`release_held`](Self::release_held), telling the guards `reason`
+    /// first if one is given: before the lock goes, since someone else
+    /// may take it the moment it does.
+    fn let_go(&self, confirm: bool, reason: Option<LossReason>) -> Option<Result<Option<LossReason>>> {
+        let mut slot = self.held();
+        let held = slot.take()?;
         *lock(&self.registration) = None;
-        held
+        if let Some(reason) = reason {
+            self.lost.send_replace(Some(reason));
+        }
+        Some(held.release(confirm))
     }
 
     fn loss_reason(&self) -> LossReason {

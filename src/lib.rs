@@ -441,7 +441,7 @@ pub use fs::Strategy;
 pub use guard::LockGuard;
 #[cfg(feature = "macros")]
 pub use leasehold_macros::{parallel, serial};
-pub use locker::Locker;
+pub use locker::{Locker, ReleasedLock};
 pub use name::{MAX_NAME_LEN, PathStyle};
 pub use owner::{LockInfo, LockKind, Owner};
 pub use semaphore::Semaphore;

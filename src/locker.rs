@@ -17,6 +17,8 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::name::LockName;
+use crate::owner::LockKind;
+use crate::pool::blocking;
 use crate::scope;
 use crate::stats::Stats;
 
@@ -475,6 +477,146 @@ impl Locker {
         scope::run(fut).await
     }
 
+    /// Releases every lock this `Locker` and its clones hold, now, and
+    /// takes no more: for a service shutting down (on SIGTERM, say) with
+    /// guards spread over tasks it will not wait for.
+    ///
+    /// When it returns:
+    ///
+    /// - every lock held through this `Locker` (exclusive, shared,
+    ///   semaphore permits, on every backend) has been released in the
+    ///   store, so another process can take each name at once; a lock
+    ///   that an acquisition was taking at the moment of the call is
+    ///   released with the rest;
+    /// - each of their guards reports the loss: [`LockGuard::lost`]
+    ///   resolves, [`LockGuard::is_lost`] is true, and
+    ///   [`ensure_held`](LockGuard::ensure_held) and
+    ///   [`release`](LockGuard::release) return [`Error::Lost`] with
+    ///   [`LossReason::ReleasedAtShutdown`](crate::LossReason::ReleasedAtShutdown).
+    ///   Stop the work those guards protect: someone else may hold the
+    ///   lock now. Dropping such a guard later does nothing (it never
+    ///   touches a lock another holder took since);
+    /// - every acquisition through this `Locker` or a clone (its
+    ///   [`Semaphore`](crate::Semaphore)s, `with_lock`, the `blocking_*`
+    ///   forms), later or waiting at the moment of the call, fails with
+    ///   [`Error::ShutDown`]. There is no way back: build a new `Locker`.
+    ///
+    /// It waits for attempts already under way to end (each is one
+    /// bounded attempt on the store) and for the store's answer to each
+    /// release, as [`LockGuard::release`] does; a release that finds the
+    /// name's mutation lock held by another process for long is finished
+    /// by leasehold's release thread, as for `release`. Inspecting
+    /// (`holder`, `list`, ...) still works. Calling it again returns what
+    /// is left, nothing.
+    ///
+    /// Returns one [`ReleasedLock`] per lock it released: one per
+    /// acquisition from the store (guards that re-entered one in a
+    /// [`scope`](Self::scope), and the shared guards of one name, share
+    /// it), one per semaphore permit. A lock whose guard was being
+    /// released or dropped at that instant is released by that guard
+    /// (this call waits for it) and not listed.
+    ///
+    /// # Cancel safety
+    ///
+    /// The shutdown happens whether or not the future is polled to the
+    /// end: from the first poll, acquisitions fail, and the releases
+    /// finish on the blocking pool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use leasehold::{Error, LockKind, Locker, LossReason};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = Locker::new(dir.path())?;
+    ///
+    /// // A worker holds a lock in a task the service will not wait for.
+    /// let guard = locker.acquire("reindex").await?;
+    /// let worker = tokio::spawn(async move {
+    ///     tokio::select! {
+    ///         _ = guard.lost() => guard.release().await,
+    ///         _ = std::future::pending::<()>() => unreachable!(), // the work
+    ///     }
+    /// });
+    ///
+    /// // SIGTERM arrived (see below for the signal itself):
+    /// let released = locker.release_all().await;
+    /// assert_eq!(released.len(), 1);
+    /// assert_eq!((released[0].name(), released[0].kind()), ("reindex", LockKind::Exclusive));
+    /// assert!(released[0].error().is_none());
+    ///
+    /// // The worker saw why it stopped; another process may take the name.
+    /// match worker.await.unwrap() {
+    ///     Err(Error::Lost { reason: LossReason::ReleasedAtShutdown, .. }) => {}
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// let other = Locker::new(dir.path())?; // as another process
+    /// assert!(other.try_acquire("reindex").await?.is_some());
+    /// assert!(matches!(locker.acquire("reindex").await, Err(Error::ShutDown { .. })));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Waiting for the signal in a service:
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// // ... tasks take locks through clones of `locker` ...
+    ///
+    /// async fn terminated() -> std::io::Result<()> {
+    ///     #[cfg(unix)]
+    ///     {
+    ///         use tokio::signal::unix::{SignalKind, signal};
+    ///         signal(SignalKind::terminate())?.recv().await;
+    ///         Ok(())
+    ///     }
+    ///     #[cfg(not(unix))]
+    ///     tokio::signal::ctrl_c().await
+    /// }
+    ///
+    /// terminated().await?;
+    /// for lock in locker.release_all().await {
+    ///     match lock.error() {
+    ///         None => eprintln!("released {}", lock.name()),
+    ///         Some(error) => eprintln!("releasing {}: {error}", lock.name()),
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn release_all(&self) -> Vec<ReleasedLock> {
+        let roll = &self.engine.keeper.roll;
+        // Refused from now on; whoever waits looks again, and fails.
+        roll.close();
+        self.engine.queues.wake_all();
+        let pooled = Arc::clone(roll);
+        let released = match blocking(move || pooled.shut_down()).await {
+            Ok(released) => released,
+            // The runtime is going away and never ran it: here, then
+            // (what it did run, it released; this finds the rest).
+            Err(_) => roll.shut_down(),
+        };
+        let released: Vec<ReleasedLock> = released
+            .into_iter()
+            .map(|(lease, outcome)| ReleasedLock {
+                name: lease.name().to_owned(),
+                kind: LockKind::from_mode(lease.mode()),
+                error: match outcome {
+                    Ok(None) => None,
+                    Ok(Some(reason)) => Some(Error::Lost {
+                        name: lease.name().to_owned(),
+                        reason,
+                    }),
+                    Err(error) => Some(error),
+                },
+            })
+            .collect();
+        tracing::debug!(released = released.len(), "released every lock at shutdown");
+        released
+    }
+
     /// A snapshot of this `Locker`'s counters.
     ///
     /// # Examples
@@ -489,6 +631,87 @@ impl Locker {
     /// ```
     pub fn stats(&self) -> Stats {
         self.engine.counters.snapshot()
+    }
+}
+
+/// A lock that [`Locker::release_all`] released.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// use leasehold::LockKind;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let locker = leasehold::Locker::new(dir.path())?;
+/// let _permit = locker.semaphore("gpu", 2)?.acquire().await?;
+/// let released = locker.release_all().await;
+/// assert_eq!(released[0].name(), "gpu");
+/// assert_eq!(released[0].kind(), LockKind::Semaphore { permits: 2 });
+/// assert!(released[0].error().is_none());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ReleasedLock {
+    name: String,
+    kind: LockKind,
+    error: Option<Error>,
+}
+
+impl ReleasedLock {
+    /// The lock name, as given to `acquire`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("reports/nightly").await?;
+    /// assert_eq!(locker.release_all().await[0].name(), "reports/nightly");
+    /// # Ok(()) }
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How it was held: exclusive, shared, or a semaphore permit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _reader = locker.acquire_shared("catalog").await?;
+    /// assert_eq!(locker.release_all().await[0].kind(), leasehold::LockKind::Shared);
+    /// # Ok(()) }
+    /// ```
+    pub fn kind(&self) -> LockKind {
+        self.kind
+    }
+
+    /// What went wrong, if anything: [`Error::Lost`] when the lock turned
+    /// out not to be this `Locker`'s any more (removed or replaced by
+    /// someone else, its server session ended; there was nothing to
+    /// release), an I/O or server error when releasing it failed. `None`
+    /// when it was held to the end and is released.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::new(dir.path())?;
+    /// let _guard = locker.acquire("ledger").await?;
+    /// std::fs::remove_file(locker.lock_path("ledger")?).unwrap(); // someone removes it
+    /// let released = locker.release_all().await;
+    /// assert!(released[0].error().is_some_and(leasehold::Error::is_lost));
+    /// # Ok(()) }
+    /// ```
+    pub fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
     }
 }
 

@@ -213,6 +213,15 @@ impl<T> Queue<T> {
     pub(crate) fn has_waiters(&self) -> bool {
         !self.state().waiting.is_empty()
     }
+
+    /// Wakes every queued task and the head: each looks again at whether
+    /// it should still wait (after `Locker::release_all`, it should not).
+    pub(crate) fn wake_all(&self) {
+        let wakers: Vec<Waker> = self.state().waiting.iter().map(|w| w.waker.clone()).collect();
+        self.changed.notify_waiters();
+        // Woken after unlocking: waking can run arbitrary code.
+        wakers.into_iter().for_each(Waker::wake);
+    }
 }
 
 /// A place in the queue. Dropping it before the turn arrives leaves the
@@ -384,6 +393,12 @@ impl<T> Queues<T> {
         if let Some(queue) = self.map().get(file_name) {
             queue.changed.notify_waiters();
         }
+    }
+
+    /// Wakes every task waiting in every queue (see [`Queue::wake_all`]).
+    pub(crate) fn wake_all(&self) {
+        let queues: Vec<Arc<Queue<T>>> = self.map().values().cloned().collect();
+        queues.iter().for_each(|queue| queue.wake_all());
     }
 
     /// Wakes every head (events were lost).
