@@ -82,7 +82,7 @@ async fn names_in_both_path_styles() {
             drop(guard);
         }
     }
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    assert!(common::entries(dir.path()).is_empty());
 }
 
 /// On Windows, `Plain` and `Exact` names Windows cannot hold are refused

@@ -6,6 +6,11 @@ use std::time::Duration;
 
 use leasehold::Locker;
 
+/// The waiting line's file, which leasehold keeps in a lock directory on
+/// Windows once a waiter has stood in line there (docs/guarantees.md,
+/// *Windows*): no leftover.
+const LINE_FILE: &str = "leasehold..line";
+
 /// A small deterministic generator, so a failure can be replayed.
 struct Rng(u64);
 
@@ -101,7 +106,10 @@ async fn matrix(seed: u64) {
 
     // Blocking-pool attempts still in flight finish and clean up promptly.
     for _ in 0..200 {
-        if std::fs::read_dir(dir.path()).unwrap().next().is_none() {
+        if std::fs::read_dir(dir.path())
+            .unwrap()
+            .all(|e| e.unwrap().file_name() == LINE_FILE)
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -109,6 +117,7 @@ async fn matrix(seed: u64) {
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
+        .filter(|n| n != LINE_FILE)
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
     for name in names {
