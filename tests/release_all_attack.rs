@@ -105,14 +105,15 @@ fn release_all_does_not_wait_on_the_pool_for_an_attempt_queued_behind_it() {
     let dir = tempfile::tempdir().unwrap();
     let outcome = runtime.block_on(async {
         let other = Locker::new(dir.path()).unwrap(); // as another process
-        let held = other.acquire("job").await.unwrap();
         let locker = Locker::builder()
             .directory(dir.path())
             .durable(false)
             .build()
             .unwrap();
         // The next file made by this runtime's threads (the waiter's
-        // inline try) takes 500 ms.
+        // inline try) takes 500 ms, during which another process takes
+        // the name: the try then fails, and the rest of the attempt goes
+        // to the blocking pool.
         let once = Arc::new(AtomicBool::new(true));
         fail::cfg_callback("file.create.after_open", move || {
             let ours = std::thread::current()
@@ -125,7 +126,9 @@ fn release_all_does_not_wait_on_the_pool_for_an_attempt_queued_behind_it() {
         .unwrap();
         let l = locker.clone();
         let waiter = tokio::spawn(async move { l.acquire("job").await });
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let held = other.acquire("job").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let released = tokio::time::timeout(Duration::from_secs(5), locker.release_all()).await;
         let waited = tokio::time::timeout(Duration::from_secs(1), waiter).await;
         fail::remove("file.create.after_open");
