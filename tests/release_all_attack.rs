@@ -138,7 +138,10 @@ fn release_all_does_not_wait_on_the_pool_for_an_attempt_queued_behind_it() {
     // Queued blocking work that never ran is dropped here.
     runtime.shutdown_timeout(Duration::from_secs(2));
     let (released, waited) = outcome;
-    assert!(released, "release_all hung: the pool's only thread waits for an attempt queued behind it");
+    assert!(
+        released,
+        "release_all hung: the pool's only thread waits for an attempt queued behind it"
+    );
     assert!(
         waited.as_deref().is_ok_and(|w| w.contains("ShutDown")),
         "the waiting acquisition: {waited:?}"
