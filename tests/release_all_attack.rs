@@ -147,3 +147,89 @@ fn release_all_does_not_wait_on_the_pool_for_an_attempt_queued_behind_it() {
         "the waiting acquisition: {waited:?}"
     );
 }
+
+/// Two `release_all`s at once, through clones: each returns only once
+/// every lock is released (the names are free to another process the
+/// moment either returns), and between them every lock is listed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_release_alls_at_once_each_return_with_everything_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    let names: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(locker.acquire(name).await.unwrap());
+    }
+    let (a, b) = (locker.clone(), locker.clone());
+    let other = Locker::new(dir.path()).unwrap(); // as another process
+    let check = |other: Locker, names: Vec<String>| async move {
+        for name in &names {
+            assert!(
+                !other.is_held(name).await.unwrap(),
+                "{name} still held when a release_all returned"
+            );
+        }
+    };
+    let (o1, n1) = (other.clone(), names.clone());
+    let first = tokio::spawn(async move {
+        let got = a.release_all().await.len();
+        check(o1, n1).await;
+        got
+    });
+    let (o2, n2) = (other.clone(), names.clone());
+    let second = tokio::spawn(async move {
+        let got = b.release_all().await.len();
+        check(o2, n2).await;
+        got
+    });
+    let total = first.await.unwrap() + second.await.unwrap();
+    assert_eq!(total, names.len());
+    assert!(guards.iter().all(|g| g.is_lost()));
+}
+
+/// A `release_all` future dropped after its first poll still shuts the
+/// `Locker` down and releases everything.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_release_all_still_releases_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    let guard = locker.acquire("job").await.unwrap();
+    let shared = locker.acquire_shared("read").await.unwrap();
+    {
+        let release = locker.release_all();
+        tokio::pin!(release);
+        assert!(futures_poll_once(release.as_mut()).await.is_none());
+    }
+    let other = Locker::new(dir.path()).unwrap(); // as another process
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), shared.lost())
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        let ex = other.try_acquire("job").await.unwrap();
+        let sh = other.try_acquire("read").await.unwrap();
+        if ex.is_some() && sh.is_some() {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "still held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(matches!(
+        locker.acquire("job").await,
+        Err(leasehold::Error::ShutDown { .. })
+    ));
+}
+
+/// Polls `fut` once: its output if it was ready.
+async fn futures_poll_once<F: std::future::Future + Unpin>(mut fut: F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match std::pin::Pin::new(&mut fut).poll(cx) {
+            std::task::Poll::Ready(out) => Some(out),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
+}
