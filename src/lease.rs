@@ -192,6 +192,14 @@ impl Drop for Hold {
     /// any more: its last guard went (and no local waiter took it over),
     /// or its acquisition was abandoned.
     fn drop(&mut self) {
+        // Reported lost: whoever reported it (the renewal thread,
+        // `release_all`) took the lock out of the lease, under the lease's
+        // lock, and lets it go, maybe waiting for another process while it
+        // keeps that lock. Nothing is left here, and nothing to wait for:
+        // a guard dropped as `lost()` fires must not block its thread.
+        if self.lease.lost.borrow().is_some() {
+            return;
+        }
         let Some(released) = self.lease.release_held(false) else {
             return;
         };

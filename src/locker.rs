@@ -18,7 +18,6 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::name::LockName;
 use crate::owner::LockKind;
-use crate::pool::blocking;
 use crate::scope;
 use crate::stats::Stats;
 
@@ -520,7 +519,7 @@ impl Locker {
     ///
     /// The shutdown happens whether or not the future is polled to the
     /// end: from the first poll, acquisitions fail, and the releases
-    /// finish on the blocking pool.
+    /// finish on a thread of their own.
     ///
     /// # Examples
     ///
@@ -591,13 +590,23 @@ impl Locker {
         // Refused from now on; whoever waits looks again, and fails.
         roll.close();
         self.engine.queues.wake_all();
-        let pooled = Arc::clone(roll);
-        let released = match blocking(move || pooled.shut_down()).await {
-            Ok(released) => released,
-            // The runtime is going away and never ran it: here, then
-            // (what it did run, it released; this finds the rest).
-            Err(_) => roll.shut_down(),
+        // On a thread of its own, not Tokio's blocking pool: it waits for
+        // the attempts under way, whose blocking part may be queued on that
+        // pool behind it (a small pool would never run it).
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let rolled = Arc::clone(roll);
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-release-all".into())
+            .spawn(move || {
+                let _ = tx.send(rolled.shut_down());
+            });
+        let released = match spawned {
+            Ok(_) => rx.await.ok(),
+            Err(_) => None,
         };
+        // No thread could be started (or it failed): here, then (what it
+        // did release, it released; this finds the rest).
+        let released = released.unwrap_or_else(|| roll.shut_down());
         let released: Vec<ReleasedLock> = released
             .into_iter()
             .map(|(lease, outcome)| ReleasedLock {
