@@ -126,7 +126,11 @@ impl UpgradableGuard {
                 Attempt::Busy { .. } if announced.is_none() => announced = engine.announce(&name).await?,
                 Attempt::Busy { .. } => {}
             }
-            let poll = if engine.store.watch(&name) { SAFETY_NET_POLL } else { Duration::from_millis(20) };
+            let poll = if engine.store.watch(&name) {
+                SAFETY_NET_POLL
+            } else {
+                Duration::from_millis(20)
+            };
             tokio::select! {
                 _ = changed => {}
                 _ = timer::sleep(poll) => {}
@@ -282,7 +286,9 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn acquire_upgradable(&self, name: &str) -> Result<UpgradableGuard> {
-        self.upgradable(name, Some(None)).await?.ok_or_else(|| unreachable_busy(name))
+        self.upgradable(name, Some(None))
+            .await?
+            .ok_or_else(|| unreachable_busy(name))
     }
 
     /// Acquires `name` as its upgradable shared holder if that can be done
@@ -343,7 +349,9 @@ impl Locker {
     /// ```
     pub async fn acquire_upgradable_timeout(&self, name: &str, timeout: Duration) -> Result<UpgradableGuard> {
         let deadline = timer::now().checked_add(timeout);
-        self.upgradable(name, Some(deadline)).await?.ok_or_else(|| unreachable_busy(name))
+        self.upgradable(name, Some(deadline))
+            .await?
+            .ok_or_else(|| unreachable_busy(name))
     }
 
     /// `wait`: `None` to try once, `Some(deadline)` to wait (for ever
@@ -378,7 +386,11 @@ impl Locker {
                 return Ok(None);
             };
             let now = timer::now();
-            let poll = if engine.store.watch(&name) { SAFETY_NET_POLL } else { Duration::from_millis(20) };
+            let poll = if engine.store.watch(&name) {
+                SAFETY_NET_POLL
+            } else {
+                Duration::from_millis(20)
+            };
             let mut wake = now + poll;
             if let Some(deadline) = deadline {
                 if now >= deadline {

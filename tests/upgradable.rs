@@ -32,14 +32,27 @@ async fn one_upgradable_at_a_time_readers_coexist_writers_excluded() {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = lockers(dir.path(), strategy);
         let up = a.acquire_upgradable("n").await.unwrap();
-        assert!(b.try_acquire_upgradable("n").await.unwrap().is_none(), "{strategy:?}");
-        assert!(a.try_acquire_upgradable("n").await.unwrap().is_none(), "{strategy:?}");
+        assert!(
+            b.try_acquire_upgradable("n").await.unwrap().is_none(),
+            "{strategy:?}"
+        );
+        assert!(
+            a.try_acquire_upgradable("n").await.unwrap().is_none(),
+            "{strategy:?}"
+        );
         let r1 = b.try_acquire_shared("n").await.unwrap().expect("a reader joins");
-        let r2 = a.try_acquire_shared("n").await.unwrap().expect("a local reader joins");
+        let r2 = a
+            .try_acquire_shared("n")
+            .await
+            .unwrap()
+            .expect("a local reader joins");
         assert!(b.try_acquire("n").await.unwrap().is_none(), "{strategy:?}");
         assert!(a.try_acquire("n").await.unwrap().is_none(), "{strategy:?}");
         drop((r1, r2));
-        assert!(b.try_acquire("n").await.unwrap().is_none(), "a writer waits for the upgradable");
+        assert!(
+            b.try_acquire("n").await.unwrap().is_none(),
+            "a writer waits for the upgradable"
+        );
         drop(up);
         let w = b.try_acquire("n").await.unwrap().expect("free again");
         assert!(a.try_acquire_upgradable("n").await.unwrap().is_none());
@@ -62,7 +75,10 @@ async fn upgrade_waits_for_readers_and_lets_no_writer_in() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let upgrading = tokio::spawn(up.upgrade());
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!upgrading.is_finished(), "{strategy:?}: the upgrade waits for the reader");
+        assert!(
+            !upgrading.is_finished(),
+            "{strategy:?}: the upgrade waits for the reader"
+        );
         // New readers do not starve it.
         assert!(b.try_acquire_shared("n").await.unwrap().is_none(), "{strategy:?}");
         drop(reader);
@@ -86,7 +102,10 @@ async fn upgrade_waits_for_readers_and_lets_no_writer_in() {
         let exclusive = up.upgrade().await.unwrap();
         assert!(!writer.is_finished());
         drop(exclusive);
-        let w = tokio::time::timeout(Duration::from_secs(5), writer).await.unwrap().unwrap();
+        let w = tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .unwrap()
+            .unwrap();
         assert!(!w.is_shared());
         drop(w);
         let left: Vec<_> = std::fs::read_dir(dir.path())

@@ -117,7 +117,9 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
         recheck_at: None,
     };
     // At most one upgradable holder (see `fs/upgrade.rs`).
-    if scan.live_waiters() > 0 || (upgradable && live.iter().any(|e| super::upgrade::is_upgradable(&e.file_name))) {
+    if scan.live_waiters() > 0
+        || (upgradable && live.iter().any(|e| super::upgrade::is_upgradable(&e.file_name)))
+    {
         return Ok(busy());
     }
     if let Mode::Permit(permits) = mode

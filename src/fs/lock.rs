@@ -133,7 +133,10 @@ impl Whole {
                 _named: Some(node),
                 record_len,
             },
-            (None, Some(record_file)) => Node::Dir { dir: node, record_file },
+            (None, Some(record_file)) => Node::Dir {
+                dir: node,
+                record_file,
+            },
             (None, None) => unreachable!("an adopted lock has a writer or a record file"),
         };
         Whole {

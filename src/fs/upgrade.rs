@@ -208,7 +208,9 @@ impl Upgrade for Fs {
         let Some(FsLock::Whole(whole)) = lock.take() else {
             unreachable!("checked above")
         };
-        let (identity, node) = whole.dissolve().context("downgrade lock", || ctx.path_of(name.file_name()))?;
+        let (identity, node) = whole
+            .dissolve()
+            .context("downgrade lock", || ctx.path_of(name.file_name()))?;
         if !ctx.names(name, identity.0, identity.1)? {
             // Not ours any more: let it go as a loss.
             return Err(lost(name));
@@ -216,8 +218,8 @@ impl Upgrade for Fs {
         let dir_name = members_dir(name.file_name());
         let left_empty = |_: &Error| remove_members_dir(ctx, &dir_name);
         let dir = members::ensure_members(ctx, name).inspect_err(left_empty)?;
-        let mut member =
-            Member::create(ctx, name, Mode::Shared, record::acquisition_id(), dir, true).inspect_err(left_empty)?;
+        let mut member = Member::create(ctx, name, Mode::Shared, record::acquisition_id(), dir, true)
+            .inspect_err(left_empty)?;
         let bytes = member.record.to_bytes(0);
         let path = || ctx.path_of(name.file_name());
         failpoint!("downgrade.before_marker").context("downgrade lock", path)?;
@@ -235,7 +237,8 @@ impl Upgrade for Fs {
                     })
                     .and_then(|()| made.write_all_at(&bytes, 0))
                     .and_then(|()| {
-                        syscall::rename_at(ctx.dir.fd(), &private, name.file_name()).map_err(std::io::Error::from)
+                        syscall::rename_at(ctx.dir.fd(), &private, name.file_name())
+                            .map_err(std::io::Error::from)
                     })
                     .context("downgrade lock", path);
                 if let Err(error) = published {

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use super::sign::{Sign, Signers};
 use super::{
-    Found, JSON, TMP, create_record, marker, members_dir, remove_dead, remove_marker,
-    remove_members_dir, scan, write_marker,
+    Found, JSON, TMP, create_record, marker, members_dir, remove_dead, remove_marker, remove_members_dir,
+    scan, write_marker,
 };
 use crate::backend::{Mode, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
