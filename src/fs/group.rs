@@ -118,7 +118,7 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
     };
     // At most one upgradable holder (see `fs/upgrade.rs`).
     if scan.live_waiters() > 0
-        || (upgradable && live.iter().any(|e| super::upgrade::is_upgradable(&e.file_name)))
+        || (upgradable && live.iter().any(|e| super::members::is_upgradable(&e.file_name)))
     {
         return Ok(busy());
     }

@@ -36,7 +36,7 @@ use super::found::Found;
 use super::group::Member;
 use super::layout::Strategy;
 use super::lock::Whole;
-use super::members::{self, JSON, MEMBER, marker, members_dir, remove_dead, remove_members_dir, scan};
+use super::members::{self, marker, members_dir, remove_dead, remove_members_dir, scan};
 use super::{Fs, FsLock, directory, file, group};
 use crate::backend::{Arm, Attempt, Kept, Mode, Upgrade};
 use crate::error::{Error, IoResultExt, LossReason, Result};
@@ -45,22 +45,6 @@ use crate::owner::Owner;
 use crate::record;
 use crate::stale::{self, Verdict};
 use crate::sys::syscall::{self, Flock, Open, WriteAt};
-
-/// What an upgradable member's record file name starts with, after `m-`.
-const UPGRADABLE: &str = "up-";
-
-/// The file name of a member record.
-pub(super) fn member_file(uuid: &str, upgradable: bool) -> String {
-    let up = if upgradable { UPGRADABLE } else { "" };
-    format!("{MEMBER}{up}{uuid}{JSON}")
-}
-
-/// Whether a member record's file name is an upgradable holder's.
-pub(super) fn is_upgradable(file_name: &str) -> bool {
-    file_name
-        .strip_prefix(MEMBER)
-        .is_some_and(|rest| rest.starts_with(UPGRADABLE))
-}
 
 fn lost(name: &LockName) -> Error {
     Error::Lost {

@@ -69,7 +69,7 @@ impl Member {
             _ => None,
         };
         record.group = Some(group);
-        let file_name = crate::fs::upgrade::member_file(&record.uuid, upgradable);
+        let file_name = crate::fs::members::member_file(&record.uuid, upgradable);
         let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
         let (file, record_len, id) =
             create_record(&dir, &file_name, &record, ctx.settings.durable, &|| path.clone())?;
