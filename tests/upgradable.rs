@@ -116,3 +116,118 @@ async fn upgrade_waits_for_readers_and_lets_no_writer_in() {
         assert!(left.is_empty(), "{strategy:?}: left {left:?}");
     }
 }
+
+/// Removes the lock at `path` (a file, or a directory) behind its
+/// holder's back, at once (renamed aside first on Windows, see
+/// `tests/lost.rs`).
+fn remove_behind_its_back(path: &std::path::Path) {
+    if path.is_dir() {
+        std::fs::remove_dir_all(path).unwrap();
+    } else if cfg!(windows) {
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(".removed");
+        std::fs::rename(path, &aside).unwrap();
+        std::fs::remove_file(&aside).unwrap();
+    } else {
+        std::fs::remove_file(path).unwrap();
+    }
+}
+
+fn renewing_locker(dir: &std::path::Path, strategy: Strategy) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .strategy(strategy)
+        .fencing(true)
+        .lease(Duration::from_secs(1))
+        .renew_interval(Duration::from_millis(50))
+        .build()
+        .unwrap()
+}
+
+/// The exclusive guard an upgrade made has a lease of its own: when its
+/// lock is taken away (removed by hand), `lost()` fires with the reason,
+/// `is_lost()` says so, and a downgrade or a release reports the loss
+/// instead of handing out a holding of a lock nobody holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_guard_whose_lock_is_taken_away_reports_the_loss() {
+    for strategy in strategies() {
+        for then in ["downgrade", "release"] {
+            let dir = tempfile::tempdir().unwrap();
+            let locker = renewing_locker(dir.path(), strategy);
+            let writer = locker
+                .acquire_upgradable("n")
+                .await
+                .unwrap()
+                .upgrade()
+                .await
+                .unwrap();
+            assert!(!writer.is_lost());
+            remove_behind_its_back(&locker.lock_path("n").unwrap());
+            tokio::time::timeout(Duration::from_secs(3), writer.lost())
+                .await
+                .unwrap_or_else(|_| panic!("{strategy:?}: lost() never fired"));
+            assert!(writer.is_lost(), "{strategy:?}");
+            let err = match then {
+                "downgrade" => writer.downgrade().await.map(drop).unwrap_err(),
+                _ => writer.release().await.unwrap_err(),
+            };
+            match &err {
+                leasehold::Error::Lost { reason, .. } => {
+                    assert_eq!(*reason, leasehold::LossReason::Replaced, "{strategy:?} {then}")
+                }
+                other => panic!("{strategy:?} {then}: expected a loss, got {other:?}"),
+            }
+            // Nobody holds it: another Locker takes it at once.
+            let other = renewing_locker(dir.path(), strategy);
+            assert!(
+                other.try_acquire("n").await.unwrap().is_some(),
+                "{strategy:?} {then}"
+            );
+        }
+    }
+}
+
+/// The upgradable guard a downgrade made, and the one first acquired,
+/// report a lock taken away too; an upgrade of a lost holding fails with
+/// the loss and holds nothing.
+// Removes the members directory while its holder keeps a record in it
+// open: Wine's `remove_dir_all` may hang there.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgradable_guard_whose_lock_is_taken_away_reports_the_loss() {
+    for strategy in strategies() {
+        for downgraded in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let locker = renewing_locker(dir.path(), strategy);
+            let mut up = locker.acquire_upgradable("n").await.unwrap();
+            if downgraded {
+                up = up.upgrade().await.unwrap().downgrade().await.unwrap();
+            }
+            let path = locker.lock_path("n").unwrap();
+            remove_behind_its_back(&path);
+            // The members directory too: every trace of the holding.
+            let members: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.is_dir() && p != &path)
+                .collect();
+            for m in &members {
+                std::fs::remove_dir_all(m).unwrap();
+            }
+            tokio::time::timeout(Duration::from_secs(3), up.guard().lost())
+                .await
+                .unwrap_or_else(|_| panic!("{strategy:?} downgraded={downgraded}: lost() never fired"));
+            assert!(up.guard().is_lost());
+            let err = up.upgrade().await.unwrap_err();
+            assert!(
+                matches!(err, leasehold::Error::Lost { .. }),
+                "{strategy:?} downgraded={downgraded}: {err:?}"
+            );
+            let other = renewing_locker(dir.path(), strategy);
+            assert!(
+                other.try_acquire("n").await.unwrap().is_some(),
+                "{strategy:?} downgraded={downgraded}"
+            );
+        }
+    }
+}
