@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::guard::{Grant, LockGuard, TokenStep};
 use crate::lease::{Hold, Lease};
 use crate::locker::Locker;
+use crate::name::LockName;
 use crate::owner::Owner;
 use crate::pool::blocking;
 use crate::queue::Queue;
@@ -160,11 +161,22 @@ impl LockGuard {
     /// [`scope`](Locker::scope)) is left without the lock: its
     /// [`lost`](Self::lost) reports it replaced.
     ///
+    /// Only a guard from [`UpgradableGuard::upgrade`] can be downgraded. A
+    /// guard from [`Locker::acquire`] cannot: its hold belongs to its
+    /// `Locker`'s local queue for the name (when it goes it may be handed
+    /// straight on to a task of that `Locker` waiting for the name, which
+    /// a downgrade would then have to take back), and a guard does not
+    /// know its `Locker`. An upgrade makes its guard outside that queue,
+    /// and remembers its `Locker`, for this. Take the name with
+    /// [`Locker::acquire_upgradable`] and [`upgrade`](UpgradableGuard::upgrade)
+    /// it when a downgrade may be wanted.
+    ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] for a guard that did not come from an upgrade, or on a
-    /// backend without upgradable locks; [`Error::Lost`] if the lock was
-    /// lost meanwhile.
+    /// [`Error::Unsupported`] for a guard that did not come from an
+    /// upgrade (a shared guard, a permit, a guard from `acquire`); the
+    /// guard is consumed, so its lock is released. [`Error::Lost`] if the
+    /// lock was lost meanwhile.
     ///
     /// # Cancel safety
     ///
@@ -190,7 +202,7 @@ impl LockGuard {
         }
         let Some(engine) = upgraded_by(self.lease_of()) else {
             return Err(Error::Unsupported {
-                what: "downgrading a guard that did not come from UpgradableGuard::upgrade",
+                what: "downgrading a guard from Locker::acquire (only a guard from UpgradableGuard::upgrade can be downgraded: take the name with acquire_upgradable and upgrade it)",
             });
         };
         let name = engine.names.get(self.name())?;
@@ -286,9 +298,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn acquire_upgradable(&self, name: &str) -> Result<UpgradableGuard> {
-        self.upgradable(name, Some(None))
-            .await?
-            .ok_or_else(|| unreachable_busy(name))
+        self.wait_upgradable(name, None).await
     }
 
     /// Acquires `name` as its upgradable shared holder if that can be done
@@ -316,7 +326,8 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn try_acquire_upgradable(&self, name: &str) -> Result<Option<UpgradableGuard>> {
-        self.upgradable(name, None).await
+        let name = self.engine.names.get(name)?;
+        Ok(self.try_upgradable(&name).await?.ok())
     }
 
     /// Acquires `name` as its upgradable shared holder, waiting at most
@@ -349,14 +360,36 @@ impl Locker {
     /// ```
     pub async fn acquire_upgradable_timeout(&self, name: &str, timeout: Duration) -> Result<UpgradableGuard> {
         let deadline = timer::now().checked_add(timeout);
-        self.upgradable(name, Some(deadline))
-            .await?
-            .ok_or_else(|| unreachable_busy(name))
+        self.wait_upgradable(name, deadline).await
     }
 
-    /// `wait`: `None` to try once, `Some(deadline)` to wait (for ever
-    /// without a deadline).
-    async fn upgradable(&self, name: &str, wait: Option<Option<Instant>>) -> Result<Option<UpgradableGuard>> {
+    /// One attempt to join `name` as its upgradable holder: the guard, or
+    /// who holds it (if known) when it is busy.
+    async fn try_upgradable(
+        &self,
+        name: &LockName,
+    ) -> Result<std::result::Result<UpgradableGuard, Option<Owner>>> {
+        let engine = &self.engine;
+        let (store, n, keeper) = (engine.store.clone(), name.clone(), engine.keeper().clone());
+        let attempt = blocking(move || {
+            let arm = |lock, tokens| keeper.hold(n.as_str(), Mode::Shared, lock, tokens);
+            store.join_upgradable(&n, &arm)
+        })
+        .await??;
+        match attempt {
+            Attempt::Acquired(hold) => {
+                let share = finish(hold, engine.queues.get(name)).await?;
+                Ok(Ok(UpgradableGuard {
+                    share,
+                    engine: Arc::clone(engine),
+                }))
+            }
+            Attempt::Busy { owner, .. } => Ok(Err(owner)),
+        }
+    }
+
+    /// Attempts until one succeeds, or `deadline` (none: for ever) passes.
+    async fn wait_upgradable(&self, name: &str, deadline: Option<Instant>) -> Result<UpgradableGuard> {
         let engine = &self.engine;
         let name = engine.names.get(name)?;
         let started = timer::stamp();
@@ -366,25 +399,10 @@ impl Locker {
             let changed = queue.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let (store, n, keeper) = (engine.store.clone(), name.clone(), engine.keeper().clone());
-            let attempt = blocking(move || {
-                let arm = |lock, tokens| keeper.hold(n.as_str(), Mode::Shared, lock, tokens);
-                store.join_upgradable(&n, &arm)
-            })
-            .await??;
-            match attempt {
-                Attempt::Acquired(hold) => {
-                    let share = finish(hold, Arc::clone(&queue)).await?;
-                    return Ok(Some(UpgradableGuard {
-                        share,
-                        engine: Arc::clone(engine),
-                    }));
-                }
-                Attempt::Busy { owner, .. } => holder = owner.or(holder),
+            match self.try_upgradable(&name).await? {
+                Ok(guard) => return Ok(guard),
+                Err(owner) => holder = owner.or(holder),
             }
-            let Some(deadline) = wait else {
-                return Ok(None);
-            };
             let now = timer::now();
             let poll = if engine.store.watch(&name) {
                 SAFETY_NET_POLL
@@ -403,14 +421,5 @@ impl Locker {
                 _ = timer::sleep_until(wake) => {}
             }
         }
-    }
-}
-
-/// A wait that ended without the lock and without an error: cannot
-/// happen (a wait ends with the lock, a timeout or an error).
-fn unreachable_busy(name: &str) -> Error {
-    Error::Lost {
-        name: name.to_owned(),
-        reason: crate::error::LossReason::Replaced,
     }
 }

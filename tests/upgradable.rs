@@ -231,3 +231,53 @@ async fn an_upgradable_guard_whose_lock_is_taken_away_reports_the_loss() {
         }
     }
 }
+
+/// A guard from `acquire()` (or a shared one) is not downgraded: a clear
+/// `Unsupported` error, and the guard, consumed, released its lock.
+#[tokio::test]
+async fn only_an_upgraded_guard_is_downgraded() {
+    for strategy in strategies() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = lockers(dir.path(), strategy);
+        let plain = a.acquire("n").await.unwrap();
+        let err = plain.downgrade().await.map(drop).unwrap_err();
+        assert!(
+            matches!(err, leasehold::Error::Unsupported { .. }),
+            "{strategy:?}: {err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("Locker::acquire") && text.contains("acquire_upgradable"),
+            "{text}"
+        );
+        assert!(
+            b.try_acquire("n").await.unwrap().is_some(),
+            "{strategy:?}: released"
+        );
+        let shared = a.acquire_shared("n").await.unwrap();
+        let err = shared.downgrade().await.map(drop).unwrap_err();
+        assert!(matches!(err, leasehold::Error::Unsupported { .. }), "{err:?}");
+    }
+}
+
+/// `acquire_upgradable_timeout` times out with the holder named; a wait
+/// that ends gets the guard (never an error that is not a timeout).
+#[tokio::test]
+async fn a_timed_wait_for_the_upgradable_place() {
+    for strategy in strategies() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = lockers(dir.path(), strategy);
+        let up = a.acquire_upgradable("n").await.unwrap();
+        let err = b
+            .acquire_upgradable_timeout("n", Duration::from_millis(60))
+            .await
+            .unwrap_err();
+        assert!(err.is_timeout(), "{strategy:?}: {err:?}");
+        let waiter =
+            tokio::spawn(async move { b.acquire_upgradable_timeout("n", Duration::from_secs(5)).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(up);
+        let got = waiter.await.unwrap().unwrap();
+        drop(got);
+    }
+}
