@@ -22,7 +22,7 @@
 //! binary with a role (`tests/support/common.rs`); each child is bounded in
 //! time and killed by pid when its `ChildProc` is dropped.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[path = "support/common.rs"]
@@ -646,7 +646,7 @@ fn node() -> bool {
 /// to its end, and returns its output lines.
 #[cfg(unix)]
 fn driver(seed: &str, dir: &Path, name: &str, mode: &[&str]) -> Vec<String> {
-    let driver: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
+    let driver: std::path::PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(seed)
         .join("driver.mjs");
