@@ -426,6 +426,16 @@ fn an_upgrade_waits_for_another_process_reader_and_lets_no_writer_of_another_pro
                 .await
                 .expect("the name after the children");
             guard.release().await.unwrap();
+            // And what its kill left (a fencing counter's temporary file,
+            // say): `clean` sweeps it, as after any crash (at once with a
+            // short grace: by default it lets young leftovers settle).
+            let cleaner = Locker::builder()
+                .directory(&locks)
+                .strategy(strategy)
+                .unreadable_grace(Duration::from_millis(1))
+                .build()
+                .unwrap();
+            cleaner.clean(false).await.unwrap();
         });
 
         let secs = sections(&log);
