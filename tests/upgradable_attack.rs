@@ -64,7 +64,11 @@ async fn a_marker_naming_the_live_upgradable_holder_is_not_resigned() {
     );
     let up = a.acquire_upgradable(NAME).await.unwrap();
     let up_uuid = up.guard().owner().uuid().unwrap().to_owned();
-    assert_eq!(record_uuid(dir.path()), up_uuid, "the first holder is the marker's");
+    assert_eq!(
+        record_uuid(dir.path()),
+        up_uuid,
+        "the first holder is the marker's"
+    );
     // Two readers join (their joins, and each one's watcher, are events in
     // the members directory); nobody dies, no renewal is due.
     let r1 = b.acquire_shared(NAME).await.unwrap();
@@ -118,7 +122,10 @@ async fn a_frozen_readers_late_marker_write_does_not_unlock_the_upgraded_lock() 
     std::fs::write(dir.path().join("go"), b"").unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
     while !reader.stopped() {
-        assert!(Instant::now() < deadline, "the reader never reached its unlocked signing");
+        assert!(
+            Instant::now() < deadline,
+            "the reader never reached its unlocked signing"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     mutex.unlock().unwrap();
@@ -130,7 +137,10 @@ async fn a_frozen_readers_late_marker_write_does_not_unlock_the_upgraded_lock() 
         .expect("the upgrade waited past the frozen reader's lease")
         .unwrap();
     let text = std::fs::read_to_string(lock_path(dir.path())).unwrap();
-    assert!(!text.contains("\"mode\""), "the upgrade made an exclusive record: {text}");
+    assert!(
+        !text.contains("\"mode\""),
+        "the upgrade made an exclusive record: {text}"
+    );
 
     // The reader runs again, and finishes its write.
     reader.cont();
@@ -229,7 +239,13 @@ fn child_process_entry() {
                 Duration::from_secs(10),
                 Duration::from_secs(3),
             );
-            let writer = locker.acquire_upgradable(NAME).await.unwrap().upgrade().await.unwrap();
+            let writer = locker
+                .acquire_upgradable(NAME)
+                .await
+                .unwrap()
+                .upgrade()
+                .await
+                .unwrap();
             fail::cfg_callback("downgrade.before_marker", || {
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
             })
