@@ -32,8 +32,8 @@ use super::context::Ctx;
 use super::found::Found;
 use super::layout::Strategy;
 use super::members::{
-    Entry, JSON, MEMBER, TMP, WAITER, create_record, ensure_members, judge_entry, marker, members_dir,
-    mode_of, open_members, remove_dead, remove_members_dir, same_kind, scan,
+    Entry, JSON, TMP, WAITER, create_record, ensure_members, judge_entry, marker, members_dir, mode_of,
+    open_members, remove_dead, remove_members_dir, same_kind, scan,
 };
 use super::mutex::MutationLock;
 use super::{directory, file};

@@ -11,11 +11,13 @@
 //! the lock path free, nor its flock free, for an instant:
 //!
 //! - **Upgrade**, once ours is the only live member: the marker is turned
-//!   *in place* into our exclusive lock. Its node (the lock file, or the
-//!   lock directory) stays where it is, under the shared flock our member
+//!   into our exclusive lock. A lock file is replaced by a new file, made
+//!   under a private name with our exclusive flock and the record in it,
+//!   renamed over the marker (never the marker's inode, which a member
+//!   frozen in its unlocked signing may still write a marker into); a
+//!   lock directory stays where it is, under the shared flock our member
 //!   took on it, which every flock test (`try_flock`, exclusive) finds
-//!   held; its record is rewritten as a fresh exclusive record (a lock
-//!   file in place, padded; a lock directory's `owner.json` by rename).
+//!   held, and gets a fresh exclusive `owner.json` by rename.
 //!   Our member record is removed last. velocious and pi-research, which
 //!   know only the lock path, see it held throughout.
 //! - **Downgrade**: a new upgradable member record is made, then the
@@ -144,29 +146,62 @@ impl Upgrade for Fs {
         let Some(FsLock::Member(member)) = share.take() else {
             unreachable!("checked above")
         };
-        let (writer, record_file) = match ctx.settings.strategy {
+        let (identity, writer, record_file, made) = match ctx.settings.strategy {
+            // A new file, made under a private name with our exclusive
+            // flock and the record in it, renamed over the marker: the
+            // path always names a flocked file with a record. Never the
+            // marker's own inode: a member frozen in its unlocked signing
+            // (`Member::sign_before_it_lapses`), past its check that the
+            // path is its group's marker, writes its marker into that
+            // inode when it runs again, which would turn our exclusive
+            // record into a marker whose holders are gone (reclaimed by
+            // the next comer).
             Strategy::ExclusiveFile => {
-                let writer = syscall::open_at(ctx.dir.fd(), name.file_name(), Open::Write)
+                let private = format!("{}.pending-{}", name.file_name(), &record::acquisition_id()[..12]);
+                let made = syscall::open_at(ctx.dir.fd(), private.as_str(), Open::CreateNew)
                     .map_err(std::io::Error::from)
                     .context("upgrade lock", path)?;
-                let meta = syscall::meta(&writer).context("upgrade lock", path)?;
-                if (meta.dev(), meta.ino()) != found.identity() {
-                    *share = Some(FsLock::Member(member));
-                    return Err(lost(name));
-                }
-                let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
-                let len = file::write(&writer, len, &record, ctx.settings.durable, path)?;
-                (Some((writer, len)), None)
+                let published = made
+                    .try_flock()
+                    .map_err(|e| match e {
+                        std::fs::TryLockError::Error(e) => e,
+                        std::fs::TryLockError::WouldBlock => std::io::ErrorKind::WouldBlock.into(),
+                    })
+                    .context("upgrade lock", path)
+                    .and_then(|()| file::write(&made, 0, &record, ctx.settings.durable, path))
+                    .and_then(|len| {
+                        let meta = syscall::meta(&made).context("upgrade lock", path)?;
+                        syscall::rename_at(ctx.dir.fd(), &private, name.file_name())
+                            .map_err(std::io::Error::from)
+                            .context("upgrade lock", path)?;
+                        Ok((len, (meta.dev(), meta.ino())))
+                    });
+                let (len, identity) = match published {
+                    Ok(done) => done,
+                    Err(error) => {
+                        let _ = syscall::unlink_at(ctx.dir.fd(), private.as_str());
+                        *share = Some(FsLock::Member(member));
+                        return Err(error);
+                    }
+                };
+                let node = made.try_clone().context("upgrade lock", path)?;
+                (identity, Some((made, len)), None, Some(node))
             }
-            Strategy::Directory => (None, Some(directory::rewrite(found.node(), &record, path)?)),
+            Strategy::Directory => (
+                found.identity(),
+                None,
+                Some(directory::rewrite(found.node(), &record, path)?),
+                None,
+            ),
         };
         failpoint!("upgrade.after_rewrite").context("upgrade lock", path)?;
-        let node = member.dissolve()?.ok_or_else(|| lost(name))?;
+        let marker_node = member.dissolve()?.ok_or_else(|| lost(name))?;
+        let node = made.unwrap_or(marker_node);
         if scan.waiters.is_empty() {
             remove_members_dir(ctx, &dir_name);
         }
         drop(mutation);
-        let whole = Whole::adopt(ctx, name, found.identity(), record, node, writer, record_file);
+        let whole = Whole::adopt(ctx, name, identity, record, node, writer, record_file);
         let kept = arm(FsLock::Whole(whole), None);
         if ctx.settings.fencing && !kept.reserve_tokens()? {
             return Err(lost(name));
