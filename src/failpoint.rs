@@ -72,11 +72,6 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "group.reclaim.before_unlink",
     "group.members.before_rmdir",
     "group.withdraw.before_unlink",
-    // Upgradable shared locks: an upgrade turning the marker into the
-    // exclusive lock in place, a downgrade making the marker again.
-    "upgrade.before_rewrite",
-    "upgrade.after_rewrite",
-    "downgrade.before_marker",
     // The directory's mutation lock: its flock.
     "dirlock.before_flock",
     // The waiting line (OFD byte-range locks, dropped by the kernel when
