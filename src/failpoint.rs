@@ -67,6 +67,7 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "group.join.before_marker",
     "group.renew.after_dirlock",
     "group.marker.before_rewrite",
+    "group.sign.before_tmp",
     "group.leave.after_dirlock",
     "group.leave.after_unlink",
     "group.reclaim.before_unlink",

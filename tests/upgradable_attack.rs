@@ -101,13 +101,46 @@ async fn a_marker_naming_the_live_upgradable_holder_is_not_resigned() {
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_readers_late_marker_write_does_not_unlock_the_upgraded_lock() {
+    frozen_readers_late_marker_write(Strategy::ExclusiveFile).await;
+}
+
+/// The same on the directory layout: the reader, frozen in its unlocked
+/// signing before it renames its record (written under a `.tmp-` name in
+/// the members directory) over `owner.json` in the lock directory it
+/// found (through that directory's descriptor), renames it there when it
+/// runs again. Were the upgrade to rewrite `owner.json` of that same
+/// directory in place, the exclusive record would become a marker whose
+/// members are all gone, and a second writer would get in.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_readers_late_marker_write_does_not_unlock_the_upgraded_lock_directory() {
+    frozen_readers_late_marker_write(Strategy::Directory).await;
+}
+
+/// The record at the lock path: the lock file, or the lock directory's
+/// `owner.json`.
+fn read_record(dir: &Path, strategy: Strategy) -> String {
+    let path = match strategy {
+        Strategy::Directory => lock_path(dir).join("owner.json"),
+        _ => lock_path(dir),
+    };
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[cfg(feature = "failpoints")]
+async fn frozen_readers_late_marker_write(strategy: Strategy) {
     let dir = tempfile::tempdir().unwrap();
     let lease = Duration::from_secs(2);
     let renew = Duration::from_millis(500);
-    let a = locker(dir.path(), Strategy::ExclusiveFile, lease, renew);
+    // Renewing less often than the reader, which so signs the marker first.
+    let a = locker(dir.path(), strategy, lease, lease / 2);
     let up = a.acquire_upgradable(NAME).await.unwrap();
 
-    let reader = Proc::spawn("frozen-reader", dir.path());
+    let role = match strategy {
+        Strategy::Directory => "frozen-reader-dir",
+        _ => "frozen-reader",
+    };
+    let reader = Proc::spawn(role, dir.path());
     reader.expect("joined");
     // Hold the name's mutation lock, so the reader's renewals sign the
     // marker without it; then let it arm its stop.
@@ -130,25 +163,36 @@ async fn a_frozen_readers_late_marker_write_does_not_unlock_the_upgraded_lock() 
     }
     mutex.unlock().unwrap();
     drop(mutex);
+    // A writer waits meanwhile (its announcement keeps the members
+    // directory, where the reader makes its temporary record, in place).
+    let waiting = locker(dir.path(), strategy, lease, renew);
+    let waiter = tokio::spawn(async move { waiting.acquire_timeout(NAME, Duration::from_secs(12)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
 
     // The frozen reader's lease runs out; the upgrade goes through.
     let writer = tokio::time::timeout(Duration::from_secs(10), up.upgrade())
         .await
         .expect("the upgrade waited past the frozen reader's lease")
         .unwrap();
-    let text = std::fs::read_to_string(lock_path(dir.path())).unwrap();
+    let text = read_record(dir.path(), strategy);
     assert!(
-        !text.contains("\"mode\""),
+        text.contains("\"uuid\"") && !text.contains("\"mode\""),
         "the upgrade made an exclusive record: {text}"
     );
 
     // The reader runs again, and finishes its write.
     reader.cont();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let other = locker(dir.path(), Strategy::ExclusiveFile, lease, renew);
+    assert!(
+        !waiter.is_finished(),
+        "the waiting writer got the lock beside the live upgrader (lock path now: {})",
+        read_record(dir.path(), strategy)
+    );
+    waiter.abort();
+    let other = locker(dir.path(), strategy, lease, renew);
     let second = other.try_acquire(NAME).await.unwrap();
-    let text = std::fs::read_to_string(lock_path(dir.path())).unwrap();
+    let text = read_record(dir.path(), strategy);
     assert!(
         second.is_none(),
         "a second writer got the lock beside the live upgrader (lock path now: {text})"
@@ -212,9 +256,13 @@ fn child_process_entry() {
         .unwrap();
     match role.as_str() {
         #[cfg(feature = "failpoints")]
-        "frozen-reader" => rt.block_on(async {
+        "frozen-reader" | "frozen-reader-dir" => rt.block_on(async {
             let lease = Duration::from_secs(2);
-            let locker = locker(&dir, Strategy::ExclusiveFile, lease, Duration::from_millis(500));
+            let (strategy, point) = match role.as_str() {
+                "frozen-reader-dir" => (Strategy::Directory, "group.sign.before_tmp"),
+                _ => (Strategy::ExclusiveFile, "group.marker.before_rewrite"),
+            };
+            let locker = locker(&dir, strategy, lease, Duration::from_millis(500));
             let _guard = locker.acquire_shared(NAME).await.unwrap();
             say("joined");
             while !dir.join("go").exists() {
@@ -223,7 +271,7 @@ fn child_process_entry() {
             // The parent holds the mutation lock from here on: the next
             // marker write is the unlocked one. Stop there, once.
             let seen = std::sync::atomic::AtomicBool::new(false);
-            fail::cfg_callback("group.marker.before_rewrite", move || {
+            fail::cfg_callback(point, move || {
                 if !seen.swap(true, std::sync::atomic::Ordering::SeqCst) {
                     let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
                 }

@@ -302,6 +302,7 @@ impl Member {
             Strategy::Directory => {
                 let tmp = format!("{TMP}sign-{}{JSON}", self.record.uuid);
                 let path = || self.path();
+                failpoint!("group.sign.before_tmp").context("sign shared lock marker", path)?;
                 let file = syscall::open_at(&self.dir, tmp.as_str(), syscall::Open::Replace)
                     .context("sign shared lock marker", path)?;
                 let written = file
