@@ -528,6 +528,29 @@ pub(crate) fn rename_exclusive(dir: &std::fs::File, from: &str, to: &str) -> Res
     pick!(rename_exclusive(dir, from, to))
 }
 
+/// Exchanges the entries `a` and `b` inside `dir` atomically: each name
+/// then names what the other named, and neither is free for an instant.
+/// Linux (glibc): `renameat2(RENAME_EXCHANGE)`; macOS:
+/// `renameatx_np(RENAME_SWAP)`. `Unsupported` elsewhere (FreeBSD, musl,
+/// Windows) and where the filesystem cannot do it.
+#[cfg_attr(windows, allow(dead_code))]
+pub(crate) fn exchange_at(dir: &std::fs::File, a: &str, b: &str) -> Result<(), RenameError> {
+    pick!(exchange_at(dir, a, b))
+}
+
+/// Whether [`exchange_at`] can work on this platform at all (a
+/// filesystem may still refuse it).
+pub(crate) fn can_exchange() -> bool {
+    #[cfg(all(target_os = "linux", feature = "portable-test"))]
+    if portable() {
+        return false;
+    }
+    cfg!(any(
+        all(target_os = "linux", target_env = "gnu"),
+        target_os = "macos"
+    ))
+}
+
 /// Renames the directory `from` to `to` inside `dir`, failing if `to`
 /// exists in any form.
 ///

@@ -15,9 +15,12 @@
 //!   under a private name with our exclusive flock and the record in it,
 //!   renamed over the marker (never the marker's inode, which a member
 //!   frozen in its unlocked signing may still write a marker into); a
-//!   lock directory stays where it is, under the shared flock our member
-//!   took on it, which every flock test (`try_flock`, exclusive) finds
-//!   held, and gets a fresh exclusive `owner.json` by rename.
+//!   lock directory likewise by a new one, made under a private name with
+//!   our exclusive flock and the record as its `owner.json`, exchanged
+//!   with the marker's in one step (`renameat2(RENAME_EXCHANGE)`,
+//!   `renameatx_np(RENAME_SWAP)`; refused with `Unsupported` where there
+//!   is none), the marker's then removed: a frozen member renames its
+//!   marker through the marker directory's descriptor, so never into ours.
 //!   Our member record is removed last. velocious and pi-research, which
 //!   know only the lock path, see it held throughout.
 //! - **Downgrade**: a new upgradable member record is made, then the
@@ -66,6 +69,12 @@ fn busy<K>(owner: Option<Owner>) -> Attempt<K> {
 impl Upgrade for Fs {
     fn join_upgradable<K: Kept>(&self, name: &LockName, arm: Arm<'_, FsLock, K>) -> Result<Attempt<K>> {
         let ctx = &self.ctx;
+        // The upgrade exchanges lock directories (`directory::replace`).
+        if ctx.settings.strategy == Strategy::Directory && !crate::sys::can_exchange() {
+            return Err(Error::Unsupported {
+                what: directory::NO_EXCHANGE,
+            });
+        }
         for _ in 0..4 {
             match group::join(ctx, name, Mode::Shared, true)? {
                 group::Joined::Member(member) => {
@@ -139,13 +148,14 @@ impl Upgrade for Fs {
         if let Some(other) = scan.live_members().find(|e| e.file_name != member.file_name()) {
             return Ok(busy(Some(Owner::from_parsed(&other.parsed))));
         }
-        // Ours alone: the marker becomes our exclusive lock, in place.
+        // Ours alone: a new exclusive lock takes the marker's place.
         failpoint!("upgrade.before_rewrite").context("upgrade lock", || ctx.path_of(name.file_name()))?;
         let record = ctx.own_record(name);
         let path = || ctx.path_of(name.file_name());
         let Some(FsLock::Member(member)) = share.take() else {
             unreachable!("checked above")
         };
+        let mut old_dir = None;
         let (identity, writer, record_file, made) = match ctx.settings.strategy {
             // A new file, made under a private name with our exclusive
             // flock and the record in it, renamed over the marker: the
@@ -187,15 +197,39 @@ impl Upgrade for Fs {
                 let node = made.try_clone().context("upgrade lock", path)?;
                 (identity, Some((made, len)), None, Some(node))
             }
-            Strategy::Directory => (
-                found.identity(),
-                None,
-                Some(directory::rewrite(found.node(), &record, path)?),
-                None,
-            ),
+            // Likewise a new lock directory, exchanged with the marker's
+            // in one step (`directory::replace`): a member frozen in its
+            // unlocked signing renames its marker over `owner.json`
+            // through the descriptor of the marker's directory.
+            Strategy::Directory => match directory::replace(ctx, name, found.identity(), record.clone()) {
+                Ok(Some(replaced)) => {
+                    let published = replaced.published;
+                    old_dir = Some(replaced.old_name);
+                    (
+                        (published.dev, published.ino),
+                        None,
+                        Some(published.record_file),
+                        Some(published.dir),
+                    )
+                }
+                Ok(None) => {
+                    *share = Some(FsLock::Member(member));
+                    return Ok(busy(None));
+                }
+                Err(error) => {
+                    *share = Some(FsLock::Member(member));
+                    return Err(error);
+                }
+            },
         };
         failpoint!("upgrade.after_rewrite").context("upgrade lock", path)?;
         let marker_node = member.dissolve()?.ok_or_else(|| lost(name))?;
+        if let Some(old_dir) = old_dir {
+            // The marker's directory, now under a private name: emptied
+            // and removed (what a frozen member renames into it later
+            // fails, or is swept with it).
+            directory::remove_dir(ctx, &old_dir, &marker_node);
+        }
         let node = made.unwrap_or(marker_node);
         if scan.waiters.is_empty() {
             remove_members_dir(ctx, &dir_name);
