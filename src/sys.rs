@@ -591,6 +591,37 @@ fn rename_after_looking(dir: &std::fs::File, from: &str, to: &str) -> Result<(),
 mod tests {
     use super::*;
 
+    /// Two full directories swap names in one step, each keeping its
+    /// contents (and a descriptor opened on one still reaches it under
+    /// its new name); where there is no exchange, it says so.
+    #[test]
+    fn exchange_swaps_two_directories_or_says_it_cannot() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = std::fs::File::open(root.path()).unwrap();
+        let at = |name: &str| root.path().join(name);
+        for (name, text) in [("new", "ours"), ("lock", "marker")] {
+            std::fs::create_dir(at(name)).unwrap();
+            std::fs::write(at(name).join("owner.json"), text).unwrap();
+        }
+        let old = std::fs::File::open(at("lock")).unwrap();
+        match exchange_at(&dir, "new", "lock") {
+            Ok(()) => {
+                assert!(can_exchange());
+                assert_eq!(std::fs::read_to_string(at("lock/owner.json")).unwrap(), "ours");
+                assert_eq!(std::fs::read_to_string(at("new/owner.json")).unwrap(), "marker");
+                syscall::unlink_at(&old, "owner.json").unwrap();
+                assert!(!at("new/owner.json").exists() && at("lock/owner.json").exists());
+            }
+            Err(RenameError::Unsupported) => {
+                assert!(
+                    !cfg!(all(target_os = "linux", target_env = "gnu")),
+                    "no exchange on this filesystem"
+                );
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+
     #[test]
     fn the_look_first_rename_never_replaces_what_it_finds() {
         let root = tempfile::tempdir().unwrap();

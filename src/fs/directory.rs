@@ -144,7 +144,7 @@ fn publish(
 pub(super) struct Replaced {
     /// The new lock directory, exclusively flocked, now at the lock path.
     pub(super) published: Published,
-    /// The private name the old lock directory now has; the caller
+    /// The private (trash) name the old lock directory now has; the caller
     /// removes it ([`remove_dir`]) once it is done with it.
     pub(super) old_name: String,
 }
@@ -212,6 +212,17 @@ pub(super) fn replace(
     }
     cleanup.armed = false;
     drop(cleanup);
+    // The old one under a trash name, which a sweep takes as soon as
+    // nobody holds it (a pending name is spared while young): if we die
+    // before we remove it, it goes at the next sweep.
+    let trash = format!("{}.trash-{}", name.file_name(), suffix());
+    let old_name = match syscall::rename_at(ctx.dir.fd(), &pending, &trash) {
+        Ok(()) => trash,
+        Err(error) => {
+            tracing::debug!(dir = pending, %error, "could not move a replaced lock directory to the trash");
+            pending
+        }
+    };
     Ok(Some(Replaced {
         published: Published {
             dir,
@@ -220,7 +231,7 @@ pub(super) fn replace(
             dev: meta.dev(),
             ino: meta.ino(),
         },
-        old_name: pending,
+        old_name,
     }))
 }
 
