@@ -106,6 +106,11 @@ impl Engine {
         })
     }
 
+    /// What arms the renewal of every lock taken (for `upgradable.rs`).
+    pub(crate) fn keeper(&self) -> &Keeper {
+        &self.keeper
+    }
+
     /// One attempt to take `name` as `mode` without waiting for other
     /// tasks or processes: `None` when anyone holds it in a way that
     /// excludes `mode` (or waits for it here).
@@ -602,7 +607,7 @@ impl Engine {
     /// Announces an exclusive waiter for `name` to its shared holders and
     /// has the renewal thread keep the announcement current. Dropping the
     /// result withdraws it.
-    async fn announce(&self, name: &LockName) -> Result<Option<Announced>> {
+    pub(crate) async fn announce(&self, name: &LockName) -> Result<Option<Announced>> {
         self.keeper.roll.check(name.as_str())?;
         let (store, name) = (self.store.clone(), name.clone());
         let Some(announcement) = blocking(move || store.announce(&name)).await?? else {
@@ -621,7 +626,7 @@ impl Engine {
 
 /// An exclusive waiter's announcement, kept current by the renewal
 /// thread; withdrawn when dropped.
-struct Announced {
+pub(crate) struct Announced {
     _registration: Option<crate::renew::Registration>,
     _announcement: Arc<dyn crate::renew::Renewable>,
 }

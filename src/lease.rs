@@ -405,6 +405,22 @@ impl Lease {
         Some(held.release(confirm))
     }
 
+    /// Runs `f` on this lease's lock, for an upgrade or a downgrade
+    /// (`upgradable.rs`), which may take it to make another kind of
+    /// holding of it. Once taken, this lease is over: renewal stops and
+    /// its holders hear that the lock was replaced.
+    pub(crate) fn convert<R>(&self, f: impl FnOnce(&mut Option<StoreLock>) -> R) -> R {
+        let mut held = self.held();
+        let had = held.is_some();
+        let out = f(&mut held);
+        if had && held.is_none() {
+            drop(held);
+            *lock(&self.registration) = None;
+            self.lost.send_replace(Some(LossReason::Replaced));
+        }
+        out
+    }
+
     fn loss_reason(&self) -> LossReason {
         self.lost.borrow().clone().unwrap_or(LossReason::LeaseExpired)
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{
     Arm, Attempt, Backend, BackendLock, Inline, Inspection, Kept, Line, Mode, OnDisk, ReleaseNow, Renewable,
-    Renewal, Tokens,
+    Renewal, Tokens, Upgrade,
 };
 use crate::error::{LossReason, Result};
 use crate::fs::{Fs, FsLock};
@@ -201,5 +201,69 @@ impl BackendLock for StoreLock {
             #[cfg(feature = "postgres")]
             pg @ StoreLock::Postgres(_) => ReleaseNow::Busy(pg),
         }
+    }
+}
+
+/// Upgradable shared locks: files only, for now.
+impl Store {
+    pub(crate) fn join_upgradable<K: Kept>(
+        &self,
+        name: &LockName,
+        arm: Arm<'_, StoreLock, K>,
+    ) -> Result<Attempt<K>> {
+        match self {
+            Store::Fs(fs) => fs.join_upgradable(name, &|lock, tokens| arm(StoreLock::Fs(lock), tokens)),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => Err(no_upgrades()),
+        }
+    }
+
+    /// See [`Upgrade::upgrade`]; `share` is the lock of the upgradable
+    /// holding, taken on success.
+    pub(crate) fn upgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        share: &mut Option<StoreLock>,
+        arm: Arm<'_, StoreLock, K>,
+    ) -> Result<Attempt<K>> {
+        match (self, share.take()) {
+            (Store::Fs(fs), Some(StoreLock::Fs(lock))) => {
+                let mut lock = Some(lock);
+                let attempt = fs.upgrade(name, &mut lock, &|lock, tokens| arm(StoreLock::Fs(lock), tokens));
+                *share = lock.map(StoreLock::Fs);
+                attempt
+            }
+            (_, other) => {
+                *share = other;
+                Err(no_upgrades())
+            }
+        }
+    }
+
+    /// See [`Upgrade::downgrade`].
+    pub(crate) fn downgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        lock: &mut Option<StoreLock>,
+        arm: Arm<'_, StoreLock, K>,
+    ) -> Result<Option<K>> {
+        match (self, lock.take()) {
+            (Store::Fs(fs), Some(StoreLock::Fs(inner))) => {
+                let mut inner = Some(inner);
+                let done = fs.downgrade(name, &mut inner, &|lock, tokens| arm(StoreLock::Fs(lock), tokens));
+                *lock = inner.map(StoreLock::Fs);
+                done
+            }
+            (_, other) => {
+                *lock = other;
+                Err(no_upgrades())
+            }
+        }
+    }
+}
+
+fn no_upgrades() -> crate::error::Error {
+    crate::error::Error::Unsupported {
+        what: "upgradable locks on PostgreSQL (not yet): use the lock directory backends",
     }
 }
