@@ -2,6 +2,10 @@
 //! coexist, writers are excluded, an upgrade waits for readers and lets
 //! no writer in between, a downgrade lets readers in, fencing grows.
 
+// Not on Windows: upgradable locks are refused there (`tests/windows.rs`
+// `upgradable_locks_are_refused_on_windows`).
+#![cfg(unix)]
+
 use std::time::Duration;
 
 use leasehold::{Locker, Strategy};

@@ -22,6 +22,10 @@
 //! binary with a role (`tests/support/common.rs`); each child is bounded in
 //! time and killed by pid when its `ChildProc` is dropped.
 
+// Not on Windows: upgradable locks are refused there (`tests/windows.rs`
+// `upgradable_locks_are_refused_on_windows`).
+#![cfg(unix)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
