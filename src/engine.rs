@@ -613,14 +613,35 @@ impl Engine {
         let Some(announcement) = blocking(move || store.announce(&name)).await?? else {
             return Ok(None);
         };
+        Ok(Some(self.keep_announced(announcement)))
+    }
+
+    /// [`announce`](Self::announce) for the upgrade of the upgradable
+    /// holding `share` (see `Store::announce_upgrade`).
+    pub(crate) async fn announce_upgrade(
+        &self,
+        name: &LockName,
+        share: &Arc<crate::lease::Lease>,
+    ) -> Result<Option<Announced>> {
+        self.keeper.roll.check(name.as_str())?;
+        let (store, name, share) = (self.store.clone(), name.clone(), Arc::clone(share));
+        let announced = blocking(move || share.convert(|lock| store.announce_upgrade(&name, lock.as_ref())));
+        let Some(announcement) = announced.await?? else {
+            return Ok(None);
+        };
+        Ok(Some(self.keep_announced(announcement)))
+    }
+
+    /// An announcement, kept current by the renewal thread.
+    fn keep_announced(&self, announcement: Arc<dyn crate::renew::Renewable>) -> Announced {
         let registration = self
             .keeper
             .renewer
             .add_weak(Arc::downgrade(&announcement), self.keeper.renew_interval);
-        Ok(Some(Announced {
+        Announced {
             _registration: registration,
             _announcement: announcement,
-        }))
+        }
     }
 }
 

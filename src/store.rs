@@ -204,7 +204,9 @@ impl BackendLock for StoreLock {
     }
 }
 
-/// Upgradable shared locks: files only, for now.
+/// Upgradable shared locks: every backend has them, but for the
+/// mismatched pairs below (a lock of one backend given to another), which
+/// never happen.
 impl Store {
     pub(crate) fn join_upgradable<K: Kept>(
         &self,
@@ -214,7 +216,23 @@ impl Store {
         match self {
             Store::Fs(fs) => fs.join_upgradable(name, &|lock, tokens| arm(StoreLock::Fs(lock), tokens)),
             #[cfg(feature = "postgres")]
-            Store::Postgres(_) => Err(no_upgrades()),
+            Store::Postgres(pg) => {
+                pg.join_upgradable(name, &|lock, tokens| arm(StoreLock::Postgres(lock), tokens))
+            }
+        }
+    }
+
+    /// [`Backend::announce`] for the upgrade of `share`: on a server, on
+    /// the upgradable holding's own session (see `postgres.rs`).
+    pub(crate) fn announce_upgrade(
+        &self,
+        name: &LockName,
+        share: Option<&StoreLock>,
+    ) -> Result<Option<Arc<dyn Renewable>>> {
+        match (self, share) {
+            #[cfg(feature = "postgres")]
+            (Store::Postgres(pg), Some(StoreLock::Postgres(share))) => pg.announce_on(share, name),
+            _ => self.announce(name),
         }
     }
 
@@ -233,9 +251,18 @@ impl Store {
                 *share = lock.map(StoreLock::Fs);
                 attempt
             }
+            #[cfg(feature = "postgres")]
+            (Store::Postgres(pg), Some(StoreLock::Postgres(lock))) => {
+                let mut lock = Some(lock);
+                let attempt = pg.upgrade(name, &mut lock, &|lock, tokens| {
+                    arm(StoreLock::Postgres(lock), tokens)
+                });
+                *share = lock.map(StoreLock::Postgres);
+                attempt
+            }
             (_, other) => {
                 *share = other;
-                Err(no_upgrades())
+                Err(mismatched())
             }
         }
     }
@@ -254,16 +281,27 @@ impl Store {
                 *lock = inner.map(StoreLock::Fs);
                 done
             }
+            #[cfg(feature = "postgres")]
+            (Store::Postgres(pg), Some(StoreLock::Postgres(inner))) => {
+                let mut inner = Some(inner);
+                let done = pg.downgrade(name, &mut inner, &|lock, tokens| {
+                    arm(StoreLock::Postgres(lock), tokens)
+                });
+                *lock = inner.map(StoreLock::Postgres);
+                done
+            }
             (_, other) => {
                 *lock = other;
-                Err(no_upgrades())
+                Err(mismatched())
             }
         }
     }
 }
 
-fn no_upgrades() -> crate::error::Error {
+/// A lock given to a backend that did not make it (or none: the lock was
+/// lost meanwhile).
+fn mismatched() -> crate::error::Error {
     crate::error::Error::Unsupported {
-        what: "upgradable locks on PostgreSQL (not yet): use the lock directory backends",
+        what: "converting a lock that is no longer held, or that another backend made",
     }
 }

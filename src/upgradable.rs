@@ -126,7 +126,9 @@ impl UpgradableGuard {
             .await??;
             match attempt {
                 Attempt::Acquired(hold) => break hold,
-                Attempt::Busy { .. } if announced.is_none() => announced = engine.announce(&name).await?,
+                Attempt::Busy { .. } if announced.is_none() => {
+                    announced = engine.announce_upgrade(&name, &lease).await?
+                }
                 Attempt::Busy { .. } => {}
             }
             let poll = if engine.store.watch(&name) {
