@@ -103,6 +103,27 @@
 //! it: no less than any earlier exclusive holder's token, less than any
 //! later one's.
 //!
+//! **Upgradable shared locks.** An upgradable holding has a session of
+//! its own (a connection and thread, started by the acquisition and
+//! closed when the holding ends): the `Locker`'s session would not make
+//! its upgrade wait for the `Locker`'s own shared holders, since the
+//! server never makes a session wait for itself. On it the holding takes
+//! the name's *upgradable slot* key exclusively (one upgradable holder a
+//! name, across sessions; kept until the session closes), then joins the
+//! name's holders as any shared holder does (the intent probe, the key
+//! shared, its row). Its upgrade takes the name's key exclusively on that
+//! same session, granted once no other session holds it, records the
+//! owner and a new block of tokens (waiting out holders whose session
+//! ended, as an exclusive holder does), deletes its shared row and only
+//! then lets its shared hold go: the key is never free, so no writer and
+//! no other upgradable holder gets in. While it waits, it announces itself
+//! on its own session, so the intent key keeps out new readers of every
+//! session, its `Locker`'s included. A downgrade is the same backwards.
+//! The session is never made again: when it ends (released, or
+//! `pg_terminate_backend`), the holding is over, its heartbeat reports it
+//! lost, and the server has let go of its keys. See
+//! `session/upgrade.rs`.
+//!
 //! **Connection poolers.** Session locks need a session: behind a pooler in
 //! transaction mode (PgBouncer `pool_mode = transaction`) each statement may
 //! run on another server connection, so a lock taken by one statement is
@@ -173,6 +194,12 @@ fn derived(role: &str, name: &str, index: Option<u32>) -> i64 {
 /// The key of permit slot `index` of the semaphore `name`.
 pub(crate) fn slot_key(name: &str, index: u32) -> i64 {
     derived("slot", name, Some(index))
+}
+
+/// The key of the name's upgradable slot, held exclusively by the
+/// session of its one upgradable holding (see `session/upgrade.rs`).
+pub(crate) fn upgradable_key(name: &str) -> i64 {
+    derived("upgradable", name, None)
 }
 
 /// The keys of one name.
@@ -439,7 +466,7 @@ impl Upgrade for Pg {
     /// it, having taken the name's upgradable slot; the session closes
     /// (letting the slot go) when the attempt comes to nothing.
     fn join_upgradable<K: Kept>(&self, name: &LockName, arm: Arm<'_, PgLock, K>) -> Result<Attempt<K>> {
-        let slot = derived("upgradable", name.as_str(), None);
+        let slot = upgradable_key(name.as_str());
         let line = start_session(Session::dedicated_to(&self.url, self.lease, slot))?;
         self.attempt_on(&line, name, Mode::Shared, None, arm)
     }
@@ -659,6 +686,11 @@ mod tests {
         assert_eq!(keys.join, -8_327_747_811_861_364_901);
         assert_eq!(slot_key("reindex", 0), -4_442_260_240_349_315_333);
         assert_eq!(slot_key("reindex", 7), 1_983_168_917_083_701_099);
+        assert_eq!(upgradable_key("reindex"), -3_256_819_521_775_627_800);
+        assert_eq!(
+            upgradable_key("reindex").to_be_bytes(),
+            [0xd2, 0xcd, 0x73, 0xe6, 0x7b, 0x01, 0x91, 0xe8]
+        );
         let t = block(1025, 2048);
         assert_eq!((t.next, t.last), (1025, 2048));
         assert_eq!(TOKEN_BLOCK * 8, LEAD);

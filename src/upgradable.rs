@@ -9,7 +9,8 @@
 //! upgrade announces itself as a waiting writer (so no new reader joins:
 //! writers' preference), waits for the other holders to leave, and has
 //! the store turn its share into the exclusive lock in one step (files:
-//! `fs/upgrade.rs`). A downgrade is the same step backwards. The old
+//! `fs/upgrade.rs`; PostgreSQL: `postgres/session/upgrade.rs`, where the
+//! holding has a session of its own). A downgrade is the same step backwards. The old
 //! holding's lease ends there (its guard is consumed); the new one has a
 //! lease, renewal and fencing token of its own.
 
@@ -282,8 +283,9 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] on PostgreSQL (not yet);
-    /// [`Error::KindMismatch`] if the name is held as a semaphore;
+    /// [`Error::Unsupported`] where upgradable locks cannot be kept (see
+    /// `docs/upgradable.md`: Windows, and the directory layout without an
+    /// atomic exchange); [`Error::KindMismatch`] if the name is held as a semaphore;
     /// otherwise as [`acquire`](Self::acquire).
     ///
     /// # Cancel safety

@@ -243,17 +243,30 @@ async fn a_downgrade_lets_readers_in_and_can_be_upgraded_again() {
     );
 }
 
-/// A guard from `acquire` cannot be downgraded on a server either.
+/// A guard from `acquire` cannot be downgraded on a server either, and a
+/// name held as a semaphore is refused as a kind mismatch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_guard_is_not_downgraded() {
+async fn a_plain_guard_is_not_downgraded_and_semaphores_are_another_kind() {
     let server = Server::start();
     let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
     let name = unique("catalog");
     let plain = a.acquire(&name).await.unwrap();
     let err = plain.downgrade().await.unwrap_err();
     assert!(matches!(err, Error::Unsupported { .. }), "{err}");
     drop(
         bounded("the name, free again", a.acquire_upgradable(&name))
+            .await
+            .unwrap(),
+    );
+
+    let gpu = unique("gpu");
+    let permit = b.semaphore(&gpu, 2).unwrap().acquire().await.unwrap();
+    let err = a.try_acquire_upgradable(&gpu).await.unwrap_err();
+    assert!(matches!(err, Error::KindMismatch { .. }), "{err}");
+    drop(permit);
+    drop(
+        bounded("the name, free again", a.acquire_upgradable(&gpu))
             .await
             .unwrap(),
     );

@@ -7,7 +7,8 @@
 //! `connection` (the connection and what it holds of each name),
 //! `exclusive`, `shared` (shared locks and permits), `intent` (exclusive
 //! waiters' announcements), `release`, `fence` (fencing tokens), `tables`
-//! (the owner tables), `inspect`, and `lock` ([`PgLock`], and the [`Line`]
+//! (the owner tables), `inspect`, `upgrade` (upgradable holdings, each on
+//! a session of its own), and `lock` ([`PgLock`], and the [`Line`]
 //! to the thread). Imports go one way: `tables` ← `connection` ← the
 //! rest ← this file.
 
@@ -249,7 +250,9 @@ impl Session {
             self.drop_connection();
             // Out of time: an attempt that took nothing, as if busy; the
             // caller's next one connects anew.
-            tried = if Instant::now() < until {
+            // (An upgradable holding's own session is never made again:
+            // its caller starts another.)
+            tried = if Instant::now() < until && self.dedicated.is_none() {
                 self.try_mode(name, keys, mode, owner, until)
             } else {
                 Ok(BUSY)
