@@ -83,10 +83,14 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "line.release.before_look",
     // Upgradable shared locks (`fs/upgrade.rs`): an upgrade before and
     // after the marker is rewritten as the exclusive record, a downgrade
-    // before the marker is put back (tests/upgradable_processes.rs).
+    // before the marker is put back (tests/upgradable_processes.rs); each
+    // one's guard made, before it is returned (tests/upgradable_attack.rs
+    // freezes there).
     "upgrade.before_rewrite",
     "upgrade.after_rewrite",
+    "upgrade.before_return",
     "downgrade.before_marker",
+    "downgrade.before_return",
     // A waiter between its look at the lock and the start of its watch
     // (no filesystem step: a test releases the lock there).
     "engine.wait.before_watch",

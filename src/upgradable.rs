@@ -152,6 +152,7 @@ impl UpgradableGuard {
         drop(share);
         let guard = guard?;
         remember(guard.lease_of(), &engine);
+        let _ = failpoint!("upgrade.before_return");
         Ok(guard)
     }
 }
@@ -236,6 +237,7 @@ impl LockGuard {
         };
         drop(self);
         let share = finish(hold, engine.queues.get(&name)).await?;
+        let _ = failpoint!("downgrade.before_return");
         Ok(UpgradableGuard { share, engine })
     }
 }

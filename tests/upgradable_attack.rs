@@ -237,6 +237,88 @@ fn a_lock_file_keeps_its_flock_through_a_downgrade() {
     );
 }
 
+// ---- A holder frozen at the end of an upgrade or a downgrade ----------------
+
+/// Lease of the frozen holders below.
+const SHORT_LEASE: Duration = Duration::from_millis(800);
+
+/// What the child said of its conversion, once it ran again.
+#[allow(dead_code)]
+fn conversion_after_a_freeze(role: &str, way: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Proc::spawn(role, dir.path());
+    child.expect("armed");
+    child.wait_stopped(way);
+    // The frozen holder's new lease runs out; a writer of another process
+    // gets the name (the holder is frozen after its conversion, with
+    // nothing locked but its new holding).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let other = locker(dir.path(), Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
+    let writer = rt
+        .block_on(other.acquire_timeout(NAME, Duration::from_secs(10)))
+        .unwrap_or_else(|e| panic!("no writer got in while the {way} was frozen: {e}"));
+    assert!(!writer.is_lost());
+    child.cont();
+    let said = child.next_line();
+    drop(writer);
+    assert_eq!(
+        said, "lost",
+        "the {way} returned a guard although a writer of another process got in \
+         between (the holder was frozen past its lease before it returned): the \
+         {way} must end in Error::Lost"
+    );
+}
+
+/// An upgrade whose process is frozen (SIGSTOP) after the store turned
+/// the share into the exclusive lock, before `upgrade()` returned, for
+/// longer than the lease: a writer of another process gets the name
+/// meanwhile (the exclusive lease ran out). `upgrade()` then returned
+/// `Ok` with a guard already lost: the caller took "nobody got in
+/// between" from it, and `tests/torture_upgradable.rs` counted the
+/// upgradable section as held up to that return (22 overlaps). It must
+/// return `Error::Lost`.
+#[cfg(feature = "failpoints")]
+#[test]
+fn an_upgrade_frozen_before_it_returns_past_its_lease_is_lost() {
+    conversion_after_a_freeze("upgrader-frozen-at-return", "upgrade");
+}
+
+/// The same for a downgrade frozen after the store made the new
+/// upgradable holding, before `downgrade()` returned.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_downgrade_frozen_before_it_returns_past_its_lease_is_lost() {
+    conversion_after_a_freeze("downgrader-frozen-at-return", "downgrade");
+}
+
+/// The upgradable guard a downgrade made counts itself lost once its lease
+/// ran out while its process was frozen (SIGSTOP by the parent), as soon
+/// as it runs again, before any renewal.
+#[test]
+fn a_downgraded_holding_frozen_past_its_lease_counts_itself_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Proc::spawn("downgraded-then-frozen", dir.path());
+    child.expect("downgraded");
+    let _ = nix::sys::signal::kill(child.pid(), nix::sys::signal::Signal::SIGSTOP);
+    child.wait_stopped("downgraded holder");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let other = locker(dir.path(), Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
+    let writer = rt
+        .block_on(other.acquire_timeout(NAME, Duration::from_secs(10)))
+        .unwrap_or_else(|e| panic!("no writer got in while the downgraded holder was frozen: {e}"));
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    child.cont();
+    let said = child.next_line();
+    drop(writer);
+    assert_eq!(said, "lost=true", "the downgraded holder did not see its loss");
+}
+
 // ---- Children ---------------------------------------------------------------
 
 #[test]
@@ -301,6 +383,39 @@ fn child_process_entry() {
             say("upgraded");
             let _up = writer.downgrade().await.unwrap();
             tokio::time::sleep(CHILD_TTL).await;
+        }),
+        #[cfg(feature = "failpoints")]
+        "upgrader-frozen-at-return" | "downgrader-frozen-at-return" => rt.block_on(async {
+            let locker = locker(&dir, Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
+            let up = locker.acquire_upgradable(NAME).await.unwrap();
+            let stop = || {
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+            };
+            let converted = if role == "upgrader-frozen-at-return" {
+                fail::cfg_callback("upgrade.before_return", stop).unwrap();
+                say("armed");
+                up.upgrade().await.map(drop)
+            } else {
+                let writer = up.upgrade().await.unwrap();
+                fail::cfg_callback("downgrade.before_return", stop).unwrap();
+                say("armed");
+                writer.downgrade().await.map(drop)
+            };
+            match converted {
+                Ok(()) => say("returned a guard"),
+                Err(e) if e.is_lost() => say("lost"),
+                Err(e) => say(&format!("error {e}")),
+            }
+        }),
+        "downgraded-then-frozen" => rt.block_on(async {
+            let locker = locker(&dir, Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
+            let up = locker.acquire_upgradable(NAME).await.unwrap();
+            let up = up.upgrade().await.unwrap().downgrade().await.unwrap();
+            say("downgraded");
+            while !dir.join("go").exists() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            say(&format!("lost={}", up.guard().is_lost()));
         }),
         other => panic!("unknown role {other}"),
     }
@@ -370,6 +485,22 @@ impl Proc {
 
     fn cont(&self) {
         let _ = nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT);
+    }
+
+    /// Waits (15 s at most) until it is stopped.
+    fn wait_stopped(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !self.stopped() {
+            assert!(Instant::now() < deadline, "the {what} never stopped");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Its next line (20 s at most).
+    fn next_line(&self) -> String {
+        self.lines
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("child {} said nothing", self.child.id()))
     }
 }
 
