@@ -70,8 +70,10 @@ impl UpgradableGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::Lost`] if the shared holding was lost meanwhile (then
-    /// nothing is held); [`Error::Unsupported`] on a backend without
+    /// [`Error::Lost`] if the shared holding was lost meanwhile, or the
+    /// exclusive lock before this returned (say the process was frozen
+    /// past its lease: another holder may have got in); then nothing is
+    /// held. [`Error::Unsupported`] on a backend without
     /// upgradable locks; otherwise as [`Locker::acquire`].
     ///
     /// # Cancel safety
@@ -153,7 +155,7 @@ impl UpgradableGuard {
         let guard = guard?;
         remember(guard.lease_of(), &engine);
         let _ = failpoint!("upgrade.before_return");
-        Ok(guard)
+        returned(guard)
     }
 }
 
@@ -182,7 +184,8 @@ impl LockGuard {
     /// [`Error::Unsupported`] for a guard that did not come from an
     /// upgrade (a shared guard, a permit, a guard from `acquire`); the
     /// guard is consumed, so its lock is released. [`Error::Lost`] if the
-    /// lock was lost meanwhile.
+    /// lock was lost meanwhile, or the new holding before this returned
+    /// (say the process was frozen past its lease).
     ///
     /// # Cancel safety
     ///
@@ -238,6 +241,7 @@ impl LockGuard {
         drop(self);
         let share = finish(hold, engine.queues.get(&name)).await?;
         let _ = failpoint!("downgrade.before_return");
+        let share = returned(share)?;
         Ok(UpgradableGuard { share, engine })
     }
 }
@@ -258,6 +262,21 @@ fn upgraded_by(lease: &Arc<Lease>) -> Option<Arc<Engine>> {
         .iter()
         .find(|(l, _)| std::ptr::eq(l.as_ptr(), Arc::as_ptr(lease)))
         .and_then(|(_, engine)| engine.upgrade())
+}
+
+/// The guard an upgrade or a downgrade made, if it is not lost by now;
+/// otherwise `Error::Lost` (the guard dropped). The store made the new
+/// holding in one step with the old one, but the process may have been
+/// frozen since, past the new lease, and another holder may have got in:
+/// a guard returned must mean that nobody got in between from the old
+/// holding's acquisition until the return (the caller, who read under the
+/// old holding, goes on from there), as the lease checked here, last,
+/// says.
+fn returned(guard: LockGuard) -> Result<LockGuard> {
+    if guard.is_lost() {
+        return Err(guard.lease_of().lost_error());
+    }
+    Ok(guard)
 }
 
 /// The guard of a hold just taken, with its fencing token.

@@ -10,7 +10,9 @@
 //!
 //! An upgradable holder's phases are logged as one chain of sections with
 //! no gap between them: `U` ends and `X` starts at the moment the upgrade
-//! returned (the share was held, converted in place, until then); `X` ends
+//! returned (the share was held, converted in place, until then; the
+//! exclusive lock checked not lost after that moment, else `U` ends lost
+//! there); `X` ends
 //! and the next `U` starts at the moment the downgrade was *called* (from
 //! there on readers may join, and nothing else may: a `U` section). So a
 //! writer (or another upgradable holder) that got in at any moment of an
@@ -200,7 +202,16 @@ async fn upgradable_chain(mut up: UpgradableGuard, log: &Log, id: &str, rng: &mu
                 return;
             }
         };
+        // The upgradable section lasts until now only if the exclusive
+        // lock is not lost now, checked after the moment is taken: a
+        // process frozen before or after the upgrade returned may have
+        // let another holder in after the conversion.
         let ns = mono_ns();
+        if writer.is_lost() {
+            let reason = torture::loss_reason(&writer).await;
+            log.line(format!("L {NAME} {this} {pid} {ns} {reason}"));
+            return;
+        }
         k += 1;
         let next = format!("{id}.{k}");
         let token = writer.fencing_token().expect("fencing is on");
