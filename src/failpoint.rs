@@ -84,8 +84,11 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     // Upgradable shared locks (`fs/upgrade.rs`): an upgrade before and
     // after the marker is rewritten as the exclusive record, a downgrade
     // before the marker is put back (tests/upgradable_processes.rs); each
-    // one's guard made, before it is returned (tests/upgradable_attack.rs
+    // one after its last look at its lease, before the conversion, and
+    // with its guard made, before it is returned (tests/upgradable_attack.rs
     // freezes there).
+    "upgrade.before_convert",
+    "downgrade.before_convert",
     "upgrade.before_rewrite",
     "upgrade.after_rewrite",
     "upgrade.before_return",

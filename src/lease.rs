@@ -409,11 +409,20 @@ impl Lease {
     /// (`upgradable.rs`), which may take it to make another kind of
     /// holding of it. Once taken, this lease is over: renewal stops and
     /// its holders hear that the lock was replaced.
-    pub(crate) fn convert<R>(&self, f: impl FnOnce(&mut Option<StoreLock>) -> R) -> R {
+    ///
+    /// `Error::Lost`, without calling `f`, when the lease is lost: the
+    /// renewal thread took the lock out (the holder was frozen, say,
+    /// between its last look and this), or the lease is past its cutoff,
+    /// after which it is never renewed, so never made into a new holding
+    /// either (another process may count it as over).
+    pub(crate) fn convert<T>(&self, f: impl FnOnce(&mut Option<StoreLock>) -> Result<T>) -> Result<T> {
         let mut held = self.held();
-        let had = held.is_some();
+        if held.is_none() || sys::boot_clock_ms() >= self.cutoff() {
+            drop(held);
+            return Err(self.lost_error());
+        }
         let out = f(&mut held);
-        if had && held.is_none() {
+        if held.is_none() {
             drop(held);
             *lock(&self.registration) = None;
             self.lost.send_replace(Some(LossReason::Replaced));

@@ -124,6 +124,7 @@ impl UpgradableGuard {
             let attempt = blocking(move || {
                 let _flight = flight;
                 let arm = |lock, tokens| keeper.hold(n.as_str(), Mode::Exclusive, lock, tokens);
+                let _ = failpoint!("upgrade.before_convert");
                 l.convert(|share| store.upgrade(&n, share, &arm))
             })
             .await??;
@@ -230,6 +231,7 @@ impl LockGuard {
             let done = blocking(move || {
                 let _flight = flight;
                 let arm = |lock, tokens| keeper.hold(n.as_str(), Mode::Shared, lock, tokens);
+                let _ = failpoint!("downgrade.before_convert");
                 l.convert(|lock| store.downgrade(&n, lock, &arm))
             })
             .await??;

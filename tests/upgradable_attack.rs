@@ -294,6 +294,25 @@ fn a_downgrade_frozen_before_it_returns_past_its_lease_is_lost() {
     conversion_after_a_freeze("downgrader-frozen-at-return", "downgrade");
 }
 
+/// An upgrade whose process is frozen past its lease after its last look
+/// at the lease, before the conversion: on waking, the renewal thread
+/// takes the lost lock out of the lease first, and the conversion found
+/// nothing to convert: `Error::Unsupported` ("converting a lock that is
+/// no longer held"), which the torture took for a failure that excuses
+/// nothing (9 and 27 overlaps). It must be `Error::Lost`.
+#[cfg(feature = "failpoints")]
+#[test]
+fn an_upgrade_frozen_before_its_conversion_past_its_lease_is_lost() {
+    conversion_after_a_freeze("upgrader-frozen-before-convert", "upgrade");
+}
+
+/// The same for a downgrade.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_downgrade_frozen_before_its_conversion_past_its_lease_is_lost() {
+    conversion_after_a_freeze("downgrader-frozen-before-convert", "downgrade");
+}
+
 /// The upgradable guard a downgrade made counts itself lost once its lease
 /// ran out while its process was frozen (SIGSTOP by the parent), as soon
 /// as it runs again, before any renewal.
@@ -385,19 +404,30 @@ fn child_process_entry() {
             tokio::time::sleep(CHILD_TTL).await;
         }),
         #[cfg(feature = "failpoints")]
-        "upgrader-frozen-at-return" | "downgrader-frozen-at-return" => rt.block_on(async {
+        "upgrader-frozen-at-return"
+        | "downgrader-frozen-at-return"
+        | "upgrader-frozen-before-convert"
+        | "downgrader-frozen-before-convert" => rt.block_on(async {
             let locker = locker(&dir, Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
             let up = locker.acquire_upgradable(NAME).await.unwrap();
+            let point = match role.as_str() {
+                "upgrader-frozen-at-return" => "upgrade.before_return",
+                "downgrader-frozen-at-return" => "downgrade.before_return",
+                "upgrader-frozen-before-convert" => "upgrade.before_convert",
+                _ => "downgrade.before_convert",
+            };
             let stop = || {
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+                // Woken: the renewal thread runs first (as it may).
+                std::thread::sleep(Duration::from_millis(200));
             };
-            let converted = if role == "upgrader-frozen-at-return" {
-                fail::cfg_callback("upgrade.before_return", stop).unwrap();
+            let converted = if point.starts_with("upgrade.") {
+                fail::cfg_callback(point, stop).unwrap();
                 say("armed");
                 up.upgrade().await.map(drop)
             } else {
                 let writer = up.upgrade().await.unwrap();
-                fail::cfg_callback("downgrade.before_return", stop).unwrap();
+                fail::cfg_callback(point, stop).unwrap();
                 say("armed");
                 writer.downgrade().await.map(drop)
             };
