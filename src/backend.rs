@@ -225,6 +225,36 @@ pub(crate) trait Line: Backend {
     fn may_join_locally(&self, name: &LockName) -> bool;
 }
 
+/// A backend with upgradable shared locks (files; see `fs/upgrade.rs`
+/// and `upgradable.rs`): one shared holder at a time may be the
+/// upgradable one, and turn its share into the exclusive lock (and back)
+/// with no instant at which anyone else could take it.
+pub(crate) trait Upgrade: Backend {
+    /// One attempt to join the holders of `name` as its upgradable holder:
+    /// busy while another holds it so, or a writer holds it or waits.
+    fn join_upgradable<K: Kept>(&self, name: &LockName, arm: Arm<'_, Self::Lock, K>) -> Result<Attempt<K>>;
+
+    /// One attempt to turn `share`, this process's upgradable holding of
+    /// `name`, into its exclusive lock: busy while other holders remain.
+    /// On success `share` is taken (it became the lock handed to `arm`).
+    fn upgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        share: &mut Option<Self::Lock>,
+        arm: Arm<'_, Self::Lock, K>,
+    ) -> Result<Attempt<K>>;
+
+    /// Turns `lock`, this process's exclusive lock of `name`, into its
+    /// upgradable shared holding; `None` when the store is busy (try
+    /// again). On success `lock` is taken.
+    fn downgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        lock: &mut Option<Self::Lock>,
+        arm: Arm<'_, Self::Lock, K>,
+    ) -> Result<Option<K>>;
+}
+
 /// A backend that keeps its locks on disk, where crashed processes leave
 /// things behind.
 pub(crate) trait OnDisk: Backend {

@@ -106,6 +106,11 @@ impl Engine {
         })
     }
 
+    /// What arms the renewal of every lock taken (for `upgradable.rs`).
+    pub(crate) fn keeper(&self) -> &Keeper {
+        &self.keeper
+    }
+
     /// One attempt to take `name` as `mode` without waiting for other
     /// tasks or processes: `None` when anyone holds it in a way that
     /// excludes `mode` (or waits for it here).
@@ -602,26 +607,47 @@ impl Engine {
     /// Announces an exclusive waiter for `name` to its shared holders and
     /// has the renewal thread keep the announcement current. Dropping the
     /// result withdraws it.
-    async fn announce(&self, name: &LockName) -> Result<Option<Announced>> {
+    pub(crate) async fn announce(&self, name: &LockName) -> Result<Option<Announced>> {
         self.keeper.roll.check(name.as_str())?;
         let (store, name) = (self.store.clone(), name.clone());
         let Some(announcement) = blocking(move || store.announce(&name)).await?? else {
             return Ok(None);
         };
+        Ok(Some(self.keep_announced(announcement)))
+    }
+
+    /// [`announce`](Self::announce) for the upgrade of the upgradable
+    /// holding `share` (see `Store::announce_upgrade`).
+    pub(crate) async fn announce_upgrade(
+        &self,
+        name: &LockName,
+        share: &Arc<crate::lease::Lease>,
+    ) -> Result<Option<Announced>> {
+        self.keeper.roll.check(name.as_str())?;
+        let (store, name, share) = (self.store.clone(), name.clone(), Arc::clone(share));
+        let announced = blocking(move || share.convert(|lock| store.announce_upgrade(&name, lock.as_ref())));
+        let Some(announcement) = announced.await?? else {
+            return Ok(None);
+        };
+        Ok(Some(self.keep_announced(announcement)))
+    }
+
+    /// An announcement, kept current by the renewal thread.
+    fn keep_announced(&self, announcement: Arc<dyn crate::renew::Renewable>) -> Announced {
         let registration = self
             .keeper
             .renewer
             .add_weak(Arc::downgrade(&announcement), self.keeper.renew_interval);
-        Ok(Some(Announced {
+        Announced {
             _registration: registration,
             _announcement: announcement,
-        }))
+        }
     }
 }
 
 /// An exclusive waiter's announcement, kept current by the renewal
 /// thread; withdrawn when dropped.
-struct Announced {
+pub(crate) struct Announced {
     _registration: Option<crate::renew::Registration>,
     _announcement: Arc<dyn crate::renew::Renewable>,
 }

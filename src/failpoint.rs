@@ -67,6 +67,7 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "group.join.before_marker",
     "group.renew.after_dirlock",
     "group.marker.before_rewrite",
+    "group.sign.before_tmp",
     "group.leave.after_dirlock",
     "group.leave.after_unlink",
     "group.reclaim.before_unlink",
@@ -80,6 +81,19 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "line.wait.before_ticket",
     "line.stand_back.before_look",
     "line.release.before_look",
+    // Upgradable shared locks (`fs/upgrade.rs`): an upgrade before and
+    // after the marker is rewritten as the exclusive record, a downgrade
+    // before the marker is put back (tests/upgradable_processes.rs); each
+    // one after its last look at its lease, before the conversion, and
+    // with its guard made, before it is returned (tests/upgradable_attack.rs
+    // freezes there).
+    "upgrade.before_convert",
+    "downgrade.before_convert",
+    "upgrade.before_rewrite",
+    "upgrade.after_rewrite",
+    "upgrade.before_return",
+    "downgrade.before_marker",
+    "downgrade.before_return",
     // A waiter between its look at the lock and the start of its watch
     // (no filesystem step: a test releases the lock there).
     "engine.wait.before_watch",

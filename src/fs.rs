@@ -26,6 +26,7 @@ mod lock;
 mod members;
 mod mutex;
 mod release;
+mod upgrade;
 mod wake;
 
 use std::path::{Path, PathBuf};
@@ -180,7 +181,7 @@ impl Fs {
         let ctx = &self.ctx;
         for _ in 0..ROUNDS {
             let created = match (mode, ctx.settings.strategy) {
-                (Mode::Shared | Mode::Permit(_), _) => match group::join(ctx, name, mode)? {
+                (Mode::Shared | Mode::Permit(_), _) => match group::join(ctx, name, mode, false)? {
                     Joined::Member(member) => {
                         // Watch the group, to re-sign its marker when the
                         // holder it names dies.

@@ -270,6 +270,13 @@ impl Drop for Grant {
 }
 
 impl LockGuard {
+    /// This guard's lease (for `upgradable.rs`).
+    pub(crate) fn lease_of(&self) -> &Arc<Lease> {
+        &self.lease
+    }
+}
+
+impl LockGuard {
     /// The lock name, as given to `acquire`.
     ///
     /// # Examples

@@ -405,6 +405,31 @@ impl Lease {
         Some(held.release(confirm))
     }
 
+    /// Runs `f` on this lease's lock, for an upgrade or a downgrade
+    /// (`upgradable.rs`), which may take it to make another kind of
+    /// holding of it. Once taken, this lease is over: renewal stops and
+    /// its holders hear that the lock was replaced.
+    ///
+    /// `Error::Lost`, without calling `f`, when the lease is lost: the
+    /// renewal thread took the lock out (the holder was frozen, say,
+    /// between its last look and this), or the lease is past its cutoff,
+    /// after which it is never renewed, so never made into a new holding
+    /// either (another process may count it as over).
+    pub(crate) fn convert<T>(&self, f: impl FnOnce(&mut Option<StoreLock>) -> Result<T>) -> Result<T> {
+        let mut held = self.held();
+        if held.is_none() || sys::boot_clock_ms() >= self.cutoff() {
+            drop(held);
+            return Err(self.lost_error());
+        }
+        let out = f(&mut held);
+        if held.is_none() {
+            drop(held);
+            *lock(&self.registration) = None;
+            self.lost.send_replace(Some(LossReason::Replaced));
+        }
+        out
+    }
+
     fn loss_reason(&self) -> LossReason {
         self.lost.borrow().clone().unwrap_or(LossReason::LeaseExpired)
     }

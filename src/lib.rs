@@ -433,6 +433,7 @@ mod sys;
 pub mod testing;
 mod timer;
 mod timestamp;
+mod upgradable;
 
 pub use builder::LockerBuilder;
 pub use error::{Error, LossReason, Result};
@@ -447,6 +448,7 @@ pub use owner::{LockInfo, LockKind, Owner};
 pub use semaphore::Semaphore;
 pub use stale::StaleReason;
 pub use stats::Stats;
+pub use upgradable::UpgradableGuard;
 
 /// Every failpoint, for `tests/crash_points.rs` (feature `failpoints`,
 /// test-only; not part of the API).

@@ -103,6 +103,27 @@
 //! it: no less than any earlier exclusive holder's token, less than any
 //! later one's.
 //!
+//! **Upgradable shared locks.** An upgradable holding has a session of
+//! its own (a connection and thread, started by the acquisition and
+//! closed when the holding ends): the `Locker`'s session would not make
+//! its upgrade wait for the `Locker`'s own shared holders, since the
+//! server never makes a session wait for itself. On it the holding takes
+//! the name's *upgradable slot* key exclusively (one upgradable holder a
+//! name, across sessions; kept until the session closes), then joins the
+//! name's holders as any shared holder does (the intent probe, the key
+//! shared, its row). Its upgrade takes the name's key exclusively on that
+//! same session, granted once no other session holds it, records the
+//! owner and a new block of tokens (waiting out holders whose session
+//! ended, as an exclusive holder does), deletes its shared row and only
+//! then lets its shared hold go: the key is never free, so no writer and
+//! no other upgradable holder gets in. While it waits, it announces itself
+//! on its own session, so the intent key keeps out new readers of every
+//! session, its `Locker`'s included. A downgrade is the same backwards.
+//! The session is never made again: when it ends (released, or
+//! `pg_terminate_backend`), the holding is over, its heartbeat reports it
+//! lost, and the server has let go of its keys. See
+//! `session/upgrade.rs`.
+//!
 //! **Connection poolers.** Session locks need a session: behind a pooler in
 //! transaction mode (PgBouncer `pool_mode = transaction`) each statement may
 //! run on another server connection, so a lock taken by one statement is
@@ -123,7 +144,7 @@ use postgres::{Client, NoTls};
 use sha2::{Digest, Sha256};
 
 use crate::backend::Renewable;
-use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Waiters};
+use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Upgrade, Waiters};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
@@ -175,6 +196,12 @@ pub(crate) fn slot_key(name: &str, index: u32) -> i64 {
     derived("slot", name, Some(index))
 }
 
+/// The key of the name's upgradable slot, held exclusively by the
+/// session of its one upgradable holding (see `session/upgrade.rs`).
+pub(crate) fn upgradable_key(name: &str) -> i64 {
+    derived("upgradable", name, None)
+}
+
 /// The keys of one name.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Keys {
@@ -209,6 +236,8 @@ pub(crate) struct Pg {
     /// The `Locker`'s owner fields, kept in the owner table.
     fields: Option<Arc<crate::field::OwnerFields>>,
     lease: Duration,
+    /// For the sessions of upgradable holdings.
+    url: String,
 }
 
 impl Drop for Pg {
@@ -230,28 +259,8 @@ impl Pg {
     ) -> Result<Self> {
         let listening = Arc::new(AtomicBool::new(false));
         let closed = Arc::new(AtomicBool::new(false));
-        let mut session = Session::new(url, lease);
-        let (commands, rx) = mpsc::channel();
-        let (ready, connected) = mpsc::channel();
-        // The client blocks on a runtime of its own, which cannot be done
-        // from a thread that drives a Tokio runtime: connect there too.
-        std::thread::Builder::new()
-            .name("leasehold-postgres".into())
-            .spawn(move || {
-                let first = session.client().map(|_| ());
-                let up = first.is_ok();
-                let _ = ready.send(first);
-                if up {
-                    session.run(&rx);
-                }
-            })
-            .map_err(|e| Error::Backend {
-                op: "start the PostgreSQL session thread",
-                source: Box::new(e),
-            })?;
-        connected
-            .recv_timeout(ANSWER_PATIENCE)
-            .map_err(|_| no_answer("connect to PostgreSQL"))??;
+        let line = start_session(Session::new(url, lease))?;
+        let url_of_store = url.to_owned();
         // Notifications get a connection and a thread of their own, so that
         // waiting for them never delays a command.
         let (url, flag, stop) = (url.to_owned(), Arc::clone(&listening), Arc::clone(&closed));
@@ -268,14 +277,42 @@ impl Pg {
                 source: Box::new(e),
             })?;
         Ok(Self {
-            line: Line(commands),
+            line,
             listening,
             closed,
             holder_id,
             fields,
             lease,
+            url: url_of_store,
         })
     }
+}
+
+/// Starts the thread of `session`, connected (a bad URL or an unreachable
+/// server is reported at once): the way to it.
+fn start_session(mut session: Session) -> Result<Line> {
+    let (commands, rx) = mpsc::channel();
+    let (ready, connected) = mpsc::channel();
+    // The client blocks on a runtime of its own, which cannot be done
+    // from a thread that drives a Tokio runtime: connect there too.
+    std::thread::Builder::new()
+        .name("leasehold-postgres".into())
+        .spawn(move || {
+            let first = session.client().map(|_| ());
+            let up = first.is_ok();
+            let _ = ready.send(first);
+            if up {
+                session.run(&rx);
+            }
+        })
+        .map_err(|e| Error::Backend {
+            op: "start the PostgreSQL session thread",
+            source: Box::new(e),
+        })?;
+    connected
+        .recv_timeout(ANSWER_PATIENCE)
+        .map_err(|_| no_answer("connect to PostgreSQL"))??;
+    Ok(Line(commands))
 }
 
 impl Backend for Pg {
@@ -301,55 +338,7 @@ impl Backend for Pg {
         deadline: Option<Instant>,
         arm: Arm<'_, PgLock, K>,
     ) -> Result<Attempt<K>> {
-        let mut owner = OwnRecord::new(&self.holder_id, self.fields.as_ref(), self.lease, name);
-        if mode != Mode::Exclusive {
-            owner.mode = Some(mode.as_str());
-            owner.permits = match mode {
-                Mode::Permit(n) => Some(n),
-                _ => None,
-            };
-        }
-        let now = Instant::now();
-        let slice = self.lease / 4;
-        let budget = match deadline {
-            Some(deadline) => deadline
-                .saturating_duration_since(now)
-                .max(ATTEMPT_FLOOR)
-                .min(slice),
-            None => slice,
-        };
-        let (reply, answer) = mpsc::channel();
-        self.line.send(Command::TryLock {
-            name: name.clone(),
-            keys: Keys::of(name.as_str()),
-            mode,
-            owner: Box::new(owner),
-            until: now + budget,
-            line: self.line.clone(),
-            reply,
-        })?;
-        let answer = match answer.recv_timeout(budget + ANSWER_GRACE) {
-            Ok(answer) => answer?,
-            // A lock granted from now on is dropped with `answer`, or by
-            // the session thread when it finds `answer` gone: unlocked.
-            Err(RecvTimeoutError::Timeout) => Answer::Busy { sharers: false },
-            Err(RecvTimeoutError::Disconnected) => return Err(session_stopped()),
-        };
-        Ok(match answer {
-            // Armed where it was taken, as with files.
-            Answer::Taken(lock, tokens) => Attempt::Acquired(arm(*lock, Some(tokens))),
-            Answer::Busy { sharers } => Attempt::Busy {
-                owner: None,
-                recheck_at: None,
-                sharers,
-            },
-            // Looked at again when that holder's lease is surely over.
-            Answer::Wait(wait) => Attempt::Busy {
-                owner: None,
-                recheck_at: Some(SystemTime::now() + wait),
-                sharers: false,
-            },
-        })
+        self.attempt_on(&self.line, name, mode, deadline, arm)
     }
 
     /// Takes the name's intent key for an exclusive acquisition waiting
@@ -382,6 +371,51 @@ impl Backend for Pg {
 }
 
 impl Pg {
+    fn attempt_on<K: Kept>(
+        &self,
+        line: &Line,
+        name: &LockName,
+        mode: Mode,
+        deadline: Option<Instant>,
+        arm: Arm<'_, PgLock, K>,
+    ) -> Result<Attempt<K>> {
+        let mut owner = OwnRecord::new(&self.holder_id, self.fields.as_ref(), self.lease, name);
+        if mode != Mode::Exclusive {
+            owner.mode = Some(mode.as_str());
+            owner.permits = match mode {
+                Mode::Permit(n) => Some(n),
+                _ => None,
+            };
+        }
+        let now = Instant::now();
+        let slice = self.lease / 4;
+        let budget = match deadline {
+            Some(deadline) => deadline
+                .saturating_duration_since(now)
+                .max(ATTEMPT_FLOOR)
+                .min(slice),
+            None => slice,
+        };
+        let (reply, answer) = mpsc::channel();
+        line.send(Command::TryLock {
+            name: name.clone(),
+            keys: Keys::of(name.as_str()),
+            mode,
+            owner: Box::new(owner),
+            until: now + budget,
+            line: line.clone(),
+            reply,
+        })?;
+        let answer = match answer.recv_timeout(budget + ANSWER_GRACE) {
+            Ok(answer) => answer?,
+            // A lock granted from now on is dropped with `answer`, or by
+            // the session thread when it finds `answer` gone: unlocked.
+            Err(RecvTimeoutError::Timeout) => Answer::Busy { sharers: false },
+            Err(RecvTimeoutError::Disconnected) => return Err(session_stopped()),
+        };
+        Ok(attempted(answer, arm))
+    }
+
     /// The holders known to the table; only those whose advisory lock is
     /// held right now, so none is stale.
     fn rows(&self, name: Option<&str>) -> Result<Vec<(LockName, Inspection)>> {
@@ -400,6 +434,129 @@ impl Pg {
                 Some((LockName::from_name(&name), inspection))
             })
             .collect())
+    }
+}
+
+/// What an attempt's answer means to its caller: the lock, armed where it
+/// was taken (as with files), or busy.
+fn attempted<K>(answer: Answer, arm: Arm<'_, PgLock, K>) -> Attempt<K> {
+    match answer {
+        Answer::Taken(lock, tokens) => Attempt::Acquired(arm(*lock, Some(tokens))),
+        Answer::Busy { sharers } => Attempt::Busy {
+            owner: None,
+            recheck_at: None,
+            sharers,
+        },
+        // Looked at again when that holder's lease is surely over.
+        Answer::Wait(wait) => Attempt::Busy {
+            owner: None,
+            recheck_at: Some(SystemTime::now() + wait),
+            sharers: false,
+        },
+    }
+}
+
+/// Upgradable shared locks (see `session/upgrade.rs`): each upgradable
+/// holding has a session of its own, so that its upgrade waits for every
+/// other holder of the name, this `Locker`'s shared guards included (they
+/// share the `Locker`'s session, which the server never makes wait for
+/// itself).
+impl Upgrade for Pg {
+    /// Starts the holding's own session and joins the name's holders on
+    /// it, having taken the name's upgradable slot; the session closes
+    /// (letting the slot go) when the attempt comes to nothing.
+    fn join_upgradable<K: Kept>(&self, name: &LockName, arm: Arm<'_, PgLock, K>) -> Result<Attempt<K>> {
+        let slot = upgradable_key(name.as_str());
+        let line = start_session(Session::dedicated_to(&self.url, self.lease, slot))?;
+        self.attempt_on(&line, name, Mode::Shared, None, arm)
+    }
+
+    fn upgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        share: &mut Option<PgLock>,
+        arm: Arm<'_, PgLock, K>,
+    ) -> Result<Attempt<K>> {
+        let owner = OwnRecord::new(&self.holder_id, self.fields.as_ref(), self.lease, name);
+        let Some(answer) = self.convert(share, false, owner)? else {
+            return Ok(Attempt::Busy {
+                owner: None,
+                recheck_at: None,
+                sharers: true,
+            });
+        };
+        Ok(match attempted(answer, arm) {
+            // Waiting for holders to leave, whoever they are: announced.
+            Attempt::Busy {
+                owner, recheck_at, ..
+            } => Attempt::Busy {
+                owner,
+                recheck_at,
+                sharers: true,
+            },
+            acquired => acquired,
+        })
+    }
+
+    fn downgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        lock: &mut Option<PgLock>,
+        arm: Arm<'_, PgLock, K>,
+    ) -> Result<Option<K>> {
+        let mut owner = OwnRecord::new(&self.holder_id, self.fields.as_ref(), self.lease, name);
+        owner.mode = Some(Mode::Shared.as_str());
+        Ok(match self.convert(lock, true, owner)? {
+            Some(answer) => match attempted(answer, arm) {
+                Attempt::Acquired(kept) => Some(kept),
+                Attempt::Busy { .. } => None,
+            },
+            None => None,
+        })
+    }
+}
+
+impl Pg {
+    /// Sends one upgrade (or downgrade) of `lock` to its session; `None`
+    /// when the session did not answer in time. A lock made of it takes
+    /// `lock`'s place (which is then taken, without an unlock).
+    fn convert(
+        &self,
+        lock: &mut Option<PgLock>,
+        downgrade: bool,
+        owner: OwnRecord,
+    ) -> Result<Option<Answer>> {
+        let Some(held) = lock.as_ref() else {
+            return Ok(None);
+        };
+        let budget = self.lease / 4;
+        let (reply, answer) = mpsc::channel();
+        held.line()
+            .send(held.conversion(downgrade, owner, Instant::now() + budget, reply))?;
+        let answer = match answer.recv_timeout(budget + ANSWER_GRACE) {
+            Ok(answer) => answer?,
+            // The session closes if it makes the lock after all: the
+            // holding is then lost, and its heartbeat says so.
+            Err(RecvTimeoutError::Timeout) => return Ok(None),
+            Err(RecvTimeoutError::Disconnected) => return Err(session_stopped()),
+        };
+        if matches!(answer, Answer::Taken(..))
+            && let Some(old) = lock.take()
+        {
+            old.disarm();
+        }
+        Ok(Some(answer))
+    }
+
+    /// [`Backend::announce`] on the session of `share`, an upgradable
+    /// holding's: its upgrade waits for readers of every session, this
+    /// `Locker`'s too, and so keeps them all out.
+    pub(crate) fn announce_on(&self, share: &PgLock, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {
+        let every = (self.lease / 3).max(Duration::from_millis(1));
+        let announced = share
+            .line()
+            .announce(name, Keys::of(name.as_str()), every, self.lease)?;
+        Ok(announced.map(|a| Arc::new(a) as Arc<dyn Renewable>))
     }
 }
 
@@ -529,6 +686,11 @@ mod tests {
         assert_eq!(keys.join, -8_327_747_811_861_364_901);
         assert_eq!(slot_key("reindex", 0), -4_442_260_240_349_315_333);
         assert_eq!(slot_key("reindex", 7), 1_983_168_917_083_701_099);
+        assert_eq!(upgradable_key("reindex"), -3_256_819_521_775_627_800);
+        assert_eq!(
+            upgradable_key("reindex").to_be_bytes(),
+            [0xd2, 0xcd, 0x73, 0xe6, 0x7b, 0x01, 0x91, 0xe8]
+        );
         let t = block(1025, 2048);
         assert_eq!((t.next, t.last), (1025, 2048));
         assert_eq!(TOKEN_BLOCK * 8, LEAD);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{
     Arm, Attempt, Backend, BackendLock, Inline, Inspection, Kept, Line, Mode, OnDisk, ReleaseNow, Renewable,
-    Renewal, Tokens,
+    Renewal, Tokens, Upgrade,
 };
 use crate::error::{LossReason, Result};
 use crate::fs::{Fs, FsLock};
@@ -201,5 +201,107 @@ impl BackendLock for StoreLock {
             #[cfg(feature = "postgres")]
             pg @ StoreLock::Postgres(_) => ReleaseNow::Busy(pg),
         }
+    }
+}
+
+/// Upgradable shared locks: every backend has them, but for the
+/// mismatched pairs below (a lock of one backend given to another), which
+/// never happen.
+impl Store {
+    pub(crate) fn join_upgradable<K: Kept>(
+        &self,
+        name: &LockName,
+        arm: Arm<'_, StoreLock, K>,
+    ) -> Result<Attempt<K>> {
+        match self {
+            Store::Fs(fs) => fs.join_upgradable(name, &|lock, tokens| arm(StoreLock::Fs(lock), tokens)),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => {
+                pg.join_upgradable(name, &|lock, tokens| arm(StoreLock::Postgres(lock), tokens))
+            }
+        }
+    }
+
+    /// [`Backend::announce`] for the upgrade of `share`: on a server, on
+    /// the upgradable holding's own session (see `postgres.rs`).
+    pub(crate) fn announce_upgrade(
+        &self,
+        name: &LockName,
+        share: Option<&StoreLock>,
+    ) -> Result<Option<Arc<dyn Renewable>>> {
+        match (self, share) {
+            #[cfg(feature = "postgres")]
+            (Store::Postgres(pg), Some(StoreLock::Postgres(share))) => pg.announce_on(share, name),
+            _ => self.announce(name),
+        }
+    }
+
+    /// See [`Upgrade::upgrade`]; `share` is the lock of the upgradable
+    /// holding, taken on success.
+    pub(crate) fn upgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        share: &mut Option<StoreLock>,
+        arm: Arm<'_, StoreLock, K>,
+    ) -> Result<Attempt<K>> {
+        match (self, share.take()) {
+            (Store::Fs(fs), Some(StoreLock::Fs(lock))) => {
+                let mut lock = Some(lock);
+                let attempt = fs.upgrade(name, &mut lock, &|lock, tokens| arm(StoreLock::Fs(lock), tokens));
+                *share = lock.map(StoreLock::Fs);
+                attempt
+            }
+            #[cfg(feature = "postgres")]
+            (Store::Postgres(pg), Some(StoreLock::Postgres(lock))) => {
+                let mut lock = Some(lock);
+                let attempt = pg.upgrade(name, &mut lock, &|lock, tokens| {
+                    arm(StoreLock::Postgres(lock), tokens)
+                });
+                *share = lock.map(StoreLock::Postgres);
+                attempt
+            }
+            (_, other) => {
+                *share = other;
+                Err(mismatched())
+            }
+        }
+    }
+
+    /// See [`Upgrade::downgrade`].
+    pub(crate) fn downgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        lock: &mut Option<StoreLock>,
+        arm: Arm<'_, StoreLock, K>,
+    ) -> Result<Option<K>> {
+        match (self, lock.take()) {
+            (Store::Fs(fs), Some(StoreLock::Fs(inner))) => {
+                let mut inner = Some(inner);
+                let done = fs.downgrade(name, &mut inner, &|lock, tokens| arm(StoreLock::Fs(lock), tokens));
+                *lock = inner.map(StoreLock::Fs);
+                done
+            }
+            #[cfg(feature = "postgres")]
+            (Store::Postgres(pg), Some(StoreLock::Postgres(inner))) => {
+                let mut inner = Some(inner);
+                let done = pg.downgrade(name, &mut inner, &|lock, tokens| {
+                    arm(StoreLock::Postgres(lock), tokens)
+                });
+                *lock = inner.map(StoreLock::Postgres);
+                done
+            }
+            (_, other) => {
+                *lock = other;
+                Err(mismatched())
+            }
+        }
+    }
+}
+
+/// A lock given to a backend that did not make it (or none: the lock was
+/// lost meanwhile).
+fn mismatched() -> crate::error::Error {
+    crate::error::Error::Unsupported {
+        what: "converting a lock that is no longer held, or that another backend made",
     }
 }

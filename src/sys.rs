@@ -528,6 +528,29 @@ pub(crate) fn rename_exclusive(dir: &std::fs::File, from: &str, to: &str) -> Res
     pick!(rename_exclusive(dir, from, to))
 }
 
+/// Exchanges the entries `a` and `b` inside `dir` atomically: each name
+/// then names what the other named, and neither is free for an instant.
+/// Linux (glibc): `renameat2(RENAME_EXCHANGE)`; macOS:
+/// `renameatx_np(RENAME_SWAP)`. `Unsupported` elsewhere (FreeBSD, musl,
+/// Windows) and where the filesystem cannot do it.
+#[cfg_attr(windows, allow(dead_code))]
+pub(crate) fn exchange_at(dir: &std::fs::File, a: &str, b: &str) -> Result<(), RenameError> {
+    pick!(exchange_at(dir, a, b))
+}
+
+/// Whether [`exchange_at`] can work on this platform at all (a
+/// filesystem may still refuse it).
+pub(crate) fn can_exchange() -> bool {
+    #[cfg(all(target_os = "linux", feature = "portable-test"))]
+    if portable() {
+        return false;
+    }
+    cfg!(any(
+        all(target_os = "linux", target_env = "gnu"),
+        target_os = "macos"
+    ))
+}
+
 /// Renames the directory `from` to `to` inside `dir`, failing if `to`
 /// exists in any form.
 ///
@@ -567,6 +590,36 @@ fn rename_after_looking(dir: &std::fs::File, from: &str, to: &str) -> Result<(),
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+
+    /// Two full directories swap names in one step, each keeping its
+    /// contents (and a descriptor opened on one still reaches it under
+    /// its new name); where there is no exchange, it says so.
+    #[test]
+    fn exchange_swaps_two_directories_or_says_it_cannot() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = std::fs::File::open(root.path()).unwrap();
+        let at = |name: &str| root.path().join(name);
+        for (name, text) in [("new", "ours"), ("lock", "marker")] {
+            std::fs::create_dir(at(name)).unwrap();
+            std::fs::write(at(name).join("owner.json"), text).unwrap();
+        }
+        let old = std::fs::File::open(at("lock")).unwrap();
+        match exchange_at(&dir, "new", "lock") {
+            Ok(()) => {
+                assert!(can_exchange());
+                assert_eq!(std::fs::read_to_string(at("lock/owner.json")).unwrap(), "ours");
+                assert_eq!(std::fs::read_to_string(at("new/owner.json")).unwrap(), "marker");
+                syscall::unlink_at(&old, "owner.json").unwrap();
+                assert!(!at("new/owner.json").exists() && at("lock/owner.json").exists());
+            }
+            // A platform without it, or (macOS) a filesystem without it.
+            Err(RenameError::Unsupported) => assert!(
+                !can_exchange() || cfg!(target_os = "macos"),
+                "no exchange where one is expected"
+            ),
+            Err(e) => panic!("{e:?}"),
+        }
+    }
 
     #[test]
     fn the_look_first_rename_never_replaces_what_it_finds() {

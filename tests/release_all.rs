@@ -429,3 +429,38 @@ mod postgres {
         elsewhere.kill_and_reap();
     }
 }
+
+/// An upgradable holder and an upgraded one are released with the rest,
+/// and `acquire_upgradable` is refused afterwards like every acquisition
+/// (the upgradable lock's attempts pass the same gate). Not on Windows,
+/// which refuses upgradable locks.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgradable_holds_are_released_and_refused_after_release_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::builder().directory(dir.path()).build().unwrap();
+    let other = Locker::builder().directory(dir.path()).build().unwrap();
+    let up = locker.acquire_upgradable("up").await.unwrap();
+    let upgraded = locker
+        .acquire_upgradable("upgraded")
+        .await
+        .unwrap()
+        .upgrade()
+        .await
+        .unwrap();
+    let released = tokio::time::timeout(BOUND, locker.release_all()).await.unwrap();
+    let mut names: Vec<&str> = released.iter().map(|r| r.name()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["up", "upgraded"], "{released:?}");
+    assert!(upgraded.is_lost());
+    for name in ["up", "upgraded"] {
+        let taken = other.try_acquire(name).await.unwrap();
+        assert!(taken.is_some(), "{name} was not free");
+    }
+    assert!(matches!(
+        locker.acquire_upgradable("later").await,
+        Err(Error::ShutDown { .. })
+    ));
+    assert!(up.upgrade().await.is_err());
+    drop(upgraded);
+}

@@ -248,3 +248,26 @@ async fn semaphores_between_processes() {
     drop(holders);
     drop((gpu, here));
 }
+
+/// Upgradable locks are refused on Windows with `Error::Unsupported`,
+/// before anything is made: the upgrade replaces a lock file its readers
+/// have open, which Windows refuses (under Wine it failed with "Access
+/// denied" midway).
+#[tokio::test]
+async fn upgradable_locks_are_refused_on_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    for attempt in [
+        locker.acquire_upgradable("up").await.map(drop),
+        locker.try_acquire_upgradable("up").await.map(drop),
+    ] {
+        match attempt {
+            Err(leasehold::Error::Unsupported { what }) => assert!(what.contains("Windows"), "{what}"),
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    // The name stays free for everything else.
+    assert!(locker.try_acquire_shared("up").await.unwrap().is_some());
+}

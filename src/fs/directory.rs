@@ -139,6 +139,107 @@ fn publish(
     Ok(Some((dir, record_file, meta.dev(), meta.ino())))
 }
 
+/// A lock directory that took the place of another at the lock path
+/// ([`replace`]).
+pub(super) struct Replaced {
+    /// The new lock directory, exclusively flocked, now at the lock path.
+    pub(super) published: Published,
+    /// The private (trash) name the old lock directory now has; the caller
+    /// removes it ([`remove_dir`]) once it is done with it.
+    pub(super) old_name: String,
+}
+
+/// Replaces the lock directory `old` (identity `old_id`) at the lock path
+/// by a new one, made under a private name with our exclusive flock and
+/// `record` as its `owner.json`, in one atomic exchange of the two names
+/// ([`sys::exchange_at`]): the lock path never names anything but a
+/// flocked lock directory with a record. For an upgrade (`fs/upgrade.rs`),
+/// under the name's mutation lock. `old` itself is never written: a
+/// holder frozen in its unlocked marker signing, which renames its record
+/// over `owner.json` through the descriptor of the lock directory it
+/// found, renames it into `old` when it runs again (now at a private
+/// name, or removed), never into the new lock.
+///
+/// `None` if it could not be done this time (the pending directory taken
+/// by a sweep, or the lock path not naming `old` after all: then the
+/// exchange is undone).
+pub(super) fn replace(
+    ctx: &Ctx,
+    name: &LockName,
+    old_id: (u64, u64),
+    record: OwnRecord,
+) -> Result<Option<Replaced>> {
+    let pending = format!("{}.pending-{}", name.file_name(), suffix());
+    syscall::mkdir_at(ctx.dir.fd(), &pending)
+        .context("create pending lock directory", || ctx.path_of(&pending))?;
+    let path = || ctx.path_of(&pending);
+    let mut cleanup = Pending {
+        ctx,
+        name: &pending,
+        armed: true,
+    };
+    let Some(dir) = take_pending(&ctx.dir, &pending, false)? else {
+        return Ok(None);
+    };
+    let meta = syscall::meta(&dir).context("inspect pending lock directory", path)?;
+    let record_file = match write_owner(&dir, OWNER, &record.to_bytes(0), ctx.settings.durable) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).context("write lock record", path),
+    };
+    match sys::exchange_at(ctx.dir.fd(), &pending, name.file_name()) {
+        Ok(()) => {}
+        Err(RenameError::Unsupported) => return Err(Error::Unsupported { what: NO_EXCHANGE }),
+        Err(RenameError::Exists) => return Ok(None),
+        Err(RenameError::Io(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(RenameError::Io(e)) => return Err(e).context("exchange lock directory", path),
+    }
+    // Under the mutation lock no cooperating process can have replaced
+    // the lock path since the caller checked it; one that ignores the
+    // lock can: then put it back, and replace nothing.
+    let swapped = syscall::stat_at(ctx.dir.fd(), &pending);
+    if !matches!(&swapped, Ok(st) if (st.dev, st.ino) == old_id) {
+        if let Err(error) = sys::exchange_at(ctx.dir.fd(), &pending, name.file_name()) {
+            cleanup.armed = false;
+            tracing::warn!(
+                path = %ctx.path_of(&pending).display(),
+                ?error,
+                "the lock path was replaced behind the directory lock; left what was there under a private name"
+            );
+        }
+        swapped.context("inspect replaced lock directory", path)?;
+        return Ok(None);
+    }
+    cleanup.armed = false;
+    drop(cleanup);
+    // The old one under a trash name, which a sweep takes as soon as
+    // nobody holds it (a pending name is spared while young): if we die
+    // before we remove it, it goes at the next sweep.
+    let trash = format!("{}.trash-{}", name.file_name(), suffix());
+    let old_name = match syscall::rename_at(ctx.dir.fd(), &pending, &trash) {
+        Ok(()) => trash,
+        Err(error) => {
+            tracing::debug!(dir = pending, %error, "could not move a replaced lock directory to the trash");
+            pending
+        }
+    };
+    Ok(Some(Replaced {
+        published: Published {
+            dir,
+            record_file,
+            record,
+            dev: meta.dev(),
+            ino: meta.ino(),
+        },
+        old_name,
+    }))
+}
+
+/// Why an upgradable lock cannot be had on the directory layout here.
+pub(crate) const NO_EXCHANGE: &str = "upgradable locks on the directory layout where there is no atomic exchange of \
+     two directories (renameat2(RENAME_EXCHANGE) on Linux with glibc, renameatx_np(RENAME_SWAP) on macOS; \
+     not FreeBSD, musl or this filesystem); use Strategy::ExclusiveFile";
+
 /// Opens our new pending directory `pending` and takes its flock (shared
 /// for a shared lock's marker), which is ours before the directory can be
 /// seen at the lock path; `None` if it is no longer ours to publish.

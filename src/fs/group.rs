@@ -32,8 +32,8 @@ use super::context::Ctx;
 use super::found::Found;
 use super::layout::Strategy;
 use super::members::{
-    Entry, JSON, MEMBER, TMP, WAITER, create_record, ensure_members, judge_entry, marker, members_dir,
-    mode_of, open_members, remove_dead, remove_members_dir, same_kind, scan,
+    Entry, JSON, TMP, WAITER, create_record, ensure_members, judge_entry, marker, members_dir, mode_of,
+    open_members, remove_dead, remove_members_dir, same_kind, scan,
 };
 use super::mutex::MutationLock;
 use super::{directory, file};
@@ -64,7 +64,7 @@ pub(super) enum Joined {
 /// mutation lock: starts the group (marker and members directory) if
 /// nobody holds the name, joins it if it is held the same way, there is
 /// room and no exclusive acquisition is waiting.
-pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined> {
+pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) -> Result<Joined> {
     let Some(mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
         return Ok(Joined::Busy {
             owner: None,
@@ -116,7 +116,10 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
         owner: live.first().map(|e| Owner::from_parsed(&e.parsed)),
         recheck_at: None,
     };
-    if scan.live_waiters() > 0 {
+    // At most one upgradable holder (see `fs/upgrade.rs`).
+    if scan.live_waiters() > 0
+        || (upgradable && live.iter().any(|e| super::members::is_upgradable(&e.file_name)))
+    {
         return Ok(busy());
     }
     if let Mode::Permit(permits) = mode
@@ -138,11 +141,11 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Joined
             });
         }
         failpoint!("group.join.after_share").context("join shared lock", || ctx.path_of(name.file_name()))?;
-        let mut member = Member::create(ctx, name, mode, group, dir).inspect_err(left_empty)?;
+        let mut member = Member::create(ctx, name, mode, group, dir, upgradable).inspect_err(left_empty)?;
         member.marker = Some(node);
         return Ok(Joined::Member(Box::new(member)));
     }
-    let mut member = Member::create(ctx, name, mode, group, dir).inspect_err(left_empty)?;
+    let mut member = Member::create(ctx, name, mode, group, dir, upgradable).inspect_err(left_empty)?;
     // First holder (or the first since the marker was removed under the
     // holders): mark the lock path.
     let published = failpoint!("group.join.before_marker")

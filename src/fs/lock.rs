@@ -114,6 +114,56 @@ impl Whole {
         Ok(Some(lock))
     }
 
+    /// An exclusive lock made of a shared lock's marker, in place (an
+    /// upgrade, `fs/upgrade.rs`): `node` is the marker's node under our
+    /// flock, `writer` (a lock file's) the descriptor its record is
+    /// rewritten through, `record` the record now on disk.
+    pub(in crate::fs) fn adopt(
+        ctx: &Arc<Ctx>,
+        name: &LockName,
+        (dev, ino): (u64, u64),
+        record: OwnRecord,
+        node: File,
+        writer: Option<(File, usize)>,
+        record_file: Option<File>,
+    ) -> Self {
+        let node = match (writer, record_file) {
+            (Some((file, record_len)), _) => Node::File {
+                file,
+                _named: Some(node),
+                record_len,
+            },
+            (None, Some(record_file)) => Node::Dir {
+                dir: node,
+                record_file,
+            },
+            (None, None) => unreachable!("an adopted lock has a writer or a record file"),
+        };
+        Whole {
+            ctx: Arc::clone(ctx),
+            name: name.clone(),
+            dev,
+            ino,
+            record,
+            node,
+            armed: true,
+        }
+    }
+
+    /// This lock's identity and node (the lock directory, or the file that
+    /// holds its flock), given up without removing anything: for a
+    /// downgrade (`fs/upgrade.rs`), which turns it into a marker.
+    pub(in crate::fs) fn dissolve(mut self) -> std::io::Result<((u64, u64), File)> {
+        // A duplicate shares the open file description, so the flock
+        // stays with it when this lock's own descriptors close.
+        let node = match &self.node {
+            Node::File { file, .. } => file.try_clone()?,
+            Node::Dir { dir, .. } => dir.try_clone()?,
+        };
+        self.armed = false;
+        Ok(((self.dev, self.ino), node))
+    }
+
     /// Replaces the record on disk with `record`, through this lock's own
     /// descriptors.
     fn write_record(&mut self, record: OwnRecord) -> Result<()> {

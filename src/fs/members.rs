@@ -21,6 +21,22 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub(super) const MEMBER: &str = "m-";
+/// What an upgradable holder's record file name starts with, after `m-`
+/// (see `fs/upgrade.rs`).
+const UPGRADABLE: &str = "up-";
+
+/// The file name of a member record.
+pub(super) fn member_file(uuid: &str, upgradable: bool) -> String {
+    let up = if upgradable { UPGRADABLE } else { "" };
+    format!("{MEMBER}{up}{uuid}{JSON}")
+}
+
+/// Whether a member record's file name is an upgradable holder's.
+pub(super) fn is_upgradable(file_name: &str) -> bool {
+    file_name
+        .strip_prefix(MEMBER)
+        .is_some_and(|rest| rest.starts_with(UPGRADABLE))
+}
 pub(super) const WAITER: &str = "w-";
 pub(super) const JSON: &str = ".json";
 /// A record being written, before it is renamed to its name.

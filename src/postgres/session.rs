@@ -7,7 +7,8 @@
 //! `connection` (the connection and what it holds of each name),
 //! `exclusive`, `shared` (shared locks and permits), `intent` (exclusive
 //! waiters' announcements), `release`, `fence` (fencing tokens), `tables`
-//! (the owner tables), `inspect`, and `lock` ([`PgLock`], and the [`Line`]
+//! (the owner tables), `inspect`, `upgrade` (upgradable holdings, each on
+//! a session of its own), and `lock` ([`PgLock`], and the [`Line`]
 //! to the thread). Imports go one way: `tables` ← `connection` ← the
 //! rest ← this file.
 
@@ -20,6 +21,7 @@ mod lock;
 mod release;
 mod shared;
 mod tables;
+mod upgrade;
 
 use std::sync::mpsc::{self, Receiver};
 use std::time::Instant;
@@ -46,6 +48,77 @@ impl Session {
     }
 
     fn handle(&mut self, command: Command) {
+        self.handle_one(command);
+        // A dedicated session (an upgradable holding's) that holds nothing
+        // of its name any more is over: closing it lets go of its slot.
+        if self.dedicated.is_some()
+            && self.client.is_some()
+            && self.locals.values().all(|l| !l.exclusive && l.shared == 0)
+        {
+            self.drop_connection();
+        }
+    }
+
+    /// Answers an attempt (a lock, an upgrade, a downgrade) with what
+    /// `result` found; a lock its caller no longer waits for is let go.
+    fn answer(
+        &mut self,
+        result: Result<Try>,
+        name: crate::name::LockName,
+        keys: Keys,
+        owner: Box<OwnRecord>,
+        line: Line,
+        reply: &mpsc::Sender<Result<Answer>>,
+    ) {
+        let generation = self.generation;
+        let answer = self.settle(result).map(|found| match found {
+            Try::Taken(held, tokens) => {
+                let mut record = *owner;
+                // The first token of the block is this acquisition's.
+                record.fencing_token = Some(tokens.next);
+                let lock = PgLock {
+                    line,
+                    name,
+                    key: keys.name,
+                    held,
+                    generation,
+                    record,
+                    armed: true,
+                };
+                Answer::Taken(Box::new(lock), tokens)
+            }
+            Try::Busy { sharers } => Answer::Busy { sharers },
+            Try::Wait(wait) => Answer::Wait(wait),
+        });
+        if let Err(mpsc::SendError(Ok(Answer::Taken(mut lock, _)))) = reply.send(answer) {
+            // The caller gave up: the lock is nobody's. Let it go
+            // now rather than behind the commands queued meanwhile.
+            lock.armed = false;
+            tracing::debug!(
+                lock = lock.name.as_str(),
+                "the attempt's caller gave up; unlocking"
+            );
+            if self.dedicated.is_some() {
+                // An upgrade or downgrade whose caller went: the holding
+                // it came from is gone with it. Closing the session lets
+                // go of everything.
+                self.drop_connection();
+                return;
+            }
+            let result = self.unlock(
+                lock.name.as_str(),
+                lock.key,
+                lock.held,
+                &lock.record.uuid,
+                lock.generation,
+            );
+            if let Err(error) = self.settle(result) {
+                tracing::warn!(lock = lock.name.as_str(), %error, "unlock failed");
+            }
+        }
+    }
+
+    fn handle_one(&mut self, command: Command) {
         match command {
             Command::TryLock {
                 name,
@@ -57,45 +130,32 @@ impl Session {
                 reply,
             } => {
                 let result = self.try_lock(name.as_str(), keys, mode, &owner, until);
-                let generation = self.generation;
-                let answer = self.settle(result).map(|found| match found {
-                    Try::Taken(held, tokens) => {
-                        let mut record = *owner;
-                        // The first token of the block is this acquisition's.
-                        record.fencing_token = Some(tokens.next);
-                        let lock = PgLock {
-                            line,
-                            name,
-                            key: keys.name,
-                            held,
-                            generation,
-                            record,
-                            armed: true,
-                        };
-                        Answer::Taken(Box::new(lock), tokens)
-                    }
-                    Try::Busy { sharers } => Answer::Busy { sharers },
-                    Try::Wait(wait) => Answer::Wait(wait),
-                });
-                if let Err(mpsc::SendError(Ok(Answer::Taken(mut lock, _)))) = reply.send(answer) {
-                    // The caller gave up: the lock is nobody's. Let it go
-                    // now rather than behind the commands queued meanwhile.
-                    lock.armed = false;
-                    tracing::debug!(
-                        lock = lock.name.as_str(),
-                        "the attempt's caller gave up; unlocking"
-                    );
-                    let result = self.unlock(
-                        lock.name.as_str(),
-                        lock.key,
-                        lock.held,
-                        &lock.record.uuid,
-                        lock.generation,
-                    );
-                    if let Err(error) = self.settle(result) {
-                        tracing::warn!(lock = lock.name.as_str(), %error, "unlock failed");
-                    }
-                }
+                self.answer(result, name, keys, owner, line, &reply);
+            }
+            Command::Upgrade {
+                name,
+                keys,
+                id,
+                generation,
+                owner,
+                until,
+                line,
+                reply,
+            } => {
+                let result = self.upgrade(name.as_str(), keys, &id, generation, &owner, until);
+                self.answer(result, name, keys, owner, line, &reply);
+            }
+            Command::Downgrade {
+                name,
+                keys,
+                generation,
+                owner,
+                until,
+                line,
+                reply,
+            } => {
+                let result = self.downgrade(name.as_str(), keys, generation, &owner, until);
+                self.answer(result, name, keys, owner, line, &reply);
             }
             Command::Unlock {
                 name,
@@ -190,7 +250,9 @@ impl Session {
             self.drop_connection();
             // Out of time: an attempt that took nothing, as if busy; the
             // caller's next one connects anew.
-            tried = if Instant::now() < until {
+            // (An upgradable holding's own session is never made again:
+            // its caller starts another.)
+            tried = if Instant::now() < until && self.dedicated.is_none() {
                 self.try_mode(name, keys, mode, owner, until)
             } else {
                 Ok(BUSY)
@@ -213,6 +275,11 @@ impl Session {
         owner: &OwnRecord,
         until: Instant,
     ) -> Result<Try> {
+        // An upgradable holding's own session takes the name's upgradable
+        // slot first: one such holder at a time.
+        if self.dedicated.is_some() && (mode != Mode::Shared || !self.take_slot_key()?) {
+            return Ok(BUSY);
+        }
         match mode {
             Mode::Exclusive => self.try_exclusive(name, keys.name, owner, until),
             Mode::Shared | Mode::Permit(_) => self.try_join(name, keys, mode, owner, until),

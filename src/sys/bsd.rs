@@ -225,6 +225,24 @@ pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), s
     }
 }
 
+/// macOS: `renameatx_np(2)` with `RENAME_SWAP` (see `sys::exchange_at`).
+#[cfg(target_os = "macos")]
+pub(crate) fn exchange_at(dir: &File, a: &str, b: &str) -> Result<(), super::RenameError> {
+    use super::RenameError;
+    use nix::errno::Errno;
+    match rename::rename_swap(dir, a, b) {
+        Ok(()) => Ok(()),
+        Err(Errno::ENOTSUP | Errno::EINVAL) => Err(RenameError::Unsupported),
+        Err(e) => Err(RenameError::Io(e.into())),
+    }
+}
+
+/// FreeBSD: no atomic exchange (see `sys::exchange_at`).
+#[cfg(target_os = "freebsd")]
+pub(crate) fn exchange_at(_dir: &File, _a: &str, _b: &str) -> Result<(), super::RenameError> {
+    Err(super::RenameError::Unsupported)
+}
+
 /// FreeBSD: the look-first rename (see `sys::rename_noreplace`).
 #[cfg(target_os = "freebsd")]
 pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), super::RenameError> {

@@ -361,6 +361,26 @@ pub(crate) fn rename_exclusive(dir: &File, from: &str, to: &str) -> Result<(), s
     }
 }
 
+/// `renameat2(2)` with `RENAME_EXCHANGE` (glibc; see `sys::exchange_at`).
+pub(crate) fn exchange_at(dir: &File, a: &str, b: &str) -> Result<(), super::RenameError> {
+    #[cfg(target_env = "gnu")]
+    {
+        use super::RenameError;
+        use nix::errno::Errno;
+        use nix::fcntl::{RenameFlags, renameat2};
+        match renameat2(dir, a, dir, b, RenameFlags::RENAME_EXCHANGE) {
+            Ok(()) => Ok(()),
+            Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => Err(RenameError::Unsupported),
+            Err(e) => Err(RenameError::Io(e.into())),
+        }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        let _ = (dir, a, b);
+        Err(super::RenameError::Unsupported)
+    }
+}
+
 /// `renameat2(2)` with `RENAME_NOREPLACE` (glibc); the look-first rename
 /// elsewhere (see `sys::rename_noreplace`).
 pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), super::RenameError> {

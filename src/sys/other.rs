@@ -119,6 +119,11 @@ pub(crate) fn rename_exclusive(_dir: &File, _from: &str, _to: &str) -> Result<()
     Err(super::RenameError::Unsupported)
 }
 
+/// No atomic exchange here (see `sys::exchange_at`).
+pub(crate) fn exchange_at(_dir: &File, _a: &str, _b: &str) -> Result<(), super::RenameError> {
+    Err(super::RenameError::Unsupported)
+}
+
 /// The look-first rename (see `sys::rename_noreplace`).
 pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), super::RenameError> {
     super::rename_after_looking(dir, from, to)

@@ -482,6 +482,11 @@ pub(crate) fn rename_exclusive(dir: &File, from: &str, to: &str) -> Result<(), s
     rename_noreplace(dir, from, to)
 }
 
+/// No atomic exchange of two entries here (see `sys::exchange_at`).
+pub(crate) fn exchange_at(_dir: &File, _a: &str, _b: &str) -> Result<(), super::RenameError> {
+    Err(super::RenameError::Unsupported)
+}
+
 /// [`rename_exclusive`], for directories too.
 pub(crate) fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<(), super::RenameError> {
     use super::RenameError;

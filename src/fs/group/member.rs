@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use super::sign::{Sign, Signers};
 use super::{
-    Found, JSON, MEMBER, TMP, create_record, marker, members_dir, remove_dead, remove_marker,
-    remove_members_dir, scan, write_marker,
+    Found, JSON, TMP, create_record, marker, members_dir, remove_dead, remove_marker, remove_members_dir,
+    scan, write_marker,
 };
 use crate::backend::{Mode, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
@@ -43,10 +43,10 @@ pub(crate) struct Member {
     file: Option<File>,
     file_name: String,
     id: (u64, u64),
-    pub(super) record: OwnRecord,
+    pub(in crate::fs) record: OwnRecord,
     record_len: usize,
     /// The marker's node, under our shared flock while we hold.
-    pub(super) marker: Option<File>,
+    pub(in crate::fs) marker: Option<File>,
     /// For re-signing the marker when its holder dies.
     sign: Arc<Sign>,
     armed: bool,
@@ -54,12 +54,13 @@ pub(crate) struct Member {
 
 impl Member {
     /// Creates our record in `dir`, flocked before it is written.
-    pub(super) fn create(
+    pub(in crate::fs) fn create(
         ctx: &Arc<Ctx>,
         name: &LockName,
         mode: Mode,
         group: String,
         dir: File,
+        upgradable: bool,
     ) -> Result<Self> {
         let mut record = ctx.own_record(name);
         record.mode = Some(mode.as_str());
@@ -68,7 +69,7 @@ impl Member {
             _ => None,
         };
         record.group = Some(group);
-        let file_name = format!("{MEMBER}{}{JSON}", record.uuid);
+        let file_name = crate::fs::members::member_file(&record.uuid, upgradable);
         let path = ctx.path_of(&members_dir(name.file_name())).join(&file_name);
         let (file, record_len, id) =
             create_record(&dir, &file_name, &record, ctx.settings.durable, &|| path.clone())?;
@@ -133,8 +134,32 @@ impl Member {
             .context("write member record", || self.path())
     }
 
+    /// Our record's file name in the members directory.
+    pub(in crate::fs) fn file_name(&self) -> &str {
+        &self.file_name
+    }
+
+    /// The members directory, open.
+    pub(in crate::fs) fn members(&self) -> &File {
+        &self.dir
+    }
+
+    /// Gives up this membership without leaving the group: for an upgrade
+    /// (`fs/upgrade.rs`), under the name's mutation lock, which keeps the
+    /// marker's node (returned, under our flock) as its exclusive lock.
+    /// Our record is removed.
+    pub(in crate::fs) fn dissolve(mut self) -> Result<Option<File>> {
+        match syscall::unlink_at(&self.dir, self.file_name.as_str()) {
+            Ok(()) | Err(Errno::ENOENT) => {}
+            Err(e) => return Err(e).context("remove member record", || self.path()),
+        }
+        self.file = None;
+        self.armed = false;
+        Ok(self.marker.take())
+    }
+
     /// Whether our record is still where we made it.
-    fn still_here(&self) -> Result<bool> {
+    pub(in crate::fs) fn still_here(&self) -> Result<bool> {
         let ctx = &self.ctx;
         let dir_name = members_dir(self.name.file_name());
         match syscall::stat_at(ctx.dir.fd(), &dir_name) {
@@ -277,6 +302,7 @@ impl Member {
             Strategy::Directory => {
                 let tmp = format!("{TMP}sign-{}{JSON}", self.record.uuid);
                 let path = || self.path();
+                failpoint!("group.sign.before_tmp").context("sign shared lock marker", path)?;
                 let file = syscall::open_at(&self.dir, tmp.as_str(), syscall::Open::Replace)
                     .context("sign shared lock marker", path)?;
                 let written = file

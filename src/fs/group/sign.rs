@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use super::{Found, JSON, MEMBER, judge_entry, marker, open_members, write_marker};
+use super::{Found, judge_entry, marker, open_members, write_marker};
 use crate::error::Result;
 use crate::fs::context::Ctx;
 use crate::name::LockName;
@@ -230,15 +230,26 @@ impl Sign {
         let Some(marked) = marker(&found.parsed).filter(|r| r.group == self.group) else {
             return Ok(false);
         };
-        let Some(named) = marked.uuid.as_ref().map(|uuid| format!("{MEMBER}{uuid}{JSON}")) else {
+        // The holder it names has either name: `m-<uuid>.json`, or the
+        // upgradable holder's `m-up-<uuid>.json` (see `fs/upgrade.rs`).
+        let Some(names) = marked
+            .uuid
+            .as_ref()
+            .map(|uuid| [false, true].map(|upgradable| crate::fs::members::member_file(uuid, upgradable)))
+        else {
             return Ok(true);
         };
-        if named == self.file_name {
+        if names.contains(&self.file_name) {
             return Ok(false);
         }
         let Some(dir) = open_members(ctx, &self.name)? else {
             return Ok(false);
         };
-        Ok(!judge_entry(ctx, &dir, &named)?.is_some_and(|e| e.live))
+        for named in &names {
+            if judge_entry(ctx, &dir, named)?.is_some_and(|e| e.live) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }

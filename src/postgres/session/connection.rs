@@ -145,6 +145,14 @@ pub(in crate::postgres) struct Session {
     /// (and the heartbeats queued behind it) waiting for a table: an
     /// eighth of the lease (see [`Session::new`]).
     pub(super) stall: Duration,
+    /// A session of its own for one upgradable holding (see `upgrade`):
+    /// the key of the name's upgradable slot, which it takes before it
+    /// joins the name's holders and keeps until it closes. Such a session
+    /// is one connection, never made again: once it ends (released, or
+    /// lost), its holding is over, and so is it.
+    pub(super) dedicated: Option<i64>,
+    /// The dedicated session holds its slot key.
+    pub(super) slot_held: bool,
 }
 
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -171,6 +179,17 @@ impl Session {
             locals: HashMap::new(),
             tables_gone: false,
             widest: None,
+            dedicated: None,
+            slot_held: false,
+        }
+    }
+
+    /// A session of its own for one upgradable holding of the name whose
+    /// upgradable slot is `slot` (see `upgrade`).
+    pub(in crate::postgres) fn dedicated_to(url: &str, lease: Duration, slot: i64) -> Self {
+        Session {
+            dedicated: Some(slot),
+            ..Session::new(url, lease)
         }
     }
 
@@ -179,6 +198,12 @@ impl Session {
     pub(in crate::postgres) fn client(&mut self) -> Result<&mut Client> {
         if self.client.as_ref().is_some_and(Client::is_closed) {
             self.drop_connection();
+        }
+        if self.client.is_none() && self.dedicated.is_some() && self.generation != 0 {
+            return Err(Error::Backend {
+                op: "reach the PostgreSQL session of an upgradable lock",
+                source: "the session ended (an upgradable holding's session is never made again)".into(),
+            });
         }
         if self.client.is_none() {
             let mut client = Client::connect(&self.url, NoTls).map_err(pg_error("connect to PostgreSQL"))?;
@@ -239,6 +264,7 @@ impl Session {
     pub(super) fn drop_connection(&mut self) {
         self.client = None;
         self.locals.clear();
+        self.slot_held = false;
     }
 
     /// After an error, a connection that is closed is forgotten, so the

@@ -82,6 +82,30 @@ pub(in crate::postgres) enum Command {
     },
     /// The waiter is done waiting: lets the intent key go.
     Withdraw { name: String, key: i64, intent: i64 },
+    /// One attempt to upgrade the share of an upgradable holding (its row
+    /// `id`), on its dedicated session, to the exclusive lock recorded for
+    /// `owner`.
+    Upgrade {
+        name: LockName,
+        keys: Keys,
+        id: String,
+        generation: u64,
+        owner: Box<OwnRecord>,
+        until: Instant,
+        line: Line,
+        reply: Sender<Result<Answer>>,
+    },
+    /// Turns an upgraded lock back into its holding's share, recorded for
+    /// `owner`.
+    Downgrade {
+        name: LockName,
+        keys: Keys,
+        generation: u64,
+        owner: Box<OwnRecord>,
+        until: Instant,
+        line: Line,
+        reply: Sender<Result<Answer>>,
+    },
 }
 
 /// The way to the session thread. The thread runs until every `Line` is
@@ -202,6 +226,55 @@ impl PgLock {
             generation: self.generation,
             reply,
         }
+    }
+}
+
+impl PgLock {
+    /// The command for one attempt to upgrade this share of an upgradable
+    /// holding (`downgrade`: to downgrade this upgraded lock), recorded
+    /// for `owner`, over by `until`.
+    pub(in crate::postgres) fn conversion(
+        &self,
+        downgrade: bool,
+        owner: OwnRecord,
+        until: Instant,
+        reply: Sender<Result<Answer>>,
+    ) -> Command {
+        let (name, keys, generation) = (self.name.clone(), Keys::of(self.name.as_str()), self.generation);
+        let (owner, line) = (Box::new(owner), self.line.clone());
+        if downgrade {
+            Command::Downgrade {
+                name,
+                keys,
+                generation,
+                owner,
+                until,
+                line,
+                reply,
+            }
+        } else {
+            Command::Upgrade {
+                name,
+                keys,
+                id: self.record.uuid.clone(),
+                generation,
+                owner,
+                until,
+                line,
+                reply,
+            }
+        }
+    }
+
+    /// The way to the session this lock is held on.
+    pub(in crate::postgres) fn line(&self) -> &Line {
+        &self.line
+    }
+
+    /// Forgets this lock without unlocking it: an upgrade or downgrade
+    /// turned it into another lock on the same session.
+    pub(in crate::postgres) fn disarm(mut self) {
+        self.armed = false;
     }
 }
 

@@ -86,7 +86,7 @@ macro_rules! pending {
 /// earlier holder is still to be waited out; its token is the name's
 /// fencing counter as it stands (see `fence`). Answers the other kind, the
 /// token, nothing, and whether to wait.
-const JOIN_SHARED: &str = concat!(
+pub(super) const JOIN_SHARED: &str = concat!(
     "WITH ",
     clock!(),
     ", other AS (",

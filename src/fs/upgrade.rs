@@ -1,0 +1,342 @@
+//! Upgradable shared locks in the lock directory.
+//!
+//! The upgradable holder of a name is one of its shared holders whose
+//! record in the members directory is named `m-up-<uuid>.json` (still an
+//! `m-` record: every leasehold process counts it as a holder). A join as
+//! the upgradable holder is refused, under the name's mutation lock, while
+//! a live one exists (`group::join`): so at most one at a time, and a
+//! dead or frozen one frees the slot exactly when its share is freed.
+//!
+//! Both conversions happen under the name's mutation lock and never leave
+//! the lock path free, nor its flock free, for an instant:
+//!
+//! - **Upgrade**, once ours is the only live member: the marker is turned
+//!   into our exclusive lock. A lock file is replaced by a new file, made
+//!   under a private name with our exclusive flock and the record in it,
+//!   renamed over the marker (never the marker's inode, which a member
+//!   frozen in its unlocked signing may still write a marker into); a
+//!   lock directory likewise by a new one, made under a private name with
+//!   our exclusive flock and the record as its `owner.json`, exchanged
+//!   with the marker's in one step (`renameat2(RENAME_EXCHANGE)`,
+//!   `renameatx_np(RENAME_SWAP)`; refused with `Unsupported` where there
+//!   is none), the marker's then removed: a frozen member renames its
+//!   marker through the marker directory's descriptor, so never into ours.
+//!   Our member record is removed last. velocious and pi-research, which
+//!   know only the lock path, see it held throughout.
+//! - **Downgrade**: a new upgradable member record is made, then the
+//!   record at the lock path becomes its marker: a lock file is replaced
+//!   by a new file, made under a private name with our shared flock and
+//!   the marker in it, renamed over the lock path (the path always names
+//!   a flocked file with a record); a lock directory keeps its node and
+//!   gets the marker as its `owner.json` (by rename), and then our flock on
+//!   it turns from exclusive to shared. That turn is not atomic (flock(2)),
+//!   but the record is a marker by then, which leasehold judges by its
+//!   members, never by its flock, and velocious does not flock.
+//!
+//! A crash in the middle leaves, at worst, an exclusive record (or a
+//! marker) whose flock is free and a member record whose flock is free:
+//! both judged dead at once and reclaimed as usual.
+
+use super::found::Found;
+use super::group::Member;
+use super::layout::Strategy;
+use super::lock::Whole;
+use super::members::{self, marker, members_dir, remove_dead, remove_members_dir, scan};
+use super::{Fs, FsLock, directory, file, group};
+use crate::backend::{Arm, Attempt, Kept, Mode, Upgrade};
+use crate::error::{Error, IoResultExt, LossReason, Result};
+use crate::name::LockName;
+use crate::owner::Owner;
+use crate::record;
+use crate::stale::{self, Verdict};
+use crate::sys::syscall::{self, Flock, Open, WriteAt};
+
+fn lost(name: &LockName) -> Error {
+    Error::Lost {
+        name: name.as_str().to_owned(),
+        reason: LossReason::Replaced,
+    }
+}
+
+fn busy<K>(owner: Option<Owner>) -> Attempt<K> {
+    Attempt::Busy {
+        owner,
+        recheck_at: None,
+        sharers: true,
+    }
+}
+
+impl Upgrade for Fs {
+    fn join_upgradable<K: Kept>(&self, name: &LockName, arm: Arm<'_, FsLock, K>) -> Result<Attempt<K>> {
+        let ctx = &self.ctx;
+        // The upgrade exchanges lock directories (`directory::replace`).
+        if ctx.settings.strategy == Strategy::Directory && !crate::sys::can_exchange() {
+            return Err(Error::Unsupported {
+                what: directory::NO_EXCHANGE,
+            });
+        }
+        // The upgrade renames a new lock file over the marker, which its
+        // readers have open: Windows refuses to replace an open file
+        // (`ERROR_ACCESS_DENIED`) short of POSIX rename semantics, which
+        // not every Windows filesystem has, and Wine does not emulate.
+        if cfg!(windows) {
+            return Err(Error::Unsupported {
+                what: "upgradable locks on Windows: not yet (the upgrade replaces a lock file its readers have open, which Windows refuses)",
+            });
+        }
+        for _ in 0..4 {
+            match group::join(ctx, name, Mode::Shared, true)? {
+                group::Joined::Member(member) => {
+                    member.sign_with(&self.events.signers);
+                    self.watch_group(name);
+                    let kept = arm(FsLock::Member(*member), None);
+                    if ctx.settings.fencing && !kept.reserve_tokens()? {
+                        continue;
+                    }
+                    return Ok(Attempt::Acquired(kept));
+                }
+                group::Joined::Busy { owner, .. } => return Ok(busy(owner)),
+                group::Joined::Again => continue,
+                // Held exclusively (or by something that is not a lock):
+                // the shared attempt judges and reclaims it.
+                group::Joined::NotShared => {
+                    let Some(mut found) = Found::open(ctx, name)? else {
+                        continue;
+                    };
+                    match found.judge(ctx, name) {
+                        Verdict::Stale(reason) => {
+                            found.reclaim(ctx, name, reason)?;
+                        }
+                        Verdict::NotALock => return Err(found.not_a_lock(ctx, name)),
+                        _ => {
+                            return Ok(Attempt::Busy {
+                                owner: Some(found.owner()),
+                                recheck_at: stale::recheck_at(&found.parsed, found.mtime, ctx.rules()),
+                                sharers: false,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(busy(None))
+    }
+
+    fn upgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        share: &mut Option<FsLock>,
+        arm: Arm<'_, FsLock, K>,
+    ) -> Result<Attempt<K>> {
+        let ctx = &self.ctx;
+        let Some(FsLock::Member(member)) = share.as_ref() else {
+            return Err(lost(name));
+        };
+        let Some(mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
+            return Ok(busy(None));
+        };
+        if !member.still_here()? {
+            return Err(lost(name));
+        }
+        let Some(found) = Found::open(ctx, name)? else {
+            return Err(lost(name));
+        };
+        let ours = marker(&found.parsed).is_some_and(|r| r.group == member.record.group);
+        let node_id = member
+            .marker
+            .as_ref()
+            .map(|node| syscall::meta(node).map(|m| (m.dev(), m.ino())))
+            .transpose()
+            .context("inspect lock", || ctx.path_of(name.file_name()))?;
+        if !ours || node_id != Some(found.identity()) {
+            return Err(lost(name));
+        }
+        let dir_name = members_dir(name.file_name());
+        let mut scan = scan(ctx, member.members(), &|| ctx.path_of(&dir_name))?;
+        remove_dead(ctx, member.members(), &mut scan);
+        if let Some(other) = scan.live_members().find(|e| e.file_name != member.file_name()) {
+            return Ok(busy(Some(Owner::from_parsed(&other.parsed))));
+        }
+        // Ours alone: a new exclusive lock takes the marker's place.
+        failpoint!("upgrade.before_rewrite").context("upgrade lock", || ctx.path_of(name.file_name()))?;
+        let record = ctx.own_record(name);
+        let path = || ctx.path_of(name.file_name());
+        let Some(FsLock::Member(member)) = share.take() else {
+            unreachable!("checked above")
+        };
+        let mut old_dir = None;
+        let (identity, writer, record_file, made) = match ctx.settings.strategy {
+            // A new file, made under a private name with our exclusive
+            // flock and the record in it, renamed over the marker: the
+            // path always names a flocked file with a record. Never the
+            // marker's own inode: a member frozen in its unlocked signing
+            // (`Member::sign_before_it_lapses`), past its check that the
+            // path is its group's marker, writes its marker into that
+            // inode when it runs again, which would turn our exclusive
+            // record into a marker whose holders are gone (reclaimed by
+            // the next comer).
+            Strategy::ExclusiveFile => {
+                let private = format!("{}.pending-{}", name.file_name(), &record::acquisition_id()[..12]);
+                let made = syscall::open_at(ctx.dir.fd(), private.as_str(), Open::CreateNew)
+                    .map_err(std::io::Error::from)
+                    .context("upgrade lock", path)?;
+                let published = made
+                    .try_flock()
+                    .map_err(|e| match e {
+                        std::fs::TryLockError::Error(e) => e,
+                        std::fs::TryLockError::WouldBlock => std::io::ErrorKind::WouldBlock.into(),
+                    })
+                    .context("upgrade lock", path)
+                    .and_then(|()| file::write(&made, 0, &record, ctx.settings.durable, path))
+                    .and_then(|len| {
+                        let meta = syscall::meta(&made).context("upgrade lock", path)?;
+                        syscall::rename_at(ctx.dir.fd(), &private, name.file_name())
+                            .map_err(std::io::Error::from)
+                            .context("upgrade lock", path)?;
+                        Ok((len, (meta.dev(), meta.ino())))
+                    });
+                let (len, identity) = match published {
+                    Ok(done) => done,
+                    Err(error) => {
+                        let _ = syscall::unlink_at(ctx.dir.fd(), private.as_str());
+                        *share = Some(FsLock::Member(member));
+                        return Err(error);
+                    }
+                };
+                let node = made.try_clone().context("upgrade lock", path)?;
+                (identity, Some((made, len)), None, Some(node))
+            }
+            // Likewise a new lock directory, exchanged with the marker's
+            // in one step (`directory::replace`): a member frozen in its
+            // unlocked signing renames its marker over `owner.json`
+            // through the descriptor of the marker's directory.
+            Strategy::Directory => match directory::replace(ctx, name, found.identity(), record.clone()) {
+                Ok(Some(replaced)) => {
+                    let published = replaced.published;
+                    old_dir = Some(replaced.old_name);
+                    (
+                        (published.dev, published.ino),
+                        None,
+                        Some(published.record_file),
+                        Some(published.dir),
+                    )
+                }
+                Ok(None) => {
+                    *share = Some(FsLock::Member(member));
+                    return Ok(busy(None));
+                }
+                Err(error) => {
+                    *share = Some(FsLock::Member(member));
+                    return Err(error);
+                }
+            },
+        };
+        failpoint!("upgrade.after_rewrite").context("upgrade lock", path)?;
+        let marker_node = member.dissolve()?.ok_or_else(|| lost(name))?;
+        if let Some(old_dir) = old_dir {
+            // The marker's directory, now under a private name: emptied
+            // and removed (what a frozen member renames into it later
+            // fails, or is swept with it).
+            directory::remove_dir(ctx, &old_dir, &marker_node);
+        }
+        let node = made.unwrap_or(marker_node);
+        if scan.waiters.is_empty() {
+            remove_members_dir(ctx, &dir_name);
+        }
+        drop(mutation);
+        let whole = Whole::adopt(ctx, name, identity, record, node, writer, record_file);
+        let kept = arm(FsLock::Whole(whole), None);
+        if ctx.settings.fencing && !kept.reserve_tokens()? {
+            return Err(lost(name));
+        }
+        Ok(Attempt::Acquired(kept))
+    }
+
+    fn downgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        lock: &mut Option<FsLock>,
+        arm: Arm<'_, FsLock, K>,
+    ) -> Result<Option<K>> {
+        let ctx = &self.ctx;
+        let Some(FsLock::Whole(_)) = lock.as_ref() else {
+            return Err(Error::Unsupported {
+                what: "downgrading a lock that is not held exclusively",
+            });
+        };
+        let Some(mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
+            return Ok(None);
+        };
+        let Some(FsLock::Whole(whole)) = lock.take() else {
+            unreachable!("checked above")
+        };
+        let (identity, node) = whole
+            .dissolve()
+            .context("downgrade lock", || ctx.path_of(name.file_name()))?;
+        if !ctx.names(name, identity.0, identity.1)? {
+            // Not ours any more: let it go as a loss.
+            return Err(lost(name));
+        }
+        let dir_name = members_dir(name.file_name());
+        let left_empty = |_: &Error| remove_members_dir(ctx, &dir_name);
+        let dir = members::ensure_members(ctx, name).inspect_err(left_empty)?;
+        let mut member = Member::create(ctx, name, Mode::Shared, record::acquisition_id(), dir, true)
+            .inspect_err(left_empty)?;
+        let bytes = member.record.to_bytes(0);
+        let path = || ctx.path_of(name.file_name());
+        failpoint!("downgrade.before_marker").context("downgrade lock", path)?;
+        let marker_node = match ctx.settings.strategy {
+            Strategy::ExclusiveFile => {
+                let private = format!("{}.pending-{}", name.file_name(), &record::acquisition_id()[..12]);
+                let made = syscall::open_at(ctx.dir.fd(), private.as_str(), Open::CreateNew)
+                    .map_err(std::io::Error::from)
+                    .context("downgrade lock", path)?;
+                let published = made
+                    .try_flock_shared()
+                    .map_err(|e| match e {
+                        std::fs::TryLockError::Error(e) => e,
+                        std::fs::TryLockError::WouldBlock => std::io::ErrorKind::WouldBlock.into(),
+                    })
+                    .and_then(|()| made.write_all_at(&bytes, 0))
+                    .and_then(|()| {
+                        syscall::rename_at(ctx.dir.fd(), &private, name.file_name())
+                            .map_err(std::io::Error::from)
+                    })
+                    .context("downgrade lock", path);
+                if let Err(error) = published {
+                    let _ = syscall::unlink_at(ctx.dir.fd(), private.as_str());
+                    return Err(error);
+                }
+                drop(node);
+                made
+            }
+            Strategy::Directory => {
+                directory::rewrite_bytes(&node, &bytes, path)?;
+                node
+            }
+        };
+        drop(mutation);
+        if ctx.settings.strategy == Strategy::Directory {
+            // Exclusive to shared: see the top of this file.
+            let mut shared = false;
+            for _ in 0..200 {
+                if marker_node.try_flock_shared().is_ok() {
+                    shared = true;
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+            if !shared {
+                tracing::debug!(lock = name.as_str(), "a downgraded lock directory is not flocked");
+            }
+        }
+        member.marker = Some(marker_node);
+        member.sign_with(&self.events.signers);
+        self.watch_group(name);
+        let kept = arm(FsLock::Member(member), None);
+        if ctx.settings.fencing && !kept.reserve_tokens()? {
+            return Err(lost(name));
+        }
+        Ok(Some(kept))
+    }
+}

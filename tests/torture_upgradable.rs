@@ -1,0 +1,497 @@
+//! Torture for upgradable shared locks: child processes × tasks take one
+//! name as readers, writers and upgradable holders (which upgrade, hold
+//! the exclusive lock, downgrade, upgrade again, ...) while a chaos loop
+//! SIGKILLs children (and starts replacements) and SIGSTOPs them for
+//! longer than the lease (`tests/support/torture.rs`). Both file layouts.
+//! Checked afterwards from one shared log: a writer's section (`W`, or
+//! `X`, an upgraded holder's exclusive phase) overlaps no other section,
+//! and two upgradable sections (`U`) never overlap; readers (`R`) overlap
+//! readers and the upgradable holder.
+//!
+//! An upgradable holder's phases are logged as one chain of sections with
+//! no gap between them: `U` ends and `X` starts at the moment the upgrade
+//! returned (the share was held, converted in place, until then; the
+//! exclusive lock checked not lost after that moment, else `U` ends lost
+//! there); `X` ends
+//! and the next `U` starts at the moment the downgrade was *called* (from
+//! there on readers may join, and nothing else may: a `U` section). So a
+//! writer (or another upgradable holder) that got in at any moment of an
+//! upgrade or a downgrade overlaps a section of the chain.
+//!
+//! As in `tests/torture_shared.rs`, the only excuse for an overlap is a
+//! lost lock (the one acquired first, by fencing tokens, logged `L`); a
+//! SIGKILLed holder's open section ends when it was silenced, or at the
+//! first stop after it began (every stop outlasts the lease).
+//!
+//! Scale: `LEASEHOLD_TORTURE_PROCS` (default 3), `LEASEHOLD_TORTURE_TASKS`
+//! (tasks per process, default 4), `LEASEHOLD_TORTURE_SECS` (default 20):
+//! each layout runs chaos for half of it.
+//!
+//! The log (see `tests/torture_shared.rs`): `S name id role token pid ns`,
+//! `E name id pid ns`, `L name id pid ns reason`, `B name id pid what`,
+//! `X pid error`, `Z pid ...`; and `UP pid` / `DOWN pid` for each upgrade
+//! and downgrade made.
+
+// Not on Windows: upgradable locks are refused there (`tests/windows.rs`
+// `upgradable_locks_are_refused_on_windows`).
+#![cfg(unix)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use leasehold::{LockGuard, Locker, UpgradableGuard};
+
+#[path = "support/torture.rs"]
+mod torture;
+use torture::{Arena, Backend, Line, Log, Rng, Tally, Turn, count, env_or, mono_ns};
+
+const NAME: &str = "alpha";
+/// No upgrade waits this long: a reader it waits for is at most stopped
+/// past its lease, or killed.
+const UPGRADE_BOUND: Duration = Duration::from_secs(15);
+
+#[test]
+fn child_process_entry() {
+    torture::child_entry(|child| child_main(child.backend, child.work, child.tasks));
+}
+
+async fn child_main(backend: Backend, work: PathBuf, tasks: usize) -> i32 {
+    let lockers: Vec<Locker> = (0..2).map(|_| backend.locker(&work)).collect();
+    let log = Arc::new(Log::open(&work));
+    let stop_rx = torture::stop_signal(&work);
+    let max_wait = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            tokio::spawn(task(
+                lockers[i % lockers.len()].clone(),
+                Arc::clone(&log),
+                i as u64,
+                stop_rx.clone(),
+                Arc::clone(&max_wait),
+            ))
+        })
+        .collect();
+    let ok = torture::join_all("torture_upgradable", handles).await;
+    let stats: Vec<_> = lockers.iter().map(Locker::stats).collect();
+    drop(lockers);
+    log.summary(&stats, max_wait.load(Ordering::Relaxed));
+    if ok { 0 } else { 1 }
+}
+
+/// Work under a guard: `Ok(ns)` (the last moment known held, before the
+/// final check) or `Err(ns)` if it was lost.
+async fn section(guard: &LockGuard, work_ms: u64) -> Result<u64, u64> {
+    let lost = tokio::select! {
+        () = guard.lost() => true,
+        () = tokio::time::sleep(Duration::from_millis(work_ms)) => false,
+    };
+    let ns = mono_ns();
+    if lost || guard.is_lost() { Err(ns) } else { Ok(ns) }
+}
+
+async fn task(
+    locker: Locker,
+    log: Arc<Log>,
+    index: u64,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    max_wait: Arc<AtomicU64>,
+) {
+    let pid = std::process::id();
+    let mut rng = Rng::new((u64::from(pid) << 8) | index);
+    let mut seq = 0u64;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        seq += 1;
+        let id = format!("{pid}.{index}.{seq}");
+        match rng.below(4) {
+            0 | 1 => {
+                let role = if rng.below(2) == 0 { 'R' } else { 'W' };
+                let acquire = async {
+                    if role == 'R' {
+                        locker.acquire_shared(NAME).await
+                    } else {
+                        locker.acquire(NAME).await
+                    }
+                };
+                let guard = match torture::take_turn(acquire, &mut stop, &log, &max_wait).await {
+                    Turn::Held(guard) => guard,
+                    Turn::Failed => continue,
+                    Turn::Stop => return,
+                };
+                let token = guard.fencing_token().expect("fencing is on");
+                log.line(format!("S {NAME} {id} {role} {token} {pid} {}", mono_ns()));
+                if guard.is_shared() != (role == 'R') {
+                    log.line(format!("B {NAME} {id} {pid} is_shared()={}", guard.is_shared()));
+                }
+                let work_ms = if role == 'R' {
+                    2 + rng.below(25)
+                } else {
+                    1 + rng.below(8)
+                };
+                match section(&guard, work_ms).await {
+                    Ok(ns) => log.line(format!("E {NAME} {id} {pid} {ns}")),
+                    Err(ns) => {
+                        let reason = torture::loss_reason(&guard).await;
+                        log.line(format!("L {NAME} {id} {pid} {ns} {reason}"));
+                    }
+                }
+                drop(guard);
+            }
+            _ => {
+                let asked = Instant::now();
+                let up = tokio::select! {
+                    r = locker.acquire_upgradable(NAME) => r,
+                    _ = stop.wait_for(|s| *s) => return,
+                };
+                let up = match up {
+                    Ok(up) => up,
+                    Err(e) => {
+                        log.error(&e);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                max_wait.fetch_max(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+                let token = up.guard().fencing_token().expect("fencing is on");
+                log.line(format!("S {NAME} {id}.0 U {token} {pid} {}", mono_ns()));
+                upgradable_chain(up, &log, &id, &mut rng).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(4))).await;
+    }
+}
+
+/// The phases of one upgradable holding, each logged as a section of the
+/// chain `id.0`, `id.1`, ... (see the top of this file).
+async fn upgradable_chain(mut up: UpgradableGuard, log: &Log, id: &str, rng: &mut Rng) {
+    let pid = std::process::id();
+    let mut k = 0u32;
+    loop {
+        // Upgradable: some reading, then (mostly) an upgrade.
+        let this = format!("{id}.{k}");
+        let kept = section(up.guard(), 1 + rng.below(10)).await;
+        match kept {
+            Err(ns) => {
+                let reason = torture::loss_reason(up.guard()).await;
+                log.line(format!("L {NAME} {this} {pid} {ns} {reason}"));
+                return;
+            }
+            Ok(ns) if rng.below(4) == 0 || k >= 6 => {
+                log.line(format!("E {NAME} {this} {pid} {ns}"));
+                return;
+            }
+            Ok(_) => {}
+        }
+        let writer = match tokio::time::timeout(UPGRADE_BOUND, up.upgrade()).await {
+            Ok(Ok(writer)) => writer,
+            Ok(Err(e)) => {
+                end_with(log, &this, mono_ns(), &e);
+                return;
+            }
+            Err(_) => {
+                let ns = mono_ns();
+                log.line(format!("L {NAME} {this} {pid} {ns} Timeout"));
+                log.line(format!(
+                    "B {NAME} {this} {pid} the upgrade took over {UPGRADE_BOUND:?}"
+                ));
+                return;
+            }
+        };
+        // The upgradable section lasts until now only if the exclusive
+        // lock is not lost now, checked after the moment is taken: a
+        // process frozen before or after the upgrade returned may have
+        // let another holder in after the conversion.
+        let ns = mono_ns();
+        if writer.is_lost() {
+            let reason = torture::loss_reason(&writer).await;
+            log.line(format!("L {NAME} {this} {pid} {ns} {reason}"));
+            return;
+        }
+        k += 1;
+        let next = format!("{id}.{k}");
+        let token = writer.fencing_token().expect("fencing is on");
+        log.line(format!("E {NAME} {this} {pid} {ns}"));
+        log.line(format!("S {NAME} {next} X {token} {pid} {ns}"));
+        log.line(format!("UP {pid}"));
+        if writer.is_shared() {
+            log.line(format!("B {NAME} {next} {pid} an upgrade made a shared guard"));
+        }
+        // Exclusive: some writing, then a downgrade or a release.
+        let this = next;
+        match section(&writer, 1 + rng.below(8)).await {
+            Err(ns) => {
+                let reason = torture::loss_reason(&writer).await;
+                log.line(format!("L {NAME} {this} {pid} {ns} {reason}"));
+                return;
+            }
+            Ok(ns) if rng.below(3) == 0 => {
+                log.line(format!("E {NAME} {this} {pid} {ns}"));
+                return;
+            }
+            Ok(ns) => {
+                // From here on readers may join: the next section starts.
+                match writer.downgrade().await {
+                    Ok(again) => {
+                        k += 1;
+                        let token = again.guard().fencing_token().expect("fencing is on");
+                        log.line(format!("E {NAME} {this} {pid} {ns}"));
+                        log.line(format!("S {NAME} {id}.{k} U {token} {pid} {ns}"));
+                        log.line(format!("DOWN {pid}"));
+                        up = again;
+                    }
+                    Err(e) => {
+                        // Held exclusively until the call at least.
+                        end_with(log, &this, ns, &e);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Ends section `id` at `ns` after an upgrade or a downgrade failed with
+/// `error` (nothing is held after either): `L` with the reason for a
+/// loss; otherwise the error is logged as an `X` line (only I/O errors
+/// are expected) and the section as ended, which excuses nothing.
+fn end_with(log: &Log, id: &str, ns: u64, error: &leasehold::Error) {
+    let pid = std::process::id();
+    match error {
+        leasehold::Error::Lost { reason, .. } => {
+            let reason: String = format!("{reason:?}")
+                .chars()
+                .take_while(char::is_ascii_alphanumeric)
+                .collect();
+            log.line(format!("L {NAME} {id} {pid} {ns} {reason}"));
+        }
+        other => {
+            log.error(other);
+            log.line(format!("E {NAME} {id} {pid} {ns}"));
+        }
+    }
+}
+
+// ---------------------------------------------------------------- parent
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Committed,
+    Lost,
+    Killed,
+}
+
+#[derive(Debug, Clone)]
+struct Section {
+    id: String,
+    role: char,
+    token: u64,
+    pid: u32,
+    start: u64,
+    end: u64,
+    how: End,
+}
+
+impl std::fmt::Display for Section {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} token {} pid {} [{}, {}] {:?}",
+            self.role, self.id, self.token, self.pid, self.start, self.end, self.how
+        )
+    }
+}
+
+fn exclusive(role: char) -> bool {
+    role == 'W' || role == 'X'
+}
+
+/// Whether `x` was acquired before `y`: by fencing tokens (an exclusive
+/// acquisition, `W` or `X`, takes a new, greater token; a shared one,
+/// `R` or `U`, the counter as it stands); two upgradable holders by
+/// their starts.
+fn acquired_before(x: &Section, y: &Section) -> bool {
+    match (exclusive(x.role), exclusive(y.role)) {
+        (false, false) => x.start < y.start,
+        (true, false) => x.token <= y.token,
+        _ => x.token < y.token,
+    }
+}
+
+fn torture(backend: Backend) {
+    let procs = env_or("LEASEHOLD_TORTURE_PROCS", 3).max(1);
+    let tasks = env_or("LEASEHOLD_TORTURE_TASKS", 4).max(1);
+    let secs = (env_or("LEASEHOLD_TORTURE_SECS", 20) / 2).max(2);
+    let arena = Arena::new("torture_upgradable", backend, backend.label().to_owned());
+    let label = &arena.label;
+    let chaos = arena.chaos(procs, tasks, secs, &[]);
+    let pauses = &chaos.pauses;
+    let (cleaned, left) = arena.leftovers(|_| async { Vec::new() });
+
+    let text = arena.log();
+    let mut starts: BTreeMap<String, (char, u64, u32, u64)> = BTreeMap::new();
+    let mut ends: HashMap<String, (End, u64)> = HashMap::new();
+    let mut tally = Tally::default();
+    for line in text.lines() {
+        let line = Line::new(line);
+        let (f, num) = (&line.f, |i| line.num(i));
+        match f[0] {
+            "S" => {
+                let role = f[3].chars().next().unwrap();
+                if starts
+                    .insert(f[2].to_owned(), (role, num(4), num(5) as u32, num(6)))
+                    .is_some()
+                {
+                    tally.problems.push(format!("section id {} logged twice", f[2]));
+                }
+            }
+            "E" | "L" => {
+                let how = if f[0] == "E" { End::Committed } else { End::Lost };
+                if how == End::Lost {
+                    tally.lost(f.get(5).copied().unwrap_or(""));
+                }
+                if ends.insert(f[2].to_owned(), (how, num(4))).is_some() {
+                    tally.problems.push(format!("section id {} ended twice", f[2]));
+                }
+            }
+            "B" => tally.problems.push(format!("wrong: {}", line.text)),
+            "UP" | "DOWN" => {}
+            _ => tally.other(&arena, &line),
+        }
+    }
+    let first_stop_after = |pid: u32, start: u64| -> Option<u64> {
+        pauses
+            .iter()
+            .filter(|p| p.pid == pid && p.after >= start)
+            .map(|p| p.after)
+            .min()
+    };
+    let mut sections: Vec<Section> = Vec::new();
+    for (id, (role, token, pid, start)) in &starts {
+        let (how, end) = match ends.get(id) {
+            Some((how, ns)) => (*how, *ns),
+            None => match chaos.silenced(*pid) {
+                Some(at) => (
+                    End::Killed,
+                    first_stop_after(*pid, *start).map_or(at, |stop| stop.min(at)),
+                ),
+                None => {
+                    tally.problems.push(format!(
+                        "{id}: pid {pid} entered, was never killed, and never left"
+                    ));
+                    continue;
+                }
+            },
+        };
+        sections.push(Section {
+            id: id.clone(),
+            role: *role,
+            token: *token,
+            pid: *pid,
+            start: *start,
+            end,
+            how,
+        });
+    }
+    for id in ends.keys() {
+        if !starts.contains_key(id) {
+            tally
+                .problems
+                .push(format!("section {id}: an end without a start"));
+        }
+    }
+    sections.sort_by_key(|s| (s.start, s.token));
+
+    let (mut overlaps_excused, mut overlaps_found) = (0u64, 0u64);
+    let (mut reader_overlaps, mut reader_upgradable_overlaps) = (0u64, 0u64);
+    let mut active: Vec<&Section> = Vec::new();
+    for s in &sections {
+        active.retain(|a| a.end > s.start);
+        for a in &active {
+            let conflict = exclusive(a.role) || exclusive(s.role) || (a.role == 'U' && s.role == 'U');
+            if !conflict {
+                if a.role == 'R' && s.role == 'R' {
+                    reader_overlaps += 1;
+                } else {
+                    reader_upgradable_overlaps += 1;
+                }
+                continue;
+            }
+            let older = if acquired_before(a, s) { *a } else { s };
+            if older.how == End::Lost {
+                overlaps_excused += 1;
+            } else {
+                overlaps_found += 1;
+                tally.problems.push(format!(
+                    "sections overlap: {a} and {s} (stops of pid {}: {:?})",
+                    older.pid,
+                    chaos.stops_of(older.pid)
+                ));
+            }
+        }
+        active.push(s);
+    }
+
+    let roles = |r: char| sections.iter().filter(|s| s.role == r).count();
+    let (upgrades, downgrades) = (count(&text, "UP "), count(&text, "DOWN "));
+    tally.check_the_end(&text, &left);
+    if upgrades == 0 || downgrades == 0 {
+        tally.problems.push(format!(
+            "{upgrades} upgrades, {downgrades} downgrades: the test proved nothing"
+        ));
+    }
+    if reader_upgradable_overlaps == 0 {
+        tally
+            .problems
+            .push("readers never overlapped an upgradable holder: the test proved nothing".into());
+    }
+    let killed = sections.iter().filter(|s| s.how == End::Killed).count();
+    eprintln!(
+        "torture_upgradable [{label}]: {procs} procs x {tasks} tasks, {secs} s of chaos, {:.1} s in all\n  \
+         holds {} (readers {}, writers {}, upgradable {}, upgraded {}; completed {}, lost {} {:?}, cut by kill {killed})\n  \
+         upgrades {upgrades}, downgrades {downgrades}\n  \
+         kills {} pauses {} acquire errors {:?}\n  \
+         reader/reader overlaps {reader_overlaps}, reader/upgradable overlaps {reader_upgradable_overlaps}, \
+         overlaps excused by a loss {overlaps_excused}\n  \
+         survivors' stats: acquisitions {} reclaimed dead {} reclaimed expired {} lost {}; max wait {:.1} ms\n  \
+         stopped in {:.2} s; reclaimed at the end {cleaned}, left behind {}\n  \
+         overlaps found: {overlaps_found}, violations: {}",
+        arena.began.elapsed().as_secs_f64(),
+        sections.len(),
+        roles('R'),
+        roles('W'),
+        roles('U'),
+        roles('X'),
+        count(&text, "E "),
+        count(&text, "L "),
+        tally.lost_reasons,
+        chaos.kills.len(),
+        pauses.len(),
+        tally.errors,
+        tally.sum(0),
+        tally.sum(2),
+        tally.sum(3),
+        tally.sum(4),
+        tally.max_wait_ms(),
+        chaos.stop_time.as_secs_f64(),
+        left.len(),
+        tally.problems.len(),
+    );
+    arena.fail_on(&tally.problems);
+}
+
+#[test]
+fn torture_upgradable_exclusive_file() {
+    torture(Backend::ExclusiveFile);
+}
+
+// The directory layout: Windows cannot lock a directory.
+#[cfg(unix)]
+#[test]
+fn torture_upgradable_directory() {
+    torture(Backend::Directory);
+}

@@ -1,0 +1,398 @@
+//! Upgradable shared locks on PostgreSQL, against a throwaway server of
+//! each test's own (see `support/pg_server.rs`): one upgradable holder at
+//! a time, readers of every `Locker` (its own included) coexisting with
+//! it, writers kept out, an upgrade that waits for every reader and lets
+//! no writer in, a downgrade, fencing, the loss of the holding's session,
+//! and `release_all`. Every wait is bounded.
+#![cfg(all(unix, feature = "postgres"))]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use leasehold::{Error, Locker, LockerBuilder, LossReason};
+
+#[path = "support/pg_server.rs"]
+mod pg_server;
+
+use pg_server::Server;
+
+/// Every wait of these tests ends within this.
+const BOUND: Duration = Duration::from_secs(10);
+
+fn builder(server: &Server) -> LockerBuilder {
+    Locker::builder()
+        .postgres(server.url())
+        .lease(Duration::from_millis(900))
+        .renew_interval(Duration::from_millis(150))
+        .poll_interval(Duration::from_millis(50))
+}
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn bounded<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {BOUND:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_upgradable_at_a_time_with_readers_and_without_writers() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let name = unique("catalog");
+
+    let up = a.acquire_upgradable(&name).await.unwrap();
+    assert!(up.guard().is_shared());
+    // One upgradable holder, whichever Locker asks.
+    assert!(a.try_acquire_upgradable(&name).await.unwrap().is_none());
+    assert!(b.try_acquire_upgradable(&name).await.unwrap().is_none());
+    let err = b
+        .acquire_upgradable_timeout(&name, Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    // Readers of both Lockers coexist with it.
+    let ra = a
+        .try_acquire_shared(&name)
+        .await
+        .unwrap()
+        .expect("a reader of the same Locker");
+    let rb = b
+        .try_acquire_shared(&name)
+        .await
+        .unwrap()
+        .expect("a reader of another Locker");
+    // Writers do not.
+    assert!(a.try_acquire(&name).await.unwrap().is_none());
+    assert!(b.try_acquire(&name).await.unwrap().is_none());
+    let holders = b.holders(&name).await.unwrap();
+    assert_eq!(
+        holders.len(),
+        3,
+        "the upgradable holder is a shared holder: {holders:?}"
+    );
+    drop((ra, rb));
+    assert!(
+        b.try_acquire(&name).await.unwrap().is_none(),
+        "still held by the upgradable"
+    );
+
+    // Released: the next upgradable holder gets in (the session closes).
+    drop(up);
+    let next = bounded("the next upgradable holder", b.acquire_upgradable(&name))
+        .await
+        .unwrap();
+    assert!(a.try_acquire_upgradable(&name).await.unwrap().is_none());
+    drop(next);
+    let writer = bounded("a writer after the upgradable holder", a.acquire(&name))
+        .await
+        .unwrap();
+    // Writers exclude the upgradable holder too.
+    assert!(b.try_acquire_upgradable(&name).await.unwrap().is_none());
+    drop(writer);
+    drop((a, b));
+    assert_eq!(
+        server.advisory_locks_and_sessions_left(Duration::from_secs(5)),
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upgrade_waits_for_every_reader_and_keeps_new_ones_out() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let name = unique("catalog");
+
+    let up = a.acquire_upgradable(&name).await.unwrap();
+    let first = up.guard().fencing_token().expect("tokens are always on");
+    let ra = a.acquire_shared(&name).await.unwrap();
+    let rb = b.acquire_shared(&name).await.unwrap();
+    let upgrading = tokio::spawn(async move { up.upgrade().await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!upgrading.is_finished(), "the upgrade waits for both readers");
+    // Announced: no new reader joins, of either Locker (writers' preference).
+    assert!(a.try_acquire_shared(&name).await.unwrap().is_none());
+    assert!(b.try_acquire_shared(&name).await.unwrap().is_none());
+    drop(rb);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !upgrading.is_finished(),
+        "the reader of its own Locker is still there"
+    );
+    drop(ra);
+    let writer = bounded("the upgrade", upgrading).await.unwrap().unwrap();
+    assert!(!writer.is_shared());
+    let token = writer.fencing_token().unwrap();
+    assert!(token > first, "an upgrade gets a new token: {first} then {token}");
+    for locker in [&a, &b] {
+        assert!(locker.try_acquire_shared(&name).await.unwrap().is_none());
+        assert!(locker.try_acquire(&name).await.unwrap().is_none());
+        assert!(locker.try_acquire_upgradable(&name).await.unwrap().is_none());
+    }
+    let owner = b.holder(&name).await.unwrap().expect("held");
+    assert_eq!(owner.fencing_token(), Some(token));
+    writer.ensure_held().await.unwrap();
+    drop(writer);
+    let next = bounded("a writer after the upgraded lock", b.acquire(&name))
+        .await
+        .unwrap();
+    assert!(next.fencing_token().unwrap() > token);
+}
+
+/// Writers waiting in every Locker while the upgradable holder upgrades:
+/// none of them gets the name between the upgrade and its release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_writer_gets_in_between() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let c = builder(&server).build().unwrap();
+    let name = unique("catalog");
+
+    let up = a.acquire_upgradable(&name).await.unwrap();
+    let reader = b.acquire_shared(&name).await.unwrap();
+    // Set from before the upgrade is asked for until the upgraded lock goes.
+    let exclusive_phase = Arc::new(AtomicBool::new(true));
+    let mut writers = Vec::new();
+    for locker in [&a, &b, &c] {
+        let (locker, name, phase) = (locker.clone(), name.clone(), Arc::clone(&exclusive_phase));
+        writers.push(tokio::spawn(async move {
+            let guard = locker.acquire(&name).await.unwrap();
+            assert!(
+                !phase.load(Ordering::SeqCst),
+                "a writer got in between the upgrade and its release"
+            );
+            let token = guard.fencing_token().unwrap();
+            drop(guard);
+            token
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let upgrading = tokio::spawn(async move { up.upgrade().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(reader);
+    let writer = bounded("the upgrade", upgrading).await.unwrap().unwrap();
+    let token = writer.fencing_token().unwrap();
+    // Hold it a while: the writers keep trying meanwhile.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for w in &writers {
+        assert!(!w.is_finished(), "no writer while the upgraded lock is held");
+    }
+    exclusive_phase.store(false, Ordering::SeqCst);
+    drop(writer);
+    for w in writers {
+        let later = bounded("a writer after the release", w).await.unwrap();
+        assert!(later > token, "writers come after, with greater tokens");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_lets_readers_in_and_can_be_upgraded_again() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let name = unique("catalog");
+
+    let t0 = a.acquire_upgradable(&name).await.unwrap();
+    let first = t0.guard().fencing_token().unwrap();
+    let writer = bounded("an upgrade with no readers", t0.upgrade()).await.unwrap();
+    let t1 = writer.fencing_token().unwrap();
+    assert!(b.try_acquire_shared(&name).await.unwrap().is_none());
+    let up = bounded("the downgrade", writer.downgrade()).await.unwrap();
+    let t2 = up.guard().fencing_token().unwrap();
+    assert!(first < t1 && t1 <= t2, "tokens: {first}, {t1}, {t2}");
+    // Readers in again, of both Lockers; still no writer, no other upgradable.
+    let ra = a
+        .try_acquire_shared(&name)
+        .await
+        .unwrap()
+        .expect("a reader after the downgrade");
+    let rb = b
+        .try_acquire_shared(&name)
+        .await
+        .unwrap()
+        .expect("a reader after the downgrade");
+    assert!(b.try_acquire(&name).await.unwrap().is_none());
+    assert!(b.try_acquire_upgradable(&name).await.unwrap().is_none());
+    assert!(a.try_acquire_upgradable(&name).await.unwrap().is_none());
+    let holders = b.holders(&name).await.unwrap();
+    assert_eq!(holders.len(), 3, "{holders:?}");
+    up.guard().ensure_held().await.unwrap();
+    // And upgraded again, once the readers go.
+    let upgrading = tokio::spawn(async move { up.upgrade().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!upgrading.is_finished());
+    drop((ra, rb));
+    let again = bounded("the second upgrade", upgrading).await.unwrap().unwrap();
+    let t3 = again.fencing_token().unwrap();
+    assert!(t3 > t2, "tokens: {t2} then {t3}");
+    assert!(b.try_acquire_shared(&name).await.unwrap().is_none());
+    drop(again);
+    assert!(
+        bounded("a writer after it", b.acquire(&name))
+            .await
+            .unwrap()
+            .fencing_token()
+            .unwrap()
+            > t3
+    );
+}
+
+/// A guard from `acquire` cannot be downgraded on a server either, and a
+/// name held as a semaphore is refused as a kind mismatch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_guard_is_not_downgraded_and_semaphores_are_another_kind() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let name = unique("catalog");
+    let plain = a.acquire(&name).await.unwrap();
+    let err = plain.downgrade().await.unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    drop(
+        bounded("the name, free again", a.acquire_upgradable(&name))
+            .await
+            .unwrap(),
+    );
+
+    let gpu = unique("gpu");
+    let permit = b.semaphore(&gpu, 2).unwrap().acquire().await.unwrap();
+    let err = a.try_acquire_upgradable(&gpu).await.unwrap_err();
+    assert!(matches!(err, Error::KindMismatch { .. }), "{err}");
+    drop(permit);
+    drop(
+        bounded("the name, free again", a.acquire_upgradable(&gpu))
+            .await
+            .unwrap(),
+    );
+}
+
+/// The backend pid of the session of `name`'s shared holders (the
+/// upgradable holder's, when it is the only one) or exclusive holder.
+fn backend_of(server: &Server, name: &str, exclusive: bool) -> i32 {
+    let name = name.to_owned();
+    server.sql(move |c| {
+        let query = if exclusive {
+            "SELECT backend_pid FROM leasehold_locks WHERE name = $1"
+        } else {
+            "SELECT backend_pid FROM leasehold_holders WHERE name = $1"
+        };
+        c.query_one(query, &[&name]).unwrap().get(0)
+    })
+}
+
+fn terminate(server: &Server, pid: i32) {
+    server.sql(move |c| {
+        c.query_one("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_session_loses_the_holding_and_frees_the_name() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+
+    // The upgradable holding.
+    let name = unique("shared-phase");
+    let up = a.acquire_upgradable(&name).await.unwrap();
+    let pid = backend_of(&server, &name, false);
+    // A session of its own: the Locker's readers are on another.
+    let reader = a.acquire_shared(&name).await.unwrap();
+    let n = name.clone();
+    let sessions: i64 = server.sql(move |c| {
+        c.query_one(
+            "SELECT count(DISTINCT backend_pid) FROM leasehold_holders WHERE name = $1",
+            &[&n],
+        )
+        .unwrap()
+        .get(0)
+    });
+    assert_eq!(sessions, 2);
+    terminate(&server, pid);
+    bounded("lost() after the session ended", up.guard().lost()).await;
+    assert!(!reader.is_lost(), "the Locker's own session is untouched");
+    drop(reader);
+    bounded("lost() after the session ended", up.guard().lost()).await;
+    let err = up.guard().ensure_held().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Lost {
+                reason: LossReason::SessionLost,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = up.upgrade().await.unwrap_err();
+    assert!(matches!(err, Error::Lost { .. }), "{err}");
+    // Free: the Locker's own session was not touched, and the name's
+    // slot went with the dead session.
+    let next = bounded("the next upgradable holder", b.acquire_upgradable(&name))
+        .await
+        .unwrap();
+    drop(next);
+    drop(bounded("a writer", b.acquire(&name)).await.unwrap());
+
+    // The upgraded lock.
+    let name = unique("exclusive-phase");
+    let writer = a
+        .acquire_upgradable(&name)
+        .await
+        .unwrap()
+        .upgrade()
+        .await
+        .unwrap();
+    let pid = backend_of(&server, &name, true);
+    terminate(&server, pid);
+    let killed = Instant::now();
+    bounded("lost() after the session ended", writer.lost()).await;
+    assert!(killed.elapsed() < Duration::from_secs(2));
+    let err = writer.downgrade().await.unwrap_err();
+    assert!(matches!(err, Error::Lost { .. }), "{err}");
+    drop(bounded("a writer", b.acquire(&name)).await.unwrap());
+    // The Locker goes on.
+    drop(
+        bounded("a new upgradable holding", a.acquire_upgradable(&name))
+            .await
+            .unwrap(),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_all_releases_upgradable_and_upgraded_holdings() {
+    let server = Server::start();
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let (shared, upgraded) = (unique("shared-phase"), unique("exclusive-phase"));
+
+    let up = a.acquire_upgradable(&shared).await.unwrap();
+    let writer = a
+        .acquire_upgradable(&upgraded)
+        .await
+        .unwrap()
+        .upgrade()
+        .await
+        .unwrap();
+    let released = bounded("release_all", a.release_all()).await;
+    assert_eq!(released.len(), 2, "{released:?}");
+    bounded("lost()", up.guard().lost()).await;
+    bounded("lost()", writer.lost()).await;
+    for name in [&shared, &upgraded] {
+        let taken = bounded("another Locker takes the name", b.acquire(name)).await;
+        drop(taken.unwrap());
+    }
+    let err = a.acquire_upgradable(&shared).await.unwrap_err();
+    assert!(matches!(err, Error::ShutDown { .. }), "{err}");
+    let err = up.upgrade().await.unwrap_err();
+    assert!(
+        matches!(err, Error::Lost { .. } | Error::ShutDown { .. }),
+        "{err}"
+    );
+}
