@@ -966,6 +966,10 @@ fn steps() -> impl Iterator<Item = &'static &'static str> {
         .iter()
         .filter(|p| !p.starts_with("engine."))
         .filter(|p| !p.starts_with("upgrade.") && !p.starts_with("downgrade."))
+        // A reader re-signing its group's marker on the directory layout
+        // (after the holder it names died): no operation here passes it;
+        // tests/upgradable_attack.rs freezes a reader there.
+        .filter(|p| **p != "group.sign.before_tmp")
         .filter(move |p| !elsewhere.iter().any(|e| p.starts_with(e)))
 }
 
