@@ -206,10 +206,17 @@ fn semaphore_forms_work_without_a_runtime() {
     drop(first);
     waiter.join().unwrap().unwrap();
     drop(second);
-    assert!(
-        mine.blocking_try_acquire("gpu").unwrap().is_some(),
-        "every permit returned"
-    );
+    // A drop that finds the name's mutation lock taken (under Wine, by a
+    // neighbour's marker poll) leaves its release to the release thread,
+    // which finishes it within milliseconds (tests/shared.rs `left_in`).
+    let returned = (0..200).any(|_| {
+        let free = mine.blocking_try_acquire("gpu").unwrap().is_some();
+        if !free {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        free
+    });
+    assert!(returned, "every permit returned");
 }
 
 #[test]
