@@ -331,6 +331,11 @@ impl Error {
         }
     }
 
+    /// Whether this is an I/O error whose cause is a missing file.
+    pub(crate) fn is_not_found(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+
     /// Wraps an I/O error, sorting permission failures into their own kind.
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         let path = path.into();

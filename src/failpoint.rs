@@ -73,6 +73,13 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "group.reclaim.before_unlink",
     "group.members.before_rmdir",
     "group.withdraw.before_unlink",
+    "group.seal.before_create",
+    "group.seal.before_remove",
+    // Joining and leaving without the name's mutation lock (another
+    // process holds it): tests/frozen_member.rs.
+    "unlocked.join.before_record",
+    "unlocked.join.after_record",
+    "unlocked.leave.after_unlink",
     // The directory's mutation lock: its flock.
     "dirlock.before_flock",
     // The waiting line (OFD byte-range locks, dropped by the kernel when

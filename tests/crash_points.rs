@@ -966,6 +966,9 @@ fn steps() -> impl Iterator<Item = &'static &'static str> {
         .iter()
         .filter(|p| !p.starts_with("engine."))
         .filter(|p| !p.starts_with("upgrade.") && !p.starts_with("downgrade."))
+        // Joining and leaving without the mutation lock: only while another
+        // process holds it; tests/frozen_member.rs crashes there.
+        .filter(|p| !p.starts_with("unlocked."))
         // A reader re-signing its group's marker on the directory layout
         // (after the holder it names died): no operation here passes it;
         // tests/upgradable_attack.rs freezes a reader there.

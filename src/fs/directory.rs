@@ -341,8 +341,15 @@ pub(super) fn holds_other_files(dir: &File) -> bool {
 
 /// Moves the lock directory at the lock path to a private trash name and
 /// empties it. The caller holds the mutation lock (released here once the
-/// lock path is free) and has checked that the path names `node`.
-pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: MutationLock<'_>) -> Result<bool> {
+/// lock path is free, after `then` ran) and has checked that the path
+/// names `node`.
+pub(super) fn retire(
+    ctx: &Ctx,
+    name: &LockName,
+    node: &File,
+    mutation: MutationLock<'_>,
+    then: &dyn Fn(),
+) -> Result<bool> {
     let trash = format!("{}.trash-{}", name.file_name(), suffix());
     let renamed = failpoint!("dir.retire.before_rename").map_err(|_| Errno::EIO);
     match renamed.and_then(|()| syscall::rename_at(ctx.dir.fd(), name.file_name(), &trash)) {
@@ -373,6 +380,7 @@ pub(super) fn retire(ctx: &Ctx, name: &LockName, node: &File, mutation: Mutation
         judged.context("inspect lock directory", || ctx.path_of(name.file_name()))?;
         return Ok(false);
     }
+    then();
     drop(mutation);
     remove_dir(ctx, &trash, node);
     Ok(true)

@@ -172,7 +172,8 @@ pub(super) fn reserve(
 /// The fencing counter of `name` as it stands: no less than any token
 /// handed out so far, less than any handed out from now on. Where the
 /// counter is missing, the highest token anyone could have been handed
-/// (the next one is above it). The caller holds the mutation lock.
+/// (the next one is above it). The caller holds the mutation lock, or
+/// holds the name shared (then nobody advances the counter meanwhile).
 pub(super) fn current(ctx: &Ctx, name: &LockName) -> Result<u64> {
     let last = read_fence(ctx, name, &format!("{}.fence", name.file_name()))?;
     Ok(last.unwrap_or_else(|| wall_us().saturating_add(LEAD)))

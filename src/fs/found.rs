@@ -184,13 +184,26 @@ impl Found {
         }
         let is_marker =
             members::marker(&self.parsed).is_some() || members::marker(&record::parse(&now)).is_some();
-        if is_marker && members::tidy(ctx, name)? {
-            return Ok(false);
-        }
-        failpoint!("reclaim.before_remove").context("reclaim lock", path)?;
-        let removed = match ctx.settings.strategy {
-            Strategy::ExclusiveFile => file::unlink(ctx, name)?,
-            Strategy::Directory => directory::retire(ctx, name, &self.node, mutation)?,
+        let remove = |then: &dyn Fn()| {
+            failpoint!("reclaim.before_remove").context("reclaim lock", path)?;
+            match ctx.settings.strategy {
+                Strategy::ExclusiveFile => {
+                    let removed = file::unlink(ctx, name)?;
+                    if removed {
+                        then();
+                    }
+                    Ok(removed)
+                }
+                Strategy::Directory => directory::retire(ctx, name, &self.node, mutation, then),
+            }
+        };
+        // A marker's members are counted under the members directory's
+        // seal, which keeps joiners that do not take the mutation lock out
+        // until the marker is gone.
+        let removed = if is_marker {
+            members::tidy(ctx, name, remove)?.unwrap_or(false)
+        } else {
+            remove(&|| {})?
         };
         if !removed {
             return Ok(false);

@@ -18,8 +18,10 @@
 //!   had its turn.
 //!
 //! Every change to a group (joining, leaving, reclaiming, re-signing the
-//! marker) happens under the directory's mutation lock, so counting the
-//! members and adding one is one step for every leasehold process. The
+//! marker) happens under the name's mutation lock, but for joins and leaves
+//! of a group that stands while another process holds that lock: those
+//! count after their record is in place, and whoever ends a group seals
+//! its members directory first ([`join_unlocked`], `members::Seal`). The
 //! members are judged by the same rules as lock files ([`stale`]): a dead
 //! holder's flock is free at once, a frozen one's lease runs out.
 
@@ -32,7 +34,7 @@ use super::context::Ctx;
 use super::found::Found;
 use super::layout::Strategy;
 use super::members::{
-    Entry, JSON, TMP, WAITER, create_record, ensure_members, judge_entry, marker, members_dir, mode_of,
+    self, Entry, JSON, TMP, WAITER, create_record, ensure_members, judge_entry, marker, members_dir, mode_of,
     open_members, remove_dead, remove_members_dir, same_kind, scan,
 };
 use super::mutex::MutationLock;
@@ -65,11 +67,11 @@ pub(super) enum Joined {
 /// nobody holds the name, joins it if it is held the same way, there is
 /// room and no exclusive acquisition is waiting.
 pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) -> Result<Joined> {
-    let Some(mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
-        return Ok(Joined::Busy {
-            owner: None,
-            recheck_at: None,
-        });
+    // The mutation lock is held for a few syscalls at a time: one that
+    // stays taken is another process's, slow or frozen while it changes
+    // this name, and a group that stands is joined without it.
+    let Some(mutation) = ctx.dir.lock_within(name.file_name(), JOIN_PATIENCE)? else {
+        return join_unlocked(ctx, name, mode, upgradable);
     };
     failpoint!("group.join.after_dirlock").context("join shared lock", || ctx.path_of(name.file_name()))?;
     let found = Found::open(ctx, name)?;
@@ -95,8 +97,10 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
     let live: Vec<&Entry> = scan.live_members().collect();
     if let (Some(found), Some((same, held))) = (&found, kind) {
         if live.is_empty() {
-            // Nobody holds it any more: remove the marker and start anew.
-            remove_marker(ctx, name, found, mutation)?;
+            // Nobody holds it any more: remove the marker (if nobody joined
+            // meanwhile without the mutation lock) and start anew.
+            drop(scan);
+            members::tidy(ctx, name, |then| remove_marker(ctx, name, found, mutation, then))?;
             return Ok(Joined::Again);
         }
         if !same {
@@ -143,7 +147,9 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
         failpoint!("group.join.after_share").context("join shared lock", || ctx.path_of(name.file_name()))?;
         let mut member = Member::create(ctx, name, mode, group, dir, upgradable).inspect_err(left_empty)?;
         member.marker = Some(node);
-        return Ok(Joined::Member(Box::new(member)));
+        // Counted again with our record in place: others join without
+        // the mutation lock, counting after their records are in place.
+        return admit(ctx, name, member, mode, upgradable);
     }
     let mut member = Member::create(ctx, name, mode, group, dir, upgradable).inspect_err(left_empty)?;
     // First holder (or the first since the marker was removed under the
@@ -162,6 +168,165 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
         // mutation lock): not ours to join.
         Ok(None) => Ok(Joined::NotShared),
         Err(error) => Err(error),
+    }
+}
+
+/// How long a join waits for the name's mutation lock before it joins
+/// without it: the lock is held for a few syscalls at a time.
+const JOIN_PATIENCE: Duration = Duration::from_millis(2);
+
+/// Joins a group that stands, without the name's mutation lock (another
+/// process holds it: slow, or frozen while it changes this name). Our
+/// record goes in first; then we count, look for the seal, and look at
+/// the marker and the members directory again, and withdraw (our record
+/// removed) if any of them says no:
+///
+/// - the count, waiting exclusive acquisitions and the kinds, as under
+///   the lock (others who join at the same instant count us, as we count
+///   them: at worst both withdraw and try again);
+/// - the seal (`members::Seal`): a process that ends the group or
+///   upgrades seals the members directory before it counts, so either it
+///   counts our record (in place before our look) or we see its seal;
+/// - after the seal, the marker: still the one we found, of our group (a
+///   sealer removes the marker before it removes its seal).
+///
+/// A group that does not stand (no marker, or one whose members are all
+/// gone) is started or cleared only under the lock: `Busy` until then.
+fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) -> Result<Joined> {
+    let busy = |owner: Option<Owner>| {
+        Ok(Joined::Busy {
+            owner,
+            recheck_at: Some(SystemTime::now() + Duration::from_millis(5)),
+        })
+    };
+    let Some(found) = Found::open(ctx, name)? else {
+        return busy(None);
+    };
+    let Some(record) = marker(&found.parsed) else {
+        return Ok(Joined::NotShared);
+    };
+    let group = record.group.clone();
+    let Some(group_id) = group.clone() else {
+        return busy(Some(found.owner()));
+    };
+    let Some(dir) = open_members(ctx, name)? else {
+        return busy(Some(found.owner()));
+    };
+    let dir_name = members_dir(name.file_name());
+    let path = || ctx.path_of(&dir_name);
+    let dir_id = syscall::meta(&dir).context("inspect members directory", path)?;
+    let dir_id = (dir_id.dev(), dir_id.ino());
+    let standing = scan(ctx, &dir, &path)?;
+    if standing.live_members().next().is_none() || members::sealed(&dir) {
+        return busy(Some(found.owner()));
+    }
+    if !same_kind(record, mode) {
+        return Err(Error::kind_mismatch(name.as_str(), mode, mode_of(record)));
+    }
+    if let Some(refused) = refusal(name, &standing, mode, upgradable, None)? {
+        return Ok(refused);
+    }
+    let identity = found.identity();
+    let node = found.into_node();
+    if !lock_shared(&node) {
+        return busy(None);
+    }
+    failpoint!("unlocked.join.before_record").context("join shared lock", path)?;
+    let mut member = match Member::create(ctx, name, mode, group_id, dir, upgradable) {
+        Ok(member) => member,
+        // Our unfinished record was taken for a dead process's, or the
+        // directory went (its group ended): try again.
+        Err(error) if error.is_not_found() => return busy(None),
+        Err(error) => return Err(error),
+    };
+    member.marker = Some(node);
+    if let Err(error) = failpoint!("unlocked.join.after_record").context("join shared lock", path) {
+        let _ = member.dissolve();
+        return Err(error);
+    }
+    let withdraw = |member: Member| {
+        // Ours alone: removed at once, whatever the mutation lock.
+        let _ = member.dissolve();
+    };
+    let counted = match scan(ctx, member.members(), &path) {
+        Ok(counted) => counted,
+        Err(error) => {
+            withdraw(member);
+            return Err(error);
+        }
+    };
+    match refusal(name, &counted, mode, upgradable, Some(member.file_name())) {
+        Ok(None) => {}
+        refused => {
+            withdraw(member);
+            return refused.map(|refused| refused.unwrap_or(Joined::Again));
+        }
+    }
+    // The seal, then the marker, then the directory's name: in this order
+    // (see above).
+    let standing = !members::sealed(member.members())
+        && Found::open(ctx, name)?.is_some_and(|now| {
+            now.identity() == identity && marker(&now.parsed).is_some_and(|r| r.group == group)
+        })
+        && syscall::stat_at(ctx.dir.fd(), &dir_name).is_ok_and(|st| (st.dev, st.ino) == dir_id);
+    if !standing {
+        withdraw(member);
+        return busy(None);
+    }
+    Ok(Joined::Member(Box::new(member)))
+}
+
+/// Why `mode` may not hold beside the live members of `scan` (`None` if
+/// it may): a waiting exclusive acquisition, another kind, no free
+/// permit, another upgradable holder. `own`, our record once it is in
+/// place, counts as one of the permits and is never another upgradable
+/// holder.
+fn refusal(
+    name: &LockName,
+    scan: &members::Scan,
+    mode: Mode,
+    upgradable: bool,
+    own: Option<&str>,
+) -> Result<Option<Joined>> {
+    let live: Vec<&Entry> = scan.live_members().collect();
+    if let Some(other) = live
+        .iter()
+        .filter_map(|e| e.record())
+        .find(|r| !same_kind(r, mode))
+    {
+        return Err(Error::kind_mismatch(name.as_str(), mode, mode_of(other)));
+    }
+    let others = live.iter().filter(|e| Some(e.file_name.as_str()) != own);
+    let full = match mode {
+        Mode::Permit(permits) => others.clone().count() >= permits as usize,
+        _ => false,
+    };
+    let up = upgradable
+        && others
+            .clone()
+            .any(|e| super::members::is_upgradable(&e.file_name));
+    if scan.live_waiters() > 0 || full || up {
+        return Ok(Some(Joined::Busy {
+            owner: others.map(|e| Owner::from_parsed(&e.parsed)).next(),
+            recheck_at: None,
+        }));
+    }
+    Ok(None)
+}
+
+/// Keeps `member` if it may hold beside the live members counted now
+/// (under the mutation lock, with its record in place), withdraws it if
+/// not.
+fn admit(ctx: &Ctx, name: &LockName, member: Member, mode: Mode, upgradable: bool) -> Result<Joined> {
+    let dir_name = members_dir(name.file_name());
+    let path = || ctx.path_of(&dir_name);
+    let scan = scan(ctx, member.members(), &path)?;
+    match refusal(name, &scan, mode, upgradable, Some(member.file_name())) {
+        Ok(None) => Ok(Joined::Member(Box::new(member))),
+        other => {
+            let _ = member.dissolve();
+            other.map(|refused| refused.unwrap_or(Joined::Again))
+        }
     }
 }
 
@@ -236,15 +401,29 @@ fn padded(bytes: &[u8], len: usize) -> Vec<u8> {
 }
 
 /// Removes the marker `found` from the lock path (the caller checked,
-/// under `mutation`, that nobody holds it any more).
-fn remove_marker(ctx: &Ctx, name: &LockName, found: &Found, mutation: MutationLock<'_>) -> Result<bool> {
+/// under `mutation`, that nobody holds it any more), and runs `then` once
+/// it is gone, before the mutation lock goes (see `members::tidy`).
+fn remove_marker(
+    ctx: &Ctx,
+    name: &LockName,
+    found: &Found,
+    mutation: MutationLock<'_>,
+    then: &dyn Fn(),
+) -> Result<bool> {
     let (dev, ino) = found.identity();
     if !ctx.names(name, dev, ino)? {
         return Ok(false);
     }
     match ctx.settings.strategy {
-        Strategy::ExclusiveFile => file::unlink(ctx, name),
-        Strategy::Directory => directory::retire(ctx, name, found.node(), mutation),
+        Strategy::ExclusiveFile => {
+            let removed = file::unlink(ctx, name)?;
+            if removed {
+                then();
+            }
+            drop(mutation);
+            Ok(removed)
+        }
+        Strategy::Directory => directory::retire(ctx, name, found.node(), mutation, then),
     }
 }
 mod member;

@@ -202,7 +202,7 @@ impl Whole {
             Node::File { .. } => Ok(false),
             Node::Dir { dir, .. } if ours => {
                 self.ctx.lines.releasing(self.ctx.dir.fd(), self.name.file_name());
-                directory::retire(&self.ctx, &self.name, dir, mutation)
+                directory::retire(&self.ctx, &self.name, dir, mutation, &|| {})
             }
             Node::Dir { dir, .. } => {
                 // Retired by a reclaimer: help it empty our old directory.

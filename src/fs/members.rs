@@ -37,6 +37,58 @@ pub(super) fn is_upgradable(file_name: &str) -> bool {
         .strip_prefix(MEMBER)
         .is_some_and(|rest| rest.starts_with(UPGRADABLE))
 }
+/// The seal of a members directory: an empty file that a process
+/// holding the name's mutation lock makes before it counts the members to
+/// end the group (remove the marker) or to turn it into an exclusive lock
+/// (an upgrade), and removes before it lets that lock go. A joiner that
+/// joins without the mutation lock (`group::join`) looks for it after its
+/// record is in place and withdraws if it is there: so a holder that
+/// joined without the lock either is counted by the sealer or sees the
+/// seal (docs/format.md, *Joining without the mutation lock*).
+pub(super) const SEAL: &str = "sealed";
+
+/// A members directory's seal, removed when dropped.
+pub(super) struct Seal<'a> {
+    dir: &'a File,
+}
+
+impl<'a> Seal<'a> {
+    /// Seals `dir`. The caller holds the name's mutation lock, so a seal
+    /// already there is a dead sealer's, and now ours.
+    pub(super) fn new(dir: &'a File, path: &dyn Fn() -> PathBuf) -> Result<Self> {
+        failpoint!("group.seal.before_create").context("seal members directory", path)?;
+        match syscall::open_at(dir, SEAL, Open::CreateNew) {
+            Ok(_) | Err(Errno::EEXIST) => Ok(Seal { dir }),
+            Err(e) => Err(e).context("seal members directory", path),
+        }
+    }
+}
+
+impl Drop for Seal<'_> {
+    fn drop(&mut self) {
+        let _ = failpoint!("group.seal.before_remove");
+        match syscall::unlink_at(self.dir, SEAL) {
+            Ok(()) | Err(Errno::ENOENT) => {}
+            Err(error) => tracing::debug!(%error, "could not remove a members directory's seal"),
+        }
+    }
+}
+
+/// Whether `dir` is sealed (an error counts as sealed: the joiner backs
+/// off and joins under the mutation lock).
+pub(super) fn sealed(dir: &File) -> bool {
+    !matches!(syscall::stat_at(dir, SEAL), Err(Errno::ENOENT))
+}
+
+/// Removes a dead sealer's seal; the caller holds the name's mutation
+/// lock (a live sealer removes its own before letting it go).
+pub(super) fn unseal_dead(dir: &File) {
+    match syscall::unlink_at(dir, SEAL) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(error) => tracing::debug!(%error, "could not remove a dead process's seal"),
+    }
+}
+
 pub(super) const WAITER: &str = "w-";
 pub(super) const JSON: &str = ".json";
 /// A record being written, before it is renamed to its name.
@@ -150,7 +202,11 @@ pub(super) fn ensure_members(ctx: &Ctx, name: &LockName) -> Result<File> {
     }
     failpoint!("group.members.after_mkdir").context("open members directory", || ctx.path_of(&dir_name))?;
     match syscall::open_at(ctx.dir.fd(), dir_name.as_str(), Open::Dir) {
-        Ok(dir) => Ok(dir),
+        Ok(dir) => {
+            // The caller holds the name's mutation lock.
+            unseal_dead(&dir);
+            Ok(dir)
+        }
         Err(Errno::ENOTDIR | Errno::ELOOP) => Err(Error::UnexpectedFile {
             name: name.as_str().to_owned(),
             path: ctx.path_of(&dir_name),
@@ -288,8 +344,14 @@ pub(super) fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<En
 /// completes after it came after the lease's end, which its holder
 /// reports as a loss of its own.
 pub(super) fn remove_dead(ctx: &Ctx, dir: &File, scan: &mut Scan) {
+    // An unfinished record whose flock is held is being made by a joiner
+    // that does not take the mutation lock (`group::join`): it stays.
     for name in scan.unfinished.drain(..) {
-        let _ = syscall::unlink_at(dir, name.as_str());
+        let held =
+            syscall::open_at(dir, name.as_str(), Open::Read).is_ok_and(|file| file.try_flock().is_err());
+        if !held {
+            let _ = syscall::unlink_at(dir, name.as_str());
+        }
     }
     let renewed = |entry: &Entry| match syscall::open_at(dir, entry.file_name.as_str(), Open::Read) {
         Ok(file) => read_record(&file).map_or(true, |now| now != entry.bytes),
@@ -353,24 +415,38 @@ pub(super) fn holders(ctx: &Ctx, name: &LockName) -> Result<Vec<Owner>> {
         .collect())
 }
 
-/// Before a stale marker is removed (under the mutation lock): removes
-/// the dead members, and the members directory if nothing is left in it.
-/// `true` if a live member remains, and so the marker must stay.
-pub(super) fn tidy(ctx: &Ctx, name: &LockName) -> Result<bool> {
+/// Removes a stale marker (under the mutation lock) with `remove`, if no
+/// live member remains: the members directory is sealed, its dead members
+/// removed, and `remove` runs while it is still sealed, so no joiner that
+/// does not take the mutation lock can join a marker about to go. `remove`
+/// calls the function it is given once the marker is gone and before it
+/// lets the mutation lock go: that removes the seal, and the members
+/// directory too if nothing is left in it. `None` if a live member
+/// remains, and so the marker must stay.
+pub(super) fn tidy<T>(
+    ctx: &Ctx,
+    name: &LockName,
+    remove: impl FnOnce(&dyn Fn()) -> Result<T>,
+) -> Result<Option<T>> {
     let Some(dir) = open_members(ctx, name)? else {
-        return Ok(false);
+        return remove(&|| {}).map(Some);
     };
     let dir_name = members_dir(name.file_name());
     let path = || ctx.path_of(&dir_name);
+    let seal = std::cell::Cell::new(Some(Seal::new(&dir, &path)?));
     let mut scan = scan(ctx, &dir, &path)?;
     remove_dead(ctx, &dir, &mut scan);
     if scan.live_members().next().is_some() {
-        return Ok(true);
+        return Ok(None);
     }
-    if scan.waiters.is_empty() {
-        remove_members_dir(ctx, &dir_name);
-    }
-    Ok(false)
+    let waiters = !scan.waiters.is_empty();
+    let then = || {
+        drop(seal.take());
+        if !waiters {
+            remove_members_dir(ctx, &dir_name);
+        }
+    };
+    remove(&then).map(Some)
 }
 
 /// Members directories whose lock path is gone (a crash between two
@@ -423,6 +499,11 @@ pub(super) fn clean_orphans(ctx: &Ctx, dry_run: bool) -> Result<Vec<(LockName, I
 /// Removes an empty members directory; one that is not empty (a waiter,
 /// a stranger's file) stays.
 pub(super) fn remove_members_dir(ctx: &Ctx, dir_name: &str) {
+    // A seal left in it is ours, the marker gone already, or a dead
+    // sealer's (the caller holds the name's mutation lock).
+    if let Ok(dir) = syscall::open_at(ctx.dir.fd(), dir_name, Open::Dir) {
+        unseal_dead(&dir);
+    }
     let removable = failpoint!("group.members.before_rmdir").map_err(|_| Errno::EIO);
     match removable.and_then(|()| syscall::rmdir_at(ctx.dir.fd(), dir_name)) {
         Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::EEXIST) => {}

@@ -152,6 +152,13 @@ impl Upgrade for Fs {
             return Err(lost(name));
         }
         let dir_name = members_dir(name.file_name());
+        // Counted under the seal, which keeps out joiners that do not take
+        // the mutation lock until the marker is ours (`members::Seal`).
+        let members_dir_node = member
+            .members()
+            .try_clone()
+            .context("upgrade lock", || ctx.path_of(&dir_name))?;
+        let seal = members::Seal::new(&members_dir_node, &|| ctx.path_of(&dir_name))?;
         let mut scan = scan(ctx, member.members(), &|| ctx.path_of(&dir_name))?;
         remove_dead(ctx, member.members(), &mut scan);
         if let Some(other) = scan.live_members().find(|e| e.file_name != member.file_name()) {
@@ -240,6 +247,7 @@ impl Upgrade for Fs {
             directory::remove_dir(ctx, &old_dir, &marker_node);
         }
         let node = made.unwrap_or(marker_node);
+        drop(seal);
         if scan.waiters.is_empty() {
             remove_members_dir(ctx, &dir_name);
         }

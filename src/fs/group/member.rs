@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use super::sign::{Sign, Signers};
 use super::{
-    Found, JSON, TMP, create_record, marker, members_dir, remove_dead, remove_marker, remove_members_dir,
-    scan, write_marker,
+    Found, JSON, TMP, create_record, marker, members, members_dir, remove_dead, remove_marker,
+    remove_members_dir, scan, write_marker,
 };
 use crate::backend::{Mode, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
@@ -50,6 +50,9 @@ pub(crate) struct Member {
     /// For re-signing the marker when its holder dies.
     sign: Arc<Sign>,
     armed: bool,
+    /// Set once we removed our record while leaving without the name's
+    /// mutation lock: whether it was still ours then.
+    left: Option<bool>,
 }
 
 impl Member {
@@ -107,6 +110,7 @@ impl Member {
             marker: None,
             sign,
             armed: true,
+            left: None,
         };
         Ok(member)
     }
@@ -296,9 +300,14 @@ impl Member {
         if record.lease_expires_at.is_some_and(|end| end > due) {
             return Ok(());
         }
-        let bytes = self.record.to_bytes(0);
+        self.sign_unlocked(&found, &self.record.to_bytes(0))
+    }
+
+    /// Signs our group's marker `found` with `bytes` without the name's
+    /// mutation lock (see [`Self::sign_before_it_lapses`]).
+    fn sign_unlocked(&self, found: &Found, bytes: &[u8]) -> Result<()> {
         match self.ctx.settings.strategy {
-            Strategy::ExclusiveFile => write_marker(&self.ctx, &self.name, &found, &bytes),
+            Strategy::ExclusiveFile => write_marker(&self.ctx, &self.name, found, bytes),
             Strategy::Directory => {
                 let tmp = format!("{TMP}sign-{}{JSON}", self.record.uuid);
                 let path = || self.path();
@@ -306,7 +315,7 @@ impl Member {
                 let file = syscall::open_at(&self.dir, tmp.as_str(), syscall::Open::Replace)
                     .context("sign shared lock marker", path)?;
                 let written = file
-                    .write_all_at(&bytes, 0)
+                    .write_all_at(bytes, 0)
                     .context("sign shared lock marker", path)
                     .and_then(|()| {
                         syscall::rename_between(&self.dir, &tmp, found.node(), "owner.json")
@@ -328,10 +337,14 @@ impl Member {
         let ctx = Arc::clone(&self.ctx);
         let name = self.name.clone();
         if self.mode == Mode::Shared {
-            // Not long: our lease is held meanwhile (see `fence::reserve`).
-            let Some(_mutation) = ctx.dir.lock_within(name.file_name(), Duration::from_millis(20))? else {
-                return Ok(None);
-            };
+            // Read without the mutation lock when another process holds it
+            // (slow, or frozen while it changes the name): nobody advances
+            // the counter while we hold the name shared (an exclusive
+            // acquisition or an upgrade waits for us to leave, and a
+            // counter removed meanwhile reads as the highest token anyone
+            // could have been handed), and the counter is replaced by
+            // rename, so it reads whole.
+            let _mutation = ctx.dir.mutation_lock_now(name.file_name())?;
             if !self.still_here()? {
                 return Ok(None);
             }
@@ -363,45 +376,92 @@ impl Member {
     /// Removes our record and, if we were the last holder, the marker; if
     /// not, re-signs the marker with a live holder's record (which also
     /// wakes the waiters of other processes: a permit is free). `None` if
-    /// the name's mutation lock stayed taken for `patience`.
+    /// we were the last and the name's mutation lock stayed taken for
+    /// `patience`: ending the group needs it.
+    ///
+    /// When another process holds that lock (slow, or frozen while it
+    /// changes this name), we leave without it: our record goes (ours
+    /// alone), and the marker is signed without the lock, as
+    /// [`Self::sign_unlocked`] does, with a live holder's record. Only the
+    /// last holder's leaving waits for the lock, to end the group under the
+    /// seal (`members::tidy`).
     fn leave(&mut self, patience: Duration) -> Result<Option<bool>> {
-        let ctx = &self.ctx;
-        let Some(mutation) = ctx.dir.lock_within(self.name.file_name(), patience)? else {
-            return Ok(None);
+        let ctx = Arc::clone(&self.ctx);
+        let name = self.name.clone();
+        let lock = name.file_name();
+        let mutation = match ctx.dir.mutation_lock_now(lock)? {
+            Some(mutation) => mutation,
+            None => {
+                if let Some(held) = self.leave_unlocked()? {
+                    return Ok(Some(held));
+                }
+                match ctx.dir.lock_within(lock, patience)? {
+                    Some(mutation) => mutation,
+                    None => return Ok(None),
+                }
+            }
         };
         failpoint!("group.leave.after_dirlock").context("remove member record", || self.path())?;
-        let here = self.still_here()?;
-        if here {
-            match syscall::unlink_at(&self.dir, self.file_name.as_str()) {
-                Ok(()) | Err(Errno::ENOENT) => {}
-                Err(e) => return Err(e).context("remove member record", || self.path()),
-            }
-            // Unlinked, it is gone only once closed, on Windows (see `file`).
-            self.file = None;
-        }
+        let here = self.remove_own()?;
         failpoint!("group.leave.after_unlink").context("leave shared lock", || self.path())?;
         let dir_name = members_dir(self.name.file_name());
         let path = || ctx.path_of(&dir_name);
-        let mut scan = scan(ctx, &self.dir, &path)?;
-        remove_dead(ctx, &self.dir, &mut scan);
+        let mut scan = scan(&ctx, &self.dir, &path)?;
+        remove_dead(&ctx, &self.dir, &mut scan);
         let Some(found) = self.our_marker()? else {
             // Never marked (the path was taken first) or taken over: the
             // members directory goes if nothing is left in it.
             if scan.live_members().next().is_none() && scan.waiters.is_empty() {
-                remove_members_dir(ctx, &dir_name);
+                remove_members_dir(&ctx, &dir_name);
             }
             return Ok(Some(false));
         };
         // The marker takes the record of the holder renewed last, whose
         // lease ends last.
         match scan.live_members().max_by_key(|e| e.lease_end()) {
-            Some(next) => write_marker(ctx, &self.name, &found, &next.bytes)?,
+            Some(next) => write_marker(&ctx, &self.name, &found, &next.bytes)?,
+            // The last (unless somebody joins without the mutation lock
+            // before the seal: then the marker stays, theirs to sign).
             None => {
-                if scan.waiters.is_empty() {
-                    remove_members_dir(ctx, &dir_name);
-                }
-                remove_marker(ctx, &self.name, &found, mutation)?;
+                members::tidy(&ctx, &self.name, |then| {
+                    remove_marker(&ctx, &self.name, &found, mutation, then)
+                })?;
             }
+        }
+        Ok(Some(here))
+    }
+
+    /// Removes our record, once; whether it was still ours.
+    fn remove_own(&mut self) -> Result<bool> {
+        if let Some(held) = self.left {
+            return Ok(held);
+        }
+        let here = self.still_here()?;
+        if here {
+            match syscall::unlink_at(&self.dir, self.file_name.as_str()) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(e).context("remove member record", || self.path()),
+            }
+        }
+        // Unlinked, it is gone only once closed, on Windows (see `file`).
+        self.file = None;
+        self.left = Some(here);
+        Ok(here)
+    }
+
+    /// Leaves without the name's mutation lock: `None` if no live holder
+    /// is left, so that the group must end under the lock.
+    fn leave_unlocked(&mut self) -> Result<Option<bool>> {
+        let here = self.remove_own()?;
+        failpoint!("unlocked.leave.after_unlink").context("leave shared lock", || self.path())?;
+        let dir_name = members_dir(self.name.file_name());
+        let path = || self.ctx.path_of(&dir_name);
+        let scan = scan(&self.ctx, &self.dir, &path)?;
+        let Some(next) = scan.live_members().max_by_key(|e| e.lease_end()) else {
+            return Ok(None);
+        };
+        if let Some(found) = self.our_marker()? {
+            self.sign_unlocked(&found, &next.bytes)?;
         }
         Ok(Some(here))
     }
@@ -425,7 +485,10 @@ impl Release for Member {
     }
 
     fn still_ours(&self) -> Result<bool> {
-        self.still_here()
+        match self.left {
+            Some(held) => Ok(held),
+            None => self.still_here(),
+        }
     }
 
     fn copy(&self) -> std::io::Result<Self> {
@@ -443,6 +506,7 @@ impl Release for Member {
             marker: self.marker.as_ref().map(File::try_clone).transpose()?,
             sign: Arc::clone(&self.sign),
             armed: true,
+            left: self.left,
         })
     }
 }
