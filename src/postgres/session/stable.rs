@@ -144,9 +144,7 @@ pub(super) fn probe(
             return Err(unstable("the server session changed between two statements"));
         }
         if kept.as_deref() != Some(mark.as_str()) {
-            return Err(unstable(
-                "a session setting was gone at the next statement",
-            ));
+            return Err(unstable("a session setting was gone at the next statement"));
         }
     }
     Ok(())
