@@ -457,6 +457,10 @@ async fn every_holder_is_told_and_the_locker_comes_back(end: End) {
     let exclusive = a.acquire(&job).await.unwrap();
     let shared = a.acquire_shared(&doc).await.unwrap();
     let permit = permits.acquire().await.unwrap();
+    // An upgradable holding, on a session of its own (which a
+    // pg_terminate_backend of the Locker's session leaves alone).
+    let report = unique("report");
+    let upgradable = a.acquire_upgradable(&report).await.unwrap();
     let before = exclusive.fencing_token().unwrap();
     // Heartbeats answered: the last one was sent less than a renewal ago.
     tokio::time::sleep(RENEW).await;
@@ -473,11 +477,15 @@ async fn every_holder_is_told_and_the_locker_comes_back(end: End) {
         }
         End::Freeze => (Instant::now(), LEASE + SLACK, Some(Frozen::server(postmaster))),
     };
-    for (what, guard) in [
+    let mut holders = vec![
         ("exclusive", &exclusive),
         ("shared", &shared),
         ("permit", &permit),
-    ] {
+    ];
+    if !matches!(end, End::Terminate) {
+        holders.push(("upgradable", upgradable.guard()));
+    }
+    for (what, guard) in holders {
         tokio::time::timeout(bound.saturating_sub(since.elapsed()), guard.lost())
             .await
             .unwrap_or_else(|_| panic!("{end:?}: the {what} holder was not told within {bound:?}"));
@@ -497,7 +505,8 @@ async fn every_holder_is_told_and_the_locker_comes_back(end: End) {
         );
         drop(frozen);
     }
-    drop((exclusive, shared, permit));
+    let upgradable_kept = !upgradable.guard().is_lost();
+    drop((exclusive, shared, permit, upgradable));
     // The Locker comes back by itself.
     let again = a.acquire_timeout(&job, Duration::from_secs(10)).await.unwrap();
     assert!(again.fencing_token().unwrap() > before, "tokens keep growing");
@@ -506,6 +515,19 @@ async fn every_holder_is_told_and_the_locker_comes_back(end: End) {
         .await
         .unwrap();
     let slot = permits.acquire_timeout(Duration::from_secs(10)).await.unwrap();
+    assert!(
+        upgradable_kept == matches!(end, End::Terminate),
+        "{end:?}: the upgradable holding's own session"
+    );
+    let up = a
+        .acquire_upgradable_timeout(&report, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .upgrade()
+        .await
+        .unwrap();
+    assert!(b.try_acquire_shared(&report).await.unwrap().is_none());
+    up.release().await.unwrap();
     // Another Locker sees them held, then free once released.
     assert!(b.try_acquire(&job).await.unwrap().is_none());
     again.release().await.unwrap();
