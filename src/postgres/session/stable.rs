@@ -27,9 +27,10 @@
 //! [`tune`]), so the server ends the session of a client cut off from it,
 //! freeing its locks, and so do the client's ([`tuned`]), so a session
 //! thread blocked on a server cut off from it gets its connection closed
-//! and connects anew. (Unix sockets have no keepalives: a client or server
-//! on the same host that stops is stopped, not cut off, and what it holds
-//! stays held until it runs again.)
+//! and connects anew; a connection attempt gives up as soon. (Unix
+//! sockets have no keepalives, and a stopped peer's kernel still answers
+//! TCP: a client or server that stops is stopped, not cut off, and what
+//! it holds stays held until it runs again.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -76,6 +77,13 @@ pub(in crate::postgres) fn tuned(mut config: Config, lease: Duration) -> Config 
     }
     if config.get_tcp_user_timeout().is_none() {
         config.tcp_user_timeout(user_timeout(lease));
+    }
+    // A reconnection to a host that does not answer (a failover under
+    // way, a cut network) gives up in the same time, rather than after
+    // the system's SYN retries (two minutes on Linux), and tries again at
+    // the next attempt.
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(user_timeout(lease));
     }
     config
 }
@@ -195,6 +203,7 @@ mod tests {
         assert_eq!(config.get_keepalives_interval(), Some(Duration::from_secs(10)));
         assert_eq!(config.get_keepalives_retries(), Some(PROBES));
         assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(40)));
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(40)));
         // What the application chose is kept.
         let config = tuned(
             "host=/tmp user=x keepalives_idle=600 tcp_user_timeout=5"
