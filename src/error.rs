@@ -252,6 +252,39 @@ pub enum Error {
         op: &'static str,
     },
 
+    /// The PostgreSQL connection does not keep one server session of its
+    /// own, as session advisory locks need: a pooler in transaction (or
+    /// statement) mode, such as PgBouncer with `pool_mode = transaction`,
+    /// runs each statement on whichever server session is free, so a lock
+    /// taken by one statement would exclude nothing in the next. Found
+    /// when a `Locker` connects (or reconnects), before any lock is taken.
+    /// Connect directly to the server, or through the pooler in session
+    /// mode (PgBouncer `pool_mode = session`).
+    ///
+    /// ```
+    /// use leasehold::Error;
+    ///
+    /// /// What went wrong with a `Locker` that would not build.
+    /// fn explain(err: &Error) -> String {
+    ///     match err {
+    ///         Error::UnstableSession { found, .. } => format!("behind a transaction pooler: {found}"),
+    ///         other => other.to_string(),
+    ///     }
+    /// }
+    /// # let _ = explain;
+    /// ```
+    #[error(
+        "the PostgreSQL session is not stable ({found}): session advisory locks would exclude nothing; \
+         a pooler in transaction pooling mode (PgBouncer pool_mode = transaction or statement) does this: \
+         connect directly to the server, or through the pooler in session mode (pool_mode = session)"
+    )]
+    #[non_exhaustive]
+    UnstableSession {
+        /// What the connection showed, e.g. `"the server session changed
+        /// between two statements"`.
+        found: &'static str,
+    },
+
     /// The Tokio runtime shut down before a blocking operation could run.
     #[error("cannot {op}: the Tokio runtime is shutting down")]
     Runtime {
@@ -316,6 +349,7 @@ impl Error {
             Error::ShutDown { .. } => "ShutDown",
             Error::Backend { .. } => "Backend",
             Error::MissingTable { .. } => "MissingTable",
+            Error::UnstableSession { .. } => "UnstableSession",
             Error::Runtime { .. } => "Runtime",
             Error::Unsupported { .. } => "Unsupported",
         }

@@ -373,11 +373,42 @@
 //!   on that connection reports `lost()` ([`LossReason::SessionLost`]), as
 //!   when the session dies.
 //! - **Poolers**: session locks need a session. Behind a pooler in
-//!   transaction mode each statement may run on another server connection,
-//!   so locks would silently not hold. Connect directly, or through a
-//!   pooler in session mode; the backend checks at every heartbeat that its
-//!   server process has not changed, and treats a change as the loss of
-//!   every lock, with a warning.
+//!   transaction (or statement) pooling mode, such as PgBouncer with
+//!   `pool_mode = transaction`, each transaction runs on whichever server
+//!   session is free, so a lock would exclude nothing. Connect directly,
+//!   or through the pooler in session mode (`pool_mode = session`). A
+//!   `Locker` checks this when it connects and at every reconnection,
+//!   before it takes any lock: beside its connection it opens a second
+//!   one, and compares a session setting and `pg_backend_pid()` across
+//!   their statements (two stable server sessions, or not). A transaction
+//!   pooler fails this whether or not it hands the same server session
+//!   back, and `build()` (or the attempt after a reconnection) returns
+//!   [`Error::UnstableSession`], naming transaction pooling. Every
+//!   heartbeat also checks that the server process has not changed, and
+//!   treats a change as the loss of every lock on the connection.
+//! - **Failover, restarts, cut networks**: every guard is told `lost()`
+//!   within a bound, and the `Locker` connects anew by itself at its next
+//!   attempt once the server answers (an attempt made while it cannot be
+//!   reached fails with [`Error::Backend`]; a waiting `acquire` does too).
+//!   A session the server ended (a restart or failover,
+//!   `pg_terminate_backend`, a crash) is found at the next heartbeat:
+//!   `lost()` within one `renew_interval` (and a round trip) of the end.
+//!   A server that stops answering (stopped, or a network cut) costs each
+//!   holder its lock at its lease's cutoff: `lost()` within one `lease` of
+//!   the server's last answer. Over TCP both sides give up a peer silent
+//!   for `4 × ⌈lease / 3⌉` seconds (40 s with the default 30 s lease):
+//!   the `Locker` sets the server session's `tcp_keepalives_idle` and
+//!   `_interval` to `⌈lease / 3⌉` s, `tcp_keepalives_count` to 3 and
+//!   `tcp_user_timeout` to that bound, so the server ends the session of
+//!   a client cut off from it and frees its locks; and the client's own
+//!   keepalives, `tcp_user_timeout` and `connect_timeout` likewise,
+//!   wherever the connection string left the client's defaults, so a
+//!   connection to a server cut off is closed and made anew. A server that
+//!   is stopped rather than cut off (its kernel still answers TCP, or a
+//!   Unix socket) keeps the locks of its sessions until it runs again; the
+//!   guards, told at their cutoffs, are let go then. Tested against a real
+//!   server: a restart, `pg_terminate_backend`, and the whole server
+//!   stopped with `SIGSTOP` past a lease.
 //!
 //! # Supported platforms
 //!

@@ -127,10 +127,13 @@
 //! **Connection poolers.** Session locks need a session: behind a pooler in
 //! transaction mode (PgBouncer `pool_mode = transaction`) each statement may
 //! run on another server connection, so a lock taken by one statement is
-//! not held by the next, and an unlock may hit the wrong session. Connect
-//! directly, or through a pooler in session mode. The backend checks at
-//! every heartbeat that its server process id has not changed, and treats
-//! a change as the loss of every lock, with a warning.
+//! not held by the next, and an unlock may hit the wrong session. Each
+//! connection is probed before it locks anything, and refused with
+//! [`Error::UnstableSession`] (see `session/stable.rs`); the backend also
+//! checks at every heartbeat that its server process id has not changed,
+//! and treats a change as the loss of every lock, with a warning. The
+//! same file sets the TCP keepalives of both sides from the lease, so
+//! that a session cut off from its peer ends in bounded time.
 
 mod session;
 

@@ -13,12 +13,18 @@ use leasehold::{Error, LockKind, Locker, LockerBuilder, LossReason};
 
 #[path = "support/pg_server.rs"]
 mod pg_server;
+#[path = "support/pgbouncer.rs"]
+mod pgbouncer;
 
 use pg_server::{Server, SqlWorker};
 
 fn builder(server: &Server) -> LockerBuilder {
+    builder_at(&server.url())
+}
+
+fn builder_at(url: &str) -> LockerBuilder {
     Locker::builder()
-        .postgres(server.url())
+        .postgres(url)
         .lease(Duration::from_millis(900))
         .renew_interval(Duration::from_millis(150))
         .poll_interval(Duration::from_millis(50))
@@ -32,8 +38,13 @@ fn unique(name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_api_on_a_server() {
     let server = Server::start();
-    let a = builder(&server).build().unwrap();
-    let b = builder(&server).build().unwrap();
+    the_same_api(&server.url()).await;
+}
+
+/// Exclusive locks through the server (or a pooler in front of it) at `url`.
+async fn the_same_api(url: &str) {
+    let a = builder_at(url).build().unwrap();
+    let b = builder_at(url).build().unwrap();
     let job = unique("job");
 
     let guard = a.acquire(&job).await.unwrap();
@@ -473,8 +484,13 @@ fn lockers_of(holders: &[leasehold::Owner]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_readers_overlap_and_exclude_a_writer() {
     let server = Server::start();
-    let a = builder(&server).build().unwrap();
-    let b = builder(&server).build().unwrap();
+    shared_readers_overlap(&server.url()).await;
+}
+
+/// Shared locks through the server (or a pooler in front of it) at `url`.
+async fn shared_readers_overlap(url: &str) {
+    let a = builder_at(url).build().unwrap();
+    let b = builder_at(url).build().unwrap();
     let cat = unique("cat");
 
     let first = a.acquire(&cat).await.unwrap();
@@ -542,6 +558,64 @@ async fn shared_readers_overlap_and_exclude_a_writer() {
     again.release().await.unwrap();
     assert!(a.holders(&cat).await.unwrap().is_empty());
     assert!(!b.list().await.unwrap().iter().any(|l| l.name() == cat));
+}
+
+/// Behind a pooler in transaction (or statement) mode, session advisory
+/// locks exclude nothing: the Locker refuses to build, with an error that
+/// names transaction pooling and says what to do, whether the pooler
+/// hands its one server session to every client (a pool of one, or a
+/// client alone) or has several; and it leaves no lock on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_pooler_is_refused_by_name() {
+    let Some(binary) = pgbouncer::binary_or_skip() else {
+        return;
+    };
+    let server = Server::start();
+    // Server sessions handed out most recently used first (PgBouncer's
+    // default), or in turn.
+    for order in ["server_round_robin = 0", "server_round_robin = 1"] {
+        for mode in ["transaction", "statement"] {
+            for pool in [1, 4] {
+                let bouncer = pgbouncer::Bouncer::start_with(&binary, &server, mode, pool, order);
+                match builder_at(&bouncer.url()).build() {
+                    Err(err @ Error::UnstableSession { .. }) => {
+                        let text = err.to_string();
+                        assert!(
+                            text.contains("transaction pooling")
+                                && text.contains("pool_mode = session")
+                                && text.contains("directly"),
+                            "{text}"
+                        );
+                        eprintln!("{mode} mode, a pool of {pool}, {order}: {text}");
+                    }
+                    other => panic!(
+                        "{mode} mode, a pool of {pool}, {order}: {:?}\n{}",
+                        other.map(|_| ()),
+                        bouncer.log()
+                    ),
+                }
+            }
+        }
+    }
+    let locks: i64 = server.sql(|c| {
+        c.query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'", &[])
+            .unwrap()
+            .get(0)
+    });
+    assert_eq!(locks, 0, "the refusal took no advisory lock");
+}
+
+/// Through a pooler in session mode each client connection keeps one
+/// server session: exclusive and shared locks work as on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_pooler_serves_exclusive_and_shared_locks() {
+    let Some(binary) = pgbouncer::binary_or_skip() else {
+        return;
+    };
+    let server = Server::start();
+    let bouncer = pgbouncer::Bouncer::start(&binary, &server, "session", 20);
+    the_same_api(&bouncer.url()).await;
+    shared_readers_overlap(&bouncer.url()).await;
 }
 
 /// A writer waiting for readers keeps new readers out (of every Locker);

@@ -23,7 +23,8 @@ mod pg_session;
 
 use pg_server::Server;
 use pg_session::{
-    Holder, LEASE, Stopped, backend_of, builder, intent_key, successor_enters_only_after, terminate, unique,
+    Frozen, Holder, LEASE, Stopped, backend_of, builder, intent_key, successor_enters_only_after, terminate,
+    unique,
 };
 
 /// The bound: a successor enters at most a lease (and a few polls and
@@ -414,4 +415,186 @@ async fn a_holder_row_left_by_an_earlier_try_of_the_same_acquisition_does_not_fa
 /// `text` as an SQL string literal.
 fn quote_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
+}
+
+/// How a session ends under its holders, for
+/// [`every_holder_is_told_and_the_locker_comes_back`].
+#[derive(Debug, Clone, Copy)]
+enum End {
+    /// `pg_terminate_backend` of the Locker's session.
+    Terminate,
+    /// The server restarted (`pg_ctl restart -m fast`).
+    Restart,
+    /// The whole server stopped (`SIGSTOP`) for longer than a lease, then
+    /// resumed: a network cut, as its clients see it.
+    Freeze,
+}
+
+/// The heartbeat interval of [`pg_session::builder`]'s Lockers.
+const RENEW: Duration = Duration::from_millis(500);
+
+/// The documented bounds (crate docs, PostgreSQL): a holder whose session
+/// ended is told at its next heartbeat, within a `renew_interval`; one
+/// whose server stopped answering, at its lease's cutoff, within a
+/// `lease` of the server's last answer. The slack is for scheduling.
+const SLACK: Duration = Duration::from_millis(500);
+
+/// An exclusive, a shared and a permit holder of one Locker all lose
+/// their locks when its session ends, each told `lost()` within the
+/// bound the docs state; the same Locker then acquires again by itself
+/// (once the server is back), and no lock is left held on the server by
+/// a session nobody owns.
+async fn every_holder_is_told_and_the_locker_comes_back(end: End) {
+    let mut server = Server::start();
+    let Some(postmaster) = server.pid() else {
+        eprintln!("skipped: cannot restart or stop an external server (LEASEHOLD_PG_URL)");
+        return;
+    };
+    let a = builder(&server).build().unwrap();
+    let b = builder(&server).build().unwrap();
+    let (job, doc, gpu) = (unique("job"), unique("doc"), unique("gpu"));
+    let permits = a.semaphore(&gpu, 2).unwrap();
+    let exclusive = a.acquire(&job).await.unwrap();
+    let shared = a.acquire_shared(&doc).await.unwrap();
+    let permit = permits.acquire().await.unwrap();
+    // An upgradable holding, on a session of its own (which a
+    // pg_terminate_backend of the Locker's session leaves alone).
+    let report = unique("report");
+    let upgradable = a.acquire_upgradable(&report).await.unwrap();
+    let before = exclusive.fencing_token().unwrap();
+    // Heartbeats answered: the last one was sent less than a renewal ago.
+    tokio::time::sleep(RENEW).await;
+    let (since, bound, frozen) = match end {
+        End::Terminate => {
+            terminate(&server, backend_of(&server, &job, Holder::Exclusive));
+            (Instant::now(), RENEW + SLACK, None)
+        }
+        End::Restart => {
+            let since = Instant::now();
+            tokio::task::block_in_place(|| server.restart());
+            // The session ended during the restart, before it returned.
+            (since, since.elapsed() + RENEW + SLACK, None)
+        }
+        End::Freeze => (Instant::now(), LEASE + SLACK, Some(Frozen::server(postmaster))),
+    };
+    let mut holders = vec![
+        ("exclusive", &exclusive),
+        ("shared", &shared),
+        ("permit", &permit),
+    ];
+    if !matches!(end, End::Terminate) {
+        holders.push(("upgradable", upgradable.guard()));
+    }
+    for (what, guard) in holders {
+        tokio::time::timeout(bound.saturating_sub(since.elapsed()), guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{end:?}: the {what} holder was not told within {bound:?}"));
+        assert!(guard.ensure_held().await.unwrap_err().is_lost(), "{what}");
+    }
+    eprintln!("{end:?}: every holder told {:?} after the end", since.elapsed());
+    if let Some(frozen) = frozen {
+        // Nothing waits on a stopped server past its own deadline.
+        let start = Instant::now();
+        let tried = tokio::time::timeout(Duration::from_secs(3), b.try_acquire(&job))
+            .await
+            .expect("an attempt against a stopped server returns");
+        assert!(matches!(tried, Ok(None)), "{tried:?}");
+        eprintln!(
+            "an attempt against the stopped server returned after {:?}",
+            start.elapsed()
+        );
+        drop(frozen);
+    }
+    let upgradable_kept = !upgradable.guard().is_lost();
+    drop((exclusive, shared, permit, upgradable));
+    // The Locker comes back by itself.
+    let again = a.acquire_timeout(&job, Duration::from_secs(10)).await.unwrap();
+    assert!(again.fencing_token().unwrap() > before, "tokens keep growing");
+    let read = a
+        .acquire_shared_timeout(&doc, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let slot = permits.acquire_timeout(Duration::from_secs(10)).await.unwrap();
+    assert!(
+        upgradable_kept == matches!(end, End::Terminate),
+        "{end:?}: the upgradable holding's own session"
+    );
+    let up = a
+        .acquire_upgradable_timeout(&report, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .upgrade()
+        .await
+        .unwrap();
+    assert!(b.try_acquire_shared(&report).await.unwrap().is_none());
+    up.release().await.unwrap();
+    // Another Locker sees them held, then free once released.
+    assert!(b.try_acquire(&job).await.unwrap().is_none());
+    again.release().await.unwrap();
+    read.release().await.unwrap();
+    slot.release().await.unwrap();
+    let taken = b.acquire_timeout(&job, Duration::from_secs(5)).await.unwrap();
+    let (read, slot) = (
+        b.try_acquire(&doc)
+            .await
+            .unwrap()
+            .expect("the shared lock was let go"),
+        b.semaphore(&gpu, 2)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("a permit"),
+    );
+    drop((taken, read, slot));
+    // Nothing is held on the server once every guard is gone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let locks: i64 = server.sql(|c| {
+            c.query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'", &[])
+                .unwrap()
+                .get(0)
+        });
+        if locks == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{end:?}: {locks} advisory locks left held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop((a, b, permits));
+    let left = server.advisory_locks_and_sessions_left(Duration::from_secs(5));
+    assert!(left.is_empty(), "{end:?}: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_holder_is_told_of_a_terminated_session_and_the_locker_comes_back() {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        every_holder_is_told_and_the_locker_comes_back(End::Terminate),
+    )
+    .await
+    .expect("the test ends within a minute");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_holder_is_told_of_a_server_restart_and_the_locker_comes_back() {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        every_holder_is_told_and_the_locker_comes_back(End::Restart),
+    )
+    .await
+    .expect("the test ends within a minute");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_holder_is_told_of_a_stopped_server_and_the_locker_comes_back() {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        every_holder_is_told_and_the_locker_comes_back(End::Freeze),
+    )
+    .await
+    .expect("the test ends within a minute");
 }

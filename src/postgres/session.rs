@@ -8,9 +8,10 @@
 //! `exclusive`, `shared` (shared locks and permits), `intent` (exclusive
 //! waiters' announcements), `release`, `fence` (fencing tokens), `tables`
 //! (the owner tables), `inspect`, `upgrade` (upgradable holdings, each on
-//! a session of its own), and `lock` ([`PgLock`], and the [`Line`]
-//! to the thread). Imports go one way: `tables` ← `connection` ← the
-//! rest ← this file.
+//! a session of its own), `stable` (refusing a session a pooler shares,
+//! keepalives), and `lock` ([`PgLock`], and the [`Line`] to the thread).
+//! Imports go one way: `tables`, `stable` ← `connection` ← the rest ←
+//! this file.
 
 mod connection;
 mod exclusive;
@@ -20,6 +21,7 @@ mod intent;
 mod lock;
 mod release;
 mod shared;
+mod stable;
 mod tables;
 mod upgrade;
 

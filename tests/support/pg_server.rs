@@ -118,6 +118,12 @@ impl Server {
         assert!(self.pid.is_some(), "no pid in postmaster.pid");
     }
 
+    /// The postmaster's pid, while the server runs (`None` for a server
+    /// named by `LEASEHOLD_PG_URL`).
+    pub fn pid(&self) -> Option<i32> {
+        self.pid
+    }
+
     pub fn url(&self) -> String {
         match &self.external {
             Some(url) => url.clone(),

@@ -128,6 +128,45 @@ impl Drop for Stopped {
     }
 }
 
+/// A whole server stopped (`SIGSTOP` to the postmaster, then to every
+/// process it started), as a network cut looks to its clients: nothing
+/// answers, nothing closes. Resumed (`SIGCONT`) when dropped, whatever
+/// happens.
+pub struct Frozen(Vec<i32>);
+
+impl Frozen {
+    pub fn server(postmaster: i32) -> Frozen {
+        // The postmaster first, so that it starts no process meanwhile.
+        let mut frozen = Frozen(vec![postmaster]);
+        kill(Pid::from_raw(postmaster), Signal::SIGSTOP).unwrap();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if ppid == Some(postmaster) && kill(Pid::from_raw(pid), Signal::SIGSTOP).is_ok() {
+                frozen.0.push(pid);
+            }
+        }
+        frozen
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGCONT);
+        }
+    }
+}
+
 /// Tries `take` until it succeeds (for at most `within`), then asserts
 /// that every `old` holder already counts itself lost.
 pub async fn successor_enters_only_after<T, F, Fut>(

@@ -9,6 +9,7 @@ use std::time::Duration;
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 
+use super::stable;
 use super::tables::{SCHEMA, TIDY, TOO_LONG, UNSTORABLE};
 use crate::backend::{Mode, Tokens};
 use crate::error::{Error, Result};
@@ -128,6 +129,8 @@ pub(super) const BUSY: Try = Try::Busy { sharers: false };
 /// The connection, owned by the session thread.
 pub(in crate::postgres) struct Session {
     pub(super) url: String,
+    /// The lease of the locks held on it (the keepalives follow it).
+    pub(super) lease: Duration,
     pub(super) client: Option<Client>,
     pub(super) backend_pid: i32,
     /// Counts connections: locks are tied to the one they were taken on.
@@ -173,6 +176,7 @@ impl Session {
         Session {
             stall: (lease / 8).max(Duration::from_millis(10)),
             url: url.to_owned(),
+            lease,
             client: None,
             backend_pid: 0,
             generation: 0,
@@ -206,7 +210,19 @@ impl Session {
             });
         }
         if self.client.is_none() {
-            let mut client = Client::connect(&self.url, NoTls).map_err(pg_error("connect to PostgreSQL"))?;
+            let config = stable::tuned(
+                self.url.parse().map_err(pg_error("connect to PostgreSQL"))?,
+                self.lease,
+            );
+            let mut client = config.connect(NoTls).map_err(pg_error("connect to PostgreSQL"))?;
+            // Before anything else: behind a transaction pooler, even
+            // the statements below could fail in confusing ways. (An
+            // upgradable holding's session is on its Locker's URL, whose
+            // session was probed.)
+            if self.dedicated.is_none() {
+                stable::probe(&mut client, || config.connect(NoTls))?;
+            }
+            stable::tune(&mut client, self.lease)?;
             client
                 .batch_execute(SCHEMA)
                 .map_err(pg_error("create the leasehold tables"))?;
