@@ -445,6 +445,8 @@ pub use leasehold_macros::{parallel, serial};
 pub use locker::{Locker, ReleasedLock};
 pub use name::{MAX_NAME_LEN, PathStyle};
 pub use owner::{LockInfo, LockKind, Owner};
+#[cfg(feature = "postgres")]
+pub use postgres::PgSslMode;
 pub use semaphore::Semaphore;
 pub use stale::StaleReason;
 pub use stats::Stats;

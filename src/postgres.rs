@@ -133,6 +133,9 @@
 //! a change as the loss of every lock, with a warning.
 
 mod session;
+mod target;
+#[cfg(feature = "postgres-tls")]
+mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -140,7 +143,6 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, NoTls};
 use sha2::{Digest, Sha256};
 
 use crate::backend::Renewable;
@@ -149,6 +151,8 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
 pub(crate) use session::PgLock;
+pub use target::PgSslMode;
+pub(crate) use target::{Source, Target, TlsSettings};
 use session::{ANSWER_PATIENCE, Answer, Command, Line, Session, no_answer, session_stopped};
 
 /// The least time an attempt is given, however close its deadline: a few
@@ -237,7 +241,7 @@ pub(crate) struct Pg {
     fields: Option<Arc<crate::field::OwnerFields>>,
     lease: Duration,
     /// For the sessions of upgradable holdings.
-    url: String,
+    target: Arc<Target>,
 }
 
 impl Drop for Pg {
@@ -251,7 +255,7 @@ impl Pg {
     /// starts the session thread, and the listener that tells `waiters`
     /// of locks released by other sessions.
     pub(crate) fn connect(
-        url: &str,
+        target: Target,
         holder_id: String,
         fields: Option<Arc<crate::field::OwnerFields>>,
         lease: Duration,
@@ -259,11 +263,11 @@ impl Pg {
     ) -> Result<Self> {
         let listening = Arc::new(AtomicBool::new(false));
         let closed = Arc::new(AtomicBool::new(false));
-        let line = start_session(Session::new(url, lease))?;
-        let url_of_store = url.to_owned();
+        let target = Arc::new(target);
+        let line = start_session(Session::new(Arc::clone(&target), lease))?;
         // Notifications get a connection and a thread of their own, so that
         // waiting for them never delays a command.
-        let (url, flag, stop) = (url.to_owned(), Arc::clone(&listening), Arc::clone(&closed));
+        let (to, flag, stop) = (Arc::clone(&target), Arc::clone(&listening), Arc::clone(&closed));
         let on_notify = move |name: &str| {
             if let Some(waiters) = waiters.upgrade() {
                 waiters.changed(LockName::from_name(name).file_name());
@@ -271,7 +275,7 @@ impl Pg {
         };
         std::thread::Builder::new()
             .name("leasehold-listen".into())
-            .spawn(move || listen(&url, &on_notify, &flag, &stop))
+            .spawn(move || listen(&to, &on_notify, &flag, &stop))
             .map_err(|e| Error::Backend {
                 op: "start the PostgreSQL listener thread",
                 source: Box::new(e),
@@ -283,7 +287,7 @@ impl Pg {
             holder_id,
             fields,
             lease,
-            url: url_of_store,
+            target,
         })
     }
 }
@@ -467,7 +471,7 @@ impl Upgrade for Pg {
     /// (letting the slot go) when the attempt comes to nothing.
     fn join_upgradable<K: Kept>(&self, name: &LockName, arm: Arm<'_, PgLock, K>) -> Result<Attempt<K>> {
         let slot = upgradable_key(name.as_str());
-        let line = start_session(Session::dedicated_to(&self.url, self.lease, slot))?;
+        let line = start_session(Session::dedicated_to(Arc::clone(&self.target), self.lease, slot))?;
         self.attempt_on(&line, name, Mode::Shared, None, arm)
     }
 
@@ -563,9 +567,9 @@ impl Pg {
 /// Receives the names of locks released anywhere (`pg_notify` on channel
 /// `leasehold`) on a connection of its own, reconnecting as needed, until
 /// the store is dropped.
-fn listen(url: &str, on_notify: &dyn Fn(&str), listening: &AtomicBool, closed: &AtomicBool) {
+fn listen(target: &Target, on_notify: &dyn Fn(&str), listening: &AtomicBool, closed: &AtomicBool) {
     while !closed.load(Ordering::Acquire) {
-        let mut client = match Client::connect(url, NoTls) {
+        let mut client = match target.connect() {
             Ok(client) => client,
             Err(_) => {
                 std::thread::sleep(Duration::from_secs(1));
@@ -614,7 +618,8 @@ mod tests {
             fn all_changed(&self) {}
         }
         let nobody: Waiters = std::sync::Weak::<Nobody>::new();
-        let store = Pg::connect(&server.url(), "test".into(), None, lease, nobody).unwrap();
+        let target = Target::new(&Source::Url(server.url()), &TlsSettings::default()).unwrap();
+        let store = Pg::connect(target, "test".into(), None, lease, nobody).unwrap();
         let name = LockName::from_name("gone");
         let (reply, answer) = mpsc::channel();
         drop(answer);

@@ -3,15 +3,17 @@
 //! of each name ([`Local`], [`Held`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use postgres::error::SqlState;
-use postgres::{Client, NoTls};
+use postgres::Client;
 
 use super::tables::{SCHEMA, TIDY, TOO_LONG, UNSTORABLE};
 use crate::backend::{Mode, Tokens};
 use crate::error::{Error, Result};
+use crate::postgres::Target;
 
 pub(super) fn pg_error(op: &'static str) -> impl FnOnce(postgres::Error) -> Error {
     move |source| Error::Backend {
@@ -127,7 +129,8 @@ pub(super) const BUSY: Try = Try::Busy { sharers: false };
 
 /// The connection, owned by the session thread.
 pub(in crate::postgres) struct Session {
-    pub(super) url: String,
+    /// How to connect (TLS included).
+    pub(super) target: Arc<Target>,
     pub(super) client: Option<Client>,
     pub(super) backend_pid: i32,
     /// Counts connections: locks are tied to the one they were taken on.
@@ -169,10 +172,10 @@ impl Session {
     /// cannot wait is given up (a row left is cleaned up later; see each
     /// statement), or tried again later off the session thread
     /// (inspection).
-    pub(in crate::postgres) fn new(url: &str, lease: Duration) -> Self {
+    pub(in crate::postgres) fn new(target: Arc<Target>, lease: Duration) -> Self {
         Session {
             stall: (lease / 8).max(Duration::from_millis(10)),
-            url: url.to_owned(),
+            target,
             client: None,
             backend_pid: 0,
             generation: 0,
@@ -186,10 +189,10 @@ impl Session {
 
     /// A session of its own for one upgradable holding of the name whose
     /// upgradable slot is `slot` (see `upgrade`).
-    pub(in crate::postgres) fn dedicated_to(url: &str, lease: Duration, slot: i64) -> Self {
+    pub(in crate::postgres) fn dedicated_to(target: Arc<Target>, lease: Duration, slot: i64) -> Self {
         Session {
             dedicated: Some(slot),
-            ..Session::new(url, lease)
+            ..Session::new(target, lease)
         }
     }
 
@@ -206,7 +209,7 @@ impl Session {
             });
         }
         if self.client.is_none() {
-            let mut client = Client::connect(&self.url, NoTls).map_err(pg_error("connect to PostgreSQL"))?;
+            let mut client = self.target.connect().map_err(pg_error("connect to PostgreSQL"))?;
             client
                 .batch_execute(SCHEMA)
                 .map_err(pg_error("create the leasehold tables"))?;
