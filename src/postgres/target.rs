@@ -212,6 +212,14 @@ impl Target {
             PgSslMode::Prefer => ClientSslMode::Prefer,
             _ => ClientSslMode::Require,
         });
+        #[cfg(not(feature = "postgres-tls"))]
+        if mode.demands_tls() {
+            return Err(Error::Unsupported {
+                what: "TLS to PostgreSQL (sslmode=require, verify-ca or verify-full) without \
+                       leasehold's feature `postgres-tls`: enable it, or the Locker would \
+                       connect in clear text",
+            });
+        }
         if mode == PgSslMode::Disable {
             root = None;
         } else if root.is_none() {
@@ -236,16 +244,7 @@ impl Target {
             Ok(Target { config, mode, tls })
         }
         #[cfg(not(feature = "postgres-tls"))]
-        {
-            if mode.demands_tls() {
-                return Err(Error::Unsupported {
-                    what: "TLS to PostgreSQL (sslmode=require, verify-ca or verify-full) without \
-                           leasehold's feature `postgres-tls`: enable it, or the Locker would \
-                           connect in clear text",
-                });
-            }
-            Ok(Target { config, mode })
-        }
+        Ok(Target { config, mode })
     }
 
     /// A new connection.
