@@ -132,17 +132,16 @@
 //! every heartbeat that its server process id has not changed, and treats
 //! a change as the loss of every lock, with a warning.
 
+mod listen;
 mod session;
 mod target;
 #[cfg(feature = "postgres-tls")]
 mod tls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
-use postgres::fallible_iterator::FallibleIterator;
 use sha2::{Digest, Sha256};
 
 use crate::backend::Renewable;
@@ -153,6 +152,7 @@ use crate::record::OwnRecord;
 pub(crate) use session::PgLock;
 pub use target::PgSslMode;
 pub(crate) use target::{Source, Target, TlsSettings};
+use listen::Subscription;
 use session::{ANSWER_PATIENCE, Answer, Command, Line, Session, no_answer, session_stopped};
 
 /// The least time an attempt is given, however close its deadline: a few
@@ -233,9 +233,8 @@ impl Keys {
 #[derive(Debug)]
 pub(crate) struct Pg {
     line: Line,
-    listening: Arc<AtomicBool>,
-    /// Tells the listener thread to stop.
-    closed: Arc<AtomicBool>,
+    /// This `Locker`'s place at the listener of its server settings.
+    listener: Subscription,
     holder_id: String,
     /// The `Locker`'s owner fields, kept in the owner table.
     fields: Option<Arc<crate::field::OwnerFields>>,
@@ -244,16 +243,10 @@ pub(crate) struct Pg {
     target: Arc<Target>,
 }
 
-impl Drop for Pg {
-    fn drop(&mut self) {
-        self.closed.store(true, Ordering::Release);
-    }
-}
-
 impl Pg {
     /// Connects (reporting a bad URL or an unreachable server at once) and
-    /// starts the session thread, and the listener that tells `waiters`
-    /// of locks released by other sessions.
+    /// starts the session thread, and subscribes `waiters` to the listener
+    /// that tells of locks released by other sessions.
     pub(crate) fn connect(
         target: Target,
         holder_id: String,
@@ -261,29 +254,15 @@ impl Pg {
         lease: Duration,
         waiters: Waiters,
     ) -> Result<Self> {
-        let listening = Arc::new(AtomicBool::new(false));
-        let closed = Arc::new(AtomicBool::new(false));
         let target = Arc::new(target);
         let line = start_session(Session::new(Arc::clone(&target), lease))?;
-        // Notifications get a connection and a thread of their own, so that
-        // waiting for them never delays a command.
-        let (to, flag, stop) = (Arc::clone(&target), Arc::clone(&listening), Arc::clone(&closed));
-        let on_notify = move |name: &str| {
-            if let Some(waiters) = waiters.upgrade() {
-                waiters.changed(LockName::from_name(name).file_name());
-            }
-        };
-        std::thread::Builder::new()
-            .name("leasehold-listen".into())
-            .spawn(move || listen(&to, &on_notify, &flag, &stop))
-            .map_err(|e| Error::Backend {
-                op: "start the PostgreSQL listener thread",
-                source: Box::new(e),
-            })?;
+        // Notifications come on a connection and a thread of their own, so
+        // that waiting for them never delays a command; shared by the
+        // `Locker`s of the process with the same settings.
+        let listener = Subscription::to(&target, waiters)?;
         Ok(Self {
             line,
-            listening,
-            closed,
+            listener,
             holder_id,
             fields,
             lease,
@@ -370,7 +349,7 @@ impl Backend for Pg {
     /// Whether releases elsewhere will wake our waiters (the session is up
     /// and listening).
     fn watch(&self, _name: &LockName) -> bool {
-        self.listening.load(Ordering::Acquire)
+        self.listener.listening()
     }
 }
 
@@ -561,37 +540,6 @@ impl Pg {
             .line()
             .announce(name, Keys::of(name.as_str()), every, self.lease)?;
         Ok(announced.map(|a| Arc::new(a) as Arc<dyn Renewable>))
-    }
-}
-
-/// Receives the names of locks released anywhere (`pg_notify` on channel
-/// `leasehold`) on a connection of its own, reconnecting as needed, until
-/// the store is dropped.
-fn listen(target: &Target, on_notify: &dyn Fn(&str), listening: &AtomicBool, closed: &AtomicBool) {
-    while !closed.load(Ordering::Acquire) {
-        let mut client = match target.connect() {
-            Ok(client) => client,
-            Err(_) => {
-                std::thread::sleep(Duration::from_secs(1));
-                continue;
-            }
-        };
-        if client.batch_execute("LISTEN leasehold").is_err() {
-            continue;
-        }
-        listening.store(true, Ordering::Release);
-        'connected: while !closed.load(Ordering::Acquire) {
-            let mut notifications = client.notifications();
-            let mut waiting = notifications.timeout_iter(Duration::from_millis(500));
-            loop {
-                match FallibleIterator::next(&mut waiting) {
-                    Ok(Some(notification)) => on_notify(notification.payload()),
-                    Ok(None) => break,
-                    Err(_) => break 'connected,
-                }
-            }
-        }
-        listening.store(false, Ordering::Release);
     }
 }
 

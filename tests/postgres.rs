@@ -1638,3 +1638,54 @@ async fn tls_without_the_feature_is_refused_not_ignored() {
     ));
     assert!(sessions_named(&server, Some(&app), 0).is_empty());
 }
+
+/// `Locker`s of one process with the same settings share one listener
+/// connection (each keeps its own session): notifications wake waiters of
+/// each of them, and the listener outlives any one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockers_with_the_same_settings_share_one_listener() {
+    let server = Server::start();
+    let own = format!("shared-{}", uuid::Uuid::new_v4().simple());
+    let with = |app: &str| {
+        Locker::builder()
+            .postgres(format!("{} application_name={app}", server.url()))
+            .lease(Duration::from_secs(2))
+            // Only a notification wakes a waiter in time.
+            .poll_interval(Duration::from_secs(30))
+    };
+    let a = with(&own).build().unwrap();
+    let b = with(&own).build().unwrap();
+    let found = sessions_named(&server, Some(&own), 3);
+    assert_eq!(found.len(), 3, "two sessions and one listener: {found:?}");
+    assert_eq!(
+        found.iter().filter(|(_, query)| query == "LISTEN leasehold").count(),
+        1,
+        "{found:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let name = unique("woken");
+    let woken = |holder: Locker, waiter: Locker, name: String| async move {
+        let guard = holder.acquire(&name).await.unwrap();
+        let waiting = tokio::spawn(async move { waiter.acquire(&name).await.map(drop) });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken by the notification, not the 30 s poll")
+            .unwrap()
+            .unwrap();
+        released.elapsed()
+    };
+    woken(a.clone(), b.clone(), name.clone()).await;
+    woken(b.clone(), a.clone(), name.clone()).await;
+    // The listener stays for `b` when `a` is gone.
+    drop(a);
+    assert_eq!(sessions_named(&server, Some(&own), 2).len(), 2);
+    let other = format!("other-{}", uuid::Uuid::new_v4().simple());
+    let c = with(&other).build().unwrap();
+    woken(c.clone(), b.clone(), name).await;
+    drop((b, c));
+    assert!(sessions_named(&server, Some(&own), 0).is_empty());
+}

@@ -152,6 +152,7 @@ pub(crate) const APPLICATION_NAME: &str = concat!("leasehold/", env!("CARGO_PKG_
 pub(crate) struct Target {
     config: Config,
     mode: PgSslMode,
+    root: Option<RootCert>,
     #[cfg(feature = "postgres-tls")]
     tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
 }
@@ -241,10 +242,26 @@ impl Target {
                 PgSslMode::Disable => None,
                 _ => Some(super::tls::connector(mode, root.as_ref())?),
             };
-            Ok(Target { config, mode, tls })
+            Ok(Target {
+                config,
+                mode,
+                root,
+                tls,
+            })
         }
         #[cfg(not(feature = "postgres-tls"))]
-        Ok(Target { config, mode })
+        Ok(Target { config, mode, root })
+    }
+
+    /// Whether `other` connects as this does: to the same server and
+    /// database, as the same user, with the same TLS settings.
+    pub(crate) fn same_settings(&self, other: &Target) -> bool {
+        // The client's settings have no `==`; their `Debug` shows every
+        // one of them but the password.
+        format!("{:?}", self.config) == format!("{:?}", other.config)
+            && self.config.get_password() == other.config.get_password()
+            && self.mode == other.mode
+            && self.root == other.root
     }
 
     /// A new connection.
