@@ -124,6 +124,16 @@
 //! lost, and the server has let go of its keys. See
 //! `session/upgrade.rs`.
 //!
+//! **Connections.** Every connection is made by `target.rs` from one set
+//! of settings (a URL or the application's `postgres::Config`, with
+//! libpq's `sslmode` and `sslrootcert`, and `application_name` defaulting
+//! to `leasehold/<version>`), over TLS (`tls.rs`, feature `postgres-tls`)
+//! where asked. A `Locker` has its session; the listener (`listen.rs`)
+//! is shared by the `Locker`s of the process with the same settings,
+//! since a notification concerns every listener of the database alike;
+//! an upgradable holding has a session of its own. Sessions are never
+//! shared: they hold the locks.
+//!
 //! **Connection poolers.** Session locks need a session: behind a pooler in
 //! transaction mode (PgBouncer `pool_mode = transaction`) each statement may
 //! run on another server connection, so a lock taken by one statement is
