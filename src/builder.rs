@@ -831,7 +831,9 @@ impl LockerBuilder {
             ));
         }
         #[cfg(feature = "postgres")]
-        if self.postgres.is_none() && (self.postgres_tls.mode.is_some() || self.postgres_tls.root_cert.is_some()) {
+        if self.postgres.is_none()
+            && (self.postgres_tls.mode.is_some() || self.postgres_tls.root_cert.is_some())
+        {
             return invalid(
                 "`postgres_ssl_mode` and `postgres_root_cert` are settings for a Locker on PostgreSQL; \
                  set the server with `postgres` or `postgres_config`"

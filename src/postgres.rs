@@ -159,11 +159,11 @@ use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Upgrade, Wai
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
+use listen::Subscription;
 pub(crate) use session::PgLock;
+use session::{ANSWER_PATIENCE, Answer, Command, Line, Session, no_answer, session_stopped};
 pub use target::PgSslMode;
 pub(crate) use target::{Source, Target, TlsSettings};
-use listen::Subscription;
-use session::{ANSWER_PATIENCE, Answer, Command, Line, Session, no_answer, session_stopped};
 
 /// The least time an attempt is given, however close its deadline: a few
 /// round trips, so that `acquire_timeout(Duration::ZERO)` still makes one.

@@ -1574,12 +1574,19 @@ async fn connections_name_themselves_unless_the_application_does() {
         "{found:?}"
     );
     let up = named.acquire_upgradable(&unique("up")).await.unwrap();
-    assert_eq!(sessions_named(&server, Some(&own), 3).len(), 3, "and the upgradable holding's");
+    assert_eq!(
+        sessions_named(&server, Some(&own), 3).len(),
+        3,
+        "and the upgradable holding's"
+    );
     drop(up);
     assert_eq!(sessions_named(&server, Some(&own), 2).len(), 2, "until it ends");
     guard.release().await.unwrap();
     drop(named);
-    assert!(sessions_named(&server, Some(&own), 0).is_empty(), "closed with the Locker");
+    assert!(
+        sessions_named(&server, Some(&own), 0).is_empty(),
+        "closed with the Locker"
+    );
 
     // Unnamed, from a Config or a URL: leasehold's name.
     let version = concat!("leasehold/", env!("CARGO_PKG_VERSION"));
@@ -1623,7 +1630,9 @@ async fn tls_without_the_feature_is_refused_not_ignored() {
         }
     }
     let mut config: postgres::Config = server.url().parse().unwrap();
-    config.application_name(&app).ssl_mode(postgres::config::SslMode::Require);
+    config
+        .application_name(&app)
+        .ssl_mode(postgres::config::SslMode::Require);
     assert!(matches!(
         Locker::builder().postgres_config(config.clone()).build(),
         Err(Error::Unsupported { .. })
@@ -1658,7 +1667,10 @@ async fn lockers_with_the_same_settings_share_one_listener() {
     let found = sessions_named(&server, Some(&own), 3);
     assert_eq!(found.len(), 3, "two sessions and one listener: {found:?}");
     assert_eq!(
-        found.iter().filter(|(_, query)| query == "LISTEN leasehold").count(),
+        found
+            .iter()
+            .filter(|(_, query)| query == "LISTEN leasehold")
+            .count(),
         1,
         "{found:?}"
     );

@@ -44,7 +44,9 @@ impl Ca {
     fn server_cert(&self, names: &[&str]) -> (String, String) {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names).unwrap();
-        params.distinguished_name.push(DnType::CommonName, "leasehold test server");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "leasehold test server");
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
@@ -194,7 +196,13 @@ async fn a_certificate_of_another_ca_is_refused() {
         );
         let error = refused(builder(&url)).await;
         assert!(
-            matches!(error, Error::Backend { op: "connect to PostgreSQL", .. }),
+            matches!(
+                error,
+                Error::Backend {
+                    op: "connect to PostgreSQL",
+                    ..
+                }
+            ),
             "{mode}: {}",
             said(&error)
         );
@@ -219,7 +227,13 @@ async fn verify_full_refuses_a_certificate_for_another_host_name() {
     );
     let error = refused(builder(&bad)).await;
     assert!(
-        matches!(error, Error::Backend { op: "connect to PostgreSQL", .. }),
+        matches!(
+            error,
+            Error::Backend {
+                op: "connect to PostgreSQL",
+                ..
+            }
+        ),
         "{}",
         said(&error)
     );
@@ -262,7 +276,13 @@ async fn require_never_falls_back_to_clear_text() {
         let (url, app) = conninfo(&plain, "localhost", &more);
         let error = refused(builder(&url)).await;
         assert!(
-            matches!(error, Error::Backend { op: "connect to PostgreSQL", .. }),
+            matches!(
+                error,
+                Error::Backend {
+                    op: "connect to PostgreSQL",
+                    ..
+                }
+            ),
             "{more}: {}",
             said(&error)
         );
@@ -271,7 +291,10 @@ async fn require_never_falls_back_to_clear_text() {
             "{more}: says the server has no TLS: {}",
             said(&error)
         );
-        assert!(ssl_of(&plain, &app, 0).is_empty(), "{more}: not connected in clear");
+        assert!(
+            ssl_of(&plain, &app, 0).is_empty(),
+            "{more}: not connected in clear"
+        );
     }
     let (url, app) = conninfo(&plain, "localhost", "sslmode=prefer");
     let locker = builder(&url).build().unwrap();

@@ -8,7 +8,7 @@
 //! crate docs, *PostgreSQL*): the listener holds no lock.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
@@ -31,10 +31,13 @@ struct Hub {
 
 impl Hub {
     fn changed(&self, name: &str) {
-        let wakers: Vec<Waiters> = match self.wakers.lock() {
-            Ok(wakers) => wakers.iter().map(|(_, w)| Weak::clone(w)).collect(),
-            Err(poisoned) => poisoned.into_inner().iter().map(|(_, w)| Weak::clone(w)).collect(),
-        };
+        let wakers: Vec<Waiters> = self
+            .wakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(_, w)| Weak::clone(w))
+            .collect();
         let file = LockName::from_name(name);
         for waiters in wakers.iter().filter_map(Weak::upgrade) {
             waiters.changed(file.file_name());
@@ -72,7 +75,7 @@ impl Subscription {
     /// Subscribes `waiters` to the listener of `target`'s server settings,
     /// starting one if none runs.
     pub(super) fn to(target: &Arc<Target>, waiters: Waiters) -> Result<Subscription> {
-        let mut running = RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
         running.retain(|listener| listener.strong_count() > 0);
         let found = running
             .iter()
@@ -102,7 +105,7 @@ impl Subscription {
             .hub
             .wakers
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .push((id, waiters));
         Ok(Subscription { listener, id })
     }
@@ -119,7 +122,7 @@ impl Drop for Subscription {
             .hub
             .wakers
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .retain(|(id, _)| *id != self.id);
     }
 }

@@ -124,9 +124,13 @@ impl RootCert {
     /// (`%APPDATA%\postgresql\root.crt` on Windows), if it exists.
     fn default_file() -> Option<RootCert> {
         #[cfg(windows)]
-        let file = PathBuf::from(std::env::var_os("APPDATA")?).join("postgresql").join("root.crt");
+        let file = PathBuf::from(std::env::var_os("APPDATA")?)
+            .join("postgresql")
+            .join("root.crt");
         #[cfg(not(windows))]
-        let file = PathBuf::from(std::env::var_os("HOME")?).join(".postgresql").join("root.crt");
+        let file = PathBuf::from(std::env::var_os("HOME")?)
+            .join(".postgresql")
+            .join("root.crt");
         file.is_file().then_some(RootCert::File(file))
     }
 }
@@ -236,7 +240,11 @@ impl Target {
                     "sslmode={} needs a root certificate to check the server's against: \
                      sslrootcert=<PEM file>, sslrootcert=system for the platform's store \
                      (or LockerBuilder::postgres_root_cert), or ~/.postgresql/root.crt, as libpq",
-                    if mode == PgSslMode::VerifyCa { "verify-ca" } else { "verify-full" }
+                    if mode == PgSslMode::VerifyCa {
+                        "verify-ca"
+                    } else {
+                        "verify-full"
+                    }
                 ),
             });
         }
@@ -331,7 +339,10 @@ fn split_ssl(url: &str) -> Result<Split> {
         match key.as_str() {
             "sslmode" => split.mode = Some(value),
             "sslrootcert" => split.root = Some(value),
-            _ => rest.push(format!("{key}='{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))),
+            _ => rest.push(format!(
+                "{key}='{}'",
+                value.replace('\\', "\\\\").replace('\'', "\\'")
+            )),
         }
     }
     split.rest = rest.join(" ");
@@ -430,7 +441,9 @@ mod tests {
     #[test]
     fn ssl_settings_come_out_of_urls() {
         assert_eq!(
-            split("postgres://app:pw@db.example:5432/locks?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&connect_timeout=5"),
+            split(
+                "postgres://app:pw@db.example:5432/locks?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&connect_timeout=5"
+            ),
             (
                 "postgres://app:pw@db.example:5432/locks?connect_timeout=5".into(),
                 Some("verify-full"),
@@ -449,8 +462,10 @@ mod tests {
 
     #[test]
     fn ssl_settings_come_out_of_key_values() {
-        let s = split_ssl(r"host=db user = app password='a \'b\\c d' sslmode=verify-ca sslrootcert='/a b/ca.pem'")
-            .unwrap();
+        let s = split_ssl(
+            r"host=db user = app password='a \'b\\c d' sslmode=verify-ca sslrootcert='/a b/ca.pem'",
+        )
+        .unwrap();
         assert_eq!(s.rest, r"host='db' user='app' password='a \'b\\c d'");
         assert_eq!(s.mode.as_deref(), Some("verify-ca"));
         assert_eq!(s.root.as_deref(), Some("/a b/ca.pem"));
@@ -483,7 +498,11 @@ mod tests {
         let none = TlsSettings::default();
         let t = Target::new(&Source::Url("host=/tmp user=x".into()), &none).unwrap();
         assert_eq!(t.config.get_application_name(), Some(APPLICATION_NAME));
-        let t = Target::new(&Source::Url("host=/tmp user=x application_name=billing".into()), &none).unwrap();
+        let t = Target::new(
+            &Source::Url("host=/tmp user=x application_name=billing".into()),
+            &none,
+        )
+        .unwrap();
         assert_eq!(t.config.get_application_name(), Some("billing"));
         let mut own = Config::new();
         own.host("/tmp").application_name("orders");

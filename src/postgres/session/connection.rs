@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use postgres::error::SqlState;
 use postgres::Client;
+use postgres::error::SqlState;
 
 use super::tables::{SCHEMA, TIDY, TOO_LONG, UNSTORABLE};
 use crate::backend::{Mode, Tokens};
