@@ -513,6 +513,7 @@ mod tests {
     #[test]
     fn tls_only_modes_never_become_clear_text() {
         let none = TlsSettings::default();
+        let with_tls = cfg!(feature = "postgres-tls");
         for url in [
             "host=db sslmode=require",
             "postgres://db/x?sslmode=verify-full&sslrootcert=system",
@@ -520,11 +521,11 @@ mod tests {
         ] {
             match Target::new(&Source::Url(url.into()), &none) {
                 Ok(t) => {
-                    assert!(cfg!(feature = "postgres-tls"), "{url}: built without TLS");
+                    assert!(with_tls, "{url}: built without TLS");
                     assert!(t.demands_tls());
                     assert_eq!(t.config.get_ssl_mode(), ClientSslMode::Require, "{url}");
                 }
-                Err(Error::Unsupported { .. }) => assert!(!cfg!(feature = "postgres-tls"), "{url}"),
+                Err(Error::Unsupported { .. }) => assert!(!with_tls, "{url}"),
                 // No platform store on this host.
                 Err(Error::InvalidConfig { reason }) => {
                     assert!(reason.contains("system"), "{url}: {reason}");
