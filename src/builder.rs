@@ -93,7 +93,9 @@ pub struct LockerBuilder {
     read_only: bool,
     owner_fields: Vec<(String, FieldValue)>,
     #[cfg(feature = "postgres")]
-    postgres: Option<String>,
+    postgres: Option<crate::postgres::Source>,
+    #[cfg(feature = "postgres")]
+    postgres_tls: crate::postgres::TlsSettings,
 }
 
 impl Default for LockerBuilder {
@@ -116,6 +118,8 @@ impl Default for LockerBuilder {
             owner_fields: Vec::new(),
             #[cfg(feature = "postgres")]
             postgres: None,
+            #[cfg(feature = "postgres")]
+            postgres_tls: crate::postgres::TlsSettings::default(),
         }
     }
 }
@@ -495,7 +499,12 @@ impl LockerBuilder {
     /// Keep the locks on a PostgreSQL server instead of in a directory
     /// (feature `postgres`), for processes on several hosts. `url` is a
     /// libpq-style connection string or URL (`postgres://user@host/db`,
-    /// `host=/run/postgresql user=app`). The settings for lock files
+    /// `host=/run/postgresql user=app`), with libpq's `sslmode` (all five
+    /// modes; see [`PgSslMode`](crate::PgSslMode)) and `sslrootcert`; to
+    /// pass the application's own client settings instead, see
+    /// [`postgres_config`](Self::postgres_config). Unless the string sets
+    /// `application_name`, the connections show as `leasehold/<version>`
+    /// in `pg_stat_activity`. The settings for lock files
     /// (`directory`, `strategy`, `path_style`, `allow_insecure_directory`,
     /// `create_directory`, `read_only`, `durable`, `unreadable_grace`, `foreign_lease`) cannot be combined
     /// with it: [`build`](Self::build) refuses them rather than ignore them
@@ -515,7 +524,101 @@ impl LockerBuilder {
     /// ```
     #[cfg(feature = "postgres")]
     pub fn postgres(mut self, url: impl Into<String>) -> Self {
-        self.postgres = Some(url.into());
+        self.postgres = Some(crate::postgres::Source::Url(url.into()));
+        self
+    }
+
+    /// Keep the locks on a PostgreSQL server (as
+    /// [`postgres`](Self::postgres) does), reached with the application's
+    /// own client settings: a password from a secret store, timeouts,
+    /// keepalives, several hosts, its own `application_name`. Unless
+    /// `config` sets `application_name`, the `Locker`'s connections show
+    /// as `leasehold/<version>` in `pg_stat_activity`, so a DBA can tell
+    /// them from the application's own.
+    ///
+    /// `config` is the `postgres` crate's (version 0.19, which this crate
+    /// depends on), whose `ssl_mode` knows only `disable`, `prefer` and
+    /// `require`: set `verify-ca` or `verify-full` with
+    /// [`postgres_ssl_mode`](Self::postgres_ssl_mode), and the root
+    /// certificate with [`postgres_root_cert`](Self::postgres_root_cert).
+    /// Every connection of the `Locker` is made with `config` (see the
+    /// crate docs, *PostgreSQL*, for which and when).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> leasehold::Result<()> {
+    /// # fn secret(_: &str) -> String { String::new() }
+    /// use std::time::Duration;
+    ///
+    /// let mut config = postgres::Config::new();
+    /// config
+    ///     .host("db.internal")
+    ///     .user("app")
+    ///     .password(secret("db-password"))
+    ///     .dbname("app")
+    ///     .connect_timeout(Duration::from_secs(5));
+    /// let locker = leasehold::Locker::builder().postgres_config(config).build()?;
+    /// let _guard = locker.acquire("nightly-report").await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres_config(mut self, config: postgres::Config) -> Self {
+        self.postgres = Some(crate::postgres::Source::Config(Box::new(config)));
+        self
+    }
+
+    /// The `sslmode` of the connections to PostgreSQL, over the one of the
+    /// connection string or client settings (the default: `prefer`). See
+    /// [`PgSslMode`](crate::PgSslMode): every mode that asks for TLS needs
+    /// the feature `postgres-tls`, and [`build`](Self::build) refuses it
+    /// without ([`Error::Unsupported`]); `verify-ca` and `verify-full`
+    /// need a root certificate ([`postgres_root_cert`](Self::postgres_root_cert),
+    /// `sslrootcert`, or libpq's `~/.postgresql/root.crt`), or `build`
+    /// refuses them ([`Error::InvalidConfig`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> leasehold::Result<()> {
+    /// use leasehold::{Locker, PgSslMode};
+    ///
+    /// let locker = Locker::builder()
+    ///     .postgres("host=db.internal user=app dbname=app")
+    ///     .postgres_ssl_mode(PgSslMode::VerifyFull)
+    ///     .postgres_root_cert("/etc/ssl/db-ca.pem")
+    ///     .build()?;
+    /// # let _ = locker;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres_ssl_mode(mut self, mode: crate::postgres::PgSslMode) -> Self {
+        self.postgres_tls.mode = Some(mode);
+        self
+    }
+
+    /// The root certificates (a PEM file of one or more) that the
+    /// server's certificate must lead to, over the connection string's
+    /// `sslrootcert`; `"system"` means the platform's store, as in libpq.
+    /// Read once, by [`build`](Self::build). With
+    /// `sslmode=require` (or `prefer`) the chain is then checked too, as
+    /// libpq does. Needs TLS (feature `postgres-tls`) to be of any use;
+    /// see [`postgres_ssl_mode`](Self::postgres_ssl_mode).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> leasehold::Result<()> {
+    /// let locker = leasehold::Locker::builder()
+    ///     .postgres("postgres://app@db.internal/app?sslmode=verify-full")
+    ///     .postgres_root_cert("/etc/ssl/db-ca.pem")
+    ///     .build()?;
+    /// # let _ = locker;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres_root_cert(mut self, pem: impl Into<PathBuf>) -> Self {
+        self.postgres_tls.root_cert = Some(pem.into());
         self
     }
 
@@ -728,6 +831,16 @@ impl LockerBuilder {
             ));
         }
         #[cfg(feature = "postgres")]
+        if self.postgres.is_none()
+            && (self.postgres_tls.mode.is_some() || self.postgres_tls.root_cert.is_some())
+        {
+            return invalid(
+                "`postgres_ssl_mode` and `postgres_root_cert` are settings for a Locker on PostgreSQL; \
+                 set the server with `postgres` or `postgres_config`"
+                    .into(),
+            );
+        }
+        #[cfg(feature = "postgres")]
         if self.postgres.is_some() {
             let files_only = [
                 (self.directory.is_some(), "directory"),
@@ -758,8 +871,9 @@ impl LockerBuilder {
     ) -> Result<Store> {
         let fields = OwnerFields::new(&self.owner_fields)?;
         #[cfg(feature = "postgres")]
-        if let Some(url) = &self.postgres {
-            let pg = crate::postgres::Pg::connect(url, holder_id, fields, self.lease, waiters)?;
+        if let Some(source) = &self.postgres {
+            let target = crate::postgres::Target::new(source, &self.postgres_tls)?;
+            let pg = crate::postgres::Pg::connect(target, holder_id, fields, self.lease, waiters)?;
             return Ok(Store::Postgres(Arc::new(pg)));
         }
         let place = fs::Place {

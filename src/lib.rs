@@ -299,6 +299,10 @@
 //! - `postgres`: [`LockerBuilder::postgres`], locks held as session-level
 //!   advisory locks on a PostgreSQL server, for processes on several hosts;
 //!   it adds the `postgres` client. See *PostgreSQL* below.
+//! - `postgres-tls`: TLS to the PostgreSQL server, with libpq's `sslmode`
+//!   (`require`, `verify-ca`, `verify-full`) and `sslrootcert`; implies
+//!   `postgres` and adds rustls (on `ring`). Without it, a `Locker` asked
+//!   for TLS is refused by `build()`, never connected in clear text.
 //! - `failpoints`: test-only. Named failpoints between the steps of the
 //!   filesystem protocol, for the crash-point test (docs/guarantees.md,
 //!   *Crash points*); it adds `fail`. Never enable it in a build you ship.
@@ -325,6 +329,52 @@
 //! the FIFO queue, scopes, `lost()`, `ensure_held()`, fencing tokens,
 //! `holder()`, `list()`, `stats()`) works as with files.
 //!
+//! - **Connecting**: [`LockerBuilder::postgres`] takes a connection
+//!   string or URL as libpq reads it; [`LockerBuilder::postgres_config`]
+//!   takes the application's own `postgres::Config` (a password from a
+//!   secret store, timeouts, keepalives, several hosts). Unless either sets
+//!   `application_name`, the connections show as `leasehold/<version>` in
+//!   `pg_stat_activity`.
+//! - **TLS** (feature `postgres-tls`, on rustls): `sslmode` as libpq reads
+//!   it ([`PgSslMode`], from the string or
+//!   [`LockerBuilder::postgres_ssl_mode`]). `disable`: clear text.
+//!   `prefer` (the default): TLS if the server offers it. `require`: TLS
+//!   or no connection, the certificate unchecked (so a man in the middle
+//!   could answer) unless a root certificate is given, which then checks
+//!   its chain. `verify-ca`: the chain must lead to the root certificate.
+//!   `verify-full`: that, and a certificate for the host name connected
+//!   to; what a managed database should be reached with. The root
+//!   certificate is `sslrootcert` (a PEM file, or `system` for the
+//!   platform's store) or [`LockerBuilder::postgres_root_cert`], else
+//!   libpq's `~/.postgresql/root.crt` if it exists; `verify-ca` and
+//!   `verify-full` without one are refused by `build()`. `require` and the
+//!   verify modes never fall back to clear text: a server without TLS,
+//!   a bad certificate or a Unix-socket host (where the server offers no
+//!   TLS; libpq ignores `sslmode` there) fails the connection. Every
+//!   connection of the `Locker` uses the same settings. Without the
+//!   feature, `require` and the verify modes are [`Error::Unsupported`]
+//!   at `build()`, and `prefer` connects in clear text. Client
+//!   certificates (`sslcert`, `sslkey`) and libpq's `PGSSLMODE`-style
+//!   environment variables are not read.
+//! - **Connections**: a `Locker` opens its *session* at `build()` (its
+//!   locks are held there), and opens it again when it dies, at the next
+//!   command that needs it. A *listener* connection (`LISTEN leasehold`)
+//!   is opened at `build()` too, and again a second after it breaks; it
+//!   is shared by every `Locker` of the process built with the same
+//!   settings (server, database, user, password, TLS,
+//!   `application_name`), and closed with the last of them. Each
+//!   upgradable holding opens a session of its own for as long as it
+//!   lasts (see [`UpgradableGuard`]). So `n`
+//!   `Locker`s with the same settings use `n + 1` connections, plus one
+//!   per upgradable holding. Clones of a `Locker` are the same `Locker`:
+//!   they share everything. Two `Locker`s never share a session: the
+//!   server cannot tell two holders on one session apart (its advisory
+//!   locks are re-entrant per session), the end of a session (a
+//!   `pg_terminate_backend`, a failed unlock that resets it) takes every
+//!   lock on it, and each session's statements are budgeted against its
+//!   own `Locker`'s lease so that no heartbeat waits for long: one
+//!   `Locker`'s slow attempts or shorter lease must not cost another its
+//!   locks. To use fewer sessions, share (clone) one `Locker`.
 //! - A lock is `pg_try_advisory_lock(key)` on one connection the `Locker`
 //!   owns, driven by a thread of its own. `key` is the first 8 bytes of
 //!   SHA-256 of `"leasehold\0" + name`, a big-endian `i64`: an
@@ -349,9 +399,9 @@
 //!   `LOCK TABLE`, a schema change) gives up after an eighth of the lease,
 //!   so it never holds up the connection's heartbeats for long;
 //!   `holder()` and `list()` then try again.
-//! - Releases `NOTIFY` channel `leasehold`; every `Locker` listens on a
-//!   second connection, so waiters on other hosts wake at once, with a poll
-//!   as the safety net (a dead session sends no notification).
+//! - Releases `NOTIFY` channel `leasehold`; every `Locker` listens (on
+//!   the listener connection), so waiters on other hosts wake at once,
+//!   with a poll as the safety net (a dead session sends no notification).
 //! - Dropping a guard queues `pg_advisory_unlock` on the connection without
 //!   waiting; the session thread sends it at once. `release().await` waits
 //!   for the server's answer.
@@ -476,6 +526,8 @@ pub use leasehold_macros::{parallel, serial};
 pub use locker::{Locker, ReleasedLock};
 pub use name::{MAX_NAME_LEN, PathStyle};
 pub use owner::{LockInfo, LockKind, Owner};
+#[cfg(feature = "postgres")]
+pub use postgres::PgSslMode;
 pub use semaphore::Semaphore;
 pub use stale::StaleReason;
 pub use stats::Stats;

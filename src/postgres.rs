@@ -124,6 +124,16 @@
 //! lost, and the server has let go of its keys. See
 //! `session/upgrade.rs`.
 //!
+//! **Connections.** Every connection is made by `target.rs` from one set
+//! of settings (a URL or the application's `postgres::Config`, with
+//! libpq's `sslmode` and `sslrootcert`, and `application_name` defaulting
+//! to `leasehold/<version>`), over TLS (`tls.rs`, feature `postgres-tls`)
+//! where asked. A `Locker` has its session; the listener (`listen.rs`)
+//! is shared by the `Locker`s of the process with the same settings,
+//! since a notification concerns every listener of the database alike;
+//! an upgradable holding has a session of its own. Sessions are never
+//! shared: they hold the locks.
+//!
 //! **Connection poolers.** Session locks need a session: behind a pooler in
 //! transaction mode (PgBouncer `pool_mode = transaction`) each statement may
 //! run on another server connection, so a lock taken by one statement is
@@ -135,15 +145,16 @@
 //! same file sets the TCP keepalives of both sides from the lease, so
 //! that a session cut off from its peer ends in bounded time.
 
+mod listen;
 mod session;
+mod target;
+#[cfg(feature = "postgres-tls")]
+mod tls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
-use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, NoTls};
 use sha2::{Digest, Sha256};
 
 use crate::backend::Renewable;
@@ -151,8 +162,11 @@ use crate::backend::{Arm, Attempt, Backend, Inspection, Kept, Mode, Upgrade, Wai
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::record::OwnRecord;
+use listen::Subscription;
 pub(crate) use session::PgLock;
 use session::{ANSWER_PATIENCE, Answer, Command, Line, Session, no_answer, session_stopped};
+pub use target::PgSslMode;
+pub(crate) use target::{Source, Target, TlsSettings};
 
 /// The least time an attempt is given, however close its deadline: a few
 /// round trips, so that `acquire_timeout(Duration::ZERO)` still makes one.
@@ -232,61 +246,40 @@ impl Keys {
 #[derive(Debug)]
 pub(crate) struct Pg {
     line: Line,
-    listening: Arc<AtomicBool>,
-    /// Tells the listener thread to stop.
-    closed: Arc<AtomicBool>,
+    /// This `Locker`'s place at the listener of its server settings.
+    listener: Subscription,
     holder_id: String,
     /// The `Locker`'s owner fields, kept in the owner table.
     fields: Option<Arc<crate::field::OwnerFields>>,
     lease: Duration,
     /// For the sessions of upgradable holdings.
-    url: String,
-}
-
-impl Drop for Pg {
-    fn drop(&mut self) {
-        self.closed.store(true, Ordering::Release);
-    }
+    target: Arc<Target>,
 }
 
 impl Pg {
     /// Connects (reporting a bad URL or an unreachable server at once) and
-    /// starts the session thread, and the listener that tells `waiters`
-    /// of locks released by other sessions.
+    /// starts the session thread, and subscribes `waiters` to the listener
+    /// that tells of locks released by other sessions.
     pub(crate) fn connect(
-        url: &str,
+        target: Target,
         holder_id: String,
         fields: Option<Arc<crate::field::OwnerFields>>,
         lease: Duration,
         waiters: Waiters,
     ) -> Result<Self> {
-        let listening = Arc::new(AtomicBool::new(false));
-        let closed = Arc::new(AtomicBool::new(false));
-        let line = start_session(Session::new(url, lease))?;
-        let url_of_store = url.to_owned();
-        // Notifications get a connection and a thread of their own, so that
-        // waiting for them never delays a command.
-        let (url, flag, stop) = (url.to_owned(), Arc::clone(&listening), Arc::clone(&closed));
-        let on_notify = move |name: &str| {
-            if let Some(waiters) = waiters.upgrade() {
-                waiters.changed(LockName::from_name(name).file_name());
-            }
-        };
-        std::thread::Builder::new()
-            .name("leasehold-listen".into())
-            .spawn(move || listen(&url, &on_notify, &flag, &stop))
-            .map_err(|e| Error::Backend {
-                op: "start the PostgreSQL listener thread",
-                source: Box::new(e),
-            })?;
+        let target = Arc::new(target);
+        let line = start_session(Session::new(Arc::clone(&target), lease))?;
+        // Notifications come on a connection and a thread of their own, so
+        // that waiting for them never delays a command; shared by the
+        // `Locker`s of the process with the same settings.
+        let listener = Subscription::to(&target, waiters)?;
         Ok(Self {
             line,
-            listening,
-            closed,
+            listener,
             holder_id,
             fields,
             lease,
-            url: url_of_store,
+            target,
         })
     }
 }
@@ -369,7 +362,7 @@ impl Backend for Pg {
     /// Whether releases elsewhere will wake our waiters (the session is up
     /// and listening).
     fn watch(&self, _name: &LockName) -> bool {
-        self.listening.load(Ordering::Acquire)
+        self.listener.listening()
     }
 }
 
@@ -470,7 +463,7 @@ impl Upgrade for Pg {
     /// (letting the slot go) when the attempt comes to nothing.
     fn join_upgradable<K: Kept>(&self, name: &LockName, arm: Arm<'_, PgLock, K>) -> Result<Attempt<K>> {
         let slot = upgradable_key(name.as_str());
-        let line = start_session(Session::dedicated_to(&self.url, self.lease, slot))?;
+        let line = start_session(Session::dedicated_to(Arc::clone(&self.target), self.lease, slot))?;
         self.attempt_on(&line, name, Mode::Shared, None, arm)
     }
 
@@ -563,37 +556,6 @@ impl Pg {
     }
 }
 
-/// Receives the names of locks released anywhere (`pg_notify` on channel
-/// `leasehold`) on a connection of its own, reconnecting as needed, until
-/// the store is dropped.
-fn listen(url: &str, on_notify: &dyn Fn(&str), listening: &AtomicBool, closed: &AtomicBool) {
-    while !closed.load(Ordering::Acquire) {
-        let mut client = match Client::connect(url, NoTls) {
-            Ok(client) => client,
-            Err(_) => {
-                std::thread::sleep(Duration::from_secs(1));
-                continue;
-            }
-        };
-        if client.batch_execute("LISTEN leasehold").is_err() {
-            continue;
-        }
-        listening.store(true, Ordering::Release);
-        'connected: while !closed.load(Ordering::Acquire) {
-            let mut notifications = client.notifications();
-            let mut waiting = notifications.timeout_iter(Duration::from_millis(500));
-            loop {
-                match FallibleIterator::next(&mut waiting) {
-                    Ok(Some(notification)) => on_notify(notification.payload()),
-                    Ok(None) => break,
-                    Err(_) => break 'connected,
-                }
-            }
-        }
-        listening.store(false, Ordering::Release);
-    }
-}
-
 // The tests start a PostgreSQL server of their own from Debian's binaries.
 #[cfg(all(test, unix))]
 #[path = "../tests/support/pg_server.rs"]
@@ -617,7 +579,8 @@ mod tests {
             fn all_changed(&self) {}
         }
         let nobody: Waiters = std::sync::Weak::<Nobody>::new();
-        let store = Pg::connect(&server.url(), "test".into(), None, lease, nobody).unwrap();
+        let target = Target::new(&Source::Url(server.url()), &TlsSettings::default()).unwrap();
+        let store = Pg::connect(target, "test".into(), None, lease, nobody).unwrap();
         let name = LockName::from_name("gone");
         let (reply, answer) = mpsc::channel();
         drop(answer);

@@ -1598,3 +1598,180 @@ fn off_runtime_sql<T: Send + 'static>(
         .join()
         .unwrap()
 }
+
+/// The application names of the client sessions on `server` named `app`
+/// (or all of them but this one's), with what they last ran, once there
+/// are `n` of them (or 10 s went by).
+fn sessions_named(server: &Server, app: Option<&str>, n: usize) -> Vec<(String, String)> {
+    let since = Instant::now();
+    loop {
+        let app = app.map(str::to_owned);
+        let found: Vec<(String, String)> = server.sql(move |c| {
+            c.query(
+                "SELECT application_name, query FROM pg_stat_activity
+                  WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+                    AND ($1::text IS NULL OR application_name = $1)",
+                &[&app],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect()
+        });
+        if found.len() == n || since.elapsed() > Duration::from_secs(10) {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A DBA finds a Locker's connections in `pg_stat_activity` by name: the
+/// application's own (from its `postgres::Config`, or its URL), else
+/// `leasehold/<version>`; two of them (the session and the listener),
+/// and one more for each upgradable holding while it lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_name_themselves_unless_the_application_does() {
+    let server = Server::start();
+    let mut config: postgres::Config = server.url().parse().unwrap();
+    let own = format!("billing-{}", uuid::Uuid::new_v4().simple());
+    config.application_name(&own);
+    let named = Locker::builder()
+        .postgres_config(config.clone())
+        .lease(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let guard = named.acquire(&unique("named")).await.unwrap();
+    let found = sessions_named(&server, Some(&own), 2);
+    assert_eq!(found.len(), 2, "the session and the listener: {found:?}");
+    assert!(
+        found.iter().any(|(_, query)| query == "LISTEN leasehold"),
+        "{found:?}"
+    );
+    let up = named.acquire_upgradable(&unique("up")).await.unwrap();
+    assert_eq!(
+        sessions_named(&server, Some(&own), 3).len(),
+        3,
+        "and the upgradable holding's"
+    );
+    drop(up);
+    assert_eq!(sessions_named(&server, Some(&own), 2).len(), 2, "until it ends");
+    guard.release().await.unwrap();
+    drop(named);
+    assert!(
+        sessions_named(&server, Some(&own), 0).is_empty(),
+        "closed with the Locker"
+    );
+
+    // Unnamed, from a Config or a URL: leasehold's name.
+    let version = concat!("leasehold/", env!("CARGO_PKG_VERSION"));
+    let external = server.external.is_some();
+    for builder in [
+        Locker::builder().postgres_config(server.url().parse().unwrap()),
+        Locker::builder().postgres(server.url()),
+    ] {
+        let locker = builder.build().unwrap();
+        drop(locker.acquire(&unique("unnamed")).await.unwrap());
+        let found = sessions_named(&server, None, 2);
+        if !external {
+            assert_eq!(found.len(), 2, "{found:?}");
+        }
+        assert!(
+            found.iter().filter(|(name, _)| name == version).count() >= 2,
+            "{found:?}"
+        );
+        drop(locker);
+        sessions_named(&server, None, 0);
+    }
+}
+
+/// Without the feature `postgres-tls`, a Locker asked for TLS is refused
+/// by `build()`, with a typed error, and opens no connection: it never
+/// goes in clear text instead.
+#[cfg(not(feature = "postgres-tls"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_without_the_feature_is_refused_not_ignored() {
+    let server = Server::start();
+    let app = format!("tls-{}", uuid::Uuid::new_v4().simple());
+    for more in [
+        "sslmode=require",
+        "sslmode=verify-ca sslrootcert=system",
+        "sslmode=verify-full sslrootcert=/etc/ssl/ca.pem",
+    ] {
+        let url = format!("{} application_name={app} {more}", server.url());
+        match Locker::builder().postgres(url).build() {
+            Err(Error::Unsupported { what }) => assert!(what.contains("postgres-tls"), "{what}"),
+            other => panic!("{more}: expected Unsupported, got {other:?}"),
+        }
+    }
+    let mut config: postgres::Config = server.url().parse().unwrap();
+    config
+        .application_name(&app)
+        .ssl_mode(postgres::config::SslMode::Require);
+    assert!(matches!(
+        Locker::builder().postgres_config(config.clone()).build(),
+        Err(Error::Unsupported { .. })
+    ));
+    config.ssl_mode(postgres::config::SslMode::Prefer);
+    assert!(matches!(
+        Locker::builder()
+            .postgres_config(config)
+            .postgres_ssl_mode(leasehold::PgSslMode::VerifyFull)
+            .build(),
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(sessions_named(&server, Some(&app), 0).is_empty());
+}
+
+/// `Locker`s of one process with the same settings share one listener
+/// connection (each keeps its own session): notifications wake waiters of
+/// each of them, and the listener outlives any one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockers_with_the_same_settings_share_one_listener() {
+    let server = Server::start();
+    let own = format!("shared-{}", uuid::Uuid::new_v4().simple());
+    let with = |app: &str| {
+        Locker::builder()
+            .postgres(format!("{} application_name={app}", server.url()))
+            .lease(Duration::from_secs(2))
+            // Only a notification wakes a waiter in time.
+            .poll_interval(Duration::from_secs(30))
+    };
+    let a = with(&own).build().unwrap();
+    let b = with(&own).build().unwrap();
+    let found = sessions_named(&server, Some(&own), 3);
+    assert_eq!(found.len(), 3, "two sessions and one listener: {found:?}");
+    assert_eq!(
+        found
+            .iter()
+            .filter(|(_, query)| query == "LISTEN leasehold")
+            .count(),
+        1,
+        "{found:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let name = unique("woken");
+    let woken = |holder: Locker, waiter: Locker, name: String| async move {
+        let guard = holder.acquire(&name).await.unwrap();
+        let waiting = tokio::spawn(async move { waiter.acquire(&name).await.map(drop) });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken by the notification, not the 30 s poll")
+            .unwrap()
+            .unwrap();
+        released.elapsed()
+    };
+    woken(a.clone(), b.clone(), name.clone()).await;
+    woken(b.clone(), a.clone(), name.clone()).await;
+    // The listener stays for `b` when `a` is gone.
+    drop(a);
+    assert_eq!(sessions_named(&server, Some(&own), 2).len(), 2);
+    let other = format!("other-{}", uuid::Uuid::new_v4().simple());
+    let c = with(&other).build().unwrap();
+    woken(c.clone(), b.clone(), name).await;
+    drop((b, c));
+    assert!(sessions_named(&server, Some(&own), 0).is_empty());
+}

@@ -15,6 +15,10 @@ pub struct Server {
     socket: PathBuf,
     _dir: tempfile::TempDir,
     pub external: Option<String>,
+    /// The server's port (its socket's name too).
+    port: u16,
+    /// More `postgres` options (`-c name=value`), for `start_with`.
+    options: String,
 }
 
 fn pg_binary(name: &str) -> PathBuf {
@@ -50,16 +54,27 @@ fn as_pg_user(program: &Path) -> Command {
 
 impl Server {
     pub fn start() -> Server {
-        let dir = tempfile::tempdir().unwrap();
         if let Ok(url) = std::env::var("LEASEHOLD_PG_URL") {
             return Server {
                 pid: None,
                 data: PathBuf::new(),
                 socket: PathBuf::new(),
-                _dir: dir,
+                _dir: tempfile::tempdir().unwrap(),
                 external: Some(url),
+                port: 5432,
+                options: String::new(),
             };
         }
+        Server::start_with(false, "", |_| {})
+    }
+
+    /// A server of the test's own (never `LEASEHOLD_PG_URL`'s), also
+    /// listening on 127.0.0.1 at a free port if `tcp`, started with
+    /// `options` (`-c name=value ...`) once `setup` has been given its data
+    /// directory (for files such as certificates, which then belong to the
+    /// server's user).
+    pub fn start_with(tcp: bool, options: &str, setup: impl FnOnce(&Path)) -> Server {
+        let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let socket = dir.path().join("socket");
         std::fs::create_dir(&socket).unwrap();
@@ -82,12 +97,30 @@ impl Server {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        setup(&data);
+        if nix::unistd::geteuid().is_root() {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&data)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chown the server's files to postgres");
+        }
+        let (port, listen) = if tcp {
+            let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            (free.local_addr().unwrap().port(), "127.0.0.1")
+        } else {
+            (5432, "")
+        };
         let mut server = Server {
             pid: None,
             data,
             socket,
             _dir: dir,
             external: None,
+            port,
+            options: format!("-c listen_addresses={listen} {options}"),
         };
         server.run();
         server
@@ -97,8 +130,10 @@ impl Server {
     /// connections; its pid is then in `postmaster.pid`.
     fn run(&mut self) {
         let options = format!(
-            "-k {} -c listen_addresses= -c fsync=off -p 5432",
-            self.socket.display()
+            "-k {} -c fsync=off -p {} {}",
+            self.socket.display(),
+            self.port,
+            self.options
         );
         let out = as_pg_user(&pg_binary("pg_ctl"))
             .arg("-D")
@@ -128,10 +163,16 @@ impl Server {
         match &self.external {
             Some(url) => url.clone(),
             None => format!(
-                "host={} port=5432 user=postgres dbname=postgres",
-                self.socket.display()
+                "host={} port={} user=postgres dbname=postgres",
+                self.socket.display(),
+                self.port
             ),
         }
+    }
+
+    /// The port of a server started with `tcp` (on 127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// Runs `query` on a connection of its own (the synchronous client

@@ -3,16 +3,18 @@
 //! of each name ([`Local`], [`Held`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use postgres::Client;
 use postgres::error::SqlState;
-use postgres::{Client, NoTls};
 
 use super::stable;
 use super::tables::{SCHEMA, TIDY, TOO_LONG, UNSTORABLE};
 use crate::backend::{Mode, Tokens};
 use crate::error::{Error, Result};
+use crate::postgres::Target;
 
 pub(super) fn pg_error(op: &'static str) -> impl FnOnce(postgres::Error) -> Error {
     move |source| Error::Backend {
@@ -128,7 +130,8 @@ pub(super) const BUSY: Try = Try::Busy { sharers: false };
 
 /// The connection, owned by the session thread.
 pub(in crate::postgres) struct Session {
-    pub(super) url: String,
+    /// How to connect (TLS included).
+    pub(super) target: Arc<Target>,
     /// The lease of the locks held on it (the keepalives follow it).
     pub(super) lease: Duration,
     pub(super) client: Option<Client>,
@@ -172,10 +175,10 @@ impl Session {
     /// cannot wait is given up (a row left is cleaned up later; see each
     /// statement), or tried again later off the session thread
     /// (inspection).
-    pub(in crate::postgres) fn new(url: &str, lease: Duration) -> Self {
+    pub(in crate::postgres) fn new(target: Arc<Target>, lease: Duration) -> Self {
         Session {
             stall: (lease / 8).max(Duration::from_millis(10)),
-            url: url.to_owned(),
+            target,
             lease,
             client: None,
             backend_pid: 0,
@@ -190,10 +193,10 @@ impl Session {
 
     /// A session of its own for one upgradable holding of the name whose
     /// upgradable slot is `slot` (see `upgrade`).
-    pub(in crate::postgres) fn dedicated_to(url: &str, lease: Duration, slot: i64) -> Self {
+    pub(in crate::postgres) fn dedicated_to(target: Arc<Target>, lease: Duration, slot: i64) -> Self {
         Session {
             dedicated: Some(slot),
-            ..Session::new(url, lease)
+            ..Session::new(target, lease)
         }
     }
 
@@ -210,19 +213,17 @@ impl Session {
             });
         }
         if self.client.is_none() {
-            let config = stable::tuned(
-                self.url.parse().map_err(pg_error("connect to PostgreSQL"))?,
-                self.lease,
-            );
-            let mut client = config.connect(NoTls).map_err(pg_error("connect to PostgreSQL"))?;
+            let lease = self.lease;
+            let connect = || self.target.connect_with(|config| stable::tuned(config, lease));
+            let mut client = connect().map_err(pg_error("connect to PostgreSQL"))?;
             // Before anything else: behind a transaction pooler, even
             // the statements below could fail in confusing ways. (An
-            // upgradable holding's session is on its Locker's URL, whose
-            // session was probed.)
+            // upgradable holding's session is on its Locker's settings,
+            // whose session was probed.)
             if self.dedicated.is_none() {
-                stable::probe(&mut client, || config.connect(NoTls))?;
+                stable::probe(&mut client, connect)?;
             }
-            stable::tune(&mut client, self.lease)?;
+            stable::tune(&mut client, lease)?;
             client
                 .batch_execute(SCHEMA)
                 .map_err(pg_error("create the leasehold tables"))?;
