@@ -36,17 +36,14 @@
 // `upgradable_locks_are_refused_on_windows`).
 #![cfg(unix)]
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use leasehold::{LockGuard, Locker, UpgradableGuard};
+use leasehold::{LockGuard, UpgradableGuard};
 
 #[path = "support/torture.rs"]
 mod torture;
-use torture::{Arena, Backend, Line, Log, Rng, Tally, Turn, count, env_or, mono_ns};
+use torture::{Arena, Backend, End, Log, Rng, Section, Tally, Turn, Worker, count, env_or, mono_ns};
 
 const NAME: &str = "alpha";
 /// No upgrade waits this long: a reader it waits for is at most stopped
@@ -55,30 +52,7 @@ const UPGRADE_BOUND: Duration = Duration::from_secs(15);
 
 #[test]
 fn child_process_entry() {
-    torture::child_entry(|child| child_main(child.backend, child.work, child.tasks));
-}
-
-async fn child_main(backend: Backend, work: PathBuf, tasks: usize) -> i32 {
-    let lockers: Vec<Locker> = (0..2).map(|_| backend.locker(&work)).collect();
-    let log = Arc::new(Log::open(&work));
-    let stop_rx = torture::stop_signal(&work);
-    let max_wait = Arc::new(AtomicU64::new(0));
-    let handles: Vec<_> = (0..tasks)
-        .map(|i| {
-            tokio::spawn(task(
-                lockers[i % lockers.len()].clone(),
-                Arc::clone(&log),
-                i as u64,
-                stop_rx.clone(),
-                Arc::clone(&max_wait),
-            ))
-        })
-        .collect();
-    let ok = torture::join_all("torture_upgradable", handles).await;
-    let stats: Vec<_> = lockers.iter().map(Locker::stats).collect();
-    drop(lockers);
-    log.summary(&stats, max_wait.load(Ordering::Relaxed));
-    if ok { 0 } else { 1 }
+    torture::child_entry(|child| torture::run_tasks("torture_upgradable", child, 2, task));
 }
 
 /// Work under a guard: `Ok(ns)` (the last moment known held, before the
@@ -92,13 +66,14 @@ async fn section(guard: &LockGuard, work_ms: u64) -> Result<u64, u64> {
     if lost || guard.is_lost() { Err(ns) } else { Ok(ns) }
 }
 
-async fn task(
-    locker: Locker,
-    log: Arc<Log>,
-    index: u64,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-    max_wait: Arc<AtomicU64>,
-) {
+async fn task(worker: Worker) {
+    let Worker {
+        locker,
+        log,
+        index,
+        mut stop,
+        max_wait,
+    } = worker;
     let pid = std::process::id();
     let mut rng = Rng::new((u64::from(pid) << 8) | index);
     let mut seq = 0u64;
@@ -278,34 +253,6 @@ fn end_with(log: &Log, id: &str, ns: u64, error: &leasehold::Error) {
 
 // ---------------------------------------------------------------- parent
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    Committed,
-    Lost,
-    Killed,
-}
-
-#[derive(Debug, Clone)]
-struct Section {
-    id: String,
-    role: char,
-    token: u64,
-    pid: u32,
-    start: u64,
-    end: u64,
-    how: End,
-}
-
-impl std::fmt::Display for Section {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {} token {} pid {} [{}, {}] {:?}",
-            self.role, self.id, self.token, self.pid, self.start, self.end, self.how
-        )
-    }
-}
-
 fn exclusive(role: char) -> bool {
     role == 'W' || role == 'X'
 }
@@ -329,81 +276,11 @@ fn torture(backend: Backend) {
     let arena = Arena::new("torture_upgradable", backend, backend.label().to_owned());
     let label = &arena.label;
     let chaos = arena.chaos(procs, tasks, secs, &[]);
-    let pauses = &chaos.pauses;
     let (cleaned, left) = arena.leftovers(|_| async { Vec::new() });
 
     let text = arena.log();
-    let mut starts: BTreeMap<String, (char, u64, u32, u64)> = BTreeMap::new();
-    let mut ends: HashMap<String, (End, u64)> = HashMap::new();
     let mut tally = Tally::default();
-    for line in text.lines() {
-        let line = Line::new(line);
-        let (f, num) = (&line.f, |i| line.num(i));
-        match f[0] {
-            "S" => {
-                let role = f[3].chars().next().unwrap();
-                if starts
-                    .insert(f[2].to_owned(), (role, num(4), num(5) as u32, num(6)))
-                    .is_some()
-                {
-                    tally.problems.push(format!("section id {} logged twice", f[2]));
-                }
-            }
-            "E" | "L" => {
-                let how = if f[0] == "E" { End::Committed } else { End::Lost };
-                if how == End::Lost {
-                    tally.lost(f.get(5).copied().unwrap_or(""));
-                }
-                if ends.insert(f[2].to_owned(), (how, num(4))).is_some() {
-                    tally.problems.push(format!("section id {} ended twice", f[2]));
-                }
-            }
-            "B" => tally.problems.push(format!("wrong: {}", line.text)),
-            "UP" | "DOWN" => {}
-            _ => tally.other(&arena, &line),
-        }
-    }
-    let first_stop_after = |pid: u32, start: u64| -> Option<u64> {
-        pauses
-            .iter()
-            .filter(|p| p.pid == pid && p.after >= start)
-            .map(|p| p.after)
-            .min()
-    };
-    let mut sections: Vec<Section> = Vec::new();
-    for (id, (role, token, pid, start)) in &starts {
-        let (how, end) = match ends.get(id) {
-            Some((how, ns)) => (*how, *ns),
-            None => match chaos.silenced(*pid) {
-                Some(at) => (
-                    End::Killed,
-                    first_stop_after(*pid, *start).map_or(at, |stop| stop.min(at)),
-                ),
-                None => {
-                    tally.problems.push(format!(
-                        "{id}: pid {pid} entered, was never killed, and never left"
-                    ));
-                    continue;
-                }
-            },
-        };
-        sections.push(Section {
-            id: id.clone(),
-            role: *role,
-            token: *token,
-            pid: *pid,
-            start: *start,
-            end,
-            how,
-        });
-    }
-    for id in ends.keys() {
-        if !starts.contains_key(id) {
-            tally
-                .problems
-                .push(format!("section {id}: an end without a start"));
-        }
-    }
+    let mut sections = torture::sections(&arena, &chaos, &mut tally, &text, &["UP", "DOWN"]);
     sections.sort_by_key(|s| (s.start, s.token));
 
     let (mut overlaps_excused, mut overlaps_found) = (0u64, 0u64);
@@ -457,8 +334,7 @@ fn torture(backend: Backend) {
          kills {} pauses {} acquire errors {:?}\n  \
          reader/reader overlaps {reader_overlaps}, reader/upgradable overlaps {reader_upgradable_overlaps}, \
          overlaps excused by a loss {overlaps_excused}\n  \
-         survivors' stats: acquisitions {} reclaimed dead {} reclaimed expired {} lost {}; max wait {:.1} ms\n  \
-         stopped in {:.2} s; reclaimed at the end {cleaned}, left behind {}\n  \
+         {}\n  \
          overlaps found: {overlaps_found}, violations: {}",
         arena.began.elapsed().as_secs_f64(),
         sections.len(),
@@ -470,15 +346,9 @@ fn torture(backend: Backend) {
         count(&text, "L "),
         tally.lost_reasons,
         chaos.kills.len(),
-        pauses.len(),
+        chaos.pauses.len(),
         tally.errors,
-        tally.sum(0),
-        tally.sum(2),
-        tally.sum(3),
-        tally.sum(4),
-        tally.max_wait_ms(),
-        chaos.stop_time.as_secs_f64(),
-        left.len(),
+        tally.survivors(&chaos, cleaned, &left),
         tally.problems.len(),
     );
     arena.fail_on(&tally.problems);
