@@ -14,20 +14,11 @@ use leasehold::{Error, LockKind, Locker, LockerBuilder, LossReason};
 #[path = "support/pg_server.rs"]
 mod pg_server;
 
+#[path = "support/pg_session.rs"]
+mod pg_session;
+
 use pg_server::{Server, SqlWorker};
-
-fn builder(server: &Server) -> LockerBuilder {
-    Locker::builder()
-        .postgres(server.url())
-        .lease(Duration::from_millis(900))
-        .renew_interval(Duration::from_millis(150))
-        .poll_interval(Duration::from_millis(50))
-}
-
-/// A unique name per test, so tests sharing an external server do not meet.
-fn unique(name: &str) -> String {
-    format!("{name}-{}", uuid::Uuid::new_v4().simple())
-}
+use pg_session::{quick_builder as builder, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_api_on_a_server() {

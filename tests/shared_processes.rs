@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 #[path = "support/common.rs"]
 mod common;
 
+use common::clock::mono_ns;
+
 use common::{
-    ChildProc, PLAIN_ENV, Sec, append, entries, layout_label, mono_ns, path_style_from_env, say, sections,
+    ChildProc, PLAIN_ENV, Sec, append, entries, layout_label, path_style_from_env, say, sections,
     strategy_from_env,
 };
 #[cfg(unix)]

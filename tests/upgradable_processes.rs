@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 #[path = "support/common.rs"]
 mod common;
 
-use common::{ChildProc, Sec, append, entries, layout_label, mono_ns, say, sections, strategy_from_env};
+use common::clock::mono_ns;
+
+use common::{ChildProc, Sec, append, entries, layout_label, say, sections, strategy_from_env};
 #[cfg(unix)]
 use common::{node, seed as seed_run};
 use leasehold::{Locker, Strategy};

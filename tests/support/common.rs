@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+#[path = "clock.rs"]
+pub mod clock;
 #[path = "reexec.rs"]
 pub mod reexec;
 #[path = "stderr_tap.rs"]
@@ -681,26 +683,6 @@ pub fn own_start_ms() -> u64 {
         .unwrap()
         .unwrap() as u64;
     btime * 1000 + ticks * 1000 / hz
-}
-
-/// A clock all processes share, in ns: `CLOCK_MONOTONIC` on Unix.
-#[cfg(unix)]
-pub fn mono_ns() -> u64 {
-    use nix::time::{ClockId, clock_gettime};
-    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("clock_gettime");
-    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
-}
-
-/// A clock all processes share, in ns: on Windows, where std offers no
-/// monotonic clock comparable between processes, the system time
-/// (`GetSystemTimePreciseAsFileTime`, 100 ns steps), which only a clock
-/// adjustment during the test could move.
-#[cfg(windows)]
-pub fn mono_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos() as u64
 }
 
 /// A layout's short name, for messages.

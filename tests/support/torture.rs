@@ -28,8 +28,12 @@ use nix::sys::signal::{Signal, kill};
 #[cfg(unix)]
 use nix::unistd::Pid;
 
+#[path = "clock.rs"]
+mod clock;
 #[path = "reexec.rs"]
 mod reexec;
+
+pub use clock::mono_ns;
 
 #[cfg(all(feature = "postgres", unix))]
 #[path = "pg_server.rs"]
@@ -112,26 +116,6 @@ impl Backend {
 }
 
 // ---------------------------------------------------------------- both
-
-/// A clock all processes share, in ns: `CLOCK_MONOTONIC` on Unix.
-#[cfg(unix)]
-pub fn mono_ns() -> u64 {
-    use nix::time::{ClockId, clock_gettime};
-    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("clock_gettime");
-    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
-}
-
-/// A clock all processes share, in ns: on Windows, where std offers no
-/// monotonic clock comparable between processes, the system time
-/// (`GetSystemTimePreciseAsFileTime`, 100 ns steps), which only a clock
-/// adjustment during the run could move.
-#[cfg(windows)]
-pub fn mono_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos() as u64
-}
 
 /// xorshift64*, enough for picking names, roles, durations and victims.
 pub struct Rng(u64);
