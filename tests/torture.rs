@@ -77,7 +77,7 @@ use leasehold::LockGuard;
 
 #[path = "support/torture.rs"]
 mod torture;
-use torture::{Arena, Backend, LEASE, Line, Rng, Tally, Turn, Worker, count, env_or, mono_ns};
+use torture::{Arena, Backend, LEASE, Line, Tally, Turn, Worker, count, env_or, mono_ns};
 
 const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
 
@@ -142,28 +142,17 @@ enum Outcome {
     Fenced(u64, u64),
 }
 
-async fn task(worker: Worker, work: PathBuf) {
-    let Worker {
-        locker,
-        log,
-        index,
-        mut stop,
-        max_wait,
-    } = worker;
-    let pid = std::process::id();
-    let mut rng = Rng::new((u64::from(pid) << 8) | index);
-    loop {
-        if *stop.borrow() {
-            return;
-        }
+async fn task(mut worker: Worker, work: PathBuf) {
+    let (pid, mut rng, locker) = (std::process::id(), worker.rng(), worker.locker.clone());
+    while !worker.told_to_stop() {
         let name = NAMES[rng.below(NAMES.len() as u64) as usize];
-        let guard = match torture::take_turn(locker.acquire(name), &mut stop, &log, &max_wait).await {
+        let guard = match worker.take_turn(locker.acquire(name)).await {
             Turn::Held(guard) => guard,
             Turn::Failed => continue,
             Turn::Stop => return,
         };
         let token = guard.fencing_token().expect("fencing is on");
-        log.line(format!("S {name} {token} {pid} {}", mono_ns()));
+        worker.log.line(format!("S {name} {token} {pid} {}", mono_ns()));
         let work_ms = 1 + rng.below(12);
         let (counter, commit_lock) = (counter_path(&work, name), commit_lock_path(&work, name));
         let outcome = tokio::select! {
@@ -171,12 +160,12 @@ async fn task(worker: Worker, work: PathBuf) {
             o = section(&guard, &counter, &commit_lock, token, work_ms) => o,
         };
         match outcome {
-            Outcome::Committed(ns) => log.line(format!("E {name} {token} {pid} {ns}")),
+            Outcome::Committed(ns) => worker.log.line(format!("E {name} {token} {pid} {ns}")),
             Outcome::Lost(ns) => {
                 let reason = torture::loss_reason(&guard).await;
-                log.line(format!("L {name} {token} {pid} {ns} {reason}"));
+                worker.log.line(format!("L {name} {token} {pid} {ns} {reason}"));
             }
-            Outcome::Fenced(ns, found) => log.line(format!("F {name} {token} {pid} {ns} {found}")),
+            Outcome::Fenced(ns, found) => worker.log.line(format!("F {name} {token} {pid} {ns} {found}")),
         }
         drop(guard);
         tokio::time::sleep(Duration::from_millis(rng.below(4))).await;

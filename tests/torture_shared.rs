@@ -85,7 +85,7 @@ use leasehold::{Error, LockGuard, Locker};
 
 #[path = "support/torture.rs"]
 mod torture;
-use torture::{Arena, Backend, End, LEASE, Rng, Section, Tally, Turn, Worker, count, env_or, mono_ns};
+use torture::{Arena, Backend, End, LEASE, Section, Tally, Turn, Worker, count, env_or, mono_ns};
 
 /// `shared` or `semaphore`.
 const KIND_ENV: &str = "LEASEHOLD_TORTURE_SHARED_CHILD_KIND";
@@ -127,21 +127,10 @@ fn child_process_entry() {
     });
 }
 
-async fn task(worker: Worker, kind: Kind) {
-    let Worker {
-        locker,
-        log,
-        index,
-        mut stop,
-        max_wait,
-    } = worker;
-    let pid = std::process::id();
-    let mut rng = Rng::new((u64::from(pid) << 8) | index);
+async fn task(mut worker: Worker, kind: Kind) {
+    let (pid, mut rng, locker) = (std::process::id(), worker.rng(), worker.locker.clone());
     let mut seq = 0u64;
-    loop {
-        if *stop.borrow() {
-            return;
-        }
+    while !worker.told_to_stop() {
         let name = NAMES[rng.below(NAMES.len() as u64) as usize];
         let role = match kind {
             Kind::Semaphore => 'P',
@@ -150,20 +139,13 @@ async fn task(worker: Worker, kind: Kind) {
             Kind::Shared => 'R',
         };
         seq += 1;
-        let id = format!("{pid}.{index}.{seq}");
-        let guard = match torture::take_turn(acquire(&locker, name, role), &mut stop, &log, &max_wait).await {
+        let id = format!("{pid}.{}.{seq}", worker.index);
+        let guard = match worker.take_turn(acquire(&locker, name, role)).await {
             Turn::Held(guard) => guard,
             Turn::Failed => continue,
             Turn::Stop => return,
         };
-        let token = guard.fencing_token().expect("fencing is on");
-        log.line(format!("S {name} {id} {role} {token} {pid} {}", mono_ns()));
-        if guard.is_shared() != (role == 'R') {
-            log.line(format!(
-                "B {name} {id} {pid} is_shared()={} for role {role}",
-                guard.is_shared()
-            ));
-        }
+        worker.log.entered(name, &id, role, &guard);
         // Readers hold longer than writers, so that they overlap.
         let work_ms = match role {
             'R' => 2 + rng.below(25),
@@ -174,13 +156,7 @@ async fn task(worker: Worker, kind: Kind) {
             () = guard.lost() => Err(mono_ns()),
             o = section(&guard, work_ms) => o,
         };
-        match outcome {
-            Ok(ns) => log.line(format!("E {name} {id} {pid} {ns}")),
-            Err(ns) => {
-                let reason = torture::loss_reason(&guard).await;
-                log.line(format!("L {name} {id} {pid} {ns} {reason}"));
-            }
-        }
+        worker.log.left(name, &id, outcome, &guard).await;
         drop(guard);
         tokio::time::sleep(Duration::from_millis(rng.below(4))).await;
     }

@@ -66,23 +66,12 @@ async fn section(guard: &LockGuard, work_ms: u64) -> Result<u64, u64> {
     if lost || guard.is_lost() { Err(ns) } else { Ok(ns) }
 }
 
-async fn task(worker: Worker) {
-    let Worker {
-        locker,
-        log,
-        index,
-        mut stop,
-        max_wait,
-    } = worker;
-    let pid = std::process::id();
-    let mut rng = Rng::new((u64::from(pid) << 8) | index);
+async fn task(mut worker: Worker) {
+    let (pid, mut rng, locker) = (std::process::id(), worker.rng(), worker.locker.clone());
     let mut seq = 0u64;
-    loop {
-        if *stop.borrow() {
-            return;
-        }
+    while !worker.told_to_stop() {
         seq += 1;
-        let id = format!("{pid}.{index}.{seq}");
+        let id = format!("{pid}.{}.{seq}", worker.index);
         match rng.below(4) {
             0 | 1 => {
                 let role = if rng.below(2) == 0 { 'R' } else { 'W' };
@@ -93,48 +82,45 @@ async fn task(worker: Worker) {
                         locker.acquire(NAME).await
                     }
                 };
-                let guard = match torture::take_turn(acquire, &mut stop, &log, &max_wait).await {
+                let guard = match worker.take_turn(acquire).await {
                     Turn::Held(guard) => guard,
                     Turn::Failed => continue,
                     Turn::Stop => return,
                 };
-                let token = guard.fencing_token().expect("fencing is on");
-                log.line(format!("S {NAME} {id} {role} {token} {pid} {}", mono_ns()));
-                if guard.is_shared() != (role == 'R') {
-                    log.line(format!("B {NAME} {id} {pid} is_shared()={}", guard.is_shared()));
-                }
+                worker.log.entered(NAME, &id, role, &guard);
                 let work_ms = if role == 'R' {
                     2 + rng.below(25)
                 } else {
                     1 + rng.below(8)
                 };
-                match section(&guard, work_ms).await {
-                    Ok(ns) => log.line(format!("E {NAME} {id} {pid} {ns}")),
-                    Err(ns) => {
-                        let reason = torture::loss_reason(&guard).await;
-                        log.line(format!("L {NAME} {id} {pid} {ns} {reason}"));
-                    }
-                }
+                worker
+                    .log
+                    .left(NAME, &id, section(&guard, work_ms).await, &guard)
+                    .await;
                 drop(guard);
             }
             _ => {
                 let asked = Instant::now();
                 let up = tokio::select! {
                     r = locker.acquire_upgradable(NAME) => r,
-                    _ = stop.wait_for(|s| *s) => return,
+                    _ = worker.stop.wait_for(|s| *s) => return,
                 };
                 let up = match up {
                     Ok(up) => up,
                     Err(e) => {
-                        log.error(&e);
+                        worker.log.error(&e);
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
                 };
-                max_wait.fetch_max(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+                worker
+                    .max_wait
+                    .fetch_max(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
                 let token = up.guard().fencing_token().expect("fencing is on");
-                log.line(format!("S {NAME} {id}.0 U {token} {pid} {}", mono_ns()));
-                upgradable_chain(up, &log, &id, &mut rng).await;
+                worker
+                    .log
+                    .line(format!("S {NAME} {id}.0 U {token} {pid} {}", mono_ns()));
+                upgradable_chain(up, &worker.log, &id, &mut rng).await;
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.below(4))).await;
@@ -150,17 +136,9 @@ async fn upgradable_chain(mut up: UpgradableGuard, log: &Log, id: &str, rng: &mu
         // Upgradable: some reading, then (mostly) an upgrade.
         let this = format!("{id}.{k}");
         let kept = section(up.guard(), 1 + rng.below(10)).await;
-        match kept {
-            Err(ns) => {
-                let reason = torture::loss_reason(up.guard()).await;
-                log.line(format!("L {NAME} {this} {pid} {ns} {reason}"));
-                return;
-            }
-            Ok(ns) if rng.below(4) == 0 || k >= 6 => {
-                log.line(format!("E {NAME} {this} {pid} {ns}"));
-                return;
-            }
-            Ok(_) => {}
+        if kept.is_err() || rng.below(4) == 0 || k >= 6 {
+            log.left(NAME, &this, kept, up.guard()).await;
+            return;
         }
         let writer = match tokio::time::timeout(UPGRADE_BOUND, up.upgrade()).await {
             Ok(Ok(writer)) => writer,
@@ -183,8 +161,7 @@ async fn upgradable_chain(mut up: UpgradableGuard, log: &Log, id: &str, rng: &mu
         // let another holder in after the conversion.
         let ns = mono_ns();
         if writer.is_lost() {
-            let reason = torture::loss_reason(&writer).await;
-            log.line(format!("L {NAME} {this} {pid} {ns} {reason}"));
+            log.left(NAME, &this, Err(ns), &writer).await;
             return;
         }
         k += 1;
@@ -198,33 +175,28 @@ async fn upgradable_chain(mut up: UpgradableGuard, log: &Log, id: &str, rng: &mu
         }
         // Exclusive: some writing, then a downgrade or a release.
         let this = next;
-        match section(&writer, 1 + rng.below(8)).await {
-            Err(ns) => {
-                let reason = torture::loss_reason(&writer).await;
-                log.line(format!("L {NAME} {this} {pid} {ns} {reason}"));
+        let held = section(&writer, 1 + rng.below(8)).await;
+        let ns = match held {
+            Ok(ns) if rng.below(3) != 0 => ns,
+            _ => {
+                log.left(NAME, &this, held, &writer).await;
                 return;
             }
-            Ok(ns) if rng.below(3) == 0 => {
+        };
+        // From here on readers may join: the next section starts.
+        match writer.downgrade().await {
+            Ok(again) => {
+                k += 1;
+                let token = again.guard().fencing_token().expect("fencing is on");
                 log.line(format!("E {NAME} {this} {pid} {ns}"));
-                return;
+                log.line(format!("S {NAME} {id}.{k} U {token} {pid} {ns}"));
+                log.line(format!("DOWN {pid}"));
+                up = again;
             }
-            Ok(ns) => {
-                // From here on readers may join: the next section starts.
-                match writer.downgrade().await {
-                    Ok(again) => {
-                        k += 1;
-                        let token = again.guard().fencing_token().expect("fencing is on");
-                        log.line(format!("E {NAME} {this} {pid} {ns}"));
-                        log.line(format!("S {NAME} {id}.{k} U {token} {pid} {ns}"));
-                        log.line(format!("DOWN {pid}"));
-                        up = again;
-                    }
-                    Err(e) => {
-                        // Held exclusively until the call at least.
-                        end_with(log, &this, ns, &e);
-                        return;
-                    }
-                }
+            Err(e) => {
+                // Held exclusively until the call at least.
+                end_with(log, &this, ns, &e);
+                return;
             }
         }
     }

@@ -182,6 +182,23 @@ pub struct Worker {
     pub max_wait: Arc<AtomicU64>,
 }
 
+impl Worker {
+    /// The task's random numbers, seeded by its pid and index.
+    pub fn rng(&self) -> Rng {
+        Rng::new((u64::from(std::process::id()) << 8) | self.index)
+    }
+
+    /// Whether the parent said stop.
+    pub fn told_to_stop(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// [`take_turn`] with the task's stop signal, log and longest wait.
+    pub async fn take_turn(&mut self, acquire: impl Future<Output = leasehold::Result<LockGuard>>) -> Turn {
+        take_turn(acquire, &mut self.stop, &self.log, &self.max_wait).await
+    }
+}
+
 /// A child's body: `lockers` lockers on the child's backend, its tasks
 /// running `task` over them in turn until told to stop, then its summary
 /// (`Z`). The exit code: 1 if a task failed.
@@ -334,6 +351,33 @@ impl Log {
         let bytes = format!("{line}\n");
         let written = (&self.0).write(bytes.as_bytes()).expect("append to log");
         assert_eq!(written, bytes.len(), "short append to the log");
+    }
+
+    /// `S name id role token pid ns`: `guard`'s section `id` of `name`
+    /// begins, as `role`; and `B ...` if the guard is not of that role.
+    pub fn entered(&self, name: &str, id: &str, role: char, guard: &LockGuard) {
+        let pid = std::process::id();
+        let token = guard.fencing_token().expect("fencing is on");
+        self.line(format!("S {name} {id} {role} {token} {pid} {}", mono_ns()));
+        if guard.is_shared() != (role == 'R') {
+            self.line(format!(
+                "B {name} {id} {pid} is_shared()={} for role {role}",
+                guard.is_shared()
+            ));
+        }
+    }
+
+    /// `guard`'s section `id` of `name` ends at `held`'s moment: `E name
+    /// id pid ns` if it held (`Ok`), else `L name id pid ns reason`.
+    pub async fn left(&self, name: &str, id: &str, held: Result<u64, u64>, guard: &LockGuard) {
+        let pid = std::process::id();
+        match held {
+            Ok(ns) => self.line(format!("E {name} {id} {pid} {ns}")),
+            Err(ns) => {
+                let reason = loss_reason(guard).await;
+                self.line(format!("L {name} {id} {pid} {ns} {reason}"));
+            }
+        }
     }
 
     /// `X pid error`: an acquisition failed.
