@@ -17,7 +17,7 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::backend::{Attempt, Mode};
+use crate::backend::{Arm, Attempt, Mode};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::guard::{Grant, LockGuard, TokenStep};
@@ -27,6 +27,7 @@ use crate::name::LockName;
 use crate::owner::Owner;
 use crate::pool::blocking;
 use crate::queue::Queue;
+use crate::store::{Store, StoreLock};
 use crate::timer;
 
 /// How often a waiter that is woken by events checks anyway.
@@ -114,20 +115,15 @@ impl UpgradableGuard {
             let changed = queue.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let (store, n, keeper, l) = (
-                engine.store.clone(),
-                name.clone(),
-                engine.keeper().clone(),
-                Arc::clone(&lease),
-            );
-            let flight = engine.keeper().roll.enter(name.as_str())?;
-            let attempt = blocking(move || {
-                let _flight = flight;
-                let arm = |lock, tokens| keeper.hold(n.as_str(), Mode::Exclusive, lock, tokens);
-                let _ = failpoint!("upgrade.before_convert");
-                l.convert(|share| store.upgrade(&n, share, &arm))
-            })
-            .await??;
+            let attempt = convert(
+                &engine,
+                &name,
+                &lease,
+                Mode::Exclusive,
+                || failpoint!("upgrade.before_convert"),
+                |store, n, share, arm| store.upgrade(n, share, arm),
+            )
+            .await?;
             match attempt {
                 Attempt::Acquired(hold) => break hold,
                 Attempt::Busy { .. } if announced.is_none() => {
@@ -221,20 +217,15 @@ impl LockGuard {
             if lease.is_lost() {
                 return Err(lease.lost_error());
             }
-            let (store, n, keeper, l) = (
-                engine.store.clone(),
-                name.clone(),
-                engine.keeper().clone(),
-                Arc::clone(&lease),
-            );
-            let flight = engine.keeper().roll.enter(name.as_str())?;
-            let done = blocking(move || {
-                let _flight = flight;
-                let arm = |lock, tokens| keeper.hold(n.as_str(), Mode::Shared, lock, tokens);
-                let _ = failpoint!("downgrade.before_convert");
-                l.convert(|lock| store.downgrade(&n, lock, &arm))
-            })
-            .await??;
+            let done = convert(
+                &engine,
+                &name,
+                &lease,
+                Mode::Shared,
+                || failpoint!("downgrade.before_convert"),
+                |store, n, lock, arm| store.downgrade(n, lock, arm),
+            )
+            .await?;
             match done {
                 Some(hold) => break hold,
                 None => timer::sleep(Duration::from_millis(2)).await,
@@ -246,6 +237,36 @@ impl LockGuard {
         let share = returned(share)?;
         Ok(UpgradableGuard { share, engine })
     }
+}
+
+/// One conversion of `lease`'s lock by the store (`call`: its upgrade or
+/// its downgrade), off the runtime, in the flight roll: the new holding
+/// is armed as `mode`. The failpoint `before` runs before the lease is
+/// checked still held (a freeze there must find it lost).
+async fn convert<T: Send + 'static>(
+    engine: &Engine,
+    name: &LockName,
+    lease: &Arc<Lease>,
+    mode: Mode,
+    before: fn() -> std::io::Result<()>,
+    call: impl FnOnce(&Store, &LockName, &mut Option<StoreLock>, Arm<'_, StoreLock, Hold>) -> Result<T>
+    + Send
+    + 'static,
+) -> Result<T> {
+    let (store, n, keeper, l) = (
+        engine.store.clone(),
+        name.clone(),
+        engine.keeper().clone(),
+        Arc::clone(lease),
+    );
+    let flight = engine.keeper().roll.enter(name.as_str())?;
+    blocking(move || {
+        let _flight = flight;
+        let arm = |lock, tokens| keeper.hold(n.as_str(), mode, lock, tokens);
+        let _ = before();
+        l.convert(|lock| call(&store, &n, lock, &arm))
+    })
+    .await?
 }
 
 /// The engine of each exclusive lease made by an upgrade, for its

@@ -219,6 +219,17 @@ fn semaphore_forms_work_without_a_runtime() {
     assert!(returned, "every permit returned");
 }
 
+/// Asserts that a blocking form returned (for `name`) what its async
+/// `twin` returns on `runtime`.
+fn agree<T: PartialEq + std::fmt::Debug>(
+    runtime: &tokio::runtime::Runtime,
+    name: &str,
+    blocking: leasehold::Result<T>,
+    twin: impl std::future::Future<Output = leasehold::Result<T>>,
+) {
+    assert_eq!(blocking.unwrap(), runtime.block_on(twin).unwrap(), "{name}");
+}
+
 #[test]
 fn inspecting_forms_return_what_their_async_twins_return() {
     let dir = tempfile::tempdir().unwrap();
@@ -237,26 +248,10 @@ fn inspecting_forms_return_what_their_async_twins_return() {
     let stale = plant_stale(&one, "crashed");
 
     for name in ["ex", "readers", "permits", "crashed", "none"] {
-        assert_eq!(
-            one.blocking_holder(name).unwrap(),
-            runtime.block_on(one.holder(name)).unwrap(),
-            "{name}"
-        );
-        assert_eq!(
-            two.blocking_holders(name).unwrap(),
-            runtime.block_on(two.holders(name)).unwrap(),
-            "{name}"
-        );
-        assert_eq!(
-            one.blocking_inspect(name).unwrap(),
-            runtime.block_on(one.inspect(name)).unwrap(),
-            "{name}"
-        );
-        assert_eq!(
-            one.blocking_is_held(name).unwrap(),
-            runtime.block_on(one.is_held(name)).unwrap(),
-            "{name}"
-        );
+        agree(&runtime, name, one.blocking_holder(name), one.holder(name));
+        agree(&runtime, name, two.blocking_holders(name), two.holders(name));
+        agree(&runtime, name, one.blocking_inspect(name), one.inspect(name));
+        agree(&runtime, name, one.blocking_is_held(name), one.is_held(name));
     }
     assert_eq!(
         one.blocking_holder("ex").unwrap().and_then(|o| o.pid()),

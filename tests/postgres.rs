@@ -16,24 +16,11 @@ mod pg_server;
 #[path = "support/pgbouncer.rs"]
 mod pgbouncer;
 
+#[path = "support/pg_session.rs"]
+mod pg_session;
+
 use pg_server::{Server, SqlWorker};
-
-fn builder(server: &Server) -> LockerBuilder {
-    builder_at(&server.url())
-}
-
-fn builder_at(url: &str) -> LockerBuilder {
-    Locker::builder()
-        .postgres(url)
-        .lease(Duration::from_millis(900))
-        .renew_interval(Duration::from_millis(150))
-        .poll_interval(Duration::from_millis(50))
-}
-
-/// A unique name per test, so tests sharing an external server do not meet.
-fn unique(name: &str) -> String {
-    format!("{name}-{}", uuid::Uuid::new_v4().simple())
-}
+use pg_session::{quick_builder as builder, quick_builder_at as builder_at, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_api_on_a_server() {

@@ -10,47 +10,30 @@
 //! time (its own TTL) and killed by pid when its `ChildProc` is dropped.
 
 use std::path::{Path, PathBuf};
-#[cfg(unix)]
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[path = "support/common.rs"]
 mod common;
 
-use common::{ChildProc, PLAIN_ENV, append, entries, path_style_from_env, say, strategy_from_env};
+use common::clock::mono_ns;
+
+use common::{
+    ChildProc, PLAIN_ENV, Sec, append, entries, layout_label, path_style_from_env, say, sections,
+    strategy_from_env,
+};
+#[cfg(unix)]
+use common::{node, seed};
 #[cfg(unix)]
 use leasehold::PathStyle;
 use leasehold::{Locker, Strategy};
 #[cfg(unix)]
-use nix::sys::signal::{Signal, kill};
-#[cfg(unix)]
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 // ---------------------------------------------------------------- children
 
 #[test]
 fn child_process_entry() {
     common::child_entry_with(|role, args| async move { run_role(&role, &args).await });
-}
-
-/// A clock all processes share, in ns: `CLOCK_MONOTONIC` on Unix.
-#[cfg(unix)]
-fn mono_ns() -> u64 {
-    use nix::time::{ClockId, clock_gettime};
-    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("clock_gettime");
-    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
-}
-
-/// A clock all processes share, in ns: on Windows, where std offers no
-/// monotonic clock comparable between processes, the system time
-/// (`GetSystemTimePreciseAsFileTime`, 100 ns steps), which only a clock
-/// adjustment during the test could move.
-#[cfg(windows)]
-fn mono_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos() as u64
 }
 
 fn child_locker(dir: &str, lease_ms: u64) -> Locker {
@@ -206,14 +189,6 @@ fn kid_without_locker(strategy: Strategy, plain: bool, role: &str, args: &[&str]
     ChildProc::spawn_env(strategy, role, args, &env)
 }
 
-fn label(strategy: Strategy) -> &'static str {
-    if strategy == Strategy::Directory {
-        "dir"
-    } else {
-        "file"
-    }
-}
-
 fn parent_locker(dir: &Path, strategy: Strategy) -> Locker {
     Locker::builder()
         .directory(dir)
@@ -221,48 +196,6 @@ fn parent_locker(dir: &Path, strategy: Strategy) -> Locker {
         .poll_interval(Duration::from_millis(10))
         .build()
         .unwrap()
-}
-
-/// A section from a log: role, id, start, end (`None`: still open), and
-/// whether it ended lost.
-#[derive(Debug, Clone)]
-struct Sec {
-    role: char,
-    id: String,
-    start: u64,
-    end: Option<u64>,
-    lost: bool,
-}
-
-fn sections(log: &Path) -> (Vec<Sec>, Option<u64>) {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut secs: Vec<Sec> = Vec::new();
-    let mut asked = None;
-    for line in text.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        let ns: u64 = f[3].parse().unwrap();
-        match f[0] {
-            "A" => asked = Some(ns),
-            "S" => secs.push(Sec {
-                role: f[1].chars().next().unwrap(),
-                id: f[2].to_owned(),
-                start: ns,
-                end: None,
-                lost: false,
-            }),
-            "E" | "L" => {
-                let s = secs
-                    .iter_mut()
-                    .rev()
-                    .find(|s| s.id == f[2] && s.end.is_none())
-                    .unwrap_or_else(|| panic!("an end without a start: {line}"));
-                s.end = Some(ns);
-                s.lost = f[0] == "L";
-            }
-            _ => panic!("malformed log line {line:?}"),
-        }
-    }
-    (secs, asked)
 }
 
 /// The most sections of `role` in progress at once.
@@ -359,7 +292,7 @@ fn writer_is_not_starved(strategy: Strategy, lockers: u64) {
          {} at once overall, {at_ask} in progress when it asked, {after} after it), \
          longest reader hold {longest_hold_ms} ms; the writer waited {waited_ms} ms (bound {bound_ms} ms); \
          {:.1} s in all",
-        label(strategy),
+        layout_label(strategy),
         readers_done.len(),
         most_at_once(&secs, 'R'),
         began.elapsed().as_secs_f64()
@@ -435,7 +368,7 @@ fn a_killed_readers_share_is_freed_at_once() {
         let took = t0.elapsed();
         eprintln!(
             "a_killed_readers_share_is_freed_at_once [{}]: the writer got in {took:?} after the kill",
-            label(strategy)
+            layout_label(strategy)
         );
         assert!(!guard.is_shared());
         assert!(took < Duration::from_secs(2), "{strategy:?}: {took:?}");
@@ -496,7 +429,7 @@ fn a_frozen_readers_share_ends_with_its_lease() {
         eprintln!(
             "a_frozen_readers_share_ends_with_its_lease [{}]: the writer got in {took:?} after the stop \
              (lease {lease:?}); the continued reader saw its loss",
-            label(strategy)
+            layout_label(strategy)
         );
         drop(guard);
     }
@@ -608,60 +541,6 @@ fn readers_keep_the_plain_lock_path_taken_directory() {
 }
 
 // ------------------------------------------------- the seeds' own code
-
-// The seeds' drivers run under Node.js, and velocious's half needs the
-// directory layout, which Windows cannot lock.
-#[cfg(unix)]
-fn node() -> bool {
-    let ok = Command::new("node")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipped: node is not installed, so the seeds' code cannot run here");
-    }
-    ok
-}
-
-/// Runs a seed's driver (`tests/fixtures/<seed>/driver.mjs`), killed by pid
-/// if it outlives `within`; its output lines.
-#[cfg(unix)]
-fn seed(which: &str, dir: &Path, name: &str, mode: &[&str], within: Duration) -> Vec<String> {
-    let driver = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(which)
-        .join("driver.mjs");
-    let mut child = Command::new("node")
-        .arg(driver)
-        .arg(dir)
-        .arg(name)
-        .args(mode)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run node");
-    let deadline = Instant::now() + within;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
-            let _ = child.wait();
-            panic!("{which} {mode:?} still running after {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success() || mode[0] == "try_for",
-        "{which} {mode:?}: {out:?}"
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
 
 /// velocious's backend (directory layout, hashed names) and pi-research's
 /// `FileLockService` (a plain `<name>.lock` file) cannot take a name

@@ -71,21 +71,22 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use leasehold::{LockGuard, Locker};
+use leasehold::LockGuard;
 
 #[path = "support/torture.rs"]
 mod torture;
-use torture::{Arena, Backend, LEASE, Line, Log, Rng, Tally, Turn, count, env_or, mono_ns};
+use torture::{Arena, Backend, LEASE, Line, Tally, Turn, Worker, count, env_or, mono_ns};
 
 const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
 
 #[test]
 fn child_process_entry() {
-    torture::child_entry(|child| child_main(child.backend, child.work, child.tasks));
+    torture::child_entry(|child| {
+        let work = child.work.clone();
+        torture::run_tasks("torture", child, 1, move |worker| task(worker, work.clone()))
+    });
 }
 
 fn counter_path(work: &Path, name: &str) -> PathBuf {
@@ -141,53 +142,17 @@ enum Outcome {
     Fenced(u64, u64),
 }
 
-async fn child_main(backend: Backend, work: PathBuf, tasks: usize) -> i32 {
-    let locker = backend.locker(&work);
-    let log = Arc::new(Log::open(&work));
-    let stop_rx = torture::stop_signal(&work);
-    let max_wait = Arc::new(AtomicU64::new(0));
-    let handles: Vec<_> = (0..tasks)
-        .map(|i| {
-            tokio::spawn(task(
-                locker.clone(),
-                Arc::clone(&log),
-                work.clone(),
-                i as u64,
-                stop_rx.clone(),
-                Arc::clone(&max_wait),
-            ))
-        })
-        .collect();
-    let ok = torture::join_all("torture", handles).await;
-    // Written once the locker is dropped: the parent reads it as "done".
-    let stats = locker.stats();
-    drop(locker);
-    log.summary(&[stats], max_wait.load(Ordering::Relaxed));
-    if ok { 0 } else { 1 }
-}
-
-async fn task(
-    locker: Locker,
-    log: Arc<Log>,
-    work: PathBuf,
-    index: u64,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-    max_wait: Arc<AtomicU64>,
-) {
-    let pid = std::process::id();
-    let mut rng = Rng::new((u64::from(pid) << 8) | index);
-    loop {
-        if *stop.borrow() {
-            return;
-        }
+async fn task(mut worker: Worker, work: PathBuf) {
+    let (pid, mut rng, locker) = (std::process::id(), worker.rng(), worker.locker.clone());
+    while !worker.told_to_stop() {
         let name = NAMES[rng.below(NAMES.len() as u64) as usize];
-        let guard = match torture::take_turn(locker.acquire(name), &mut stop, &log, &max_wait).await {
+        let guard = match worker.take_turn(locker.acquire(name)).await {
             Turn::Held(guard) => guard,
             Turn::Failed => continue,
             Turn::Stop => return,
         };
         let token = guard.fencing_token().expect("fencing is on");
-        log.line(format!("S {name} {token} {pid} {}", mono_ns()));
+        worker.log.line(format!("S {name} {token} {pid} {}", mono_ns()));
         let work_ms = 1 + rng.below(12);
         let (counter, commit_lock) = (counter_path(&work, name), commit_lock_path(&work, name));
         let outcome = tokio::select! {
@@ -195,12 +160,12 @@ async fn task(
             o = section(&guard, &counter, &commit_lock, token, work_ms) => o,
         };
         match outcome {
-            Outcome::Committed(ns) => log.line(format!("E {name} {token} {pid} {ns}")),
+            Outcome::Committed(ns) => worker.log.line(format!("E {name} {token} {pid} {ns}")),
             Outcome::Lost(ns) => {
                 let reason = torture::loss_reason(&guard).await;
-                log.line(format!("L {name} {token} {pid} {ns} {reason}"));
+                worker.log.line(format!("L {name} {token} {pid} {ns} {reason}"));
             }
-            Outcome::Fenced(ns, found) => log.line(format!("F {name} {token} {pid} {ns} {found}")),
+            Outcome::Fenced(ns, found) => worker.log.line(format!("F {name} {token} {pid} {ns} {found}")),
         }
         drop(guard);
         tokio::time::sleep(Duration::from_millis(rng.below(4))).await;
@@ -499,8 +464,7 @@ fn torture(backend: Backend) {
          holds {} (committed {}, lost {} {lost_reasons:?}, fenced out {} [excused {fenced_excused}], cut by kill {killed_in_section})\n  \
          kills {} pauses {} sessions ended {terminations} acquire errors {errors:?}\n  \
          successors of killed holders {after_kill}, of lost holders {after_loss}, overlaps with a lost holder {overlaps_excused}\n  \
-         survivors' stats: acquisitions {} handoffs {} reclaimed dead {} reclaimed expired {} lost {}; max wait {:.1} ms\n  \
-         stopped in {:.2} s; reclaimed at the end {cleaned}, left behind {}\n  \
+         {}\n  \
          overlaps found: {overlaps_found}, lost updates: {lost_updates}, tokens out of order: {out_of_order}, violations: {}",
         arena.began.elapsed().as_secs_f64(),
         count("S "),
@@ -509,14 +473,7 @@ fn torture(backend: Backend) {
         count("F "),
         chaos.kills.len(),
         pauses.len(),
-        tally.sum(0),
-        tally.sum(1),
-        tally.sum(2),
-        tally.sum(3),
-        tally.sum(4),
-        tally.max_wait_ms(),
-        chaos.stop_time.as_secs_f64(),
-        left.len(),
+        tally.survivors(&chaos, cleaned, &left),
         tally.problems.len(),
     );
     arena.fail_on(&tally.problems);

@@ -78,17 +78,14 @@
 //! - `Z pid acquisitions handoffs reclaimed_dead reclaimed_expired lost max_wait_us`:
 //!   a child's summary on a clean exit (both its lockers summed).
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use leasehold::{Error, LockGuard, Locker};
 
 #[path = "support/torture.rs"]
 mod torture;
-use torture::{Arena, Backend, LEASE, Line, Log, Rng, Tally, Turn, count, env_or, mono_ns};
+use torture::{Arena, Backend, End, LEASE, Section, Tally, Turn, Worker, count, env_or, mono_ns};
 
 /// `shared` or `semaphore`.
 const KIND_ENV: &str = "LEASEHOLD_TORTURE_SHARED_CHILD_KIND";
@@ -124,52 +121,16 @@ fn child_process_entry() {
             "shared" => Kind::Shared,
             _ => Kind::Semaphore,
         };
-        child_main(child.backend, kind, child.work, child.tasks)
+        // Two lockers per process: the shared guards of one Locker share
+        // one hold, those of two do not, and both ways must exclude writers.
+        torture::run_tasks("torture_shared", child, 2, move |worker| task(worker, kind))
     });
 }
 
-async fn child_main(backend: Backend, kind: Kind, work: PathBuf, tasks: usize) -> i32 {
-    // Two lockers per process: the shared guards of one Locker share one
-    // hold, those of two do not, and both ways must exclude writers.
-    let lockers: Vec<Locker> = (0..2).map(|_| backend.locker(&work)).collect();
-    let log = Arc::new(Log::open(&work));
-    let stop_rx = torture::stop_signal(&work);
-    let max_wait = Arc::new(AtomicU64::new(0));
-    let handles: Vec<_> = (0..tasks)
-        .map(|i| {
-            tokio::spawn(task(
-                lockers[i % lockers.len()].clone(),
-                kind,
-                Arc::clone(&log),
-                i as u64,
-                stop_rx.clone(),
-                Arc::clone(&max_wait),
-            ))
-        })
-        .collect();
-    let ok = torture::join_all("torture_shared", handles).await;
-    let stats: Vec<_> = lockers.iter().map(Locker::stats).collect();
-    // Written once the lockers are dropped: the parent reads it as "done".
-    drop(lockers);
-    log.summary(&stats, max_wait.load(Ordering::Relaxed));
-    if ok { 0 } else { 1 }
-}
-
-async fn task(
-    locker: Locker,
-    kind: Kind,
-    log: Arc<Log>,
-    index: u64,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-    max_wait: Arc<AtomicU64>,
-) {
-    let pid = std::process::id();
-    let mut rng = Rng::new((u64::from(pid) << 8) | index);
+async fn task(mut worker: Worker, kind: Kind) {
+    let (pid, mut rng, locker) = (std::process::id(), worker.rng(), worker.locker.clone());
     let mut seq = 0u64;
-    loop {
-        if *stop.borrow() {
-            return;
-        }
+    while !worker.told_to_stop() {
         let name = NAMES[rng.below(NAMES.len() as u64) as usize];
         let role = match kind {
             Kind::Semaphore => 'P',
@@ -178,20 +139,13 @@ async fn task(
             Kind::Shared => 'R',
         };
         seq += 1;
-        let id = format!("{pid}.{index}.{seq}");
-        let guard = match torture::take_turn(acquire(&locker, name, role), &mut stop, &log, &max_wait).await {
+        let id = format!("{pid}.{}.{seq}", worker.index);
+        let guard = match worker.take_turn(acquire(&locker, name, role)).await {
             Turn::Held(guard) => guard,
             Turn::Failed => continue,
             Turn::Stop => return,
         };
-        let token = guard.fencing_token().expect("fencing is on");
-        log.line(format!("S {name} {id} {role} {token} {pid} {}", mono_ns()));
-        if guard.is_shared() != (role == 'R') {
-            log.line(format!(
-                "B {name} {id} {pid} is_shared()={} for role {role}",
-                guard.is_shared()
-            ));
-        }
+        worker.log.entered(name, &id, role, &guard);
         // Readers hold longer than writers, so that they overlap.
         let work_ms = match role {
             'R' => 2 + rng.below(25),
@@ -202,13 +156,7 @@ async fn task(
             () = guard.lost() => Err(mono_ns()),
             o = section(&guard, work_ms) => o,
         };
-        match outcome {
-            Ok(ns) => log.line(format!("E {name} {id} {pid} {ns}")),
-            Err(ns) => {
-                let reason = torture::loss_reason(&guard).await;
-                log.line(format!("L {name} {id} {pid} {ns} {reason}"));
-            }
-        }
+        worker.log.left(name, &id, outcome, &guard).await;
         drop(guard);
         tokio::time::sleep(Duration::from_millis(rng.below(4))).await;
     }
@@ -231,36 +179,6 @@ async fn section(guard: &LockGuard, work_ms: u64) -> Result<u64, u64> {
 }
 
 // ---------------------------------------------------------------- parent
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    Committed,
-    Lost,
-    /// No end line: its process was killed.
-    Killed,
-}
-
-#[derive(Debug, Clone)]
-struct Section {
-    id: String,
-    role: char,
-    token: u64,
-    pid: u32,
-    start: u64,
-    /// The last moment the holder may have acted as holder.
-    end: u64,
-    how: End,
-}
-
-impl std::fmt::Display for Section {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {} token {} pid {} [{}, {}] {:?}",
-            self.role, self.id, self.token, self.pid, self.start, self.end, self.how
-        )
-    }
-}
 
 /// Whether `x` was acquired before `y`, by their fencing tokens: every
 /// exclusive acquisition (and every permit) takes a new, greater token; a
@@ -288,84 +206,12 @@ fn torture(kind: Kind, backend: Backend) {
 
     // The log.
     let text = arena.log();
-    // id -> (name, role, token, pid, start)
-    let mut starts: BTreeMap<String, (String, char, u64, u32, u64)> = BTreeMap::new();
-    let mut ends: HashMap<String, (End, u64)> = HashMap::new();
     let mut tally = Tally::default();
-    for line in text.lines() {
-        let line = Line::new(line);
-        let (f, num) = (&line.f, |i| line.num(i));
-        match f[0] {
-            "S" => {
-                let role = f[3].chars().next().unwrap();
-                let entry = (f[1].to_owned(), role, num(4), num(5) as u32, num(6));
-                if starts.insert(f[2].to_owned(), entry).is_some() {
-                    tally.problems.push(format!("section id {} logged twice", f[2]));
-                }
-            }
-            "E" | "L" => {
-                let how = if f[0] == "E" { End::Committed } else { End::Lost };
-                if how == End::Lost {
-                    tally.lost(f.get(5).copied().unwrap_or(""));
-                }
-                if ends.insert(f[2].to_owned(), (how, num(4))).is_some() {
-                    tally.problems.push(format!("section id {} ended twice", f[2]));
-                }
-            }
-            "B" => tally.problems.push(format!("wrong kind of guard: {}", line.text)),
-            _ => tally.other(&arena, &line),
-        }
+    let mut by_name: BTreeMap<String, Vec<Section>> = BTreeMap::new();
+    for section in torture::sections(&arena, &chaos, &mut tally, &text, &[]) {
+        by_name.entry(section.name.clone()).or_default().push(section);
     }
     let problems = &mut tally.problems;
-    // A killed section that was stopped after it began, for longer than
-    // the lease (every stop is), acted as holder only until that stop:
-    // once continued, its lease had run out, so its next look
-    // (`is_lost()`) would have said `L` had it not been killed first.
-    // Not on a server: there a paused holder keeps its lock through the
-    // stop (see *PostgreSQL* above), so nobody may enter before the kill
-    // (or the stop it was killed in) ended its session.
-    let first_stop_after = |pid: u32, start: u64| -> Option<u64> {
-        if !backend.leases_run_out_under_paused_holders() {
-            return None;
-        }
-        pauses
-            .iter()
-            .filter(|p| p.pid == pid && p.after >= start)
-            .map(|p| p.after)
-            .min()
-    };
-    let mut by_name: BTreeMap<String, Vec<Section>> = BTreeMap::new();
-    for (id, (name, role, token, pid, start)) in &starts {
-        let (how, end) = match ends.get(id) {
-            Some((how, ns)) => (*how, *ns),
-            None => match chaos.silenced(*pid) {
-                Some(at) => (
-                    End::Killed,
-                    first_stop_after(*pid, *start).map_or(at, |stop| stop.min(at)),
-                ),
-                None => {
-                    problems.push(format!(
-                        "{name} {id}: pid {pid} entered, was never killed, and never left"
-                    ));
-                    continue;
-                }
-            },
-        };
-        by_name.entry(name.clone()).or_default().push(Section {
-            id: id.clone(),
-            role: *role,
-            token: *token,
-            pid: *pid,
-            start: *start,
-            end,
-            how,
-        });
-    }
-    for id in ends.keys() {
-        if !starts.contains_key(id) {
-            problems.push(format!("section {id}: an end without a start"));
-        }
-    }
 
     let mut overlaps_excused = 0u64;
     let mut overlaps_found = 0u64;
@@ -487,8 +333,7 @@ fn torture(kind: Kind, backend: Backend) {
          kills {} pauses {} sessions ended {terminations} acquire errors {errors:?}\n  \
          reader/reader overlaps {reader_overlaps} (most readers at once {max_readers}), \
          most permits at once {max_permits}, overlaps excused by a loss {overlaps_excused}\n  \
-         survivors' stats: acquisitions {} handoffs {} reclaimed dead {} reclaimed expired {} lost {}; max wait {:.1} ms\n  \
-         stopped in {:.2} s; reclaimed at the end {cleaned}, left behind {}\n  \
+         {}\n  \
          overlaps found: {overlaps_found}, entries out of order: {out_of_order}, violations: {}",
         arena.began.elapsed().as_secs_f64(),
         count("S "),
@@ -499,14 +344,7 @@ fn torture(kind: Kind, backend: Backend) {
         count("L "),
         chaos.kills.len(),
         pauses.len(),
-        tally.sum(0),
-        tally.sum(1),
-        tally.sum(2),
-        tally.sum(3),
-        tally.sum(4),
-        tally.max_wait_ms(),
-        chaos.stop_time.as_secs_f64(),
-        left.len(),
+        tally.survivors(&chaos, cleaned, &left),
         tally.problems.len(),
     );
     arena.fail_on(&tally.problems);

@@ -36,17 +36,14 @@
 // `upgradable_locks_are_refused_on_windows`).
 #![cfg(unix)]
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use leasehold::{LockGuard, Locker, UpgradableGuard};
+use leasehold::{LockGuard, UpgradableGuard};
 
 #[path = "support/torture.rs"]
 mod torture;
-use torture::{Arena, Backend, Line, Log, Rng, Tally, Turn, count, env_or, mono_ns};
+use torture::{Arena, Backend, End, Log, Rng, Section, Tally, Turn, Worker, count, env_or, mono_ns};
 
 const NAME: &str = "alpha";
 /// No upgrade waits this long: a reader it waits for is at most stopped
@@ -55,30 +52,7 @@ const UPGRADE_BOUND: Duration = Duration::from_secs(15);
 
 #[test]
 fn child_process_entry() {
-    torture::child_entry(|child| child_main(child.backend, child.work, child.tasks));
-}
-
-async fn child_main(backend: Backend, work: PathBuf, tasks: usize) -> i32 {
-    let lockers: Vec<Locker> = (0..2).map(|_| backend.locker(&work)).collect();
-    let log = Arc::new(Log::open(&work));
-    let stop_rx = torture::stop_signal(&work);
-    let max_wait = Arc::new(AtomicU64::new(0));
-    let handles: Vec<_> = (0..tasks)
-        .map(|i| {
-            tokio::spawn(task(
-                lockers[i % lockers.len()].clone(),
-                Arc::clone(&log),
-                i as u64,
-                stop_rx.clone(),
-                Arc::clone(&max_wait),
-            ))
-        })
-        .collect();
-    let ok = torture::join_all("torture_upgradable", handles).await;
-    let stats: Vec<_> = lockers.iter().map(Locker::stats).collect();
-    drop(lockers);
-    log.summary(&stats, max_wait.load(Ordering::Relaxed));
-    if ok { 0 } else { 1 }
+    torture::child_entry(|child| torture::run_tasks("torture_upgradable", child, 2, task));
 }
 
 /// Work under a guard: `Ok(ns)` (the last moment known held, before the
@@ -92,22 +66,12 @@ async fn section(guard: &LockGuard, work_ms: u64) -> Result<u64, u64> {
     if lost || guard.is_lost() { Err(ns) } else { Ok(ns) }
 }
 
-async fn task(
-    locker: Locker,
-    log: Arc<Log>,
-    index: u64,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-    max_wait: Arc<AtomicU64>,
-) {
-    let pid = std::process::id();
-    let mut rng = Rng::new((u64::from(pid) << 8) | index);
+async fn task(mut worker: Worker) {
+    let (pid, mut rng, locker) = (std::process::id(), worker.rng(), worker.locker.clone());
     let mut seq = 0u64;
-    loop {
-        if *stop.borrow() {
-            return;
-        }
+    while !worker.told_to_stop() {
         seq += 1;
-        let id = format!("{pid}.{index}.{seq}");
+        let id = format!("{pid}.{}.{seq}", worker.index);
         match rng.below(4) {
             0 | 1 => {
                 let role = if rng.below(2) == 0 { 'R' } else { 'W' };
@@ -118,48 +82,45 @@ async fn task(
                         locker.acquire(NAME).await
                     }
                 };
-                let guard = match torture::take_turn(acquire, &mut stop, &log, &max_wait).await {
+                let guard = match worker.take_turn(acquire).await {
                     Turn::Held(guard) => guard,
                     Turn::Failed => continue,
                     Turn::Stop => return,
                 };
-                let token = guard.fencing_token().expect("fencing is on");
-                log.line(format!("S {NAME} {id} {role} {token} {pid} {}", mono_ns()));
-                if guard.is_shared() != (role == 'R') {
-                    log.line(format!("B {NAME} {id} {pid} is_shared()={}", guard.is_shared()));
-                }
+                worker.log.entered(NAME, &id, role, &guard);
                 let work_ms = if role == 'R' {
                     2 + rng.below(25)
                 } else {
                     1 + rng.below(8)
                 };
-                match section(&guard, work_ms).await {
-                    Ok(ns) => log.line(format!("E {NAME} {id} {pid} {ns}")),
-                    Err(ns) => {
-                        let reason = torture::loss_reason(&guard).await;
-                        log.line(format!("L {NAME} {id} {pid} {ns} {reason}"));
-                    }
-                }
+                worker
+                    .log
+                    .left(NAME, &id, section(&guard, work_ms).await, &guard)
+                    .await;
                 drop(guard);
             }
             _ => {
                 let asked = Instant::now();
                 let up = tokio::select! {
                     r = locker.acquire_upgradable(NAME) => r,
-                    _ = stop.wait_for(|s| *s) => return,
+                    _ = worker.stop.wait_for(|s| *s) => return,
                 };
                 let up = match up {
                     Ok(up) => up,
                     Err(e) => {
-                        log.error(&e);
+                        worker.log.error(&e);
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
                 };
-                max_wait.fetch_max(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
+                worker
+                    .max_wait
+                    .fetch_max(asked.elapsed().as_micros() as u64, Ordering::Relaxed);
                 let token = up.guard().fencing_token().expect("fencing is on");
-                log.line(format!("S {NAME} {id}.0 U {token} {pid} {}", mono_ns()));
-                upgradable_chain(up, &log, &id, &mut rng).await;
+                worker
+                    .log
+                    .line(format!("S {NAME} {id}.0 U {token} {pid} {}", mono_ns()));
+                upgradable_chain(up, &worker.log, &id, &mut rng).await;
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.below(4))).await;
@@ -175,17 +136,9 @@ async fn upgradable_chain(mut up: UpgradableGuard, log: &Log, id: &str, rng: &mu
         // Upgradable: some reading, then (mostly) an upgrade.
         let this = format!("{id}.{k}");
         let kept = section(up.guard(), 1 + rng.below(10)).await;
-        match kept {
-            Err(ns) => {
-                let reason = torture::loss_reason(up.guard()).await;
-                log.line(format!("L {NAME} {this} {pid} {ns} {reason}"));
-                return;
-            }
-            Ok(ns) if rng.below(4) == 0 || k >= 6 => {
-                log.line(format!("E {NAME} {this} {pid} {ns}"));
-                return;
-            }
-            Ok(_) => {}
+        if kept.is_err() || rng.below(4) == 0 || k >= 6 {
+            log.left(NAME, &this, kept, up.guard()).await;
+            return;
         }
         let writer = match tokio::time::timeout(UPGRADE_BOUND, up.upgrade()).await {
             Ok(Ok(writer)) => writer,
@@ -208,8 +161,7 @@ async fn upgradable_chain(mut up: UpgradableGuard, log: &Log, id: &str, rng: &mu
         // let another holder in after the conversion.
         let ns = mono_ns();
         if writer.is_lost() {
-            let reason = torture::loss_reason(&writer).await;
-            log.line(format!("L {NAME} {this} {pid} {ns} {reason}"));
+            log.left(NAME, &this, Err(ns), &writer).await;
             return;
         }
         k += 1;
@@ -223,33 +175,28 @@ async fn upgradable_chain(mut up: UpgradableGuard, log: &Log, id: &str, rng: &mu
         }
         // Exclusive: some writing, then a downgrade or a release.
         let this = next;
-        match section(&writer, 1 + rng.below(8)).await {
-            Err(ns) => {
-                let reason = torture::loss_reason(&writer).await;
-                log.line(format!("L {NAME} {this} {pid} {ns} {reason}"));
+        let held = section(&writer, 1 + rng.below(8)).await;
+        let ns = match held {
+            Ok(ns) if rng.below(3) != 0 => ns,
+            _ => {
+                log.left(NAME, &this, held, &writer).await;
                 return;
             }
-            Ok(ns) if rng.below(3) == 0 => {
+        };
+        // From here on readers may join: the next section starts.
+        match writer.downgrade().await {
+            Ok(again) => {
+                k += 1;
+                let token = again.guard().fencing_token().expect("fencing is on");
                 log.line(format!("E {NAME} {this} {pid} {ns}"));
-                return;
+                log.line(format!("S {NAME} {id}.{k} U {token} {pid} {ns}"));
+                log.line(format!("DOWN {pid}"));
+                up = again;
             }
-            Ok(ns) => {
-                // From here on readers may join: the next section starts.
-                match writer.downgrade().await {
-                    Ok(again) => {
-                        k += 1;
-                        let token = again.guard().fencing_token().expect("fencing is on");
-                        log.line(format!("E {NAME} {this} {pid} {ns}"));
-                        log.line(format!("S {NAME} {id}.{k} U {token} {pid} {ns}"));
-                        log.line(format!("DOWN {pid}"));
-                        up = again;
-                    }
-                    Err(e) => {
-                        // Held exclusively until the call at least.
-                        end_with(log, &this, ns, &e);
-                        return;
-                    }
-                }
+            Err(e) => {
+                // Held exclusively until the call at least.
+                end_with(log, &this, ns, &e);
+                return;
             }
         }
     }
@@ -278,34 +225,6 @@ fn end_with(log: &Log, id: &str, ns: u64, error: &leasehold::Error) {
 
 // ---------------------------------------------------------------- parent
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    Committed,
-    Lost,
-    Killed,
-}
-
-#[derive(Debug, Clone)]
-struct Section {
-    id: String,
-    role: char,
-    token: u64,
-    pid: u32,
-    start: u64,
-    end: u64,
-    how: End,
-}
-
-impl std::fmt::Display for Section {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {} token {} pid {} [{}, {}] {:?}",
-            self.role, self.id, self.token, self.pid, self.start, self.end, self.how
-        )
-    }
-}
-
 fn exclusive(role: char) -> bool {
     role == 'W' || role == 'X'
 }
@@ -329,81 +248,11 @@ fn torture(backend: Backend) {
     let arena = Arena::new("torture_upgradable", backend, backend.label().to_owned());
     let label = &arena.label;
     let chaos = arena.chaos(procs, tasks, secs, &[]);
-    let pauses = &chaos.pauses;
     let (cleaned, left) = arena.leftovers(|_| async { Vec::new() });
 
     let text = arena.log();
-    let mut starts: BTreeMap<String, (char, u64, u32, u64)> = BTreeMap::new();
-    let mut ends: HashMap<String, (End, u64)> = HashMap::new();
     let mut tally = Tally::default();
-    for line in text.lines() {
-        let line = Line::new(line);
-        let (f, num) = (&line.f, |i| line.num(i));
-        match f[0] {
-            "S" => {
-                let role = f[3].chars().next().unwrap();
-                if starts
-                    .insert(f[2].to_owned(), (role, num(4), num(5) as u32, num(6)))
-                    .is_some()
-                {
-                    tally.problems.push(format!("section id {} logged twice", f[2]));
-                }
-            }
-            "E" | "L" => {
-                let how = if f[0] == "E" { End::Committed } else { End::Lost };
-                if how == End::Lost {
-                    tally.lost(f.get(5).copied().unwrap_or(""));
-                }
-                if ends.insert(f[2].to_owned(), (how, num(4))).is_some() {
-                    tally.problems.push(format!("section id {} ended twice", f[2]));
-                }
-            }
-            "B" => tally.problems.push(format!("wrong: {}", line.text)),
-            "UP" | "DOWN" => {}
-            _ => tally.other(&arena, &line),
-        }
-    }
-    let first_stop_after = |pid: u32, start: u64| -> Option<u64> {
-        pauses
-            .iter()
-            .filter(|p| p.pid == pid && p.after >= start)
-            .map(|p| p.after)
-            .min()
-    };
-    let mut sections: Vec<Section> = Vec::new();
-    for (id, (role, token, pid, start)) in &starts {
-        let (how, end) = match ends.get(id) {
-            Some((how, ns)) => (*how, *ns),
-            None => match chaos.silenced(*pid) {
-                Some(at) => (
-                    End::Killed,
-                    first_stop_after(*pid, *start).map_or(at, |stop| stop.min(at)),
-                ),
-                None => {
-                    tally.problems.push(format!(
-                        "{id}: pid {pid} entered, was never killed, and never left"
-                    ));
-                    continue;
-                }
-            },
-        };
-        sections.push(Section {
-            id: id.clone(),
-            role: *role,
-            token: *token,
-            pid: *pid,
-            start: *start,
-            end,
-            how,
-        });
-    }
-    for id in ends.keys() {
-        if !starts.contains_key(id) {
-            tally
-                .problems
-                .push(format!("section {id}: an end without a start"));
-        }
-    }
+    let mut sections = torture::sections(&arena, &chaos, &mut tally, &text, &["UP", "DOWN"]);
     sections.sort_by_key(|s| (s.start, s.token));
 
     let (mut overlaps_excused, mut overlaps_found) = (0u64, 0u64);
@@ -457,8 +306,7 @@ fn torture(backend: Backend) {
          kills {} pauses {} acquire errors {:?}\n  \
          reader/reader overlaps {reader_overlaps}, reader/upgradable overlaps {reader_upgradable_overlaps}, \
          overlaps excused by a loss {overlaps_excused}\n  \
-         survivors' stats: acquisitions {} reclaimed dead {} reclaimed expired {} lost {}; max wait {:.1} ms\n  \
-         stopped in {:.2} s; reclaimed at the end {cleaned}, left behind {}\n  \
+         {}\n  \
          overlaps found: {overlaps_found}, violations: {}",
         arena.began.elapsed().as_secs_f64(),
         sections.len(),
@@ -470,15 +318,9 @@ fn torture(backend: Backend) {
         count(&text, "L "),
         tally.lost_reasons,
         chaos.kills.len(),
-        pauses.len(),
+        chaos.pauses.len(),
         tally.errors,
-        tally.sum(0),
-        tally.sum(2),
-        tally.sum(3),
-        tally.sum(4),
-        tally.max_wait_ms(),
-        chaos.stop_time.as_secs_f64(),
-        left.len(),
+        tally.survivors(&chaos, cleaned, &left),
         tally.problems.len(),
     );
     arena.fail_on(&tally.problems);

@@ -8,20 +8,23 @@
 
 #![cfg(unix)] // SIGSTOP, /proc, the directory layout.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use leasehold::{Locker, PathStyle, Strategy};
+use leasehold::{LockGuard, Locker, PathStyle, Strategy};
+use nix::sys::signal::Signal;
 
-#[path = "support/reexec.rs"]
-mod reexec;
+#[path = "support/common.rs"]
+mod common;
+
+use common::{ChildProc, say};
 
 const NAME: &str = "n";
-const ROLE_ENV: &str = "LEASEHOLD_UPATTACK_ROLE";
-const DIR_ENV: &str = "LEASEHOLD_UPATTACK_DIR";
+/// How long a child role that holds on waits before it ends.
+#[cfg(feature = "failpoints")]
 const CHILD_TTL: Duration = Duration::from_secs(40);
+/// How long a child may take to say something, or to stop.
+const CHILD_WITHIN: Duration = Duration::from_secs(20);
 
 fn locker(dir: &Path, strategy: Strategy, lease: Duration, renew: Duration) -> Locker {
     Locker::builder()
@@ -119,6 +122,7 @@ async fn a_frozen_readers_late_marker_write_does_not_unlock_the_upgraded_lock_di
 
 /// The record at the lock path: the lock file, or the lock directory's
 /// `owner.json`.
+#[cfg(feature = "failpoints")]
 fn read_record(dir: &Path, strategy: Strategy) -> String {
     let path = match strategy {
         Strategy::Directory => lock_path(dir).join("owner.json"),
@@ -140,8 +144,8 @@ async fn frozen_readers_late_marker_write(strategy: Strategy) {
         Strategy::Directory => "frozen-reader-dir",
         _ => "frozen-reader",
     };
-    let reader = Proc::spawn(role, dir.path());
-    reader.expect("joined");
+    let reader = spawn(role, dir.path());
+    reader.expect("joined", CHILD_WITHIN);
     // Hold the name's mutation lock, so the reader's renewals sign the
     // marker without it; then let it arm its stop.
     let mutex = std::fs::OpenOptions::new()
@@ -153,14 +157,7 @@ async fn frozen_readers_late_marker_write(strategy: Strategy) {
         .unwrap();
     mutex.lock().unwrap();
     std::fs::write(dir.path().join("go"), b"").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !reader.stopped() {
-        assert!(
-            Instant::now() < deadline,
-            "the reader never reached its unlocked signing"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    reader.wait_stopped("reader (in its unlocked signing)", Duration::from_secs(15));
     mutex.unlock().unwrap();
     drop(mutex);
     // A writer waits meanwhile (its announcement keeps the members
@@ -181,7 +178,7 @@ async fn frozen_readers_late_marker_write(strategy: Strategy) {
     );
 
     // The reader runs again, and finishes its write.
-    reader.cont();
+    reader.signal(Signal::SIGCONT);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     assert!(
@@ -217,20 +214,16 @@ async fn frozen_readers_late_marker_write(strategy: Strategy) {
 #[test]
 fn a_lock_file_keeps_its_flock_through_a_downgrade() {
     let dir = tempfile::tempdir().unwrap();
-    let child = Proc::spawn("downgrader", dir.path());
-    child.expect("upgraded");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !child.stopped() {
-        assert!(Instant::now() < deadline, "the downgrader never stopped");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = spawn("downgrader", dir.path());
+    child.expect("upgraded", CHILD_WITHIN);
+    child.wait_stopped("downgrader", Duration::from_secs(15));
     // Frozen at `downgrade.before_marker`: the lock path's record is the
     // exclusive one still; its holder is alive.
     let file = std::fs::File::open(lock_path(dir.path())).unwrap();
     let text = std::fs::read_to_string(lock_path(dir.path())).unwrap();
     assert!(!text.contains("\"mode\""), "still the exclusive record: {text}");
     let free = file.try_lock().is_ok();
-    child.cont();
+    child.signal(Signal::SIGCONT);
     assert!(
         !free,
         "the lock file's flock was free while its holder (alive, downgrading) held it"
@@ -242,27 +235,35 @@ fn a_lock_file_keeps_its_flock_through_a_downgrade() {
 /// Lease of the frozen holders below.
 const SHORT_LEASE: Duration = Duration::from_millis(800);
 
-/// What the child said of its conversion, once it ran again.
-#[allow(dead_code)]
-fn conversion_after_a_freeze(role: &str, way: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let child = Proc::spawn(role, dir.path());
-    child.expect("armed");
-    child.wait_stopped(way);
-    // The frozen holder's new lease runs out; a writer of another process
-    // gets the name (the holder is frozen after its conversion, with
-    // nothing locked but its new holding).
+/// A writer of another process (this one) takes the name within ten
+/// seconds while the child holder (the `frozen` of the panic) is frozen;
+/// with the runtime its guard lives on.
+fn writer_gets_in(dir: &Path, frozen: &str) -> (tokio::runtime::Runtime, LockGuard) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let other = locker(dir.path(), Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
+    let other = locker(dir, Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
     let writer = rt
         .block_on(other.acquire_timeout(NAME, Duration::from_secs(10)))
-        .unwrap_or_else(|e| panic!("no writer got in while the {way} was frozen: {e}"));
+        .unwrap_or_else(|e| panic!("no writer got in while the {frozen} was frozen: {e}"));
+    (rt, writer)
+}
+
+/// What the child said of its conversion, once it ran again.
+#[allow(dead_code)]
+fn conversion_after_a_freeze(role: &str, way: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let child = spawn(role, dir.path());
+    child.expect("armed", CHILD_WITHIN);
+    child.wait_stopped(way, Duration::from_secs(15));
+    // The frozen holder's new lease runs out; a writer of another process
+    // gets the name (the holder is frozen after its conversion, with
+    // nothing locked but its new holding).
+    let (_rt, writer) = writer_gets_in(dir.path(), way);
     assert!(!writer.is_lost());
-    child.cont();
-    let said = child.next_line();
+    child.signal(Signal::SIGCONT);
+    let said = child.next_line(CHILD_WITHIN);
     drop(writer);
     assert_eq!(
         said, "lost",
@@ -319,21 +320,14 @@ fn a_downgrade_frozen_before_its_conversion_past_its_lease_is_lost() {
 #[test]
 fn a_downgraded_holding_frozen_past_its_lease_counts_itself_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let child = Proc::spawn("downgraded-then-frozen", dir.path());
-    child.expect("downgraded");
-    let _ = nix::sys::signal::kill(child.pid(), nix::sys::signal::Signal::SIGSTOP);
-    child.wait_stopped("downgraded holder");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let other = locker(dir.path(), Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
-    let writer = rt
-        .block_on(other.acquire_timeout(NAME, Duration::from_secs(10)))
-        .unwrap_or_else(|e| panic!("no writer got in while the downgraded holder was frozen: {e}"));
+    let child = spawn("downgraded-then-frozen", dir.path());
+    child.expect("downgraded", CHILD_WITHIN);
+    child.signal(Signal::SIGSTOP);
+    child.wait_stopped("downgraded holder", Duration::from_secs(15));
+    let (_rt, writer) = writer_gets_in(dir.path(), "downgraded holder");
     std::fs::write(dir.path().join("go"), b"").unwrap();
-    child.cont();
-    let said = child.next_line();
+    child.signal(Signal::SIGCONT);
+    let said = child.next_line(CHILD_WITHIN);
     drop(writer);
     assert_eq!(said, "lost=true", "the downgraded holder did not see its loss");
 }
@@ -342,24 +336,19 @@ fn a_downgraded_holding_frozen_past_its_lease_counts_itself_lost() {
 
 #[test]
 fn child_process_entry() {
-    let Ok(role) = std::env::var(ROLE_ENV) else {
-        return;
-    };
-    std::thread::spawn(|| {
-        std::thread::sleep(CHILD_TTL);
-        std::process::exit(3);
+    common::child_entry_with(|role, args| async move {
+        run_role(&role, PathBuf::from(&args[0])).await;
+        0
     });
-    let dir = PathBuf::from(std::env::var(DIR_ENV).unwrap());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    match role.as_str() {
+}
+
+/// A child's role, in the directory `dir`.
+async fn run_role(role: &str, dir: PathBuf) {
+    match role {
         #[cfg(feature = "failpoints")]
-        "frozen-reader" | "frozen-reader-dir" => rt.block_on(async {
+        "frozen-reader" | "frozen-reader-dir" => {
             let lease = Duration::from_secs(2);
-            let (strategy, point) = match role.as_str() {
+            let (strategy, point) = match role {
                 "frozen-reader-dir" => (Strategy::Directory, "group.sign.before_tmp"),
                 _ => (Strategy::ExclusiveFile, "group.marker.before_rewrite"),
             };
@@ -379,9 +368,9 @@ fn child_process_entry() {
             })
             .unwrap();
             tokio::time::sleep(CHILD_TTL).await;
-        }),
+        }
         #[cfg(feature = "failpoints")]
-        "downgrader" => rt.block_on(async {
+        "downgrader" => {
             let locker = locker(
                 &dir,
                 Strategy::ExclusiveFile,
@@ -402,15 +391,15 @@ fn child_process_entry() {
             say("upgraded");
             let _up = writer.downgrade().await.unwrap();
             tokio::time::sleep(CHILD_TTL).await;
-        }),
+        }
         #[cfg(feature = "failpoints")]
         "upgrader-frozen-at-return"
         | "downgrader-frozen-at-return"
         | "upgrader-frozen-before-convert"
-        | "downgrader-frozen-before-convert" => rt.block_on(async {
+        | "downgrader-frozen-before-convert" => {
             let locker = locker(&dir, Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
             let up = locker.acquire_upgradable(NAME).await.unwrap();
-            let point = match role.as_str() {
+            let point = match role {
                 "upgrader-frozen-at-return" => "upgrade.before_return",
                 "downgrader-frozen-at-return" => "downgrade.before_return",
                 "upgrader-frozen-before-convert" => "upgrade.before_convert",
@@ -436,8 +425,8 @@ fn child_process_entry() {
                 Err(e) if e.is_lost() => say("lost"),
                 Err(e) => say(&format!("error {e}")),
             }
-        }),
-        "downgraded-then-frozen" => rt.block_on(async {
+        }
+        "downgraded-then-frozen" => {
             let locker = locker(&dir, Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
             let up = locker.acquire_upgradable(NAME).await.unwrap();
             let up = up.upgrade().await.unwrap().downgrade().await.unwrap();
@@ -446,97 +435,12 @@ fn child_process_entry() {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             say(&format!("lost={}", up.guard().is_lost()));
-        }),
+        }
         other => panic!("unknown role {other}"),
     }
-    std::process::exit(0);
 }
 
-#[allow(dead_code)]
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "@@{line}");
-    let _ = out.flush();
-}
-
-/// A child, killed by pid and reaped when dropped.
-#[allow(dead_code)]
-struct Proc {
-    child: Child,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-#[allow(dead_code)]
-impl Proc {
-    fn spawn(role: &str, dir: &Path) -> Proc {
-        let mut child = reexec::child_process()
-            .env(ROLE_ENV, role)
-            .env(DIR_ENV, dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn child");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some((_, msg)) = line.split_once("@@")
-                    && tx.send(msg.to_owned()).is_err()
-                {
-                    return;
-                }
-            }
-        });
-        Proc { child, lines }
-    }
-
-    fn expect(&self, what: &str) {
-        loop {
-            match self.lines.recv_timeout(Duration::from_secs(20)) {
-                Ok(line) if line == what => return,
-                Ok(_) => continue,
-                Err(_) => panic!("child {} did not say {what:?}", self.child.id()),
-            }
-        }
-    }
-
-    fn pid(&self) -> nix::unistd::Pid {
-        nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap())
-    }
-
-    /// Whether it is stopped (state `T` in /proc).
-    fn stopped(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
-            .ok()
-            .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
-            .unwrap_or(false)
-    }
-
-    fn cont(&self) {
-        let _ = nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT);
-    }
-
-    /// Waits (15 s at most) until it is stopped.
-    fn wait_stopped(&self, what: &str) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !self.stopped() {
-            assert!(Instant::now() < deadline, "the {what} never stopped");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Its next line (20 s at most).
-    fn next_line(&self) -> String {
-        self.lines
-            .recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|_| panic!("child {} said nothing", self.child.id()))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A child playing `role` in the directory `dir`.
+fn spawn(role: &str, dir: &Path) -> ChildProc {
+    ChildProc::spawn(role, &[dir.to_str().unwrap()])
 }

@@ -10,27 +10,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use leasehold::{Error, Locker, LockerBuilder, LossReason};
+use leasehold::{Error, LossReason};
 
 #[path = "support/pg_server.rs"]
 mod pg_server;
 
+#[path = "support/pg_session.rs"]
+mod pg_session;
+
 use pg_server::Server;
+use pg_session::{Holder, backend_of, quick_builder as builder, terminate, unique};
 
 /// Every wait of these tests ends within this.
 const BOUND: Duration = Duration::from_secs(10);
-
-fn builder(server: &Server) -> LockerBuilder {
-    Locker::builder()
-        .postgres(server.url())
-        .lease(Duration::from_millis(900))
-        .renew_interval(Duration::from_millis(150))
-        .poll_interval(Duration::from_millis(50))
-}
-
-fn unique(name: &str) -> String {
-    format!("{name}-{}", uuid::Uuid::new_v4().simple())
-}
 
 async fn bounded<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(BOUND, future)
@@ -272,26 +264,6 @@ async fn a_plain_guard_is_not_downgraded_and_semaphores_are_another_kind() {
     );
 }
 
-/// The backend pid of the session of `name`'s shared holders (the
-/// upgradable holder's, when it is the only one) or exclusive holder.
-fn backend_of(server: &Server, name: &str, exclusive: bool) -> i32 {
-    let name = name.to_owned();
-    server.sql(move |c| {
-        let query = if exclusive {
-            "SELECT backend_pid FROM leasehold_locks WHERE name = $1"
-        } else {
-            "SELECT backend_pid FROM leasehold_holders WHERE name = $1"
-        };
-        c.query_one(query, &[&name]).unwrap().get(0)
-    })
-}
-
-fn terminate(server: &Server, pid: i32) {
-    server.sql(move |c| {
-        c.query_one("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
-    });
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_session_loses_the_holding_and_frees_the_name() {
     let server = Server::start();
@@ -301,7 +273,9 @@ async fn a_killed_session_loses_the_holding_and_frees_the_name() {
     // The upgradable holding.
     let name = unique("shared-phase");
     let up = a.acquire_upgradable(&name).await.unwrap();
-    let pid = backend_of(&server, &name, false);
+    // Its row's session (the only holder yet).
+    let id = up.guard().owner().uuid().unwrap().to_owned();
+    let pid = backend_of(&server, &name, Holder::Acquisition(id));
     // A session of its own: the Locker's readers are on another.
     let reader = a.acquire_shared(&name).await.unwrap();
     let n = name.clone();
@@ -349,7 +323,7 @@ async fn a_killed_session_loses_the_holding_and_frees_the_name() {
         .upgrade()
         .await
         .unwrap();
-    let pid = backend_of(&server, &name, true);
+    let pid = backend_of(&server, &name, Holder::Exclusive);
     terminate(&server, pid);
     let killed = Instant::now();
     bounded("lost() after the session ended", writer.lost()).await;

@@ -32,7 +32,11 @@ use std::time::{Duration, Instant};
 #[path = "support/common.rs"]
 mod common;
 
-use common::{ChildProc, append, entries, say, strategy_from_env};
+use common::clock::mono_ns;
+
+use common::{ChildProc, Sec, append, entries, layout_label, say, sections, strategy_from_env};
+#[cfg(unix)]
+use common::{node, seed as seed_run};
 use leasehold::{Locker, Strategy};
 
 // ---------------------------------------------------------------- children
@@ -40,23 +44,6 @@ use leasehold::{Locker, Strategy};
 #[test]
 fn child_process_entry() {
     common::child_entry_with(|role, args| async move { run_role(&role, &args).await });
-}
-
-/// A clock all processes share, in ns: `CLOCK_MONOTONIC` on Unix.
-#[cfg(unix)]
-fn mono_ns() -> u64 {
-    use nix::time::{ClockId, clock_gettime};
-    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("clock_gettime");
-    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
-}
-
-/// The system time on Windows (see `tests/shared_processes.rs`).
-#[cfg(windows)]
-fn mono_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos() as u64
 }
 
 fn child_locker(dir: &str) -> Locker {
@@ -231,47 +218,6 @@ fn touch(path: &Path) {
     std::fs::write(path, b"").unwrap();
 }
 
-/// A section of the log: role (`U` upgradable, `X` its exclusive phase,
-/// `R` reader, `W` writer), id, start, end (`u64::MAX`: never ended),
-/// and whether it ended lost.
-#[derive(Debug)]
-struct Sec {
-    role: char,
-    id: String,
-    start: u64,
-    end: u64,
-    lost: bool,
-}
-
-fn sections(log: &Path) -> Vec<Sec> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut secs: Vec<Sec> = Vec::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        let ns: u64 = f[3].parse().unwrap();
-        match f[0] {
-            "S" => secs.push(Sec {
-                role: f[1].chars().next().unwrap(),
-                id: f[2].to_owned(),
-                start: ns,
-                end: u64::MAX,
-                lost: false,
-            }),
-            "E" | "L" => {
-                let s = secs
-                    .iter_mut()
-                    .rev()
-                    .find(|s| s.id == f[2] && s.end == u64::MAX)
-                    .unwrap_or_else(|| panic!("an end without a start: {line}"));
-                s.end = ns;
-                s.lost = f[0] == "L";
-            }
-            _ => panic!("malformed log line {line:?}"),
-        }
-    }
-    secs
-}
-
 /// Every pair of sections that may not overlap and does: a writer (`W`,
 /// `X`) beside anyone, or two upgradable holders.
 fn overlaps(secs: &[Sec]) -> Vec<String> {
@@ -280,20 +226,13 @@ fn overlaps(secs: &[Sec]) -> Vec<String> {
         for b in &secs[i + 1..] {
             let exclusive = |s: &Sec| s.role == 'W' || s.role == 'X';
             let conflict = exclusive(a) || exclusive(b) || (a.role == 'U' && b.role == 'U');
-            if conflict && a.start < b.end && b.start < a.end {
+            let end = |s: &Sec| s.end.unwrap_or(u64::MAX);
+            if conflict && a.start < end(b) && b.start < end(a) {
                 found.push(format!("{a:?} overlaps {b:?}"));
             }
         }
     }
     found
-}
-
-fn label(strategy: Strategy) -> &'static str {
-    if strategy == Strategy::Directory {
-        "dir"
-    } else {
-        "file"
-    }
 }
 
 /// Polls `f` until it is true, for at most `within`.
@@ -442,10 +381,15 @@ fn an_upgrade_waits_for_another_process_reader_and_lets_no_writer_of_another_pro
             cleaner.clean(false).await.unwrap();
         });
 
-        let secs = sections(&log);
+        let secs = sections(&log).0;
         let bad = overlaps(&secs);
         let up_start = secs.iter().find(|s| s.id == "up.1").unwrap().start;
-        let up_end = secs.iter().find(|s| s.id == "up.3").unwrap().end;
+        let up_end = secs
+            .iter()
+            .find(|s| s.id == "up.3")
+            .unwrap()
+            .end
+            .unwrap_or(u64::MAX);
         let early: Vec<&Sec> = secs
             .iter()
             .filter(|s| s.role == 'W' && s.start < up_end)
@@ -455,7 +399,7 @@ fn an_upgrade_waits_for_another_process_reader_and_lets_no_writer_of_another_pro
             "upgrade across processes [{}]: {} sections ({} writer sections after the release), \
              the upgrade ended {upgrade_took:?} after the reader was told to leave, a reader came back \
              after the downgrade: {back}, upgradable held {:.0} ms; {:.1} s in all",
-            label(strategy),
+            layout_label(strategy),
             secs.len(),
             secs.iter().filter(|s| s.role == 'W').count(),
             (up_end - up_start) as f64 / 1e6,
@@ -501,7 +445,7 @@ fn a_killed_upgradable_holder_frees_its_place_at_once() {
         drop(writer);
         eprintln!(
             "a killed upgradable holder [{}]: its place taken {took:?} after the kill",
-            label(strategy)
+            layout_label(strategy)
         );
         assert!(
             clean_soon(dir.path(), &[]),
@@ -577,7 +521,7 @@ fn a_holder_killed_mid_upgrade_blocks_nobody() {
             drop(up);
             eprintln!(
                 "killed {stage} [{}]: a writer got in {took:?} after the kill",
-                label(strategy)
+                layout_label(strategy)
             );
             assert!(
                 clean_soon(dir.path(), &["log", "stop"]),
@@ -635,7 +579,7 @@ fn a_crash_at_each_step_of_an_upgrade_or_a_downgrade_leaves_the_name_takeable() 
             rt.block_on(locker.clean(false)).unwrap();
             eprintln!(
                 "crash at {point} [{}]: a writer got in {took:?} after",
-                label(strategy)
+                layout_label(strategy)
             );
             assert!(
                 clean_soon(dir.path(), &[]),
@@ -648,36 +592,9 @@ fn a_crash_at_each_step_of_an_upgrade_or_a_downgrade_leaves_the_name_takeable() 
 
 // ------------------------------------------------ velocious, pi-research
 
+/// How long one run of a seed's driver may take.
 #[cfg(unix)]
-fn node() -> bool {
-    std::process::Command::new("node")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Runs one of the seeds' drivers (`tests/fixtures/seed*/driver.mjs`)
-/// to its end, and returns its output lines.
-#[cfg(unix)]
-fn driver(seed: &str, dir: &Path, name: &str, mode: &[&str]) -> Vec<String> {
-    let driver: std::path::PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(seed)
-        .join("driver.mjs");
-    let out = std::process::Command::new("node")
-        .arg(driver)
-        .arg(dir)
-        .arg(name)
-        .args(mode)
-        .stderr(std::process::Stdio::null())
-        .output()
-        .expect("run node");
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
+const SEED_WITHIN: Duration = Duration::from_secs(30);
 
 /// velocious (directory layout) and pi-research (`<name>.lock` files) run
 /// their own code against the lock path, again and again, while a
@@ -688,7 +605,6 @@ fn driver(seed: &str, dir: &Path, name: &str, mode: &[&str]) -> Vec<String> {
 #[test]
 fn the_seeds_own_code_never_gets_in_during_an_upgrade() {
     if !node() {
-        eprintln!("skipped: node is not installed, so velocious's and pi-research's code cannot run here");
         return;
     }
     for (seed, strategy, plain) in [
@@ -720,8 +636,8 @@ fn the_seeds_own_code_never_gets_in_during_an_upgrade() {
                 let mut outcomes = Vec::new();
                 while !done.load(std::sync::atomic::Ordering::SeqCst) {
                     let out = match seed {
-                        "seed1" => driver(seed, &dir, "state", &["try"]),
-                        _ => driver(seed, &dir, "state", &["try_for", "300"]),
+                        "seed1" => seed_run(seed, &dir, "state", &["try"], SEED_WITHIN),
+                        _ => seed_run(seed, &dir, "state", &["try_for", "300"], SEED_WITHIN),
                     };
                     outcomes.push(out.first().cloned().unwrap_or_default());
                 }
@@ -753,15 +669,15 @@ fn the_seeds_own_code_never_gets_in_during_an_upgrade() {
         upgrader.expect("released", Duration::from_secs(10));
         upgrader.wait(Duration::from_secs(10));
         let after = match seed {
-            "seed1" => driver(seed, dir.path(), "state", &["try"]),
-            _ => driver(seed, dir.path(), "state", &["try", "2000"]),
+            "seed1" => seed_run(seed, dir.path(), "state", &["try"], SEED_WITHIN),
+            _ => seed_run(seed, dir.path(), "state", &["try", "2000"], SEED_WITHIN),
         };
         assert_eq!(
             after.first().map(String::as_str),
             Some("true"),
             "{seed}: {after:?}"
         );
-        let secs = sections(&log);
+        let secs = sections(&log).0;
         let bad = overlaps(&secs);
         assert!(bad.is_empty(), "{seed}:\n{}", bad.join("\n"));
     }

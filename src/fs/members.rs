@@ -48,26 +48,27 @@ pub(super) fn is_upgradable(file_name: &str) -> bool {
 pub(super) const SEAL: &str = "sealed";
 
 /// A members directory's seal, removed when dropped.
-pub(super) struct Seal<'a> {
-    dir: &'a File,
+pub(super) struct Seal {
+    dir: File,
 }
 
-impl<'a> Seal<'a> {
+impl Seal {
     /// Seals `dir`. The caller holds the name's mutation lock, so a seal
     /// already there is a dead sealer's, and now ours.
-    pub(super) fn new(dir: &'a File, path: &dyn Fn() -> PathBuf) -> Result<Self> {
+    pub(super) fn new(dir: &File, path: &dyn Fn() -> PathBuf) -> Result<Self> {
+        let dir = dir.try_clone().context("seal members directory", path)?;
         failpoint!("group.seal.before_create").context("seal members directory", path)?;
-        match syscall::open_at(dir, SEAL, Open::CreateNew) {
+        match syscall::open_at(&dir, SEAL, Open::CreateNew) {
             Ok(_) | Err(Errno::EEXIST) => Ok(Seal { dir }),
             Err(e) => Err(e).context("seal members directory", path),
         }
     }
 }
 
-impl Drop for Seal<'_> {
+impl Drop for Seal {
     fn drop(&mut self) {
         let _ = failpoint!("group.seal.before_remove");
-        match syscall::unlink_at(self.dir, SEAL) {
+        match syscall::unlink_at(&self.dir, SEAL) {
             Ok(()) | Err(Errno::ENOENT) => {}
             Err(error) => tracing::debug!(%error, "could not remove a members directory's seal"),
         }

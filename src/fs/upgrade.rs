@@ -37,11 +37,13 @@
 //! marker) whose flock is free and a member record whose flock is free:
 //! both judged dead at once and reclaimed as usual.
 
+use super::context::Ctx;
 use super::found::Found;
 use super::group::Member;
 use super::layout::Strategy;
 use super::lock::Whole;
-use super::members::{self, marker, members_dir, remove_dead, remove_members_dir, scan};
+use super::members::{self, Scan, marker, members_dir, remove_dead, remove_members_dir, scan};
+use super::mutex::MutationLock;
 use super::{Fs, FsLock, directory, file, group};
 use crate::backend::{Arm, Attempt, Kept, Mode, Upgrade};
 use crate::error::{Error, IoResultExt, LossReason, Result};
@@ -64,6 +66,65 @@ fn busy<K>(owner: Option<Owner>) -> Attempt<K> {
         recheck_at: None,
         sharers: true,
     }
+}
+
+/// Ours is the only live member of its group, checked under the name's
+/// mutation lock, which this keeps: the upgrade may replace the marker.
+struct Alone<'a> {
+    mutation: MutationLock<'a>,
+    /// Keeps joiners that do not take the mutation lock out until the
+    /// marker is ours (`members::Seal`).
+    seal: members::Seal,
+    found: Found,
+    scan: Scan,
+    dir_name: String,
+}
+
+/// Whether `member`, whose group's marker is at the lock path, is the only
+/// live member: `Ok(Err(owner))` while the mutation lock or another live
+/// member is in the way; `Err` with `Error::Lost` when the marker or our
+/// record is not ours any more.
+fn alone<'a>(
+    ctx: &'a Ctx,
+    name: &LockName,
+    member: &Member,
+) -> Result<std::result::Result<Alone<'a>, Option<Owner>>> {
+    let Some(mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
+        return Ok(Err(None));
+    };
+    if !member.still_here()? {
+        return Err(lost(name));
+    }
+    let Some(found) = Found::open(ctx, name)? else {
+        return Err(lost(name));
+    };
+    let ours = marker(&found.parsed).is_some_and(|r| r.group == member.record.group);
+    let node_id = member
+        .marker
+        .as_ref()
+        .map(|node| syscall::meta(node).map(|m| (m.dev(), m.ino())))
+        .transpose()
+        .context("inspect lock", || ctx.path_of(name.file_name()))?;
+    if !ours || node_id != Some(found.identity()) {
+        return Err(lost(name));
+    }
+    let dir_name = members_dir(name.file_name());
+    // Counted under the seal: a joiner without the mutation lock is
+    // counted here or sees the seal.
+    let seal = members::Seal::new(member.members(), &|| ctx.path_of(&dir_name))?;
+    let mut scan = scan(ctx, member.members(), &|| ctx.path_of(&dir_name))?;
+    remove_dead(ctx, member.members(), &mut scan);
+    if let Some(other) = scan.live_members().find(|e| e.file_name != member.file_name()) {
+        return Ok(Err(Some(Owner::from_parsed(&other.parsed))));
+    }
+    failpoint!("upgrade.before_rewrite").context("upgrade lock", || ctx.path_of(name.file_name()))?;
+    Ok(Ok(Alone {
+        mutation,
+        seal,
+        found,
+        scan,
+        dir_name,
+    }))
 }
 
 impl Upgrade for Fs {
@@ -129,48 +190,33 @@ impl Upgrade for Fs {
         arm: Arm<'_, FsLock, K>,
     ) -> Result<Attempt<K>> {
         let ctx = &self.ctx;
-        let Some(FsLock::Member(member)) = share.as_ref() else {
-            return Err(lost(name));
+        let member = match share.take() {
+            Some(FsLock::Member(member)) => member,
+            other => {
+                *share = other;
+                return Err(lost(name));
+            }
         };
-        let Some(mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
-            return Ok(busy(None));
+        let Alone {
+            mutation,
+            seal,
+            found,
+            scan,
+            dir_name,
+        } = match alone(ctx, name, &member) {
+            Ok(Ok(alone)) => alone,
+            Ok(Err(owner)) => {
+                *share = Some(FsLock::Member(member));
+                return Ok(busy(owner));
+            }
+            Err(error) => {
+                *share = Some(FsLock::Member(member));
+                return Err(error);
+            }
         };
-        if !member.still_here()? {
-            return Err(lost(name));
-        }
-        let Some(found) = Found::open(ctx, name)? else {
-            return Err(lost(name));
-        };
-        let ours = marker(&found.parsed).is_some_and(|r| r.group == member.record.group);
-        let node_id = member
-            .marker
-            .as_ref()
-            .map(|node| syscall::meta(node).map(|m| (m.dev(), m.ino())))
-            .transpose()
-            .context("inspect lock", || ctx.path_of(name.file_name()))?;
-        if !ours || node_id != Some(found.identity()) {
-            return Err(lost(name));
-        }
-        let dir_name = members_dir(name.file_name());
-        // Counted under the seal, which keeps out joiners that do not take
-        // the mutation lock until the marker is ours (`members::Seal`).
-        let members_dir_node = member
-            .members()
-            .try_clone()
-            .context("upgrade lock", || ctx.path_of(&dir_name))?;
-        let seal = members::Seal::new(&members_dir_node, &|| ctx.path_of(&dir_name))?;
-        let mut scan = scan(ctx, member.members(), &|| ctx.path_of(&dir_name))?;
-        remove_dead(ctx, member.members(), &mut scan);
-        if let Some(other) = scan.live_members().find(|e| e.file_name != member.file_name()) {
-            return Ok(busy(Some(Owner::from_parsed(&other.parsed))));
-        }
         // Ours alone: a new exclusive lock takes the marker's place.
-        failpoint!("upgrade.before_rewrite").context("upgrade lock", || ctx.path_of(name.file_name()))?;
         let record = ctx.own_record(name);
         let path = || ctx.path_of(name.file_name());
-        let Some(FsLock::Member(member)) = share.take() else {
-            unreachable!("checked above")
-        };
         let mut old_dir = None;
         let (identity, writer, record_file, made) = match ctx.settings.strategy {
             // A new file, made under a private name with our exclusive
@@ -211,7 +257,7 @@ impl Upgrade for Fs {
                     }
                 };
                 let node = made.try_clone().context("upgrade lock", path)?;
-                (identity, Some((made, len)), None, Some(node))
+                (identity, Some((made, len)), None, node)
             }
             // Likewise a new lock directory, exchanged with the marker's
             // in one step (`directory::replace`): a member frozen in its
@@ -225,7 +271,7 @@ impl Upgrade for Fs {
                         (published.dev, published.ino),
                         None,
                         Some(published.record_file),
-                        Some(published.dir),
+                        published.dir,
                     )
                 }
                 Ok(None) => {
@@ -246,13 +292,15 @@ impl Upgrade for Fs {
             // fails, or is swept with it).
             directory::remove_dir(ctx, &old_dir, &marker_node);
         }
-        let node = made.unwrap_or(marker_node);
+        // The marker's node (and our shared flock on it) goes before the
+        // mutation lock.
+        drop(marker_node);
         drop(seal);
         if scan.waiters.is_empty() {
             remove_members_dir(ctx, &dir_name);
         }
         drop(mutation);
-        let whole = Whole::adopt(ctx, name, identity, record, node, writer, record_file);
+        let whole = Whole::adopt(ctx, name, identity, record, made, writer, record_file);
         let kept = arm(FsLock::Whole(whole), None);
         if ctx.settings.fencing && !kept.reserve_tokens()? {
             return Err(lost(name));
@@ -267,16 +315,25 @@ impl Upgrade for Fs {
         arm: Arm<'_, FsLock, K>,
     ) -> Result<Option<K>> {
         let ctx = &self.ctx;
-        let Some(FsLock::Whole(_)) = lock.as_ref() else {
-            return Err(Error::Unsupported {
-                what: "downgrading a lock that is not held exclusively",
-            });
+        let whole = match lock.take() {
+            Some(FsLock::Whole(whole)) => whole,
+            other => {
+                *lock = other;
+                return Err(Error::Unsupported {
+                    what: "downgrading a lock that is not held exclusively",
+                });
+            }
         };
-        let Some(mutation) = ctx.dir.try_mutation_lock(name.file_name())? else {
-            return Ok(None);
-        };
-        let Some(FsLock::Whole(whole)) = lock.take() else {
-            unreachable!("checked above")
+        let mutation = match ctx.dir.try_mutation_lock(name.file_name()) {
+            Ok(Some(mutation)) => mutation,
+            Ok(None) => {
+                *lock = Some(FsLock::Whole(whole));
+                return Ok(None);
+            }
+            Err(error) => {
+                *lock = Some(FsLock::Whole(whole));
+                return Err(error);
+            }
         };
         let (identity, node) = whole
             .dissolve()

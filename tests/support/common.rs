@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+#[path = "clock.rs"]
+pub mod clock;
 #[path = "reexec.rs"]
 pub mod reexec;
 #[path = "stderr_tap.rs"]
@@ -502,6 +504,33 @@ impl ChildProc {
         kill(Pid::from_raw(self.pid() as i32), signal).expect("signal child");
     }
 
+    /// The child's next message, whatever it is, or a panic after `within`.
+    pub fn next_line(&self, within: Duration) -> String {
+        self.lines
+            .recv_timeout(within)
+            .unwrap_or_else(|_| panic!("child {} said nothing within {within:?}", self.pid()))
+    }
+
+    /// Whether the child is stopped (state `T` in /proc).
+    #[cfg(unix)]
+    pub fn stopped(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .ok()
+            .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+            .unwrap_or(false)
+    }
+
+    /// Waits until the child (the `what` of the panic) is stopped; panics
+    /// after `within`.
+    #[cfg(unix)]
+    pub fn wait_stopped(&self, what: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.stopped() {
+            assert!(Instant::now() < deadline, "the {what} never stopped");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Kills the child at once, as a crash would, without reaping it:
     /// SIGKILL by pid on Unix, `TerminateProcess` through the handle std
     /// keeps on Windows. Either way the kernel drops its liveness mark
@@ -654,4 +683,112 @@ pub fn own_start_ms() -> u64 {
         .unwrap()
         .unwrap() as u64;
     btime * 1000 + ticks * 1000 / hz
+}
+
+/// A layout's short name, for messages.
+pub fn layout_label(strategy: leasehold::Strategy) -> &'static str {
+    if strategy == leasehold::Strategy::Directory {
+        "dir"
+    } else {
+        "file"
+    }
+}
+
+/// A section of a log the children [`append`] to (`S role id ns`, then
+/// `E role id ns` or `L role id ns`): role, id, start, end (`None`: still
+/// open), and whether it ended lost.
+#[derive(Debug, Clone)]
+pub struct Sec {
+    pub role: char,
+    pub id: String,
+    pub start: u64,
+    pub end: Option<u64>,
+    pub lost: bool,
+}
+
+/// The sections of the log at `log`, and the moment of its `A` line (a
+/// writer asked), if it has one; a panic on a malformed line.
+pub fn sections(log: &Path) -> (Vec<Sec>, Option<u64>) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut secs: Vec<Sec> = Vec::new();
+    let mut asked = None;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let ns: u64 = f[3].parse().unwrap();
+        match f[0] {
+            "A" => asked = Some(ns),
+            "S" => secs.push(Sec {
+                role: f[1].chars().next().unwrap(),
+                id: f[2].to_owned(),
+                start: ns,
+                end: None,
+                lost: false,
+            }),
+            "E" | "L" => {
+                let s = secs
+                    .iter_mut()
+                    .rev()
+                    .find(|s| s.id == f[2] && s.end.is_none())
+                    .unwrap_or_else(|| panic!("an end without a start: {line}"));
+                s.end = Some(ns);
+                s.lost = f[0] == "L";
+            }
+            _ => panic!("malformed log line {line:?}"),
+        }
+    }
+    (secs, asked)
+}
+
+/// Whether Node.js is installed, which the seeds' drivers need (saying
+/// so if not: the caller skips).
+#[cfg(unix)]
+pub fn node() -> bool {
+    let ok = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: node is not installed, so the seeds' code cannot run here");
+    }
+    ok
+}
+
+/// Runs a seed's driver (`tests/fixtures/<seed>/driver.mjs`), killed by pid
+/// if it outlives `within`; its output lines.
+#[cfg(unix)]
+pub fn seed(which: &str, dir: &Path, name: &str, mode: &[&str], within: Duration) -> Vec<String> {
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(which)
+        .join("driver.mjs");
+    let mut child = Command::new("node")
+        .arg(driver)
+        .arg(dir)
+        .arg(name)
+        .args(mode)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run node");
+    let deadline = Instant::now() + within;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            let _ = child.wait();
+            panic!("{which} {mode:?} still running after {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() || mode[0] == "try_for",
+        "{which} {mode:?}: {out:?}"
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }

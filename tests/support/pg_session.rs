@@ -1,5 +1,6 @@
 //! Helpers of the tests of PostgreSQL sessions' ends
-//! (`tests/postgres_session_end.rs`, `tests/attack_pg_session_end.rs`):
+//! (`tests/postgres_session_end.rs`, `tests/attack_pg_session_end.rs`,
+//! and of `tests/postgres.rs` and `tests/upgradable_postgres.rs`):
 //! Lockers with a short lease, the keys the backend derives, ending and
 //! stopping a session's server process, and the check that a successor
 //! enters only once the old holder counts itself lost.
@@ -24,6 +25,22 @@ pub fn builder(server: &Server) -> LockerBuilder {
         .lease(LEASE)
         .renew_interval(Duration::from_millis(500))
         .poll_interval(Duration::from_millis(20))
+}
+
+/// Lockers with a shorter lease (900 ms, renewed every 150 ms, polling
+/// every 50 ms), for tests that wait for no session's end
+/// (`tests/postgres.rs`, `tests/upgradable_postgres.rs`).
+pub fn quick_builder(server: &Server) -> LockerBuilder {
+    quick_builder_at(&server.url())
+}
+
+/// [`quick_builder`] on the connection string `url` (a pooler's, say).
+pub fn quick_builder_at(url: &str) -> LockerBuilder {
+    Locker::builder()
+        .postgres(url)
+        .lease(Duration::from_millis(900))
+        .renew_interval(Duration::from_millis(150))
+        .poll_interval(Duration::from_millis(50))
 }
 
 /// A unique name per test, so tests sharing an external server do not meet.

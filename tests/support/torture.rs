@@ -1,5 +1,5 @@
-//! What the tortures (`tests/torture.rs`, `tests/torture_shared.rs`)
-//! share: the backends they run on, the children's side (the shared log,
+//! What the tortures (`tests/torture.rs`, `tests/torture_shared.rs`,
+//! `tests/torture_upgradable.rs`) share: the backends they run on, the children's side (the shared log,
 //! the stop signal, the lockers), and the parent's (the chaos loop that
 //! SIGKILLs, SIGSTOPs and, on PostgreSQL, ends sessions; the stop; what is
 //! left behind; the parts of the log both read alike). Each torture keeps
@@ -18,6 +18,7 @@ use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -27,8 +28,12 @@ use nix::sys::signal::{Signal, kill};
 #[cfg(unix)]
 use nix::unistd::Pid;
 
+#[path = "clock.rs"]
+mod clock;
 #[path = "reexec.rs"]
 mod reexec;
+
+pub use clock::mono_ns;
 
 #[cfg(all(feature = "postgres", unix))]
 #[path = "pg_server.rs"]
@@ -112,26 +117,6 @@ impl Backend {
 
 // ---------------------------------------------------------------- both
 
-/// A clock all processes share, in ns: `CLOCK_MONOTONIC` on Unix.
-#[cfg(unix)]
-pub fn mono_ns() -> u64 {
-    use nix::time::{ClockId, clock_gettime};
-    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("clock_gettime");
-    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
-}
-
-/// A clock all processes share, in ns: on Windows, where std offers no
-/// monotonic clock comparable between processes, the system time
-/// (`GetSystemTimePreciseAsFileTime`, 100 ns steps), which only a clock
-/// adjustment during the run could move.
-#[cfg(windows)]
-pub fn mono_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos() as u64
-}
-
 /// xorshift64*, enough for picking names, roles, durations and victims.
 pub struct Rng(u64);
 
@@ -184,6 +169,65 @@ pub fn child_entry<F: Future<Output = i32>>(main: impl FnOnce(ChildSetup) -> F) 
         .expect("runtime");
     let code = rt.block_on(main(ChildSetup { backend, work, tasks }));
     std::process::exit(code);
+}
+
+/// What a child's task is given: a `Locker` of the child's, the shared
+/// log, the task's index, the stop signal, and the child's longest wait
+/// for an acquisition (µs).
+pub struct Worker {
+    pub locker: Locker,
+    pub log: Arc<Log>,
+    pub index: u64,
+    pub stop: tokio::sync::watch::Receiver<bool>,
+    pub max_wait: Arc<AtomicU64>,
+}
+
+impl Worker {
+    /// The task's random numbers, seeded by its pid and index.
+    pub fn rng(&self) -> Rng {
+        Rng::new((u64::from(std::process::id()) << 8) | self.index)
+    }
+
+    /// Whether the parent said stop.
+    pub fn told_to_stop(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// [`take_turn`] with the task's stop signal, log and longest wait.
+    pub async fn take_turn(&mut self, acquire: impl Future<Output = leasehold::Result<LockGuard>>) -> Turn {
+        take_turn(acquire, &mut self.stop, &self.log, &self.max_wait).await
+    }
+}
+
+/// A child's body: `lockers` lockers on the child's backend, its tasks
+/// running `task` over them in turn until told to stop, then its summary
+/// (`Z`). The exit code: 1 if a task failed.
+pub async fn run_tasks<F, Fut>(torture: &str, child: ChildSetup, lockers: usize, task: F) -> i32
+where
+    F: Fn(Worker) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let lockers: Vec<Locker> = (0..lockers).map(|_| child.backend.locker(&child.work)).collect();
+    let log = Arc::new(Log::open(&child.work));
+    let stop = stop_signal(&child.work);
+    let max_wait = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..child.tasks)
+        .map(|i| {
+            tokio::spawn(task(Worker {
+                locker: lockers[i % lockers.len()].clone(),
+                log: Arc::clone(&log),
+                index: i as u64,
+                stop: stop.clone(),
+                max_wait: Arc::clone(&max_wait),
+            }))
+        })
+        .collect();
+    let ok = join_all(torture, handles).await;
+    let stats: Vec<_> = lockers.iter().map(Locker::stats).collect();
+    // Written once the lockers are dropped: the parent reads it as "done".
+    drop(lockers);
+    log.summary(&stats, max_wait.load(Ordering::Relaxed));
+    if ok { 0 } else { 1 }
 }
 
 /// Turns `true` once the parent creates the work directory's `stop` file.
@@ -307,6 +351,33 @@ impl Log {
         let bytes = format!("{line}\n");
         let written = (&self.0).write(bytes.as_bytes()).expect("append to log");
         assert_eq!(written, bytes.len(), "short append to the log");
+    }
+
+    /// `S name id role token pid ns`: `guard`'s section `id` of `name`
+    /// begins, as `role`; and `B ...` if the guard is not of that role.
+    pub fn entered(&self, name: &str, id: &str, role: char, guard: &LockGuard) {
+        let pid = std::process::id();
+        let token = guard.fencing_token().expect("fencing is on");
+        self.line(format!("S {name} {id} {role} {token} {pid} {}", mono_ns()));
+        if guard.is_shared() != (role == 'R') {
+            self.line(format!(
+                "B {name} {id} {pid} is_shared()={} for role {role}",
+                guard.is_shared()
+            ));
+        }
+    }
+
+    /// `guard`'s section `id` of `name` ends at `held`'s moment: `E name
+    /// id pid ns` if it held (`Ok`), else `L name id pid ns reason`.
+    pub async fn left(&self, name: &str, id: &str, held: Result<u64, u64>, guard: &LockGuard) {
+        let pid = std::process::id();
+        match held {
+            Ok(ns) => self.line(format!("E {name} {id} {pid} {ns}")),
+            Err(ns) => {
+                let reason = loss_reason(guard).await;
+                self.line(format!("L {name} {id} {pid} {ns} {reason}"));
+            }
+        }
     }
 
     /// `X pid error`: an acquisition failed.
@@ -800,6 +871,137 @@ fn file_leftovers(locks: &Path, strategy: Strategy) -> (usize, Vec<String>) {
     (cleaned.len(), left_detail)
 }
 
+/// How a section of a torture with roles (`tests/torture_shared.rs`,
+/// `tests/torture_upgradable.rs`) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Committed,
+    Lost,
+    /// No end line: its process was killed.
+    Killed,
+}
+
+/// A section of a torture with roles: from its `S` line to its `E` or `L`
+/// line, or to when its process was silenced.
+#[derive(Debug, Clone)]
+pub struct Section {
+    pub name: String,
+    pub id: String,
+    pub role: char,
+    pub token: u64,
+    pub pid: u32,
+    pub start: u64,
+    /// The last moment the holder may have acted as holder.
+    pub end: u64,
+    pub how: End,
+}
+
+impl std::fmt::Display for Section {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} token {} pid {} [{}, {}] {:?}",
+            self.role, self.id, self.token, self.pid, self.start, self.end, self.how
+        )
+    }
+}
+
+/// The sections of a torture with roles, read from its log `text` (lines
+/// `S name id role token pid ns`, `E name id pid ns`, `L name id pid ns
+/// reason`), in the order of their ids. A `B` line is a problem; a line
+/// whose first field is in `passed` is passed over; any other goes to
+/// [`Tally::other`].
+///
+/// A killed section that was stopped after it began, for longer than the
+/// lease (every stop is), acted as holder only until that stop: once
+/// continued, its lease had run out, so its next look (`is_lost()`) would
+/// have said `L` had it not been killed first. Not on a server: there a
+/// paused holder keeps its lock through the stop, so nobody may enter
+/// before the kill (or the stop it was killed in) ended its session.
+pub fn sections(
+    arena: &Arena,
+    chaos: &Chaos,
+    tally: &mut Tally,
+    text: &str,
+    passed: &[&str],
+) -> Vec<Section> {
+    // id -> (name, role, token, pid, start)
+    let mut starts: BTreeMap<String, (String, char, u64, u32, u64)> = BTreeMap::new();
+    let mut ends: HashMap<String, (End, u64)> = HashMap::new();
+    for line in text.lines() {
+        let line = Line::new(line);
+        let (f, num) = (&line.f, |i| line.num(i));
+        match f[0] {
+            "S" => {
+                let role = f[3].chars().next().unwrap();
+                let entry = (f[1].to_owned(), role, num(4), num(5) as u32, num(6));
+                if starts.insert(f[2].to_owned(), entry).is_some() {
+                    tally.problems.push(format!("section id {} logged twice", f[2]));
+                }
+            }
+            "E" | "L" => {
+                let how = if f[0] == "E" { End::Committed } else { End::Lost };
+                if how == End::Lost {
+                    tally.lost(f.get(5).copied().unwrap_or(""));
+                }
+                if ends.insert(f[2].to_owned(), (how, num(4))).is_some() {
+                    tally.problems.push(format!("section id {} ended twice", f[2]));
+                }
+            }
+            "B" => tally.problems.push(format!("wrong: {}", line.text)),
+            first if passed.contains(&first) => {}
+            _ => tally.other(arena, &line),
+        }
+    }
+    let first_stop_after = |pid: u32, start: u64| -> Option<u64> {
+        if !arena.backend.leases_run_out_under_paused_holders() {
+            return None;
+        }
+        chaos
+            .pauses
+            .iter()
+            .filter(|p| p.pid == pid && p.after >= start)
+            .map(|p| p.after)
+            .min()
+    };
+    let mut sections = Vec::new();
+    for (id, (name, role, token, pid, start)) in &starts {
+        let (how, end) = match ends.get(id) {
+            Some((how, ns)) => (*how, *ns),
+            None => match chaos.silenced(*pid) {
+                Some(at) => (
+                    End::Killed,
+                    first_stop_after(*pid, *start).map_or(at, |stop| stop.min(at)),
+                ),
+                None => {
+                    tally.problems.push(format!(
+                        "{name} {id}: pid {pid} entered, was never killed, and never left"
+                    ));
+                    continue;
+                }
+            },
+        };
+        sections.push(Section {
+            name: name.clone(),
+            id: id.clone(),
+            role: *role,
+            token: *token,
+            pid: *pid,
+            start: *start,
+            end,
+            how,
+        });
+    }
+    for id in ends.keys() {
+        if !starts.contains_key(id) {
+            tally
+                .problems
+                .push(format!("section {id}: an end without a start"));
+        }
+    }
+    sections
+}
+
 /// A log line split at its spaces.
 pub struct Line<'a> {
     pub text: &'a str,
@@ -873,6 +1075,24 @@ impl Tally {
     /// The longest a child waited for an acquisition.
     pub fn max_wait_ms(&self) -> f64 {
         self.summaries.iter().map(|z| z[5]).max().unwrap_or(0) as f64 / 1000.0
+    }
+
+    /// The report's last lines: the survivors' stats, the stop, and what
+    /// was reclaimed at the end (`cleaned`) and `left` behind.
+    pub fn survivors(&self, chaos: &Chaos, cleaned: usize, left: &[String]) -> String {
+        format!(
+            "survivors' stats: acquisitions {} handoffs {} reclaimed dead {} reclaimed expired {} lost {}; \
+             max wait {:.1} ms\n  \
+             stopped in {:.2} s; reclaimed at the end {cleaned}, left behind {}",
+            self.sum(0),
+            self.sum(1),
+            self.sum(2),
+            self.sum(3),
+            self.sum(4),
+            self.max_wait_ms(),
+            chaos.stop_time.as_secs_f64(),
+            left.len(),
+        )
     }
 
     /// The checks both end with: nothing left behind, some section

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
+use postgres::types::ToSql;
 
 use super::connection::{BUSY, Held, Session, Try, pg_error, wait_of};
 use super::fence::{advance, block, clock};
@@ -21,31 +22,80 @@ const PROBE_SHARERS: &str = "SELECT CASE WHEN pg_try_advisory_lock_shared($1)
     THEN pg_advisory_unlock_shared($1) ELSE false END";
 
 /// Records the owner of the name `$1` (key `$2`; `holder_id`, hostname,
-/// pid, the owner fields `$6` and the lease `$7` in milliseconds) and
-/// reserves its first block of tokens (see `fence`): the block's first and
-/// last tokens. No row when an earlier holder of the name (the row's
-/// exclusive holder, or a shared or permit holder's row) may still count
-/// itself a holder ([`wait_out!`]): nothing is written then.
-const RECORD: &str = concat!(
-    "WITH ",
-    clock!(),
-    " INSERT INTO leasehold_locks AS l
+/// pid, the owner fields `$6` and the lease `$7` in milliseconds: see
+/// [`OwnerColumns::params`]) and reserves its first block of fencing
+/// tokens (see `fence`): the block's first and last tokens. No row when
+/// an earlier holder of the name (the row's exclusive holder, or a shared
+/// or permit holder's row `h` for which `$others` holds, a condition
+/// ending in `AND`) may still count itself a holder ([`wait_out!`]):
+/// nothing is written then.
+macro_rules! record {
+    ($others:literal) => {
+        concat!(
+            "WITH ",
+            clock!(),
+            " INSERT INTO leasehold_locks AS l
          (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token, fields,
           lease_ms, free_at)
      SELECT $1::text, $2::bigint, n + 8193, $3::text, $4::text, $5::integer, now(), pg_backend_pid(), n + 8193,
          $6::text, $7::bigint, NULL
      FROM clock WHERE NOT EXISTS (SELECT 1 FROM leasehold_holders h WHERE h.name = $1 AND ",
-    wait_out!("h"),
-    ")
+            $others,
+            wait_out!("h"),
+            ")
      ON CONFLICT (name) DO UPDATE SET ",
-    advance!(),
-    ", holder_id = $3, hostname = $4, pid = $5, acquired_at = now(), backend_pid = pg_backend_pid(), fields = $6,
+            advance!(),
+            ", holder_id = $3, hostname = $4, pid = $5, acquired_at = now(), backend_pid = pg_backend_pid(), fields = $6,
          lease_ms = $7, free_at = NULL
      WHERE NOT (",
-    wait_out!("l"),
-    ")
+            wait_out!("l"),
+            ")
      RETURNING l.holder_token, l.fencing_token"
-);
+        )
+    };
+}
+
+pub(super) use record;
+
+/// [`record!`] for an exclusive acquisition: every holder row counts.
+const RECORD: &str = record!("");
+
+/// An owner's columns as the statements that record it take them,
+/// saturated to their SQL types.
+pub(super) struct OwnerColumns {
+    pub(super) pid: i32,
+    pub(super) fields: Option<String>,
+    pub(super) lease: i64,
+}
+
+impl OwnerColumns {
+    pub(super) fn of(owner: &OwnRecord) -> Self {
+        OwnerColumns {
+            pid: i32::try_from(owner.pid).unwrap_or(i32::MAX),
+            fields: owner.fields.as_ref().map(|f| f.object()),
+            lease: i64::try_from(owner.lease_ms).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// The parameters `$1` to `$7` of [`record!`] for the name `name`
+    /// (key `key`) recorded as held by `owner`.
+    pub(super) fn params<'a>(
+        &'a self,
+        name: &'a &str,
+        key: &'a i64,
+        owner: &'a OwnRecord,
+    ) -> Vec<&'a (dyn ToSql + Sync)> {
+        vec![
+            name,
+            key,
+            &owner.holder_id,
+            &owner.hostname,
+            &self.pid,
+            &self.fields,
+            &self.lease,
+        ]
+    }
+}
 
 /// What recording an exclusive holder came to.
 enum Recorded {
@@ -133,28 +183,15 @@ impl Session {
     /// `statement_timeout` of `left`; or, when an earlier holder may still
     /// count itself one, finds how long that may last.
     fn record(&mut self, name: &str, key: i64, owner: &OwnRecord, left: Duration) -> Result<Recorded> {
-        let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
         let ms = left.as_millis().clamp(1, i32::MAX as u128);
         // Never a new connection: the advisory lock is on this one.
         let client = self.same("record the owner of an advisory lock")?;
         client
             .batch_execute(&format!("SET statement_timeout = {ms}"))
             .map_err(pg_error("set a statement timeout"))?;
-        let fields = owner.fields.as_ref().map(|f| f.object());
-        let lease = i64::try_from(owner.lease_ms).unwrap_or(i64::MAX);
+        let columns = OwnerColumns::of(owner);
         let row = client
-            .query_opt(
-                RECORD,
-                &[
-                    &name,
-                    &key,
-                    &owner.holder_id,
-                    &owner.hostname,
-                    &pid,
-                    &fields,
-                    &lease,
-                ],
-            )
+            .query_opt(RECORD, &columns.params(&name, &key, owner))
             .and_then(|row| match row {
                 Some(row) => Ok(Recorded::Tokens(block(row.get(0), row.get(1)))),
                 None => client

@@ -12,6 +12,7 @@
 use std::time::Instant;
 
 use super::connection::{BUSY, Held, Session, Try, pg_error, wait_of};
+use super::exclusive::{OwnerColumns, record};
 use super::fence::{advance, block, clock};
 use super::release::{Lock, literal};
 use super::shared::JOIN_SHARED;
@@ -21,31 +22,9 @@ use crate::error::Result;
 use crate::postgres::Keys;
 use crate::record::OwnRecord;
 
-/// Records the owner of the name `$1` (key `$2`; `holder_id`, hostname,
-/// pid, owner fields `$6`, lease `$7` in milliseconds) for the upgrade of
-/// the shared holder whose row is `$8`, and reserves its first block of
-/// tokens, as an exclusive holder's record (`exclusive::RECORD`) does;
+/// [`record!`] for the upgrade of the shared holder whose row is `$8`:
 /// the upgrading holder's own row does not stand in its way.
-const UPGRADE_RECORD: &str = concat!(
-    "WITH ",
-    clock!(),
-    " INSERT INTO leasehold_locks AS l
-         (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token, fields,
-          lease_ms, free_at)
-     SELECT $1::text, $2::bigint, n + 8193, $3::text, $4::text, $5::integer, now(), pg_backend_pid(), n + 8193,
-         $6::text, $7::bigint, NULL
-     FROM clock WHERE NOT EXISTS (SELECT 1 FROM leasehold_holders h WHERE h.name = $1 AND h.id <> $8 AND ",
-    wait_out!("h"),
-    ")
-     ON CONFLICT (name) DO UPDATE SET ",
-    advance!(),
-    ", holder_id = $3, hostname = $4, pid = $5, acquired_at = now(), backend_pid = pg_backend_pid(), fields = $6,
-         lease_ms = $7, free_at = NULL
-     WHERE NOT (",
-    wait_out!("l"),
-    ")
-     RETURNING l.holder_token, l.fencing_token"
-);
+const UPGRADE_RECORD: &str = record!("h.id <> $8 AND ");
 
 /// `tables::STAMP` for an upgrade of the holder whose row is `$2`: every
 /// other row of the name `$1` whose holder may still count itself one is
@@ -145,26 +124,14 @@ impl Session {
         }
         self.local(key).exclusive = true;
         let left = until.saturating_duration_since(Instant::now());
-        let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
-        let fields = owner.fields.as_ref().map(|f| f.object());
-        let lease = i64::try_from(owner.lease_ms).unwrap_or(i64::MAX);
+        let columns = OwnerColumns::of(owner);
         let recorded = if left.is_zero() {
             Ok(None)
         } else {
             self.transaction(None, left, "record an upgraded lock's owner", |client| {
-                let row = client.query_opt(
-                    UPGRADE_RECORD,
-                    &[
-                        &name,
-                        &key,
-                        &owner.holder_id,
-                        &owner.hostname,
-                        &pid,
-                        &fields,
-                        &lease,
-                        &id,
-                    ],
-                )?;
+                let mut params = columns.params(&name, &key, owner);
+                params.push(&id);
+                let row = client.query_opt(UPGRADE_RECORD, &params)?;
                 match row {
                     Some(row) => {
                         // The share's row goes with the share.
@@ -236,9 +203,7 @@ impl Session {
         self.local(key).shared += 1;
         let left = until.saturating_duration_since(Instant::now());
         let (mode, permits) = kind_columns(crate::backend::Mode::Shared);
-        let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
-        let fields = owner.fields.as_ref().map(|f| f.object());
-        let lease = i64::try_from(owner.lease_ms).unwrap_or(i64::MAX);
+        let OwnerColumns { pid, fields, lease } = OwnerColumns::of(owner);
         let slot: Option<i64> = None;
         let freed = format!(
             "SAVEPOINT downgrade; UPDATE leasehold_locks SET free_at = clock_timestamp() - interval '1 millisecond'
