@@ -232,10 +232,14 @@ fn exclusive(role: char) -> bool {
 /// Whether `x` was acquired before `y`: by fencing tokens (an exclusive
 /// acquisition, `W` or `X`, takes a new, greater token; a shared one,
 /// `R` or `U`, the counter as it stands); two upgradable holders by
-/// their starts.
+/// their tokens too, and by their starts when those are equal (no
+/// exclusive holder between them). A start is when the section was
+/// logged: a holder frozen between taking its slot and logging it logs a
+/// later start than the holder that rightly followed it once it was
+/// frozen past its lease, but its token is the smaller.
 fn acquired_before(x: &Section, y: &Section) -> bool {
     match (exclusive(x.role), exclusive(y.role)) {
-        (false, false) => x.start < y.start,
+        (false, false) => x.token < y.token || (x.token == y.token && x.start < y.start),
         (true, false) => x.token <= y.token,
         _ => x.token < y.token,
     }
