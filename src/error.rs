@@ -365,9 +365,12 @@ impl Error {
         }
     }
 
-    /// Whether this is an I/O error whose cause is a missing file.
+    /// Whether this is an I/O error whose cause is a missing file, or a
+    /// file lock taken at that instant: what a step that races others
+    /// tries again.
     pub(crate) fn is_not_found(&self) -> bool {
-        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+        matches!(self, Error::Io { source, .. }
+            if matches!(source.kind(), io::ErrorKind::NotFound | io::ErrorKind::WouldBlock))
     }
 
     /// Wraps an I/O error, sorting permission failures into their own kind.

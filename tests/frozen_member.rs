@@ -269,6 +269,39 @@ async fn joins_without_the_mutation_lock_never_exceed_a_semaphores_permits() {
     }
 }
 
+/// A marker file can read torn while another member rewrites it in place
+/// without the mutation lock (a leaver signing it for the holder renewed
+/// last). A member's renewal that reads it so must not take it for
+/// another group's and report its lock lost: it knows the marker by the
+/// node it joined, and signs it whole again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_read_torn_costs_no_member_its_lock() {
+    use std::os::unix::fs::FileExt;
+    for kind in [Kind::Shared, Kind::Permit(2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = locker(dir.path(), Strategy::ExclusiveFile);
+        let path = locker.lock_path("job").unwrap();
+        let guard = take_quickly(&locker, kind, "job", "torn").await;
+        // Torn as a reader can see a rewrite in place half done: what
+        // reads as no record at all.
+        let file = File::options().write(true).open(&path).unwrap();
+        file.write_all_at(b"@@ torn @@", 0).unwrap();
+        drop(file);
+        tokio::time::sleep(LEASE * 3).await;
+        assert!(
+            !guard.is_lost(),
+            "{kind:?}: a torn read of our marker cost us the lock"
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            serde_json::from_str::<serde_json::Value>(text.trim()).is_ok(),
+            "{kind:?}: the marker was never signed whole again: {text:?}"
+        );
+        guard.release().await.unwrap();
+        assert!(!path.exists(), "{kind:?}");
+    }
+}
+
 #[cfg(feature = "failpoints")]
 mod seal {
     //! The group's end against a joiner that does not take the mutation

@@ -234,8 +234,9 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
     failpoint!("unlocked.join.before_record").context("join shared lock", path)?;
     let mut member = match Member::create(ctx, name, mode, group_id, dir, upgradable) {
         Ok(member) => member,
-        // Our unfinished record was taken for a dead process's, or the
-        // directory went (its group ended): try again.
+        // Our unfinished record was taken for a dead process's (or its
+        // flock tested at that instant), or the directory went (its group
+        // ended): try again.
         Err(error) if error.is_not_found() => return busy(None),
         Err(error) => return Err(error),
     };
@@ -265,9 +266,9 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
     // The seal, then the marker, then the directory's name: in this order
     // (see above).
     let standing = !members::sealed(member.members())
-        && Found::open(ctx, name)?.is_some_and(|now| {
-            now.identity() == identity && marker(&now.parsed).is_some_and(|r| r.group == group)
-        })
+        // The node we found, which we keep open: so our group's, however
+        // it reads (a marker file rewritten in place can read torn).
+        && Found::open(ctx, name)?.is_some_and(|now| now.identity() == identity)
         && syscall::stat_at(ctx.dir.fd(), &dir_name).is_ok_and(|st| (st.dev, st.ino) == dir_id);
     if !standing {
         withdraw(member);

@@ -178,12 +178,21 @@ impl Member {
         }
     }
 
-    /// The marker at the lock path, if it is our group's.
+    /// The marker at the lock path, if it is our group's: the very node
+    /// we joined (which we keep open, so it is no other group's, whatever
+    /// it reads: a marker file rewritten in place by another member
+    /// without the mutation lock can read torn), or, failing that, a
+    /// marker that names our group.
     fn our_marker(&self) -> Result<Option<Found>> {
         let Some(found) = Found::open(&self.ctx, &self.name)? else {
             return Ok(None);
         };
-        let ours = marker(&found.parsed).is_some_and(|r| r.group == self.record.group);
+        let joined = self
+            .marker
+            .as_ref()
+            .and_then(|node| syscall::meta(node).ok())
+            .is_some_and(|meta| (meta.dev(), meta.ino()) == found.identity());
+        let ours = joined || marker(&found.parsed).is_some_and(|r| r.group == self.record.group);
         Ok(ours.then_some(found))
     }
 
@@ -402,6 +411,9 @@ impl Member {
             }
         };
         failpoint!("group.leave.after_dirlock").context("remove member record", || self.path())?;
+        // Left already, without the lock: whether we held to the end was
+        // judged then (the group may have ended since, rightly).
+        let left_before = self.left;
         let here = self.remove_own()?;
         failpoint!("group.leave.after_unlink").context("leave shared lock", || self.path())?;
         let dir_name = members_dir(self.name.file_name());
@@ -414,7 +426,7 @@ impl Member {
             if scan.live_members().next().is_none() && scan.waiters.is_empty() {
                 remove_members_dir(&ctx, &dir_name);
             }
-            return Ok(Some(false));
+            return Ok(Some(left_before.unwrap_or(false)));
         };
         // The marker takes the record of the holder renewed last, whose
         // lease ends last.
@@ -452,7 +464,14 @@ impl Member {
     /// Leaves without the name's mutation lock: `None` if no live holder
     /// is left, so that the group must end under the lock.
     fn leave_unlocked(&mut self) -> Result<Option<bool>> {
-        let here = self.remove_own()?;
+        if self.left.is_none() {
+            // Whether we held to the end, judged before our record goes:
+            // once it is gone, the group may end under us, rightly.
+            let ours = self.our_marker()?.is_some();
+            let here = self.remove_own()?;
+            self.left = Some(here && ours);
+        }
+        let here = self.left.unwrap_or(false);
         failpoint!("unlocked.leave.after_unlink").context("leave shared lock", || self.path())?;
         let dir_name = members_dir(self.name.file_name());
         let path = || self.ctx.path_of(&dir_name);
