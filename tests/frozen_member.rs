@@ -442,6 +442,72 @@ mod seal {
         }
     }
 
+    /// The last holder leaves and stops holding the mutation lock, its
+    /// record gone, before it seals: the group is deserted but still
+    /// stands (its marker's lease runs). A joiner joins it at once, and
+    /// signs the marker with its own record; the leaver, run again, counts
+    /// it and leaves the marker. No writer takes the name meanwhile, and
+    /// it is free once the joiner leaves.
+    #[test]
+    fn a_joiner_joins_a_group_whose_last_leaver_is_frozen() {
+        if std::env::var_os("LEASEHOLD_TEST_ROLE").is_some() {
+            return;
+        }
+        for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+            let what = format!("{strategy:?}");
+            let dir = tempfile::tempdir().unwrap();
+            let d = dir.path().to_str().unwrap();
+            let s = strategy_arg(strategy);
+            let leaver = ChildProc::spawn("leaver", &[d, s, "group.seal.before_create"]);
+            leaver.expect("holding", Duration::from_secs(10));
+            std::fs::write(dir.path().join("leave"), b"").unwrap();
+            until_stopped(&leaver, &what);
+            let started = Instant::now();
+            let joiner = ChildProc::spawn("joiner", &[d, s, "none"]);
+            joiner.expect("joined", Duration::from_secs(10));
+            // A process start is part of this: still far below the leaver's
+            // 600 ms lease, whose end would be the alternative.
+            assert!(
+                started.elapsed() < QUICK,
+                "{what}: joined after {:?}",
+                started.elapsed()
+            );
+            let rival = locker(dir.path(), strategy);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                // Past the leaver's lease: the marker is the joiner's now.
+                for _ in 0..6 {
+                    let taken = rival.try_acquire("job").await.unwrap();
+                    assert!(
+                        taken.is_none(),
+                        "{what}: taken exclusively beside a frozen leaver"
+                    );
+                    tokio::time::sleep(LEASE / 3).await;
+                }
+            });
+            leaver.signal(Signal::SIGCONT);
+            leaver.expect("left", Duration::from_secs(10));
+            rt.block_on(async {
+                for _ in 0..4 {
+                    let taken = rival.try_acquire("job").await.unwrap();
+                    assert!(taken.is_none(), "{what}: the leaver ended the joiner's group");
+                    tokio::time::sleep(LEASE / 4).await;
+                }
+                std::fs::write(dir.path().join("done"), b"").unwrap();
+                let taken = tokio::time::timeout(Duration::from_secs(10), rival.acquire("job"))
+                    .await
+                    .expect("free once the joiner left")
+                    .unwrap();
+                drop(taken);
+            });
+            drop(joiner);
+            drop(leaver);
+        }
+    }
+
     /// A joiner killed with its record made and unchecked costs nothing:
     /// its record's flock is free at once, so the group ends and the name
     /// is free at once.
@@ -510,7 +576,7 @@ mod roles {
     /// Stops this process once at each of the comma-separated points.
     #[cfg(feature = "failpoints")]
     fn stop_once_at(points: &str) {
-        for point in points.split(',') {
+        for point in points.split(',').filter(|p| *p != "none") {
             let seen = std::sync::atomic::AtomicBool::new(false);
             fail::cfg_callback(point, move || {
                 if !seen.swap(true, Ordering::SeqCst) {

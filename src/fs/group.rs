@@ -190,8 +190,14 @@ const JOIN_PATIENCE: Duration = Duration::from_millis(2);
 /// - after the seal, the marker: still the one we found, of our group (a
 ///   sealer removes the marker before it removes its seal).
 ///
-/// A group that does not stand (no marker, or one whose members are all
-/// gone) is started or cleared only under the lock: `Busy` until then.
+/// A group whose holders have all left while its end waits for the lock
+/// (its last leaver is slow, or frozen before it seals) still stands, if
+/// its marker's lease has a quarter lease to run: we join it, and sign
+/// the marker with our record before we are done (so that programs that
+/// judge the name by the marker's lease see ours), then look at it once
+/// more. A group that does not stand (no marker, one being ended under
+/// the seal, one whose marker's lease is nearly out) is started or
+/// cleared only under the lock: `Busy` until then.
 fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) -> Result<Joined> {
     let busy = |owner: Option<Owner>| {
         Ok(Joined::Busy {
@@ -217,7 +223,12 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
     let dir_id = syscall::meta(&dir).context("inspect members directory", path)?;
     let dir_id = (dir_id.dev(), dir_id.ino());
     let standing = scan(ctx, &dir, &path)?;
-    if standing.live_members().next().is_none() || members::sealed(&dir) {
+    let deserted = standing.live_members().next().is_none();
+    let lasts = |record: &crate::record::Record| {
+        let quarter = SystemTime::now() + ctx.settings.lease / 4;
+        record.lease_expires_at.is_some_and(|end| end > quarter)
+    };
+    if members::sealed(&dir) || (deserted && !lasts(record)) {
         return busy(Some(found.owner()));
     }
     if !same_kind(record, mode) {
@@ -270,7 +281,12 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
         // it reads (a marker file rewritten in place can read torn).
         && Found::open(ctx, name)?.is_some_and(|now| now.identity() == identity)
         && syscall::stat_at(ctx.dir.fd(), &dir_name).is_ok_and(|st| (st.dev, st.ino) == dir_id);
-    if !standing {
+    // Alone in a deserted group: the marker takes our record now.
+    let signed = || {
+        let alone = counted.live_members().all(|e| e.file_name == member.file_name());
+        !alone || member.sign_as_representative().unwrap_or(false)
+    };
+    if !standing || !signed() {
         withdraw(member);
         return busy(None);
     }

@@ -312,6 +312,17 @@ impl Member {
         self.sign_unlocked(&found, &self.record.to_bytes(0))
     }
 
+    /// Signs our group's marker with our own record, without the name's
+    /// mutation lock (a joiner that found the group deserted, see
+    /// `group::join_unlocked`); whether the marker is still ours after.
+    pub(in crate::fs) fn sign_as_representative(&self) -> Result<bool> {
+        let Some(found) = self.our_marker()? else {
+            return Ok(false);
+        };
+        self.sign_unlocked(&found, &self.record.to_bytes(0))?;
+        Ok(self.our_marker()?.is_some())
+    }
+
     /// Signs our group's marker `found` with `bytes` without the name's
     /// mutation lock (see [`Self::sign_before_it_lapses`]).
     fn sign_unlocked(&self, found: &Found, bytes: &[u8]) -> Result<()> {
