@@ -304,7 +304,7 @@ impl Engine {
             TokenStep::Ready(token) => token?,
             TokenStep::FromDisk(lease) => blocking(move || lease.next_token()).await??,
         };
-        Ok(self.hand_out(name, &grant, token, started, contended))
+        Ok(self.hand_out(name, &grant, token, started, None, contended))
     }
 
     /// A lock handed over by the previous local holder, not lost, as the
@@ -312,7 +312,8 @@ impl Engine {
     /// must come from disk (then the future that fetches it). What
     /// [`take_turn`](Self::take_turn) does with such a turn, on the hot
     /// path of an in-process handoff: no future to box, no clock but the
-    /// wait's end and the lease's check.
+    /// lease's check (the wait ended when the giver handed it on, a moment
+    /// it read for its handoff window).
     pub(crate) fn take_handoff<'a>(
         &'a self,
         name: LockName,
@@ -323,11 +324,12 @@ impl Engine {
     ) -> Result<Result<LockGuard>, Fetch<'a>> {
         // As in `finish`: from here the grant passes the hold on if the
         // caller goes away.
+        let handed_at = hold.handed_at();
         let grant = Grant::new(hold, Arc::clone(&queue));
         match grant.take_token() {
             TokenStep::Ready(token) => {
                 bump(&self.counters.handoffs);
-                Ok(token.map(|token| self.hand_out(&name, &grant, token, started, true)))
+                Ok(token.map(|token| self.hand_out(&name, &grant, token, started, handed_at, true)))
             }
             TokenStep::FromDisk(lease) => Err(Box::pin(async move {
                 let token = match blocking(move || lease.next_token()).await? {
@@ -358,7 +360,7 @@ impl Engine {
                     token => token?,
                 };
                 bump(&self.counters.handoffs);
-                Ok(self.hand_out(&name, &grant, token, started, true))
+                Ok(self.hand_out(&name, &grant, token, started, None, true))
             })),
         }
     }
@@ -372,6 +374,7 @@ impl Engine {
         grant: &Arc<Grant>,
         token: Option<u64>,
         started: Stamp,
+        ended: Option<Instant>,
         contended: bool,
     ) -> LockGuard {
         let counters = &self.counters;
@@ -391,7 +394,9 @@ impl Engine {
         if contended {
             bump(&counters.contended);
         }
-        let waited = started.elapsed();
+        // A handoff's wait ended when the giver handed it on, a moment its
+        // handoff window read.
+        let waited = ended.map_or_else(|| started.elapsed(), |end| started.until(end));
         counters.waited(waited);
         let guard = grant.first_guard(token);
         scope::remember(self.id, name.file_name(), grant);
