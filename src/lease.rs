@@ -333,7 +333,10 @@ impl Drop for Flight {
     fn drop(&mut self) {
         let mut state = self.0.state();
         state.in_flight -= 1;
-        if state.in_flight == 0 {
+        // Only `shut_down` waits, and it closes the roll first, under this
+        // lock: an open roll has nobody to wake, and a notification is a
+        // system call on every attempt.
+        if state.in_flight == 0 && state.closed {
             self.0.idle.notify_all();
         }
     }
