@@ -458,10 +458,13 @@ impl Engine {
             // A process that has waited longer goes first (a bounded
             // pause: never a reason not to try at all).
             let stand_back = self.store.stand_back(name, mode);
+            // Asked before the attempt: events from then on reach `changed`.
+            let mut watching = mode == Mode::Exclusive && self.store.watching();
             let attempt = match stand_back {
                 Some(_) => None,
                 None => Some(self.attempt(name, mode, deadline).await?),
             };
+            let attempt_made = attempt.is_some();
             let recheck_at = match attempt {
                 None => None,
                 Some(Attempt::Acquired(hold)) => return Ok((hold, waited)),
@@ -470,6 +473,8 @@ impl Engine {
                     recheck_at,
                     sharers,
                 }) => {
+                    // A group's holders die inside its members directory.
+                    watching &= !sharers;
                     if sharers && mode == Mode::Exclusive && announced.is_none() {
                         announced = self.announce(name).await?;
                     }
@@ -508,8 +513,10 @@ impl Engine {
             let _ = failpoint!("engine.wait.before_watch");
             let watched = self.store.watch(name);
             // A watch that starts only now missed whatever happened since
-            // the attempt (a release, say): look once more at once.
-            let look_again = watched && !was_watched;
+            // the attempt (a release, say): look once more at once, unless
+            // the watch already ran when the attempt began (a Locker that
+            // waited before): an event since then woke `changed`.
+            let look_again = watched && !was_watched && !(watching && attempt_made);
             was_watched = watched;
             let mut wake = later(
                 now,
