@@ -304,7 +304,7 @@ impl Engine {
             TokenStep::Ready(token) => token?,
             TokenStep::FromDisk(lease) => blocking(move || lease.next_token()).await??,
         };
-        Ok(self.hand_out(name, &grant, token, started, contended))
+        Ok(self.hand_out(name, &grant, token, started, None, contended))
     }
 
     /// A lock handed over by the previous local holder, not lost, as the
@@ -312,7 +312,8 @@ impl Engine {
     /// must come from disk (then the future that fetches it). What
     /// [`take_turn`](Self::take_turn) does with such a turn, on the hot
     /// path of an in-process handoff: no future to box, no clock but the
-    /// wait's end and the lease's check.
+    /// lease's check (the wait ended when the giver handed it on, a moment
+    /// it read for its handoff window).
     pub(crate) fn take_handoff<'a>(
         &'a self,
         name: LockName,
@@ -323,11 +324,12 @@ impl Engine {
     ) -> Result<Result<LockGuard>, Fetch<'a>> {
         // As in `finish`: from here the grant passes the hold on if the
         // caller goes away.
+        let handed_at = hold.handed_at();
         let grant = Grant::new(hold, Arc::clone(&queue));
         match grant.take_token() {
             TokenStep::Ready(token) => {
                 bump(&self.counters.handoffs);
-                Ok(token.map(|token| self.hand_out(&name, &grant, token, started, true)))
+                Ok(token.map(|token| self.hand_out(&name, &grant, token, started, handed_at, true)))
             }
             TokenStep::FromDisk(lease) => Err(Box::pin(async move {
                 let token = match blocking(move || lease.next_token()).await? {
@@ -358,7 +360,7 @@ impl Engine {
                     token => token?,
                 };
                 bump(&self.counters.handoffs);
-                Ok(self.hand_out(&name, &grant, token, started, true))
+                Ok(self.hand_out(&name, &grant, token, started, None, true))
             })),
         }
     }
@@ -372,6 +374,7 @@ impl Engine {
         grant: &Arc<Grant>,
         token: Option<u64>,
         started: Stamp,
+        ended: Option<Instant>,
         contended: bool,
     ) -> LockGuard {
         let counters = &self.counters;
@@ -391,7 +394,9 @@ impl Engine {
         if contended {
             bump(&counters.contended);
         }
-        let waited = started.elapsed();
+        // A handoff's wait ended when the giver handed it on, a moment its
+        // handoff window read.
+        let waited = ended.map_or_else(|| started.elapsed(), |end| started.until(end));
         counters.waited(waited);
         let guard = grant.first_guard(token);
         scope::remember(self.id, name.file_name(), grant);
@@ -453,10 +458,13 @@ impl Engine {
             // A process that has waited longer goes first (a bounded
             // pause: never a reason not to try at all).
             let stand_back = self.store.stand_back(name, mode);
+            // Asked before the attempt: events from then on reach `changed`.
+            let mut watching = mode == Mode::Exclusive && self.store.watching();
             let attempt = match stand_back {
                 Some(_) => None,
                 None => Some(self.attempt(name, mode, deadline).await?),
             };
+            let attempt_made = attempt.is_some();
             let recheck_at = match attempt {
                 None => None,
                 Some(Attempt::Acquired(hold)) => return Ok((hold, waited)),
@@ -465,6 +473,8 @@ impl Engine {
                     recheck_at,
                     sharers,
                 }) => {
+                    // A group's holders die inside its members directory.
+                    watching &= !sharers;
                     if sharers && mode == Mode::Exclusive && announced.is_none() {
                         announced = self.announce(name).await?;
                     }
@@ -503,8 +513,10 @@ impl Engine {
             let _ = failpoint!("engine.wait.before_watch");
             let watched = self.store.watch(name);
             // A watch that starts only now missed whatever happened since
-            // the attempt (a release, say): look once more at once.
-            let look_again = watched && !was_watched;
+            // the attempt (a release, say): look once more at once, unless
+            // the watch already ran when the attempt began (a Locker that
+            // waited before): an event since then woke `changed`.
+            let look_again = watched && !was_watched && !(watching && attempt_made);
             was_watched = watched;
             let mut wake = later(
                 now,

@@ -167,6 +167,18 @@ impl Fs {
         }
     }
 
+    /// [`Store::watching`](crate::store::Store::watching): on Linux, an
+    /// exclusive lock file's release (a removal, a rename) and its holder's
+    /// death (a close after writing) are events in the lock directory
+    /// itself, which the running watcher watches. (The directory layout
+    /// needs a watch inside each lock directory, a group one inside its
+    /// members directory, and kqueue a watch per file: those look again.)
+    pub(crate) fn watching(&self) -> bool {
+        cfg!(target_os = "linux")
+            && self.ctx.settings.strategy == Strategy::ExclusiveFile
+            && self.watcher.running()
+    }
+
     /// The watcher's way to us (weak: a watcher outliving us stops).
     fn waiters(&self) -> Waiters {
         Arc::downgrade(&self.events) as Waiters

@@ -10,7 +10,7 @@
 //! `Hold` gives it back) and the queue is told.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::{Mode, ReleaseNow};
 use crate::error::{Error, Result};
@@ -159,8 +159,13 @@ fn decide(hold: Hold, queue: &Queue<Hold>, check_lost: bool) -> Next {
             then: Then::Wake,
         };
     }
-    let within_window = hold.since().elapsed() < HANDOFF_WINDOW;
+    // The one clock read of a handoff on the giver's side: the window's,
+    // and the end of the taker's wait (`Hold::handed_at`).
+    let now = Instant::now();
+    let within_window = now.saturating_duration_since(hold.since()) < HANDOFF_WINDOW;
     let hold = if within_window && !(check_lost && hold.is_lost()) {
+        let mut hold = hold;
+        hold.hand_at(now);
         match queue.offer(hold) {
             None => return Next::HandedOn,
             Some(hold) => hold,

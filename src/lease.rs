@@ -26,6 +26,10 @@ pub(crate) struct Hold {
     lease: Arc<Lease>,
     /// When this hold was taken from the disk (handoffs do not reset it).
     since: Instant,
+    /// When the last holder handed it on to the next local waiter (read
+    /// once by the giver, for its handoff window): that waiter's wait
+    /// ends there, which spares the taker a clock read.
+    handed_at: Option<Instant>,
 }
 
 /// State shared between a hold and the renewal thread (which holds only a
@@ -97,6 +101,7 @@ impl Keeper {
         Hold {
             lease,
             since: Instant::now(),
+            handed_at: None,
         }
     }
 }
@@ -135,6 +140,16 @@ impl Kept for Hold {
 impl Hold {
     pub(crate) fn since(&self) -> Instant {
         self.since
+    }
+
+    /// When it was last handed on to a local waiter, if it was.
+    pub(crate) fn handed_at(&self) -> Option<Instant> {
+        self.handed_at
+    }
+
+    /// Marks it as handed on at `at` (on the monotonic clock).
+    pub(crate) fn hand_at(&mut self, at: Instant) {
+        self.handed_at = Some(at);
     }
 
     pub(crate) fn lease(&self) -> &Arc<Lease> {
@@ -318,7 +333,10 @@ impl Drop for Flight {
     fn drop(&mut self) {
         let mut state = self.0.state();
         state.in_flight -= 1;
-        if state.in_flight == 0 {
+        // Only `shut_down` waits, and it closes the roll first, under this
+        // lock: an open roll has nobody to wake, and a notification is a
+        // system call on every attempt.
+        if state.in_flight == 0 && state.closed {
             self.0.idle.notify_all();
         }
     }

@@ -108,6 +108,19 @@ impl Store {
         }
     }
 
+    /// Whether every event that may free an exclusive lock held by one
+    /// exclusive holder already reaches this `Locker`'s waiters, so that a
+    /// waiter whose attempt begins after this asks misses none of them and
+    /// need not look again when it starts to watch. `false` when unsure
+    /// (a server's notifications are its own affair).
+    pub(crate) fn watching(&self) -> bool {
+        match self {
+            Store::Fs(fs) => fs.watching(),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => false,
+        }
+    }
+
     /// [`Line::stand_back`]; a server orders its waiters itself: try now.
     pub(crate) fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration> {
         match self {

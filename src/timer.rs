@@ -168,6 +168,16 @@ impl Stamp {
         };
         now.saturating_duration_since(self.at)
     }
+
+    /// How long from this moment to `end`, a moment read on the monotonic
+    /// clock: no clock read, unless this moment is on Tokio's virtual
+    /// clock (then, as [`elapsed`](Self::elapsed), now).
+    pub(crate) fn until(self, end: Instant) -> Duration {
+        if self.tokio {
+            return self.elapsed();
+        }
+        end.saturating_duration_since(self.at)
+    }
 }
 
 /// Completes at `deadline` (on [`now`]'s clock).

@@ -60,6 +60,30 @@ async fn control_a_handoff_within_the_window_is_a_handoff() {
     assert_eq!(locker.stats().handoffs, 1);
 }
 
+/// A handed-over lock's wait ends when its holder hands it on, a moment
+/// the holder reads for its handoff window (the taker reads no clock for
+/// it): the statistic still counts the whole wait, from the first poll.
+#[tokio::test(flavor = "current_thread")]
+async fn a_handoffs_wait_runs_from_the_first_poll_to_the_hand_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let first = locker.acquire("w").await.unwrap();
+    let mut next = Box::pin(locker.acquire("w"));
+    assert!(poll_once(&mut next).await.is_pending());
+    // Held on past the waiter's first poll, within the handoff window.
+    std::thread::sleep(Duration::from_millis(4));
+    drop(first);
+    let next = tokio::time::timeout(Duration::from_secs(5), next)
+        .await
+        .unwrap()
+        .unwrap();
+    drop(next);
+    let stats = locker.stats();
+    assert_eq!(stats.wait_count, 2, "{stats:?}");
+    assert!(stats.wait_max >= Duration::from_millis(4), "{stats:?}");
+    assert!(stats.wait_max < Duration::from_secs(5), "{stats:?}");
+}
+
 /// The lock passes between tasks of one `Locker` "for at most 10 ms in a
 /// row; then the lock is released on disk" (Locker docs, *Fairness*). A
 /// handoff granted to a waiter that is cancelled before it picks it up

@@ -447,7 +447,16 @@ impl Lines {
     /// Whether this `Locker` stands back for an older waiter for `name`
     /// right now: then a release of the lock is not its business.
     pub(crate) fn behind(&self, dir: &File, name: &str) -> bool {
-        let places = self.places();
+        // Asked by the watcher thread. While this `Locker`'s waiter is at
+        // the line itself (joining it, or deciding whether to stand back,
+        // often just woken by this very batch of events), waiting for it
+        // would cost the waiter a futex wake on its way to the lock; a
+        // wake is never wrong (the waiter looks again), so do not wait.
+        let places = match self.places.try_lock() {
+            Ok(places) => places,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         let Some(place) = places.get(name) else {
             return false;
         };

@@ -62,6 +62,14 @@ impl Watcher {
         watch.is_some() && sys::WATCH_SEES_DEATHS && !*self.gone.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether the watcher runs and reports holders' deaths, without
+    /// starting it.
+    pub(crate) fn running(&self) -> bool {
+        matches!(self.watch.get(), Some(Some(_)))
+            && sys::WATCH_SEES_DEATHS
+            && !*self.gone.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Also watches inside the lock directory `file_name` (directory
     /// strategy). Returns whether events from it will arrive.
     pub(crate) fn ensure_child(&self, file_name: &str) -> bool {

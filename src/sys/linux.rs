@@ -206,6 +206,19 @@ pub(super) fn watch_dir(
                         return;
                     }
                 };
+                // A release or a creation is several events on one name
+                // (the lock's removal, its mutation lock's, a close): one
+                // report per name per batch is enough, since whoever is
+                // woken looks after every event read here had happened,
+                // and a second report only wakes it again for nothing.
+                let mut reported: Vec<std::ffi::OsString> = Vec::new();
+                let mut first_time = |name: &std::ffi::OsStr| {
+                    if reported.iter().any(|seen| seen == name) {
+                        return false;
+                    }
+                    reported.push(name.to_owned());
+                    true
+                };
                 for event in &events {
                     let keep_going = if event.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
                         on_event(DirEvent::Overflow)
@@ -221,8 +234,8 @@ pub(super) fn watch_dir(
                             return;
                         }
                         match &event.name {
-                            Some(name) => on_event(DirEvent::Changed(name)),
-                            None => true,
+                            Some(name) if first_time(name) => on_event(DirEvent::Changed(name)),
+                            _ => true,
                         }
                     } else {
                         let mut children = children.lock().unwrap_or_else(|e| e.into_inner());
@@ -233,8 +246,10 @@ pub(super) fn watch_dir(
                         };
                         drop(children);
                         match name {
-                            Some(name) => on_event(DirEvent::Changed(&name)),
-                            None => true,
+                            Some(name) if first_time(std::ffi::OsStr::new(&name)) => {
+                                on_event(DirEvent::Changed(&name))
+                            }
+                            _ => true,
                         }
                     };
                     if !keep_going {
