@@ -43,8 +43,23 @@ fn virtual_clock() -> bool {
     if first == second {
         return stands_still(second);
     }
-    let (tokio, real) = (second.into_std(), Instant::now());
-    tokio > real || real - tokio > Duration::from_millis(1)
+    together(second).is_none()
+}
+
+/// The monotonic clock, read now, unless Tokio's clock, read as `at`,
+/// runs apart from it by more than a millisecond (it was paused, and
+/// resumed): `None` then. A thread preempted between the two reads sees
+/// such a gap once: it must see it again, twice, before the clock counts
+/// as virtual (asking a runtime without a time driver prints a caught
+/// panic).
+fn together(at: tokio::time::Instant) -> Option<Instant> {
+    let gap = |tokio: Instant, real: Instant| tokio > real || real - tokio > Duration::from_millis(1);
+    let real = Instant::now();
+    if !gap(at.into_std(), real) {
+        return Some(real);
+    }
+    let apart = (0..2).all(|_| gap(tokio::time::Instant::now().into_std(), Instant::now()));
+    (!apart).then(Instant::now)
 }
 
 /// Whether Tokio's clock, read as `at` twice in a row, stands still (is
@@ -127,16 +142,19 @@ pub(crate) fn stamp() -> Stamp {
             tokio: false,
         };
     }
-    let (tokio, real) = (second.into_std(), Instant::now());
-    if (tokio > real || real - tokio > Duration::from_millis(1)) && time_driver() {
-        return Stamp {
-            at: tokio,
+    match together(second) {
+        Some(real) => Stamp {
+            at: real,
+            tokio: false,
+        },
+        None if time_driver() => Stamp {
+            at: tokio::time::Instant::now().into_std(),
             tokio: true,
-        };
-    }
-    Stamp {
-        at: real,
-        tokio: false,
+        },
+        None => Stamp {
+            at: Instant::now(),
+            tokio: false,
+        },
     }
 }
 
@@ -378,6 +396,23 @@ mod tests {
     /// and asking a runtime without a time driver whether it had one
     /// printed a caught panic ("panicked at src/timer.rs") into the
     /// program's stderr, once per runtime: every blocking call's.
+    /// A thread preempted between its read of Tokio's clock and its read
+    /// of the monotonic clock saw them a millisecond and more apart, took
+    /// the real clock for a resumed virtual one, and asked the runtime for
+    /// a time driver (a caught panic printed where it had none: the test
+    /// below failed under load).
+    #[test]
+    fn a_read_preempted_between_the_two_clocks_is_no_virtual_clock() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            // As if this thread had slept 2 ms between its two reads.
+            let stale = tokio::time::Instant::now() - Duration::from_millis(2);
+            assert!(together(stale).is_some(), "a real clock taken for a resumed one");
+            let ahead = tokio::time::Instant::now() + Duration::from_millis(2);
+            assert!(together(ahead).is_some(), "a real clock taken for a resumed one");
+        });
+    }
+
     #[test]
     fn a_coarse_real_clock_never_asks_a_runtime_without_timers() {
         use std::sync::atomic::{AtomicUsize, Ordering};
