@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{frozen_flock, mutex_of};
 use leasehold::{LockGuard, Locker, Strategy};
 
 #[test]
@@ -79,25 +80,6 @@ async fn take_quickly(locker: &Locker, kind: Kind, name: &str, what: &str) -> Lo
         started.elapsed()
     );
     guard
-}
-
-fn mutex_of(lock_path: &Path) -> std::path::PathBuf {
-    let mut name = lock_path.file_name().unwrap().to_owned();
-    name.push(".mutex");
-    lock_path.with_file_name(name)
-}
-
-/// A `flock` kept on `path`, as by a process frozen while holding it.
-fn frozen_flock(path: &Path) -> File {
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .unwrap();
-    file.lock().unwrap();
-    file
 }
 
 /// Member records (`m-*.json`) in the members directory of `lock_path`.

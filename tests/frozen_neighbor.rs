@@ -19,7 +19,7 @@ use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::ChildProc;
+use common::{ChildProc, frozen_flock, mutex_of};
 use leasehold::{LockGuard, Locker, Strategy};
 
 #[test]
@@ -87,19 +87,6 @@ async fn hold_beside(locker: &Locker, kind: Kind, name: &str, what: &str) {
     );
 }
 
-/// A `flock` kept on `path`, as by a process frozen while holding it.
-fn frozen_flock(path: &Path) -> File {
-    let file = File::options()
-        .read(true)
-        .write(!path.is_dir())
-        .create(!path.is_dir())
-        .truncate(false)
-        .open(path)
-        .unwrap();
-    file.lock().unwrap();
-    file
-}
-
 fn strategies() -> [(Strategy, bool); 3] {
     [
         (Strategy::ExclusiveFile, false),
@@ -157,12 +144,6 @@ async fn a_process_frozen_on_one_name_holds_up_no_other_name() {
         }
         drop(frozen);
     }
-}
-
-fn mutex_of(lock_path: &Path) -> std::path::PathBuf {
-    let mut name = lock_path.file_name().unwrap().to_owned();
-    name.push(".mutex");
-    lock_path.with_file_name(name)
 }
 
 /// A process frozen while changing the very name we hold (a reclaimer

@@ -792,3 +792,25 @@ pub fn seed(which: &str, dir: &Path, name: &str, mode: &[&str], within: Duration
         .map(str::to_owned)
         .collect()
 }
+
+/// A `flock` kept on `path` (a file, made if missing, or a directory), as
+/// by a process frozen while holding it.
+pub fn frozen_flock(path: &Path) -> std::fs::File {
+    let file = std::fs::File::options()
+        .read(true)
+        .write(!path.is_dir())
+        .create(!path.is_dir())
+        .truncate(false)
+        .open(path)
+        .unwrap();
+    file.lock().unwrap();
+    file
+}
+
+/// The mutation-lock file of the lock at `lock_path` (docs/format.md,
+/// *The mutation lock of a name*).
+pub fn mutex_of(lock_path: &Path) -> std::path::PathBuf {
+    let mut name = lock_path.file_name().unwrap().to_owned();
+    name.push(".mutex");
+    lock_path.with_file_name(name)
+}
