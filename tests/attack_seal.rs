@@ -1,0 +1,287 @@
+//! Attacks on joins and leaves without the name's mutation lock and the
+//! members directory's seal (issue 28 item 2, docs/format.md *Joining and
+//! leaving without the mutation lock*): orderings of a seal against a
+//! joiner's checks, a seal that outlives its sealer's mutation lock,
+//! upgrades and reclaims racing joiners that do not take that lock.
+//!
+//! Child processes stopped at failpoints (SIGSTOP, feature `failpoints`)
+//! play the slow or frozen processes; a `flock` the test keeps on the
+//! name's mutation-lock file plays a process frozen while holding it.
+// SIGSTOP and /proc: Linux only.
+#![cfg(target_os = "linux")]
+
+#[path = "support/common.rs"]
+mod common;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use leasehold::{Locker, Strategy};
+
+#[test]
+fn child_process_entry() {
+    common::child_entry_with(|role, args| async move { roles::run(&role, &args).await });
+}
+
+const LEASE: Duration = Duration::from_millis(600);
+
+fn locker(dir: &Path, strategy: Strategy) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .strategy(strategy)
+        .lease(LEASE)
+        .renew_interval(LEASE / 4)
+        .build()
+        .unwrap()
+}
+
+fn strategy_arg(strategy: Strategy) -> &'static str {
+    match strategy {
+        Strategy::Directory => "directory",
+        _ => "file",
+    }
+}
+
+#[allow(dead_code)]
+fn mutex_of(lock_path: &Path) -> PathBuf {
+    let mut name = lock_path.file_name().unwrap().to_owned();
+    name.push(".mutex");
+    lock_path.with_file_name(name)
+}
+
+/// A `flock` kept on `path`, as by a process frozen while holding it.
+#[allow(dead_code)]
+fn frozen_flock(path: &Path) -> File {
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap();
+    file.lock().unwrap();
+    file
+}
+
+#[allow(dead_code)]
+fn members_of(lock_path: &Path) -> PathBuf {
+    let mut name = lock_path.file_name().unwrap().to_owned();
+    name.push(".members");
+    lock_path.with_file_name(name)
+}
+
+#[cfg(feature = "failpoints")]
+mod seal {
+    use super::*;
+    use common::ChildProc;
+    use nix::sys::signal::Signal;
+
+    fn stopped(child: &ChildProc) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", child.pid()))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|rest| rest.trim_start().starts_with('T'))
+            })
+            .unwrap_or(false)
+    }
+
+    /// Whether `child` stops within `within`.
+    fn stops_within(child: &ChildProc, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if stopped(child) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stopped(child)
+    }
+
+    fn until_stopped(child: &ChildProc, what: &str) {
+        assert!(
+            stops_within(child, Duration::from_secs(10)),
+            "{what}: the child never stopped at its failpoint"
+        );
+    }
+
+    fn wait_for(path: &Path, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if path.exists() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        path.exists()
+    }
+
+    fn remove_lock_path(strategy: Strategy, path: &Path) {
+        match strategy {
+            Strategy::Directory => std::fs::remove_dir_all(path).unwrap(),
+            _ => std::fs::remove_file(path).unwrap(),
+        }
+    }
+
+    /// A seal must never outlive its sealer's mutation lock: the next
+    /// holder of that lock takes a seal it finds for a dead sealer's, and
+    /// seals over it; the late sealer then removes the new sealer's seal,
+    /// and a joiner that does not take the mutation lock joins a group
+    /// whose sealed count did not count it.
+    ///
+    /// The late removal comes from `members::tidy` when its removal of the
+    /// marker does not happen (here: the marker was removed behind the
+    /// mutation lock, as velocious or pi-research remove a marker whose
+    /// lease lapsed; the same with an I/O error on the removal): the
+    /// mutation lock goes with the closure, the seal only after, when
+    /// `tidy` returns.
+    ///
+    /// 1. A holder dies; joiner A (shared) finds its marker with no live
+    ///    member and ends that group under the mutation lock: stopped
+    ///    before its seal.
+    /// 2. The marker is removed behind the mutation lock; A goes on: its
+    ///    removal finds the marker gone, its mutation lock goes, and it
+    ///    stops before it removes its seal.
+    /// 3. U joins as upgradable (first holder of a new group in the same
+    ///    members directory), and upgrades: seals, counts itself alone,
+    ///    and is stopped before it turns the marker into its exclusive
+    ///    lock.
+    /// 4. A goes on: removes the seal (U's), and joins the new group
+    ///    without the mutation lock (U holds it): no seal, the marker
+    ///    still there.
+    /// 5. U goes on and takes the name exclusively.
+    ///
+    /// The children report any instant at which both held.
+    #[test]
+    fn a_seal_never_outlives_its_sealers_mutation_lock() {
+        if std::env::var_os("LEASEHOLD_TEST_ROLE").is_some() {
+            return;
+        }
+        for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+            let what = format!("{strategy:?}");
+            let dir = tempfile::tempdir().unwrap();
+            let d = dir.path().to_str().unwrap();
+            let s = strategy_arg(strategy);
+            let path = locker(dir.path(), strategy).lock_path("job").unwrap();
+
+            let mut holder = ChildProc::spawn("holder", &[d, s]);
+            holder.expect("holding", Duration::from_secs(10));
+            holder.kill();
+            holder.wait(Duration::from_secs(10));
+
+            let a = ChildProc::spawn(
+                "shared",
+                &[d, s, "group.seal.before_create,group.seal.before_remove", "a"],
+            );
+            until_stopped(&a, &what);
+            remove_lock_path(strategy, &path);
+            a.signal(Signal::SIGCONT);
+            let a_stopped = stops_within(&a, Duration::from_secs(2));
+
+            let u = ChildProc::spawn("upgrader", &[d, s, "upgrade.before_rewrite", "u"]);
+            if !stops_within(&u, Duration::from_secs(3)) && a_stopped {
+                a.signal(Signal::SIGCONT);
+            }
+            until_stopped(&u, &what);
+            if a_stopped && stopped(&a) {
+                a.signal(Signal::SIGCONT);
+            }
+            // A joins now, if it can.
+            let _ = wait_for(&dir.path().join("a.holding"), Duration::from_millis(500));
+            u.signal(Signal::SIGCONT);
+            let a_said = a.expect("finished", Duration::from_secs(20));
+            let u_said = u.expect("finished", Duration::from_secs(20));
+            assert!(
+                !a_said.contains("overlap") && !u_said.contains("overlap"),
+                "{what}: a shared holder and the upgraded exclusive holder held at once: A {a_said:?}, U {u_said:?}"
+            );
+        }
+    }
+}
+
+mod roles {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    fn strategy(arg: &str) -> Strategy {
+        match arg {
+            "directory" => Strategy::Directory,
+            _ => Strategy::ExclusiveFile,
+        }
+    }
+
+    /// Stops this process once at each of the comma-separated points.
+    #[cfg(feature = "failpoints")]
+    fn stop_once_at(points: &str) {
+        for point in points.split(',').filter(|p| !p.is_empty()) {
+            let seen = std::sync::atomic::AtomicBool::new(false);
+            fail::cfg_callback(point, move || {
+                if !seen.swap(true, Ordering::SeqCst) {
+                    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+                }
+            })
+            .unwrap();
+        }
+    }
+
+    /// Holds for `hold`, marked by the file `<me>.holding` in `dir`,
+    /// watching for `<other>.holding`: "overlap" if it was there.
+    async fn hold_watching(dir: &Path, me: &str, others: &[&str], hold: Duration) -> bool {
+        let mine = dir.join(format!("{me}.holding"));
+        std::fs::write(&mine, b"").unwrap();
+        let until = Instant::now() + hold;
+        let mut overlap = false;
+        while Instant::now() < until {
+            overlap |= others.iter().any(|o| dir.join(format!("{o}.holding")).exists());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        std::fs::remove_file(&mine).unwrap();
+        overlap
+    }
+
+    pub async fn run(role: &str, args: &[String]) -> i32 {
+        let dir = Path::new(&args[0]);
+        let locker = locker(dir, strategy(&args[1]));
+        match role {
+            "holder" => {
+                let _guard = locker.acquire_shared("job").await.unwrap();
+                common::say("holding");
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                0
+            }
+            // A shared holder, stopping once at each point given; holds
+            // 1.5 s and reports whether an exclusive holder held meanwhile.
+            #[cfg(feature = "failpoints")]
+            "shared" => {
+                stop_once_at(&args[2]);
+                let me = args[3].as_str();
+                let guard = locker.acquire_shared("job").await.unwrap();
+                let overlap = hold_watching(dir, me, &["u-excl"], Duration::from_millis(1500)).await;
+                let _ = guard.release().await;
+                common::say(&format!("finished{}", if overlap { " overlap" } else { "" }));
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                0
+            }
+            // An upgradable holder that upgrades at once, stopping once at
+            // each point given; holds the upgrade 1 s and reports whether a
+            // shared holder held meanwhile.
+            #[cfg(feature = "failpoints")]
+            "upgrader" => {
+                let me = args[3].as_str();
+                let up = locker.acquire_upgradable("job").await.unwrap();
+                std::fs::write(dir.join(format!("{me}.joined")), b"").unwrap();
+                stop_once_at(&args[2]);
+                let guard = up.upgrade().await.unwrap();
+                let overlap =
+                    hold_watching(dir, "u-excl", &["a", "b", "c"], Duration::from_millis(1000)).await;
+                let _ = guard.release().await;
+                common::say(&format!("finished{}", if overlap { " overlap" } else { "" }));
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                0
+            }
+            _ => common::run_role(role, args).await,
+        }
+    }
+}
