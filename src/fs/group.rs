@@ -100,7 +100,9 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
             // Nobody holds it any more: remove the marker (if nobody joined
             // meanwhile without the mutation lock) and start anew.
             drop(scan);
-            members::tidy(ctx, name, |then| remove_marker(ctx, name, found, mutation, then))?;
+            members::tidy(ctx, name, mutation, |mutation, then| {
+                remove_marker(ctx, name, found, mutation, then)
+            })?;
             return Ok(Joined::Again);
         }
         if !same {

@@ -8,6 +8,7 @@
 use super::context::Ctx;
 use super::context::read_record;
 use super::file;
+use super::mutex::MutationLock;
 use crate::backend::{Inspection, Mode};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
@@ -47,7 +48,11 @@ pub(super) fn is_upgradable(file_name: &str) -> bool {
 /// seal (docs/format.md, *Joining without the mutation lock*).
 pub(super) const SEAL: &str = "sealed";
 
-/// A members directory's seal, removed when dropped.
+/// A members directory's seal, removed when dropped. The caller drops it
+/// before the name's mutation lock goes (a seal that outlived it would be
+/// taken for a dead sealer's and sealed over by the lock's next holder,
+/// whose seal it would then remove); `tidy` leaves it to the mutation lock
+/// itself (`MutationLock::seal`).
 pub(super) struct Seal<'a> {
     dir: &'a File,
 }
@@ -56,21 +61,34 @@ impl<'a> Seal<'a> {
     /// Seals `dir`. The caller holds the name's mutation lock, so a seal
     /// already there is a dead sealer's, and now ours.
     pub(super) fn new(dir: &'a File, path: &dyn Fn() -> PathBuf) -> Result<Self> {
-        failpoint!("group.seal.before_create").context("seal members directory", path)?;
-        match syscall::open_at(dir, SEAL, Open::CreateNew) {
-            Ok(_) | Err(Errno::EEXIST) => Ok(Seal { dir }),
-            Err(e) => Err(e).context("seal members directory", path),
-        }
+        seal(dir, path)?;
+        Ok(Seal { dir })
     }
 }
 
 impl Drop for Seal<'_> {
     fn drop(&mut self) {
-        let _ = failpoint!("group.seal.before_remove");
-        match syscall::unlink_at(self.dir, SEAL) {
-            Ok(()) | Err(Errno::ENOENT) => {}
-            Err(error) => tracing::debug!(%error, "could not remove a members directory's seal"),
-        }
+        unseal(self.dir);
+    }
+}
+
+/// Seals `dir` (see [`SEAL`]). The caller holds the name's mutation lock,
+/// so a seal already there is a dead sealer's, and now ours; it removes it
+/// ([`unseal`]) before that lock goes.
+pub(super) fn seal(dir: &File, path: &dyn Fn() -> PathBuf) -> Result<()> {
+    failpoint!("group.seal.before_create").context("seal members directory", path)?;
+    match syscall::open_at(dir, SEAL, Open::CreateNew) {
+        Ok(_) | Err(Errno::EEXIST) => Ok(()),
+        Err(e) => Err(e).context("seal members directory", path),
+    }
+}
+
+/// Removes our seal from `dir`, under the name's mutation lock.
+pub(super) fn unseal(dir: &File) {
+    let _ = failpoint!("group.seal.before_remove");
+    match syscall::unlink_at(dir, SEAL) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(error) => tracing::debug!(%error, "could not remove a members directory's seal"),
     }
 }
 
@@ -419,21 +437,24 @@ pub(super) fn holders(ctx: &Ctx, name: &LockName) -> Result<Vec<Owner>> {
 /// live member remains: the members directory is sealed, its dead members
 /// removed, and `remove` runs while it is still sealed, so no joiner that
 /// does not take the mutation lock can join a marker about to go. `remove`
-/// calls the function it is given once the marker is gone and before it
-/// lets the mutation lock go: that removes the seal, and the members
-/// directory too if nothing is left in it. `None` if a live member
-/// remains, and so the marker must stay.
-pub(super) fn tidy<T>(
+/// is given the mutation lock, and calls the function it is given once the
+/// marker is gone and before it lets the mutation lock go: that removes
+/// the seal, and the members directory too if nothing is left in it.
+/// However `remove` ends (the marker found gone or replaced, an error),
+/// the seal goes no later than the mutation lock (`MutationLock::seal`).
+/// `None` if a live member remains, and so the marker must stay.
+pub(super) fn tidy<'m, T>(
     ctx: &Ctx,
     name: &LockName,
-    remove: impl FnOnce(&dyn Fn()) -> Result<T>,
+    mut mutation: MutationLock<'m>,
+    remove: impl FnOnce(MutationLock<'m>, &dyn Fn()) -> Result<T>,
 ) -> Result<Option<T>> {
     let Some(dir) = open_members(ctx, name)? else {
-        return remove(&|| {}).map(Some);
+        return remove(mutation, &|| {}).map(Some);
     };
     let dir_name = members_dir(name.file_name());
     let path = || ctx.path_of(&dir_name);
-    let seal = std::cell::Cell::new(Some(Seal::new(&dir, &path)?));
+    mutation.seal(&dir, &path)?;
     let mut scan = scan(ctx, &dir, &path)?;
     remove_dead(ctx, &dir, &mut scan);
     if scan.live_members().next().is_some() {
@@ -441,12 +462,12 @@ pub(super) fn tidy<T>(
     }
     let waiters = !scan.waiters.is_empty();
     let then = || {
-        drop(seal.take());
+        unseal(&dir);
         if !waiters {
             remove_members_dir(ctx, &dir_name);
         }
     };
-    remove(&then).map(Some)
+    remove(mutation, &then).map(Some)
 }
 
 /// Members directories whose lock path is gone (a crash between two

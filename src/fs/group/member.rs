@@ -423,7 +423,7 @@ impl Member {
             // The last (unless somebody joins without the mutation lock
             // before the seal: then the marker stays, theirs to sign).
             None => {
-                members::tidy(&ctx, &self.name, |then| {
+                members::tidy(&ctx, &self.name, mutation, |mutation, then| {
                     remove_marker(&ctx, &self.name, &found, mutation, then)
                 })?;
             }
