@@ -199,6 +199,89 @@ mod seal {
             );
         }
     }
+
+    /// Unfinished records (`.tmp-m-*.json`) in the members directory.
+    fn unfinished(lock_path: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(members_of(lock_path))
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        let n = p.file_name().unwrap().to_string_lossy().into_owned();
+                        n.starts_with(".tmp-m-") && n.ends_with(".json")
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A joiner without the mutation lock makes its record under a private
+    /// name (`.tmp-m-<uuid>.json`) and flocks it after creating it; between
+    /// the two, a process under the mutation lock that removes what dead
+    /// joiners left (`remove_dead`) tests that flock (and takes it, for an
+    /// instant) and removes the file:
+    ///
+    /// - removed before the joiner's flock: the joiner's rename fails
+    ///   (`NotFound`), and it tries again;
+    /// - the tester frozen with the flock taken (between its test and its
+    ///   removal, played here by the test's own flock on the file): the
+    ///   joiner's flock fails. A join beside a frozen process must not
+    ///   fail: it tries again under another name.
+    ///
+    /// Either way the joiner joins, within a second of going on, and the
+    /// holder keeps its lock.
+    #[test]
+    fn a_joiners_unfinished_record_tested_or_removed_by_a_sweep_costs_no_error() {
+        if std::env::var_os("LEASEHOLD_TEST_ROLE").is_some() {
+            return;
+        }
+        for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+            for frozen_tester in [false, true] {
+                let what = format!("{strategy:?} frozen tester {frozen_tester}");
+                let dir = tempfile::tempdir().unwrap();
+                let d = dir.path().to_str().unwrap();
+                let s = strategy_arg(strategy);
+                let main = locker(dir.path(), strategy);
+                let path = main.lock_path("job").unwrap();
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let held = rt.block_on(main.acquire_shared("job")).unwrap();
+                let frozen = frozen_flock(&mutex_of(&path));
+                let j = ChildProc::spawn("shared", &[d, s, "group.record.after_open", "j"]);
+                until_stopped(&j, &what);
+                let tmp = unfinished(&path);
+                assert_eq!(tmp.len(), 1, "{what}: the joiner's unfinished record");
+                let tester = if frozen_tester {
+                    // Frozen between its flock test and its removal.
+                    let file = File::open(&tmp[0]).unwrap();
+                    file.try_lock().unwrap();
+                    Some(file)
+                } else {
+                    // A join under the mutation lock sweeps it.
+                    drop(frozen);
+                    let other = locker(dir.path(), strategy);
+                    let second = rt.block_on(other.acquire_shared("job")).unwrap();
+                    assert!(
+                        unfinished(&path).is_empty(),
+                        "{what}: the sweep kept a record nobody flocks"
+                    );
+                    drop(second);
+                    None
+                };
+                j.signal(Signal::SIGCONT);
+                let said = j.expect("holding", Duration::from_secs(5));
+                assert!(!said.contains("error"), "{what}: {said}");
+                drop(tester);
+                let said = j.expect("finished", Duration::from_secs(10));
+                assert!(!said.contains("error"), "{what}: {said}");
+                assert!(!held.is_lost(), "{what}");
+                rt.block_on(held.release()).unwrap();
+            }
+        }
+    }
 }
 
 mod roles {
@@ -257,7 +340,16 @@ mod roles {
             "shared" => {
                 stop_once_at(&args[2]);
                 let me = args[3].as_str();
-                let guard = locker.acquire_shared("job").await.unwrap();
+                let guard = match locker.acquire_shared("job").await {
+                    Ok(guard) => guard,
+                    Err(e) => {
+                        common::say(&format!("holding error {e}"));
+                        common::say(&format!("finished error {e}"));
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                        return 1;
+                    }
+                };
+                common::say("holding");
                 let overlap = hold_watching(dir, me, &["u-excl"], Duration::from_millis(1500)).await;
                 let _ = guard.release().await;
                 common::say(&format!("finished{}", if overlap { " overlap" } else { "" }));
