@@ -71,6 +71,170 @@ fn members_of(lock_path: &Path) -> PathBuf {
     lock_path.with_file_name(name)
 }
 
+/// Takes the name's mutation lock as leasehold does (open, flock, check
+/// the name still names what was locked), holds it `hold`, and lets it go
+/// as leasehold does (removed, then unlocked): a slow process changing
+/// the name.
+fn hold_mutation_lock(path: &Path, hold: Duration) {
+    use std::os::unix::fs::MetadataExt;
+    loop {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path);
+        // The test's directory gone: the test is over.
+        let Ok(file) = file else { return };
+        file.lock().unwrap();
+        let locked = file.metadata().unwrap();
+        match std::fs::metadata(path) {
+            Ok(now) if (now.dev(), now.ino()) == (locked.dev(), locked.ino()) => {}
+            _ => continue,
+        }
+        std::thread::sleep(hold);
+        let _ = std::fs::remove_file(path);
+        return;
+    }
+}
+
+/// Semaphore permits and exclusive holds taken and given back at a high
+/// rate while a slow process holds the name's mutation lock for 0 to 6 ms
+/// at a time: joins and leaves mix the path under the lock and the path
+/// without it (and, without an anchor holder, groups end and start again
+/// under the seal). Never more holders than permits, never a permit and
+/// an exclusive holder at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mixed_joins_with_and_without_the_mutation_lock_never_oversubscribe() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const PERMITS: u32 = 2;
+    let mut failures = Vec::new();
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        for anchored in [true, false] {
+            let what = format!("{strategy:?} anchored {anchored}");
+            let dir = tempfile::tempdir().unwrap();
+            let main = locker(dir.path(), strategy);
+            let path = main.lock_path("pool").unwrap();
+            let anchor = if anchored {
+                Some(main.semaphore("pool", PERMITS).unwrap().acquire().await.unwrap())
+            } else {
+                None
+            };
+            let permits = Arc::new(AtomicUsize::new(usize::from(anchored)));
+            let exclusive = Arc::new(AtomicUsize::new(0));
+            let most = Arc::new(AtomicUsize::new(0));
+            let both = Arc::new(AtomicBool::new(false));
+            let taken = Arc::new(AtomicUsize::new(0));
+            let lost = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+            let stop = Arc::new(AtomicBool::new(false));
+            let chaos = {
+                let stop = Arc::clone(&stop);
+                let mutex = mutex_of(&path);
+                std::thread::spawn(move || {
+                    let mut n: u64 = 7;
+                    while !stop.load(Ordering::SeqCst) {
+                        n = n
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        hold_mutation_lock(&mutex, Duration::from_micros((n >> 33) % 6000));
+                        std::thread::sleep(Duration::from_micros((n >> 40) % 3000));
+                    }
+                })
+            };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let mut tasks = Vec::new();
+            for i in 0..6 {
+                let locker = locker(dir.path(), strategy);
+                let lost = Arc::clone(&lost);
+                let (permits, exclusive, most, both, taken) = (
+                    Arc::clone(&permits),
+                    Arc::clone(&exclusive),
+                    Arc::clone(&most),
+                    Arc::clone(&both),
+                    Arc::clone(&taken),
+                );
+                tasks.push(tokio::spawn(async move {
+                    while Instant::now() < deadline {
+                        if i == 0 && !anchored {
+                            let Some(guard) = locker.try_acquire("pool").await.unwrap() else {
+                                tokio::time::sleep(Duration::from_millis(2)).await;
+                                continue;
+                            };
+                            exclusive.fetch_add(1, Ordering::SeqCst);
+                            if permits.load(Ordering::SeqCst) > 0 {
+                                both.store(true, Ordering::SeqCst);
+                            }
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            if permits.load(Ordering::SeqCst) > 0 {
+                                both.store(true, Ordering::SeqCst);
+                            }
+                            exclusive.fetch_sub(1, Ordering::SeqCst);
+                            drop(guard);
+                            continue;
+                        }
+                        let sem = locker.semaphore("pool", PERMITS).unwrap();
+                        let Some(guard) = sem.try_acquire().await.unwrap() else {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            continue;
+                        };
+                        let now = permits.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        if exclusive.load(Ordering::SeqCst) > 0 {
+                            both.store(true, Ordering::SeqCst);
+                        }
+                        taken.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        if exclusive.load(Ordering::SeqCst) > 0 {
+                            both.store(true, Ordering::SeqCst);
+                        }
+                        permits.fetch_sub(1, Ordering::SeqCst);
+                        if i % 2 == 0 {
+                            if let Err(e) = guard.release().await {
+                                lost.lock().unwrap().push(format!("{e}"));
+                            }
+                        } else {
+                            if guard.is_lost() {
+                                lost.lock().unwrap().push("lost before its drop".to_owned());
+                            }
+                            drop(guard);
+                        }
+                    }
+                }));
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+            stop.store(true, Ordering::SeqCst);
+            chaos.join().unwrap();
+            let lost = lost.lock().unwrap().clone();
+            if !lost.is_empty() {
+                failures.push(format!(
+                    "{what}: {} holders lost their permits: {:?}",
+                    lost.len(),
+                    lost.first()
+                ));
+            }
+            let most = most.load(Ordering::SeqCst);
+            if most > PERMITS as usize {
+                failures.push(format!("{what}: {most} holders of {PERMITS} permits"));
+            }
+            if both.load(Ordering::SeqCst) {
+                failures.push(format!("{what}: a permit and an exclusive holder at once"));
+            }
+            if taken.load(Ordering::SeqCst) < 10 {
+                failures.push(format!("{what}: only {taken:?} permits taken"));
+            }
+            if let Some(anchor) = anchor
+                && anchor.is_lost()
+            {
+                failures.push(format!("{what}: the anchor lost its permit"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 #[cfg(feature = "failpoints")]
 mod seal {
     use super::*;
