@@ -235,6 +235,85 @@ async fn mixed_joins_with_and_without_the_mutation_lock_never_oversubscribe() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Holders that keep a name shared while others join and leave it beside
+/// a slow process holding its mutation lock part of the time: leaves
+/// without the mutation lock sign the marker without it (a lock file's
+/// marker is rewritten in place, which a reader can read torn), while a
+/// holder's renewal under the lock reads the marker to sign it. Nobody
+/// that holds loses its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn holders_keep_their_lock_beside_leaves_without_the_mutation_lock() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let mut failures = Vec::new();
+    for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+        let what = format!("{strategy:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let quick = |dir: &Path| {
+            Locker::builder()
+                .directory(dir)
+                .strategy(strategy)
+                .lease(Duration::from_millis(400))
+                .renew_interval(Duration::from_millis(5))
+                .build()
+                .unwrap()
+        };
+        let keepers: Vec<Locker> = (0..4).map(|_| quick(dir.path())).collect();
+        let path = keepers[0].lock_path("job").unwrap();
+        let mut kept = Vec::new();
+        for keeper in &keepers {
+            kept.push(keeper.acquire_shared("job").await.unwrap());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let chaos = {
+            let stop = Arc::clone(&stop);
+            let mutex = mutex_of(&path);
+            std::thread::spawn(move || {
+                let mut n: u64 = 11;
+                while !stop.load(Ordering::SeqCst) {
+                    n = n
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    hold_mutation_lock(&mutex, Duration::from_micros((n >> 33) % 3000));
+                    std::thread::sleep(Duration::from_micros((n >> 40) % 2000));
+                }
+            })
+        };
+        let churned = Arc::new(AtomicUsize::new(0));
+        let deadline = Instant::now() + Duration::from_secs(4);
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let locker = locker(dir.path(), strategy);
+            let churned = Arc::clone(&churned);
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    if let Some(guard) = locker.try_acquire_shared("job").await.unwrap() {
+                        churned.fetch_add(1, Ordering::SeqCst);
+                        let _ = guard.release().await;
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        stop.store(true, Ordering::SeqCst);
+        chaos.join().unwrap();
+        let lost = kept.iter().filter(|g| g.is_lost()).count();
+        if lost > 0 {
+            failures.push(format!(
+                "{what}: {lost} of {} holders lost their lock ({} joins beside them)",
+                kept.len(),
+                churned.load(Ordering::SeqCst)
+            ));
+        }
+        for guard in kept {
+            let _ = guard.release().await;
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 #[cfg(feature = "failpoints")]
 mod seal {
     use super::*;
