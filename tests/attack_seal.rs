@@ -525,6 +525,57 @@ mod seal {
             }
         }
     }
+
+    /// A process killed with its seal made (here an upgrade that found
+    /// other holders, killed as it removes its seal) leaves the seal: the
+    /// next process under the mutation lock removes it, but while another
+    /// process holds that lock (frozen), joiners that do not take it find
+    /// the group sealed and wait, for as long as that process stays
+    /// frozen. A crash should cost milliseconds, and a frozen process
+    /// delays no join of a group that stands (here: a live holder, the
+    /// marker in place).
+    #[test]
+    fn a_dead_sealers_seal_delays_no_join_beside_a_frozen_change() {
+        if std::env::var_os("LEASEHOLD_TEST_ROLE").is_some() {
+            return;
+        }
+        for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
+            let what = format!("{strategy:?}");
+            let dir = tempfile::tempdir().unwrap();
+            let d = dir.path().to_str().unwrap();
+            let s = strategy_arg(strategy);
+            let main = locker(dir.path(), strategy);
+            let path = main.lock_path("job").unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let held = rt.block_on(main.acquire_shared("job")).unwrap();
+            let mut u = ChildProc::spawn("upgrader", &[d, s, "group.seal.before_remove", "u"]);
+            until_stopped(&u, &what);
+            assert!(
+                members_of(&path).join("sealed").exists(),
+                "{what}: the upgrade's seal"
+            );
+            u.kill();
+            u.wait(Duration::from_secs(10));
+            let frozen = frozen_flock(&mutex_of(&path));
+            let joiner = locker(dir.path(), strategy);
+            rt.block_on(async {
+                let started = Instant::now();
+                let joined = tokio::time::timeout(Duration::from_secs(3), joiner.acquire_shared("job")).await;
+                assert!(
+                    joined.is_ok(),
+                    "{what}: a join waited {:?} for a dead sealer's seal beside a frozen change of the name",
+                    started.elapsed()
+                );
+                drop(joined);
+            });
+            assert!(!held.is_lost(), "{what}");
+            drop(frozen);
+            rt.block_on(held.release()).unwrap();
+        }
+    }
 }
 
 mod roles {
