@@ -55,14 +55,18 @@ pub(super) const SEAL: &str = "sealed";
 /// itself (`MutationLock::seal`).
 pub(super) struct Seal<'a> {
     dir: &'a File,
+    /// The seal, open, under our flock.
+    _held: File,
 }
 
 impl<'a> Seal<'a> {
     /// Seals `dir`. The caller holds the name's mutation lock, so a seal
     /// already there is a dead sealer's, and now ours.
     pub(super) fn new(dir: &'a File, path: &dyn Fn() -> PathBuf) -> Result<Self> {
-        seal(dir, path)?;
-        Ok(Seal { dir })
+        Ok(Seal {
+            dir,
+            _held: seal(dir, path)?,
+        })
     }
 }
 
@@ -72,15 +76,31 @@ impl Drop for Seal<'_> {
     }
 }
 
-/// Seals `dir` (see [`SEAL`]). The caller holds the name's mutation lock,
-/// so a seal already there is a dead sealer's, and now ours; it removes it
-/// ([`unseal`]) before that lock goes.
-pub(super) fn seal(dir: &File, path: &dyn Fn() -> PathBuf) -> Result<()> {
+/// Seals `dir` (see [`SEAL`]) and returns the seal open, under our flock,
+/// which we keep until the seal is removed: a seal whose flock is free is
+/// a dead sealer's, and keeps nobody out (a joiner that does not take the
+/// mutation lock may find it while another process holds that lock,
+/// frozen, for as long as it stays so). The flock is taken before we
+/// count: a joiner that found the seal free (or missing) before had its
+/// record in place, and is counted. The caller holds the name's mutation
+/// lock, so a seal already there is a dead sealer's, and now ours; it
+/// removes it ([`unseal`]) before that lock goes.
+pub(super) fn seal(dir: &File, path: &dyn Fn() -> PathBuf) -> Result<File> {
     failpoint!("group.seal.before_create").context("seal members directory", path)?;
-    match syscall::open_at(dir, SEAL, Open::CreateNew) {
-        Ok(_) | Err(Errno::EEXIST) => Ok(()),
-        Err(e) => Err(e).context("seal members directory", path),
+    let file = match syscall::open_at(dir, SEAL, Open::CreateNew) {
+        Err(Errno::EEXIST) => syscall::open_at(dir, SEAL, Open::Read),
+        made => made,
     }
+    .context("seal members directory", path)?;
+    // A joiner's test of the flock holds it for an instant.
+    for _ in 0..50 {
+        match file.try_flock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_micros(200)),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e).context("seal members directory", path),
+        }
+    }
+    Err(std::io::Error::from(std::io::ErrorKind::WouldBlock)).context("seal members directory", path)
 }
 
 /// Removes our seal from `dir`, under the name's mutation lock.
@@ -92,10 +112,16 @@ pub(super) fn unseal(dir: &File) {
     }
 }
 
-/// Whether `dir` is sealed (an error counts as sealed: the joiner backs
-/// off and joins under the mutation lock).
+/// Whether `dir` is sealed by a live sealer: the seal is there and its
+/// flock is held (an error counts as sealed: the joiner backs off and
+/// joins under the mutation lock).
 pub(super) fn sealed(dir: &File) -> bool {
-    !matches!(syscall::stat_at(dir, SEAL), Err(Errno::ENOENT))
+    match syscall::open_at(dir, SEAL, Open::Read) {
+        Err(Errno::ENOENT) => false,
+        Err(_) => true,
+        // Our test holds the flock for an instant only (the file closes).
+        Ok(file) => file.try_flock().is_err(),
+    }
 }
 
 /// Removes a dead sealer's seal; the caller holds the name's mutation

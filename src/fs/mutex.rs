@@ -143,9 +143,9 @@ pub(crate) struct MutationLock<'a> {
     lock: String,
     /// Open for as long as we hold the flock on it: closing it unlocks.
     file: File,
-    /// A members directory we sealed (`members::SEAL`), unsealed before
-    /// the flock goes.
-    sealed: Option<File>,
+    /// A members directory we sealed (`members::SEAL`) and the seal, under
+    /// our flock: unsealed before the flock goes.
+    sealed: Option<(File, File)>,
 }
 
 impl MutationLock<'_> {
@@ -160,8 +160,8 @@ impl MutationLock<'_> {
         let kept = members
             .try_clone()
             .map_err(|e| Error::io("seal members directory", path(), e))?;
-        super::members::seal(members, path)?;
-        self.sealed = Some(kept);
+        let seal = super::members::seal(members, path)?;
+        self.sealed = Some((kept, seal));
         Ok(())
     }
 }
@@ -169,7 +169,7 @@ impl MutationLock<'_> {
 impl Drop for MutationLock<'_> {
     fn drop(&mut self) {
         // Our seal, if it is still there, goes while we hold the lock.
-        if let Some(members) = self.sealed.take() {
+        if let Some((members, _seal)) = self.sealed.take() {
             super::members::unseal(&members);
         }
         // Removed while we hold it, so nobody else can be relying on this
