@@ -56,7 +56,7 @@ pub(super) const SEAL: &str = "sealed";
 pub(super) struct Seal<'a> {
     dir: &'a File,
     /// The seal, open, under our flock.
-    _held: File,
+    held: Option<File>,
 }
 
 impl<'a> Seal<'a> {
@@ -65,13 +65,18 @@ impl<'a> Seal<'a> {
     pub(super) fn new(dir: &'a File, path: &dyn Fn() -> PathBuf) -> Result<Self> {
         Ok(Seal {
             dir,
-            _held: seal(dir, path)?,
+            held: Some(seal(dir, path)?),
         })
     }
 }
 
 impl Drop for Seal<'_> {
     fn drop(&mut self) {
+        // Closed first: on Windows an unlinked file that is still open
+        // keeps a (pending) name in the directory, which then cannot be
+        // removed. Our change is done or given up by now, so the seal's
+        // free flock for an instant keeps out nobody who should be.
+        drop(self.held.take());
         unseal(self.dir);
     }
 }
@@ -96,7 +101,9 @@ pub(super) fn seal(dir: &File, path: &dyn Fn() -> PathBuf) -> Result<File> {
     for _ in 0..50 {
         match file.try_flock() {
             Ok(()) => return Ok(file),
-            Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_micros(200)),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_micros(200))
+            }
             Err(std::fs::TryLockError::Error(e)) => return Err(e).context("seal members directory", path),
         }
     }
@@ -480,7 +487,9 @@ pub(super) fn tidy<'m, T>(
     };
     let dir_name = members_dir(name.file_name());
     let path = || ctx.path_of(&dir_name);
-    mutation.seal(&dir, &path)?;
+    // Closed (its flock let go) before it is removed, as `Seal` does; the
+    // mutation lock removes it if `remove` does not get to run `then`.
+    let held = std::cell::Cell::new(Some(mutation.seal(&dir, &path)?));
     let mut scan = scan(ctx, &dir, &path)?;
     remove_dead(ctx, &dir, &mut scan);
     if scan.live_members().next().is_some() {
@@ -488,6 +497,7 @@ pub(super) fn tidy<'m, T>(
     }
     let waiters = !scan.waiters.is_empty();
     let then = || {
+        drop(held.take());
         unseal(&dir);
         if !waiters {
             remove_members_dir(ctx, &dir_name);

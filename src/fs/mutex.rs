@@ -143,9 +143,9 @@ pub(crate) struct MutationLock<'a> {
     lock: String,
     /// Open for as long as we hold the flock on it: closing it unlocks.
     file: File,
-    /// A members directory we sealed (`members::SEAL`) and the seal, under
-    /// our flock: unsealed before the flock goes.
-    sealed: Option<(File, File)>,
+    /// A members directory we sealed (`members::SEAL`): unsealed before
+    /// the flock goes.
+    sealed: Option<File>,
 }
 
 impl MutationLock<'_> {
@@ -156,20 +156,23 @@ impl MutationLock<'_> {
     /// holder, which seals over it, and then removed under that holder's
     /// count, letting in a joiner that does not take the mutation lock and
     /// that its count did not see.
-    pub(super) fn seal(&mut self, members: &File, path: &dyn Fn() -> std::path::PathBuf) -> Result<()> {
+    ///
+    /// Returns the seal, open, under our flock (`members::seal`): the
+    /// caller keeps it until the seal is removed.
+    pub(super) fn seal(&mut self, members: &File, path: &dyn Fn() -> std::path::PathBuf) -> Result<File> {
         let kept = members
             .try_clone()
             .map_err(|e| Error::io("seal members directory", path(), e))?;
         let seal = super::members::seal(members, path)?;
-        self.sealed = Some((kept, seal));
-        Ok(())
+        self.sealed = Some(kept);
+        Ok(seal)
     }
 }
 
 impl Drop for MutationLock<'_> {
     fn drop(&mut self) {
         // Our seal, if it is still there, goes while we hold the lock.
-        if let Some((members, _seal)) = self.sealed.take() {
+        if let Some(members) = self.sealed.take() {
             super::members::unseal(&members);
         }
         // Removed while we hold it, so nobody else can be relying on this
