@@ -373,6 +373,12 @@ impl Error {
             if matches!(source.kind(), io::ErrorKind::NotFound | io::ErrorKind::WouldBlock))
     }
 
+    /// Whether this is an I/O error whose cause is a lock (a `flock`) that
+    /// another process holds.
+    pub(crate) fn is_would_block(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::WouldBlock)
+    }
+
     /// Wraps an I/O error, sorting permission failures into their own kind.
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         let path = path.into();

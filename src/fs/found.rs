@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::context::Ctx;
 use super::context::read_record;
 use super::layout::Strategy;
+use super::mutex::MutationLock;
 use super::{directory, file, members};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
@@ -184,7 +185,7 @@ impl Found {
         }
         let is_marker =
             members::marker(&self.parsed).is_some() || members::marker(&record::parse(&now)).is_some();
-        let remove = |then: &dyn Fn()| {
+        let remove = |mutation: MutationLock<'_>, then: &dyn Fn()| {
             failpoint!("reclaim.before_remove").context("reclaim lock", path)?;
             match ctx.settings.strategy {
                 Strategy::ExclusiveFile => {
@@ -201,9 +202,9 @@ impl Found {
         // seal, which keeps joiners that do not take the mutation lock out
         // until the marker is gone.
         let removed = if is_marker {
-            members::tidy(ctx, name, remove)?.unwrap_or(false)
+            members::tidy(ctx, name, mutation, remove)?.unwrap_or(false)
         } else {
-            remove(&|| {})?
+            remove(mutation, &|| {})?
         };
         if !removed {
             return Ok(false);

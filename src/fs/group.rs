@@ -100,7 +100,9 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
             // Nobody holds it any more: remove the marker (if nobody joined
             // meanwhile without the mutation lock) and start anew.
             drop(scan);
-            members::tidy(ctx, name, |then| remove_marker(ctx, name, found, mutation, then))?;
+            members::tidy(ctx, name, mutation, |mutation, then| {
+                remove_marker(ctx, name, found, mutation, then)
+            })?;
             return Ok(Joined::Again);
         }
         if !same {
@@ -245,10 +247,12 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
     failpoint!("unlocked.join.before_record").context("join shared lock", path)?;
     let mut member = match Member::create(ctx, name, mode, group_id, dir, upgradable) {
         Ok(member) => member,
-        // Our unfinished record was taken for a dead process's (or its
-        // flock tested at that instant), or the directory went (its group
-        // ended): try again.
-        Err(error) if error.is_not_found() => return busy(None),
+        // Our unfinished record was taken for a dead process's (removed,
+        // or its flock taken for an instant by the test of a process under
+        // the mutation lock, which may be frozen in that instant:
+        // `remove_dead`), or the directory went (its group ended): try
+        // again, under another name.
+        Err(error) if error.is_not_found() || error.is_would_block() => return busy(None),
         Err(error) => return Err(error),
     };
     member.marker = Some(node);

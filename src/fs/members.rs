@@ -8,6 +8,7 @@
 use super::context::Ctx;
 use super::context::read_record;
 use super::file;
+use super::mutex::MutationLock;
 use crate::backend::{Inspection, Mode};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
@@ -47,9 +48,16 @@ pub(super) fn is_upgradable(file_name: &str) -> bool {
 /// seal (docs/format.md, *Joining without the mutation lock*).
 pub(super) const SEAL: &str = "sealed";
 
-/// A members directory's seal, removed when dropped.
+/// A members directory's seal, removed when dropped. The caller drops it
+/// before the name's mutation lock goes (a seal that outlived it would be
+/// taken for a dead sealer's and sealed over by the lock's next holder,
+/// whose seal it would then remove); `tidy` leaves it to the mutation lock
+/// itself (`MutationLock::seal`).
 pub(super) struct Seal {
+    /// The members directory, open.
     dir: File,
+    /// The seal, open, under our flock.
+    held: Option<File>,
 }
 
 impl Seal {
@@ -57,28 +65,70 @@ impl Seal {
     /// already there is a dead sealer's, and now ours.
     pub(super) fn new(dir: &File, path: &dyn Fn() -> PathBuf) -> Result<Self> {
         let dir = dir.try_clone().context("seal members directory", path)?;
-        failpoint!("group.seal.before_create").context("seal members directory", path)?;
-        match syscall::open_at(&dir, SEAL, Open::CreateNew) {
-            Ok(_) | Err(Errno::EEXIST) => Ok(Seal { dir }),
-            Err(e) => Err(e).context("seal members directory", path),
-        }
+        let held = Some(seal(&dir, path)?);
+        Ok(Seal { dir, held })
     }
 }
 
 impl Drop for Seal {
     fn drop(&mut self) {
-        let _ = failpoint!("group.seal.before_remove");
-        match syscall::unlink_at(&self.dir, SEAL) {
-            Ok(()) | Err(Errno::ENOENT) => {}
-            Err(error) => tracing::debug!(%error, "could not remove a members directory's seal"),
-        }
+        // Closed first: on Windows an unlinked file that is still open
+        // keeps a (pending) name in the directory, which then cannot be
+        // removed. Our change is done or given up by now, so the seal's
+        // free flock for an instant keeps out nobody who should be.
+        drop(self.held.take());
+        unseal(&self.dir);
     }
 }
 
-/// Whether `dir` is sealed (an error counts as sealed: the joiner backs
-/// off and joins under the mutation lock).
+/// Seals `dir` (see [`SEAL`]) and returns the seal open, under our flock,
+/// which we keep until the seal is removed: a seal whose flock is free is
+/// a dead sealer's, and keeps nobody out (a joiner that does not take the
+/// mutation lock may find it while another process holds that lock,
+/// frozen, for as long as it stays so). The flock is taken before we
+/// count: a joiner that found the seal free (or missing) before had its
+/// record in place, and is counted. The caller holds the name's mutation
+/// lock, so a seal already there is a dead sealer's, and now ours; it
+/// removes it ([`unseal`]) before that lock goes.
+pub(super) fn seal(dir: &File, path: &dyn Fn() -> PathBuf) -> Result<File> {
+    failpoint!("group.seal.before_create").context("seal members directory", path)?;
+    let file = match syscall::open_at(dir, SEAL, Open::CreateNew) {
+        Err(Errno::EEXIST) => syscall::open_at(dir, SEAL, Open::Read),
+        made => made,
+    }
+    .context("seal members directory", path)?;
+    // A joiner's test of the flock holds it for an instant.
+    for _ in 0..50 {
+        match file.try_flock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_micros(200))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e).context("seal members directory", path),
+        }
+    }
+    Err(std::io::Error::from(std::io::ErrorKind::WouldBlock)).context("seal members directory", path)
+}
+
+/// Removes our seal from `dir`, under the name's mutation lock.
+pub(super) fn unseal(dir: &File) {
+    let _ = failpoint!("group.seal.before_remove");
+    match syscall::unlink_at(dir, SEAL) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(error) => tracing::debug!(%error, "could not remove a members directory's seal"),
+    }
+}
+
+/// Whether `dir` is sealed by a live sealer: the seal is there and its
+/// flock is held (an error counts as sealed: the joiner backs off and
+/// joins under the mutation lock).
 pub(super) fn sealed(dir: &File) -> bool {
-    !matches!(syscall::stat_at(dir, SEAL), Err(Errno::ENOENT))
+    match syscall::open_at(dir, SEAL, Open::Read) {
+        Err(Errno::ENOENT) => false,
+        Err(_) => true,
+        // Our test holds the flock for an instant only (the file closes).
+        Ok(file) => file.try_flock().is_err(),
+    }
 }
 
 /// Removes a dead sealer's seal; the caller holds the name's mutation
@@ -420,21 +470,26 @@ pub(super) fn holders(ctx: &Ctx, name: &LockName) -> Result<Vec<Owner>> {
 /// live member remains: the members directory is sealed, its dead members
 /// removed, and `remove` runs while it is still sealed, so no joiner that
 /// does not take the mutation lock can join a marker about to go. `remove`
-/// calls the function it is given once the marker is gone and before it
-/// lets the mutation lock go: that removes the seal, and the members
-/// directory too if nothing is left in it. `None` if a live member
-/// remains, and so the marker must stay.
-pub(super) fn tidy<T>(
+/// is given the mutation lock, and calls the function it is given once the
+/// marker is gone and before it lets the mutation lock go: that removes
+/// the seal, and the members directory too if nothing is left in it.
+/// However `remove` ends (the marker found gone or replaced, an error),
+/// the seal goes no later than the mutation lock (`MutationLock::seal`).
+/// `None` if a live member remains, and so the marker must stay.
+pub(super) fn tidy<'m, T>(
     ctx: &Ctx,
     name: &LockName,
-    remove: impl FnOnce(&dyn Fn()) -> Result<T>,
+    mut mutation: MutationLock<'m>,
+    remove: impl FnOnce(MutationLock<'m>, &dyn Fn()) -> Result<T>,
 ) -> Result<Option<T>> {
     let Some(dir) = open_members(ctx, name)? else {
-        return remove(&|| {}).map(Some);
+        return remove(mutation, &|| {}).map(Some);
     };
     let dir_name = members_dir(name.file_name());
     let path = || ctx.path_of(&dir_name);
-    let seal = std::cell::Cell::new(Some(Seal::new(&dir, &path)?));
+    // Closed (its flock let go) before it is removed, as `Seal` does; the
+    // mutation lock removes it if `remove` does not get to run `then`.
+    let held = std::cell::Cell::new(Some(mutation.seal(&dir, &path)?));
     let mut scan = scan(ctx, &dir, &path)?;
     remove_dead(ctx, &dir, &mut scan);
     if scan.live_members().next().is_some() {
@@ -442,12 +497,13 @@ pub(super) fn tidy<T>(
     }
     let waiters = !scan.waiters.is_empty();
     let then = || {
-        drop(seal.take());
+        drop(held.take());
+        unseal(&dir);
         if !waiters {
             remove_members_dir(ctx, &dir_name);
         }
     };
-    remove(&then).map(Some)
+    remove(mutation, &then).map(Some)
 }
 
 /// Members directories whose lock path is gone (a crash between two

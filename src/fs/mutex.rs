@@ -124,6 +124,7 @@ impl LockDir {
                     dir: self,
                     lock: lock.to_owned(),
                     file,
+                    sealed: None,
                 }));
             }
             rounds += 1;
@@ -142,10 +143,38 @@ pub(crate) struct MutationLock<'a> {
     lock: String,
     /// Open for as long as we hold the flock on it: closing it unlocks.
     file: File,
+    /// A members directory we sealed (`members::SEAL`): unsealed before
+    /// the flock goes.
+    sealed: Option<File>,
+}
+
+impl MutationLock<'_> {
+    /// Seals the members directory `members` of this name
+    /// (`members::seal`) until this lock goes at the latest, however the
+    /// change it seals for ends: a seal that outlived its sealer's
+    /// mutation lock would be taken for a dead sealer's by the lock's next
+    /// holder, which seals over it, and then removed under that holder's
+    /// count, letting in a joiner that does not take the mutation lock and
+    /// that its count did not see.
+    ///
+    /// Returns the seal, open, under our flock (`members::seal`): the
+    /// caller keeps it until the seal is removed.
+    pub(super) fn seal(&mut self, members: &File, path: &dyn Fn() -> std::path::PathBuf) -> Result<File> {
+        let kept = members
+            .try_clone()
+            .map_err(|e| Error::io("seal members directory", path(), e))?;
+        let seal = super::members::seal(members, path)?;
+        self.sealed = Some(kept);
+        Ok(seal)
+    }
 }
 
 impl Drop for MutationLock<'_> {
     fn drop(&mut self) {
+        // Our seal, if it is still there, goes while we hold the lock.
+        if let Some(members) = self.sealed.take() {
+            super::members::unseal(&members);
+        }
         // Removed while we hold it, so nobody else can be relying on this
         // inode: a waiter that locks it next finds it gone and starts over.
         // Kept if it is not empty: leasehold makes it empty, so one with

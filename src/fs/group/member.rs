@@ -2,7 +2,7 @@
 //! holds it: its record, its share of the marker's flock, renewal and
 //! leaving.
 
-use crate::sys::syscall::WriteAt;
+use crate::sys::syscall::{Flock, WriteAt};
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -334,8 +334,13 @@ impl Member {
                 failpoint!("group.sign.before_tmp").context("sign shared lock marker", path)?;
                 let file = syscall::open_at(&self.dir, tmp.as_str(), syscall::Open::Replace)
                     .context("sign shared lock marker", path)?;
+                // Flocked, so that a process under the mutation lock keeps
+                // it (`remove_dead` removes only unfinished files whose
+                // flock is free: their makers died).
                 let written = file
-                    .write_all_at(bytes, 0)
+                    .try_flock()
+                    .map_err(std::io::Error::from)
+                    .and_then(|()| file.write_all_at(bytes, 0))
                     .context("sign shared lock marker", path)
                     .and_then(|()| {
                         syscall::rename_between(&self.dir, &tmp, found.node(), "owner.json")
@@ -422,9 +427,9 @@ impl Member {
             }
         };
         failpoint!("group.leave.after_dirlock").context("remove member record", || self.path())?;
-        // Left already, without the lock: whether we held to the end was
-        // judged then (the group may have ended since, rightly).
-        let left_before = self.left;
+        // Whether we removed our record already, without the mutation
+        // lock: what becomes of the group after that is no loss of ours.
+        let left_before = self.left.is_some();
         let here = self.remove_own()?;
         failpoint!("group.leave.after_unlink").context("leave shared lock", || self.path())?;
         let dir_name = members_dir(self.name.file_name());
@@ -433,11 +438,14 @@ impl Member {
         remove_dead(&ctx, &self.dir, &mut scan);
         let Some(found) = self.our_marker()? else {
             // Never marked (the path was taken first) or taken over: the
-            // members directory goes if nothing is left in it.
+            // members directory goes if nothing is left in it. (Or, if we
+            // left before without the mutation lock, the last of us, our
+            // group ended since by another's hand: a process under the
+            // mutation lock that found its marker with no live member.)
             if scan.live_members().next().is_none() && scan.waiters.is_empty() {
                 remove_members_dir(&ctx, &dir_name);
             }
-            return Ok(Some(left_before.unwrap_or(false)));
+            return Ok(Some(left_before && here));
         };
         // The marker takes the record of the holder renewed last, whose
         // lease ends last.
@@ -446,7 +454,7 @@ impl Member {
             // The last (unless somebody joins without the mutation lock
             // before the seal: then the marker stays, theirs to sign).
             None => {
-                members::tidy(&ctx, &self.name, |then| {
+                members::tidy(&ctx, &self.name, mutation, |mutation, then| {
                     remove_marker(&ctx, &self.name, &found, mutation, then)
                 })?;
             }
@@ -475,14 +483,15 @@ impl Member {
     /// Leaves without the name's mutation lock: `None` if no live holder
     /// is left, so that the group must end under the lock.
     fn leave_unlocked(&mut self) -> Result<Option<bool>> {
-        if self.left.is_none() {
-            // Whether we held to the end, judged before our record goes:
-            // once it is gone, the group may end under us, rightly.
-            let ours = self.our_marker()?.is_some();
-            let here = self.remove_own()?;
-            self.left = Some(here && ours);
+        // Held to the end: our record, and our group's marker, looked at
+        // before our record goes (as `lost` looks: a marker read torn
+        // while another rewrites it is no loss). After, the group may
+        // end without us.
+        if self.left.is_none() && self.lost()?.is_some() {
+            self.remove_own()?;
+            self.left = Some(false);
         }
-        let here = self.left.unwrap_or(false);
+        let here = self.remove_own()?;
         failpoint!("unlocked.leave.after_unlink").context("leave shared lock", || self.path())?;
         let dir_name = members_dir(self.name.file_name());
         let path = || self.ctx.path_of(&dir_name);
@@ -490,8 +499,12 @@ impl Member {
         let Some(next) = scan.live_members().max_by_key(|e| e.lease_end()) else {
             return Ok(None);
         };
-        if let Some(found) = self.our_marker()? {
-            self.sign_unlocked(&found, &next.bytes)?;
+        // Best effort: we are gone already, and the holders' renewals
+        // sign the marker too.
+        if let Some(found) = self.our_marker()?
+            && let Err(error) = self.sign_unlocked(&found, &next.bytes)
+        {
+            tracing::debug!(lock = self.name.as_str(), %error, "could not sign the marker for the holders left");
         }
         Ok(Some(here))
     }
