@@ -341,3 +341,11 @@ fn torture_upgradable_exclusive_file() {
 fn torture_upgradable_directory() {
     torture(Backend::Directory);
 }
+
+/// PostgreSQL: each upgradable holding on a session of its own, its
+/// slot a key of its own; sessions ended by the chaos as holders die.
+#[cfg(all(feature = "postgres", unix))]
+#[test]
+fn torture_upgradable_postgres() {
+    torture(Backend::Postgres);
+}
