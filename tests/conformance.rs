@@ -334,7 +334,36 @@ fn files(strategy: leasehold::Strategy) -> (tempfile::TempDir, leasehold::Locker
     (dir, builder)
 }
 
-api_conformance!(api_exclusive_file, files(leasehold::Strategy::ExclusiveFile));
+/// What this platform's refusal of upgradable locks in `strategy` names
+/// (docs/upgradable.md), or `None` where it keeps them: Windows refuses
+/// them on every layout; the directory layout needs an atomic exchange of
+/// two directories (Linux with glibc, macOS), which FreeBSD, musl and the
+/// portable test mode (`LEASEHOLD_TEST_PORTABLE=1`) do not have.
+fn upgradable_refused(strategy: leasehold::Strategy) -> Option<&'static str> {
+    let portable = cfg!(all(target_os = "linux", feature = "portable-test"))
+        && std::env::var("LEASEHOLD_TEST_PORTABLE").as_deref() == Ok("1");
+    let exchange = cfg!(any(
+        all(target_os = "linux", target_env = "gnu"),
+        target_os = "macos"
+    )) && !portable;
+    if cfg!(windows) {
+        Some("Windows")
+    } else if strategy == leasehold::Strategy::Directory && !exchange {
+        Some("atomic exchange")
+    } else {
+        None
+    }
+}
+
+api_conformance!(
+    api_exclusive_file,
+    files(leasehold::Strategy::ExclusiveFile),
+    upgradable_refused = upgradable_refused(leasehold::Strategy::ExclusiveFile)
+);
 // Windows cannot lock a directory: `build()` refuses the layout there.
 #[cfg(unix)]
-api_conformance!(api_directory, files(leasehold::Strategy::Directory));
+api_conformance!(
+    api_directory,
+    files(leasehold::Strategy::Directory),
+    upgradable_refused = upgradable_refused(leasehold::Strategy::Directory)
+);

@@ -1070,7 +1070,8 @@ fn server() -> (Server, LockerBuilder) {
 }
 
 // The behaviour every backend shares, as the file strategies run it.
-api_conformance!(conformance, server());
+// Upgradable locks are kept on every platform the server tests run on.
+api_conformance!(conformance, server(), upgradable_refused = None);
 
 /// Settings that only mean something for lock files are refused with a
 /// PostgreSQL server, not silently ignored: a user who set a directory

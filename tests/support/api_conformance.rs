@@ -4,10 +4,14 @@
 //!
 //! `$setup` is an expression giving `(keep_alive, LockerBuilder)`: the
 //! first keeps the backend (a directory, a server) alive for the test.
+//! `upgradable_refused` is an expression giving `Option<&str>`: `None`
+//! where the backend keeps upgradable locks, or a word of the
+//! `Error::Unsupported` it refuses them with (docs/upgradable.md); each
+//! upgradable test asserts that refusal there instead.
 
 #[macro_export]
 macro_rules! api_conformance {
-    ($module:ident, $setup:expr) => {
+    ($module:ident, $setup:expr, upgradable_refused = $refused:expr) => {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
@@ -288,6 +292,331 @@ macro_rules! api_conformance {
                 assert!(lockers[1].try_acquire("slots").await.unwrap().is_none());
                 assert!(lockers[0].semaphore("slots", 0).is_err());
                 drop(held);
+            }
+
+            /// Whether this backend keeps upgradable locks. Where it
+            /// refuses them, asserts the refusal instead: every form of
+            /// the acquisition fails with `Error::Unsupported` naming why,
+            /// and leaves `name` free for every other kind of lock.
+            async fn upgradable_kept(locker: &Locker, name: &str) -> bool {
+                let refused: Option<&str> = $refused;
+                let Some(why) = refused else {
+                    return true;
+                };
+                let attempts = [
+                    locker.acquire_upgradable(name).await.map(drop),
+                    locker.try_acquire_upgradable(name).await.map(drop),
+                    locker
+                        .acquire_upgradable_timeout(name, Duration::from_millis(100))
+                        .await
+                        .map(drop),
+                ];
+                for attempt in attempts {
+                    match attempt {
+                        Err(Error::Unsupported { what }) => {
+                            assert!(what.contains(why), "refused for another reason: {what}")
+                        }
+                        other => panic!("not refused ({why}): {other:?}"),
+                    }
+                }
+                let shared = locker.try_acquire_shared(name).await.unwrap();
+                assert!(shared.is_some(), "a refusal left {name} held");
+                drop(shared);
+                let writer = eventually(
+                    || async { locker.try_acquire(name).await.unwrap() },
+                    "a refusal left the name held",
+                )
+                .await;
+                writer.release().await.unwrap();
+                false
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_one_upgradable_holder_beside_readers_without_writers() {
+                let (_keep, builder) = $setup;
+                let (a, b, c) = (quick(&builder), quick(&builder), quick(&builder));
+                if !upgradable_kept(&a, "doc").await {
+                    return;
+                }
+                let up = a.acquire_upgradable("doc").await.unwrap();
+                assert!(up.guard().is_shared());
+                assert_eq!(up.guard().name(), "doc");
+                assert!(up.guard().fencing_token().is_some(), "fencing is on");
+                // At most one upgradable holder, whichever Locker asks.
+                assert!(a.try_acquire_upgradable("doc").await.unwrap().is_none());
+                assert!(b.try_acquire_upgradable("doc").await.unwrap().is_none());
+                match b
+                    .acquire_upgradable_timeout("doc", Duration::from_millis(100))
+                    .await
+                {
+                    Err(Error::Timeout { name, .. }) => assert_eq!(name, "doc"),
+                    other => panic!("{other:?}"),
+                }
+                // Readers of every Locker, its own included, join beside it.
+                let ra = a
+                    .try_acquire_shared("doc")
+                    .await
+                    .unwrap()
+                    .expect("a reader of the same Locker");
+                let rb = b
+                    .try_acquire_shared("doc")
+                    .await
+                    .unwrap()
+                    .expect("a reader of another Locker");
+                let rc = c.acquire_shared("doc").await.unwrap();
+                let holders = b.holders("doc").await.unwrap();
+                assert_eq!(holders.len(), 4, "{holders:?}");
+                // Writers do not.
+                assert!(a.try_acquire("doc").await.unwrap().is_none());
+                assert!(b.try_acquire("doc").await.unwrap().is_none());
+                match b.acquire_timeout("doc", Duration::from_millis(100)).await {
+                    Err(Error::Timeout { name, .. }) => assert_eq!(name, "doc"),
+                    other => panic!("{other:?}"),
+                }
+                let writer = tokio::spawn({
+                    let b = b.clone();
+                    async move { b.acquire("doc").await.unwrap() }
+                });
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                assert!(!writer.is_finished(), "a writer got in beside the readers");
+                drop((ra, rb, rc));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                assert!(
+                    !writer.is_finished(),
+                    "a writer got in beside the upgradable holder"
+                );
+                drop(up);
+                let w = tokio::time::timeout(Duration::from_secs(5), writer)
+                    .await
+                    .expect("the writer never got in after the upgradable holder left")
+                    .unwrap();
+                // An upgradable holder is a reader: none while a writer holds.
+                assert!(a.try_acquire_upgradable("doc").await.unwrap().is_none());
+                drop(w);
+                let again = eventually(
+                    || async { c.try_acquire_upgradable("doc").await.unwrap() },
+                    "the upgradable place is free after the writer",
+                )
+                .await;
+                assert!(again.guard().is_shared());
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_an_upgrade_waits_for_readers_then_excludes_everyone() {
+                let (_keep, builder) = $setup;
+                let (a, b, c) = (quick(&builder), quick(&builder), quick(&builder));
+                if !upgradable_kept(&a, "doc").await {
+                    return;
+                }
+                let up = a.acquire_upgradable("doc").await.unwrap();
+                let shared_token = up.guard().fencing_token().unwrap();
+                let reader = b.acquire_shared("doc").await.unwrap();
+                let upgrading = tokio::spawn(up.upgrade());
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                assert!(
+                    !upgrading.is_finished(),
+                    "the upgrade did not wait for the reader"
+                );
+                // A waiting upgrade holds new readers back, as a writer does.
+                assert!(
+                    c.try_acquire_shared("doc").await.unwrap().is_none(),
+                    "a reader overtook the upgrade"
+                );
+                assert!(c.try_acquire("doc").await.unwrap().is_none());
+                drop(reader);
+                let exclusive = tokio::time::timeout(Duration::from_secs(5), upgrading)
+                    .await
+                    .expect("the upgrade never ended after the reader left")
+                    .unwrap()
+                    .unwrap();
+                assert!(!exclusive.is_shared());
+                assert!(!exclusive.is_lost());
+                exclusive.ensure_held().await.unwrap();
+                let token = exclusive.fencing_token().unwrap();
+                assert!(token > shared_token, "token {token} after {shared_token}");
+                let owner = c.holder("doc").await.unwrap().expect("held");
+                assert_eq!(owner.fencing_token(), Some(token));
+                // Exclusive: no reader, writer or upgradable holder of any
+                // Locker, its own included.
+                for other in [&a, &b, &c] {
+                    assert!(other.try_acquire_shared("doc").await.unwrap().is_none());
+                    assert!(other.try_acquire("doc").await.unwrap().is_none());
+                    assert!(other.try_acquire_upgradable("doc").await.unwrap().is_none());
+                }
+                match b
+                    .acquire_shared_timeout("doc", Duration::from_millis(100))
+                    .await
+                {
+                    Err(Error::Timeout { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
+                let writer = tokio::spawn({
+                    let c = c.clone();
+                    async move { c.acquire("doc").await.unwrap() }
+                });
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                assert!(
+                    !writer.is_finished(),
+                    "a writer got in beside the upgraded holder"
+                );
+                exclusive.release().await.unwrap();
+                let w = tokio::time::timeout(Duration::from_secs(5), writer)
+                    .await
+                    .expect("the writer never got in after the release")
+                    .unwrap();
+                assert!(w.fencing_token().unwrap() > token);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_a_downgrade_lets_readers_in_and_keeps_the_upgradable_place() {
+                let (_keep, builder) = $setup;
+                let (a, b, c) = (quick(&builder), quick(&builder), quick(&builder));
+                if !upgradable_kept(&a, "doc").await {
+                    return;
+                }
+                let exclusive = a
+                    .acquire_upgradable("doc")
+                    .await
+                    .unwrap()
+                    .upgrade()
+                    .await
+                    .unwrap();
+                let token = exclusive.fencing_token().unwrap();
+                assert!(b.try_acquire_shared("doc").await.unwrap().is_none());
+                let up = exclusive.downgrade().await.unwrap();
+                assert!(up.guard().is_shared());
+                // A reader's token is the counter as it stands: no less
+                // than the writer's before it (docs/format.md, *Fencing*).
+                assert!(up.guard().fencing_token().unwrap() >= token);
+                let reader = eventually(
+                    || async { b.try_acquire_shared("doc").await.unwrap() },
+                    "no reader got in after the downgrade",
+                )
+                .await;
+                // Still the one upgradable holder, still no writer.
+                assert!(b.try_acquire_upgradable("doc").await.unwrap().is_none());
+                assert!(a.try_acquire_upgradable("doc").await.unwrap().is_none());
+                assert!(b.try_acquire("doc").await.unwrap().is_none());
+                let writer = tokio::spawn({
+                    let c = c.clone();
+                    async move { c.acquire("doc").await.unwrap() }
+                });
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                assert!(!writer.is_finished(), "a writer got in after the downgrade");
+                drop(reader);
+                // Up again, before the waiting writer.
+                let exclusive = tokio::time::timeout(Duration::from_secs(5), up.upgrade())
+                    .await
+                    .expect("the second upgrade never ended")
+                    .unwrap();
+                assert!(!writer.is_finished(), "a writer got in between");
+                assert!(b.try_acquire_shared("doc").await.unwrap().is_none());
+                drop(exclusive);
+                let w = tokio::time::timeout(Duration::from_secs(5), writer)
+                    .await
+                    .expect("the writer never got in")
+                    .unwrap();
+                // Only a guard from an upgrade is downgraded; the one
+                // refused is consumed, its lock released.
+                match w.downgrade().await {
+                    Err(Error::Unsupported { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
+                let again = eventually(
+                    || async { b.try_acquire("doc").await.unwrap() },
+                    "a refused downgrade left the lock held",
+                )
+                .await;
+                drop(again);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_dropping_an_upgradable_or_upgraded_guard_frees_the_name() {
+                let (_keep, builder) = $setup;
+                let (a, b) = (quick(&builder), quick(&builder));
+                if !upgradable_kept(&a, "doc").await {
+                    return;
+                }
+                // An upgradable guard, an upgraded one, a downgraded one:
+                // each drop frees the name for a writer of another Locker
+                // and for the next upgradable holder.
+                for stage in ["upgradable", "upgraded", "downgraded"] {
+                    let up = a.acquire_upgradable("doc").await.unwrap();
+                    match stage {
+                        "upgradable" => drop(up),
+                        "upgraded" => drop(up.upgrade().await.unwrap()),
+                        _ => drop(up.upgrade().await.unwrap().downgrade().await.unwrap()),
+                    }
+                    let w = eventually(
+                        || async { b.try_acquire("doc").await.unwrap() },
+                        "not free after the drop",
+                    )
+                    .await;
+                    drop(w);
+                    let next = eventually(
+                        || async { b.try_acquire_upgradable("doc").await.unwrap() },
+                        "the upgradable place is not free after the drop",
+                    )
+                    .await;
+                    drop(next);
+                    eventually(
+                        || async { (!a.is_held("doc").await.unwrap()).then_some(()) },
+                        "still held",
+                    )
+                    .await;
+                    assert!(b.holder("doc").await.unwrap().is_none(), "{stage}");
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn api_a_cancelled_upgrade_releases_the_upgradable_holding() {
+                let (_keep, builder) = $setup;
+                let (a, b, c) = (quick(&builder), quick(&builder), quick(&builder));
+                if !upgradable_kept(&a, "doc").await {
+                    return;
+                }
+                let up = a.acquire_upgradable("doc").await.unwrap();
+                let reader = b.acquire_shared("doc").await.unwrap();
+                // `upgrade` is not cancel safe: dropping its future, here
+                // while it waits for the reader, releases the holding.
+                let cancelled = tokio::time::timeout(Duration::from_millis(300), up.upgrade()).await;
+                assert!(
+                    cancelled.is_err(),
+                    "the upgrade did not wait for the reader"
+                );
+                // Its announcement goes with it: readers join again.
+                let second = eventually(
+                    || async { c.try_acquire_shared("doc").await.unwrap() },
+                    "a cancelled upgrade still holds readers back",
+                )
+                .await;
+                // The upgradable place is free: another Locker takes it.
+                let next = eventually(
+                    || async { c.try_acquire_upgradable("doc").await.unwrap() },
+                    "a cancelled upgrade kept the upgradable place",
+                )
+                .await;
+                drop((reader, second, next));
+                // And nothing of it is left: a writer gets in.
+                let w = eventually(
+                    || async { b.try_acquire("doc").await.unwrap() },
+                    "a cancelled upgrade left the name held",
+                )
+                .await;
+                drop(w);
+                // A cancelled wait for the upgradable place takes nothing
+                // (cancel safe): the next holder gets it once the first goes.
+                let first = a.acquire_upgradable("doc").await.unwrap();
+                let waited =
+                    tokio::time::timeout(Duration::from_millis(200), b.acquire_upgradable("doc")).await;
+                assert!(waited.is_err(), "a second upgradable holder got in");
+                drop(first);
+                let next = eventually(
+                    || async { c.try_acquire_upgradable("doc").await.unwrap() },
+                    "a cancelled wait took the upgradable place",
+                )
+                .await;
+                drop(next);
             }
         }
     };
