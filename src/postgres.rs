@@ -287,6 +287,7 @@ impl Pg {
 /// Starts the thread of `session`, connected (a bad URL or an unreachable
 /// server is reported at once): the way to it.
 fn start_session(mut session: Session) -> Result<Line> {
+    let lease = session.lease();
     let (commands, rx) = mpsc::channel();
     let (ready, connected) = mpsc::channel();
     // The client blocks on a runtime of its own, which cannot be done
@@ -307,8 +308,8 @@ fn start_session(mut session: Session) -> Result<Line> {
         })?;
     connected
         .recv_timeout(ANSWER_PATIENCE)
-        .map_err(|_| no_answer("connect to PostgreSQL"))??;
-    Ok(Line(commands))
+        .map_err(|_| no_answer("connect to PostgreSQL", ANSWER_PATIENCE))??;
+    Ok(Line::new(commands, lease))
 }
 
 impl Backend for Pg {

@@ -1762,3 +1762,94 @@ async fn lockers_with_the_same_settings_share_one_listener() {
     drop((b, c));
     assert!(sessions_named(&server, Some(&own), 0).is_empty());
 }
+
+/// Runs `call`, asserting that it returns within `bound` (and never
+/// waiting for it much longer than that).
+async fn within<T>(what: &str, bound: Duration, call: impl std::future::Future<Output = T>) -> T {
+    let start = Instant::now();
+    let result = tokio::time::timeout(bound * 4, call)
+        .await
+        .unwrap_or_else(|_| panic!("{what} still waits after {:?}", bound * 4));
+    let took = start.elapsed();
+    assert!(took < bound, "{what} took {took:?}, past its bound of {bound:?}");
+    result
+}
+
+/// No call waits on the session thread past its own bound: with the
+/// session's server process stopped (`SIGSTOP`: the session thread then
+/// waits for an answer that does not come, and every command queues
+/// behind it), an inspection fails with a timeout within its bound (a
+/// quarter of the lease, at least a second), a confirmed release and a
+/// check likewise, an attempt is busy within its deadline (a quarter of
+/// the lease at most), and `acquire_timeout` times out. Before, all but
+/// the attempts waited 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_call_waits_on_a_stalled_session_past_its_bound() {
+    let server = Server::start();
+    let locker = builder(&server).build().unwrap();
+    let (held, other, shared) = (unique("held"), unique("other"), unique("shared"));
+    let guard = locker.acquire(&held).await.unwrap();
+    let reader = locker.acquire_shared(&shared).await.unwrap();
+    let backend = pg_session::backend_of(&server, &held, pg_session::Holder::Exclusive);
+    let stopped = pg_session::Stopped::stop(backend);
+    // The next heartbeat (every 150 ms) stalls the session thread.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    // The lease is 900 ms: inspections wait a second, attempts 225 ms
+    // (and 250 ms for the answer); the bounds below leave room for a
+    // loaded machine, and are far below the 30 s of before.
+    let bound = Duration::from_secs(3);
+    let timed_out = |error: &Error| {
+        std::error::Error::source(error)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
+    };
+    let error = within("holder()", bound, locker.holder(&held)).await.unwrap_err();
+    assert!(timed_out(&error), "holder(): {error:?}");
+    let error = within("list()", bound, locker.list()).await.unwrap_err();
+    assert!(timed_out(&error), "list(): {error:?}");
+    let error = within("holders()", bound, locker.holders(&shared))
+        .await
+        .unwrap_err();
+    assert!(timed_out(&error), "holders(): {error:?}");
+    assert!(
+        within("try_acquire()", bound, locker.try_acquire(&other))
+            .await
+            .unwrap()
+            .is_none(),
+        "busy: the server did not answer"
+    );
+    assert!(
+        within("try_acquire_shared()", bound, locker.try_acquire_shared(&other))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let error = within(
+        "acquire_timeout()",
+        bound,
+        locker.acquire_timeout(&other, Duration::from_millis(300)),
+    )
+    .await
+    .unwrap_err();
+    assert!(error.is_timeout(), "acquire_timeout(): {error:?}");
+    // A confirmed release is answered within the bound too (an error: the
+    // unlock stays queued, and the server drops the lock with the session
+    // in any case).
+    let _ = within("release()", bound, reader.release()).await;
+    // The holder was told: its heartbeat got no answer before its cutoff.
+    within("lost()", bound, guard.lost()).await;
+
+    // Once the server answers again, so does the Locker.
+    drop(stopped);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some(g)) = locker.try_acquire(&other).await {
+            drop(g);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the Locker never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(locker.list().await.is_ok());
+}

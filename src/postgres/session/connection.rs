@@ -200,6 +200,11 @@ impl Session {
         }
     }
 
+    /// The lease of the locks held on it.
+    pub(in crate::postgres) fn lease(&self) -> Duration {
+        self.lease
+    }
+
     /// The live connection, reconnecting if the last one died. A new
     /// connection is a new generation: no lock of the old one survives.
     pub(in crate::postgres) fn client(&mut self) -> Result<&mut Client> {
