@@ -1853,3 +1853,134 @@ async fn no_call_waits_on_a_stalled_session_past_its_bound() {
     }
     assert!(locker.list().await.is_ok());
 }
+
+/// A TCP proxy in front of a server that counts round trips: each time
+/// the server answers after the client has sent something since the last
+/// answer, on any connection through it. Pipelined statements, sent
+/// together and answered together, count once.
+struct RoundTrips {
+    port: u16,
+    count: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl RoundTrips {
+    fn to(server_port: u16) -> RoundTrips {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let count = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&count);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", server_port)) else {
+                    return;
+                };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                let spoke = Arc::new(AtomicBool::new(false));
+                let pump = |from: std::net::TcpStream, to: std::net::TcpStream, up: bool| {
+                    let (spoke, counted) = (Arc::clone(&spoke), Arc::clone(&counted));
+                    move || {
+                        use std::io::{Read, Write};
+                        let (mut from, mut to) = (from, to);
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if up {
+                                spoke.store(true, Ordering::SeqCst);
+                            } else if spoke.swap(false, Ordering::SeqCst) {
+                                counted.fetch_add(1, Ordering::SeqCst);
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    }
+                };
+                let up = pump(client.try_clone().unwrap(), server.try_clone().unwrap(), true);
+                let down = pump(server, client, false);
+                std::thread::spawn(up);
+                std::thread::spawn(down);
+            }
+        });
+        RoundTrips { port, count }
+    }
+
+    fn url(&self) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname=postgres", self.port)
+    }
+
+    fn now(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The round trips `op` takes, counted once the traffic it caused has
+    /// settled (an unlock queued by a drop is sent after it returns).
+    async fn of<T>(&self, op: impl std::future::Future<Output = T>) -> (T, u64) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = self.now();
+        let value = op.await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        (value, self.now() - before)
+    }
+}
+
+/// Round trips of an uncontended acquisition and release on the session,
+/// counted through a proxy: exclusive, shared, a permit, and the
+/// releases (confirmed, and by drop). Each acquisition takes at most two
+/// (the key, then the record in one transaction), a release one; before,
+/// 6 (exclusive), 6 (shared) and 10 (a permit), and 5 to 7 a release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_and_releases_take_few_round_trips() {
+    let server = Server::start_with(true, "", |_| {});
+    let proxy = RoundTrips::to(server.port());
+    // Heartbeats far apart: nothing else on the wire while counting.
+    let locker = Locker::builder()
+        .postgres(proxy.url())
+        .lease(Duration::from_secs(60))
+        .renew_interval(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let name = unique("trips");
+    let sem = locker.semaphore(&unique("trips-sem"), 3).unwrap();
+    // Warm: each kind once (a prepared statement is made on first use).
+    drop(locker.acquire(&name).await.unwrap());
+    drop(locker.acquire_shared(&name).await.unwrap());
+    drop(sem.acquire().await.unwrap());
+
+    let (guard, exclusive) = proxy.of(locker.acquire(&name)).await;
+    let (released, exclusive_release) = proxy.of(guard.unwrap().release()).await;
+    released.unwrap();
+    let (guard, shared) = proxy.of(locker.acquire_shared(&name)).await;
+    let (released, shared_release) = proxy.of(guard.unwrap().release()).await;
+    released.unwrap();
+    let (guard, permit) = proxy.of(sem.acquire()).await;
+    let guard = guard.unwrap();
+    let ((), permit_drop) = proxy.of(async move { drop(guard) }).await;
+    let (guard, _) = proxy.of(sem.acquire()).await;
+    let (released, permit_release) = proxy.of(guard.unwrap().release()).await;
+    released.unwrap();
+    eprintln!(
+        "round trips: exclusive {exclusive} + release {exclusive_release}; shared {shared} + release \
+         {shared_release}; permit {permit} + release {permit_release} (by drop {permit_drop})"
+    );
+    assert!(exclusive > 0 && shared > 0 && permit > 0, "the proxy counts");
+    assert!(
+        exclusive <= 2,
+        "an exclusive acquisition took {exclusive} round trips"
+    );
+    assert!(shared <= 2, "a shared acquisition took {shared} round trips");
+    assert!(permit <= 2, "a permit took {permit} round trips");
+    for (what, n) in [
+        ("exclusive", exclusive_release),
+        ("shared", shared_release),
+        ("permit", permit_release),
+        ("permit by drop", permit_drop),
+    ] {
+        assert!(n <= 2, "a release ({what}) took {n} round trips");
+    }
+}
