@@ -14,7 +14,9 @@ use crate::record::OwnRecord;
 use crate::sys;
 
 /// How long a new session may take to connect before the `Locker` (or
-/// the upgradable acquisition) that starts it gives up.
+/// the upgradable acquisition) that starts it gives up; and how long an
+/// inspection keeps asking while the owner tables are locked (each answer
+/// waited for at most [`patience`]).
 pub(in crate::postgres) const ANSWER_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The longest a caller waits for the session thread's answer to anything
@@ -188,18 +190,19 @@ impl Line {
         })?
     }
 
-    /// Every live holder known to the tables, by name. While the tables
-    /// are locked (a DBA's `LOCK TABLE`, a schema change), each try gives
-    /// up after the session's `stall` and this waits a little before the
-    /// next, so the heartbeats queued meanwhile get through; for at most
-    /// the line's [`patience`] in all, queueing included.
+    /// Every live holder known to the tables, by name. Each answer of the
+    /// session thread is waited for at most the line's [`patience`]. While
+    /// the tables are locked (a DBA's `LOCK TABLE`, a schema change), the
+    /// thread answers that after the session's `stall`, and this waits a
+    /// little before asking again, so the heartbeats queued meanwhile get
+    /// through; for at most [`ANSWER_PATIENCE`] in all.
     pub(in crate::postgres) fn inspect(&self, name: Option<&str>) -> Result<Vec<Found>> {
-        let until = Instant::now() + self.patience;
+        let until = Instant::now() + ANSWER_PATIENCE;
         let mut pause = Duration::from_millis(5);
         loop {
             let left = until.saturating_duration_since(Instant::now());
             let found = self
-                .call_within(left, |reply| Command::Inspect {
+                .call_within(left.min(self.patience), |reply| Command::Inspect {
                     name: name.map(str::to_owned),
                     reply,
                 })
@@ -216,7 +219,7 @@ impl Line {
             if Instant::now() + pause >= until {
                 return Err(no_answer(
                     "read lock owners (the owner tables stayed locked)",
-                    self.patience,
+                    ANSWER_PATIENCE,
                 ));
             }
             std::thread::sleep(pause);
