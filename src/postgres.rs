@@ -413,6 +413,31 @@ impl Pg {
         Ok(attempted(answer, arm))
     }
 
+    /// Removes the rows of holders gone for good (finds them, with
+    /// `dry_run`): what `clean()` reports, one entry a row, each stale
+    /// ([`StaleReason::DeadOwner`](crate::StaleReason::DeadOwner): the
+    /// session that held it holds it no more, and its holder can no longer
+    /// count itself one). An exclusive holder's row stays, without its
+    /// owner: it keeps the name's fencing counter.
+    pub(crate) fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
+        Ok(self
+            .line
+            .clean(dry_run)?
+            .into_iter()
+            .filter_map(|(name, mode, mut holders)| {
+                let owner = holders.pop()?;
+                let inspection = Inspection {
+                    holders: vec![owner.clone()],
+                    owner,
+                    mode,
+                    stale: Some(crate::StaleReason::DeadOwner),
+                    path: None,
+                };
+                Some((LockName::from_name(&name), inspection))
+            })
+            .collect())
+    }
+
     /// The holders known to the table; only those whose advisory lock is
     /// held right now, so none is stale.
     fn rows(&self, name: Option<&str>) -> Result<Vec<(LockName, Inspection)>> {

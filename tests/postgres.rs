@@ -1984,3 +1984,87 @@ async fn acquisitions_and_releases_take_few_round_trips() {
         assert!(n <= 2, "a release ({what}) took {n} round trips");
     }
 }
+
+/// `clean()` on a server removes the rows of holders gone for good and
+/// says which: a released exclusive holder's owner record (the row stays,
+/// with its fencing counter), and the row of a shared holder whose
+/// session ended once it is found dead and its lease has passed (not
+/// before: that holder may still count itself one). Live holders are
+/// never touched; `dry_run` only looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_on_a_server_says_what_it_removed() {
+    use pg_session::{Holder, LEASE, backend_of, builder as session_builder, terminate};
+    let server = Server::start();
+    let a = session_builder(&server).build().unwrap();
+    let b = session_builder(&server).build().unwrap();
+    let (live, read, gone, done) = (unique("live"), unique("read"), unique("gone"), unique("done"));
+    let _live = a.acquire(&live).await.unwrap();
+    let _read = a.acquire_shared(&read).await.unwrap();
+    let ghost = b.acquire_shared(&gone).await.unwrap();
+    let b_id = ghost.owner().holder_id().unwrap().to_owned();
+    let released = b.acquire(&done).await.unwrap();
+    let token = released.fencing_token().unwrap();
+    released.release().await.unwrap();
+
+    // The shared holder's session ends: its row stays, not found dead yet.
+    terminate(&server, backend_of(&server, &gone, Holder::Locker(b_id.clone())));
+    let names = |infos: &[leasehold::LockInfo]| {
+        let mut names: Vec<String> = infos.iter().map(|i| i.name().to_owned()).collect();
+        names.sort();
+        names
+    };
+    let seen = a.clean(true).await.unwrap();
+    assert_eq!(
+        names(&seen),
+        vec![done.clone()],
+        "only the released record: {seen:?}"
+    );
+    let info = &seen[0];
+    assert_eq!(info.kind(), LockKind::Exclusive);
+    assert_eq!(info.stale_reason(), Some(leasehold::StaleReason::DeadOwner));
+    assert_eq!(info.owner().holder_id(), Some(b_id.as_str()));
+
+    // b's next session finds the row dead; a lease later it is gone for
+    // good.
+    let reconnect = unique("reconnect");
+    b.try_acquire(&reconnect)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    ghost.lost().await;
+    tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
+    let mut want = vec![done.clone(), gone.clone(), reconnect];
+    want.sort();
+    let seen = a.clean(true).await.unwrap();
+    assert_eq!(names(&seen), want, "dry run: {seen:?}");
+    let removed = a.clean(false).await.unwrap();
+    assert_eq!(names(&removed), want, "removed: {removed:?}");
+    let shared = removed.iter().find(|i| i.name() == gone).unwrap();
+    assert_eq!(shared.kind(), LockKind::Shared);
+    assert_eq!(shared.owner().holder_id(), Some(b_id.as_str()));
+    assert!(a.clean(false).await.unwrap().is_empty(), "nothing left to clean");
+
+    // Live holders kept their locks and rows; the counter row stays.
+    assert!(a.holder(&live).await.unwrap().is_some());
+    assert_eq!(a.holders(&read).await.unwrap().len(), 1);
+    let (rows, counter): (i64, i64) = {
+        let (gone, done) = (gone.clone(), done.clone());
+        server.sql(move |c| {
+            let row = c
+                .query_one(
+                    "SELECT (SELECT count(*) FROM leasehold_holders WHERE name = $1),
+                            (SELECT fencing_token FROM leasehold_locks WHERE name = $2 AND holder_id IS NULL)",
+                    &[&gone, &done],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        })
+    };
+    assert_eq!(rows, 0);
+    assert!(u64::try_from(counter).unwrap() >= token, "the counter stays");
+    let next = b.acquire(&done).await.unwrap();
+    assert!(next.fencing_token().unwrap() > token, "tokens keep growing");
+}

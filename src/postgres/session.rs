@@ -200,6 +200,10 @@ impl Session {
                 let result = self.inspect(name.as_deref());
                 let _ = reply.send(self.settle(result));
             }
+            Command::Clean { dry_run, reply } => {
+                let result = self.clean(dry_run);
+                let _ = reply.send(self.settle(result));
+            }
             Command::Announce {
                 name,
                 key,

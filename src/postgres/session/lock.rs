@@ -85,6 +85,12 @@ pub(in crate::postgres) enum Command {
         name: Option<String>,
         reply: Sender<Result<Option<Vec<Found>>>>,
     },
+    /// Removes the rows of holders gone for good (only finds them with
+    /// `dry_run`). `None` in the answer: the owner tables were locked.
+    Clean {
+        dry_run: bool,
+        reply: Sender<Result<Option<Vec<Found>>>>,
+    },
     /// An exclusive waiter announces itself (takes the intent key, and
     /// says until when it waits), or renews that (and takes the key again
     /// after a reconnection).
@@ -197,30 +203,45 @@ impl Line {
     /// little before asking again, so the heartbeats queued meanwhile get
     /// through; for at most [`ANSWER_PATIENCE`] in all.
     pub(in crate::postgres) fn inspect(&self, name: Option<&str>) -> Result<Vec<Found>> {
+        self.while_locked("read lock owners", |reply| Command::Inspect {
+            name: name.map(str::to_owned),
+            reply,
+        })
+    }
+
+    /// The rows of holders gone for good, removed unless `dry_run` (see
+    /// `inspect.rs`, `CLEAN`): one entry a row. Waits as
+    /// [`inspect`](Self::inspect) does.
+    pub(in crate::postgres) fn clean(&self, dry_run: bool) -> Result<Vec<Found>> {
+        self.while_locked("clean the owner tables", |reply| Command::Clean {
+            dry_run,
+            reply,
+        })
+    }
+
+    /// Asks the session thread `make`'s command until it answers other
+    /// than `None` (the owner tables were locked), as
+    /// [`inspect`](Self::inspect) says.
+    fn while_locked(
+        &self,
+        op: &'static str,
+        make: impl Fn(Sender<Result<Option<Vec<Found>>>>) -> Command,
+    ) -> Result<Vec<Found>> {
         let until = Instant::now() + ANSWER_PATIENCE;
         let mut pause = Duration::from_millis(5);
         loop {
             let left = until.saturating_duration_since(Instant::now());
             let found = self
-                .call_within(left.min(self.patience), |reply| Command::Inspect {
-                    name: name.map(str::to_owned),
-                    reply,
-                })
+                .call_within(left.min(self.patience), &make)
                 .map_err(|error| match error {
-                    Error::Backend { source, .. } => Error::Backend {
-                        op: "read lock owners",
-                        source,
-                    },
+                    Error::Backend { source, .. } => Error::Backend { op, source },
                     other => other,
                 })?;
             if let Some(found) = found {
                 return Ok(found);
             }
             if Instant::now() + pause >= until {
-                return Err(no_answer(
-                    "read lock owners (the owner tables stayed locked)",
-                    ANSWER_PATIENCE,
-                ));
+                return Err(no_answer(op, ANSWER_PATIENCE));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(100));
