@@ -1947,7 +1947,7 @@ async fn acquisitions_and_releases_take_few_round_trips() {
         .unwrap();
     let name = unique("trips");
     let sem = locker.semaphore(&unique("trips-sem"), 3).unwrap();
-    // Warm: each kind once (a prepared statement is made on first use).
+    // Warm: each kind once (the first use of a name makes its rows).
     drop(locker.acquire(&name).await.unwrap());
     drop(locker.acquire_shared(&name).await.unwrap());
     drop(sem.acquire().await.unwrap());
