@@ -2068,3 +2068,40 @@ async fn clean_on_a_server_says_what_it_removed() {
     let next = b.acquire(&done).await.unwrap();
     assert!(next.fencing_token().unwrap() > token, "tokens keep growing");
 }
+
+/// An upgradable acquisition connects a session of its own: with the
+/// whole server stopped (`SIGSTOP`; over a Unix socket the connection is
+/// accepted and then never answered), it gives up connecting after a
+/// quarter of the lease (at least a second) and is busy, rather than
+/// waiting 30 s; once the server runs again it succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgradable_attempt_on_a_stopped_server_ends_within_its_bound() {
+    let server = Server::start();
+    let locker = Locker::builder()
+        .postgres(server.url())
+        .lease(Duration::from_secs(6))
+        .renew_interval(Duration::from_secs(1))
+        .poll_interval(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let name = unique("upgradable");
+    let frozen = pg_session::Frozen::server(server.pid().expect("a server of the test's own"));
+    // 1.5 s to connect; the bound leaves room for a loaded machine.
+    let got = within(
+        "try_acquire_upgradable()",
+        Duration::from_secs(4),
+        locker.try_acquire_upgradable(&name),
+    )
+    .await;
+    assert!(
+        matches!(got, Ok(None)),
+        "busy while the server is stopped: {got:?}"
+    );
+    drop(frozen);
+    let guard = tokio::time::timeout(Duration::from_secs(20), locker.acquire_upgradable(&name))
+        .await
+        .expect("acquired once the server runs again")
+        .unwrap();
+    assert_eq!(locker.holders(&name).await.unwrap().len(), 1);
+    drop(guard);
+}

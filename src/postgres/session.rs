@@ -37,7 +37,7 @@ use connection::{BUSY, Try, name_refused};
 #[cfg(all(test, unix))]
 pub(super) use fence::{LEAD, TOKEN_BLOCK, block};
 pub(crate) use lock::PgLock;
-pub(super) use lock::{ANSWER_PATIENCE, Answer, Command, Line, no_answer, session_stopped};
+pub(super) use lock::{ANSWER_PATIENCE, Answer, Command, Line, no_answer, patience, session_stopped};
 use tables::{TOO_LONG, name_fits};
 
 impl Session {
