@@ -426,9 +426,11 @@
 //!   fails with [`Error::Backend`] whose source is a
 //!   [`std::io::Error`] of kind `TimedOut` (a release's unlock stays
 //!   queued and is carried out; the server drops the lock with the
-//!   session in any case). While the owner tables are locked, an
-//!   inspection or a `clean()` asks again for up to 30 s in all, each
-//!   answer within that bound. So a session stalled on a server that
+//!   session in any case). An upgradable acquisition, which connects a
+//!   session of its own, gives up connecting after the same bound and
+//!   counts as busy. While the owner tables are locked, an inspection or
+//!   a `clean()` asks again for up to 30 s in all, each answer within that
+//!   bound. So a session stalled on a server that
 //!   stopped answering (a stopped server process, a cut network the
 //!   keepalives have not noticed yet) costs each caller its own bound,
 //!   never the keepalives' 40 s.
