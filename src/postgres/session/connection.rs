@@ -526,3 +526,23 @@ impl Session {
         Ok(row.get(1))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_inlined_as_literals() {
+        let params: Vec<Lit> = (1..=11).map(|i| Lit::int(i * 100)).collect();
+        assert_eq!(
+            inline("SELECT $1::bigint, $10, $11, $2 = $1, '$x', $12", &params),
+            "SELECT 100::bigint, 1000, 1100, 200 = 100, '$x', $12"
+        );
+        // A parameter's text is never read for parameters in turn.
+        let tricky = [Lit::text("a$2'b\\c"), Lit::opt_text(None), Lit::opt_int(Some(-7))];
+        assert_eq!(
+            inline("SELECT $1, $2, $3", &tricky),
+            "SELECT E'a$2''b\\\\c', NULL, -7"
+        );
+    }
+}
