@@ -416,6 +416,39 @@
 //!   250 ms of its deadline, `try_acquire` returns `Ok(None)`, and `acquire`
 //!   tries again, waiting out a stalled server instead of failing. A lock
 //!   that the server grants after its caller has gone is unlocked at once.
+//! - **Bounded waits**: no call waits for the session thread past its own
+//!   bound. An attempt: its deadline, as above. A heartbeat: its lease's
+//!   cutoff. Everything else that asks the session (`holder()`,
+//!   `holders()`, `inspect()`, `list()`, `clean()`, a refill of fencing
+//!   tokens, `release().await`, `ensure_held()`, an exclusive waiter's
+//!   announcement) waits for each answer at most a quarter of the lease,
+//!   and at least a second (7.5 s with the default 30 s lease), then
+//!   fails with [`Error::Backend`] whose source is a
+//!   [`std::io::Error`] of kind `TimedOut` (a release's unlock stays
+//!   queued and is carried out; the server drops the lock with the
+//!   session in any case). An upgradable acquisition, which connects a
+//!   session of its own, gives up connecting after the same bound and
+//!   counts as busy. While the owner tables are locked, an inspection or
+//!   a `clean()` asks again for up to 30 s in all, each answer within that
+//!   bound. So a session stalled on a server that
+//!   stopped answering (a stopped server process, a cut network the
+//!   keepalives have not noticed yet) costs each caller its own bound,
+//!   never the keepalives' 40 s.
+//! - **Round trips**: an uncontended acquisition takes two (the key, then
+//!   the owner's record in one transaction sent as one query; a permit of
+//!   a semaphore of up to 64 permits takes its slot in that same query), a
+//!   release one (the row, the `NOTIFY` and the unlock in one query), a
+//!   heartbeat one.
+//! - **`clean()`** removes the rows of holders gone for good and returns
+//!   them, each [`StaleReason::DeadOwner`]: the row of a shared or permit
+//!   holder that let go, or whose session ended and was found dead (by
+//!   the next taker, or the next session to connect) at least a lease
+//!   ago, and likewise the owner record of an exclusive holder (its row
+//!   stays, without the owner: it keeps the name's fencing counter). A
+//!   holder that may still count itself one is never cleaned; `dry_run`
+//!   only finds them. Correctness never needs it (the server drops a dead
+//!   session's locks, and rows are tidied as they are met): it is for
+//!   seeing, and removing, what crashed holders left.
 //! - **Failed unlocks** (other than by a lost connection, which drops the
 //!   lock anyway) are retried; if they still fail, the connection is closed
 //!   and reopened, so that the server drops every lock of the session. No

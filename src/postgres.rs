@@ -164,7 +164,7 @@ use crate::name::LockName;
 use crate::record::OwnRecord;
 use listen::Subscription;
 pub(crate) use session::PgLock;
-use session::{ANSWER_PATIENCE, Answer, Command, Line, Session, no_answer, session_stopped};
+use session::{ANSWER_PATIENCE, Answer, Command, Line, Session, no_answer, patience, session_stopped};
 pub use target::PgSslMode;
 pub(crate) use target::{Source, Target, TlsSettings};
 
@@ -268,7 +268,8 @@ impl Pg {
         waiters: Waiters,
     ) -> Result<Self> {
         let target = Arc::new(target);
-        let line = start_session(Session::new(Arc::clone(&target), lease))?;
+        let line = start_session(Session::new(Arc::clone(&target), lease), ANSWER_PATIENCE)?
+            .ok_or_else(|| no_answer("connect to PostgreSQL", ANSWER_PATIENCE))?;
         // Notifications come on a connection and a thread of their own, so
         // that waiting for them never delays a command; shared by the
         // `Locker`s of the process with the same settings.
@@ -285,8 +286,11 @@ impl Pg {
 }
 
 /// Starts the thread of `session`, connected (a bad URL or an unreachable
-/// server is reported at once): the way to it.
-fn start_session(mut session: Session) -> Result<Line> {
+/// server is reported at once): the way to it; `None` if it did not
+/// connect within `patience` (the thread then ends by itself, closing the
+/// connection if it is made after all).
+fn start_session(mut session: Session, patience: Duration) -> Result<Option<Line>> {
+    let lease = session.lease();
     let (commands, rx) = mpsc::channel();
     let (ready, connected) = mpsc::channel();
     // The client blocks on a runtime of its own, which cannot be done
@@ -305,10 +309,12 @@ fn start_session(mut session: Session) -> Result<Line> {
             op: "start the PostgreSQL session thread",
             source: Box::new(e),
         })?;
-    connected
-        .recv_timeout(ANSWER_PATIENCE)
-        .map_err(|_| no_answer("connect to PostgreSQL"))??;
-    Ok(Line(commands))
+    match connected.recv_timeout(patience) {
+        Ok(first) => first.map(|()| Some(Line::new(commands, lease))),
+        // Dropping `commands` ends the thread once it has connected.
+        Err(RecvTimeoutError::Timeout) => Ok(None),
+        Err(RecvTimeoutError::Disconnected) => Err(session_stopped()),
+    }
 }
 
 impl Backend for Pg {
@@ -412,6 +418,31 @@ impl Pg {
         Ok(attempted(answer, arm))
     }
 
+    /// Removes the rows of holders gone for good (finds them, with
+    /// `dry_run`): what `clean()` reports, one entry a row, each stale
+    /// ([`StaleReason::DeadOwner`](crate::StaleReason::DeadOwner): the
+    /// session that held it holds it no more, and its holder can no longer
+    /// count itself one). An exclusive holder's row stays, without its
+    /// owner: it keeps the name's fencing counter.
+    pub(crate) fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
+        Ok(self
+            .line
+            .clean(dry_run)?
+            .into_iter()
+            .filter_map(|(name, mode, mut holders)| {
+                let owner = holders.pop()?;
+                let inspection = Inspection {
+                    holders: vec![owner.clone()],
+                    owner,
+                    mode,
+                    stale: Some(crate::StaleReason::DeadOwner),
+                    path: None,
+                };
+                Some((LockName::from_name(&name), inspection))
+            })
+            .collect())
+    }
+
     /// The holders known to the table; only those whose advisory lock is
     /// held right now, so none is stale.
     fn rows(&self, name: Option<&str>) -> Result<Vec<(LockName, Inspection)>> {
@@ -460,10 +491,20 @@ fn attempted<K>(answer: Answer, arm: Arm<'_, PgLock, K>) -> Attempt<K> {
 impl Upgrade for Pg {
     /// Starts the holding's own session and joins the name's holders on
     /// it, having taken the name's upgradable slot; the session closes
-    /// (letting the slot go) when the attempt comes to nothing.
+    /// (letting the slot go) when the attempt comes to nothing. Busy when
+    /// the session does not connect within a quarter of the lease (at
+    /// least a second, as for every call to a session thread), as an
+    /// attempt the server does not answer is.
     fn join_upgradable<K: Kept>(&self, name: &LockName, arm: Arm<'_, PgLock, K>) -> Result<Attempt<K>> {
         let slot = upgradable_key(name.as_str());
-        let line = start_session(Session::dedicated_to(Arc::clone(&self.target), self.lease, slot))?;
+        let session = Session::dedicated_to(Arc::clone(&self.target), self.lease, slot);
+        let Some(line) = start_session(session, patience(self.lease))? else {
+            return Ok(Attempt::Busy {
+                owner: None,
+                recheck_at: None,
+                sharers: false,
+            });
+        };
         self.attempt_on(&line, name, Mode::Shared, None, arm)
     }
 

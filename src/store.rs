@@ -176,13 +176,13 @@ impl Store {
         }
     }
 
-    /// [`OnDisk::clean`]; nothing to clean on a server, which drops a
-    /// dead session's locks itself.
+    /// [`OnDisk::clean`]; on a server, which drops a dead session's locks
+    /// itself, the owner rows of holders gone for good.
     pub(crate) fn clean(&self, dry_run: bool) -> Result<Vec<(LockName, Inspection)>> {
         match self {
             Store::Fs(fs) => fs.clean(dry_run),
             #[cfg(feature = "postgres")]
-            Store::Postgres(_) => Ok(Vec::new()),
+            Store::Postgres(pg) => pg.clean(dry_run),
         }
     }
 }

@@ -1763,3 +1763,346 @@ async fn lockers_with_the_same_settings_share_one_listener() {
     drop((b, c));
     assert!(sessions_named(&server, Some(&own), 0).is_empty());
 }
+
+/// Runs `call`, asserting that it returns within `bound` (and never
+/// waiting for it much longer than that).
+async fn within<T>(what: &str, bound: Duration, call: impl std::future::Future<Output = T>) -> T {
+    let start = Instant::now();
+    let result = tokio::time::timeout(bound * 4, call)
+        .await
+        .unwrap_or_else(|_| panic!("{what} still waits after {:?}", bound * 4));
+    let took = start.elapsed();
+    assert!(took < bound, "{what} took {took:?}, past its bound of {bound:?}");
+    result
+}
+
+/// No call waits on the session thread past its own bound: with the
+/// session's server process stopped (`SIGSTOP`: the session thread then
+/// waits for an answer that does not come, and every command queues
+/// behind it), an inspection fails with a timeout within its bound (a
+/// quarter of the lease, at least a second), a confirmed release and a
+/// check likewise, an attempt is busy within its deadline (a quarter of
+/// the lease at most), and `acquire_timeout` times out. Before, all but
+/// the attempts waited 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_call_waits_on_a_stalled_session_past_its_bound() {
+    let server = Server::start();
+    let locker = builder(&server).build().unwrap();
+    let (held, other, shared) = (unique("held"), unique("other"), unique("shared"));
+    let guard = locker.acquire(&held).await.unwrap();
+    let reader = locker.acquire_shared(&shared).await.unwrap();
+    let backend = pg_session::backend_of(&server, &held, pg_session::Holder::Exclusive);
+    let stopped = pg_session::Stopped::stop(backend);
+    // The next heartbeat (every 150 ms) stalls the session thread.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    // The lease is 900 ms: inspections wait a second, attempts 225 ms
+    // (and 250 ms for the answer); the bounds below leave room for a
+    // loaded machine, and are far below the 30 s of before.
+    let bound = Duration::from_secs(3);
+    let timed_out = |error: &Error| {
+        std::error::Error::source(error)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
+    };
+    let error = within("holder()", bound, locker.holder(&held)).await.unwrap_err();
+    assert!(timed_out(&error), "holder(): {error:?}");
+    let error = within("list()", bound, locker.list()).await.unwrap_err();
+    assert!(timed_out(&error), "list(): {error:?}");
+    let error = within("holders()", bound, locker.holders(&shared))
+        .await
+        .unwrap_err();
+    assert!(timed_out(&error), "holders(): {error:?}");
+    assert!(
+        within("try_acquire()", bound, locker.try_acquire(&other))
+            .await
+            .unwrap()
+            .is_none(),
+        "busy: the server did not answer"
+    );
+    assert!(
+        within("try_acquire_shared()", bound, locker.try_acquire_shared(&other))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let error = within(
+        "acquire_timeout()",
+        bound,
+        locker.acquire_timeout(&other, Duration::from_millis(300)),
+    )
+    .await
+    .unwrap_err();
+    assert!(error.is_timeout(), "acquire_timeout(): {error:?}");
+    // A confirmed release is answered within the bound too (an error: the
+    // unlock stays queued, and the server drops the lock with the session
+    // in any case).
+    let _ = within("release()", bound, reader.release()).await;
+    // The holder was told: its heartbeat got no answer before its cutoff.
+    within("lost()", bound, guard.lost()).await;
+
+    // Once the server answers again, so does the Locker.
+    drop(stopped);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some(g)) = locker.try_acquire(&other).await {
+            drop(g);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the Locker never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(locker.list().await.is_ok());
+}
+
+/// A TCP proxy in front of a server that counts round trips: each time
+/// the server answers after the client has sent something since the last
+/// answer, on any connection through it. Pipelined statements, sent
+/// together and answered together, count once.
+struct RoundTrips {
+    port: u16,
+    count: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl RoundTrips {
+    fn to(server_port: u16) -> RoundTrips {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let count = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&count);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", server_port)) else {
+                    return;
+                };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                let spoke = Arc::new(AtomicBool::new(false));
+                let pump = |from: std::net::TcpStream, to: std::net::TcpStream, up: bool| {
+                    let (spoke, counted) = (Arc::clone(&spoke), Arc::clone(&counted));
+                    move || {
+                        use std::io::{Read, Write};
+                        let (mut from, mut to) = (from, to);
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if up {
+                                spoke.store(true, Ordering::SeqCst);
+                            } else if spoke.swap(false, Ordering::SeqCst) {
+                                counted.fetch_add(1, Ordering::SeqCst);
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    }
+                };
+                let up = pump(client.try_clone().unwrap(), server.try_clone().unwrap(), true);
+                let down = pump(server, client, false);
+                std::thread::spawn(up);
+                std::thread::spawn(down);
+            }
+        });
+        RoundTrips { port, count }
+    }
+
+    fn url(&self) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname=postgres", self.port)
+    }
+
+    fn now(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The round trips `op` takes, counted once the traffic it caused has
+    /// settled (an unlock queued by a drop is sent after it returns).
+    async fn of<T>(&self, op: impl std::future::Future<Output = T>) -> (T, u64) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = self.now();
+        let value = op.await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        (value, self.now() - before)
+    }
+}
+
+/// Round trips of an uncontended acquisition and release on the session,
+/// counted through a proxy: exclusive, shared, a permit, and the
+/// releases (confirmed, and by drop). Each acquisition takes at most two
+/// (the key, then the record in one transaction), a release one; before,
+/// 6 (exclusive), 6 (shared) and 10 (a permit), and 5 to 7 a release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_and_releases_take_few_round_trips() {
+    let server = Server::start_with(true, "", |_| {});
+    let proxy = RoundTrips::to(server.port());
+    // Heartbeats far apart: nothing else on the wire while counting.
+    let locker = Locker::builder()
+        .postgres(proxy.url())
+        .lease(Duration::from_secs(60))
+        .renew_interval(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let name = unique("trips");
+    let sem = locker.semaphore(&unique("trips-sem"), 3).unwrap();
+    // Warm: each kind once (the first use of a name makes its rows).
+    drop(locker.acquire(&name).await.unwrap());
+    drop(locker.acquire_shared(&name).await.unwrap());
+    drop(sem.acquire().await.unwrap());
+
+    let (guard, exclusive) = proxy.of(locker.acquire(&name)).await;
+    let (released, exclusive_release) = proxy.of(guard.unwrap().release()).await;
+    released.unwrap();
+    let (guard, shared) = proxy.of(locker.acquire_shared(&name)).await;
+    let (released, shared_release) = proxy.of(guard.unwrap().release()).await;
+    released.unwrap();
+    let (guard, permit) = proxy.of(sem.acquire()).await;
+    let guard = guard.unwrap();
+    let ((), permit_drop) = proxy.of(async move { drop(guard) }).await;
+    let (guard, _) = proxy.of(sem.acquire()).await;
+    let (released, permit_release) = proxy.of(guard.unwrap().release()).await;
+    released.unwrap();
+    eprintln!(
+        "round trips: exclusive {exclusive} + release {exclusive_release}; shared {shared} + release \
+         {shared_release}; permit {permit} + release {permit_release} (by drop {permit_drop})"
+    );
+    assert!(exclusive > 0 && shared > 0 && permit > 0, "the proxy counts");
+    assert!(
+        exclusive <= 2,
+        "an exclusive acquisition took {exclusive} round trips"
+    );
+    assert!(shared <= 2, "a shared acquisition took {shared} round trips");
+    assert!(permit <= 2, "a permit took {permit} round trips");
+    for (what, n) in [
+        ("exclusive", exclusive_release),
+        ("shared", shared_release),
+        ("permit", permit_release),
+        ("permit by drop", permit_drop),
+    ] {
+        assert!(n <= 2, "a release ({what}) took {n} round trips");
+    }
+}
+
+/// `clean()` on a server removes the rows of holders gone for good and
+/// says which: a released exclusive holder's owner record (the row stays,
+/// with its fencing counter), and the row of a shared holder whose
+/// session ended once it is found dead and its lease has passed (not
+/// before: that holder may still count itself one). Live holders are
+/// never touched; `dry_run` only looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_on_a_server_says_what_it_removed() {
+    use pg_session::{Holder, LEASE, backend_of, builder as session_builder, terminate};
+    let server = Server::start();
+    let a = session_builder(&server).build().unwrap();
+    let b = session_builder(&server).build().unwrap();
+    let (live, read, gone, done) = (unique("live"), unique("read"), unique("gone"), unique("done"));
+    let _live = a.acquire(&live).await.unwrap();
+    let _read = a.acquire_shared(&read).await.unwrap();
+    let ghost = b.acquire_shared(&gone).await.unwrap();
+    let b_id = ghost.owner().holder_id().unwrap().to_owned();
+    let released = b.acquire(&done).await.unwrap();
+    let token = released.fencing_token().unwrap();
+    released.release().await.unwrap();
+
+    // The shared holder's session ends: its row stays, not found dead yet.
+    terminate(&server, backend_of(&server, &gone, Holder::Locker(b_id.clone())));
+    let names = |infos: &[leasehold::LockInfo]| {
+        let mut names: Vec<String> = infos.iter().map(|i| i.name().to_owned()).collect();
+        names.sort();
+        names
+    };
+    let seen = a.clean(true).await.unwrap();
+    assert_eq!(
+        names(&seen),
+        vec![done.clone()],
+        "only the released record: {seen:?}"
+    );
+    let info = &seen[0];
+    assert_eq!(info.kind(), LockKind::Exclusive);
+    assert_eq!(info.stale_reason(), Some(leasehold::StaleReason::DeadOwner));
+    assert_eq!(info.owner().holder_id(), Some(b_id.as_str()));
+
+    // b's next session finds the row dead; a lease later it is gone for
+    // good.
+    let reconnect = unique("reconnect");
+    b.try_acquire(&reconnect)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    ghost.lost().await;
+    tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
+    let mut want = vec![done.clone(), gone.clone(), reconnect];
+    want.sort();
+    let seen = a.clean(true).await.unwrap();
+    assert_eq!(names(&seen), want, "dry run: {seen:?}");
+    let removed = a.clean(false).await.unwrap();
+    assert_eq!(names(&removed), want, "removed: {removed:?}");
+    let shared = removed.iter().find(|i| i.name() == gone).unwrap();
+    assert_eq!(shared.kind(), LockKind::Shared);
+    assert_eq!(shared.owner().holder_id(), Some(b_id.as_str()));
+    assert!(a.clean(false).await.unwrap().is_empty(), "nothing left to clean");
+
+    // Live holders kept their locks and rows; the counter row stays.
+    assert!(a.holder(&live).await.unwrap().is_some());
+    assert_eq!(a.holders(&read).await.unwrap().len(), 1);
+    let (rows, counter): (i64, i64) = {
+        let (gone, done) = (gone.clone(), done.clone());
+        server.sql(move |c| {
+            let row = c
+                .query_one(
+                    "SELECT (SELECT count(*) FROM leasehold_holders WHERE name = $1),
+                            (SELECT fencing_token FROM leasehold_locks WHERE name = $2 AND holder_id IS NULL)",
+                    &[&gone, &done],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        })
+    };
+    assert_eq!(rows, 0);
+    assert!(u64::try_from(counter).unwrap() >= token, "the counter stays");
+    let next = b.acquire(&done).await.unwrap();
+    assert!(next.fencing_token().unwrap() > token, "tokens keep growing");
+}
+
+/// An upgradable acquisition connects a session of its own: with the
+/// whole server stopped (`SIGSTOP`; over a Unix socket the connection is
+/// accepted and then never answered), it gives up connecting after a
+/// quarter of the lease (at least a second) and is busy, rather than
+/// waiting 30 s; once the server runs again it succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgradable_attempt_on_a_stopped_server_ends_within_its_bound() {
+    let server = Server::start();
+    let locker = Locker::builder()
+        .postgres(server.url())
+        .lease(Duration::from_secs(6))
+        .renew_interval(Duration::from_secs(1))
+        .poll_interval(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let name = unique("upgradable");
+    let frozen = pg_session::Frozen::server(server.pid().expect("a server of the test's own"));
+    // 1.5 s to connect; the bound leaves room for a loaded machine.
+    let got = within(
+        "try_acquire_upgradable()",
+        Duration::from_secs(4),
+        locker.try_acquire_upgradable(&name),
+    )
+    .await;
+    assert!(
+        matches!(got, Ok(None)),
+        "busy while the server is stopped: {got:?}"
+    );
+    drop(frozen);
+    let guard = tokio::time::timeout(Duration::from_secs(20), locker.acquire_upgradable(&name))
+        .await
+        .expect("acquired once the server runs again")
+        .unwrap();
+    assert_eq!(locker.holders(&name).await.unwrap().len(), 1);
+    drop(guard);
+}

@@ -37,7 +37,7 @@ use connection::{BUSY, Try, name_refused};
 #[cfg(all(test, unix))]
 pub(super) use fence::{LEAD, TOKEN_BLOCK, block};
 pub(crate) use lock::PgLock;
-pub(super) use lock::{ANSWER_PATIENCE, Answer, Command, Line, no_answer, session_stopped};
+pub(super) use lock::{ANSWER_PATIENCE, Answer, Command, Line, no_answer, patience, session_stopped};
 use tables::{TOO_LONG, name_fits};
 
 impl Session {
@@ -198,6 +198,10 @@ impl Session {
             }
             Command::Inspect { name, reply } => {
                 let result = self.inspect(name.as_deref());
+                let _ = reply.send(self.settle(result));
+            }
+            Command::Clean { dry_run, reply } => {
+                let result = self.clean(dry_run);
                 let _ = reply.send(self.settle(result));
             }
             Command::Announce {

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use postgres::Client;
 use postgres::error::SqlState;
+use postgres::types::Type;
+use postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 use super::stable;
 use super::tables::{SCHEMA, TIDY, TOO_LONG, UNSTORABLE};
@@ -61,6 +62,62 @@ fn closed_during(op: &'static str) -> Error {
         op,
         source: "the connection closed during the attempt".into(),
     }
+}
+
+/// `sql` with its parameters `$1`, `$2`, ... replaced by `params` (SQL
+/// literals: see [`Lit`]), for a statement sent as a simple query.
+pub(super) fn inline(sql: &str, params: &[Lit]) -> String {
+    let mut out = String::with_capacity(sql.len() + 64 * params.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        let index = rest[at + 1..at + 1 + digits].parse::<usize>().ok();
+        match index.and_then(|i| params.get(i.wrapping_sub(1))) {
+            Some(param) => out.push_str(&param.0),
+            None => out.push_str(&rest[at..at + 1 + digits]),
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A value as an SQL literal.
+#[derive(Debug, Clone)]
+pub(super) struct Lit(String);
+
+impl Lit {
+    pub(super) fn text(text: &str) -> Lit {
+        Lit(super::release::literal(text))
+    }
+
+    pub(super) fn opt_text(text: Option<&str>) -> Lit {
+        text.map_or(Lit("NULL".into()), Lit::text)
+    }
+
+    /// SQL text put in as it is: a literal or an expression made here.
+    pub(super) fn raw(sql: &str) -> Lit {
+        Lit(sql.to_owned())
+    }
+
+    pub(super) fn int(n: impl Into<i64>) -> Lit {
+        Lit(n.into().to_string())
+    }
+
+    pub(super) fn opt_int(n: Option<i64>) -> Lit {
+        n.map_or(Lit("NULL".into()), Lit::int)
+    }
+}
+
+/// Column `i` of a row of a simple query, read as its text says.
+pub(super) fn column<T: std::str::FromStr>(row: &SimpleQueryRow, i: usize) -> Option<T> {
+    row.get(i).and_then(|text| text.parse().ok())
+}
+
+/// A `boolean` column of a simple query's row.
+pub(super) fn flag(row: &SimpleQueryRow, i: usize) -> bool {
+    row.get(i) == Some("t")
 }
 
 /// How a lock is held on the session.
@@ -198,6 +255,11 @@ impl Session {
             dedicated: Some(slot),
             ..Session::new(target, lease)
         }
+    }
+
+    /// The lease of the locks held on it.
+    pub(in crate::postgres) fn lease(&self) -> Duration {
+        self.lease
     }
 
     /// The live connection, reconnecting if the last one died. A new
@@ -356,6 +418,73 @@ impl Session {
         }
     }
 
+    /// [`transaction`](Self::transaction) in one round trip: `sql` (an
+    /// SQL statement whose parameters are SQL literals already, see
+    /// [`inline`]; one or several, separated by `;`) sent with the
+    /// `BEGIN`, the timeout, the `join` lock and the `COMMIT` as one simple
+    /// query; the rows of each statement of `sql`, as text, or `None` when
+    /// the timeout ran out. Nothing of a failed `sql` stays. (The
+    /// extended protocol takes a round trip for each statement of a
+    /// transaction, and the synchronous client cannot pipeline them.)
+    pub(super) fn transaction_in_one(
+        &mut self,
+        join: Option<i64>,
+        left: Duration,
+        op: &'static str,
+        sql: &str,
+    ) -> Result<Option<Vec<Vec<SimpleQueryRow>>>> {
+        let ms = left.as_millis().clamp(1, i32::MAX as u128);
+        let mut batch = format!("BEGIN; SET LOCAL statement_timeout = {ms}; ");
+        // Statements before `sql` (each ends with a CommandComplete).
+        let mut before = 2;
+        if let Some(join) = join {
+            batch.push_str(&format!("SELECT pg_advisory_xact_lock({join}); "));
+            before += 1;
+        }
+        batch.push_str(sql);
+        batch.push_str("; COMMIT");
+        let client = self.same(op)?;
+        match client.simple_query(&batch) {
+            Ok(messages) => {
+                let mut done = 0;
+                let mut rows: Vec<Vec<SimpleQueryRow>> = Vec::new();
+                for message in messages {
+                    match message {
+                        SimpleQueryMessage::CommandComplete(_) => done += 1,
+                        SimpleQueryMessage::Row(row) if done >= before => {
+                            if rows.len() <= done - before {
+                                rows.resize_with(done - before + 1, Vec::new);
+                            }
+                            rows[done - before].push(row);
+                        }
+                        _ => {}
+                    }
+                }
+                // One entry a statement of `sql` (all but the `COMMIT`).
+                rows.resize_with(done.saturating_sub(before + 1), Vec::new);
+                Ok(Some(rows))
+            }
+            Err(error) => {
+                // The server skipped what followed the failed statement,
+                // the `COMMIT` included: nothing was committed, unless the
+                // `COMMIT` itself failed (the connection broke), which
+                // only a new session settles.
+                if client.is_closed() || client.batch_execute("ROLLBACK").is_err() {
+                    if !client.is_closed() {
+                        tracing::warn!(%error, "cannot end a transaction; resetting the PostgreSQL session");
+                    }
+                    self.drop_connection();
+                    return Err(pg_error(op)(error));
+                }
+                if error.code() == Some(&SqlState::QUERY_CANCELED) {
+                    Ok(None)
+                } else {
+                    Err(pg_error(op)(error))
+                }
+            }
+        }
+    }
+
     pub(super) fn heartbeat(&mut self, key: i64, generation: u64) -> Result<bool> {
         if generation != self.generation || self.client.is_none() {
             return Ok(false);
@@ -366,12 +495,12 @@ impl Session {
             self.drop_connection();
             return Ok(false);
         };
-        let row = client.query_one(
+        let row = client.query_typed_one(
             "SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory'
                      AND k.granted AND k.pid = pg_backend_pid() AND k.objsubid = 1
                      AND k.classid::bigint = (($1::bigint >> 32) & 4294967295)
                      AND k.objid::bigint = ($1::bigint & 4294967295))",
-            &[&key],
+            &[(&key, Type::INT8)],
         );
         let row = match row {
             Ok(row) => row,
@@ -395,5 +524,25 @@ impl Session {
             return Ok(false);
         }
         Ok(row.get(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_inlined_as_literals() {
+        let params: Vec<Lit> = (1..=11).map(|i| Lit::int(i * 100)).collect();
+        assert_eq!(
+            inline("SELECT $1::bigint, $10, $11, $2 = $1, '$x', $12", &params),
+            "SELECT 100::bigint, 1000, 1100, 200 = 100, '$x', $12"
+        );
+        // A parameter's text is never read for parameters in turn.
+        let tricky = [Lit::text("a$2'b\\c"), Lit::opt_text(None), Lit::opt_int(Some(-7))];
+        assert_eq!(
+            inline("SELECT $1, $2, $3", &tricky),
+            "SELECT E'a$2''b\\\\c', NULL, -7"
+        );
     }
 }

@@ -3,10 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use postgres::error::SqlState;
-use postgres::types::ToSql;
+use postgres::types::{ToSql, Type};
 
-use super::connection::{BUSY, Held, Session, Try, pg_error, wait_of};
+use super::connection::{BUSY, Held, Lit, Session, Try, column, inline, pg_error, wait_of};
 use super::fence::{advance, block, clock};
 use super::release::Lock;
 use super::tables::{STAMP, wait_out};
@@ -130,7 +129,7 @@ impl Session {
         }
         let taken = self
             .client()?
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&key]);
+            .query_typed_one("SELECT pg_try_advisory_lock($1)", &[(&key, Type::INT8)]);
         let taken: bool = match taken {
             Ok(row) => row.get(0),
             Err(e) => {
@@ -145,7 +144,7 @@ impl Session {
             // caller announces itself, so that no new sharers join.
             let probe = self
                 .same("look for shared holders")?
-                .query_one(PROBE_SHARERS, &[&key]);
+                .query_typed_one(PROBE_SHARERS, &[(&key, Type::INT8)]);
             return match probe {
                 Ok(row) => Ok(Try::Busy { sharers: row.get(0) }),
                 Err(e) => {
@@ -183,34 +182,43 @@ impl Session {
     /// `statement_timeout` of `left`; or, when an earlier holder may still
     /// count itself one, finds how long that may last.
     fn record(&mut self, name: &str, key: i64, owner: &OwnRecord, left: Duration) -> Result<Recorded> {
-        let ms = left.as_millis().clamp(1, i32::MAX as u128);
-        // Never a new connection: the advisory lock is on this one.
-        let client = self.same("record the owner of an advisory lock")?;
-        client
-            .batch_execute(&format!("SET statement_timeout = {ms}"))
-            .map_err(pg_error("set a statement timeout"))?;
         let columns = OwnerColumns::of(owner);
-        let row = client
-            .query_opt(RECORD, &columns.params(&name, &key, owner))
-            .and_then(|row| match row {
-                Some(row) => Ok(Recorded::Tokens(block(row.get(0), row.get(1)))),
-                None => client
+        // One round trip: the parameters as literals, in one simple query
+        // with its transaction (never a new connection: the advisory lock
+        // is on this one).
+        let statement = inline(
+            RECORD,
+            &[
+                Lit::text(name),
+                Lit::int(key),
+                Lit::text(&owner.holder_id),
+                Lit::text(&owner.hostname),
+                Lit::int(columns.pid),
+                Lit::opt_text(columns.fields.as_deref()),
+                Lit::int(columns.lease),
+            ],
+        );
+        let started = Instant::now();
+        let recorded = self.transaction_in_one(None, left, "record the lock owner", &statement)?;
+        let Some(mut rows) = recorded else {
+            return Ok(Recorded::TimedOut);
+        };
+        if let Some(row) = rows.pop().unwrap_or_default().first() {
+            let first: i64 = column(row, 0).unwrap_or(0);
+            return Ok(Recorded::Tokens(block(first, column(row, 1).unwrap_or(first))));
+        }
+        // An earlier holder to wait out: nothing was written, and the key
+        // is held all along, so the rows in the way are those it found.
+        let wait = self.transaction(
+            None,
+            left.saturating_sub(started.elapsed()),
+            "record the lock owner",
+            |client| {
+                client
                     .query_one(STAMP, &[&name, &None::<i64>, &true, &"exclusive", &None::<i64>])
-                    .map(|row| Recorded::Wait(wait_of(&row))),
-            });
-        if let Err(error) = client.batch_execute("RESET statement_timeout") {
-            // Every later statement would run under this attempt's
-            // timeout, heartbeats included: start a fresh session.
-            if !client.is_closed() {
-                tracing::warn!(%error, "cannot reset the statement timeout; resetting the PostgreSQL session");
-            }
-            self.drop_connection();
-            return Err(pg_error("reset the statement timeout")(error));
-        }
-        match row {
-            Ok(recorded) => Ok(recorded),
-            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(Recorded::TimedOut),
-            Err(e) => Err(pg_error("record the lock owner")(e)),
-        }
+                    .map(|row| wait_of(&row))
+            },
+        )?;
+        Ok(wait.map_or(Recorded::TimedOut, Recorded::Wait))
     }
 }

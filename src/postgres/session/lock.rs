@@ -13,9 +13,25 @@ use crate::postgres::Keys;
 use crate::record::OwnRecord;
 use crate::sys;
 
-/// How long a caller waits for the session thread's answer to anything
-/// but an attempt.
+/// How long a new session may take to connect before the `Locker` (or
+/// the upgradable acquisition) that starts it gives up; and how long an
+/// inspection keeps asking while the owner tables are locked (each answer
+/// waited for at most [`patience`]).
 pub(in crate::postgres) const ANSWER_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The longest a caller waits for the session thread's answer to anything
+/// but an attempt (which its deadline bounds) or a heartbeat (which its
+/// cutoff bounds): an inspection (`holder()`, `holders()`, `list()`), a
+/// refill of fencing tokens, a confirmed release, a check that the lock
+/// is held, an exclusive waiter's announcement. A quarter of the lease,
+/// at least a second: the thread gives any one attempt at most a quarter
+/// of the lease, and any other statement that waits for a table an
+/// eighth, so a caller queued behind one of them is answered in time, and
+/// one queued behind a session the server stopped answering is told so
+/// ([`no_answer`]) rather than kept waiting until the keepalives end it.
+pub(in crate::postgres) fn patience(lease: Duration) -> Duration {
+    (lease / 4).max(Duration::from_secs(1))
+}
 
 /// What one attempt found.
 #[derive(Debug)]
@@ -69,6 +85,12 @@ pub(in crate::postgres) enum Command {
         name: Option<String>,
         reply: Sender<Result<Option<Vec<Found>>>>,
     },
+    /// Removes the rows of holders gone for good (only finds them with
+    /// `dry_run`). `None` in the answer: the owner tables were locked.
+    Clean {
+        dry_run: bool,
+        reply: Sender<Result<Option<Vec<Found>>>>,
+    },
     /// An exclusive waiter announces itself (takes the intent key, and
     /// says until when it waits), or renews that (and takes the key again
     /// after a reconnection).
@@ -112,7 +134,11 @@ pub(in crate::postgres) enum Command {
 /// gone (the store's and every lock's); closing the connection then drops
 /// whatever is left on the server.
 #[derive(Debug, Clone)]
-pub(crate) struct Line(pub(in crate::postgres) Sender<Command>);
+pub(crate) struct Line {
+    sender: Sender<Command>,
+    /// How long a caller waits for an answer ([`patience`]).
+    patience: Duration,
+}
 
 /// The session thread is gone (it could not start a thread, or stopped).
 pub(in crate::postgres) fn session_stopped() -> Error {
@@ -122,21 +148,38 @@ pub(in crate::postgres) fn session_stopped() -> Error {
     }
 }
 
-/// The session thread did not answer within [`ANSWER_PATIENCE`].
-pub(in crate::postgres) fn no_answer(op: &'static str) -> Error {
+/// The session thread did not answer within `waited` (busy with a slower
+/// statement, or waiting for a server that does not answer): an
+/// [`Error::Backend`] whose source is an [`std::io::Error`] of kind
+/// [`TimedOut`](std::io::ErrorKind::TimedOut).
+pub(in crate::postgres) fn no_answer(op: &'static str, waited: Duration) -> Error {
     Error::Backend {
         op,
-        source: Box::new(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+        source: Box::new(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the PostgreSQL session did not answer within {waited:?}"),
+        )),
     }
 }
 
 impl Line {
-    pub(in crate::postgres) fn send(&self, command: Command) -> Result<()> {
-        self.0.send(command).map_err(|_| session_stopped())
+    /// The way to a session thread that takes commands from `sender`, whose
+    /// callers wait [`patience`]`(lease)` for an answer.
+    pub(in crate::postgres) fn new(sender: Sender<Command>, lease: Duration) -> Line {
+        Line {
+            sender,
+            patience: patience(lease),
+        }
     }
 
+    pub(in crate::postgres) fn send(&self, command: Command) -> Result<()> {
+        self.sender.send(command).map_err(|_| session_stopped())
+    }
+
+    /// Asks the session thread, waiting for its answer at most the
+    /// line's [`patience`].
     pub(super) fn call<T>(&self, make: impl FnOnce(Sender<Result<T>>) -> Command) -> Result<T> {
-        self.call_within(ANSWER_PATIENCE, make)
+        self.call_within(self.patience, make)
     }
 
     /// As [`call`](Self::call), waiting at most `patience` for the answer.
@@ -147,29 +190,58 @@ impl Line {
     ) -> Result<T> {
         let (reply, answer) = mpsc::channel();
         self.send(make(reply))?;
-        answer
-            .recv_timeout(patience)
-            .map_err(|_| no_answer("wait for the PostgreSQL session"))?
+        answer.recv_timeout(patience).map_err(|error| match error {
+            mpsc::RecvTimeoutError::Timeout => no_answer("wait for the PostgreSQL session", patience),
+            mpsc::RecvTimeoutError::Disconnected => session_stopped(),
+        })?
     }
 
-    /// Every live holder known to the tables, by name. While the tables
-    /// are locked (a DBA's `LOCK TABLE`, a schema change), each try gives
-    /// up after the session's `stall` and this waits a little before the
-    /// next, so the heartbeats queued meanwhile get through; for at most
-    /// [`ANSWER_PATIENCE`] in all.
+    /// Every live holder known to the tables, by name. Each answer of the
+    /// session thread is waited for at most the line's [`patience`]. While
+    /// the tables are locked (a DBA's `LOCK TABLE`, a schema change), the
+    /// thread answers that after the session's `stall`, and this waits a
+    /// little before asking again, so the heartbeats queued meanwhile get
+    /// through; for at most [`ANSWER_PATIENCE`] in all.
     pub(in crate::postgres) fn inspect(&self, name: Option<&str>) -> Result<Vec<Found>> {
-        let start = Instant::now();
+        self.while_locked("read lock owners", |reply| Command::Inspect {
+            name: name.map(str::to_owned),
+            reply,
+        })
+    }
+
+    /// The rows of holders gone for good, removed unless `dry_run` (see
+    /// `inspect.rs`, `CLEAN`): one entry a row. Waits as
+    /// [`inspect`](Self::inspect) does.
+    pub(in crate::postgres) fn clean(&self, dry_run: bool) -> Result<Vec<Found>> {
+        self.while_locked("clean the owner tables", |reply| Command::Clean {
+            dry_run,
+            reply,
+        })
+    }
+
+    /// Asks the session thread `make`'s command until it answers other
+    /// than `None` (the owner tables were locked), as
+    /// [`inspect`](Self::inspect) says.
+    fn while_locked(
+        &self,
+        op: &'static str,
+        make: impl Fn(Sender<Result<Option<Vec<Found>>>>) -> Command,
+    ) -> Result<Vec<Found>> {
+        let until = Instant::now() + ANSWER_PATIENCE;
         let mut pause = Duration::from_millis(5);
         loop {
-            let found = self.call(|reply| Command::Inspect {
-                name: name.map(str::to_owned),
-                reply,
-            })?;
+            let left = until.saturating_duration_since(Instant::now());
+            let found = self
+                .call_within(left.min(self.patience), &make)
+                .map_err(|error| match error {
+                    Error::Backend { source, .. } => Error::Backend { op, source },
+                    other => other,
+                })?;
             if let Some(found) = found {
                 return Ok(found);
             }
-            if start.elapsed() >= ANSWER_PATIENCE {
-                return Err(no_answer("read lock owners (the owner tables stayed locked)"));
+            if Instant::now() + pause >= until {
+                return Err(no_answer(op, ANSWER_PATIENCE));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(100));
@@ -313,7 +385,7 @@ impl BackendLock for PgLock {
     }
 
     fn check(&self) -> Result<Option<LossReason>> {
-        Ok((!self.heartbeat(ANSWER_PATIENCE)?).then_some(LossReason::SessionLost))
+        Ok((!self.heartbeat(self.line.patience)?).then_some(LossReason::SessionLost))
     }
 
     fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
@@ -332,7 +404,9 @@ impl BackendLock for PgLock {
         })
     }
 
-    /// Unlocks: with `confirm`, waits for the server's answer; without,
+    /// Unlocks: with `confirm`, waits for the server's answer (at most the
+    /// line's [`patience`]: the unlock stays queued, and is carried out,
+    /// if it comes later); without,
     /// queues the unlock (the session thread sends it at once), as `Drop`
     /// does.
     fn release(mut self, confirm: bool) -> Result<Option<LossReason>> {

@@ -114,11 +114,12 @@ impl Session {
         if generation != self.generation || self.client.is_none() {
             return Ok(false);
         }
-        if held == Held::Exclusive {
-            self.free_row(name);
-        } else {
-            self.delete_row(name, id);
+        if let Some(released) = self.release_in_one(name, key, held, id) {
+            return Ok(released);
         }
+        // Something in it failed before it unlocked (a table locked past
+        // the session's `stall`, say: the row stays, as `free_row` and
+        // `delete_row` say): the unlock, and the notification, alone.
         let released = self.release_hold(key, held);
         if let Some(client) = self.live() {
             // Waiters elsewhere also poll: a lost notification only
@@ -130,51 +131,89 @@ impl Session {
         Ok(released)
     }
 
-    /// Marks the exclusive holder's row let go (`free_at` = now), so that
-    /// the next holder need not wait out this one's lease (see
-    /// `tables::STAMP`), waiting at most the session's `stall` for the
-    /// table. A row left unmarked costs the next holder a lease's wait,
-    /// never an overlap.
-    fn free_row(&mut self, name: &str) {
-        let ms = self.stall.as_millis();
-        let Some(client) = self.live() else { return };
-        let freed = client.batch_execute(&format!(
-            "BEGIN; SET LOCAL statement_timeout = {ms};
-             UPDATE leasehold_locks SET free_at = clock_timestamp()
-             WHERE name = {} AND backend_pid = pg_backend_pid() AND free_at IS NULL; COMMIT",
+    /// A release in one round trip: the row marked let go (or deleted),
+    /// under a `statement_timeout` of the session's `stall`, then waiters
+    /// notified and the keys unlocked, as one simple query. `None` when
+    /// it failed before the unlock (the server skips what follows a failed
+    /// statement): the caller then unlocks by itself. Whether the lock was
+    /// this session's to the end.
+    ///
+    /// The row waits for its table at most the session's `stall`. An
+    /// exclusive holder's row left unmarked costs the next holder a
+    /// lease's wait (see `tables::STAMP`), never an overlap; a shared or
+    /// permit holder's row left behind shows nobody once the session stops
+    /// holding the name, and is cleaned up by the next session that starts
+    /// (or by `clean()`).
+    fn release_in_one(&mut self, name: &str, key: i64, held: Held, id: &str) -> Option<bool> {
+        let ms = self.stall.as_millis().max(1);
+        let row = if held == Held::Exclusive {
+            format!(
+                "UPDATE leasehold_locks SET free_at = clock_timestamp()
+                 WHERE name = {} AND backend_pid = pg_backend_pid() AND free_at IS NULL",
+                literal(name)
+            )
+        } else {
+            // Our own acquisition id: a UUID, safe to put in the statement.
+            if !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+                return None;
+            }
+            format!("DELETE FROM leasehold_holders WHERE id = '{id}'")
+        };
+        let unlock = match held {
+            Held::Exclusive => format!("pg_advisory_unlock({key})"),
+            Held::Shared => format!("pg_advisory_unlock_shared({key})"),
+            // The slot first, then the name's key, as `release_hold`.
+            Held::Permit { slot, .. } => {
+                format!("pg_advisory_unlock({slot}), pg_advisory_unlock_shared({key})")
+            }
+        };
+        // The notification is sent when the unlock's (implicit)
+        // transaction commits: after the unlock.
+        let batch = format!(
+            "BEGIN; SET LOCAL statement_timeout = {ms}; {row}; COMMIT;
+             SELECT pg_notify('leasehold', {}), {unlock}",
             literal(name)
-        ));
-        if let Err(error) = freed {
-            tracing::debug!(lock = name, %error, "cannot mark a lock let go");
-            if client.batch_execute("ROLLBACK").is_err() {
-                self.drop_connection();
+        );
+        let client = self.live()?;
+        let messages = match client.simple_query(&batch) {
+            Ok(messages) => messages,
+            Err(error) => {
+                tracing::debug!(lock = name, %error, "cannot release in one statement");
+                if client.is_closed() || client.batch_execute("ROLLBACK").is_err() {
+                    self.drop_connection();
+                }
+                // The unlock is the last statement, never run after a
+                // failure; `let_go` settles a failure of its own.
+                return None;
             }
+        };
+        // Every unlock said the session held its key.
+        let ours = messages.iter().any(|message| match message {
+            postgres::SimpleQueryMessage::Row(row) => (1..row.len()).all(|i| row.get(i) == Some("t")),
+            _ => false,
+        });
+        match held {
+            Held::Exclusive => self.forget(key, |local| local.exclusive = false),
+            Held::Shared => self.forget(key, |local| local.shared = local.shared.saturating_sub(1)),
+            Held::Permit { slot, .. } => self.forget(key, |local| {
+                local.slots.retain(|s| *s != slot);
+                local.shared = local.shared.saturating_sub(1);
+            }),
         }
-    }
-
-    /// Deletes a shared or permit holder's row, waiting at most
-    /// the session's `stall` for the table. A row left behind shows nobody
-    /// once the session stops holding the name, and is cleaned up by the
-    /// next session that starts.
-    fn delete_row(&mut self, name: &str, id: &str) {
-        // Our own acquisition id: a UUID, safe to put in the statement,
-        // which then takes one round trip.
-        if !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-            tracing::warn!(lock = name, id, "not a holder id; its row stays");
-            return;
-        }
-        let ms = self.stall.as_millis();
-        let Some(client) = self.live() else { return };
-        let deleted = client.batch_execute(&format!(
-            "BEGIN; SET LOCAL statement_timeout = {ms};
-             DELETE FROM leasehold_holders WHERE id = '{id}'; COMMIT"
-        ));
-        if let Err(error) = deleted {
-            tracing::debug!(lock = name, %error, "cannot delete a holder row");
-            if client.batch_execute("ROLLBACK").is_err() {
-                self.drop_connection();
+        if !ours {
+            // The server says the session did not hold it: the session's
+            // count and the server's disagree, and only a new session
+            // settles that (as `let_go` does).
+            if self.live().is_some() {
+                tracing::warn!(
+                    key,
+                    "the server says the session does not hold a lock it released; resetting the \
+                     PostgreSQL session, which releases every lock on it"
+                );
             }
+            self.drop_connection();
         }
+        Some(ours)
     }
 }
 

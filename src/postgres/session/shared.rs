@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::connection::{BUSY, Held, Session, Try, pg_error, wait_of};
+use postgres::types::{ToSql, Type};
+
+use super::connection::{BUSY, Held, Lit, Session, Try, column, flag, inline, pg_error, wait_of};
 use super::fence::{advance, block, clock, standing};
 use super::release::Lock;
 use super::tables::{STAMP, granted, kind_columns, kind_of, live, wait_out};
@@ -107,8 +109,8 @@ pub(super) const JOIN_SHARED: &str = concat!(
         EXISTS (SELECT 1 FROM pending)"
 );
 
-/// Records a permit holder (parameters as [`JOIN_SHARED`]) unless the
-/// name is held as another kind (a semaphore of another count included),
+/// Records a permit holder (parameters as [`JOIN_SHARED`]; none without
+/// a slot) unless the name is held as another kind (a semaphore of another count included),
 /// or an earlier holder is still to be waited out, reserving a block of
 /// fencing tokens (see `fence`). Answers the other kind, the block's first
 /// and last tokens, and whether to wait.
@@ -122,7 +124,7 @@ const JOIN_PERMIT: &str = concat!(
     ", counter AS (
         INSERT INTO leasehold_locks AS l (name, key, fencing_token, holder_token)
         SELECT $1::text, $5::bigint, n + 8193, n + 8193 FROM clock
-        WHERE NOT EXISTS (SELECT 1 FROM other) AND NOT EXISTS (SELECT 1 FROM pending)
+        WHERE $6::bigint IS NOT NULL AND NOT EXISTS (SELECT 1 FROM other) AND NOT EXISTS (SELECT 1 FROM pending)
         ON CONFLICT (name) DO UPDATE SET ",
     advance!(),
     " RETURNING l.holder_token AS first, l.fencing_token AS last
@@ -146,6 +148,9 @@ enum Joined {
     Other(Mode),
     /// An earlier holder may still count itself one for this long.
     Wait(Duration),
+    /// An earlier holder may still count itself one: how long is to be
+    /// asked.
+    Pending,
 }
 
 impl Session {
@@ -168,7 +173,9 @@ impl Session {
         {
             return Ok(BUSY);
         }
-        let joined = self.client()?.query_one(JOIN_KEY, &[&key, &keys.intent]);
+        let joined = self
+            .client()?
+            .query_typed_one(JOIN_KEY, &[(&key, Type::INT8), (&keys.intent, Type::INT8)]);
         let joined: Option<bool> = match joined {
             Ok(row) => row.get(0),
             Err(e) => {
@@ -187,6 +194,12 @@ impl Session {
         }
         self.local(key).shared += 1;
         let mut held = Held::Shared;
+        if let Mode::Permit(permits) = mode
+            && permits <= SLOT_BATCH
+            && let Some(tried) = self.take_and_join(name, keys, permits, owner, until)?
+        {
+            return Ok(tried);
+        }
         if let Mode::Permit(permits) = mode {
             match self.take_slot(name, key, permits, until) {
                 Ok(Some(slot)) => held = Held::Permit { permits, slot },
@@ -224,7 +237,7 @@ impl Session {
                 self.release_hold(key, held);
                 Ok(Try::Wait(wait))
             }
-            Ok(None) => {
+            Ok(None | Some(Joined::Pending)) => {
                 self.release_hold(key, held);
                 Ok(BUSY)
             }
@@ -233,6 +246,148 @@ impl Session {
                 Err(e)
             }
         }
+    }
+
+    /// A permit of a semaphore of at most [`SLOT_BATCH`] permits, the name's
+    /// key held: a free slot taken and the holder recorded in one round
+    /// trip (one simple query, under the name's join lock: the slot taken
+    /// as [`take_slot`](Self::take_slot) takes it, in one statement that
+    /// passes over slots with a holder to wait out, then tries them too,
+    /// and kept in a setting of the transaction for [`JOIN_PERMIT`]).
+    /// `None` when it could not say (the caller then goes step by step, the
+    /// name's key still held); otherwise the attempt's outcome, the name's
+    /// key let go unless taken.
+    fn take_and_join(
+        &mut self,
+        name: &str,
+        keys: Keys,
+        permits: u32,
+        owner: &OwnRecord,
+        until: Instant,
+    ) -> Result<Option<Try>> {
+        let key = keys.name;
+        let mine = self
+            .locals
+            .get(&key)
+            .map(|local| local.slots.clone())
+            .unwrap_or_default();
+        let batch: Vec<i64> = (0..permits)
+            .map(|i| slot_key(name, i))
+            .filter(|slot| !mine.contains(slot))
+            .collect();
+        let left = until.saturating_duration_since(Instant::now());
+        if batch.is_empty() || left.is_zero() {
+            return Ok(None);
+        }
+        let array = format!(
+            "ARRAY[{}]::bigint[]",
+            batch.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+        );
+        let (mode, count) = kind_columns(Mode::Permit(permits));
+        let pass = |over_pending: bool| {
+            inline(
+                TAKE_SLOT,
+                &[
+                    Lit::raw(&array),
+                    Lit::text(name),
+                    Lit::raw(if over_pending { "true" } else { "false" }),
+                ],
+            )
+        };
+        // `UNION ALL` under `LIMIT`: the second pass runs only if the
+        // first took nothing (as in `TAKE_SLOT`, rows are pulled one at a
+        // time, and the lock is tried only on a row that passed).
+        let take = format!(
+            "SELECT set_config('leasehold.slot', COALESCE((SELECT k FROM (({}) UNION ALL ({}) LIMIT 1) t(k))::text, ''), \
+             true)",
+            pass(true),
+            pass(false)
+        );
+        let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
+        let fields = owner.fields.as_ref().map(|f| f.object());
+        let lease = i64::try_from(owner.lease_ms).unwrap_or(i64::MAX);
+        let join = inline(
+            JOIN_PERMIT,
+            &[
+                Lit::text(name),
+                Lit::text(mode),
+                Lit::opt_int(count),
+                Lit::text(&owner.uuid),
+                Lit::int(key),
+                Lit::raw("NULLIF(current_setting('leasehold.slot'), '')"),
+                Lit::text(&owner.holder_id),
+                Lit::text(&owner.hostname),
+                Lit::int(pid),
+                Lit::opt_text(fields.as_deref()),
+                Lit::int(lease),
+            ],
+        );
+        let tried =
+            self.transaction_in_one(Some(keys.join), left, "take a permit", &format!("{take}; {join}"));
+        let rows = match tried {
+            Ok(Some(rows)) if rows.len() == 2 => rows,
+            // Timed out, failed, or a row of this acquisition is there
+            // already (see `join`): a slot may have been taken, and the
+            // statement that says which is lost; none was ours.
+            failed => {
+                for slot in batch {
+                    self.let_go(slot, Lock::Exclusive, false);
+                }
+                return match failed {
+                    Err(error) if !own_row_exists(&error) => {
+                        self.release_hold(key, Held::Shared);
+                        Err(error)
+                    }
+                    Ok(None) => {
+                        self.release_hold(key, Held::Shared);
+                        Ok(Some(BUSY))
+                    }
+                    _ => Ok(None),
+                };
+            }
+        };
+        let slot = rows[0].first().and_then(|row| column::<i64>(row, 0));
+        let Some(row) = rows[1].first() else {
+            return Err(Error::Backend {
+                op: "take a permit",
+                source: "the server answered no row".into(),
+            });
+        };
+        let other = row.get(0).map(|other| kind_of(other, column(row, 1)));
+        let Some(slot) = slot else {
+            // Full, or held as another kind: say which.
+            self.release_hold(key, Held::Shared);
+            return match other {
+                Some(other) => Err(Error::kind_mismatch(name, Mode::Permit(permits), other)),
+                None => Ok(Some(BUSY)),
+            };
+        };
+        self.local(key).slots.push(slot);
+        let held = Held::Permit { permits, slot };
+        if let Some(other) = other {
+            self.release_hold(key, held);
+            return Err(Error::kind_mismatch(name, Mode::Permit(permits), other));
+        }
+        if flag(row, 4) {
+            // An earlier holder to wait out: nothing was written; how
+            // long, is asked under the join lock again (the name's key
+            // and the slot are held all along).
+            let left = until.saturating_duration_since(Instant::now());
+            let wait = self.transaction(Some(keys.join), left, "take a permit", |client| {
+                let row = client.query_one(STAMP, &[&name, &Some(slot), &false, &mode, &count])?;
+                Ok(wait_of(&row))
+            });
+            self.release_hold(key, held);
+            return Ok(Some(match wait? {
+                Some(wait) => Try::Wait(wait),
+                None => BUSY,
+            }));
+        }
+        let token: i64 = column(row, 2).unwrap_or(0);
+        Ok(Some(Try::Taken(
+            held,
+            block(token, column(row, 3).unwrap_or(token)),
+        )))
     }
 
     /// Takes the name's key shared in spite of a waiting writer's intent
@@ -311,7 +466,7 @@ impl Session {
             let taken = if pass_over_pending {
                 let left = until.saturating_duration_since(Instant::now()).min(self.stall);
                 match self.transaction(None, left, "take a permit slot", |client| {
-                    client.query_opt(TAKE_SLOT, &[&batch, &name, &pass_over_pending])
+                    client.query_typed_opt(TAKE_SLOT, &slot_params(&batch, &name, &pass_over_pending))
                 }) {
                     Ok(Some(row)) => Ok(row),
                     Ok(None) => {
@@ -330,7 +485,7 @@ impl Session {
                 }
             } else {
                 self.same("take a permit slot")?
-                    .query_opt(TAKE_SLOT, &[&batch, &name, &pass_over_pending])
+                    .query_typed_opt(TAKE_SLOT, &slot_params(&batch, &name, &pass_over_pending))
             };
             match taken {
                 Ok(Some(row)) => {
@@ -374,51 +529,77 @@ impl Session {
             _ => None,
         };
         let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
-        let (id, holder_id, hostname) = (&owner.uuid, &owner.holder_id, &owner.hostname);
         let fields = owner.fields.as_ref().map(|f| f.object());
         let lease = i64::try_from(owner.lease_ms).unwrap_or(i64::MAX);
         let key = keys.name;
+        // The parameters as literals: the join is one simple query, one
+        // round trip (the holder id is this acquisition's UUID).
+        let statement = inline(
+            match held {
+                Held::Permit { .. } => JOIN_PERMIT,
+                _ => JOIN_SHARED,
+            },
+            &[
+                Lit::text(name),
+                Lit::text(mode),
+                Lit::opt_int(permits),
+                Lit::text(&owner.uuid),
+                Lit::int(key),
+                Lit::opt_int(slot),
+                Lit::text(&owner.holder_id),
+                Lit::text(&owner.hostname),
+                Lit::int(pid),
+                Lit::opt_text(fields.as_deref()),
+                Lit::int(lease),
+            ],
+        );
+        let id = &owner.uuid;
         let started = std::time::Instant::now();
         let mut cleared = false;
         loop {
-            let joined = self.transaction(
-                Some(keys.join),
-                left.saturating_sub(started.elapsed()),
-                "record a shared holder",
-                |client| {
-                    let row = match held {
-                        Held::Permit { .. } => client.query_one(
-                            JOIN_PERMIT,
-                            &[
-                                &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields,
-                                &lease,
-                            ],
-                        )?,
-                        _ => client.query_one(
-                            JOIN_SHARED,
-                            &[
-                                &name, &mode, &permits, id, &key, &slot, holder_id, hostname, &pid, &fields,
-                                &lease,
-                            ],
-                        )?,
+            let left_now = left.saturating_sub(started.elapsed());
+            let joined = self
+                .transaction_in_one(Some(keys.join), left_now, "record a shared holder", &statement)
+                .and_then(|rows| {
+                    let Some(mut rows) = rows else { return Ok(None) };
+                    let rows = rows.pop().unwrap_or_default();
+                    let Some(row) = rows.first() else {
+                        return Err(Error::Backend {
+                            op: "record a shared holder",
+                            source: "the server answered no row".into(),
+                        });
                     };
-                    let other: Option<String> = row.get(0);
-                    if let Some(other) = other {
-                        return Ok(Joined::Other(kind_of(&other, row.get(1))));
+                    if let Some(other) = row.get(0) {
+                        return Ok(Some(Joined::Other(kind_of(other, column(row, 1)))));
                     }
-                    if row.get::<_, bool>(4) {
-                        let row = client.query_one(STAMP, &[&name, &slot, &false, &mode, &permits])?;
-                        return Ok(Joined::Wait(wait_of(&row)));
+                    if flag(row, 4) {
+                        return Ok(Some(Joined::Pending));
                     }
-                    let token: i64 = row.get::<_, Option<i64>>(2).unwrap_or(0);
-                    Ok(Joined::Tokens(match held {
-                        Held::Permit { .. } => block(token, row.get::<_, Option<i64>>(3).unwrap_or(token)),
-                        // The counter as it stands: no less than any exclusive
-                        // holder's token before us, less than any after us.
+                    let token: i64 = column(row, 2).unwrap_or(0);
+                    Ok(Some(Joined::Tokens(match held {
+                        Held::Permit { .. } => block(token, column(row, 3).unwrap_or(token)),
+                        // The counter as it stands: no less than any
+                        // exclusive holder's token before us, less than any
+                        // after us.
                         _ => block(token, token),
-                    }))
-                },
-            );
+                    })))
+                });
+            // An earlier holder is to be waited out: nothing was written;
+            // how long, is asked under the join lock again (the name's key
+            // and the slot are held all along, so the rows in the way are
+            // those the join found).
+            let joined = match joined {
+                Ok(Some(Joined::Pending)) => self.transaction(
+                    Some(keys.join),
+                    left.saturating_sub(started.elapsed()),
+                    "record a shared holder",
+                    |client| {
+                        let row = client.query_one(STAMP, &[&name, &slot, &false, &mode, &permits])?;
+                        Ok(Joined::Wait(wait_of(&row)))
+                    },
+                ),
+                joined => joined,
+            };
             // A row of this very acquisition is there already: an earlier
             // try whose COMMIT the server carried out but whose answer was
             // lost with its session (`Session::transaction`), so the try
@@ -448,6 +629,20 @@ impl Session {
         })?;
         Ok(other.flatten())
     }
+}
+
+/// The parameters of [`TAKE_SLOT`], typed (one round trip: nothing to
+/// prepare).
+fn slot_params<'a>(
+    batch: &'a Vec<i64>,
+    name: &'a &str,
+    pass_over_pending: &'a bool,
+) -> [(&'a (dyn ToSql + Sync), Type); 3] {
+    [
+        (batch, Type::INT8_ARRAY),
+        (name, Type::TEXT),
+        (pass_over_pending, Type::BOOL),
+    ]
 }
 
 /// Whether `error` says that the holder row being recorded is there
