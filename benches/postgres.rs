@@ -29,7 +29,9 @@ fn main() {
 
 #[cfg(not(target_os = "linux"))]
 fn main() {
-    println!("postgres: Linux only (it starts a PostgreSQL server of its own, and times processes on CLOCK_MONOTONIC)");
+    println!(
+        "postgres: Linux only (it starts a PostgreSQL server of its own, and times processes on CLOCK_MONOTONIC)"
+    );
 }
 
 #[cfg(target_os = "linux")]
@@ -82,11 +84,16 @@ mod linux {
         } else {
             urls.push((
                 "TCP 127.0.0.1",
-                format!("host=127.0.0.1 port={} user=postgres dbname=postgres", server.port()),
+                format!(
+                    "host=127.0.0.1 port={} user=postgres dbname=postgres",
+                    server.port()
+                ),
             ));
         }
         let version: String = server.sql(|c| c.query_one("SHOW server_version", &[]).unwrap().get(0));
-        println!("\nPostgreSQL {version}: {PAIRS} uncontended pairs, {ROUNDS} turns or round trips between two processes");
+        println!(
+            "\nPostgreSQL {version}: {PAIRS} uncontended pairs, {ROUNDS} turns or round trips between two processes"
+        );
         println!("| transport | scenario | median | p99 | median vs its floor |");
         println!("|---|---|---|---|---|");
         for (transport, url) in &urls {
