@@ -174,7 +174,7 @@ impl Fs {
     /// needs a watch inside each lock directory, a group one inside its
     /// members directory, and kqueue a watch per file: those look again.)
     pub(crate) fn watching(&self) -> bool {
-        cfg!(target_os = "linux")
+        crate::sys::watch_sees_lock_files()
             && self.ctx.settings.strategy == Strategy::ExclusiveFile
             && self.watcher.running()
     }

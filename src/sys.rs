@@ -415,6 +415,14 @@ pub(crate) use imp::DirWatch;
 /// there poll at their interval besides.
 pub(crate) const WATCH_SEES_DEATHS: bool = cfg!(unix);
 
+/// Whether an exclusive lock file's release (a removal, a rename) and its
+/// holder's death (a close after writing) are events in the lock
+/// directory itself, which the running watcher watches: inotify's, on
+/// Linux (kqueue watches each file, and the portable answers poll).
+pub(crate) fn watch_sees_lock_files() -> bool {
+    cfg!(target_os = "linux") && !portable()
+}
+
 /// Whether a directory can carry the liveness mark (`flock(2)` on a
 /// directory's descriptor), as the directory layout needs: everywhere but
 /// Windows, whose byte-range locks are for files only.

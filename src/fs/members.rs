@@ -8,7 +8,7 @@
 use super::context::Ctx;
 use super::context::read_record;
 use super::file;
-use super::mutex::MutationLock;
+use super::mutex::{MutationLock, seal, unseal};
 use crate::backend::{Inspection, Mode};
 use crate::error::{Error, IoResultExt, Result};
 use crate::name::LockName;
@@ -46,7 +46,7 @@ pub(super) fn is_upgradable(file_name: &str) -> bool {
 /// record is in place and withdraws if it is there: so a holder that
 /// joined without the lock either is counted by the sealer or sees the
 /// seal (docs/format.md, *Joining without the mutation lock*).
-pub(super) const SEAL: &str = "sealed";
+pub(super) use super::mutex::SEAL;
 
 /// A members directory's seal, removed when dropped. The caller drops it
 /// before the name's mutation lock goes (a seal that outlived it would be
@@ -78,44 +78,6 @@ impl Drop for Seal {
         // free flock for an instant keeps out nobody who should be.
         drop(self.held.take());
         unseal(&self.dir);
-    }
-}
-
-/// Seals `dir` (see [`SEAL`]) and returns the seal open, under our flock,
-/// which we keep until the seal is removed: a seal whose flock is free is
-/// a dead sealer's, and keeps nobody out (a joiner that does not take the
-/// mutation lock may find it while another process holds that lock,
-/// frozen, for as long as it stays so). The flock is taken before we
-/// count: a joiner that found the seal free (or missing) before had its
-/// record in place, and is counted. The caller holds the name's mutation
-/// lock, so a seal already there is a dead sealer's, and now ours; it
-/// removes it ([`unseal`]) before that lock goes.
-pub(super) fn seal(dir: &File, path: &dyn Fn() -> PathBuf) -> Result<File> {
-    failpoint!("group.seal.before_create").context("seal members directory", path)?;
-    let file = match syscall::open_at(dir, SEAL, Open::CreateNew) {
-        Err(Errno::EEXIST) => syscall::open_at(dir, SEAL, Open::Read),
-        made => made,
-    }
-    .context("seal members directory", path)?;
-    // A joiner's test of the flock holds it for an instant.
-    for _ in 0..50 {
-        match file.try_flock() {
-            Ok(()) => return Ok(file),
-            Err(std::fs::TryLockError::WouldBlock) => {
-                std::thread::sleep(std::time::Duration::from_micros(200))
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(e).context("seal members directory", path),
-        }
-    }
-    Err(std::io::Error::from(std::io::ErrorKind::WouldBlock)).context("seal members directory", path)
-}
-
-/// Removes our seal from `dir`, under the name's mutation lock.
-pub(super) fn unseal(dir: &File) {
-    let _ = failpoint!("group.seal.before_remove");
-    match syscall::unlink_at(dir, SEAL) {
-        Ok(()) | Err(Errno::ENOENT) => {}
-        Err(error) => tracing::debug!(%error, "could not remove a members directory's seal"),
     }
 }
 

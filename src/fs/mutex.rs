@@ -25,10 +25,11 @@
 
 use crate::sys::syscall::Flock;
 use std::fs::{File, TryLockError};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::dir::LockDir;
-use crate::error::{Error, Result};
+use crate::error::{Error, IoResultExt, Result};
 use crate::sys::syscall::{self, Errno, Open};
 
 /// How long a caller that may wait (on the blocking pool, never on the
@@ -163,7 +164,7 @@ impl MutationLock<'_> {
         let kept = members
             .try_clone()
             .map_err(|e| Error::io("seal members directory", path(), e))?;
-        let seal = super::members::seal(members, path)?;
+        let seal = seal(members, path)?;
         self.sealed = Some(kept);
         Ok(seal)
     }
@@ -173,7 +174,7 @@ impl Drop for MutationLock<'_> {
     fn drop(&mut self) {
         // Our seal, if it is still there, goes while we hold the lock.
         if let Some(members) = self.sealed.take() {
-            super::members::unseal(&members);
+            unseal(&members);
         }
         // Removed while we hold it, so nobody else can be relying on this
         // inode: a waiter that locks it next finds it gone and starts over.
@@ -185,6 +186,49 @@ impl Drop for MutationLock<'_> {
         }
         let _ = syscall::unlink_at(self.dir.fd(), file_name(&self.lock).as_str());
         // Closing the file releases the flock.
+    }
+}
+
+/// The file name of a members directory's seal (see `members.rs`, where
+/// it is explained; here because the mutation lock removes its holder's
+/// seal before it goes).
+pub(super) const SEAL: &str = "sealed";
+
+/// Seals the members directory `dir` (see `members::SEAL`) and returns the seal open, under our flock,
+/// which we keep until the seal is removed: a seal whose flock is free is
+/// a dead sealer's, and keeps nobody out (a joiner that does not take the
+/// mutation lock may find it while another process holds that lock,
+/// frozen, for as long as it stays so). The flock is taken before we
+/// count: a joiner that found the seal free (or missing) before had its
+/// record in place, and is counted. The caller holds the name's mutation
+/// lock, so a seal already there is a dead sealer's, and now ours; it
+/// removes it ([`unseal`]) before that lock goes.
+pub(super) fn seal(dir: &File, path: &dyn Fn() -> PathBuf) -> Result<File> {
+    failpoint!("group.seal.before_create").context("seal members directory", path)?;
+    let file = match syscall::open_at(dir, SEAL, Open::CreateNew) {
+        Err(Errno::EEXIST) => syscall::open_at(dir, SEAL, Open::Read),
+        made => made,
+    }
+    .context("seal members directory", path)?;
+    // A joiner's test of the flock holds it for an instant.
+    for _ in 0..50 {
+        match file.try_flock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_micros(200))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e).context("seal members directory", path),
+        }
+    }
+    Err(std::io::Error::from(std::io::ErrorKind::WouldBlock)).context("seal members directory", path)
+}
+
+/// Removes our seal from `dir`, under the name's mutation lock.
+pub(super) fn unseal(dir: &File) {
+    let _ = failpoint!("group.seal.before_remove");
+    match syscall::unlink_at(dir, SEAL) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(error) => tracing::debug!(%error, "could not remove a members directory's seal"),
     }
 }
 
