@@ -423,6 +423,12 @@ pub(crate) fn watch_sees_lock_files() -> bool {
     cfg!(target_os = "linux") && !portable()
 }
 
+/// Whether replacing a file by rename can fail for a moment because
+/// another process has it open (reading it): on Windows (and under Wine),
+/// `MoveFileExW` over an open file answers access denied, so a replace of
+/// a file others read is tried again for a few milliseconds.
+pub(crate) const REPLACE_WAITS_FOR_READERS: bool = cfg!(windows);
+
 /// Whether a directory can carry the liveness mark (`flock(2)` on a
 /// directory's descriptor), as the directory layout needs: everywhere but
 /// Windows, whose byte-range locks are for files only.

@@ -242,7 +242,20 @@ impl<'a> FenceTmp<'a> {
     /// still): write it again.
     fn install(mut self, fence: &str) -> Result<bool> {
         let renamed = failpoint!("fence.reserve.before_rename").map_err(|_| Errno::EIO);
-        match renamed.and_then(|()| syscall::rename_at(self.ctx.dir.fd(), &self.tmp, fence)) {
+        let mut renamed = renamed.and_then(|()| syscall::rename_at(self.ctx.dir.fd(), &self.tmp, fence));
+        // Another process reading the counter (it reads before it takes
+        // the mutation lock) keeps it open for an instant, over which
+        // Windows refuses the replace: wait for it, briefly.
+        for _ in 0..50 {
+            if !(crate::sys::REPLACE_WAITS_FOR_READERS
+                && matches!(renamed, Err(Errno::EACCES | Errno::EBUSY)))
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            renamed = syscall::rename_at(self.ctx.dir.fd(), &self.tmp, fence);
+        }
+        match renamed {
             Ok(()) => {
                 self.armed = false;
                 Ok(true)
