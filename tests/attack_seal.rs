@@ -17,6 +17,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::{frozen_flock, mutex_of};
 use leasehold::{Locker, Strategy};
 
 #[test]
@@ -41,27 +42,6 @@ fn strategy_arg(strategy: Strategy) -> &'static str {
         Strategy::Directory => "directory",
         _ => "file",
     }
-}
-
-#[allow(dead_code)]
-fn mutex_of(lock_path: &Path) -> PathBuf {
-    let mut name = lock_path.file_name().unwrap().to_owned();
-    name.push(".mutex");
-    lock_path.with_file_name(name)
-}
-
-/// A `flock` kept on `path`, as by a process frozen while holding it.
-#[allow(dead_code)]
-fn frozen_flock(path: &Path) -> File {
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .unwrap();
-    file.lock().unwrap();
-    file
 }
 
 #[allow(dead_code)]
