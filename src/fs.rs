@@ -38,6 +38,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::record::Parsed;
 use crate::stale::{self, Verdict};
 use crate::stats::Counters;
 use crate::sys::syscall;
@@ -182,6 +183,42 @@ impl Fs {
     /// The watcher's way to us (weak: a watcher outliving us stops).
     fn waiters(&self) -> Waiters {
         Arc::downgrade(&self.events) as Waiters
+    }
+
+    /// Where the watcher does not see a holder's death in the directory
+    /// (Windows), names the holders of `name` to it, to wait on their
+    /// processes: the writer of the record at the lock path, or each live
+    /// member of a group. Whether each one is watched so. A holder of
+    /// another host, boot or pid namespace, one without a pid, one whose
+    /// process cannot be opened (another user's) and a record that cannot
+    /// be read leave the waiter polling. Called at every wait, so holders
+    /// who came since the last one are named too (their arrival woke it).
+    fn watch_holders(&self, name: &LockName) -> bool {
+        let ctx = &self.ctx;
+        let found = match Found::open(ctx, name) {
+            Ok(Some(found)) => found,
+            // Nobody at the path: a holder's arrival is an event.
+            Ok(None) => return true,
+            Err(_) => return false,
+        };
+        let me = crate::sys::identity();
+        let pid = |parsed: &Parsed| match parsed {
+            Parsed::Record(record) => stale::local_pid(record, me),
+            _ => None,
+        };
+        let pids: Option<Vec<u64>> = if members::marker(&found.parsed).is_some() {
+            let Ok(Some(dir)) = members::open_members(ctx, name) else {
+                return false;
+            };
+            let path = || ctx.path_of(&members::members_dir(name.file_name()));
+            let Ok(scan) = members::scan(ctx, &dir, &path) else {
+                return false;
+            };
+            scan.live_members().map(|entry| pid(&entry.parsed)).collect()
+        } else {
+            pid(&found.parsed).map(|pid| vec![pid])
+        };
+        pids.is_some_and(|pids| self.watcher.watch_deaths(name.file_name(), &pids))
     }
 
     fn create_or_reclaim<K: Kept>(
@@ -352,14 +389,14 @@ impl Backend for Fs {
         // lock directory; with no lock directory at the path there is no
         // holder to watch, and its arrival or removal is an event in the
         // lock directory's parent, which the watcher watches.
-        let watched = self.watcher.ensure(&self.ctx.dir, &self.waiters())
+        let watched = self.watcher.start(&self.ctx.dir, &self.waiters())
             && (self.ctx.settings.strategy != Strategy::Directory
                 || self.watcher.ensure_child(name.file_name())
                 || !self.ctx.path_taken(name));
         if watched {
             self.watcher.ensure_child(&members::members_dir(name.file_name()));
         }
-        watched
+        watched && (crate::sys::WATCH_SEES_DEATHS || self.watch_holders(name))
     }
 
     fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {

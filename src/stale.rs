@@ -363,18 +363,38 @@ enum Liveness {
     NeedsFlockTest,
 }
 
-fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Liveness {
-    let me = host.me();
+/// Whether a record's writer says it is of this host: the same boot, the
+/// same machine, or the same host name (pi-research writes none: it is a
+/// local writer).
+fn same_host(r: &Record, me: &Identity) -> bool {
     let same_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a == b);
     let same_machine = matches!((&r.machine_id, &me.machine_id), (Some(a), Some(b)) if a == b);
-    let same_hostname = same_boot
+    same_boot
         || same_machine
         || match &r.hostname {
             // An empty name (gethostname failed) says nothing.
             Some(h) => !h.is_empty() && *h == me.hostname,
-            // pi-research writes no host name: it is a local writer.
             None => true,
-        };
+        }
+}
+
+/// The pid of a record's writer when it names a process here: of this
+/// host, of this boot (where both know theirs) and of this pid namespace.
+/// What a watcher can wait on for the writer's death (Windows); `None`
+/// when the pid means nothing here.
+pub(crate) fn local_pid(r: &Record, me: &Identity) -> Option<u64> {
+    let other_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a != b);
+    let other_pid_ns = matches!((&r.pid_ns, &me.pid_ns), (Some(a), Some(b)) if a != b);
+    (same_host(r, me) && !other_boot && !other_pid_ns)
+        .then_some(r.pid)
+        .flatten()
+}
+
+fn liveness(r: &Record, ev: &Evidence<'_>, host: &dyn Host) -> Liveness {
+    let me = host.me();
+    let same_boot = matches!((&r.boot_id, &me.boot_id), (Some(a), Some(b)) if a == b);
+    let same_machine = matches!((&r.machine_id, &me.machine_id), (Some(a), Some(b)) if a == b);
+    let same_hostname = same_host(r, me);
     if r.is_leasehold() && same_boot {
         return match ev.flock_free {
             None => Liveness::NeedsFlockTest,

@@ -412,8 +412,24 @@ pub(crate) use imp::DirWatch;
 /// close: inotify's `IN_CLOSE_WRITE`, kqueue's `NOTE_FUNLOCK` or
 /// `NOTE_CLOSE_WRITE`), so that waiters may poll only as a safety net.
 /// Not on Windows, where closing a handle is no directory change: waiters
-/// there poll at their interval besides.
+/// there name the holders' processes to the watcher ([`watch_deaths`]),
+/// and poll at their interval where it cannot wait on them all.
 pub(crate) const WATCH_SEES_DEATHS: bool = cfg!(unix);
+
+/// Asks the running `watch` to report `entry` changed when one of the
+/// processes `pids` (holders of the lock at `entry`) ends; whether every
+/// one of them is watched so. On Windows the watcher waits on their
+/// process handles. Elsewhere a holder's death is a close in the
+/// directory already ([`WATCH_SEES_DEATHS`]): nothing to ask, `true`.
+pub(crate) fn watch_deaths(watch: &DirWatch, entry: &str, pids: &[u64]) -> bool {
+    #[cfg(windows)]
+    return watch.watch_deaths(entry, pids);
+    #[cfg(not(windows))]
+    {
+        let _ = (watch, entry, pids);
+        true
+    }
+}
 
 /// Whether an exclusive lock file's release (a removal, a rename) and its
 /// holder's death (a close after writing) are events in the lock

@@ -179,7 +179,21 @@ async fn permit_holder() {
     let Some(dir) = std::env::var_os("LEASEHOLD_TEST_PERMIT_DIR") else {
         return;
     };
-    let locker = locker(std::path::Path::new(&dir));
+    // A lease far longer than any test here waits, so that only the
+    // holder's death can free what it holds.
+    let locker = Locker::builder()
+        .directory(std::path::Path::new(&dir))
+        .poll_interval(std::time::Duration::from_millis(5))
+        .lease(std::time::Duration::from_secs(600))
+        .build()
+        .unwrap();
+    if std::env::var_os("LEASEHOLD_TEST_EXCLUSIVE").is_some() {
+        let guard = locker.acquire("gpu").await.unwrap();
+        println!("HELD {}", std::process::id());
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        drop(guard);
+        return;
+    }
     let permit = locker.semaphore("gpu", 3).unwrap().acquire().await.unwrap();
     println!("HELD {}", std::process::id());
     tokio::time::sleep(std::time::Duration::from_secs(60)).await;
@@ -191,8 +205,17 @@ struct PermitHolder(std::process::Child);
 
 impl PermitHolder {
     fn start(dir: &std::path::Path) -> Self {
+        Self::start_holding(dir, false)
+    }
+
+    /// A child holding a permit of `gpu`, or `gpu` itself if `exclusive`.
+    fn start_holding(dir: &std::path::Path, exclusive: bool) -> Self {
         use std::io::BufRead;
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        if exclusive {
+            command.env("LEASEHOLD_TEST_EXCLUSIVE", "1");
+        }
+        let mut child = command
             .args(["--exact", "permit_holder", "--nocapture", "--test-threads", "1"])
             .env("LEASEHOLD_TEST_PERMIT_DIR", dir)
             .stdout(std::process::Stdio::piped())
@@ -247,6 +270,58 @@ async fn semaphores_between_processes() {
     drop(permit);
     drop(holders);
     drop((gpu, here));
+}
+
+/// A holder's death is an event on Windows too: closing a handle changes
+/// no directory entry, so the watcher waits on the holders' processes,
+/// and a waiter whose poll interval is a minute takes a killed holder's
+/// lock (or permit) within seconds. The holders' leases are ten minutes.
+/// Before, the waiter found the death at its next poll, a minute later.
+#[tokio::test]
+async fn a_killed_holders_death_wakes_a_waiter_that_polls_once_a_minute() {
+    for exclusive in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let holders = if exclusive { 1 } else { 3 };
+        let mut holders: Vec<PermitHolder> = (0..holders)
+            .map(|_| PermitHolder::start_holding(dir.path(), exclusive))
+            .collect();
+        let here = Locker::builder()
+            .directory(dir.path())
+            .poll_interval(std::time::Duration::from_secs(60))
+            // The notice of a long wait would wake the waiter after 5 s.
+            .wait_notice(None)
+            .build()
+            .unwrap();
+        let gpu = here.semaphore("gpu", 3).unwrap();
+        let waiter = {
+            let (here, gpu) = (here.clone(), gpu.clone());
+            tokio::spawn(async move {
+                if exclusive {
+                    drop(here.acquire("gpu").await.unwrap());
+                } else {
+                    drop(gpu.acquire().await.unwrap());
+                }
+                std::time::Instant::now()
+            })
+        };
+        // The waiter tried, found the lock held and waits.
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        assert!(!waiter.is_finished(), "exclusive: {exclusive}");
+        drop(holders.remove(0));
+        let killed = std::time::Instant::now();
+        let took = tokio::time::timeout(std::time::Duration::from_secs(40), waiter)
+            .await
+            .expect("the waiter never took the killed holder's lock")
+            .unwrap();
+        let waited = took.duration_since(killed);
+        eprintln!("exclusive: {exclusive}: took the lock {waited:?} after the kill");
+        assert!(
+            waited < std::time::Duration::from_secs(15),
+            "exclusive: {exclusive}: waited {waited:?} after the kill (the poll interval is 60 s)"
+        );
+        drop(holders);
+        drop((gpu, here));
+    }
 }
 
 /// Upgradable locks are refused on Windows with `Error::Unsupported`,

@@ -6,9 +6,11 @@
 //! file, which is a close-after-write, so a dead holder wakes its waiters
 //! too. A directory-strategy lock is watched as well while someone waits
 //! for it: its holder keeps `owner.json` open for writing, so its death is
-//! a close-after-write inside that directory. Polling at `poll_interval`
-//! remains as a safety net against missed events, and is the only mechanism
-//! where the watcher cannot run.
+//! a close-after-write inside that directory. On Windows a handle's close
+//! is no directory change: there the watcher waits on the holders'
+//! processes that waiters name to it (`watch_deaths`). Polling at
+//! `poll_interval` remains as a safety net against missed events, and is
+//! the only mechanism where the watcher cannot run.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -29,6 +31,26 @@ impl Watcher {
     /// arrive, holders' deaths among them (otherwise the caller must poll;
     /// events that arrive still wake it early).
     pub(crate) fn ensure(&self, dir: &LockDir, waiters: &Waiters) -> bool {
+        self.start(dir, waiters) && sys::WATCH_SEES_DEATHS
+    }
+
+    /// Has the running watcher report `entry` changed when one of the
+    /// processes `pids` ends, where it does not see holders' deaths in the
+    /// directory itself (`sys::watch_deaths`). Whether each one's end will
+    /// be reported.
+    pub(crate) fn watch_deaths(&self, entry: &str, pids: &[u64]) -> bool {
+        match self.watch.get() {
+            Some(Some(watch)) if !*self.gone.lock().unwrap_or_else(|e| e.into_inner()) => {
+                sys::watch_deaths(watch, entry, pids)
+            }
+            _ => false,
+        }
+    }
+
+    /// Starts the watcher if it is not running; returns whether it runs,
+    /// so that changes in the directory will arrive (holders' deaths among
+    /// them only where `sys::WATCH_SEES_DEATHS`).
+    pub(crate) fn start(&self, dir: &LockDir, waiters: &Waiters) -> bool {
         let watch = self.watch.get_or_init(|| {
             let weak = waiters.clone();
             let gone = Arc::clone(&self.gone);
@@ -59,7 +81,7 @@ impl Watcher {
             }
             watch
         });
-        watch.is_some() && sys::WATCH_SEES_DEATHS && !*self.gone.lock().unwrap_or_else(|e| e.into_inner())
+        watch.is_some() && !*self.gone.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether the watcher runs and reports holders' deaths, without

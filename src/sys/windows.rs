@@ -15,8 +15,8 @@
 //!   `MOVEFILE_REPLACE_EXISTING`.
 //!
 //! - waking waiters: `ReadDirectoryChangesW` on the lock directory
-//!   (`windows/watch.rs`); a holder's death is no directory change, and is
-//!   seen by polling;
+//!   (`windows/watch.rs`); a holder's death is no directory change: the
+//!   same thread waits on the holders' process handles;
 //! - files and directories made with an access list of the user's alone
 //!   (`windows/security.rs`).
 //!
@@ -47,6 +47,10 @@ mod watch;
 
 /// An open process handle, closed when dropped.
 struct Process(win::HANDLE);
+
+// SAFETY: a process handle may be waited on, queried and closed from any
+// thread; `Process` closes it once, when dropped.
+unsafe impl Send for Process {}
 
 impl Process {
     /// Opens `pid` for asking its times and waiting on it; the Windows

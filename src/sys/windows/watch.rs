@@ -6,9 +6,12 @@
 //! `Overflow`; a directory that can no longer be read is `Gone`.
 //!
 //! A holder's death changes no entry on Windows (closing a handle is no
-//! directory change), so this watcher does not see it:
-//! `sys::WATCH_SEES_DEATHS` is `false`, and waiters keep polling at their
-//! poll interval besides (a release wakes them at once).
+//! directory change), so the same thread also waits on the processes of
+//! the holders that waiters name (`DirWatch::watch_deaths`): a process
+//! handle is signalled when the process ends, however it ends, and its
+//! end is `Changed(<the lock's entry>)`. Up to `MAX_PROCESSES` processes
+//! at once (a wait takes at most 64 handles); past that the oldest is let
+//! go, and its waiters find its death by their safety-net poll.
 //!
 //! Dropping the watch stops the thread and waits for it: its handle of
 //! the directory is closed before the drop returns (Windows does not
@@ -21,8 +24,8 @@ use std::fs::{File, OpenOptions};
 use std::os::windows::ffi::OsStringExt;
 use std::os::windows::fs::OpenOptionsExt;
 use std::os::windows::io::AsRawHandle;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use windows_sys::Win32::Foundation as win;
@@ -31,13 +34,38 @@ use windows_sys::Win32::System::IO::{CancelIoEx, GetOverlappedResult, OVERLAPPED
 use windows_sys::Win32::System::Threading as threading;
 
 use super::super::DirEvent;
-use super::syscall;
+use super::{Process, syscall};
 
 /// How long the thread waits for an event before it reports `Idle`.
 const IDLE: Duration = Duration::from_millis(500);
 
 /// The bytes of one batch of directory changes.
 const BUF_LEN: usize = 64 * 1024;
+
+/// The handles a wait takes besides the processes: the stop, the
+/// directory's changes and the table's change.
+const OWN_HANDLES: usize = 3;
+
+/// How many processes one watch waits on at once: what one
+/// `WaitForMultipleObjects` takes (`MAXIMUM_WAIT_OBJECTS`, 64) less its
+/// own handles.
+const MAX_PROCESSES: usize = 64 - OWN_HANDLES;
+
+/// A holder's process the watch waits on, and the entries of the lock
+/// directory whose waiters its end wakes.
+struct Watched {
+    pid: u64,
+    process: Process,
+    entries: Vec<String>,
+}
+
+/// The processes the watch waits on. Waiters add to it; only the watch's
+/// thread removes from it (and so closes a handle), never while it waits
+/// on them.
+#[derive(Default)]
+struct Deaths {
+    watched: Vec<Watched>,
+}
 
 /// An event object, closed when dropped.
 #[derive(Debug)]
@@ -226,17 +254,63 @@ fn notified_names(bytes: &[u8]) -> Vec<OsString> {
 }
 
 /// A running watch; dropping it stops its thread and waits for it.
-#[derive(Debug)]
 pub(crate) struct DirWatch {
     stop: Arc<Event>,
     stopping: Arc<AtomicBool>,
+    /// Set when a waiter adds to `deaths`, so that the thread waits anew.
+    added: Arc<Event>,
+    deaths: Arc<Mutex<Deaths>>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for DirWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirWatch").finish_non_exhaustive()
+    }
 }
 
 impl DirWatch {
     /// Everything below the lock directory is watched already.
     pub(crate) fn watch_child(&self, _name: &str) -> bool {
         true
+    }
+
+    /// Waits on the processes `pids` too (holders of the lock whose entry
+    /// in the lock directory is `entry`): when one ends, `entry` is
+    /// reported changed. Whether every one of them is watched: a pid that
+    /// cannot be opened (gone already, another user's, no process id of
+    /// Windows) is not, and its waiter must poll.
+    pub(crate) fn watch_deaths(&self, entry: &str, pids: &[u64]) -> bool {
+        let mut deaths = self.deaths.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = true;
+        let mut added = false;
+        for &pid in pids {
+            if let Some(watched) = deaths.watched.iter_mut().find(|w| w.pid == pid) {
+                if !watched.entries.iter().any(|e| e == entry) {
+                    watched.entries.push(entry.to_owned());
+                }
+                continue;
+            }
+            // Windows ignores a process id's two low bits: such an id names
+            // no process of its own (see `probe`).
+            match pid.is_multiple_of(4).then(|| Process::open(pid)) {
+                Some(Ok(process)) => {
+                    deaths.watched.push(Watched {
+                        pid,
+                        process,
+                        entries: vec![entry.to_owned()],
+                    });
+                    added = true;
+                }
+                _ => all = false,
+            }
+        }
+        drop(deaths);
+        if added {
+            // SAFETY: the event lives while `self.added` does.
+            unsafe { threading::SetEvent(self.added.0) };
+        }
+        all
     }
 }
 
@@ -261,54 +335,109 @@ pub(crate) fn watch_dir(
     let path = syscall::path_of(dir).ok()?;
     let changes = Changes::open(&path)?;
     let stop = Arc::new(Event::new(true)?);
+    let added = Arc::new(Event::new(false)?);
     let stopping = Arc::new(AtomicBool::new(false));
-    let (thread_stop, thread_stopping) = (Arc::clone(&stop), Arc::clone(&stopping));
+    let deaths = Arc::new(Mutex::new(Deaths::default()));
+    let watch = Watch {
+        changes,
+        stop: Arc::clone(&stop),
+        stopping: Arc::clone(&stopping),
+        added: Arc::clone(&added),
+        deaths: Arc::clone(&deaths),
+    };
     let thread = std::thread::Builder::new()
         .name("leasehold-watch".into())
-        .spawn(move || run(changes, &thread_stop, &thread_stopping, &mut *on_event))
+        .spawn(move || watch.run(&mut *on_event))
         .ok()?;
     Some(DirWatch {
         stop,
         stopping,
+        added,
+        deaths,
         thread: Some(thread),
     })
 }
 
-fn run(
-    mut changes: Changes,
-    stop: &Event,
-    stopping: &AtomicBool,
-    on_event: &mut dyn FnMut(DirEvent<'_>) -> bool,
-) {
-    let handles = [stop.0, changes.op.event.0];
-    let wait_ms = u32::try_from(IDLE.as_millis()).unwrap_or(u32::MAX);
-    while !stopping.load(Ordering::Relaxed) {
-        // SAFETY: both handles are events that live across the wait (owned
-        // by `stop` and `changes`).
-        let woke = unsafe { threading::WaitForMultipleObjects(2, handles.as_ptr(), 0, wait_ms) };
-        let delivered = match woke {
-            win::WAIT_TIMEOUT => on_event(DirEvent::Idle),
-            win::WAIT_OBJECT_0 => return,
-            _ if woke == win::WAIT_OBJECT_0 + 1 => {
-                let delivered = match changes.take() {
-                    Some(names) => names.iter().all(|name| on_event(DirEvent::Changed(name))),
-                    None => on_event(DirEvent::Overflow),
-                };
-                if delivered && !changes.read() {
+/// What the watch's thread owns and shares.
+struct Watch {
+    changes: Changes,
+    stop: Arc<Event>,
+    stopping: Arc<AtomicBool>,
+    added: Arc<Event>,
+    deaths: Arc<Mutex<Deaths>>,
+}
+
+// SAFETY: `Changes` is moved to the thread whole and used only there; the
+// processes' handles may be waited on and closed from any thread.
+unsafe impl Send for Watch {}
+
+impl Watch {
+    fn run(mut self, on_event: &mut dyn FnMut(DirEvent<'_>) -> bool) {
+        let wait_ms = u32::try_from(IDLE.as_millis()).unwrap_or(u32::MAX);
+        while !self.stopping.load(Ordering::Relaxed) {
+            let handles = self.handles();
+            let count = u32::try_from(handles.len()).unwrap_or(0);
+            // SAFETY: every handle lives across the wait: the events are
+            // owned by `self`, and the processes by `self.deaths`, from
+            // which only this thread removes (and so closes) any.
+            let woke = unsafe { threading::WaitForMultipleObjects(count, handles.as_ptr(), 0, wait_ms) };
+            let delivered = match woke {
+                win::WAIT_TIMEOUT => on_event(DirEvent::Idle),
+                win::WAIT_OBJECT_0 => return,
+                _ if woke == win::WAIT_OBJECT_0 + 1 => {
+                    let delivered = match self.changes.take() {
+                        Some(names) => names.iter().all(|name| on_event(DirEvent::Changed(name))),
+                        None => on_event(DirEvent::Overflow),
+                    };
+                    if delivered && !self.changes.read() {
+                        let _ = on_event(DirEvent::Gone);
+                        return;
+                    }
+                    delivered
+                }
+                // A waiter added a process: wait anew, on it too.
+                _ if woke == win::WAIT_OBJECT_0 + 2 => true,
+                _ if woke >= win::WAIT_OBJECT_0 + 3 && woke < win::WAIT_OBJECT_0 + count => {
+                    let at = usize::try_from(woke - win::WAIT_OBJECT_0).unwrap_or(0) - OWN_HANDLES;
+                    let ended = self.remove(at);
+                    ended
+                        .iter()
+                        .all(|entry| on_event(DirEvent::Changed(entry.as_ref())))
+                }
+                // The wait itself failed: the watch cannot go on.
+                _ => {
                     let _ = on_event(DirEvent::Gone);
                     return;
                 }
-                delivered
-            }
-            // The wait itself failed: the watch cannot go on.
-            _ => {
-                let _ = on_event(DirEvent::Gone);
+            };
+            if !delivered {
                 return;
             }
-        };
-        if !delivered {
-            return;
         }
+    }
+
+    /// The handles to wait on: the stop, the changes, the table's change,
+    /// then each process in the table's order (the oldest let go first if
+    /// there are too many).
+    fn handles(&self) -> Vec<win::HANDLE> {
+        let mut deaths = self.deaths.lock().unwrap_or_else(|e| e.into_inner());
+        let excess = deaths.watched.len().saturating_sub(MAX_PROCESSES);
+        deaths.watched.drain(..excess);
+        let mut handles = vec![self.stop.0, self.changes.op.event.0, self.added.0];
+        handles.extend(deaths.watched.iter().map(|w| w.process.0));
+        handles
+    }
+
+    /// Removes the process at `at` in the table (it ended) and returns the
+    /// entries its end changes. Waiters only append to the table, so what
+    /// was at `at` when the wait began is there still.
+    fn remove(&self, at: usize) -> Vec<OsString> {
+        let mut deaths = self.deaths.lock().unwrap_or_else(|e| e.into_inner());
+        if at >= deaths.watched.len() {
+            return Vec::new();
+        }
+        let ended = deaths.watched.remove(at);
+        ended.entries.into_iter().map(OsString::from).collect()
     }
 }
 
