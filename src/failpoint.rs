@@ -99,8 +99,12 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "upgrade.before_rewrite",
     "upgrade.after_rewrite",
     "upgrade.before_return",
+    "upgrade.before_tokens",
+    "upgrade.before_publish",
     "downgrade.before_marker",
     "downgrade.before_return",
+    "downgrade.before_tokens",
+    "downgrade.before_publish",
     // A waiter between its look at the lock and the start of its watch
     // (no filesystem step: a test releases the lock there).
     "engine.wait.before_watch",

@@ -328,8 +328,8 @@ impl Locker {
     /// # Errors
     ///
     /// [`Error::Unsupported`] where upgradable locks cannot be kept (see
-    /// `docs/upgradable.md`: Windows, and the directory layout without an
-    /// atomic exchange); [`Error::KindMismatch`] if the name is held as a semaphore;
+    /// `docs/upgradable.md`: the directory layout without an atomic
+    /// exchange); [`Error::KindMismatch`] if the name is held as a semaphore;
     /// otherwise as [`acquire`](Self::acquire).
     ///
     /// # Cancel safety

@@ -335,8 +335,8 @@ fn files(strategy: leasehold::Strategy) -> (tempfile::TempDir, leasehold::Locker
 }
 
 /// What this platform's refusal of upgradable locks in `strategy` names
-/// (docs/upgradable.md), or `None` where it keeps them: Windows refuses
-/// them on every layout; the directory layout needs an atomic exchange of
+/// (docs/upgradable.md), or `None` where it keeps them: the directory
+/// layout needs an atomic exchange of
 /// two directories (Linux with glibc, macOS), which FreeBSD, musl and the
 /// portable test mode (`LEASEHOLD_TEST_PORTABLE=1`) do not have.
 fn upgradable_refused(strategy: leasehold::Strategy) -> Option<&'static str> {
@@ -346,9 +346,7 @@ fn upgradable_refused(strategy: leasehold::Strategy) -> Option<&'static str> {
         all(target_os = "linux", target_env = "gnu"),
         target_os = "macos"
     )) && !portable;
-    if cfg!(windows) {
-        Some("Windows")
-    } else if strategy == leasehold::Strategy::Directory && !exchange {
+    if strategy == leasehold::Strategy::Directory && !exchange {
         Some("atomic exchange")
     } else {
         None

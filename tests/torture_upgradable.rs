@@ -32,10 +32,6 @@
 //! `X pid error`, `Z pid ...`; and `UP pid` / `DOWN pid` for each upgrade
 //! and downgrade made.
 
-// Not on Windows: upgradable locks are refused there (`tests/windows.rs`
-// `upgradable_locks_are_refused_on_windows`).
-#![cfg(unix)]
-
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 

@@ -2,10 +2,6 @@
 //! coexist, writers are excluded, an upgrade waits for readers and lets
 //! no writer in between, a downgrade lets readers in, fencing grows.
 
-// Not on Windows: upgradable locks are refused there (`tests/windows.rs`
-// `upgradable_locks_are_refused_on_windows`).
-#![cfg(unix)]
-
 use std::time::Duration;
 
 use leasehold::{Locker, Strategy};
@@ -115,7 +111,9 @@ async fn upgrade_waits_for_readers_and_lets_no_writer_in() {
         let left: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| !n.ends_with(".mutex") && !n.ends_with(".fence"))
+            // Windows' waiting line keeps its file for good
+            // (docs/guarantees.md, *Windows*).
+            .filter(|n| !n.ends_with(".mutex") && !n.ends_with(".fence") && n != "leasehold..line")
             .collect();
         assert!(left.is_empty(), "{strategy:?}: left {left:?}");
     }

@@ -171,9 +171,10 @@ async fn pi_research_records_are_judged_by_pid_and_start_second() {
     drop(locker);
 }
 
-/// The role a child of [`semaphores_between_processes`] plays: take a
-/// permit of `gpu` in the lock directory `LEASEHOLD_TEST_PERMIT_DIR`, say
-/// so, and hold it until killed.
+/// The role a child of the tests below plays (see `PermitHolder`): take
+/// `gpu` in the lock directory `LEASEHOLD_TEST_PERMIT_DIR` as
+/// `LEASEHOLD_TEST_KIND` says (a permit by default), say so, and hold it
+/// until killed.
 #[tokio::test]
 async fn permit_holder() {
     let Some(dir) = std::env::var_os("LEASEHOLD_TEST_PERMIT_DIR") else {
@@ -187,8 +188,25 @@ async fn permit_holder() {
         .lease(std::time::Duration::from_secs(600))
         .build()
         .unwrap();
-    if std::env::var_os("LEASEHOLD_TEST_EXCLUSIVE").is_some() {
-        let guard = locker.acquire("gpu").await.unwrap();
+    let kind = std::env::var("LEASEHOLD_TEST_KIND").unwrap_or_default();
+    if kind == "readloop" {
+        println!("HELD {}", std::process::id());
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < until {
+            if let Ok(guard) = locker.acquire_shared("gpu").await {
+                tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+                drop(guard);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        return;
+    }
+    if kind == "exclusive" || kind == "shared" {
+        let guard = if kind == "shared" {
+            locker.acquire_shared("gpu").await.unwrap()
+        } else {
+            locker.acquire("gpu").await.unwrap()
+        };
         println!("HELD {}", std::process::id());
         tokio::time::sleep(std::time::Duration::from_secs(60)).await;
         drop(guard);
@@ -210,11 +228,15 @@ impl PermitHolder {
 
     /// A child holding a permit of `gpu`, or `gpu` itself if `exclusive`.
     fn start_holding(dir: &std::path::Path, exclusive: bool) -> Self {
+        Self::start_as(dir, if exclusive { "exclusive" } else { "permit" })
+    }
+
+    /// A child holding `gpu` as `kind`: `exclusive`, `shared` or `permit`;
+    /// or, as `readloop`, taking it shared and letting it go in a loop.
+    fn start_as(dir: &std::path::Path, kind: &str) -> Self {
         use std::io::BufRead;
         let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-        if exclusive {
-            command.env("LEASEHOLD_TEST_EXCLUSIVE", "1");
-        }
+        command.env("LEASEHOLD_TEST_KIND", kind);
         let mut child = command
             .args(["--exact", "permit_holder", "--nocapture", "--test-threads", "1"])
             .env("LEASEHOLD_TEST_PERMIT_DIR", dir)
@@ -324,25 +346,90 @@ async fn a_killed_holders_death_wakes_a_waiter_that_polls_once_a_minute() {
     }
 }
 
-/// Upgradable locks are refused on Windows with `Error::Unsupported`,
-/// before anything is made: the upgrade replaces a lock file its readers
-/// have open, which Windows refuses (under Wine it failed with "Access
-/// denied" midway).
+/// Upgradable locks on Windows: an upgrade waits for a reader in another
+/// process and lets no writer in meanwhile; it waits, too, while anyone
+/// has the marker open (Windows cannot replace a file that is open: the
+/// upgrade closes its own handle of it and waits for the others); a
+/// downgrade lets readers in and keeps writers out.
 #[tokio::test]
-async fn upgradable_locks_are_refused_on_windows() {
+async fn an_upgrade_waits_for_readers_in_other_processes_and_for_open_markers() {
     let dir = tempfile::tempdir().unwrap();
-    let locker = Locker::new(dir.path()).unwrap();
-    for attempt in [
-        locker.acquire_upgradable("up").await.map(drop),
-        locker.try_acquire_upgradable("up").await.map(drop),
-    ] {
-        match attempt {
-            Err(leasehold::Error::Unsupported { what }) => assert!(what.contains("Windows"), "{what}"),
-            other => panic!("not refused: {other:?}"),
+    let mut reader = vec![PermitHolder::start_as(dir.path(), "shared")];
+    let here = locker(dir.path());
+    let other = locker(dir.path());
+    let up = here.acquire_upgradable("gpu").await.unwrap();
+    assert_eq!(here.holders("gpu").await.unwrap().len(), 2);
+    // Someone (a reader of the file, not a lock) has the marker open.
+    let open = std::fs::File::open(here.lock_path("gpu").unwrap()).unwrap();
+    let upgrading = tokio::spawn(up.upgrade());
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!upgrading.is_finished(), "upgraded beside a reader");
+    assert!(
+        other.try_acquire("gpu").await.unwrap().is_none(),
+        "a writer got in"
+    );
+    drop(reader.remove(0));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !upgrading.is_finished(),
+        "replaced the marker while someone had it open"
+    );
+    assert!(
+        other.try_acquire("gpu").await.unwrap().is_none(),
+        "a writer got in"
+    );
+    drop(open);
+    let writer = tokio::time::timeout(std::time::Duration::from_secs(10), upgrading)
+        .await
+        .expect("the upgrade never finished")
+        .unwrap()
+        .unwrap();
+    assert!(
+        other.try_acquire_shared("gpu").await.unwrap().is_none(),
+        "a reader got in"
+    );
+    assert!(
+        other.try_acquire("gpu").await.unwrap().is_none(),
+        "a writer got in"
+    );
+    let up = writer.downgrade().await.unwrap();
+    let read = other
+        .try_acquire_shared("gpu")
+        .await
+        .unwrap()
+        .expect("a reader after the downgrade");
+    assert!(
+        other.try_acquire("gpu").await.unwrap().is_none(),
+        "a writer got in"
+    );
+    drop(read);
+    let writer = up.upgrade().await.unwrap();
+    drop(writer);
+    assert!(other.try_acquire("gpu").await.unwrap().is_some());
+}
+
+/// Upgrades and downgrades beside readers that join and leave all the
+/// time in two other processes: each upgrade waits for a moment without
+/// readers and for nobody to have the marker open, and neither it nor
+/// the downgrade ever fails.
+#[tokio::test]
+async fn upgrades_and_downgrades_beside_readers_looping_in_other_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let _readers: Vec<PermitHolder> = (0..2)
+        .map(|_| PermitHolder::start_as(dir.path(), "readloop"))
+        .collect();
+    let here = locker(dir.path());
+    let mut fails = Vec::new();
+    for i in 0..15 {
+        let up = here.acquire_upgradable("gpu").await.unwrap();
+        match tokio::time::timeout(std::time::Duration::from_secs(10), up.upgrade()).await {
+            Ok(Ok(w)) => match w.downgrade().await {
+                Ok(up) => drop(up),
+                Err(e) => fails.push(format!("{i}: downgrade {e}")),
+            },
+            Ok(Err(e)) => fails.push(format!("{i}: upgrade {e}")),
+            Err(_) => fails.push(format!("{i}: upgrade timed out")),
         }
     }
-    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-    assert!(left.is_empty(), "{left:?}");
-    // The name stays free for everything else.
-    assert!(locker.try_acquire_shared("up").await.unwrap().is_some());
+    assert!(fails.is_empty(), "{fails:#?}");
 }

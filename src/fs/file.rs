@@ -64,8 +64,9 @@ pub(super) struct Made {
 
 /// The private name of a lock file being made: `<lock>.pending-<12 hex>`,
 /// unique within this process, random across processes. No lock's file
-/// name has this shape in any path style (see `name.rs`).
-fn pending_name(name: &LockName) -> String {
+/// name has this shape in any path style (see `name.rs`), and the sweep
+/// removes one whose maker is gone (`leftover.rs`).
+pub(super) fn pending_name(name: &LockName) -> String {
     format!(
         "{}.pending-{:012x}",
         name.file_name(),

@@ -68,6 +68,80 @@ fn busy<K>(owner: Option<Owner>) -> Attempt<K> {
     }
 }
 
+/// Takes the fencing tokens of a lock just converted (the name's mutation
+/// lock let go), tried again for up to a quarter lease while that lock is
+/// busy: taking them needs it and gives up at once when another process
+/// has it (to join, judge or leave), which must not cost the conversion
+/// its lock, nor let it go (a writer would get in). `false` if they were
+/// not taken by then: the lock is not ours any more, or the name's
+/// mutation lock stayed taken (a process frozen with it).
+fn reserve_patiently<K: Kept>(ctx: &Ctx, kept: &K) -> Result<bool> {
+    let started = std::time::Instant::now();
+    loop {
+        if kept.reserve_tokens()? {
+            return Ok(true);
+        }
+        if started.elapsed() >= ctx.settings.lease / 4 {
+            return Ok(false);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// How long an upgrade waits for others to close the marker, where a file
+/// that is open cannot be replaced (Windows): a reader judging it has it
+/// open for an instant, a member signing it without the mutation lock for
+/// a moment. One frozen there holds the upgrade up until it runs again.
+const REPLACE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Renames our new lock file `private` over the marker at the lock path,
+/// whose identity is `identity`: `Ok(false)` if it could not be yet.
+///
+/// Where a file that is open cannot be replaced (Windows answers "access
+/// denied"), our own handle of the marker, `joined` (a member's, with its
+/// shared mark), is closed first; the marker is judged by its members,
+/// never by its mark, and ours is still among them. The replace is then
+/// tried again for up to [`REPLACE_PATIENCE`] while someone else has the
+/// marker open. Nobody can have it open once it is replaced, so a member
+/// frozen in its unlocked signing, past its check that the path is its
+/// group's marker, cannot write into what replaced it (see `upgrade`).
+/// If it is still open after that, the marker is opened again as ours (the
+/// name's mutation lock and the seal keep it in place) and the upgrade
+/// waits.
+fn replace_marker(
+    ctx: &Ctx,
+    name: &LockName,
+    private: &str,
+    joined: &mut Option<std::fs::File>,
+    identity: (u64, u64),
+) -> std::io::Result<bool> {
+    use crate::sys::syscall::Errno;
+    let rename = || syscall::rename_at(ctx.dir.fd(), private, name.file_name());
+    if !crate::sys::REPLACE_WAITS_FOR_READERS {
+        return rename().map(|()| true).map_err(std::io::Error::from);
+    }
+    drop(joined.take());
+    let started = std::time::Instant::now();
+    let mut renamed = rename();
+    while matches!(renamed, Err(Errno::EACCES | Errno::EBUSY)) && started.elapsed() < REPLACE_PATIENCE {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        renamed = rename();
+    }
+    match renamed {
+        Ok(()) => Ok(true),
+        Err(Errno::EACCES | Errno::EBUSY) => {
+            if let Ok(node) = syscall::open_at(ctx.dir.fd(), name.file_name(), Open::Read)
+                && syscall::meta(&node).is_ok_and(|m| (m.dev(), m.ino()) == identity)
+            {
+                let _ = node.try_flock_shared();
+                *joined = Some(node);
+            }
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Ours is the only live member of its group, checked under the name's
 /// mutation lock, which this keeps: the upgrade may replace the marker.
 struct Alone<'a> {
@@ -136,15 +210,6 @@ impl Upgrade for Fs {
                 what: directory::NO_EXCHANGE,
             });
         }
-        // The upgrade renames a new lock file over the marker, which its
-        // readers have open: Windows refuses to replace an open file
-        // (`ERROR_ACCESS_DENIED`) short of POSIX rename semantics, which
-        // not every Windows filesystem has, and Wine does not emulate.
-        if cfg!(windows) {
-            return Err(Error::Unsupported {
-                what: "upgradable locks on Windows: not yet (the upgrade replaces a lock file its readers have open, which Windows refuses)",
-            });
-        }
         for _ in 0..4 {
             match group::join(ctx, name, Mode::Shared, true)? {
                 group::Joined::Member(member) => {
@@ -190,7 +255,7 @@ impl Upgrade for Fs {
         arm: Arm<'_, FsLock, K>,
     ) -> Result<Attempt<K>> {
         let ctx = &self.ctx;
-        let member = match share.take() {
+        let mut member = match share.take() {
             Some(FsLock::Member(member)) => member,
             other => {
                 *share = other;
@@ -214,7 +279,11 @@ impl Upgrade for Fs {
                 return Err(error);
             }
         };
-        // Ours alone: a new exclusive lock takes the marker's place.
+        // Ours alone: a new exclusive lock takes the marker's place. Our
+        // handle of it from the look goes first (Windows cannot replace a
+        // file that is open).
+        let marker_id = found.identity();
+        drop(found);
         let record = ctx.own_record(name);
         let path = || ctx.path_of(name.file_name());
         let mut old_dir = None;
@@ -229,7 +298,7 @@ impl Upgrade for Fs {
             // record into a marker whose holders are gone (reclaimed by
             // the next comer).
             Strategy::ExclusiveFile => {
-                let private = format!("{}.pending-{}", name.file_name(), &record::acquisition_id()[..12]);
+                let private = file::pending_name(name);
                 let made = syscall::open_at(ctx.dir.fd(), private.as_str(), Open::CreateNew)
                     .map_err(std::io::Error::from)
                     .context("upgrade lock", path)?;
@@ -243,13 +312,19 @@ impl Upgrade for Fs {
                     .and_then(|()| file::write(&made, 0, &record, ctx.settings.durable, path))
                     .and_then(|len| {
                         let meta = syscall::meta(&made).context("upgrade lock", path)?;
-                        syscall::rename_at(ctx.dir.fd(), &private, name.file_name())
-                            .map_err(std::io::Error::from)
-                            .context("upgrade lock", path)?;
-                        Ok((len, (meta.dev(), meta.ino())))
+                        failpoint!("upgrade.before_publish").context("upgrade lock", path)?;
+                        replace_marker(ctx, name, &private, &mut member.marker, marker_id)
+                            .context("upgrade lock", path)
+                            .map(|replaced| replaced.then_some((len, (meta.dev(), meta.ino()))))
                     });
                 let (len, identity) = match published {
-                    Ok(done) => done,
+                    Ok(Some(done)) => done,
+                    // Someone has the marker open (Windows): not now.
+                    Ok(None) => {
+                        let _ = syscall::unlink_at(ctx.dir.fd(), private.as_str());
+                        *share = Some(FsLock::Member(member));
+                        return Ok(busy(None));
+                    }
                     Err(error) => {
                         let _ = syscall::unlink_at(ctx.dir.fd(), private.as_str());
                         *share = Some(FsLock::Member(member));
@@ -263,7 +338,10 @@ impl Upgrade for Fs {
             // in one step (`directory::replace`): a member frozen in its
             // unlocked signing renames its marker over `owner.json`
             // through the descriptor of the marker's directory.
-            Strategy::Directory => match directory::replace(ctx, name, found.identity(), record.clone()) {
+            Strategy::Directory => match failpoint!("upgrade.before_publish")
+                .context("upgrade lock", path)
+                .and_then(|()| directory::replace(ctx, name, marker_id, record.clone()))
+            {
                 Ok(Some(replaced)) => {
                     let published = replaced.published;
                     old_dir = Some(replaced.old_name);
@@ -285,12 +363,15 @@ impl Upgrade for Fs {
             },
         };
         failpoint!("upgrade.after_rewrite").context("upgrade lock", path)?;
-        let marker_node = member.dissolve()?.ok_or_else(|| lost(name))?;
+        // (Where a replace waits for readers, our handle of a marker file
+        // was closed before it: `replace_marker`.)
+        let marker_node = member.dissolve()?;
         if let Some(old_dir) = old_dir {
             // The marker's directory, now under a private name: emptied
             // and removed (what a frozen member renames into it later
             // fails, or is swept with it).
-            directory::remove_dir(ctx, &old_dir, &marker_node);
+            let marker_node = marker_node.as_ref().ok_or_else(|| lost(name))?;
+            directory::remove_dir(ctx, &old_dir, marker_node);
         }
         // The marker's node (and our shared flock on it) goes before the
         // mutation lock.
@@ -302,7 +383,8 @@ impl Upgrade for Fs {
         drop(mutation);
         let whole = Whole::adopt(ctx, name, identity, record, made, writer, record_file);
         let kept = arm(FsLock::Whole(whole), None);
-        if ctx.settings.fencing && !kept.reserve_tokens()? {
+        failpoint!("upgrade.before_tokens").context("upgrade lock", path)?;
+        if ctx.settings.fencing && !reserve_patiently(ctx, &kept)? {
             return Err(lost(name));
         }
         Ok(Attempt::Acquired(kept))
@@ -351,8 +433,22 @@ impl Upgrade for Fs {
         let path = || ctx.path_of(name.file_name());
         failpoint!("downgrade.before_marker").context("downgrade lock", path)?;
         let marker_node = match ctx.settings.strategy {
+            // Where a file that is open cannot be replaced (Windows), ours
+            // is: our exclusive mark is on it. The record turns into the
+            // marker in place, padded to the file's length, as a renewal
+            // rewrites it; a leasehold reader that reads it torn judges it
+            // by our mark, which is still exclusive, and then by its
+            // members (our new record among them). The mark turns shared
+            // below.
+            Strategy::ExclusiveFile if crate::sys::REPLACE_WAITS_FOR_READERS => {
+                let len = syscall::meta(&node).context("downgrade lock", path)?.len();
+                let bytes = member.record.to_bytes(usize::try_from(len).unwrap_or(0));
+                failpoint!("downgrade.before_publish").context("downgrade lock", path)?;
+                node.write_all_at(&bytes, 0).context("downgrade lock", path)?;
+                node
+            }
             Strategy::ExclusiveFile => {
-                let private = format!("{}.pending-{}", name.file_name(), &record::acquisition_id()[..12]);
+                let private = file::pending_name(name);
                 let made = syscall::open_at(ctx.dir.fd(), private.as_str(), Open::CreateNew)
                     .map_err(std::io::Error::from)
                     .context("downgrade lock", path)?;
@@ -363,6 +459,7 @@ impl Upgrade for Fs {
                         std::fs::TryLockError::WouldBlock => std::io::ErrorKind::WouldBlock.into(),
                     })
                     .and_then(|()| made.write_all_at(&bytes, 0))
+                    .and_then(|()| failpoint!("downgrade.before_publish"))
                     .and_then(|()| {
                         syscall::rename_at(ctx.dir.fd(), &private, name.file_name())
                             .map_err(std::io::Error::from)
@@ -376,16 +473,17 @@ impl Upgrade for Fs {
                 made
             }
             Strategy::Directory => {
+                failpoint!("downgrade.before_publish").context("downgrade lock", path)?;
                 directory::rewrite_bytes(&node, &bytes, path)?;
                 node
             }
         };
         drop(mutation);
-        if ctx.settings.strategy == Strategy::Directory {
+        if ctx.settings.strategy == Strategy::Directory || crate::sys::REPLACE_WAITS_FOR_READERS {
             // Exclusive to shared: see the top of this file.
             let mut shared = false;
             for _ in 0..200 {
-                if marker_node.try_flock_shared().is_ok() {
+                if marker_node.share_mark().is_ok() {
                     shared = true;
                     break;
                 }
@@ -399,7 +497,8 @@ impl Upgrade for Fs {
         member.sign_with(&self.events.signers);
         self.watch_group(name);
         let kept = arm(FsLock::Member(member), None);
-        if ctx.settings.fencing && !kept.reserve_tokens()? {
+        failpoint!("downgrade.before_tokens").context("downgrade lock", || ctx.path_of(name.file_name()))?;
+        if ctx.settings.fencing && !reserve_patiently(ctx, &kept)? {
             return Err(lost(name));
         }
         Ok(Some(kept))

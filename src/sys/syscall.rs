@@ -347,6 +347,9 @@ pub(crate) trait Flock {
     fn try_flock(&self) -> Result<(), TryLockError>;
     /// Takes the mark shared, without waiting.
     fn try_flock_shared(&self) -> Result<(), TryLockError>;
+    /// Turns this handle's exclusive mark into a shared one, without
+    /// waiting (not atomically: `flock(2)` converts by letting go first).
+    fn share_mark(&self) -> Result<(), TryLockError>;
 }
 
 impl Flock for File {
@@ -355,6 +358,10 @@ impl Flock for File {
     }
 
     fn try_flock_shared(&self) -> Result<(), TryLockError> {
+        self.try_lock_shared()
+    }
+
+    fn share_mark(&self) -> Result<(), TryLockError> {
         self.try_lock_shared()
     }
 }

@@ -39,9 +39,15 @@ pub use clock::mono_ns;
 #[path = "pg_server.rs"]
 pub mod pg_server;
 
-/// Every torture lock's lease, and how often it is renewed.
-pub const LEASE: Duration = Duration::from_millis(600);
-pub const RENEW: Duration = Duration::from_millis(150);
+/// Every torture lock's lease, and how often it is renewed. Short, so
+/// that a SIGSTOP outlasts it. Windows has no SIGSTOP here (the chaos only
+/// kills), and under Wine every file operation of every process is a
+/// round trip to one server process, which delayed renewals past 600 ms:
+/// holders lost their locks to their own lapsed leases, and too few
+/// upgrades were left for a run to prove anything. There the lease is
+/// five times longer.
+pub const LEASE: Duration = Duration::from_millis(if cfg!(windows) { 3000 } else { 600 });
+pub const RENEW: Duration = Duration::from_millis(if cfg!(windows) { 750 } else { 150 });
 
 /// How long after the last child ended the server may still show its
 /// sessions or their locks: a killed child's session ends when the server

@@ -788,6 +788,10 @@ pub(crate) trait Flock {
     fn try_flock(&self) -> Result<(), TryLockError>;
     /// Takes the mark shared, without waiting.
     fn try_flock_shared(&self) -> Result<(), TryLockError>;
+    /// Turns this handle's exclusive mark into a shared one, without
+    /// waiting: lets go of it, then takes it shared (a handle's exclusive
+    /// lock keeps its own shared lock of the same byte out).
+    fn share_mark(&self) -> Result<(), TryLockError>;
 }
 
 impl Flock for File {
@@ -796,6 +800,11 @@ impl Flock for File {
     }
 
     fn try_flock_shared(&self) -> Result<(), TryLockError> {
+        lock_byte(self, MARK_AT, false)
+    }
+
+    fn share_mark(&self) -> Result<(), TryLockError> {
+        unlock_range(self, MARK_AT, 1);
         lock_byte(self, MARK_AT, false)
     }
 }
