@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use postgres::error::SqlState;
 use postgres::types::Type;
-use postgres::{Client, SimpleQueryMessage, SimpleQueryRow, Statement};
+use postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 use super::stable;
 use super::tables::{SCHEMA, TIDY, TOO_LONG, UNSTORABLE};
@@ -216,12 +216,9 @@ pub(in crate::postgres) struct Session {
     pub(super) dedicated: Option<i64>,
     /// The dedicated session holds its slot key.
     pub(super) slot_held: bool,
-    /// The statements prepared on this connection, by their text (see
-    /// [`Session::prepared`]).
-    pub(super) statements: HashMap<(usize, usize), Statement>,
-    /// The `statement_timeout` this connection's session was set to, in
-    /// milliseconds (see [`Session::timeout_by`]); `None`: not set by us.
-    pub(super) timeout_ms: Option<u128>,
+    /// The SQL-level prepared statements (`PREPARE`) made on this
+    /// connection, by name (see [`Session::named`]).
+    pub(super) named: Vec<&'static str>,
 }
 
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -251,8 +248,7 @@ impl Session {
             widest: None,
             dedicated: None,
             slot_held: false,
-            statements: HashMap::new(),
-            timeout_ms: None,
+            named: Vec::new(),
         }
     }
 
@@ -311,8 +307,7 @@ impl Session {
             let (as_is, widest): (bool, i32) = (row.get(1), row.get(2));
             self.widest = (!as_is).then(|| usize::try_from(widest).unwrap_or(4));
             self.generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
-            self.statements.clear();
-            self.timeout_ms = None;
+            self.named.clear();
             self.client = Some(client);
             self.tables_gone = false;
         }
@@ -351,8 +346,7 @@ impl Session {
 
     /// Forgets the connection, and with it every lock it held.
     pub(super) fn drop_connection(&mut self) {
-        self.statements.clear();
-        self.timeout_ms = None;
+        self.named.clear();
         self.client = None;
         self.locals.clear();
         self.slot_held = false;
@@ -389,52 +383,20 @@ impl Session {
         }
     }
 
-    /// `sql` prepared on this connection (with parameters of `types`),
-    /// once per connection: parsed and planned once rather than per
-    /// call, and sent as one round trip (Bind, Execute, Sync) each time.
-    /// The server plans it again by itself when a table it reads changes
-    /// (dropped and made again, say). Never on a new connection.
-    pub(super) fn prepared(&mut self, sql: &'static str, types: &[Type]) -> Result<Statement> {
-        let id = (sql.as_ptr() as usize, sql.len());
-        if let Some(statement) = self.statements.get(&id) {
-            return Ok(statement.clone());
+    /// Makes the SQL-level prepared statement `name` of `sql` on this
+    /// connection, once per connection, so that a simple query can
+    /// `EXECUTE` it (with literal parameters) among other statements in
+    /// one round trip, without its text being parsed and planned each
+    /// time. Never on a new connection.
+    pub(super) fn named(&mut self, name: &'static str, sql: &'static str) -> Result<()> {
+        if self.named.contains(&name) {
+            return Ok(());
         }
-        let statement = self
-            .same("prepare a statement")?
-            .prepare_typed(sql, types)
+        self.same("prepare a statement")?
+            .batch_execute(&format!("PREPARE {name} AS {sql}"))
             .map_err(pg_error("prepare a statement"))?;
-        self.statements.insert(id, statement.clone());
-        Ok(statement)
-    }
-
-    /// Sets the session's `statement_timeout` to at most `left`, and at
-    /// least seven eighths of it, so that a statement sent next on its own
-    /// (a prepared one, in one round trip, which cannot carry a `SET
-    /// LOCAL`) is over by the time `left` is; false when `left` is less
-    /// than a millisecond. The value is `left` cut to its 4 leading binary
-    /// digits in milliseconds, so that attempts given about as long (every
-    /// `acquire` without a deadline: a quarter of the lease, less the
-    /// moments it waited in line) find it set already, and no `SET` is
-    /// sent.
-    ///
-    /// Every statement of the session without a timeout of its own (the
-    /// transactions here set one with `SET LOCAL`) is then bounded by it
-    /// too: none of them waits for a table, and a stalled server would
-    /// hold up the heartbeats queued behind it anyway.
-    pub(super) fn timeout_by(&mut self, left: Duration) -> Result<bool> {
-        let ms = left.as_millis().min(i32::MAX as u128);
-        if ms == 0 {
-            return Ok(false);
-        }
-        let shift = (127 - ms.leading_zeros()).saturating_sub(3);
-        let ms = (ms >> shift) << shift;
-        if self.timeout_ms != Some(ms) {
-            self.same("set the statement timeout")?
-                .batch_execute(&format!("SET statement_timeout = {ms}"))
-                .map_err(pg_error("set the statement timeout"))?;
-            self.timeout_ms = Some(ms);
-        }
-        Ok(true)
+        self.named.push(name);
+        Ok(())
     }
 
     /// The connection, if it is up.

@@ -5,11 +5,9 @@ use std::time::Instant;
 
 use postgres::types::{ToSql, Type};
 
-use postgres::error::SqlState;
-
-use super::connection::{BUSY, Held, Session, Try, pg_error, wait_of};
+use super::connection::{BUSY, Held, Session, Try, column, flag, pg_error, wait_of};
 use super::fence::{advance, block, clock};
-use super::release::Lock;
+use super::release::{Lock, literal};
 use super::tables::{STAMP, wait_out};
 use crate::error::Result;
 use crate::record::OwnRecord;
@@ -69,7 +67,7 @@ macro_rules! record_insert {
 pub(super) use {record, record_insert};
 
 /// An exclusive acquisition in one statement, prepared once per
-/// connection: takes the name's key `$2` with `pg_try_advisory_lock` and,
+/// connection (as [`ACQUIRE_NAME`]): takes the name's key `$2` with `pg_try_advisory_lock` and,
 /// only if that took it, records the owner as [`record!`] does (every
 /// holder row counts). One row: whether the key was taken, and the first
 /// and last tokens of the block (`NULL` when the key was not taken, or
@@ -85,16 +83,11 @@ const ACQUIRE: &str = concat!(
     ") SELECT t.ok, ins.holder_token, ins.fencing_token FROM t LEFT JOIN ins ON true"
 );
 
-/// The parameter types of [`ACQUIRE`] (and of [`record!`]).
-const ACQUIRE_TYPES: [Type; 7] = [
-    Type::TEXT,
-    Type::INT8,
-    Type::TEXT,
-    Type::TEXT,
-    Type::INT4,
-    Type::TEXT,
-    Type::INT8,
-];
+/// The name [`ACQUIRE`] is prepared under (`PREPARE`, so that a simple
+/// query can `EXECUTE` it inside its transaction with the attempt's
+/// `statement_timeout`: one round trip, and the text parsed and planned
+/// once per connection).
+const ACQUIRE_NAME: &str = "leasehold_acquire";
 
 /// An owner's columns as the statements that record it take them,
 /// saturated to their SQL types.
@@ -135,8 +128,8 @@ impl OwnerColumns {
 
 impl Session {
     /// An exclusive attempt: one prepared statement ([`ACQUIRE`]) takes
-    /// the key and records the owner, under a `statement_timeout` that
-    /// ends by `until` (see [`Session::timeout_by`]).
+    /// the key and records the owner, in one round trip, in a transaction
+    /// under a `statement_timeout` that ends at `until`.
     ///
     /// `pg_try_advisory_lock` takes no table lock and answers at once
     /// unless the server itself stalls; the owner record's `INSERT` can
@@ -161,29 +154,40 @@ impl Session {
         }
         // The live connection, or a new one: nothing is held yet.
         self.client()?;
+        self.named(ACQUIRE_NAME, ACQUIRE)?;
         let left = until.saturating_duration_since(Instant::now());
-        if !self.timeout_by(left)? {
+        if left.is_zero() {
             return Ok(BUSY);
         }
-        let statement = self.prepared(ACQUIRE, &ACQUIRE_TYPES)?;
         let columns = OwnerColumns::of(owner);
+        let statement = format!(
+            "EXECUTE {ACQUIRE_NAME}({}, {key}, {}, {}, {}, {}, {})",
+            literal(name),
+            literal(&owner.holder_id),
+            literal(&owner.hostname),
+            columns.pid,
+            columns.fields.as_deref().map_or("NULL".into(), literal),
+            columns.lease
+        );
         let started = Instant::now();
-        let acquired = self
-            .same("take an advisory lock")?
-            .query_one(&statement, &columns.params(&name, &key, owner));
+        let acquired = self.transaction_in_one(None, left, "take an advisory lock", &statement);
         let row = match acquired {
-            Ok(row) => row,
+            Ok(Some(mut rows)) => rows.pop().unwrap_or_default().into_iter().next(),
+            Ok(None) => None,
             Err(e) => {
                 // Granted, perhaps, before the error: no session keeps a
                 // lock it does not know it has.
                 self.let_go(key, Lock::Exclusive, false);
-                if e.code() == Some(&SqlState::QUERY_CANCELED) {
-                    return Ok(BUSY);
-                }
-                return Err(pg_error("take an advisory lock")(e));
+                return Err(e);
             }
         };
-        let (taken, first, last): (bool, Option<i64>, Option<i64>) = (row.get(0), row.get(1), row.get(2));
+        let Some(row) = row else {
+            // Timed out: granted, perhaps, all the same.
+            self.let_go(key, Lock::Exclusive, false);
+            return Ok(BUSY);
+        };
+        let (taken, first, last): (bool, Option<i64>, Option<i64>) =
+            (flag(&row, 0), column(&row, 1), column(&row, 2));
         if !taken {
             // Held shared, if a shared request would be granted: then the
             // caller announces itself, so that no new sharers join.
