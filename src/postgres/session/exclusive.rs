@@ -67,9 +67,9 @@ macro_rules! record_insert {
 pub(super) use {record, record_insert};
 
 /// An exclusive acquisition in one statement, prepared once per
-/// connection (as [`ACQUIRE_NAME`]): takes the name's key `$2` with `pg_try_advisory_lock` and,
-/// only if that took it, records the owner as [`record!`] does (every
-/// holder row counts). One row: whether the key was taken, and the first
+/// connection (as [`ACQUIRE_NAME`]): takes the name's key `$2` with
+/// `pg_try_advisory_lock` and, only if that took it, records the owner as
+/// [`record!`] does (every holder row counts). One row: whether the key was taken, and the first
 /// and last tokens of the block (`NULL` when the key was not taken, or
 /// when an earlier holder is to be waited out: nothing is written then,
 /// and the key is held). The CTE `t` is evaluated once (it calls a
