@@ -216,6 +216,9 @@ pub(in crate::postgres) struct Session {
     pub(super) dedicated: Option<i64>,
     /// The dedicated session holds its slot key.
     pub(super) slot_held: bool,
+    /// The SQL-level prepared statements (`PREPARE`) made on this
+    /// connection, by name (see [`Session::named`]).
+    pub(super) named: Vec<&'static str>,
 }
 
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -245,6 +248,7 @@ impl Session {
             widest: None,
             dedicated: None,
             slot_held: false,
+            named: Vec::new(),
         }
     }
 
@@ -303,6 +307,7 @@ impl Session {
             let (as_is, widest): (bool, i32) = (row.get(1), row.get(2));
             self.widest = (!as_is).then(|| usize::try_from(widest).unwrap_or(4));
             self.generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
+            self.named.clear();
             self.client = Some(client);
             self.tables_gone = false;
         }
@@ -341,6 +346,7 @@ impl Session {
 
     /// Forgets the connection, and with it every lock it held.
     pub(super) fn drop_connection(&mut self) {
+        self.named.clear();
         self.client = None;
         self.locals.clear();
         self.slot_held = false;
@@ -375,6 +381,22 @@ impl Session {
                 self.locals.remove(&key);
             }
         }
+    }
+
+    /// Makes the SQL-level prepared statement `name` of `sql` on this
+    /// connection, once per connection, so that a simple query can
+    /// `EXECUTE` it (with literal parameters) among other statements in
+    /// one round trip, without its text being parsed and planned each
+    /// time. Never on a new connection.
+    pub(super) fn named(&mut self, name: &'static str, sql: &'static str) -> Result<()> {
+        if self.named.contains(&name) {
+            return Ok(());
+        }
+        self.same("prepare a statement")?
+            .batch_execute(&format!("PREPARE {name} AS {sql}"))
+            .map_err(pg_error("prepare a statement"))?;
+        self.named.push(name);
+        Ok(())
     }
 
     /// The connection, if it is up.

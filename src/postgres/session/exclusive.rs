@@ -1,15 +1,14 @@
 //! Exclusive locks: the name's key taken exclusively, and the owner
 //! recorded in `leasehold_locks` with the first block of fencing tokens.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use postgres::types::{ToSql, Type};
 
-use super::connection::{BUSY, Held, Lit, Session, Try, column, inline, pg_error, wait_of};
+use super::connection::{BUSY, Held, Session, Try, column, flag, pg_error, wait_of};
 use super::fence::{advance, block, clock};
-use super::release::Lock;
+use super::release::{Lock, literal};
 use super::tables::{STAMP, wait_out};
-use crate::backend::Tokens;
 use crate::error::Result;
 use crate::record::OwnRecord;
 
@@ -30,15 +29,26 @@ const PROBE_SHARERS: &str = "SELECT CASE WHEN pg_try_advisory_lock_shared($1)
 /// nothing is written then.
 macro_rules! record {
     ($others:literal) => {
+        concat!("WITH ", clock!(), " ", record_insert!("", "", $others))
+    };
+}
+
+/// The `INSERT` of [`record!`], reading the CTE `clock` (and the
+/// relations `$from` adds to it), and writing only where `$gate` (a
+/// condition ending in `AND`, or nothing) holds.
+macro_rules! record_insert {
+    ($from:literal, $gate:literal, $others:literal) => {
         concat!(
-            "WITH ",
-            clock!(),
-            " INSERT INTO leasehold_locks AS l
+            "INSERT INTO leasehold_locks AS l
          (name, key, fencing_token, holder_id, hostname, pid, acquired_at, backend_pid, holder_token, fields,
           lease_ms, free_at)
      SELECT $1::text, $2::bigint, n + 8193, $3::text, $4::text, $5::integer, now(), pg_backend_pid(), n + 8193,
          $6::text, $7::bigint, NULL
-     FROM clock WHERE NOT EXISTS (SELECT 1 FROM leasehold_holders h WHERE h.name = $1 AND ",
+     FROM clock",
+            $from,
+            " WHERE ",
+            $gate,
+            "NOT EXISTS (SELECT 1 FROM leasehold_holders h WHERE h.name = $1 AND ",
             $others,
             wait_out!("h"),
             ")
@@ -54,10 +64,30 @@ macro_rules! record {
     };
 }
 
-pub(super) use record;
+pub(super) use {record, record_insert};
 
-/// [`record!`] for an exclusive acquisition: every holder row counts.
-const RECORD: &str = record!("");
+/// An exclusive acquisition in one statement, prepared once per
+/// connection (as [`ACQUIRE_NAME`]): takes the name's key `$2` with
+/// `pg_try_advisory_lock` and, only if that took it, records the owner as
+/// [`record!`] does (every holder row counts). One row: whether the key was taken, and the first
+/// and last tokens of the block (`NULL` when the key was not taken, or
+/// when an earlier holder is to be waited out: nothing is written then,
+/// and the key is held). The CTE `t` is evaluated once (it calls a
+/// volatile function), before the `INSERT` reads it, so nothing is written
+/// unless the key is held.
+const ACQUIRE: &str = concat!(
+    "WITH t AS (SELECT pg_try_advisory_lock($2::bigint) AS ok), ",
+    clock!(),
+    ", ins AS (",
+    record_insert!(", t", "t.ok AND ", ""),
+    ") SELECT t.ok, ins.holder_token, ins.fencing_token FROM t LEFT JOIN ins ON true"
+);
+
+/// The name [`ACQUIRE`] is prepared under (`PREPARE`, so that a simple
+/// query can `EXECUTE` it inside its transaction with the attempt's
+/// `statement_timeout`: one round trip, and the text parsed and planned
+/// once per connection).
+const ACQUIRE_NAME: &str = "leasehold_acquire";
 
 /// An owner's columns as the statements that record it take them,
 /// saturated to their SQL types.
@@ -96,22 +126,17 @@ impl OwnerColumns {
     }
 }
 
-/// What recording an exclusive holder came to.
-enum Recorded {
-    Tokens(Tokens),
-    /// The statement timeout ran out.
-    TimedOut,
-    /// An earlier holder may still count itself one for this long.
-    Wait(Duration),
-}
-
 impl Session {
-    /// An exclusive attempt.
+    /// An exclusive attempt: one prepared statement ([`ACQUIRE`]) takes
+    /// the key and records the owner, in one round trip, in a transaction
+    /// under a `statement_timeout` that ends at `until`.
     ///
     /// `pg_try_advisory_lock` takes no table lock and answers at once
     /// unless the server itself stalls; the owner record's `INSERT` can
-    /// wait (behind `LOCK TABLE`, a schema change, a row lock), so it runs
-    /// under a `statement_timeout` that ends at `until`.
+    /// wait (behind `LOCK TABLE`, a schema change, a row lock), hence the
+    /// timeout. Whatever the statement did not finish, the key may still
+    /// have been granted before it failed (a session-level advisory lock
+    /// survives its transaction's rollback): it is let go.
     pub(super) fn try_exclusive(
         &mut self,
         name: &str,
@@ -127,18 +152,42 @@ impl Session {
                 });
             }
         }
-        let taken = self
-            .client()?
-            .query_typed_one("SELECT pg_try_advisory_lock($1)", &[(&key, Type::INT8)]);
-        let taken: bool = match taken {
-            Ok(row) => row.get(0),
+        // The live connection, or a new one: nothing is held yet.
+        self.client()?;
+        self.named(ACQUIRE_NAME, ACQUIRE)?;
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(BUSY);
+        }
+        let columns = OwnerColumns::of(owner);
+        let statement = format!(
+            "EXECUTE {ACQUIRE_NAME}({}, {key}, {}, {}, {}, {}, {})",
+            literal(name),
+            literal(&owner.holder_id),
+            literal(&owner.hostname),
+            columns.pid,
+            columns.fields.as_deref().map_or("NULL".into(), literal),
+            columns.lease
+        );
+        let started = Instant::now();
+        let acquired = self.transaction_in_one(None, left, "take an advisory lock", &statement);
+        let row = match acquired {
+            Ok(Some(mut rows)) => rows.pop().unwrap_or_default().into_iter().next(),
+            Ok(None) => None,
             Err(e) => {
-                // It may have been granted before the error: no session
-                // keeps a lock it does not know it has.
+                // Granted, perhaps, before the error: no session keeps a
+                // lock it does not know it has.
                 self.let_go(key, Lock::Exclusive, false);
-                return Err(pg_error("take an advisory lock")(e));
+                return Err(e);
             }
         };
+        let Some(row) = row else {
+            // Timed out: granted, perhaps, all the same.
+            self.let_go(key, Lock::Exclusive, false);
+            return Ok(BUSY);
+        };
+        let (taken, first, last): (bool, Option<i64>, Option<i64>) =
+            (flag(&row, 0), column(&row, 1), column(&row, 2));
         if !taken {
             // Held shared, if a shared request would be granted: then the
             // caller announces itself, so that no new sharers join.
@@ -154,71 +203,26 @@ impl Session {
             };
         }
         self.local(key).exclusive = true;
-        let left = until.saturating_duration_since(Instant::now());
-        let recorded = if left.is_zero() {
-            Ok(Recorded::TimedOut)
-        } else {
-            self.record(name, key, owner, left)
-        };
-        match recorded {
-            Ok(Recorded::Tokens(tokens)) => Ok(Try::Taken(Held::Exclusive, tokens)),
-            // Not recorded, so not ours: let it go again.
-            Ok(Recorded::TimedOut) => {
-                self.release_hold(key, Held::Exclusive);
-                Ok(BUSY)
-            }
-            Ok(Recorded::Wait(wait)) => {
-                self.release_hold(key, Held::Exclusive);
-                Ok(Try::Wait(wait))
-            }
-            Err(e) => {
-                self.release_hold(key, Held::Exclusive);
-                Err(e)
-            }
-        }
-    }
-
-    /// Records the owner and reserves the first block of tokens, under a
-    /// `statement_timeout` of `left`; or, when an earlier holder may still
-    /// count itself one, finds how long that may last.
-    fn record(&mut self, name: &str, key: i64, owner: &OwnRecord, left: Duration) -> Result<Recorded> {
-        let columns = OwnerColumns::of(owner);
-        // One round trip: the parameters as literals, in one simple query
-        // with its transaction (never a new connection: the advisory lock
-        // is on this one).
-        let statement = inline(
-            RECORD,
-            &[
-                Lit::text(name),
-                Lit::int(key),
-                Lit::text(&owner.holder_id),
-                Lit::text(&owner.hostname),
-                Lit::int(columns.pid),
-                Lit::opt_text(columns.fields.as_deref()),
-                Lit::int(columns.lease),
-            ],
-        );
-        let started = Instant::now();
-        let recorded = self.transaction_in_one(None, left, "record the lock owner", &statement)?;
-        let Some(mut rows) = recorded else {
-            return Ok(Recorded::TimedOut);
-        };
-        if let Some(row) = rows.pop().unwrap_or_default().first() {
-            let first: i64 = column(row, 0).unwrap_or(0);
-            return Ok(Recorded::Tokens(block(first, column(row, 1).unwrap_or(first))));
+        if let Some(first) = first {
+            return Ok(Try::Taken(Held::Exclusive, block(first, last.unwrap_or(first))));
         }
         // An earlier holder to wait out: nothing was written, and the key
         // is held all along, so the rows in the way are those it found.
-        let wait = self.transaction(
-            None,
-            left.saturating_sub(started.elapsed()),
-            "record the lock owner",
-            |client| {
+        let left = left.saturating_sub(started.elapsed());
+        let wait = if left.is_zero() {
+            Ok(None)
+        } else {
+            self.transaction(None, left, "record the lock owner", |client| {
                 client
                     .query_one(STAMP, &[&name, &None::<i64>, &true, &"exclusive", &None::<i64>])
                     .map(|row| wait_of(&row))
-            },
-        )?;
-        Ok(wait.map_or(Recorded::TimedOut, Recorded::Wait))
+            })
+        };
+        // Not recorded, so not ours: let it go again.
+        self.release_hold(key, Held::Exclusive);
+        match wait? {
+            Some(wait) => Ok(Try::Wait(wait)),
+            None => Ok(BUSY),
+        }
     }
 }

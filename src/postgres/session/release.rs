@@ -7,6 +7,14 @@ use crate::error::Result;
 /// How many times an unlock is tried before the session is reset instead.
 const UNLOCK_TRIES: usize = 3;
 
+/// The name of the SQL-level prepared statement [`FREE_SQL`] (one
+/// simple query carries its `EXECUTE` with the rest of a release).
+const FREE: &str = "leasehold_free";
+
+/// Marks the exclusive row of the name `$1` let go, if this session's.
+const FREE_SQL: &str = "UPDATE leasehold_locks SET free_at = clock_timestamp()
+     WHERE name = $1::text AND backend_pid = pg_backend_pid() AND free_at IS NULL";
+
 /// A server lock mode, for letting go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lock {
@@ -147,11 +155,12 @@ impl Session {
     fn release_in_one(&mut self, name: &str, key: i64, held: Held, id: &str) -> Option<bool> {
         let ms = self.stall.as_millis().max(1);
         let row = if held == Held::Exclusive {
-            format!(
-                "UPDATE leasehold_locks SET free_at = clock_timestamp()
-                 WHERE name = {} AND backend_pid = pg_backend_pid() AND free_at IS NULL",
-                literal(name)
-            )
+            // Prepared once per connection: planned once.
+            if let Err(error) = self.named(FREE, FREE_SQL) {
+                tracing::debug!(lock = name, %error, "cannot prepare the release");
+                return None;
+            }
+            format!("EXECUTE {FREE}({})", literal(name))
         } else {
             // Our own acquisition id: a UUID, safe to put in the statement.
             if !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {

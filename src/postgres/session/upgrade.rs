@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use super::connection::{BUSY, Held, Session, Try, pg_error, wait_of};
-use super::exclusive::{OwnerColumns, record};
+use super::exclusive::{OwnerColumns, record, record_insert};
 use super::fence::{advance, block, clock};
 use super::release::{Lock, literal};
 use super::shared::JOIN_SHARED;
