@@ -184,7 +184,10 @@ async fn a_foreign_records_dead_pid_wakes_its_waiter() {
         holder.pid, holder.start
     );
     std::fs::write(&path, record).unwrap();
-    assert!(here.try_acquire("job").await.unwrap().is_none(), "a live pi-research holder");
+    assert!(
+        here.try_acquire("job").await.unwrap().is_none(),
+        "a live pi-research holder"
+    );
     let waiter = {
         let here = here.clone();
         tokio::spawn(async move { drop(here.acquire("job").await.unwrap()) })
@@ -232,12 +235,18 @@ async fn every_waiter_of_every_watcher_wakes_and_they_take_turns() {
     let killed = first.kill();
     for waiter in waiters {
         let waited = took(waiter, killed, "gpu").await;
-        assert!(waited < Duration::from_secs(8), "a waiter of gpu waited {waited:?}");
+        assert!(
+            waited < Duration::from_secs(8),
+            "a waiter of gpu waited {waited:?}"
+        );
     }
     assert!(!other.is_finished(), "tpu's holder lives");
     let killed = second.kill();
     let waited = took(other, killed, "tpu").await;
-    assert!(waited < Duration::from_secs(5), "the waiter of tpu waited {waited:?}");
+    assert!(
+        waited < Duration::from_secs(5),
+        "the waiter of tpu waited {waited:?}"
+    );
     drop(lockers);
 }
 
@@ -259,7 +268,11 @@ async fn a_locker_dropped_while_its_watch_waits_on_a_process() {
     let _ = waiter.await;
     let dropped = Instant::now();
     drop(here);
-    assert!(dropped.elapsed() < Duration::from_secs(3), "the drop took {:?}", dropped.elapsed());
+    assert!(
+        dropped.elapsed() < Duration::from_secs(3),
+        "the drop took {:?}",
+        dropped.elapsed()
+    );
     holder.kill();
     let again = slow_waiter(dir.path());
     let guard = tokio::time::timeout(Duration::from_secs(10), again.acquire("gpu"))
@@ -289,7 +302,10 @@ async fn an_in_process_holders_release_wakes_its_waiter() {
         drop(guard);
         let released = Instant::now();
         let waited = took(waiter, released, "in-process").await;
-        assert!(waited < Duration::from_secs(3), "round {round}: waited {waited:?}");
+        assert!(
+            waited < Duration::from_secs(3),
+            "round {round}: waited {waited:?}"
+        );
     }
     drop((holder, here));
 }

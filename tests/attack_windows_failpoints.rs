@@ -100,7 +100,10 @@ fn kill_until_gone(holder: Holder) {
         }
         // SAFETY: opened just above, closed once.
         unsafe { CloseHandle(handle) };
-        assert!(Instant::now() < deadline, "pid {pid} still opens 5 s after its kill");
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} still opens 5 s after its kill"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -142,13 +145,19 @@ async fn a_holder_dead_before_it_is_named_does_not_leave_its_waiter_asleep() {
         })
         .await;
         fail::remove("engine.wait.before_watch");
-        let killed = killed.lock().unwrap().expect("the holder was killed at the failpoint");
+        let killed = killed
+            .lock()
+            .unwrap()
+            .expect("the holder was killed at the failpoint");
         let waited = killed.elapsed();
         acquired
             .unwrap_or_else(|_| panic!("permit: {permit}: the waiter slept past its dead holder"))
             .unwrap();
         eprintln!("permit: {permit}: took it {waited:?} after the holder was gone");
-        assert!(waited < Duration::from_secs(5), "permit: {permit}: waited {waited:?}");
+        assert!(
+            waited < Duration::from_secs(5),
+            "permit: {permit}: waited {waited:?}"
+        );
         drop(holders);
         drop((sem, waiter));
     }

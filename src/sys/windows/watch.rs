@@ -65,7 +65,18 @@ struct Watched {
 #[derive(Default)]
 struct Deaths {
     watched: Vec<Watched>,
+    /// Entries whose named holder had no process any more when named (it
+    /// died after its waiter found it holding): reported changed at once.
+    ended: Vec<String>,
+    /// The pids and entries so reported lately (at most `TOLD`): a pid
+    /// named again for the same entry is not reported again, so that a
+    /// record naming a pid that is no process while something else keeps
+    /// its lock cannot make its waiters spin; they poll instead.
+    told: std::collections::VecDeque<(u64, String)>,
 }
+
+/// How many reports of holders found dead when named are remembered.
+const TOLD: usize = 64;
 
 /// An event object, closed when dropped.
 #[derive(Debug)]
@@ -302,6 +313,24 @@ impl DirWatch {
                     });
                     added = true;
                 }
+                // No process has the id: the holder died between its
+                // waiter's look and this (once its last handle closed).
+                // Nothing will signal its end, and the waiter, told that
+                // it is not watched, would sleep a whole poll interval
+                // though its holder is dead: its end is reported at once,
+                // as if waited on (once for the pid and the entry).
+                Some(Err(win::ERROR_INVALID_PARAMETER))
+                    if pid != 0
+                        && u32::try_from(pid).is_ok()
+                        && !deaths.told.iter().any(|(p, e)| *p == pid && e == entry) =>
+                {
+                    if deaths.told.len() == TOLD {
+                        deaths.told.pop_front();
+                    }
+                    deaths.told.push_back((pid, entry.to_owned()));
+                    deaths.ended.push(entry.to_owned());
+                    added = true;
+                }
                 _ => all = false,
             }
         }
@@ -395,8 +424,15 @@ impl Watch {
                     }
                     delivered
                 }
-                // A waiter added a process: wait anew, on it too.
-                _ if woke == win::WAIT_OBJECT_0 + 2 => true,
+                // A waiter added a process: wait anew, on it too; and
+                // report the holders found dead when named.
+                _ if woke == win::WAIT_OBJECT_0 + 2 => {
+                    let ended =
+                        std::mem::take(&mut self.deaths.lock().unwrap_or_else(|e| e.into_inner()).ended);
+                    ended
+                        .iter()
+                        .all(|entry| on_event(DirEvent::Changed(entry.as_ref())))
+                }
                 _ if woke >= win::WAIT_OBJECT_0 + 3 && woke < win::WAIT_OBJECT_0 + count => {
                     let at = usize::try_from(woke - win::WAIT_OBJECT_0).unwrap_or(0) - OWN_HANDLES;
                     let ended = self.remove(at);
