@@ -309,3 +309,202 @@ async fn an_in_process_holders_release_wakes_its_waiter() {
     }
     drop((holder, here));
 }
+
+
+/// A pid no process has: a child's, once it ended and its handle closed
+/// (Wine hands out new pids in order; Windows reuses them, but not within
+/// a test's instant).
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "no-such-test"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// A record as pi-research writes it, of `pid`, last changed an hour ago.
+fn plant_dead(path: &Path) {
+    let record = format!(r#"{{"uuid":"seed","pid":{},"startTime":1}}"#, dead_pid());
+    std::fs::write(path, record).unwrap();
+    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
+}
+
+fn quick(dir: &Path) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .poll_interval(Duration::from_millis(5))
+        .build()
+        .unwrap()
+}
+
+/// A directory at a lock path is no lock: a typed error at once, for a
+/// try and for a wait, and the directory is left as it is.
+#[tokio::test]
+async fn a_directory_at_the_lock_path_is_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = quick(dir.path());
+    let path = locker.lock_path("job").unwrap();
+    std::fs::create_dir(&path).unwrap();
+    std::fs::write(path.join("inside"), b"data").unwrap();
+    let tried = locker.try_acquire("job").await;
+    assert!(matches!(tried, Err(leasehold::Error::UnexpectedFile { .. })), "{tried:?}");
+    let waited = tokio::time::timeout(
+        Duration::from_secs(5),
+        locker.acquire_timeout("job", Duration::from_secs(1)),
+    )
+    .await
+    .expect("bounded");
+    assert!(waited.is_err(), "{waited:?}");
+    assert_eq!(std::fs::read(path.join("inside")).unwrap(), b"data");
+    drop(locker);
+}
+
+/// A dead holder's record made read-only (`DeleteFile` refuses a
+/// read-only file): it is reclaimed all the same, as on Unix (where a
+/// file's mode does not guard its name) and as velocious and pi-research
+/// (Node.js, whose unlink clears the attribute) do on Windows; and nothing
+/// of it is left behind in the directory.
+#[tokio::test]
+async fn a_read_only_dead_record_is_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = quick(dir.path());
+    let path = locker.lock_path("job").unwrap();
+    plant_dead(&path);
+    let mut perms = std::fs::metadata(&path).unwrap().permissions();
+    perms.set_readonly(true);
+    std::fs::set_permissions(&path, perms).unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), locker.try_acquire("job"))
+        .await
+        .expect("bounded")
+        .expect("a read-only dead record is reclaimed")
+        .expect("free");
+    let record = std::fs::read_to_string(&path).unwrap();
+    assert!(record.contains(&std::process::id().to_string()), "{record}");
+    assert!(quick(dir.path()).try_acquire("job").await.unwrap().is_none());
+    drop(guard);
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains(".lock"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    drop(locker);
+}
+
+/// A dead holder's record that another process keeps open without
+/// sharing deletion (so it can be neither renamed nor deleted): no two
+/// holders, every answer typed and bounded; once the reader closed it the
+/// name is taken.
+#[tokio::test]
+async fn a_dead_record_held_open_without_share_delete() {
+    use std::os::windows::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (quick(dir.path()), quick(dir.path()));
+    let path = a.lock_path("job").unwrap();
+    plant_dead(&path);
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .share_mode(0x1 | 0x2)
+        .open(&path)
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), a.try_acquire("job"))
+        .await
+        .expect("bounded");
+    let second = tokio::time::timeout(Duration::from_secs(5), b.try_acquire("job"))
+        .await
+        .expect("bounded");
+    eprintln!("while held open: {first:?} / {second:?}");
+    assert!(!matches!((&first, &second), (Ok(Some(_)), Ok(Some(_)))), "two holders");
+    let held = matches!(first, Ok(Some(_))) || matches!(second, Ok(Some(_)));
+    drop((first, second));
+    drop(reader);
+    if !held {
+        let guard = tokio::time::timeout(Duration::from_secs(10), a.acquire("job"))
+            .await
+            .expect("the name is free once the reader closed the file")
+            .unwrap();
+        assert!(b.try_acquire("job").await.unwrap().is_none());
+        drop(guard);
+    }
+    drop((a, b));
+}
+
+/// A byte-range lock over the whole of a dead holder's record (what std's
+/// `File::lock` takes on Windows): the record cannot be read, and its
+/// range covers the liveness mark, so the name is held while that lock
+/// is; once it goes, the name is taken. Never a panic, never two holders.
+#[tokio::test]
+async fn a_whole_file_lock_over_a_dead_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (quick(dir.path()), quick(dir.path()));
+    let path = a.lock_path("job").unwrap();
+    plant_dead(&path);
+    let hostile = std::fs::File::options().read(true).write(true).open(&path).unwrap();
+    hostile.lock().unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), a.try_acquire("job"))
+        .await
+        .expect("bounded");
+    let second = tokio::time::timeout(Duration::from_secs(5), b.try_acquire("job"))
+        .await
+        .expect("bounded");
+    eprintln!(
+        "while locked: {:?} / {:?}",
+        first.as_ref().map(Option::is_some),
+        second.as_ref().map(Option::is_some)
+    );
+    assert!(!matches!((&first, &second), (Ok(Some(_)), Ok(Some(_)))), "two holders");
+    let held = matches!(first, Ok(Some(_))) || matches!(second, Ok(Some(_)));
+    drop((first, second));
+    drop(hostile);
+    if !held {
+        let guard = tokio::time::timeout(Duration::from_secs(10), a.acquire("job"))
+            .await
+            .expect("the name is free once the hostile lock went")
+            .unwrap();
+        drop(guard);
+    }
+    drop((a, b));
+}
+
+/// A live holder whose record a hostile reader locks whole and shared
+/// (it can read the record; nobody can write it): the holder keeps its
+/// lock through renewals, nobody else takes it, and its release frees
+/// the name once the reader let go.
+#[tokio::test]
+async fn a_live_holders_record_locked_whole_by_a_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = Locker::builder()
+        .directory(dir.path())
+        .lease(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let other = quick(dir.path());
+    let guard = holder.acquire("job").await.unwrap();
+    let path = holder.lock_path("job").unwrap();
+    let hostile = std::fs::File::open(&path).unwrap();
+    hostile.lock_shared().unwrap();
+    // Several renewals (a third of the lease each).
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(other.try_acquire("job").await.map(|g| g.is_none()).unwrap_or(true));
+        assert!(!guard.is_lost(), "the live holder lost its lock");
+    }
+    drop(hostile);
+    guard.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), other.acquire("job"))
+        .await
+        .expect("the released name")
+        .unwrap();
+    drop(next);
+    drop((holder, other));
+}
