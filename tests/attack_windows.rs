@@ -310,7 +310,6 @@ async fn an_in_process_holders_release_wakes_its_waiter() {
     drop((holder, here));
 }
 
-
 /// A pid no process has: a child's, once it ended and its handle closed
 /// (Wine hands out new pids in order; Windows reuses them, but not within
 /// a test's instant).
@@ -357,7 +356,10 @@ async fn a_directory_at_the_lock_path_is_a_typed_error() {
     std::fs::create_dir(&path).unwrap();
     std::fs::write(path.join("inside"), b"data").unwrap();
     let tried = locker.try_acquire("job").await;
-    assert!(matches!(tried, Err(leasehold::Error::UnexpectedFile { .. })), "{tried:?}");
+    assert!(
+        matches!(tried, Err(leasehold::Error::UnexpectedFile { .. })),
+        "{tried:?}"
+    );
     let waited = tokio::time::timeout(
         Duration::from_secs(5),
         locker.acquire_timeout("job", Duration::from_secs(1)),
@@ -424,7 +426,10 @@ async fn a_dead_record_held_open_without_share_delete() {
         .await
         .expect("bounded");
     eprintln!("while held open: {first:?} / {second:?}");
-    assert!(!matches!((&first, &second), (Ok(Some(_)), Ok(Some(_)))), "two holders");
+    assert!(
+        !matches!((&first, &second), (Ok(Some(_)), Ok(Some(_)))),
+        "two holders"
+    );
     let held = matches!(first, Ok(Some(_))) || matches!(second, Ok(Some(_)));
     drop((first, second));
     drop(reader);
@@ -449,7 +454,11 @@ async fn a_whole_file_lock_over_a_dead_record() {
     let (a, b) = (quick(dir.path()), quick(dir.path()));
     let path = a.lock_path("job").unwrap();
     plant_dead(&path);
-    let hostile = std::fs::File::options().read(true).write(true).open(&path).unwrap();
+    let hostile = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
     hostile.lock().unwrap();
     let first = tokio::time::timeout(Duration::from_secs(5), a.try_acquire("job"))
         .await
@@ -462,7 +471,10 @@ async fn a_whole_file_lock_over_a_dead_record() {
         first.as_ref().map(Option::is_some),
         second.as_ref().map(Option::is_some)
     );
-    assert!(!matches!((&first, &second), (Ok(Some(_)), Ok(Some(_)))), "two holders");
+    assert!(
+        !matches!((&first, &second), (Ok(Some(_)), Ok(Some(_)))),
+        "two holders"
+    );
     let held = matches!(first, Ok(Some(_))) || matches!(second, Ok(Some(_)));
     drop((first, second));
     drop(hostile);
@@ -476,8 +488,8 @@ async fn a_whole_file_lock_over_a_dead_record() {
     drop((a, b));
 }
 
-/// A live holder whose record a hostile reader locks whole and shared
-/// (it can read the record; nobody can write it): the holder keeps its
+/// A live holder whose record's bytes a hostile reader locks, shared (it
+/// can read the record; nobody can write it): the holder keeps its
 /// lock through renewals, nobody else takes it, and its release frees
 /// the name once the reader let go.
 #[tokio::test]
@@ -492,11 +504,20 @@ async fn a_live_holders_record_locked_whole_by_a_reader() {
     let guard = holder.acquire("job").await.unwrap();
     let path = holder.lock_path("job").unwrap();
     let hostile = std::fs::File::open(&path).unwrap();
-    hostile.lock_shared().unwrap();
+    // The whole file cannot be locked: its range covers the holder's mark.
+    assert!(hostile.try_lock_shared().is_err());
+    // The record's bytes can (a reader's shared lock over its first MiB).
+    lock_shared_range(&hostile, 0, 1 << 20);
     // Several renewals (a third of the lease each).
     for _ in 0..6 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(other.try_acquire("job").await.map(|g| g.is_none()).unwrap_or(true));
+        assert!(
+            other
+                .try_acquire("job")
+                .await
+                .map(|g| g.is_none())
+                .unwrap_or(true)
+        );
         assert!(!guard.is_lost(), "the live holder lost its lock");
     }
     drop(hostile);
@@ -507,4 +528,29 @@ async fn a_live_holders_record_locked_whole_by_a_reader() {
         .unwrap();
     drop(next);
     drop((holder, other));
+}
+
+/// A shared byte-range lock (`LockFileEx`) over `[at, at + len)` of
+/// `file`, held until the handle closes.
+fn lock_shared_range(file: &std::fs::File, at: u64, len: u64) {
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::Storage::FileSystem::{LOCKFILE_FAIL_IMMEDIATELY, LockFileEx};
+    use windows_sys::Win32::System::IO::OVERLAPPED;
+    // SAFETY: an all-zero OVERLAPPED is valid; its offset is set below.
+    let mut overlapped: OVERLAPPED = unsafe { std::mem::zeroed() };
+    overlapped.Anonymous.Anonymous.Offset = (at & 0xffff_ffff) as u32;
+    overlapped.Anonymous.Anonymous.OffsetHigh = (at >> 32) as u32;
+    // SAFETY: the handle is open while `file` lives; the OVERLAPPED lives
+    // across this synchronous call.
+    let ok = unsafe {
+        LockFileEx(
+            file.as_raw_handle(),
+            LOCKFILE_FAIL_IMMEDIATELY,
+            0,
+            (len & 0xffff_ffff) as u32,
+            (len >> 32) as u32,
+            &mut overlapped,
+        )
+    };
+    assert_ne!(ok, 0, "LockFileEx: {}", std::io::Error::last_os_error());
 }
