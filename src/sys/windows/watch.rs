@@ -492,6 +492,25 @@ mod tests {
         bytes
     }
 
+    /// A long-lived holder (here this very process) named for ever more
+    /// lock names: what the watch keeps for it stays bounded, and every
+    /// name is still woken when it ends (white box: the table itself).
+    #[test]
+    fn a_long_lived_holder_named_for_many_locks_stays_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let handle = syscall::open_dir(dir.path()).unwrap();
+        let watch = watch_dir(&handle, Box::new(|_| true)).unwrap();
+        let me = u64::from(std::process::id());
+        for n in 0..10_000 {
+            assert!(watch.watch_deaths(&format!("job-{n}.lock"), &[me]));
+        }
+        let deaths = watch.deaths.lock().unwrap();
+        let kept: usize = deaths.watched.iter().map(|w| w.entries.len()).sum();
+        assert!(kept <= 64, "{kept} names kept for one process");
+        drop(deaths);
+        drop(watch);
+    }
+
     #[test]
     fn notified_names_are_the_entries_of_the_lock_directory() {
         let first = record(0, "a.lock");
