@@ -57,7 +57,16 @@ struct Watched {
     pid: u64,
     process: Process,
     entries: Vec<String>,
+    /// Named for more than `MAX_ENTRIES` entries: its end wakes every
+    /// waiter (`Overflow`) rather than those of `entries` alone.
+    every: bool,
 }
+
+/// How many entries are kept for one process: past that its end is
+/// reported as `Overflow`, so that a long-lived holder named for ever more
+/// lock names (a sibling service's per-job locks) does not grow the table
+/// without end.
+const MAX_ENTRIES: usize = 64;
 
 /// The processes the watch waits on. Waiters add to it; only the watch's
 /// thread removes from it (and so closes a handle), never while it waits
@@ -297,8 +306,13 @@ impl DirWatch {
         let mut added = false;
         for &pid in pids {
             if let Some(watched) = deaths.watched.iter_mut().find(|w| w.pid == pid) {
-                if !watched.entries.iter().any(|e| e == entry) {
-                    watched.entries.push(entry.to_owned());
+                if !watched.every && !watched.entries.iter().any(|e| e == entry) {
+                    if watched.entries.len() == MAX_ENTRIES {
+                        watched.entries = Vec::new();
+                        watched.every = true;
+                    } else {
+                        watched.entries.push(entry.to_owned());
+                    }
                 }
                 continue;
             }
@@ -310,6 +324,7 @@ impl DirWatch {
                         pid,
                         process,
                         entries: vec![entry.to_owned()],
+                        every: false,
                     });
                     added = true;
                 }
@@ -435,10 +450,12 @@ impl Watch {
                 }
                 _ if woke >= win::WAIT_OBJECT_0 + 3 && woke < win::WAIT_OBJECT_0 + count => {
                     let at = usize::try_from(woke - win::WAIT_OBJECT_0).unwrap_or(0) - OWN_HANDLES;
-                    let ended = self.remove(at);
-                    ended
-                        .iter()
-                        .all(|entry| on_event(DirEvent::Changed(entry.as_ref())))
+                    match self.remove(at) {
+                        Some(ended) => ended
+                            .iter()
+                            .all(|entry| on_event(DirEvent::Changed(entry.as_ref()))),
+                        None => on_event(DirEvent::Overflow),
+                    }
                 }
                 // The wait itself failed: the watch cannot go on.
                 _ => {
@@ -467,13 +484,14 @@ impl Watch {
     /// Removes the process at `at` in the table (it ended) and returns the
     /// entries its end changes. Waiters only append to the table, so what
     /// was at `at` when the wait began is there still.
-    fn remove(&self, at: usize) -> Vec<OsString> {
+    /// `None` when it ends every waiter's wait (`Watched::every`).
+    fn remove(&self, at: usize) -> Option<Vec<OsString>> {
         let mut deaths = self.deaths.lock().unwrap_or_else(|e| e.into_inner());
         if at >= deaths.watched.len() {
-            return Vec::new();
+            return Some(Vec::new());
         }
         let ended = deaths.watched.remove(at);
-        ended.entries.into_iter().map(OsString::from).collect()
+        (!ended.every).then(|| ended.entries.into_iter().map(OsString::from).collect())
     }
 }
 
@@ -506,7 +524,11 @@ mod tests {
         }
         let deaths = watch.deaths.lock().unwrap();
         let kept: usize = deaths.watched.iter().map(|w| w.entries.len()).sum();
-        assert!(kept <= 64, "{kept} names kept for one process");
+        assert!(kept <= MAX_ENTRIES, "{kept} names kept for one process");
+        assert!(
+            deaths.watched.iter().all(|w| w.every),
+            "its end wakes every waiter"
+        );
         drop(deaths);
         drop(watch);
     }
