@@ -533,6 +533,69 @@ mod tests {
         drop(watch);
     }
 
+    /// This process's handle, duplicated: a process that does not end
+    /// while the test runs, under any pid the table is told.
+    fn own_process() -> Process {
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: duplicates the pseudo-handle of this process into a real
+        // one of this process, owned by the `Process` returned.
+        let ok = unsafe {
+            let me = threading::GetCurrentProcess();
+            win::DuplicateHandle(me, me, me, &mut handle, 0, 0, win::DUPLICATE_SAME_ACCESS)
+        };
+        assert_ne!(ok, 0);
+        Process(handle)
+    }
+
+    /// Past `MAX_PROCESSES` the oldest process is let go: its waiters,
+    /// told that its end would be reported, are woken (to look again and
+    /// poll), and naming it again while the table is full answers that it
+    /// is not watched, rather than letting another go in its place.
+    #[test]
+    fn a_process_let_go_wakes_its_waiters_who_then_poll() {
+        let dir = tempfile::tempdir().unwrap();
+        let handle = syscall::open_dir(dir.path()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let watch = watch_dir(
+            &handle,
+            Box::new(move |event| {
+                if let DirEvent::Changed(name) = event {
+                    let _ = tx.send(name.to_string_lossy().into_owned());
+                }
+                true
+            }),
+        )
+        .unwrap();
+        let me = u64::from(std::process::id());
+        assert!(watch.watch_deaths("first.lock", &[me]));
+        {
+            let mut deaths = watch.deaths.lock().unwrap();
+            // Pids no process has (never opened): stand-ins.
+            for n in 0..MAX_PROCESSES as u64 {
+                deaths.watched.push(Watched {
+                    pid: 4_000_000 + 4 * n,
+                    process: own_process(),
+                    entries: vec![format!("other-{n}.lock")],
+                    every: false,
+                });
+            }
+        }
+        // SAFETY: the event lives while `watch` does.
+        unsafe { threading::SetEvent(watch.added.0) };
+        let woken = rx.recv_timeout(Duration::from_secs(5));
+        assert_eq!(
+            woken.as_deref(),
+            Ok("first.lock"),
+            "the waiter of the process let go"
+        );
+        assert!(
+            !watch.watch_deaths("first.lock", &[me]),
+            "named again while the table is full"
+        );
+        assert_eq!(watch.deaths.lock().unwrap().watched.len(), MAX_PROCESSES);
+        drop(watch);
+    }
+
     #[test]
     fn notified_names_are_the_entries_of_the_lock_directory() {
         let first = record(0, "a.lock");
