@@ -11,7 +11,8 @@
 //! handle is signalled when the process ends, however it ends, and its
 //! end is `Changed(<the lock's entry>)`. Up to `MAX_PROCESSES` processes
 //! at once (a wait takes at most 64 handles); past that the oldest is let
-//! go, and its waiters find its death by their safety-net poll.
+//! go and its waiters woken: named again while the table is full, it is
+//! not watched, and they poll at their interval.
 //!
 //! Dropping the watch stops the thread and waits for it: its handle of
 //! the directory is closed before the drop returns (Windows does not
@@ -82,6 +83,11 @@ struct Deaths {
     /// record naming a pid that is no process while something else keeps
     /// its lock cannot make its waiters spin; they poll instead.
     told: std::collections::VecDeque<(u64, String)>,
+    /// Pids let go lately because the table was full (at most `TOLD`):
+    /// named again while it is still full, they are not watched (their
+    /// waiters poll) rather than let another go in their place, which
+    /// would wake that one's waiters to do the same, round and round.
+    let_go: std::collections::VecDeque<u64>,
 }
 
 /// How many reports of holders found dead when named are remembered.
@@ -316,6 +322,10 @@ impl DirWatch {
                 }
                 continue;
             }
+            if deaths.watched.len() >= MAX_PROCESSES && deaths.let_go.contains(&pid) {
+                all = false;
+                continue;
+            }
             // Windows ignores a process id's two low bits: such an id names
             // no process of its own (see `probe`).
             match pid.is_multiple_of(4).then(|| Process::open(pid)) {
@@ -419,7 +429,17 @@ impl Watch {
     fn run(mut self, on_event: &mut dyn FnMut(DirEvent<'_>) -> bool) {
         let wait_ms = u32::try_from(IDLE.as_millis()).unwrap_or(u32::MAX);
         while !self.stopping.load(Ordering::Relaxed) {
-            let handles = self.handles();
+            let (handles, let_go) = self.handles();
+            let woken = let_go.iter().all(|watched| match watched.every {
+                true => on_event(DirEvent::Overflow),
+                false => watched
+                    .entries
+                    .iter()
+                    .all(|entry| on_event(DirEvent::Changed(entry.as_ref()))),
+            });
+            if !woken {
+                return;
+            }
             let count = u32::try_from(handles.len()).unwrap_or(0);
             // SAFETY: every handle lives across the wait: the events are
             // owned by `self`, and the processes by `self.deaths`, from
@@ -471,14 +491,22 @@ impl Watch {
 
     /// The handles to wait on: the stop, the changes, the table's change,
     /// then each process in the table's order (the oldest let go first if
-    /// there are too many).
-    fn handles(&self) -> Vec<win::HANDLE> {
+    /// there are too many); and the processes let go, whose waiters were
+    /// told that their ends would be reported: they must be woken, to look
+    /// again and poll.
+    fn handles(&self) -> (Vec<win::HANDLE>, Vec<Watched>) {
         let mut deaths = self.deaths.lock().unwrap_or_else(|e| e.into_inner());
         let excess = deaths.watched.len().saturating_sub(MAX_PROCESSES);
-        deaths.watched.drain(..excess);
+        let let_go: Vec<Watched> = deaths.watched.drain(..excess).collect();
+        for watched in &let_go {
+            if deaths.let_go.len() == TOLD {
+                deaths.let_go.pop_front();
+            }
+            deaths.let_go.push_back(watched.pid);
+        }
         let mut handles = vec![self.stop.0, self.changes.op.event.0, self.added.0];
         handles.extend(deaths.watched.iter().map(|w| w.process.0));
-        handles
+        (handles, let_go)
     }
 
     /// Removes the process at `at` in the table (it ended) and returns the
