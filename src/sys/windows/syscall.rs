@@ -434,7 +434,8 @@ pub(crate) fn unlink_at<P: ?Sized + AsRef<OsStr>>(dir: &File, name: &P) -> Resul
         .custom_flags(fs::FILE_FLAG_OPEN_REPARSE_POINT | fs::FILE_FLAG_BACKUP_SEMANTICS)
         .open(&path)
         .map_err(|e| Errno::of(&e))?;
-    if information(&file)?.dwFileAttributes & fs::FILE_ATTRIBUTE_DIRECTORY != 0 {
+    let info = information(&file)?;
+    if info.dwFileAttributes & fs::FILE_ATTRIBUTE_DIRECTORY != 0 {
         return Err(Errno::EISDIR);
     }
     let mut aside = name.as_ref().to_owned();
@@ -443,22 +444,85 @@ pub(crate) fn unlink_at<P: ?Sized + AsRef<OsStr>>(dir: &File, name: &P) -> Resul
     // Renaming fails only when someone holds the file open without sharing
     // deletion (no leasehold process does); then it is deleted in place,
     // when they close it.
-    let _ = rename_handle(&file, &child(dir, &aside)?);
+    let renamed = rename_handle(&file, &child(dir, &aside)?).is_ok();
+    if dispose(&file) {
+        return Ok(());
+    }
+    let error = Errno::last();
+    // Windows refuses to delete a read-only file (`ERROR_ACCESS_DENIED`),
+    // where Unix lets a file's mode guard nothing of its name: the
+    // attribute is cleared and the deletion tried again, as Node.js's
+    // unlink (velocious's, pi-research's) does. Without this a dead
+    // holder's read-only record could never be reclaimed, and, renamed
+    // aside already, would stay there for good.
+    if info.dwFileAttributes & fs::FILE_ATTRIBUTE_READONLY != 0
+        && clear_read_only(
+            &child(dir, if renamed { aside.as_os_str() } else { name.as_ref() })?,
+            &info,
+        )
+        && dispose(&file)
+    {
+        return Ok(());
+    }
+    Err(error)
+}
+
+/// Marks the file behind `file` (open with DELETE access) for deletion
+/// when its last handle closes; whether it is.
+fn dispose(file: &File) -> bool {
     let disposition = fs::FILE_DISPOSITION_INFO { DeleteFile: true };
     // SAFETY: the handle is open with DELETE access while `file` lives;
     // the buffer is a FILE_DISPOSITION_INFO of the size passed.
-    let ok = unsafe {
+    unsafe {
         fs::SetFileInformationByHandle(
             file.as_raw_handle(),
             fs::FileDispositionInfo,
             std::ptr::from_ref(&disposition).cast(),
             u32::try_from(std::mem::size_of::<fs::FILE_DISPOSITION_INFO>()).unwrap_or(0),
-        )
-    };
-    if ok == 0 {
-        return Err(Errno::last());
+        ) != 0
     }
-    Ok(())
+}
+
+/// Clears the read-only attribute of the file at `path`, if it is still
+/// the file `was` describes (the same file index); whether it did.
+fn clear_read_only(path: &Path, was: &fs::BY_HANDLE_FILE_INFORMATION) -> bool {
+    let Ok(file) = OpenOptions::new()
+        .access_mode(fs::FILE_READ_ATTRIBUTES | fs::FILE_WRITE_ATTRIBUTES)
+        .share_mode(SHARE_ALL)
+        .custom_flags(fs::FILE_FLAG_OPEN_REPARSE_POINT | fs::FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)
+    else {
+        return false;
+    };
+    // Only the file index: Wine reports volume serial 0 through a handle
+    // of a file renamed since (.ci/wine/FINDINGS.md).
+    match information(&file) {
+        Ok(now) if (now.nFileIndexHigh, now.nFileIndexLow) == (was.nFileIndexHigh, was.nFileIndexLow) => {}
+        _ => return false,
+    }
+    let attributes = was.dwFileAttributes & !fs::FILE_ATTRIBUTE_READONLY;
+    // Zero times leave the file's times as they are.
+    let basic = fs::FILE_BASIC_INFO {
+        CreationTime: 0,
+        LastAccessTime: 0,
+        LastWriteTime: 0,
+        ChangeTime: 0,
+        FileAttributes: if attributes == 0 {
+            fs::FILE_ATTRIBUTE_NORMAL
+        } else {
+            attributes
+        },
+    };
+    // SAFETY: the handle is open with FILE_WRITE_ATTRIBUTES while `file`
+    // lives; the buffer is a FILE_BASIC_INFO of the size passed.
+    unsafe {
+        fs::SetFileInformationByHandle(
+            file.as_raw_handle(),
+            fs::FileBasicInfo,
+            std::ptr::from_ref(&basic).cast(),
+            u32::try_from(std::mem::size_of::<fs::FILE_BASIC_INFO>()).unwrap_or(0),
+        ) != 0
+    }
 }
 
 /// Renames the file behind `file` to `to` (a full path), never replacing

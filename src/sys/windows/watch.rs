@@ -11,7 +11,8 @@
 //! handle is signalled when the process ends, however it ends, and its
 //! end is `Changed(<the lock's entry>)`. Up to `MAX_PROCESSES` processes
 //! at once (a wait takes at most 64 handles); past that the oldest is let
-//! go, and its waiters find its death by their safety-net poll.
+//! go and its waiters woken: named again while the table is full, it is
+//! not watched, and they poll at their interval.
 //!
 //! Dropping the watch stops the thread and waits for it: its handle of
 //! the directory is closed before the drop returns (Windows does not
@@ -57,7 +58,16 @@ struct Watched {
     pid: u64,
     process: Process,
     entries: Vec<String>,
+    /// Named for more than `MAX_ENTRIES` entries: its end wakes every
+    /// waiter (`Overflow`) rather than those of `entries` alone.
+    every: bool,
 }
+
+/// How many entries are kept for one process: past that its end is
+/// reported as `Overflow`, so that a long-lived holder named for ever more
+/// lock names (a sibling service's per-job locks) does not grow the table
+/// without end.
+const MAX_ENTRIES: usize = 64;
 
 /// The processes the watch waits on. Waiters add to it; only the watch's
 /// thread removes from it (and so closes a handle), never while it waits
@@ -65,7 +75,23 @@ struct Watched {
 #[derive(Default)]
 struct Deaths {
     watched: Vec<Watched>,
+    /// Entries whose named holder had no process any more when named (it
+    /// died after its waiter found it holding): reported changed at once.
+    ended: Vec<String>,
+    /// The pids and entries so reported lately (at most `TOLD`): a pid
+    /// named again for the same entry is not reported again, so that a
+    /// record naming a pid that is no process while something else keeps
+    /// its lock cannot make its waiters spin; they poll instead.
+    told: std::collections::VecDeque<(u64, String)>,
+    /// Pids let go lately because the table was full (at most `TOLD`):
+    /// named again while it is still full, they are not watched (their
+    /// waiters poll) rather than let another go in their place, which
+    /// would wake that one's waiters to do the same, round and round.
+    let_go: std::collections::VecDeque<u64>,
 }
+
+/// How many reports of holders found dead when named are remembered.
+const TOLD: usize = 64;
 
 /// An event object, closed when dropped.
 #[derive(Debug)]
@@ -286,9 +312,18 @@ impl DirWatch {
         let mut added = false;
         for &pid in pids {
             if let Some(watched) = deaths.watched.iter_mut().find(|w| w.pid == pid) {
-                if !watched.entries.iter().any(|e| e == entry) {
-                    watched.entries.push(entry.to_owned());
+                if !watched.every && !watched.entries.iter().any(|e| e == entry) {
+                    if watched.entries.len() == MAX_ENTRIES {
+                        watched.entries = Vec::new();
+                        watched.every = true;
+                    } else {
+                        watched.entries.push(entry.to_owned());
+                    }
                 }
+                continue;
+            }
+            if deaths.watched.len() >= MAX_PROCESSES && deaths.let_go.contains(&pid) {
+                all = false;
                 continue;
             }
             // Windows ignores a process id's two low bits: such an id names
@@ -299,7 +334,26 @@ impl DirWatch {
                         pid,
                         process,
                         entries: vec![entry.to_owned()],
+                        every: false,
                     });
+                    added = true;
+                }
+                // No process has the id: the holder died between its
+                // waiter's look and this (once its last handle closed).
+                // Nothing will signal its end, and the waiter, told that
+                // it is not watched, would sleep a whole poll interval
+                // though its holder is dead: its end is reported at once,
+                // as if waited on (once for the pid and the entry).
+                Some(Err(win::ERROR_INVALID_PARAMETER))
+                    if pid != 0
+                        && u32::try_from(pid).is_ok()
+                        && !deaths.told.iter().any(|(p, e)| *p == pid && e == entry) =>
+                {
+                    if deaths.told.len() == TOLD {
+                        deaths.told.pop_front();
+                    }
+                    deaths.told.push_back((pid, entry.to_owned()));
+                    deaths.ended.push(entry.to_owned());
                     added = true;
                 }
                 _ => all = false,
@@ -375,7 +429,17 @@ impl Watch {
     fn run(mut self, on_event: &mut dyn FnMut(DirEvent<'_>) -> bool) {
         let wait_ms = u32::try_from(IDLE.as_millis()).unwrap_or(u32::MAX);
         while !self.stopping.load(Ordering::Relaxed) {
-            let handles = self.handles();
+            let (handles, let_go) = self.handles();
+            let woken = let_go.iter().all(|watched| match watched.every {
+                true => on_event(DirEvent::Overflow),
+                false => watched
+                    .entries
+                    .iter()
+                    .all(|entry| on_event(DirEvent::Changed(entry.as_ref()))),
+            });
+            if !woken {
+                return;
+            }
             let count = u32::try_from(handles.len()).unwrap_or(0);
             // SAFETY: every handle lives across the wait: the events are
             // owned by `self`, and the processes by `self.deaths`, from
@@ -395,14 +459,23 @@ impl Watch {
                     }
                     delivered
                 }
-                // A waiter added a process: wait anew, on it too.
-                _ if woke == win::WAIT_OBJECT_0 + 2 => true,
-                _ if woke >= win::WAIT_OBJECT_0 + 3 && woke < win::WAIT_OBJECT_0 + count => {
-                    let at = usize::try_from(woke - win::WAIT_OBJECT_0).unwrap_or(0) - OWN_HANDLES;
-                    let ended = self.remove(at);
+                // A waiter added a process: wait anew, on it too; and
+                // report the holders found dead when named.
+                _ if woke == win::WAIT_OBJECT_0 + 2 => {
+                    let ended =
+                        std::mem::take(&mut self.deaths.lock().unwrap_or_else(|e| e.into_inner()).ended);
                     ended
                         .iter()
                         .all(|entry| on_event(DirEvent::Changed(entry.as_ref())))
+                }
+                _ if woke >= win::WAIT_OBJECT_0 + 3 && woke < win::WAIT_OBJECT_0 + count => {
+                    let at = usize::try_from(woke - win::WAIT_OBJECT_0).unwrap_or(0) - OWN_HANDLES;
+                    match self.remove(at) {
+                        Some(ended) => ended
+                            .iter()
+                            .all(|entry| on_event(DirEvent::Changed(entry.as_ref()))),
+                        None => on_event(DirEvent::Overflow),
+                    }
                 }
                 // The wait itself failed: the watch cannot go on.
                 _ => {
@@ -418,26 +491,35 @@ impl Watch {
 
     /// The handles to wait on: the stop, the changes, the table's change,
     /// then each process in the table's order (the oldest let go first if
-    /// there are too many).
-    fn handles(&self) -> Vec<win::HANDLE> {
+    /// there are too many); and the processes let go, whose waiters were
+    /// told that their ends would be reported: they must be woken, to look
+    /// again and poll.
+    fn handles(&self) -> (Vec<win::HANDLE>, Vec<Watched>) {
         let mut deaths = self.deaths.lock().unwrap_or_else(|e| e.into_inner());
         let excess = deaths.watched.len().saturating_sub(MAX_PROCESSES);
-        deaths.watched.drain(..excess);
+        let let_go: Vec<Watched> = deaths.watched.drain(..excess).collect();
+        for watched in &let_go {
+            if deaths.let_go.len() == TOLD {
+                deaths.let_go.pop_front();
+            }
+            deaths.let_go.push_back(watched.pid);
+        }
         let mut handles = vec![self.stop.0, self.changes.op.event.0, self.added.0];
         handles.extend(deaths.watched.iter().map(|w| w.process.0));
-        handles
+        (handles, let_go)
     }
 
     /// Removes the process at `at` in the table (it ended) and returns the
     /// entries its end changes. Waiters only append to the table, so what
     /// was at `at` when the wait began is there still.
-    fn remove(&self, at: usize) -> Vec<OsString> {
+    /// `None` when it ends every waiter's wait (`Watched::every`).
+    fn remove(&self, at: usize) -> Option<Vec<OsString>> {
         let mut deaths = self.deaths.lock().unwrap_or_else(|e| e.into_inner());
         if at >= deaths.watched.len() {
-            return Vec::new();
+            return Some(Vec::new());
         }
         let ended = deaths.watched.remove(at);
-        ended.entries.into_iter().map(OsString::from).collect()
+        (!ended.every).then(|| ended.entries.into_iter().map(OsString::from).collect())
     }
 }
 
@@ -454,6 +536,92 @@ mod tests {
         bytes.extend(u32::try_from(units.len()).unwrap().to_le_bytes());
         bytes.extend(units);
         bytes
+    }
+
+    /// A long-lived holder (here this very process) named for ever more
+    /// lock names: what the watch keeps for it stays bounded, and every
+    /// name is still woken when it ends (white box: the table itself).
+    #[test]
+    fn a_long_lived_holder_named_for_many_locks_stays_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let handle = syscall::open_dir(dir.path()).unwrap();
+        let watch = watch_dir(&handle, Box::new(|_| true)).unwrap();
+        let me = u64::from(std::process::id());
+        for n in 0..10_000 {
+            assert!(watch.watch_deaths(&format!("job-{n}.lock"), &[me]));
+        }
+        let deaths = watch.deaths.lock().unwrap();
+        let kept: usize = deaths.watched.iter().map(|w| w.entries.len()).sum();
+        assert!(kept <= MAX_ENTRIES, "{kept} names kept for one process");
+        assert!(
+            deaths.watched.iter().all(|w| w.every),
+            "its end wakes every waiter"
+        );
+        drop(deaths);
+        drop(watch);
+    }
+
+    /// This process's handle, duplicated: a process that does not end
+    /// while the test runs, under any pid the table is told.
+    fn own_process() -> Process {
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: duplicates the pseudo-handle of this process into a real
+        // one of this process, owned by the `Process` returned.
+        let ok = unsafe {
+            let me = threading::GetCurrentProcess();
+            win::DuplicateHandle(me, me, me, &mut handle, 0, 0, win::DUPLICATE_SAME_ACCESS)
+        };
+        assert_ne!(ok, 0);
+        Process(handle)
+    }
+
+    /// Past `MAX_PROCESSES` the oldest process is let go: its waiters,
+    /// told that its end would be reported, are woken (to look again and
+    /// poll), and naming it again while the table is full answers that it
+    /// is not watched, rather than letting another go in its place.
+    #[test]
+    fn a_process_let_go_wakes_its_waiters_who_then_poll() {
+        let dir = tempfile::tempdir().unwrap();
+        let handle = syscall::open_dir(dir.path()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let watch = watch_dir(
+            &handle,
+            Box::new(move |event| {
+                if let DirEvent::Changed(name) = event {
+                    let _ = tx.send(name.to_string_lossy().into_owned());
+                }
+                true
+            }),
+        )
+        .unwrap();
+        let me = u64::from(std::process::id());
+        assert!(watch.watch_deaths("first.lock", &[me]));
+        {
+            let mut deaths = watch.deaths.lock().unwrap();
+            // Pids no process has (never opened): stand-ins.
+            for n in 0..MAX_PROCESSES as u64 {
+                deaths.watched.push(Watched {
+                    pid: 4_000_000 + 4 * n,
+                    process: own_process(),
+                    entries: vec![format!("other-{n}.lock")],
+                    every: false,
+                });
+            }
+        }
+        // SAFETY: the event lives while `watch` does.
+        unsafe { threading::SetEvent(watch.added.0) };
+        let woken = rx.recv_timeout(Duration::from_secs(5));
+        assert_eq!(
+            woken.as_deref(),
+            Ok("first.lock"),
+            "the waiter of the process let go"
+        );
+        assert!(
+            !watch.watch_deaths("first.lock", &[me]),
+            "named again while the table is full"
+        );
+        assert_eq!(watch.deaths.lock().unwrap().watched.len(), MAX_PROCESSES);
+        drop(watch);
     }
 
     #[test]
