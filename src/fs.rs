@@ -186,13 +186,28 @@ impl Fs {
     }
 
     /// Where the watcher does not see a holder's death in the directory
-    /// (Windows), names the holders of `name` to it, to wait on their
+    /// (Windows), names the holders of `name` to it after an attempt
+    /// found the name busy, and remembers whether it named them all, for
+    /// [`watch`](Backend::watch) to answer on the runtime's thread. Runs
+    /// where the attempt runs, on the blocking pool: it reads records.
+    /// Every busy attempt names them anew, so holders who came since the
+    /// last one are named too (their arrival woke the waiter).
+    pub(crate) fn name_holders(&self, name: &LockName) {
+        if crate::sys::WATCH_SEES_DEATHS {
+            return;
+        }
+        // The watcher starts at the first contention, here rather than
+        // at the first wait: so the first wait's holders are named too.
+        let named = self.watcher.start(&self.ctx.dir, &self.waiters()) && self.watch_holders(name);
+        self.watcher.set_named(name.file_name(), named);
+    }
+
+    /// Names the holders of `name` to the watcher, to wait on their
     /// processes: the writer of the record at the lock path, or each live
     /// member of a group. Whether each one is watched so. A holder of
     /// another host, boot or pid namespace, one without a pid, one whose
     /// process cannot be opened (another user's) and a record that cannot
-    /// be read leave the waiter polling. Called at every wait, so holders
-    /// who came since the last one are named too (their arrival woke it).
+    /// be read leave the waiter polling.
     fn watch_holders(&self, name: &LockName) -> bool {
         let ctx = &self.ctx;
         let found = match Found::open(ctx, name) {
@@ -331,6 +346,9 @@ impl Backend for Fs {
         // failure, which a removed directory causes.
         let attempt = self.create_or_reclaim(name, mode, arm);
         self.ctx.ensure_dir_in_place()?;
+        if let Ok(Attempt::Busy { .. }) = &attempt {
+            self.name_holders(name);
+        }
         attempt
     }
 
@@ -396,7 +414,7 @@ impl Backend for Fs {
         if watched {
             self.watcher.ensure_child(&members::members_dir(name.file_name()));
         }
-        watched && (crate::sys::WATCH_SEES_DEATHS || self.watch_holders(name))
+        watched && (crate::sys::WATCH_SEES_DEATHS || self.watcher.named(name.file_name()))
     }
 
     fn announce(&self, name: &LockName) -> Result<Option<Arc<dyn Renewable>>> {

@@ -203,6 +203,40 @@ fn alone<'a>(
 
 impl Upgrade for Fs {
     fn join_upgradable<K: Kept>(&self, name: &LockName, arm: Arm<'_, FsLock, K>) -> Result<Attempt<K>> {
+        let attempt = self.join_upgradable_once(name, arm);
+        if let Ok(Attempt::Busy { .. }) = &attempt {
+            self.name_holders(name);
+        }
+        attempt
+    }
+
+    fn upgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        share: &mut Option<FsLock>,
+        arm: Arm<'_, FsLock, K>,
+    ) -> Result<Attempt<K>> {
+        let attempt = self.upgrade_once(name, share, arm);
+        if let Ok(Attempt::Busy { .. }) = &attempt {
+            self.name_holders(name);
+        }
+        attempt
+    }
+
+    fn downgrade<K: Kept>(
+        &self,
+        name: &LockName,
+        lock: &mut Option<FsLock>,
+        arm: Arm<'_, FsLock, K>,
+    ) -> Result<Option<K>> {
+        self.downgrade_once(name, lock, arm)
+    }
+}
+
+/// The conversions, one attempt each; busy ones name the holders they
+/// wait for to the watcher (`Fs::name_holders`), above.
+impl Fs {
+    fn join_upgradable_once<K: Kept>(&self, name: &LockName, arm: Arm<'_, FsLock, K>) -> Result<Attempt<K>> {
         let ctx = &self.ctx;
         // The upgrade exchanges lock directories (`directory::replace`).
         if ctx.settings.strategy == Strategy::Directory && !crate::sys::can_exchange() {
@@ -248,7 +282,7 @@ impl Upgrade for Fs {
         Ok(busy(None))
     }
 
-    fn upgrade<K: Kept>(
+    fn upgrade_once<K: Kept>(
         &self,
         name: &LockName,
         share: &mut Option<FsLock>,
@@ -390,7 +424,7 @@ impl Upgrade for Fs {
         Ok(Attempt::Acquired(kept))
     }
 
-    fn downgrade<K: Kept>(
+    fn downgrade_once<K: Kept>(
         &self,
         name: &LockName,
         lock: &mut Option<FsLock>,

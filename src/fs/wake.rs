@@ -12,6 +12,7 @@
 //! `poll_interval` remains as a safety net against missed events, and is
 //! the only mechanism where the watcher cannot run.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::dir::LockDir;
@@ -24,7 +25,15 @@ pub(crate) struct Watcher {
     watch: OnceLock<Option<DirWatch>>,
     /// Set when the watch ended (the directory went away).
     gone: Arc<Mutex<bool>>,
+    /// Where the watch does not see holders' deaths (Windows): the lock
+    /// entries whose holders, as the last attempt found them, it waits
+    /// on, every one (`Fs::name_holders`).
+    named: Mutex<HashSet<String>>,
 }
+
+/// How many lock entries [`Watcher::named`] keeps at most: past that it is
+/// emptied (their waiters poll until their next attempt names them again).
+const NAMED: usize = 4096;
 
 impl Watcher {
     /// Starts the watcher if it is not running; returns whether events will
@@ -45,6 +54,30 @@ impl Watcher {
             }
             _ => false,
         }
+    }
+
+    /// Records whether every holder of the lock at `entry`, as an attempt
+    /// just found them, was named to the watch (`watch_deaths`).
+    pub(crate) fn set_named(&self, entry: &str, named: bool) {
+        let mut set = self.named.lock().unwrap_or_else(|e| e.into_inner());
+        if !named {
+            set.remove(entry);
+            return;
+        }
+        if set.len() >= NAMED && !set.contains(entry) {
+            set.clear();
+        }
+        set.insert(entry.to_owned());
+    }
+
+    /// Whether the last attempt on the lock at `entry` named every holder
+    /// it found to the watch. Only a look in memory: the engine asks on
+    /// the runtime's thread.
+    pub(crate) fn named(&self, entry: &str) -> bool {
+        self.named
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(entry)
     }
 
     /// Starts the watcher if it is not running; returns whether it runs,

@@ -339,6 +339,24 @@ fn create_private(path: &Path, access: u32, disposition: u32, flags: u32) -> std
 }
 
 /// `GetFileInformationByHandle` of an open file.
+/// Whether the file or directory behind `file` was deleted and waits for
+/// its last handle to close (`FILE_STANDARD_INFO::DeletePending`).
+fn delete_pending(file: &File) -> bool {
+    // SAFETY: an all-zero FILE_STANDARD_INFO is valid.
+    let mut info: fs::FILE_STANDARD_INFO = unsafe { std::mem::zeroed() };
+    // SAFETY: the handle is open while `file` lives; the buffer is a
+    // writable FILE_STANDARD_INFO of the size passed.
+    let ok = unsafe {
+        fs::GetFileInformationByHandleEx(
+            file.as_raw_handle(),
+            fs::FileStandardInfo,
+            std::ptr::from_mut(&mut info).cast(),
+            u32::try_from(std::mem::size_of::<fs::FILE_STANDARD_INFO>()).unwrap_or(0),
+        ) != 0
+    };
+    ok && info.DeletePending
+}
+
 fn information(file: &File) -> Result<fs::BY_HANDLE_FILE_INFORMATION, Errno> {
     // SAFETY: an all-zero BY_HANDLE_FILE_INFORMATION is a valid value (it
     // holds only integers).
@@ -634,7 +652,17 @@ pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
 /// The names in the directory `dir`, in no particular order. Entries that
 /// cannot be read are skipped.
 pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
-    let listing = std::fs::read_dir(path_of(dir)?).map_err(|e| Errno::of(&e))?;
+    let listing = match path_of(dir).and_then(|path| std::fs::read_dir(path).map_err(|e| Errno::of(&e))) {
+        Ok(listing) => listing,
+        // A directory removed while we have it open stays, delete
+        // pending, until its last handle closes, and cannot be opened by
+        // path meanwhile: it lists as empty, as an unlinked directory
+        // does on Unix through its descriptor (a members directory whose
+        // group just ended; its joiner then finds its checks fail and
+        // tries again, instead of failing its acquisition).
+        Err(_) if delete_pending(dir) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
     Ok(listing
         .filter_map(|entry| entry.ok())
         .map(|entry| entry.file_name())
