@@ -68,6 +68,17 @@ fn busy<K>(owner: Option<Owner>) -> Attempt<K> {
     }
 }
 
+/// The step before an upgrade publishes what it made, in every layout and
+/// platform (one failpoint, named once).
+fn before_upgrade_publish() -> std::io::Result<()> {
+    failpoint!("upgrade.before_publish")
+}
+
+/// The step before a downgrade publishes its marker, likewise.
+fn before_downgrade_publish() -> std::io::Result<()> {
+    failpoint!("downgrade.before_publish")
+}
+
 /// Takes the fencing tokens of a lock just converted (the name's mutation
 /// lock let go), tried again for up to a quarter lease while that lock is
 /// busy: taking them needs it and gives up at once when another process
@@ -346,7 +357,7 @@ impl Fs {
                     .and_then(|()| file::write(&made, 0, &record, ctx.settings.durable, path))
                     .and_then(|len| {
                         let meta = syscall::meta(&made).context("upgrade lock", path)?;
-                        failpoint!("upgrade.before_publish").context("upgrade lock", path)?;
+                        before_upgrade_publish().context("upgrade lock", path)?;
                         replace_marker(ctx, name, &private, &mut member.marker, marker_id)
                             .context("upgrade lock", path)
                             .map(|replaced| replaced.then_some((len, (meta.dev(), meta.ino()))))
@@ -372,7 +383,7 @@ impl Fs {
             // in one step (`directory::replace`): a member frozen in its
             // unlocked signing renames its marker over `owner.json`
             // through the descriptor of the marker's directory.
-            Strategy::Directory => match failpoint!("upgrade.before_publish")
+            Strategy::Directory => match before_upgrade_publish()
                 .context("upgrade lock", path)
                 .and_then(|()| directory::replace(ctx, name, marker_id, record.clone()))
             {
@@ -477,7 +488,7 @@ impl Fs {
             Strategy::ExclusiveFile if crate::sys::REPLACE_WAITS_FOR_READERS => {
                 let len = syscall::meta(&node).context("downgrade lock", path)?.len();
                 let bytes = member.record.to_bytes(usize::try_from(len).unwrap_or(0));
-                failpoint!("downgrade.before_publish").context("downgrade lock", path)?;
+                before_downgrade_publish().context("downgrade lock", path)?;
                 node.write_all_at(&bytes, 0).context("downgrade lock", path)?;
                 node
             }
@@ -493,7 +504,7 @@ impl Fs {
                         std::fs::TryLockError::WouldBlock => std::io::ErrorKind::WouldBlock.into(),
                     })
                     .and_then(|()| made.write_all_at(&bytes, 0))
-                    .and_then(|()| failpoint!("downgrade.before_publish"))
+                    .and_then(|()| before_downgrade_publish())
                     .and_then(|()| {
                         syscall::rename_at(ctx.dir.fd(), &private, name.file_name())
                             .map_err(std::io::Error::from)
@@ -507,7 +518,7 @@ impl Fs {
                 made
             }
             Strategy::Directory => {
-                failpoint!("downgrade.before_publish").context("downgrade lock", path)?;
+                before_downgrade_publish().context("downgrade lock", path)?;
                 directory::rewrite_bytes(&node, &bytes, path)?;
                 node
             }
