@@ -506,8 +506,7 @@ mod seal {
         }
     }
 
-    /// A process killed with its seal made (here an upgrade that found
-    /// other holders, killed as it removes its seal) leaves the seal: the
+    /// A process killed with its seal made (planted here) leaves the seal: the
     /// next process under the mutation lock removes it, but while another
     /// process holds that lock (frozen), joiners that do not take it find
     /// the group sealed and wait, for as long as that process stays
@@ -522,8 +521,6 @@ mod seal {
         for strategy in [Strategy::ExclusiveFile, Strategy::Directory] {
             let what = format!("{strategy:?}");
             let dir = tempfile::tempdir().unwrap();
-            let d = dir.path().to_str().unwrap();
-            let s = strategy_arg(strategy);
             let main = locker(dir.path(), strategy);
             let path = main.lock_path("job").unwrap();
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -531,14 +528,11 @@ mod seal {
                 .build()
                 .unwrap();
             let held = rt.block_on(main.acquire_shared("job")).unwrap();
-            let mut u = ChildProc::spawn("upgrader", &[d, s, "group.seal.before_remove", "u"]);
-            until_stopped(&u, &what);
-            assert!(
-                members_of(&path).join("sealed").exists(),
-                "{what}: the upgrade's seal"
-            );
-            u.kill();
-            u.wait(Duration::from_secs(10));
+            // A dead sealer's seal: the file, its flock free. (An upgrade
+            // that finds other holders no longer seals, so none is killed
+            // with its seal made beside a live holder here; a sealer that
+            // found itself alone just before a joiner came can be.)
+            std::fs::write(members_of(&path).join("sealed"), b"").unwrap();
             let frozen = frozen_flock(&mutex_of(&path));
             let joiner = locker(dir.path(), strategy);
             rt.block_on(async {

@@ -453,7 +453,8 @@ fn spawn(role: &str, dir: &Path) -> ChildProc {
 /// and gives up at once when it is busy; the conversion reported its lock
 /// lost then (under Wine, where a mutation lock is held for milliseconds,
 /// most upgrades of the upgradable torture did), although nothing had
-/// happened to it.
+/// happened to it. An upgrade now takes its tokens before it lets the
+/// lock go; a downgrade's shared tokens need no lock.
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_mutation_lock_after_a_conversion_costs_it_nothing() {
@@ -468,16 +469,24 @@ async fn a_busy_mutation_lock_after_a_conversion_costs_it_nothing() {
             .unwrap();
         for point in ["upgrade.before_tokens", "downgrade.before_tokens"] {
             let up = locker.acquire_upgradable(NAME).await.unwrap();
-            // Someone takes the name's mutation lock for 100 ms just then.
+            // Someone takes the name's mutation lock for 100 ms just then
+            // (as soon as it is free: the upgrade takes its tokens before
+            // it lets the lock go, now).
             let mutex = common::mutex_of(&lock_path(dir.path()));
             let busy = move || {
                 let mutex = mutex.clone();
                 fail::cfg_callback(point, move || {
-                    let held = common::frozen_flock(&mutex);
+                    let mutex = mutex.clone();
+                    let (took, taken) = std::sync::mpsc::channel();
                     std::thread::spawn(move || {
+                        let held = common::frozen_flock(&mutex);
+                        let _ = took.send(());
                         std::thread::sleep(Duration::from_millis(100));
                         drop(held);
                     });
+                    // Where the conversion does not hold the lock here (the
+                    // downgrade), it is taken before the conversion goes on.
+                    let _ = taken.recv_timeout(Duration::from_millis(50));
                 })
                 .unwrap();
             };

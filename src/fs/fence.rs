@@ -114,6 +114,28 @@ pub(super) fn reserve(
     still_ours: &dyn Fn() -> Result<bool>,
     record_first: &mut dyn FnMut(u64) -> Result<()>,
 ) -> Result<Option<Tokens>> {
+    reserve_with(ctx, name, false, still_ours, record_first)
+}
+
+/// [`reserve`] by a caller that holds the name's mutation lock already
+/// (an upgrade, right after its conversion): it is not taken again, so a
+/// neighbour that takes it next cannot make this give up.
+pub(super) fn reserve_locked(
+    ctx: &Ctx,
+    name: &LockName,
+    still_ours: &dyn Fn() -> Result<bool>,
+    record_first: &mut dyn FnMut(u64) -> Result<()>,
+) -> Result<Option<Tokens>> {
+    reserve_with(ctx, name, true, still_ours, record_first)
+}
+
+fn reserve_with(
+    ctx: &Ctx,
+    name: &LockName,
+    locked: bool,
+    still_ours: &dyn Fn() -> Result<bool>,
+    record_first: &mut dyn FnMut(u64) -> Result<()>,
+) -> Result<Option<Tokens>> {
     let fence = format!("{}.fence", name.file_name());
     // Every renewal in the directory waits for the directory lock, so it
     // is held here only to compare and rename: the counter's next value
@@ -145,8 +167,12 @@ pub(super) fn reserve(
         // does): give up and let the caller try again later. Never wait
         // long: the caller holds its lease while we do, and the renewal
         // thread waits for that.
-        let Some(mutation) = ctx.dir.lock_within(name.file_name(), PATIENCE)? else {
-            return Ok(None);
+        let mutation = match locked {
+            true => None,
+            false => match ctx.dir.lock_within(name.file_name(), PATIENCE)? {
+                Some(mutation) => Some(mutation),
+                None => return Ok(None),
+            },
         };
         if !still_ours()? {
             return Ok(None);

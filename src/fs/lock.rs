@@ -350,14 +350,28 @@ impl Whole {
     }
 
     fn reserve_tokens(&mut self) -> Result<Option<Tokens>> {
+        self.reserve(false)
+    }
+
+    /// [`reserve_tokens`](Self::reserve_tokens) under the name's mutation
+    /// lock, which the caller holds (an upgrade).
+    pub(in crate::fs) fn reserve_tokens_locked(&mut self) -> Result<Option<Tokens>> {
+        self.reserve(true)
+    }
+
+    fn reserve(&mut self, locked: bool) -> Result<Option<Tokens>> {
         let (ctx, name) = (Arc::clone(&self.ctx), self.name.clone());
         let (dev, ino) = (self.dev, self.ino);
         let still_ours = || ctx.names(&name, dev, ino);
-        fence::reserve(&ctx, &name, &still_ours, &mut |first| {
+        let mut record_first = |first| {
             let mut record = self.record.clone();
             record.fencing_token = Some(first);
             self.write_record(record)
-        })
+        };
+        match locked {
+            true => fence::reserve_locked(&ctx, &name, &still_ours, &mut record_first),
+            false => fence::reserve(&ctx, &name, &still_ours, &mut record_first),
+        }
     }
 
     /// Releases the lock (see `fs/release.rs`); `None` when it was ours to

@@ -100,9 +100,10 @@ fn reserve_patiently<K: Kept>(ctx: &Ctx, kept: &K) -> Result<bool> {
 }
 
 /// How long an upgrade waits for others to close the marker, where a file
-/// that is open cannot be replaced (Windows): a reader judging it has it
-/// open for an instant, a member signing it without the mutation lock for
-/// a moment. One frozen there holds the upgrade up until it runs again.
+/// that is open cannot be replaced (Windows), at most (and an eighth of
+/// the lease at most): a reader judging it has it open for an instant, a
+/// member signing it without the mutation lock for a moment. One frozen
+/// there holds the upgrade up until it runs again.
 const REPLACE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Renames our new lock file `private` over the marker at the lock path,
@@ -112,13 +113,13 @@ const REPLACE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(2
 /// denied"), our own handle of the marker, `joined` (a member's, with its
 /// shared mark), is closed first; the marker is judged by its members,
 /// never by its mark, and ours is still among them. The replace is then
-/// tried again for up to [`REPLACE_PATIENCE`] while someone else has the
-/// marker open. Nobody can have it open once it is replaced, so a member
+/// tried again for up to [`REPLACE_PATIENCE`] (an eighth of the lease at
+/// most) while someone else has the marker open. Nobody can have it open once it is replaced, so a member
 /// frozen in its unlocked signing, past its check that the path is its
 /// group's marker, cannot write into what replaced it (see `upgrade`).
-/// If it is still open after that, the marker is opened again as ours (the
-/// name's mutation lock and the seal keep it in place) and the upgrade
-/// waits.
+/// If the replace fails, the marker is opened again as ours (the name's
+/// mutation lock and the seal keep it in place); if it was still open,
+/// the upgrade waits.
 fn replace_marker(
     ctx: &Ctx,
     name: &LockName,
@@ -132,23 +133,28 @@ fn replace_marker(
         return rename().map(|()| true).map_err(std::io::Error::from);
     }
     drop(joined.take());
+    // Our record's lease runs meanwhile (its renewals wait for us): a
+    // short lease waits less.
+    let patience = REPLACE_PATIENCE.min(ctx.settings.lease / 8);
     let started = std::time::Instant::now();
     let mut renamed = rename();
-    while matches!(renamed, Err(Errno::EACCES | Errno::EBUSY)) && started.elapsed() < REPLACE_PATIENCE {
+    while matches!(renamed, Err(Errno::EACCES | Errno::EBUSY)) && started.elapsed() < patience {
         std::thread::sleep(std::time::Duration::from_millis(1));
         renamed = rename();
     }
+    if renamed.is_err() {
+        // Ours again, whatever went wrong: `alone` knows the marker by
+        // the node we keep open.
+        if let Ok(node) = syscall::open_at(ctx.dir.fd(), name.file_name(), Open::Read)
+            && syscall::meta(&node).is_ok_and(|m| (m.dev(), m.ino()) == identity)
+        {
+            let _ = node.try_flock_shared();
+            *joined = Some(node);
+        }
+    }
     match renamed {
         Ok(()) => Ok(true),
-        Err(Errno::EACCES | Errno::EBUSY) => {
-            if let Ok(node) = syscall::open_at(ctx.dir.fd(), name.file_name(), Open::Read)
-                && syscall::meta(&node).is_ok_and(|m| (m.dev(), m.ino()) == identity)
-            {
-                let _ = node.try_flock_shared();
-                *joined = Some(node);
-            }
-            Ok(false)
-        }
+        Err(Errno::EACCES | Errno::EBUSY) => Ok(false),
         Err(e) => Err(e.into()),
     }
 }
@@ -194,6 +200,15 @@ fn alone<'a>(
         return Err(lost(name));
     }
     let dir_name = members_dir(name.file_name());
+    // Another live member now: not alone, and no seal made. (A seal made
+    // and removed at every try is two events in the members directory,
+    // which woke the waiting upgrade at once: it tried again hundreds of
+    // times a second while readers held, and under Wine starved its own
+    // share's renewals.)
+    let look = scan(ctx, member.members(), &|| ctx.path_of(&dir_name))?;
+    if let Some(other) = look.live_members().find(|e| e.file_name != member.file_name()) {
+        return Ok(Err(Some(Owner::from_parsed(&other.parsed))));
+    }
     // Counted under the seal: a joiner without the mutation lock is
     // counted here or sees the seal.
     let seal = members::Seal::new(member.members(), &|| ctx.path_of(&dir_name))?;
@@ -227,11 +242,11 @@ impl Upgrade for Fs {
         share: &mut Option<FsLock>,
         arm: Arm<'_, FsLock, K>,
     ) -> Result<Attempt<K>> {
-        let attempt = self.upgrade_once(name, share, arm);
-        if let Ok(Attempt::Busy { .. }) = &attempt {
-            self.name_holders(name);
-        }
-        attempt
+        // Its readers are not named to the death watch here (the upgrade
+        // holds its share's lease while it tries: each try is kept short);
+        // where deaths are no events (Windows), the waiting upgrade polls
+        // every 20 ms instead.
+        self.upgrade_once(name, share, arm)
     }
 
     fn downgrade<K: Kept>(
@@ -244,8 +259,8 @@ impl Upgrade for Fs {
     }
 }
 
-/// The conversions, one attempt each; busy ones name the holders they
-/// wait for to the watcher (`Fs::name_holders`), above.
+/// The conversions, one attempt each; a busy join names the holders it
+/// waits for to the watcher (`Fs::name_holders`), above.
 impl Fs {
     fn join_upgradable_once<K: Kept>(&self, name: &LockName, arm: Arm<'_, FsLock, K>) -> Result<Attempt<K>> {
         let ctx = &self.ctx;
@@ -425,14 +440,30 @@ impl Fs {
         if scan.waiters.is_empty() {
             remove_members_dir(ctx, &dir_name);
         }
+        let mut whole = Whole::adopt(ctx, name, identity, record, made, writer, record_file);
+        // The fencing tokens while the name's mutation lock is still ours:
+        // taken after it, a neighbour that took it next (to join, judge
+        // or leave) would make them give up, and the upgrade report its
+        // lock lost although nothing had happened to it.
+        let tokens = match failpoint!("upgrade.before_tokens")
+            .context("upgrade lock", path)
+            .and_then(|()| match ctx.settings.fencing {
+                true => whole
+                    .reserve_tokens_locked()
+                    .map(|tokens| tokens.map(Some).ok_or_else(|| lost(name))),
+                false => Ok(Ok(None)),
+            }) {
+            Ok(Ok(tokens)) => tokens,
+            Ok(Err(error)) | Err(error) => {
+                // Let the name's mutation lock go before the lock's
+                // release, which takes it.
+                drop(mutation);
+                drop(whole);
+                return Err(error);
+            }
+        };
         drop(mutation);
-        let whole = Whole::adopt(ctx, name, identity, record, made, writer, record_file);
-        let kept = arm(FsLock::Whole(whole), None);
-        failpoint!("upgrade.before_tokens").context("upgrade lock", path)?;
-        if ctx.settings.fencing && !reserve_patiently(ctx, &kept)? {
-            return Err(lost(name));
-        }
-        Ok(Attempt::Acquired(kept))
+        Ok(Attempt::Acquired(arm(FsLock::Whole(whole), tokens)))
     }
 
     fn downgrade_once<K: Kept>(
