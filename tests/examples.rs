@@ -43,15 +43,27 @@ fn run(name: &str) -> String {
     // Files, not pipes: a full pipe would stall the example, and a process
     // it started that outlives it would keep a pipe open.
     let (out_path, err_path) = (scratch.path().join("stdout"), scratch.path().join("stderr"));
-    let out = std::fs::File::create(&out_path).expect("stdout file");
-    let err = std::fs::File::create(&err_path).expect("stderr file");
-    let mut child = Command::new(&binary)
-        .current_dir(scratch.path())
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+    let mut tries = 0;
+    let mut child = loop {
+        let out = std::fs::File::create(&out_path).expect("stdout file");
+        let err = std::fs::File::create(&err_path).expect("stderr file");
+        let spawned = Command::new(&binary)
+            .current_dir(scratch.path())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn();
+        match spawned {
+            Ok(child) => break child,
+            // Wine's CreateProcess now and then answers ERROR_INTERNAL_ERROR
+            // (1359) while several processes start at once: start again.
+            Err(e) if e.raw_os_error() == Some(1359) && tries < 5 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("cannot start {}: {e}", binary.display()),
+        }
+    };
     let pid = child.id();
     let started = Instant::now();
     let status = loop {
