@@ -652,7 +652,19 @@ pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
 /// The names in the directory `dir`, in no particular order. Entries that
 /// cannot be read are skipped.
 pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
-    let listing = match path_of(dir).and_then(|path| std::fs::read_dir(path).map_err(|e| Errno::of(&e))) {
+    let list = || path_of(dir).and_then(|path| std::fs::read_dir(path).map_err(|e| Errno::of(&e)));
+    let mut listed = list();
+    // A directory in the middle of another process's change (its handle
+    // closing at a crash, a rename or removal under way) can refuse a
+    // listing for a moment under Wine: looked at again, briefly.
+    for _ in 0..20 {
+        if listed.is_ok() || delete_pending(dir) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        listed = list();
+    }
+    let listing = match listed {
         Ok(listing) => listing,
         // A directory removed while we have it open stays, delete
         // pending, until its last handle closes, and cannot be opened by
