@@ -1591,6 +1591,17 @@ fn off_runtime_sql<T: Send + 'static>(
 /// (or all of them but this one's), with what they last ran, once there
 /// are `n` of them (or 10 s went by).
 fn sessions_named(server: &Server, app: Option<&str>, n: usize) -> Vec<(String, String)> {
+    sessions_until(server, app, |found| found.len() == n)
+}
+
+/// As [`sessions_named`], once `done` holds of what was found (or 10 s
+/// went by): a session is listed from its connection on, before it has
+/// run its first statement.
+fn sessions_until(
+    server: &Server,
+    app: Option<&str>,
+    done: impl Fn(&[(String, String)]) -> bool,
+) -> Vec<(String, String)> {
     let since = Instant::now();
     loop {
         let app = app.map(str::to_owned);
@@ -1606,7 +1617,7 @@ fn sessions_named(server: &Server, app: Option<&str>, n: usize) -> Vec<(String, 
             .map(|row| (row.get(0), row.get(1)))
             .collect()
         });
-        if found.len() == n || since.elapsed() > Duration::from_secs(10) {
+        if done(&found) || since.elapsed() > Duration::from_secs(10) {
             return found;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -1629,7 +1640,10 @@ async fn connections_name_themselves_unless_the_application_does() {
         .build()
         .unwrap();
     let guard = named.acquire(&unique("named")).await.unwrap();
-    let found = sessions_named(&server, Some(&own), 2);
+    // The listener's connection is listed before it has run LISTEN.
+    let found = sessions_until(&server, Some(&own), |found| {
+        found.len() == 2 && found.iter().any(|(_, query)| query == "LISTEN leasehold")
+    });
     assert_eq!(found.len(), 2, "the session and the listener: {found:?}");
     assert!(
         found.iter().any(|(_, query)| query == "LISTEN leasehold"),
@@ -1726,7 +1740,9 @@ async fn lockers_with_the_same_settings_share_one_listener() {
     };
     let a = with(&own).build().unwrap();
     let b = with(&own).build().unwrap();
-    let found = sessions_named(&server, Some(&own), 3);
+    let found = sessions_until(&server, Some(&own), |found| {
+        found.len() == 3 && found.iter().any(|(_, query)| query == "LISTEN leasehold")
+    });
     assert_eq!(found.len(), 3, "two sessions and one listener: {found:?}");
     assert_eq!(
         found
