@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use leasehold::{Error, LossReason};
+use leasehold::{Error, Locker, LossReason};
 
 #[path = "support/pg_server.rs"]
 mod pg_server;
@@ -369,4 +369,168 @@ async fn release_all_releases_upgradable_and_upgraded_holdings() {
         matches!(err, Error::Lost { .. } | Error::ShutDown { .. }),
         "{err}"
     );
+}
+
+/// Holds `LOCK TABLE table IN ACCESS EXCLUSIVE MODE` on a connection of
+/// its own until the returned sender is dropped (or sent to).
+fn lock_table(server: &Server, table: &'static str) -> std::sync::mpsc::Sender<()> {
+    let (done, until) = std::sync::mpsc::channel::<()>();
+    let (locked, ready) = std::sync::mpsc::channel();
+    let url = server.url();
+    std::thread::spawn(move || {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        client
+            .batch_execute(&format!("BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+            .unwrap();
+        locked.send(()).unwrap();
+        let _ = until.recv_timeout(BOUND);
+        client.batch_execute("COMMIT").unwrap();
+    });
+    ready.recv_timeout(BOUND).expect("the table locked");
+    done
+}
+
+/// Waits until server process `backend` waits for a lock.
+fn until_waiting(server: &Server, backend: i32) {
+    let since = Instant::now();
+    loop {
+        let waiting: bool = server.sql(move |c| {
+            c.query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')",
+                &[&backend],
+            )
+            .unwrap()
+            .get(0)
+        });
+        if waiting {
+            return;
+        }
+        assert!(
+            since.elapsed() < BOUND,
+            "session {backend} never waited for the table"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// An upgrade, or a downgrade, whose session the server ends in the
+/// middle of it (here while it waits for the owner table) ends
+/// `Lost(SessionLost)`, as the holding did, never with the server's
+/// error about the session's end; and the name is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversion_whose_session_ends_under_it_ends_lost() {
+    let server = Server::start();
+    // A conversion's statements get a quarter of it: time enough to end
+    // the session while one waits.
+    let lease = Duration::from_secs(6);
+    let locker = || {
+        Locker::builder()
+            .postgres(server.url())
+            .lease(lease)
+            .renew_interval(Duration::from_millis(500))
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (locker(), locker());
+    let lost = |err: &Error| {
+        matches!(
+            err,
+            Error::Lost {
+                reason: LossReason::SessionLost,
+                ..
+            }
+        )
+    };
+
+    // The upgrade.
+    let name = unique("upgrade");
+    let up = a.acquire_upgradable(&name).await.unwrap();
+    let id = up.guard().owner().uuid().unwrap().to_owned();
+    let pid = backend_of(&server, &name, Holder::Acquisition(id));
+    let table = lock_table(&server, "leasehold_locks");
+    let upgrading = tokio::spawn(up.upgrade());
+    until_waiting(&server, pid);
+    terminate(&server, pid);
+    drop(table);
+    let err = bounded("the upgrade", upgrading).await.unwrap().unwrap_err();
+    assert!(lost(&err), "{err:?}");
+    // Once the dead holder's lease is over (it may count itself a holder
+    // until its heartbeat finds the session gone).
+    let writer = tokio::time::timeout(lease + BOUND, b.acquire(&name));
+    drop(writer.await.expect("a writer, within the lease").unwrap());
+
+    // The downgrade.
+    let name = unique("downgrade");
+    let writer = a
+        .acquire_upgradable(&name)
+        .await
+        .unwrap()
+        .upgrade()
+        .await
+        .unwrap();
+    let pid = backend_of(&server, &name, Holder::Exclusive);
+    let table = lock_table(&server, "leasehold_locks");
+    let downgrading = tokio::spawn(writer.downgrade());
+    until_waiting(&server, pid);
+    terminate(&server, pid);
+    drop(table);
+    let err = match bounded("the downgrade", downgrading).await.unwrap() {
+        Err(err) => err,
+        Ok(_) => panic!("a downgrade on an ended session held"),
+    };
+    assert!(lost(&err), "{err:?}");
+    // Once the dead holder's lease is over (it may count itself a holder
+    // until its heartbeat finds the session gone).
+    let writer = tokio::time::timeout(lease + BOUND, b.acquire(&name));
+    drop(writer.await.expect("a writer, within the lease").unwrap());
+    drop(
+        bounded("a new upgradable holding", a.acquire_upgradable(&name))
+            .await
+            .unwrap(),
+    );
+}
+
+/// The next upgradable holder never gets in while the last one may still
+/// count itself one: when the server ends an upgradable holding's session
+/// (its slot key goes with it), the next `acquire_upgradable` waits out
+/// that holding's lease from its row, as a writer does, by which time its
+/// heartbeat has reported it lost; for a holding made by a downgrade too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_upgradable_holder_waits_out_one_whose_session_ended() {
+    let server = Server::start();
+    let lease = Duration::from_secs(4);
+    let locker = || {
+        Locker::builder()
+            .postgres(server.url())
+            .lease(lease)
+            // Its heartbeat finds the session gone a while after.
+            .renew_interval(Duration::from_millis(1500))
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (locker(), locker());
+    for downgraded in [false, true] {
+        let name = unique(if downgraded { "downgraded" } else { "upgradable" });
+        let mut up = a.acquire_upgradable(&name).await.unwrap();
+        if downgraded {
+            up = up.upgrade().await.unwrap().downgrade().await.unwrap();
+        }
+        let id = up.guard().owner().uuid().unwrap().to_owned();
+        let pid = backend_of(&server, &name, Holder::Acquisition(id));
+        terminate(&server, pid);
+        let ended = Instant::now();
+        let next = tokio::time::timeout(lease + BOUND, b.acquire_upgradable(&name))
+            .await
+            .expect("the next upgradable holder, within the lease")
+            .unwrap();
+        assert!(
+            up.guard().is_lost(),
+            "downgraded {downgraded}: the next upgradable holder got in {:?} after the session \
+             ended, while the last one still counted itself one",
+            ended.elapsed()
+        );
+        drop((next, up));
+    }
 }

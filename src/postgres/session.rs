@@ -145,6 +145,7 @@ impl Session {
                 reply,
             } => {
                 let result = self.upgrade(name.as_str(), keys, &id, generation, &owner, until);
+                let result = self.converted(result);
                 self.answer(result, name, keys, owner, line, &reply);
             }
             Command::Downgrade {
@@ -157,6 +158,7 @@ impl Session {
                 reply,
             } => {
                 let result = self.downgrade(name.as_str(), keys, generation, &owner, until);
+                let result = self.converted(result);
                 self.answer(result, name, keys, owner, line, &reply);
             }
             Command::Unlock {
@@ -228,8 +230,10 @@ impl Session {
         owner: &OwnRecord,
         until: Instant,
     ) -> Result<Try> {
-        // Queued behind slower commands until its caller gave up.
-        if Instant::now() >= until {
+        // Queued behind slower commands until its caller gave up; or an
+        // upgradable holding's own session, which the server ended since
+        // it was made (it is never made again: its caller starts another).
+        if Instant::now() >= until || self.ended_for_good() {
             return Ok(BUSY);
         }
         self.tables()?;
@@ -292,6 +296,22 @@ impl Session {
         }
     }
 
+    /// What an upgrade or a downgrade that failed because the server
+    /// ended the holding's session comes to: nothing, as if busy, with
+    /// the session closed. The holding went with its session (the server
+    /// let go of everything it held), which its heartbeat reports, and so
+    /// the conversion, trying again, ends [`Lost`](crate::Error::Lost).
+    fn converted(&mut self, result: Result<Try>) -> Result<Try> {
+        match result {
+            Err(error) if self.connection_gone() || session_ended(&error) => {
+                tracing::debug!(%error, "the session of an upgradable holding ended during a conversion");
+                self.drop_connection();
+                Ok(BUSY)
+            }
+            other => other,
+        }
+    }
+
     /// The connection is closed (or was dropped after a failure).
     pub(super) fn connection_gone(&self) -> bool {
         self.client.as_ref().is_none_or(postgres::Client::is_closed)
@@ -300,15 +320,25 @@ impl Session {
 
 /// The server ended the session (SQLSTATE `57P..`: `pg_terminate_backend`,
 /// a shutdown, a crash of another backend, an idle-session timeout; not
-/// `57014`, a cancelled statement), or the connection closed: `error` tells of the end of the
-/// session, not of the statement.
+/// `57014`, a cancelled statement), or the connection closed or broke (reset,
+/// a broken pipe): `error` tells of the end of the session, not of the
+/// statement.
 fn session_ended(error: &Error) -> bool {
     let Error::Backend { source, .. } = error else {
         return false;
     };
-    source
-        .downcast_ref::<postgres::Error>()
-        .is_some_and(|e| e.is_closed() || e.code().is_some_and(|code| code.code().starts_with("57P")))
+    source.downcast_ref::<postgres::Error>().is_some_and(|e| {
+        let broke = std::error::Error::source(e)
+            .and_then(|cause| cause.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| {
+                use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+                matches!(
+                    io.kind(),
+                    BrokenPipe | ConnectionAborted | ConnectionReset | UnexpectedEof
+                )
+            });
+        broke || e.is_closed() || e.code().is_some_and(|code| code.code().starts_with("57P"))
+    })
 }
 
 fn refused(name: &str, reason: &'static str) -> Error {

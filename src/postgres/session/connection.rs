@@ -272,40 +272,26 @@ impl Session {
         if self.client.as_ref().is_some_and(Client::is_closed) {
             self.drop_connection();
         }
-        if self.client.is_none() && self.dedicated.is_some() && self.generation != 0 {
+        if self.ended_for_good() {
             return Err(Error::Backend {
                 op: "reach the PostgreSQL session of an upgradable lock",
                 source: "the session ended (an upgradable holding's session is never made again)".into(),
             });
         }
         if self.client.is_none() {
-            let lease = self.lease;
-            let connect = || self.target.connect_with(|config| stable::tuned(config, lease));
-            let mut client = connect().map_err(pg_error("connect to PostgreSQL"))?;
-            // Before anything else: behind a transaction pooler, even
-            // the statements below could fail in confusing ways. (An
-            // upgradable holding's session is on its Locker's settings,
-            // whose session was probed.)
-            if self.dedicated.is_none() {
-                stable::probe(&mut client, connect)?;
-            }
-            stable::tune(&mut client, lease)?;
-            client
-                .batch_execute(SCHEMA)
-                .map_err(pg_error("create the leasehold tables"))?;
-            client
-                .batch_execute(TIDY)
-                .map_err(pg_error("remove the rows of dead shared holders"))?;
-            let row = client
-                .query_one(
-                    "SELECT pg_backend_pid(), current_setting('server_encoding') IN ('UTF8', 'SQL_ASCII'),
-                         pg_encoding_max_length(pg_char_to_encoding(current_setting('server_encoding')))",
-                    &[],
-                )
-                .map_err(pg_error("start a PostgreSQL session"))?;
-            self.backend_pid = row.get(0);
-            let (as_is, widest): (bool, i32) = (row.get(1), row.get(2));
-            self.widest = (!as_is).then(|| usize::try_from(widest).unwrap_or(4));
+            let mut tries = 0;
+            let (client, backend_pid, widest) = loop {
+                match self.open() {
+                    Ok(opened) => break opened,
+                    // The server ended the new session while it was set
+                    // up (`pg_terminate_backend`, a restart under way):
+                    // nothing was held on it yet. Another, twice at most.
+                    Err(error) if super::session_ended(&error) && tries < 2 => tries += 1,
+                    Err(error) => return Err(error),
+                }
+            };
+            self.backend_pid = backend_pid;
+            self.widest = widest;
             self.generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
             self.named.clear();
             self.client = Some(client);
@@ -318,6 +304,49 @@ impl Session {
                 source: "no connection".into(),
             }),
         }
+    }
+
+    /// An upgradable holding's own session, once the server ended it (or
+    /// it was closed after a failure): it is never made again, and the
+    /// holding went with it.
+    pub(super) fn ended_for_good(&self) -> bool {
+        self.dedicated.is_some() && self.generation != 0 && self.connection_gone()
+    }
+
+    /// A new connection, set up: its client, its backend's pid and the
+    /// widest character of the server's encoding, unless that is UTF-8 or
+    /// SQL_ASCII.
+    fn open(&mut self) -> Result<(Client, i32, Option<usize>)> {
+        let lease = self.lease;
+        let connect = || self.target.connect_with(|config| stable::tuned(config, lease));
+        let mut client = connect().map_err(pg_error("connect to PostgreSQL"))?;
+        // Before anything else: behind a transaction pooler, even
+        // the statements below could fail in confusing ways. (An
+        // upgradable holding's session is on its Locker's settings,
+        // whose session was probed.)
+        if self.dedicated.is_none() {
+            stable::probe(&mut client, connect)?;
+        }
+        stable::tune(&mut client, lease)?;
+        client
+            .batch_execute(SCHEMA)
+            .map_err(pg_error("create the leasehold tables"))?;
+        client
+            .batch_execute(TIDY)
+            .map_err(pg_error("remove the rows of dead shared holders"))?;
+        let row = client
+            .query_one(
+                "SELECT pg_backend_pid(), current_setting('server_encoding') IN ('UTF8', 'SQL_ASCII'),
+                     pg_encoding_max_length(pg_char_to_encoding(current_setting('server_encoding')))",
+                &[],
+            )
+            .map_err(pg_error("start a PostgreSQL session"))?;
+        let (as_is, widest): (bool, i32) = (row.get(1), row.get(2));
+        Ok((
+            client,
+            row.get(0),
+            (!as_is).then(|| usize::try_from(widest).unwrap_or(4)),
+        ))
     }
 
     /// Creates the owner tables again if a statement found one missing

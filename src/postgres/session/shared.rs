@@ -524,9 +524,13 @@ impl Session {
         left: Duration,
     ) -> Result<Option<Joined>> {
         let (mode, permits) = kind_columns(held.mode());
+        // An upgradable holding's row names the name's upgradable slot
+        // (its session's `dedicated` key), as a permit's names its slot:
+        // the next upgradable holder waits out one whose session ended
+        // (the slot key went with it) while it may still count itself one.
         let slot = match held {
             Held::Permit { slot, .. } => Some(slot),
-            _ => None,
+            _ => self.dedicated,
         };
         let pid = i32::try_from(owner.pid).unwrap_or(i32::MAX);
         let fields = owner.fields.as_ref().map(|f| f.object());

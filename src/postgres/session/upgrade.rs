@@ -204,7 +204,9 @@ impl Session {
         let left = until.saturating_duration_since(Instant::now());
         let (mode, permits) = kind_columns(crate::backend::Mode::Shared);
         let OwnerColumns { pid, fields, lease } = OwnerColumns::of(owner);
-        let slot: Option<i64> = None;
+        // The upgradable slot, as the holding's first row named it (see
+        // `Session::join`).
+        let slot = self.dedicated;
         let freed = format!(
             "SAVEPOINT downgrade; UPDATE leasehold_locks SET free_at = clock_timestamp() - interval '1 millisecond'
              WHERE name = {} AND backend_pid = pg_backend_pid() AND free_at IS NULL",
