@@ -534,3 +534,47 @@ async fn the_next_upgradable_holder_waits_out_one_whose_session_ended() {
         drop((next, up));
     }
 }
+
+/// An upgrade that waits for a reader announces itself on the holding's
+/// own session; when the server ends that session while the announcement
+/// is being written (here it waits for the owner table), the upgrade ends
+/// `Lost(SessionLost)`, not with "cannot reach the PostgreSQL session of
+/// an upgradable lock" (seen in the upgradable torture, found by a cold
+/// attack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_whose_session_ends_while_it_announces_ends_lost() {
+    let server = Server::start();
+    let locker = || {
+        Locker::builder()
+            .postgres(server.url())
+            .lease(Duration::from_secs(6))
+            .renew_interval(Duration::from_millis(500))
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (locker(), locker());
+    let name = unique("announce");
+    let up = a.acquire_upgradable(&name).await.unwrap();
+    let id = up.guard().owner().uuid().unwrap().to_owned();
+    let pid = backend_of(&server, &name, Holder::Acquisition(id));
+    // A reader of another Locker: the upgrade is busy, and announces.
+    let reader = b.acquire_shared(&name).await.unwrap();
+    let table = lock_table(&server, "leasehold_locks");
+    let upgrading = tokio::spawn(up.upgrade());
+    until_waiting(&server, pid);
+    terminate(&server, pid);
+    drop(table);
+    let err = bounded("the upgrade", upgrading).await.unwrap().unwrap_err();
+    drop(reader);
+    assert!(
+        matches!(
+            err,
+            Error::Lost {
+                reason: LossReason::SessionLost,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}

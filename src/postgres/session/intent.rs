@@ -101,13 +101,14 @@ impl Session {
     /// name's `intent_until` to `lease_ms` from now; whether it holds it
     /// now.
     pub(super) fn announce(&mut self, name: &str, key: i64, intent: i64, lease_ms: i64) -> Result<bool> {
-        // An upgradable holding's own session, which the server ended:
-        // never made again, and the holding went with it (its heartbeat
-        // says so, and its upgrade ends lost).
+        self.announce_until(name, key, lease_ms);
+        // An upgradable holding's own session, which the server ended
+        // (found before, or by `announce_until`, which drops a connection
+        // that broke under it): never made again, and the holding went
+        // with it (its heartbeat says so, and its upgrade ends lost).
         if self.ended_for_good() {
             return Ok(false);
         }
-        self.announce_until(name, key, lease_ms);
         if self.locals.get(&key).is_some_and(|local| local.announced) {
             return Ok(true);
         }
