@@ -151,7 +151,9 @@ impl Session {
     /// lease's wait (see `tables::STAMP`), never an overlap; a shared or
     /// permit holder's row left behind shows nobody once the session stops
     /// holding the name, and is cleaned up by the next session that starts
-    /// (or by `clean()`).
+    /// (or by `clean()`), except that one naming a slot (a permit's, an
+    /// upgradable holding's) costs the next holder of that slot a lease's
+    /// wait, as an exclusive row does.
     fn release_in_one(&mut self, name: &str, key: i64, held: Held, id: &str) -> Option<bool> {
         let ms = self.stall.as_millis().max(1);
         let row = if held == Held::Exclusive {
