@@ -554,3 +554,48 @@ fn lock_shared_range(file: &std::fs::File, at: u64, len: u64) {
     };
     assert_ne!(ok, 0, "LockFileEx: {}", std::io::Error::last_os_error());
 }
+
+/// A shared lock's members directory that another process has open for
+/// deletion (`DELETE` access, as `RemoveDirectoryW` holds it while it
+/// removes the directory: a group's end, a `clean`, beside us) costs no
+/// acquisition anything: a second reader joins, a writer finds the name
+/// busy, and nobody gets an error. The directory used to be listed by
+/// path, which Wine refuses while such a handle is open
+/// (`ERROR_SHARING_VIOLATION`): every join answered "cannot list members
+/// directory" (the crash-point suite under Wine failed so, in about two
+/// runs of five).
+#[tokio::test]
+async fn a_members_directory_open_for_deletion_is_still_read() {
+    use std::os::windows::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = (quick(dir.path()), quick(dir.path()), quick(dir.path()));
+    let first = a.acquire_shared("job").await.unwrap();
+    let mut members = a.lock_path("job").unwrap().into_os_string();
+    members.push(".members");
+    /// `DELETE`, `FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE`,
+    /// `FILE_FLAG_BACKUP_SEMANTICS` (a directory).
+    const DELETE: u32 = 0x0001_0000;
+    let deleter = std::fs::OpenOptions::new()
+        .access_mode(DELETE)
+        .share_mode(0x1 | 0x2 | 0x4)
+        .custom_flags(0x0200_0000)
+        .open(&members)
+        .unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(5), b.acquire_shared("job"))
+        .await
+        .expect("bounded")
+        .expect("a second reader joins");
+    let writer = tokio::time::timeout(Duration::from_secs(5), c.try_acquire("job"))
+        .await
+        .expect("bounded")
+        .expect("no error");
+    assert!(writer.is_none(), "a writer beside two readers");
+    drop(deleter);
+    drop((first, second));
+    let writer = tokio::time::timeout(Duration::from_secs(10), c.acquire("job"))
+        .await
+        .expect("the name is free once the readers left")
+        .unwrap();
+    drop(writer);
+    drop((a, b, c));
+}

@@ -649,36 +649,114 @@ pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
     Ok(())
 }
 
-/// The names in the directory `dir`, in no particular order. Entries that
-/// cannot be read are skipped.
+/// The names in the directory `dir`, in no particular order, read through
+/// a handle of the very directory `dir` is (see `list_handle`), as Unix
+/// reads an open directory: never by its path. A listing by path
+/// (`FindFirstFileExW`) opens the directory anew, and that open can be
+/// refused while the directory is whole and readable: Wine's does not
+/// share deletion, so it fails with `ERROR_SHARING_VIOLATION` (32) for as
+/// long as any process has the directory open with `DELETE` access (as
+/// `RemoveDirectoryW` does while a group's end or a `clean` removes it
+/// beside us): "cannot list members directory", which the crash-point
+/// suite under Wine answered in about two runs of five. Windows also
+/// refuses to open a directory that is delete pending
+/// (`ERROR_ACCESS_DENIED`). Our handle reads what is in the directory
+/// even while another process removes it: nothing (Windows removes only
+/// an empty directory; Wine does not report the pending state, and reads
+/// it empty as well). Only a directory that is provably delete pending is
+/// taken for empty when even that read fails; any other failure is the
+/// caller's, never an empty listing.
 pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
-    let list = || path_of(dir).and_then(|path| std::fs::read_dir(path).map_err(|e| Errno::of(&e)));
-    let mut listed = list();
-    // A directory in the middle of another process's change (its handle
-    // closing at a crash, a rename or removal under way) can refuse a
-    // listing for a moment under Wine: looked at again, briefly.
-    for _ in 0..20 {
-        if listed.is_ok() || delete_pending(dir) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        listed = list();
+    match list_handle(dir) {
+        Ok(names) => Ok(names),
+        Err(_) if delete_pending(dir) => Ok(Vec::new()),
+        Err(e) => Err(e),
     }
-    let listing = match listed {
-        Ok(listing) => listing,
-        // A directory removed while we have it open stays, delete
-        // pending, until its last handle closes, and cannot be opened by
-        // path meanwhile: it lists as empty, as an unlinked directory
-        // does on Unix through its descriptor (a members directory whose
-        // group just ended; its joiner then finds its checks fail and
-        // tries again, instead of failing its acquisition).
-        Err(_) if delete_pending(dir) => return Ok(Vec::new()),
-        Err(e) => return Err(e),
+}
+
+/// The names in the directory behind the handle `dir`, without "." and
+/// "..": read through a handle of its own (`ReOpenFile` of `dir`, which
+/// names the very directory `dir` is, as Unix's `openat(dir, ".")`), with
+/// `GetFileInformationByHandleEx`, `FileIdBothDirectoryRestartInfo` then
+/// `FileIdBothDirectoryInfo` until `ERROR_NO_MORE_FILES`. A handle of its
+/// own because the enumeration is the file object's: every duplicate of
+/// `dir` (`try_clone`) shares it, and Wine reads a directory once per
+/// file object (a restarted enumeration replays that first read). A reply
+/// that does not parse is an error (`EIO`), never a shorter listing.
+fn list_handle(dir: &File) -> Result<Vec<OsString>, Errno> {
+    use std::os::windows::io::FromRawHandle;
+    // SAFETY: the handle is open while `dir` lives.
+    let handle = unsafe {
+        fs::ReOpenFile(
+            dir.as_raw_handle(),
+            fs::FILE_LIST_DIRECTORY | fs::SYNCHRONIZE,
+            SHARE_ALL,
+            fs::FILE_FLAG_BACKUP_SEMANTICS,
+        )
     };
-    Ok(listing
-        .filter_map(|entry| entry.ok())
-        .map(|entry| entry.file_name())
-        .collect())
+    if handle == win::INVALID_HANDLE_VALUE {
+        return Err(Errno::last());
+    }
+    // SAFETY: a handle just opened, owned by nothing else.
+    let listing = unsafe { File::from_raw_handle(handle) };
+    // 8-aligned, as the entries are: 64 KiB a call.
+    let mut buf = vec![0u64; 8 * 1024];
+    let size = u32::try_from(buf.len() * 8).unwrap_or(u32::MAX);
+    let mut class = fs::FileIdBothDirectoryRestartInfo;
+    let mut names = Vec::new();
+    loop {
+        // SAFETY: the handle is open while `listing` lives; `buf` is
+        // writable for `size` bytes.
+        let ok = unsafe {
+            fs::GetFileInformationByHandleEx(listing.as_raw_handle(), class, buf.as_mut_ptr().cast(), size)
+        };
+        if ok == 0 {
+            let error = std::io::Error::last_os_error();
+            let code = error.raw_os_error().and_then(|c| u32::try_from(c).ok());
+            // No more entries; or, on the first call, none at all
+            // (`STATUS_NO_SUCH_FILE`: nothing matched, and we ask for
+            // every name).
+            let first = class == fs::FileIdBothDirectoryRestartInfo;
+            if code == Some(win::ERROR_NO_MORE_FILES) || (first && code == Some(win::ERROR_FILE_NOT_FOUND)) {
+                return Ok(names);
+            }
+            return Err(Errno::of(&error));
+        }
+        class = fs::FileIdBothDirectoryInfo;
+        let bytes: Vec<u8> = buf.iter().flat_map(|word| word.to_ne_bytes()).collect();
+        let mut at = 0usize;
+        loop {
+            let u32_at = |offset: usize| -> Option<usize> {
+                let b = bytes.get(at.checked_add(offset)?..at.checked_add(offset)?.checked_add(4)?)?;
+                usize::try_from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]])).ok()
+            };
+            let next = u32_at(std::mem::offset_of!(fs::FILE_ID_BOTH_DIR_INFO, NextEntryOffset));
+            let len = u32_at(std::mem::offset_of!(fs::FILE_ID_BOTH_DIR_INFO, FileNameLength));
+            let start = at.checked_add(std::mem::offset_of!(fs::FILE_ID_BOTH_DIR_INFO, FileName));
+            let name = match (next, len, start) {
+                (Some(next), Some(len), Some(start)) if len % 2 == 0 => start
+                    .checked_add(len)
+                    .and_then(|end| bytes.get(start..end))
+                    .map(|name| (next, name)),
+                _ => None,
+            };
+            let Some((next, name)) = name else {
+                return Err(Errno::EIO);
+            };
+            let wide: Vec<u16> = name
+                .chunks_exact(2)
+                .map(|c| u16::from_ne_bytes([c[0], c[1]]))
+                .collect();
+            let name = OsString::from_wide(&wide);
+            if name != "." && name != ".." {
+                names.push(name);
+            }
+            if next == 0 {
+                break;
+            }
+            at = at.checked_add(next).ok_or(Errno::EIO)?;
+        }
+    }
 }
 
 /// Reads a file through a handle, from its start, up to just past `limit`
@@ -1105,6 +1183,88 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let fd = open_dir(root.path()).unwrap();
         (root, fd)
+    }
+
+    /// A handle with `DELETE` access only, as `RemoveDirectoryW` holds one
+    /// while it removes a directory.
+    fn open_for_deletion(path: &Path) -> File {
+        OpenOptions::new()
+            .access_mode(fs::DELETE)
+            .share_mode(SHARE_ALL)
+            .custom_flags(fs::FILE_FLAG_BACKUP_SEMANTICS)
+            .open(path)
+            .unwrap()
+    }
+
+    fn sorted(names: Vec<OsString>) -> Vec<OsString> {
+        let mut names = names;
+        names.sort();
+        names
+    }
+
+    /// A members directory that another process has open for deletion (a
+    /// removal under way beside us) is listed, whole. Listed by path it was
+    /// refused under Wine (its `FindFirstFileExW` does not share deletion):
+    /// `ERROR_SHARING_VIOLATION`, for as long as that handle stayed open.
+    #[test]
+    fn list_at_lists_a_directory_another_handle_has_open_for_deletion() {
+        let (root, _fd) = dir();
+        let members = root.path().join("job.lock.members");
+        std::fs::create_dir(&members).unwrap();
+        std::fs::write(members.join("m-1.json"), b"{}").unwrap();
+        std::fs::write(members.join("w-2.json"), b"{}").unwrap();
+        let held = open_dir(&members).unwrap();
+        let deleter = open_for_deletion(&members);
+        assert_eq!(
+            sorted(list_at(&held).unwrap()),
+            [OsString::from("m-1.json"), OsString::from("w-2.json")]
+        );
+        drop((deleter, held));
+    }
+
+    /// The listing is the directory's as it is now, each time (the
+    /// enumeration starts over), through every duplicate of a handle, from
+    /// several threads at once; and a directory removed while we hold it
+    /// lists as what it holds, nothing, never as the directory that next
+    /// takes its name.
+    #[test]
+    fn list_at_reads_the_directory_behind_the_handle_each_time() {
+        let (root, _fd) = dir();
+        let members = root.path().join("job.lock.members");
+        std::fs::create_dir(&members).unwrap();
+        let held = open_dir(&members).unwrap();
+        assert_eq!(list_at(&held).unwrap(), Vec::<OsString>::new());
+        let mut expected = Vec::new();
+        for i in 0..300 {
+            let name = format!("m-{i:04}-{}.json", "x".repeat(100));
+            std::fs::write(members.join(&name), b"{}").unwrap();
+            expected.push(OsString::from(name));
+        }
+        // More names than one reply of 64 KiB holds.
+        assert_eq!(sorted(list_at(&held).unwrap()), expected);
+        let clones: Vec<File> = (0..4).map(|_| held.try_clone().unwrap()).collect();
+        std::thread::scope(|s| {
+            for clone in &clones {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        assert_eq!(sorted(list_at(clone).unwrap()), expected);
+                    }
+                });
+            }
+        });
+        drop(clones);
+        for name in &expected {
+            std::fs::remove_file(members.join(name)).unwrap();
+        }
+        std::fs::remove_dir(&members).unwrap();
+        assert_eq!(list_at(&held).unwrap(), Vec::<OsString>::new());
+        // Windows keeps the name while we hold the directory (Wine too);
+        // should it be free and taken again, our handle still lists ours.
+        if std::fs::create_dir(&members).is_ok() {
+            std::fs::write(members.join("m-new.json"), b"{}").unwrap();
+            assert_eq!(list_at(&held).unwrap(), Vec::<OsString>::new());
+        }
+        drop(held);
     }
 
     #[test]
