@@ -135,7 +135,7 @@ fn child_process_entry() {
 }
 
 async fn task(mut worker: Worker, kind: Kind) {
-    let (pid, mut rng, locker) = (std::process::id(), worker.rng(), worker.locker.clone());
+    let (mut rng, locker) = (worker.rng(), worker.locker.clone());
     let mut seq = 0u64;
     while !worker.told_to_stop() {
         let name = NAMES[rng.below(NAMES.len() as u64) as usize];
@@ -146,7 +146,7 @@ async fn task(mut worker: Worker, kind: Kind) {
             Kind::Shared => 'R',
         };
         seq += 1;
-        let id = format!("{pid}.{}.{seq}", worker.index);
+        let id = worker.section_id(seq);
         let guard = match worker.take_turn(acquire(&locker, name, role)).await {
             Turn::Held(guard) => guard,
             Turn::Failed => continue,

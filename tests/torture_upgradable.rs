@@ -67,7 +67,7 @@ async fn task(mut worker: Worker) {
     let mut seq = 0u64;
     while !worker.told_to_stop() {
         seq += 1;
-        let id = format!("{pid}.{}.{seq}", worker.index);
+        let id = worker.section_id(seq);
         match rng.below(4) {
             0 | 1 => {
                 let role = if rng.below(2) == 0 { 'R' } else { 'W' };

@@ -194,6 +194,16 @@ impl Worker {
         Rng::new((u64::from(std::process::id()) << 8) | self.index)
     }
 
+    /// The id of this task's `seq`th section: `pid.tag.index.seq`, where
+    /// the tag is this process's own (eight hex digits of a UUID), since a
+    /// pid can come back within a run (under Wine a killed child's pid
+    /// did, and two processes logged the same section ids).
+    pub fn section_id(&self, seq: u64) -> String {
+        static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let tag = TAG.get_or_init(|| uuid::Uuid::new_v4().simple().to_string()[..8].to_owned());
+        format!("{}.{tag}.{}.{seq}", std::process::id(), self.index)
+    }
+
     /// Whether the parent said stop.
     pub fn told_to_stop(&self) -> bool {
         *self.stop.borrow()
