@@ -371,6 +371,18 @@ async fn release_all_releases_upgradable_and_upgraded_holdings() {
     );
 }
 
+/// A `Locker` on `server` with `lease`, renewed every `renew`, polling
+/// every 20 ms.
+fn locker_renewed(server: &Server, lease: Duration, renew: Duration) -> Locker {
+    Locker::builder()
+        .postgres(server.url())
+        .lease(lease)
+        .renew_interval(renew)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+}
+
 /// Holds `LOCK TABLE table IN ACCESS EXCLUSIVE MODE` on a connection of
 /// its own until the returned sender is dropped (or sent to).
 fn lock_table(server: &Server, table: &'static str) -> std::sync::mpsc::Sender<()> {
@@ -423,15 +435,7 @@ async fn a_conversion_whose_session_ends_under_it_ends_lost() {
     // A conversion's statements get a quarter of it: time enough to end
     // the session while one waits.
     let lease = Duration::from_secs(6);
-    let locker = || {
-        Locker::builder()
-            .postgres(server.url())
-            .lease(lease)
-            .renew_interval(Duration::from_millis(500))
-            .poll_interval(Duration::from_millis(20))
-            .build()
-            .unwrap()
-    };
+    let locker = || locker_renewed(&server, lease, Duration::from_millis(500));
     let (a, b) = (locker(), locker());
     let lost = |err: &Error| {
         matches!(
@@ -500,16 +504,8 @@ async fn a_conversion_whose_session_ends_under_it_ends_lost() {
 async fn the_next_upgradable_holder_waits_out_one_whose_session_ended() {
     let server = Server::start();
     let lease = Duration::from_secs(4);
-    let locker = || {
-        Locker::builder()
-            .postgres(server.url())
-            .lease(lease)
-            // Its heartbeat finds the session gone a while after.
-            .renew_interval(Duration::from_millis(1500))
-            .poll_interval(Duration::from_millis(20))
-            .build()
-            .unwrap()
-    };
+    // Its heartbeat finds the session gone a while after.
+    let locker = || locker_renewed(&server, lease, Duration::from_millis(1500));
     let (a, b) = (locker(), locker());
     for downgraded in [false, true] {
         let name = unique(if downgraded { "downgraded" } else { "upgradable" });
@@ -544,15 +540,7 @@ async fn the_next_upgradable_holder_waits_out_one_whose_session_ended() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_whose_session_ends_while_it_announces_ends_lost() {
     let server = Server::start();
-    let locker = || {
-        Locker::builder()
-            .postgres(server.url())
-            .lease(Duration::from_secs(6))
-            .renew_interval(Duration::from_millis(500))
-            .poll_interval(Duration::from_millis(20))
-            .build()
-            .unwrap()
-    };
+    let locker = || locker_renewed(&server, Duration::from_secs(6), Duration::from_millis(500));
     let (a, b) = (locker(), locker());
     let name = unique("announce");
     let up = a.acquire_upgradable(&name).await.unwrap();
