@@ -151,7 +151,7 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
         member.marker = Some(node);
         // Counted again with our record in place: others join without
         // the mutation lock, counting after their records are in place.
-        return admit(ctx, name, member, mode, upgradable);
+        return admit(ctx, name, member, mode, upgradable, mutation);
     }
     let mut member = Member::create(ctx, name, mode, group, dir, upgradable).inspect_err(left_empty)?;
     // First holder (or the first since the marker was removed under the
@@ -265,14 +265,13 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
         Err(error) => return Err(error),
     };
     member.marker = Some(node);
+    // Ours alone: removed at once, whatever the mutation lock (and the
+    // group ended if nobody else holds: `Member::withdraw`).
+    let withdraw = |member: Member| member.withdraw(None);
     if let Err(error) = failpoint!("unlocked.join.after_record").context("join shared lock", path) {
-        let _ = member.dissolve();
+        withdraw(member);
         return Err(error);
     }
-    let withdraw = |member: Member| {
-        // Ours alone: removed at once, whatever the mutation lock.
-        let _ = member.dissolve();
-    };
     let counted = match scan(ctx, member.members(), &path) {
         Ok(counted) => counted,
         Err(error) => {
@@ -346,15 +345,23 @@ fn refusal(
 
 /// Keeps `member` if it may hold beside the live members counted now
 /// (under the mutation lock, with its record in place), withdraws it if
-/// not.
-fn admit(ctx: &Ctx, name: &LockName, member: Member, mode: Mode, upgradable: bool) -> Result<Joined> {
+/// not (ending the group if the holders it counted have all left since,
+/// having counted it: `Member::withdraw`).
+fn admit(
+    ctx: &Ctx,
+    name: &LockName,
+    member: Member,
+    mode: Mode,
+    upgradable: bool,
+    mutation: MutationLock<'_>,
+) -> Result<Joined> {
     let dir_name = members_dir(name.file_name());
     let path = || ctx.path_of(&dir_name);
     let scan = scan(ctx, member.members(), &path)?;
     match refusal(name, &scan, mode, upgradable, Some(member.file_name())) {
         Ok(None) => Ok(Joined::Member(Box::new(member))),
         other => {
-            let _ = member.dissolve();
+            member.withdraw(Some(mutation));
             other.map(|refused| refused.unwrap_or(Joined::Again))
         }
     }

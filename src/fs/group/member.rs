@@ -17,6 +17,7 @@ use crate::backend::{Mode, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
 use crate::fs::context::Ctx;
 use crate::fs::layout::Strategy;
+use crate::fs::mutex::MutationLock;
 use crate::fs::release::{self, Release};
 use crate::fs::{fence, file};
 use crate::name::LockName;
@@ -427,6 +428,15 @@ impl Member {
             }
         };
         failpoint!("group.leave.after_dirlock").context("remove member record", || self.path())?;
+        self.leave_locked(mutation, true).map(Some)
+    }
+
+    /// The rest of [`Self::leave`], under the name's mutation lock: our
+    /// record removed, then the marker removed if nobody else holds, or
+    /// (with `sign`) re-signed with a live holder's record if somebody
+    /// does. Whether our record was still ours.
+    fn leave_locked(&mut self, mutation: MutationLock<'_>, sign: bool) -> Result<bool> {
+        let ctx = Arc::clone(&self.ctx);
         // Whether we removed our record already, without the mutation
         // lock: what becomes of the group after that is no loss of ours.
         let left_before = self.left.is_some();
@@ -445,12 +455,13 @@ impl Member {
             if scan.live_members().next().is_none() && scan.waiters.is_empty() {
                 remove_members_dir(&ctx, &dir_name);
             }
-            return Ok(Some(left_before && here));
+            return Ok(left_before && here);
         };
         // The marker takes the record of the holder renewed last, whose
         // lease ends last.
         match scan.live_members().max_by_key(|e| e.lease_end()) {
-            Some(next) => write_marker(&ctx, &self.name, &found, &next.bytes)?,
+            Some(next) if sign => write_marker(&ctx, &self.name, &found, &next.bytes)?,
+            Some(_) => {}
             // The last (unless somebody joins without the mutation lock
             // before the seal: then the marker stays, theirs to sign).
             None => {
@@ -459,7 +470,46 @@ impl Member {
                 })?;
             }
         }
-        Ok(Some(here))
+        Ok(here)
+    }
+
+    /// Withdraws a record that was refused once it was in place (a join
+    /// that counted too many holders, met a waiting exclusive acquisition,
+    /// or found the group being ended): removes it at once, whatever the
+    /// mutation lock, and then ends the group if nobody else holds.
+    ///
+    /// Removing the record alone is not enough. While it was in place, the
+    /// group's last leaver may have counted it as a holder and left the
+    /// group's end to it (a leaver that counts a live member leaves the
+    /// marker standing); a withdrawal that did not end the group then
+    /// would leave a marker nobody holds, for good. As with two leavers,
+    /// whichever of a leaver and a withdrawer counts last sees both
+    /// records gone, and ends the group.
+    ///
+    /// With `mutation` (the caller holds the name's mutation lock), the
+    /// group ends under it; without, as a dropped holder's does (waiting
+    /// briefly for the lock, then on the release thread).
+    pub(in crate::fs) fn withdraw(mut self, mutation: Option<MutationLock<'_>>) {
+        let ctx = Arc::clone(&self.ctx);
+        let dir_name = members_dir(self.name.file_name());
+        let path = || ctx.path_of(&dir_name);
+        let others = self
+            .remove_own()
+            .and_then(|_| scan(&ctx, &self.dir, &path))
+            .map(|scan| scan.live_members().next().is_some());
+        match (others, mutation) {
+            // Somebody else holds: their leaving ends the group.
+            (Ok(true), _) => self.armed = false,
+            (_, Some(mutation)) => {
+                self.armed = false;
+                if let Err(error) = self.leave_locked(mutation, false) {
+                    tracing::debug!(lock = self.name.as_str(), %error, "a withdrawn join could not end its group");
+                }
+            }
+            // Dropped armed: it leaves as a holder does, and ends the
+            // group if it is the last.
+            (_, None) => {}
+        }
     }
 
     /// Removes our record, once; whether it was still ours.
