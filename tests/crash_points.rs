@@ -607,7 +607,8 @@ struct Proc {
 
 impl Proc {
     fn spawn(role: &str, dir: &Path, strategy: Strategy, op: Op, point: &str) -> Proc {
-        let mut child = reexec::child_process()
+        let mut command = reexec::child_process();
+        command
             .env(ROLE_ENV, role)
             .env(DIR_ENV, dir)
             .env(STRATEGY_ENV, strategy_str(strategy))
@@ -615,9 +616,21 @@ impl Proc {
             .env(POINT_ENV, point)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn child");
+            .stderr(Stdio::inherit());
+        let mut tries = 0;
+        let mut child = loop {
+            match command.spawn() {
+                Ok(child) => break child,
+                // Wine's CreateProcess now and then answers
+                // ERROR_INTERNAL_ERROR (1359) while several processes start
+                // at once (tests/examples.rs): start again.
+                Err(e) if e.raw_os_error() == Some(1359) && tries < 5 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("spawn child: {e}"),
+            }
+        };
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -1058,7 +1071,11 @@ fn a_crash_or_an_error_at_every_step_leaves_the_lock_takeable() {
                     let Some((strategy, op, point, nth)) = queue.lock().unwrap().pop() else {
                         return;
                     };
-                    let took = crash_case(strategy, op, &point, nth);
+                    // A point the trace passed may be missed by one run (a
+                    // group's end races its contenders: under Wine often):
+                    // tried up to three times, so a miss of timing is not
+                    // taken for a point the protocol no longer passes.
+                    let took = (0..3).find_map(|_| crash_case(strategy, op, &point, nth));
                     let what = format!("{} {} {point}@{nth}", strategy_str(strategy), op.as_str());
                     results.lock().unwrap().push((what, took));
                 }
@@ -1079,7 +1096,7 @@ fn a_crash_or_an_error_at_every_step_leaves_the_lock_takeable() {
                 }
                 println!("crash {what}: acquired after {took:?}");
             }
-            None => println!("crash {what}: not reached this time"),
+            None => println!("crash {what}: not reached in three runs"),
         }
     }
     let points = |prefix: &str| steps().filter(|p| p.starts_with(prefix)).count();
