@@ -28,7 +28,7 @@ use crate::store::Store;
 use crate::timer::{self, Stamp};
 
 /// How often a waiter that is woken by events checks anyway.
-const SAFETY_NET_POLL: Duration = Duration::from_secs(1);
+pub(crate) const SAFETY_NET_POLL: Duration = Duration::from_secs(1);
 /// A dying holder's close event can arrive a moment before the kernel
 /// drops its flock: look once more this long after an event.
 const RECHECK_AFTER_EVENT: Duration = Duration::from_millis(10);
@@ -104,6 +104,11 @@ impl Engine {
             names: Names::new(path_style),
             shared: Mutex::default(),
         })
+    }
+
+    /// How often a waiter looks when no event wakes it.
+    pub(crate) fn poll_interval(&self) -> Duration {
+        self.poll_interval
     }
 
     /// What arms the renewal of every lock taken (for `upgradable.rs`).

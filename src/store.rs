@@ -121,6 +121,17 @@ impl Store {
         }
     }
 
+    /// Whether every attempt of an upgradable acquisition opens a
+    /// connection: on a server it starts the upgradable holding's own
+    /// session (`postgres.rs`), where a lock directory costs a few syscalls.
+    pub(crate) fn upgradable_attempts_connect(&self) -> bool {
+        match self {
+            Store::Fs(_) => false,
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => true,
+        }
+    }
+
     /// [`Line::stand_back`]; a server orders its waiters itself: try now.
     pub(crate) fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration> {
         match self {
