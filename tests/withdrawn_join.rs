@@ -317,3 +317,100 @@ async fn a_join_refused_under_the_mutation_lock_after_the_last_holder_counted_it
         }
     }
 }
+
+/// An exclusive acquisition that waited for shared holders announced
+/// itself in the members directory; when it is done (here: it got the
+/// lock) its announcement goes, and with it the members directory if
+/// that leaves it empty, under the name's mutation lock. When another
+/// process holds that lock at that moment (slow, or frozen while it
+/// changes the name), the directory is removed once it can be, on the
+/// release thread: before, it was left behind for good (until `clean`, or
+/// the name's next group).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_announcement_withdrawn_while_the_name_is_busy_leaves_no_members_directory() {
+    let _serial = SERIAL.lock().await;
+    for &strategy in common::strategies() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().to_owned();
+        let reader = locker(&dir, strategy);
+        let writer = locker(&dir, strategy);
+        let read = reader.acquire_shared("job").await.unwrap();
+        let path = lock_path(&dir);
+        let members = members_of(&path);
+        let mutex = mutex_of(&path);
+
+        // When the writer withdraws its announcement, a slow process takes
+        // the name's mutation lock, and keeps it until told.
+        let slow: Arc<Mutex<Option<File>>> = Arc::default();
+        let taken = Arc::new(Step::default());
+        {
+            let (slow, taken, mutex) = (slow.clone(), taken.clone(), mutex.clone());
+            fail::cfg_callback("group.withdraw.before_unlink", move || {
+                let mut slow = slow.lock().unwrap();
+                if slow.is_none() {
+                    *slow = Some(frozen_flock(&mutex));
+                    taken.reach();
+                }
+            })
+            .unwrap();
+        }
+        let writing = tokio::spawn(async move {
+            let guard = writer.acquire("job").await;
+            (writer, guard)
+        });
+        // The writer announced itself; the reader leaves, the writer gets in.
+        let until = Instant::now() + Duration::from_secs(20);
+        while !records_of(&members).iter().any(|n| n.starts_with("w-")) {
+            assert!(
+                Instant::now() < until,
+                "{strategy:?}: the writer never announced itself"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        read.release().await.unwrap();
+        let (writer, write) = tokio::time::timeout(Duration::from_secs(20), writing)
+            .await
+            .expect("the writer gets in")
+            .unwrap();
+        let write = write.unwrap();
+        fail::remove("group.withdraw.before_unlink");
+        assert!(taken.wait(), "{strategy:?}: the writer withdrew its announcement");
+        // Withdrawn, while the slow process holds the lock.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            records_of(&members).is_empty(),
+            "{strategy:?}: the announcement is gone"
+        );
+        // The slow process is done (its mutation-lock file removed, then
+        // unlocked, as leasehold lets it go).
+        std::fs::remove_file(&mutex).unwrap();
+        drop(slow.lock().unwrap().take());
+        let until = Instant::now() + Duration::from_secs(10);
+        while members.exists() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            !members.exists(),
+            "{strategy:?}: the emptied members directory was left behind"
+        );
+        drop(write);
+        drop(writer);
+        let left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != common::LINE_FILE)
+            .collect();
+        assert!(left.is_empty(), "{strategy:?}: left behind {left:?}");
+    }
+}
+
+/// Every entry of a members directory but the seal.
+fn records_of(members: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(members) else {
+        return Vec::new();
+    };
+    entries
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "sealed")
+        .collect()
+}

@@ -10,7 +10,7 @@ use super::{JSON, WAITER, create_record, ensure_members, members_dir, open_membe
 use crate::backend::{Renewable, Step};
 use crate::error::{Error, Result};
 use crate::fs::context::Ctx;
-use crate::fs::file;
+use crate::fs::{file, later};
 use crate::name::LockName;
 use crate::record::OwnRecord;
 use crate::sys;
@@ -106,17 +106,59 @@ impl Drop for Announcement {
         // Unlinked, it is gone only once closed, on Windows (see `file`).
         self.file = None;
         // Waits at most a few milliseconds: this runs on a runtime thread
-        // (or the renewal thread). A directory left behind goes with the next leaver, or
-        // `clean`.
-        if let Ok(Some(_mutation)) = self
-            .ctx
-            .dir
-            .lock_within(self.name.file_name(), Duration::from_millis(5))
-        {
-            let empty = syscall::list_at(&self.dir).is_ok_and(|names| names.is_empty());
-            if empty {
-                remove_members_dir(&self.ctx, &members_dir(self.name.file_name()));
+        // (or the renewal thread). If another process holds the lock
+        // (slow, or frozen while it changes the name), the release thread
+        // finishes this, as it finishes a release.
+        let mut tidy = TidyMembers {
+            ctx: Arc::clone(&self.ctx),
+            name: self.name.clone(),
+        };
+        if !tidy.within(Duration::from_millis(5)) {
+            later::defer(Box::new(tidy));
+        }
+    }
+}
+
+/// Removes a members directory that a withdrawn announcement left empty,
+/// under the name's mutation lock (a joiner may be about to use it).
+///
+/// It keeps no handle of the directory: whichever directory bears the name
+/// when the lock is ours is removed if it is empty, as nobody can use an
+/// empty one. (On Windows a handle kept open would keep the name of a
+/// directory others removed meanwhile, and the name's next group could
+/// not make its own.)
+struct TidyMembers {
+    ctx: Arc<Ctx>,
+    name: LockName,
+}
+
+impl TidyMembers {
+    /// Whether it is done: the mutation lock taken within `patience` (or
+    /// an error, which leaves the directory to the name's next group, or
+    /// `clean`).
+    fn within(&mut self, patience: Duration) -> bool {
+        match self.ctx.dir.lock_within(self.name.file_name(), patience) {
+            Ok(Some(_mutation)) => {
+                let empty = match open_members(&self.ctx, &self.name) {
+                    Ok(Some(dir)) => syscall::list_at(&dir).is_ok_and(|names| names.is_empty()),
+                    _ => false,
+                };
+                if empty {
+                    remove_members_dir(&self.ctx, &members_dir(self.name.file_name()));
+                }
+                true
+            }
+            Ok(None) => false,
+            Err(error) => {
+                tracing::debug!(lock = self.name.as_str(), %error, "could not tidy a members directory");
+                true
             }
         }
+    }
+}
+
+impl later::Retry for TidyMembers {
+    fn retry(&mut self) -> bool {
+        self.within(later::PATIENCE)
     }
 }
