@@ -502,8 +502,12 @@ impl Member {
             (Ok(true), _) => self.armed = false,
             (_, Some(mutation)) => {
                 self.armed = false;
+                // Failed (an I/O error): dropped armed, it leaves as a
+                // holder does (the mutation lock is let go first), and the
+                // release thread tries again if it must.
                 if let Err(error) = self.leave_locked(mutation, false) {
-                    tracing::debug!(lock = self.name.as_str(), %error, "a withdrawn join could not end its group");
+                    tracing::debug!(lock = self.name.as_str(), %error, "a withdrawn join could not end its group yet");
+                    self.armed = true;
                 }
             }
             // Dropped armed: it leaves as a holder does, and ends the
