@@ -253,3 +253,50 @@ fn a_sweep_never_takes_the_flock_of_a_young_pending_directory() {
     );
     assert!(pending.exists());
 }
+
+/// On Windows a record is deleted by renaming it aside
+/// (`<name>.pending-<12 hex>`) and then marking it for deletion; a process
+/// killed between the two leaves the renamed record behind, which no scan
+/// of the members directory read (only `m-…json`, `w-…json` and unfinished
+/// `.tmp-` records), so the group's members directory could never be
+/// removed (seen in CI: the upgradable torture under Wine left
+/// `m-up-….json.pending-…`). Such a file, its flock free, is removed like
+/// an unfinished record, under the name's mutation lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_renamed_aside_by_a_killed_remover_is_collected() {
+    for &strategy in common::strategies() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path();
+        let a = locker(dir, strategy);
+        let b = locker(dir, strategy);
+        let first = a.acquire_shared("job").await.unwrap();
+        let members = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.to_string_lossy().ends_with(".members"))
+            .expect("the group's members directory");
+        let record = std::fs::read_dir(&members)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "json"))
+            .expect("the holder's record");
+        let aside = members.join("m-0a0a0a0a-0a0a-4a0a-8a0a-0a0a0a0a0a0a.json.pending-0123456789ab");
+        std::fs::copy(&record, &aside).unwrap();
+        // A join under the mutation lock removes what is dead.
+        let second = b.acquire_shared("job").await.unwrap();
+        drop(first);
+        drop(second);
+        let left = |dir: &Path| -> Vec<String> {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n != common::LINE_FILE && !n.ends_with(".fence"))
+                .collect()
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !left(dir).is_empty() && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(left(dir).is_empty(), "{strategy:?}: left behind {:?}", left(dir));
+    }
+}

@@ -269,6 +269,21 @@ pub(super) fn create_record(
     }
 }
 
+/// Whether `name` is an entry renamed aside to be deleted,
+/// `<name>.pending-<12 hex digits>`: on Windows a file is deleted by
+/// renaming it aside and then marking it for deletion
+/// (`sys/windows/syscall.rs` `unlink_at`), so a process killed between the
+/// two leaves it, no longer anyone's record. It is collected as an
+/// unfinished record is (its flock free).
+fn is_unlink_aside(name: &str) -> bool {
+    name.rsplit_once(".pending-").is_some_and(|(_, suffix)| {
+        suffix.len() == 12
+            && suffix
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// Reads and judges every record of the members directory `dir`. Entries
 /// of other shapes are ignored, never touched.
 pub(super) fn scan(ctx: &Ctx, dir: &File, path: &dyn Fn() -> PathBuf) -> Result<Scan> {
@@ -280,7 +295,7 @@ pub(super) fn scan(ctx: &Ctx, dir: &File, path: &dyn Fn() -> PathBuf) -> Result<
     let names = syscall::list_at(dir).context("list members directory", path)?;
     for name in names {
         let Some(name) = name.to_str() else { continue };
-        if name.starts_with(TMP) && name.ends_with(JSON) {
+        if (name.starts_with(TMP) && name.ends_with(JSON)) || is_unlink_aside(name) {
             found.unfinished.push(name.to_owned());
             continue;
         }
@@ -358,7 +373,9 @@ pub(super) fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<En
 /// reports as a loss of its own.
 pub(super) fn remove_dead(ctx: &Ctx, dir: &File, scan: &mut Scan) {
     // An unfinished record whose flock is held is being made by a joiner
-    // that does not take the mutation lock (`group::join`): it stays.
+    // that does not take the mutation lock (`group::join`): it stays. (So
+    // does a record renamed aside by a remover still at work: its holder's
+    // flock is let go only once it is marked for deletion.)
     for name in scan.unfinished.drain(..) {
         let held =
             syscall::open_at(dir, name.as_str(), Open::Read).is_ok_and(|file| file.try_flock().is_err());
