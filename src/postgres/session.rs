@@ -213,8 +213,17 @@ impl Session {
                 lease_ms,
                 reply,
             } => {
+                let before = self.locals.get(&key).is_some_and(|local| local.announced);
                 let result = self.announce(&name, key, intent, lease_ms);
-                let _ = reply.send(self.settle(result));
+                let answer = self.settle(result);
+                let made = !before && matches!(answer, Ok(true));
+                // Its caller gave up waiting (the answer came too late):
+                // an announcement nobody holds would keep readers out
+                // until its `intent_until`. One this call made is
+                // withdrawn; one made before belongs to an `Announcement`.
+                if reply.send(answer).is_err() && made {
+                    self.withdraw(&name, key, intent);
+                }
             }
             Command::Withdraw { name, key, intent } => self.withdraw(&name, key, intent),
         }

@@ -33,13 +33,22 @@ impl Line {
         let (key, intent) = (keys.name, keys.intent);
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         let name = name.as_str().to_owned();
-        let announced = self.call(|reply| Command::Announce {
+        let announced = match self.call(|reply| Command::Announce {
             name: name.clone(),
             key,
             intent,
             lease_ms,
             reply,
-        })?;
+        }) {
+            Ok(announced) => announced,
+            // Not answered in time (the session is busy with a slower
+            // statement, or the server does not answer): not announced,
+            // and the next attempt tries again, as an attempt that is not
+            // answered in time is busy. The session thread withdraws an
+            // announcement it makes after its caller gave up (`session.rs`).
+            Err(error) if super::lock::timed_out(&error) => return Ok(None),
+            Err(error) => return Err(error),
+        };
         Ok(announced.then(|| Announcement {
             line: self.clone(),
             name,

@@ -162,6 +162,13 @@ pub(in crate::postgres) fn no_answer(op: &'static str, waited: Duration) -> Erro
     }
 }
 
+/// Whether `error` is [`no_answer`]'s: the session thread did not answer
+/// in time.
+pub(in crate::postgres) fn timed_out(error: &Error) -> bool {
+    matches!(error, Error::Backend { source, .. }
+        if source.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut))
+}
+
 impl Line {
     /// The way to a session thread that takes commands from `sender`, whose
     /// callers wait [`patience`]`(lease)` for an answer.
