@@ -17,7 +17,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{frozen_flock, mutex_of};
+use common::{frozen_flock, members_of, mutex_of};
 use leasehold::{Locker, Strategy};
 
 #[test]
@@ -42,13 +42,6 @@ fn strategy_arg(strategy: Strategy) -> &'static str {
         Strategy::Directory => "directory",
         _ => "file",
     }
-}
-
-#[allow(dead_code)]
-fn members_of(lock_path: &Path) -> PathBuf {
-    let mut name = lock_path.file_name().unwrap().to_owned();
-    name.push(".members");
-    lock_path.with_file_name(name)
 }
 
 /// Takes the name's mutation lock as leasehold does (open, flock, check

@@ -21,12 +21,12 @@
 mod common;
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{frozen_flock, mutex_of};
+use common::{Step, frozen_flock, members_of, mutex_of};
 use leasehold::Locker;
 
 /// The tests share process-wide failpoints: one at a time.
@@ -71,38 +71,9 @@ fn record_warnings() {
     let _ = tracing::subscriber::set_global_default(Warnings);
 }
 
-/// A step one thread reaches and another waits for, with a bound.
-#[derive(Default)]
-struct Step {
-    reached: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Step {
-    fn reach(&self) {
-        *self.reached.lock().unwrap() = true;
-        self.cv.notify_all();
-    }
-
-    fn wait(&self) -> bool {
-        let reached = self.reached.lock().unwrap();
-        let (reached, _) = self
-            .cv
-            .wait_timeout_while(reached, Duration::from_secs(20), |r| !*r)
-            .unwrap();
-        *reached
-    }
-}
-
 async fn reached(step: &Arc<Step>) -> bool {
     let step = Arc::clone(step);
     tokio::task::spawn_blocking(move || step.wait()).await.unwrap()
-}
-
-fn members_of(lock_path: &Path) -> PathBuf {
-    let mut name = lock_path.file_name().unwrap().to_owned();
-    name.push(".members");
-    lock_path.with_file_name(name)
 }
 
 /// Takes the name's mutation lock as leasehold does, holds it `hold`,

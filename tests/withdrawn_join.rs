@@ -19,38 +19,14 @@ mod common;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{frozen_flock, mutex_of};
+use common::{Step, frozen_flock, members_of, mutex_of};
 use leasehold::{LockGuard, Locker, Strategy};
 
 /// The tests share process-wide failpoints: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A step one thread reaches and another waits for, with a bound.
-#[derive(Default)]
-struct Step {
-    reached: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Step {
-    fn reach(&self) {
-        *self.reached.lock().unwrap() = true;
-        self.cv.notify_all();
-    }
-
-    /// Whether it was reached within 20 s.
-    fn wait(&self) -> bool {
-        let reached = self.reached.lock().unwrap();
-        let (reached, _) = self
-            .cv
-            .wait_timeout_while(reached, Duration::from_secs(20), |r| !*r)
-            .unwrap();
-        *reached
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -91,12 +67,6 @@ fn lock_path(dir: &Path) -> PathBuf {
         .map(|e| e.unwrap().path())
         .find(|p| p.extension().is_some_and(|e| e == "lock"))
         .expect("the name's lock path")
-}
-
-fn members_of(lock_path: &Path) -> PathBuf {
-    let mut name = lock_path.file_name().unwrap().to_owned();
-    name.push(".members");
-    lock_path.with_file_name(name)
 }
 
 /// The holders' records in a members directory.

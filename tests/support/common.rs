@@ -814,3 +814,36 @@ pub fn mutex_of(lock_path: &Path) -> std::path::PathBuf {
     name.push(".mutex");
     lock_path.with_file_name(name)
 }
+
+/// `<lock path>.members`: a shared lock's or semaphore's members
+/// directory (docs/format.md).
+pub fn members_of(lock_path: &Path) -> std::path::PathBuf {
+    let mut name = lock_path.file_name().unwrap().to_owned();
+    name.push(".members");
+    lock_path.with_file_name(name)
+}
+
+/// A step one thread reaches and another waits for, with a bound: for
+/// failpoint callbacks that stop one thread until the test lets it on.
+#[derive(Default)]
+pub struct Step {
+    reached: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Step {
+    pub fn reach(&self) {
+        *self.reached.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+
+    /// Whether it was reached within 20 s.
+    pub fn wait(&self) -> bool {
+        let reached = self.reached.lock().unwrap();
+        let (reached, _) = self
+            .cv
+            .wait_timeout_while(reached, Duration::from_secs(20), |r| !*r)
+            .unwrap();
+        *reached
+    }
+}
