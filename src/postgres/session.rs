@@ -211,16 +211,20 @@ impl Session {
                 key,
                 intent,
                 lease_ms,
+                renewal,
                 reply,
             } => {
                 let before = self.locals.get(&key).is_some_and(|local| local.announced);
                 let result = self.announce(&name, key, intent, lease_ms);
                 let answer = self.settle(result);
-                let made = !before && matches!(answer, Ok(true));
+                let made = !renewal && !before && matches!(answer, Ok(true));
                 // Its caller gave up waiting (the answer came too late):
                 // an announcement nobody holds would keep readers out
                 // until its `intent_until`. One this call made is
-                // withdrawn; one made before belongs to an `Announcement`.
+                // withdrawn; one made before belongs to an `Announcement`,
+                // and so does one a renewal made again (after a
+                // reconnection): that renewal's `Announcement` lives on,
+                // until its own `Withdraw`.
                 if reply.send(answer).is_err() && made {
                     self.withdraw(&name, key, intent);
                 }

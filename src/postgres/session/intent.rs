@@ -38,6 +38,7 @@ impl Line {
             key,
             intent,
             lease_ms,
+            renewal: false,
             reply,
         }) {
             Ok(announced) => announced,
@@ -81,11 +82,15 @@ impl Renewable for Announcement {
         // On the renewal thread every lease shares: never longer than until
         // the next renewal is due (a stopped server must not hold up the
         // loss reports of the Locker's holders).
+        // Answered too late (the session is slow), it still takes the key
+        // again if the session was reconnected meanwhile: this
+        // announcement lives on, and is withdrawn when dropped.
         if let Err(error) = self.line.call_within(self.every, |reply| Command::Announce {
             name,
             key,
             intent,
             lease_ms,
+            renewal: true,
             reply,
         }) {
             tracing::debug!(lock = self.name, %error, "renewing an exclusive waiter's announcement failed");

@@ -100,6 +100,9 @@ pub(in crate::postgres) enum Command {
         intent: i64,
         /// How long the announcement holds without a renewal.
         lease_ms: i64,
+        /// A renewal, of an `Announcement` that lives until its own
+        /// `Withdraw`: never withdrawn for coming too late.
+        renewal: bool,
         reply: Sender<Result<bool>>,
     },
     /// The waiter is done waiting: lets the intent key go.
