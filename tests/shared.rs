@@ -20,12 +20,8 @@ fn lockers(dir: &std::path::Path, strategy: Strategy) -> (Locker, Locker) {
     (make(), make())
 }
 
-/// The layouts this platform has: Windows refuses the directory layout
-/// (a directory cannot carry the liveness mark there).
-#[cfg(unix)]
+/// Both layouts, on every platform.
 const LAYOUTS: &[Strategy] = &[Strategy::ExclusiveFile, Strategy::Directory];
-#[cfg(windows)]
-const LAYOUTS: &[Strategy] = &[Strategy::ExclusiveFile];
 
 #[tokio::test]
 async fn readers_overlap_and_exclude_a_writer() {
