@@ -119,6 +119,12 @@ impl Fs {
         waiters: Waiters,
     ) -> Result<Self> {
         let (allow_insecure, create) = (place.allow_insecure, place.create);
+        if settings.strategy == Strategy::Directory && !crate::sys::DIRECTORY_MARKS {
+            return Err(Error::Unsupported {
+                what: "the directory layout (Strategy::Directory) on this platform, which cannot \
+                       lock a directory (Windows): use Strategy::ExclusiveFile",
+            });
+        }
         let dir = match &place.directory {
             Some(path) => LockDir::open_with(path, allow_insecure, create)?,
             None => open_per_user("leasehold", allow_insecure, create)?,

@@ -445,41 +445,10 @@ pub(crate) fn watch_sees_lock_files() -> bool {
 /// a file others read is tried again for a few milliseconds.
 pub(crate) const REPLACE_WAITS_FOR_READERS: bool = cfg!(windows);
 
-/// Runs `replace` (a rename over a file others may be reading, or of a
-/// directory with a file in it that others may be reading) and, where
-/// [`REPLACE_WAITS_FOR_READERS`], runs it again while it is refused
-/// (`EACCES`, `EBUSY`), for up to about 10 ms. Windows refuses both
-/// while the file is open; Wine only the first.
-pub(crate) fn replace_patiently(
-    replace: impl Fn() -> Result<(), syscall::Errno>,
-) -> Result<(), syscall::Errno> {
-    let mut replaced = replace();
-    for _ in 0..50 {
-        if !(REPLACE_WAITS_FOR_READERS
-            && matches!(replaced, Err(syscall::Errno::EACCES | syscall::Errno::EBUSY)))
-        {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_micros(200));
-        replaced = replace();
-    }
-    replaced
-}
-
-/// Whether a directory's descriptor takes byte-range and `flock(2)`
-/// locks, as the waiting line's (`fs/line.rs`) are taken on the lock
-/// directory itself: everywhere but Windows, whose byte-range locks are
-/// for files only (a lock directory's liveness mark is a share mode there:
-/// `syscall::take_mark`).
+/// Whether a directory can carry the liveness mark (`flock(2)` on a
+/// directory's descriptor), as the directory layout needs: everywhere but
+/// Windows, whose byte-range locks are for files only.
 pub(crate) const DIRECTORY_MARKS: bool = cfg!(unix);
-
-/// Whether a lock directory's holder keeps its `owner.json` open (so that
-/// its close when the holder dies is an inotify or kqueue event that
-/// wakes waiters). Not on Windows: a directory with an open file in it
-/// cannot be renamed there (publishing and retiring a lock directory are
-/// renames), and a holder's death is watched by its process handle
-/// instead (`DirWatch::watch_deaths`).
-pub(crate) const RECORD_KEPT_OPEN: bool = cfg!(unix);
 
 /// Whether a plain or exact lock name, which becomes a file name as it is,
 /// must also be a name Windows can hold (no `<>:"\|?*`, no trailing dot

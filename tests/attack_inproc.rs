@@ -37,8 +37,12 @@ fn short_lease(dir: &std::path::Path, strategy: Strategy) -> Locker {
         .unwrap()
 }
 
-/// Both layouts, on every platform.
+/// The layouts this platform has: Windows refuses the directory layout
+/// (a directory cannot carry the liveness mark there).
+#[cfg(unix)]
 const LAYOUTS: &[Strategy] = &[Strategy::ExclusiveFile, Strategy::Directory];
+#[cfg(windows)]
+const LAYOUTS: &[Strategy] = &[Strategy::ExclusiveFile];
 
 /// Polls `fut` once, with this task's waker.
 async fn poll_once<F: Future + ?Sized>(fut: &mut Pin<Box<F>>) -> Poll<F::Output> {

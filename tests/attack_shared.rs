@@ -202,9 +202,7 @@ fn all_threads_stopped(pid: u32) -> bool {
 /// the name exclusively while the readers hold it.
 #[tokio::test]
 async fn marker_of_a_live_shared_lock_is_flocked_as_format_1_promises() {
-    // The file layout only on Windows: a lock directory's mark there is a
-    // share mode, which the `try_lock` below does not test (its share is
-    // tested in src/fs/directory.rs and the conformance suites).
+    // Windows cannot lock a directory: `build()` refuses that layout there.
     let strategies: &[Strategy] = if cfg!(windows) {
         &[Strategy::ExclusiveFile]
     } else {

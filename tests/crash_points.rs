@@ -137,9 +137,7 @@ const OPS: [Op; 13] = [
 ];
 #[cfg(unix)]
 const STRATEGIES: &[Strategy] = &[Strategy::ExclusiveFile, Strategy::Directory];
-// Under Wine the file layout only: each case costs seconds there, and the
-// directory layout's crash points are the same code as on Unix but for
-// the mark, which the conformance and multi-process suites cover there.
+// Windows cannot lock a directory: `build()` refuses that layout there.
 #[cfg(windows)]
 const STRATEGIES: &[Strategy] = &[Strategy::ExclusiveFile];
 /// The permits of every semaphore here.

@@ -6,9 +6,7 @@
 //! (mode 0700), and renaming it onto the lock path without replacing
 //! anything there — not even an empty directory, which a plain `rename(2)`
 //! would replace. The holder keeps the directory open with `flock(LOCK_EX)`
-//! on it, the liveness signal other leasehold processes read (on Windows,
-//! which cannot lock a directory by byte range, a handle of it that
-//! refuses to share writing: `syscall::take_mark`).
+//! on it, the liveness signal other leasehold processes read.
 //!
 //! Renewal writes `owner.json.next` inside the directory it published,
 //! through its descriptor, and renames it over `owner.json`, so nobody ever
@@ -18,7 +16,7 @@
 //! lock path never holds an emptied directory that a newcomer's rename
 //! could land on; the trash is emptied and removed after.
 
-use crate::sys::syscall::WriteAt;
+use crate::sys::syscall::{Flock, WriteAt};
 use std::fs::{File, TryLockError};
 use std::io;
 use std::path::PathBuf;
@@ -47,8 +45,8 @@ fn suffix() -> String {
 pub(super) struct Published {
     /// The directory, flocked.
     pub(super) dir: File,
-    /// Its `owner.json`, kept open where [`sys::RECORD_KEPT_OPEN`].
-    pub(super) record_file: Option<File>,
+    /// Its `owner.json`, kept open.
+    pub(super) record_file: File,
     pub(super) record: OwnRecord,
     pub(super) dev: u64,
     pub(super) ino: u64,
@@ -83,10 +81,6 @@ pub(super) fn publish_bytes(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<
     Ok(publish(ctx, name, true, &mut || bytes.to_vec())?.map(|(dir, ..)| dir))
 }
 
-/// A directory [`publish`] made: the directory (flocked), its record
-/// file (if kept), and its identity.
-type Made = (File, Option<File>, u64, u64);
-
 /// Publishes a new lock directory whose `owner.json` holds what `record`
 /// makes (once the pending directory is ours): the directory (flocked),
 /// the record file, and the directory's identity; `None` if the path is
@@ -96,7 +90,7 @@ fn publish(
     name: &LockName,
     shared: bool,
     record: &mut dyn FnMut() -> Vec<u8>,
-) -> Result<Option<Made>> {
+) -> Result<Option<(File, File, u64, u64)>> {
     let mut pending = format!("{}.pending-{}", name.file_name(), suffix());
     // Another process's pending directory could have the same name, once
     // in 2^48; then another name is tried, a few times at most.
@@ -128,9 +122,6 @@ fn publish(
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).context("write lock record", path),
     };
-    // Closed before the rename where a directory with an open file in it
-    // cannot be renamed.
-    let record_file = kept(record_file);
     let renamed = failpoint!("dir.publish.before_rename").map_err(RenameError::Io);
     match renamed.and_then(|()| sys::rename_noreplace(ctx.dir.fd(), &pending, name.file_name())) {
         Ok(()) => {}
@@ -196,7 +187,6 @@ pub(super) fn replace(
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).context("write lock record", path),
     };
-    let record_file = kept(record_file);
     match sys::exchange_at(ctx.dir.fd(), &pending, name.file_name()) {
         Ok(()) => {}
         Err(RenameError::Unsupported) => return Err(Error::Unsupported { what: NO_EXCHANGE }),
@@ -264,12 +254,17 @@ pub(crate) const NO_EXCHANGE: &str = "upgradable locks on the directory layout w
 /// with a fresh pending name if it publishes again.
 fn take_pending(dir: &LockDir, pending: &str, shared: bool) -> Result<Option<File>> {
     let path = || dir.path_of(pending);
-    let mut node = match syscall::open_at(dir.fd(), pending, Open::Dir) {
+    let node = match syscall::open_at(dir.fd(), pending, Open::Dir) {
         Ok(node) => node,
         Err(Errno::ENOENT) => return Ok(None),
         Err(e) => return Err(e).context("open pending lock directory", path),
     };
-    match syscall::take_mark(&mut node, shared) {
+    let locked = if shared {
+        node.try_flock_shared()
+    } else {
+        node.try_flock()
+    };
+    match locked {
         Ok(()) => Ok(Some(node)),
         Err(TryLockError::WouldBlock) => Ok(None),
         Err(TryLockError::Error(e)) => Err(e).context("lock pending lock directory", path),
@@ -292,27 +287,19 @@ fn write_owner(dir: &File, file_name: &str, bytes: &[u8], durable: bool) -> io::
 
 /// Replaces `owner.json` atomically inside the directory we published:
 /// written as `owner.json.next` through our descriptor, then renamed.
-/// Returns the new record file, kept open where [`sys::RECORD_KEPT_OPEN`]
-/// (see `Node::Dir`).
-pub(super) fn rewrite(dir: &File, record: &OwnRecord, path: impl Fn() -> PathBuf) -> Result<Option<File>> {
+/// Returns the new record file, kept open (see [`Node::Dir`]).
+pub(super) fn rewrite(dir: &File, record: &OwnRecord, path: impl Fn() -> PathBuf) -> Result<File> {
     rewrite_bytes(dir, &record.to_bytes(0), path)
 }
 
 /// As [`rewrite`], with the record's bytes.
-pub(super) fn rewrite_bytes(dir: &File, bytes: &[u8], path: impl Fn() -> PathBuf) -> Result<Option<File>> {
+pub(super) fn rewrite_bytes(dir: &File, bytes: &[u8], path: impl Fn() -> PathBuf) -> Result<File> {
     let path = || path().join(OWNER);
     let next = write_owner(dir, NEXT, bytes, false).context("rewrite lock record", path)?;
     failpoint!("dir.rewrite.before_rename")
-        .and_then(|()| Ok(sys::replace_patiently(|| syscall::rename_at(dir, NEXT, OWNER))?))
+        .and_then(|()| Ok(syscall::rename_at(dir, NEXT, OWNER)?))
         .context("rewrite lock record", path)?;
-    Ok(kept(next))
-}
-
-/// A lock directory's record file, kept open where
-/// [`sys::RECORD_KEPT_OPEN`], closed here elsewhere (Windows, where a
-/// directory with an open file in it cannot be renamed).
-fn kept(record_file: File) -> Option<File> {
-    sys::RECORD_KEPT_OPEN.then_some(record_file)
+    Ok(next)
 }
 
 /// Removes `owner.json` from a lock directory that is no longer ours, to
@@ -365,8 +352,7 @@ pub(super) fn retire(
 ) -> Result<bool> {
     let trash = format!("{}.trash-{}", name.file_name(), suffix());
     let renamed = failpoint!("dir.retire.before_rename").map_err(|_| Errno::EIO);
-    let rename = || sys::replace_patiently(|| syscall::rename_at(ctx.dir.fd(), name.file_name(), &trash));
-    match renamed.and_then(|()| rename()) {
+    match renamed.and_then(|()| syscall::rename_at(ctx.dir.fd(), name.file_name(), &trash)) {
         Ok(()) => {}
         Err(Errno::ENOENT) => return Ok(false),
         Err(e) => return Err(e).context("move lock directory away", || ctx.path_of(name.file_name())),
@@ -470,15 +456,11 @@ impl Drop for Pending<'_> {
     }
 }
 
-#[cfg(test)]
+// The directory layout: Windows refuses it (a directory cannot carry the
+// liveness mark there; `LockFileEx` fails on a directory handle).
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
-
-    /// A sweep's mark of the directory, through a handle of its own.
-    fn sweep_mark(dir: &LockDir, pending: &str) -> Result<File, TryLockError> {
-        let mut node = syscall::open_at(dir.fd(), pending, Open::Dir).unwrap();
-        syscall::take_mark(&mut node, false).map(|()| node)
-    }
 
     /// A pending directory whose flock a sweep holds (while it judges it),
     /// or that a sweep removed, is no lock and no error: the publisher
@@ -490,7 +472,8 @@ mod tests {
         let pending = "job.lock.pending-0123456789ab";
         syscall::mkdir_at(dir.fd(), pending).unwrap();
         // The sweep's flock, on a descriptor of its own.
-        let sweep = sweep_mark(&dir, pending).unwrap();
+        let sweep = File::open(root.path().join(pending)).unwrap();
+        sweep.lock().unwrap();
         for shared in [false, true] {
             assert!(
                 take_pending(&dir, pending, shared).unwrap().is_none(),
@@ -500,20 +483,9 @@ mod tests {
         drop(sweep);
         // Free again: ours, and a sweep now finds it busy.
         let ours = take_pending(&dir, pending, false).unwrap().expect("free");
-        assert!(matches!(sweep_mark(&dir, pending), Err(TryLockError::WouldBlock)));
-        drop(ours);
-        // Shared marks (a marker's holders) coexist, and keep an
-        // exclusive one out.
-        let first = take_pending(&dir, pending, true).unwrap().expect("free");
-        let second = take_pending(&dir, pending, true).unwrap().expect("shared");
-        assert!(matches!(sweep_mark(&dir, pending), Err(TryLockError::WouldBlock)));
-        drop(first);
-        assert!(matches!(sweep_mark(&dir, pending), Err(TryLockError::WouldBlock)));
-        // A duplicate keeps the mark as the handle it copies does.
-        let copy = second.try_clone().unwrap();
-        drop(second);
-        assert!(matches!(sweep_mark(&dir, pending), Err(TryLockError::WouldBlock)));
-        drop(copy);
+        let sweep = File::open(root.path().join(pending)).unwrap();
+        assert!(matches!(sweep.try_flock(), Err(TryLockError::WouldBlock)));
+        drop((ours, sweep));
         // Removed by a sweep before our open.
         std::fs::remove_dir(root.path().join(pending)).unwrap();
         assert!(take_pending(&dir, pending, false).unwrap().is_none());

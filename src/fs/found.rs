@@ -1,5 +1,6 @@
 //! An existing lock, opened for judging and, when stale, reclaiming.
 
+use crate::sys::syscall::Flock;
 use std::fs::File;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -123,11 +124,7 @@ impl Found {
         }
         // Keep the flock if we get it: while we hold it nobody else can
         // judge this inode abandoned, and the holder cannot be alive.
-        // (Taken once: on Windows a lock directory's mark is a handle of
-        // its own, which a second one would find taken.)
-        if !self.flocked {
-            self.flocked = syscall::take_mark(&mut self.node, false).is_ok();
-        }
+        self.flocked = self.node.try_flock().is_ok();
         evidence.flock_free = Some(self.flocked);
         stale::judge(&evidence, ctx.rules(), &host)
     }

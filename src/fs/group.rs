@@ -25,7 +25,7 @@
 //! members are judged by the same rules as lock files ([`stale`]): a dead
 //! holder's flock is free at once, a frozen one's lease runs out.
 
-use crate::sys::syscall::WriteAt;
+use crate::sys::syscall::{Flock, WriteAt};
 use std::fs::File;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -139,8 +139,8 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
     if let Some(found) = found {
         // Our share of the marker's flock first: from then on no reader
         // testing its flock takes it for abandoned.
-        let mut node = found.into_node();
-        if !lock_shared(&mut node) {
+        let node = found.into_node();
+        if !lock_shared(&node) {
             return Ok(Joined::Busy {
                 owner: None,
                 recheck_at: None,
@@ -248,8 +248,8 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
         return Ok(refused);
     }
     let identity = found.identity();
-    let mut node = found.into_node();
-    if !lock_shared(&mut node) {
+    let node = found.into_node();
+    if !lock_shared(&node) {
         return busy(None);
     }
     after_share(ctx, name)?;
@@ -370,9 +370,9 @@ fn admit(
 /// Takes a shared flock on a marker, waiting briefly for a reader that
 /// tests it (such a test never holds it for long); `false` if it stays
 /// taken exclusively.
-fn lock_shared(node: &mut File) -> bool {
+fn lock_shared(node: &File) -> bool {
     for _ in 0..50 {
-        match syscall::take_mark(node, true) {
+        match node.try_flock_shared() {
             Ok(()) => return true,
             Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(Duration::from_micros(200)),
             // No flock on this filesystem: nobody can test one either.

@@ -39,9 +39,6 @@ pub enum Strategy {
     /// `AdvisoryLockFileBackend`. On Linux it needs
     /// a filesystem with `renameat2(RENAME_NOREPLACE)` (ext4, xfs, btrfs,
     /// tmpfs, ...); elsewhere [`Error::Unsupported`](crate::Error::Unsupported) is returned.
-    /// On Windows, which cannot lock a directory by byte range, the
-    /// holder's mark is a handle of the lock directory that refuses to
-    /// share writing (docs/guarantees.md, *Windows*).
     Directory,
 }
 

@@ -147,7 +147,7 @@ fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(Lo
         if cleaned.len() >= limit {
             break;
         }
-        let Ok(mut node) = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Dir) else {
+        let Ok(node) = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Dir) else {
             continue;
         };
         // A pending directory is spared, untouched, while younger than
@@ -168,7 +168,7 @@ fn clean_dir_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(Lo
         // A publisher holds the flock of its pending directory until it is
         // published, and a holder keeps its flock on a directory it is
         // retiring: busy means in use.
-        if syscall::take_mark(&mut node, false).is_err() {
+        if node.try_flock().is_err() {
             continue;
         }
         if failpoint!("leftover.dir.after_flock").is_err() {

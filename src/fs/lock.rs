@@ -57,9 +57,8 @@ enum Node {
     },
     /// The lock directory, and its current `owner.json` kept open for
     /// writing only so that its close (at renewal, or when this process
-    /// dies) is an inotify event that wakes waiters; `None` where it is
-    /// not kept ([`sys::RECORD_KEPT_OPEN`](crate::sys::RECORD_KEPT_OPEN)).
-    Dir { dir: File, record_file: Option<File> },
+    /// dies) is an inotify event that wakes waiters.
+    Dir { dir: File, record_file: File },
 }
 
 impl Whole {
@@ -118,9 +117,7 @@ impl Whole {
     /// An exclusive lock made of a shared lock's marker, in place (an
     /// upgrade, `fs/upgrade.rs`): `node` is the marker's node under our
     /// flock, `writer` (a lock file's) the descriptor its record is
-    /// rewritten through (a lock directory's is rewritten through `node`,
-    /// and `record_file` is its record file, if kept), `record` the record
-    /// now on disk.
+    /// rewritten through, `record` the record now on disk.
     pub(in crate::fs) fn adopt(
         ctx: &Arc<Ctx>,
         name: &LockName,
@@ -136,10 +133,11 @@ impl Whole {
                 _named: Some(node),
                 record_len,
             },
-            (None, record_file) => Node::Dir {
+            (None, Some(record_file)) => Node::Dir {
                 dir: node,
                 record_file,
             },
+            (None, None) => unreachable!("an adopted lock has a writer or a record file"),
         };
         Whole {
             ctx: Arc::clone(ctx),
@@ -249,7 +247,7 @@ impl Release for Whole {
             },
             Node::Dir { dir, record_file } => Node::Dir {
                 dir: dir.try_clone()?,
-                record_file: record_file.as_ref().map(File::try_clone).transpose()?,
+                record_file: record_file.try_clone()?,
             },
         };
         Ok(Whole {

@@ -145,10 +145,10 @@ fn replace_marker(
     if renamed.is_err() {
         // Ours again, whatever went wrong: `alone` knows the marker by
         // the node we keep open.
-        if let Ok(mut node) = syscall::open_at(ctx.dir.fd(), name.file_name(), Open::Read)
+        if let Ok(node) = syscall::open_at(ctx.dir.fd(), name.file_name(), Open::Read)
             && syscall::meta(&node).is_ok_and(|m| (m.dev(), m.ino()) == identity)
         {
-            let _ = syscall::take_mark(&mut node, true);
+            let _ = node.try_flock_shared();
             *joined = Some(node);
         }
     }
@@ -408,7 +408,7 @@ impl Fs {
                     (
                         (published.dev, published.ino),
                         None,
-                        published.record_file,
+                        Some(published.record_file),
                         published.dir,
                     )
                 }

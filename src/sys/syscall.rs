@@ -366,19 +366,6 @@ impl Flock for File {
     }
 }
 
-/// Takes the liveness mark of `node`, a lock file or a lock directory,
-/// exclusively or shared, without waiting: `flock(2)` on its descriptor,
-/// which `node` (and every duplicate of it) keeps until closed. `node`
-/// itself is left as it is here; on Windows a directory's mark is a handle
-/// of its own, which takes `node`'s place.
-pub(crate) fn take_mark(node: &mut File, shared: bool) -> Result<(), TryLockError> {
-    if shared {
-        node.try_flock_shared()
-    } else {
-        node.try_flock()
-    }
-}
-
 /// Whether a failed [`Flock`] says the filesystem has no such locks
 /// (rather than that something went wrong).
 pub(crate) fn flock_unsupported(e: &std::io::Error) -> bool {

@@ -76,9 +76,15 @@ pub fn say(line: &str) {
     let _ = out.flush();
 }
 
-/// The layouts: both, on every platform.
+/// The layouts this platform has: both on Unix; on Windows, which cannot
+/// lock a directory, the file layout only (`build()` refuses the other
+/// with `Error::Unsupported`).
 pub fn strategies() -> &'static [leasehold::Strategy] {
-    &[leasehold::Strategy::ExclusiveFile, leasehold::Strategy::Directory]
+    if cfg!(windows) {
+        &[leasehold::Strategy::ExclusiveFile]
+    } else {
+        &[leasehold::Strategy::ExclusiveFile, leasehold::Strategy::Directory]
+    }
 }
 
 /// In a child: the strategy its parent gave [`ChildProc::spawn_with`].
@@ -589,45 +595,6 @@ pub fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
-/// Removes the lock at `path` (a lock file, or a lock directory whole)
-/// behind its holder's back, at once. On Windows it is renamed aside
-/// first: Wine (like Windows without POSIX delete semantics) keeps a
-/// deleted name until the last handle of it closes, and the holder's is
-/// open.
-pub fn remove_behind_its_back(path: &Path) {
-    let remove = |path: &Path| match path.is_dir() {
-        true => std::fs::remove_dir_all(path).unwrap(),
-        false => std::fs::remove_file(path).unwrap(),
-    };
-    if cfg!(windows) {
-        let mut aside = path.as_os_str().to_owned();
-        aside.push(".removed");
-        std::fs::rename(path, &aside).unwrap();
-        remove(Path::new(&aside));
-    } else {
-        remove(path);
-    }
-}
-
-/// A handle of the file or directory `path` that may set its times (on
-/// Windows a directory opens only with backup semantics, times change only
-/// through a handle that may write them, and `FILE_WRITE_ATTRIBUTES` is
-/// no write access that a lock directory's mark refuses; on Unix any
-/// descriptor of the owner's will do).
-pub fn times_handle(path: &Path) -> std::fs::File {
-    #[cfg(windows)]
-    {
-        use std::os::windows::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .access_mode(0x100) // FILE_WRITE_ATTRIBUTES
-            .custom_flags(0x0200_0000) // FILE_FLAG_BACKUP_SEMANTICS
-            .open(path)
-            .unwrap()
-    }
-    #[cfg(not(windows))]
-    std::fs::File::open(path).unwrap()
-}
-
 /// Writes `content` as the lock record at `path` for `strategy` (a file, or
 /// a directory holding `owner.json`), last modified `age` ago.
 pub fn plant(strategy: leasehold::Strategy, path: &Path, content: &str, age: Duration) {
@@ -648,7 +615,7 @@ pub fn plant(strategy: leasehold::Strategy, path: &Path, content: &str, age: Dur
         .set_times(times)
         .unwrap();
     if record != path {
-        times_handle(path).set_times(times).unwrap();
+        File::open(path).unwrap().set_times(times).unwrap();
     }
 }
 

@@ -344,10 +344,8 @@ impl Member {
                     .and_then(|()| file.write_all_at(bytes, 0))
                     .context("sign shared lock marker", path)
                     .and_then(|()| {
-                        crate::sys::replace_patiently(|| {
-                            syscall::rename_between(&self.dir, &tmp, found.node(), "owner.json")
-                        })
-                        .context("sign shared lock marker", path)
+                        syscall::rename_between(&self.dir, &tmp, found.node(), "owner.json")
+                            .context("sign shared lock marker", path)
                     });
                 if written.is_err() {
                     let _ = syscall::unlink_at(&self.dir, tmp.as_str());

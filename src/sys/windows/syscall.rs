@@ -170,69 +170,7 @@ pub(crate) enum Open {
 const SHARE_ALL: u32 = fs::FILE_SHARE_READ | fs::FILE_SHARE_WRITE | fs::FILE_SHARE_DELETE;
 
 /// The current path of the directory behind `dir`, as `\\?\C:\...`.
-///
-/// Windows names a handle's file where it is now (`GetFinalPathNameByHandleW`).
-/// Wine names it where the handle was opened: after the file was renamed
-/// by path (a lock directory published, or retired to the trash) the old
-/// name, which may name another file by then, another holder's lock
-/// directory. So the path is checked against the handle, and if it names
-/// another file (or none) the file is looked for, by its index, in the
-/// directory that path is in (a lock directory's own, where every rename
-/// of a lock directory happens); not found there, it is `ENOENT`, never
-/// another file's path.
 pub(crate) fn path_of(dir: &File) -> Result<PathBuf, Errno> {
-    let path = final_path(dir)?;
-    if !renamed_by_leasehold(&path) {
-        return Ok(path);
-    }
-    let index = file_index(&information(dir)?);
-    if look(&path).is_ok_and(|there| information(&there).is_ok_and(|i| file_index(&i) == index)) {
-        return Ok(path);
-    }
-    let parent = path.parent().ok_or(Errno::ENOENT)?;
-    let listing = look(parent)?;
-    for (name, id) in list_entries(&listing)? {
-        let candidate = parent.join(name);
-        if id == index
-            && look(&candidate).is_ok_and(|there| information(&there).is_ok_and(|i| file_index(&i) == index))
-        {
-            return Ok(candidate);
-        }
-    }
-    Err(Errno::ENOENT)
-}
-
-/// Whether `path` names a directory that leasehold renames while it
-/// holds a handle of it, and so is checked in [`path_of`]: a lock
-/// directory (`<name>.lock`), published from `<name>.lock.pending-…` and
-/// retired to `<name>.lock.trash-…`. Others (the lock directory itself, a
-/// members directory) are never renamed by leasehold, and checking them
-/// would cost every call relative to them two more.
-fn renamed_by_leasehold(path: &Path) -> bool {
-    path.file_name().and_then(OsStr::to_str).is_some_and(|name| {
-        name.ends_with(".lock") || name.contains(".lock.pending-") || name.contains(".lock.trash-")
-    })
-}
-
-/// The file index of [`information`] (the id a directory's listing gives
-/// each entry).
-fn file_index(info: &fs::BY_HANDLE_FILE_INFORMATION) -> u64 {
-    (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow)
-}
-
-/// A handle of `path` itself (a reparse point not followed) with no
-/// access, which no share mode refuses: to look at what it is.
-fn look(path: &Path) -> Result<File, Errno> {
-    OpenOptions::new()
-        .access_mode(0)
-        .share_mode(SHARE_ALL)
-        .custom_flags(fs::FILE_FLAG_OPEN_REPARSE_POINT | fs::FILE_FLAG_BACKUP_SEMANTICS)
-        .open(path)
-        .map_err(|e| Errno::of(&e))
-}
-
-/// The path `GetFinalPathNameByHandleW` gives the handle `dir`.
-fn final_path(dir: &File) -> Result<PathBuf, Errno> {
     let handle = dir.as_raw_handle();
     let mut buf = vec![0u16; 512];
     loop {
@@ -257,19 +195,12 @@ fn final_path(dir: &File) -> Result<PathBuf, Errno> {
 
 /// The path of `name` in `dir`; `name` must be one plain component.
 fn child(dir: &File, name: &OsStr) -> Result<PathBuf, Errno> {
-    let name = plain(name)?;
-    Ok(path_of(dir)?.join(name))
-}
-
-/// `name`, if it is one plain component: not empty, no separator, not
-/// "." or "..".
-fn plain(name: &OsStr) -> Result<&OsStr, Errno> {
     let wide: Vec<u16> = name.encode_wide().collect();
     let separator = |c: &u16| *c == u16::from(b'\\') || *c == u16::from(b'/');
     if wide.is_empty() || wide.iter().any(separator) || name == "." || name == ".." {
         return Err(Errno::EINVAL);
     }
-    Ok(name)
+    Ok(path_of(dir)?.join(name))
 }
 
 /// Opens `name` in `dir` for `how`.
@@ -675,11 +606,7 @@ pub(crate) fn rename_at(dir: &File, from: &str, to: &str) -> Result<(), Errno> {
 /// replacing it (`MoveFileExW` with `MOVEFILE_REPLACE_EXISTING`).
 pub(crate) fn rename_between(from_dir: &File, from: &str, to_dir: &File, to: &str) -> Result<(), Errno> {
     let from = child(from_dir, OsStr::new(from))?;
-    // One directory (a renewal's rename, say): its path once.
-    let to = match from_dir.as_raw_handle() == to_dir.as_raw_handle() {
-        true => from.with_file_name(plain(OsStr::new(to))?),
-        false => child(to_dir, OsStr::new(to))?,
-    };
+    let to = child(to_dir, OsStr::new(to))?;
     move_file(&from, &to, fs::MOVEFILE_REPLACE_EXISTING)
 }
 
@@ -723,7 +650,7 @@ pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
 }
 
 /// The names in the directory `dir`, in no particular order, read through
-/// a handle of the very directory `dir` is (see `list_entries`), as Unix
+/// a handle of the very directory `dir` is (see `list_handle`), as Unix
 /// reads an open directory: never by its path. A listing by path
 /// (`FindFirstFileExW`) opens the directory anew, and that open can be
 /// refused while the directory is whole and readable: Wine's does not
@@ -740,8 +667,8 @@ pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
 /// taken for empty when even that read fails; any other failure is the
 /// caller's, never an empty listing.
 pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
-    match list_entries(dir) {
-        Ok(entries) => Ok(entries.into_iter().map(|(name, _)| name).collect()),
+    match list_handle(dir) {
+        Ok(names) => Ok(names),
         Err(_) if delete_pending(dir) => Ok(Vec::new()),
         Err(e) => Err(e),
     }
@@ -756,8 +683,7 @@ pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
 /// `dir` (`try_clone`) shares it, and Wine reads a directory once per
 /// file object (a restarted enumeration replays that first read). A reply
 /// that does not parse is an error (`EIO`), never a shorter listing.
-/// Each name comes with its file's id (`FileId`, the file index).
-fn list_entries(dir: &File) -> Result<Vec<(OsString, u64)>, Errno> {
+fn list_handle(dir: &File) -> Result<Vec<OsString>, Errno> {
     use std::os::windows::io::FromRawHandle;
     // SAFETY: the handle is open while `dir` lives.
     let handle = unsafe {
@@ -805,10 +731,6 @@ fn list_entries(dir: &File) -> Result<Vec<(OsString, u64)>, Errno> {
                 usize::try_from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]])).ok()
             };
             let next = u32_at(std::mem::offset_of!(fs::FILE_ID_BOTH_DIR_INFO, NextEntryOffset));
-            let id = at
-                .checked_add(std::mem::offset_of!(fs::FILE_ID_BOTH_DIR_INFO, FileId))
-                .and_then(|start| bytes.get(start..start.checked_add(8)?))
-                .map(|b| u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]));
             let len = u32_at(std::mem::offset_of!(fs::FILE_ID_BOTH_DIR_INFO, FileNameLength));
             let start = at.checked_add(std::mem::offset_of!(fs::FILE_ID_BOTH_DIR_INFO, FileName));
             let name = match (next, len, start) {
@@ -818,7 +740,7 @@ fn list_entries(dir: &File) -> Result<Vec<(OsString, u64)>, Errno> {
                     .map(|name| (next, name)),
                 _ => None,
             };
-            let (Some((next, name)), Some(id)) = (name, id) else {
+            let Some((next, name)) = name else {
                 return Err(Errno::EIO);
             };
             let wide: Vec<u16> = name
@@ -827,7 +749,7 @@ fn list_entries(dir: &File) -> Result<Vec<(OsString, u64)>, Errno> {
                 .collect();
             let name = OsString::from_wide(&wide);
             if name != "." && name != ".." {
-                names.push((name, id));
+                names.push(name);
             }
             if next == 0 {
                 break;
@@ -1069,64 +991,6 @@ impl Flock for File {
     }
 }
 
-/// Takes the liveness mark of `node`, a lock file or a lock directory,
-/// exclusively or shared, without waiting.
-///
-/// A lock file's is [`Flock`]'s byte. A directory cannot be locked by
-/// byte range on Windows (`LockFileEx` fails on a directory handle), so a
-/// lock directory's mark is a handle of it whose *share mode* refuses
-/// writers: `node` is replaced by a handle of the very directory it is
-/// (`ReOpenFile`, which opens the file object, not a path) that may list
-/// it and, for an exclusive mark, add files to it (`FILE_ADD_FILE`, an
-/// access of the write kind), and that shares reading and deletion but
-/// never writing. Windows checks every later open against it:
-///
-/// - an exclusive mark (write access, writers refused) conflicts with
-///   any other mark of the directory, exclusive or shared;
-/// - shared marks (read access, writers refused) coexist;
-/// - opens that only look (read access, everything shared: listing it,
-///   reading its `owner.json`, renaming or removing it) never conflict
-///   with a mark, nor a mark with them.
-///
-/// The kernel closes the handle when its process ends, however it ends,
-/// as `flock(2)` lets go on Unix; a duplicate (`try_clone`) shares the
-/// file object, so the mark lasts until the last one is closed. A mark
-/// taken is `ERROR_SHARING_VIOLATION`, as is a directory being deleted
-/// (which a remover still holds): [`TryLockError::WouldBlock`].
-pub(crate) fn take_mark(node: &mut File, shared: bool) -> Result<(), TryLockError> {
-    use std::os::windows::io::FromRawHandle;
-    let info = information(node).map_err(|e| TryLockError::Error(e.into()))?;
-    if info.dwFileAttributes & fs::FILE_ATTRIBUTE_DIRECTORY == 0 {
-        return if shared {
-            node.try_flock_shared()
-        } else {
-            node.try_flock()
-        };
-    }
-    let write = if shared { 0 } else { fs::FILE_ADD_FILE };
-    // SAFETY: the handle is open while `node` lives.
-    let handle = unsafe {
-        fs::ReOpenFile(
-            node.as_raw_handle(),
-            fs::FILE_LIST_DIRECTORY | fs::FILE_READ_ATTRIBUTES | fs::SYNCHRONIZE | write,
-            fs::FILE_SHARE_READ | fs::FILE_SHARE_DELETE,
-            fs::FILE_FLAG_BACKUP_SEMANTICS,
-        )
-    };
-    if handle == win::INVALID_HANDLE_VALUE {
-        let error = std::io::Error::last_os_error();
-        let code = error.raw_os_error().and_then(|c| u32::try_from(c).ok());
-        return match code {
-            Some(win::ERROR_SHARING_VIOLATION) => Err(TryLockError::WouldBlock),
-            Some(win::ERROR_ACCESS_DENIED) if delete_pending(node) => Err(TryLockError::WouldBlock),
-            _ => Err(TryLockError::Error(error)),
-        };
-    }
-    // SAFETY: a handle just opened, owned by nothing else.
-    *node = unsafe { File::from_raw_handle(handle) };
-    Ok(())
-}
-
 /// `LockFileEx` on the byte at `at`, without waiting.
 pub(crate) fn lock_byte(file: &File, at: u64, exclusive: bool) -> Result<(), TryLockError> {
     lock_range(file, at, 1, exclusive)
@@ -1319,35 +1183,6 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let fd = open_dir(root.path()).unwrap();
         (root, fd)
-    }
-
-    /// A directory renamed by path after its handle was opened: the
-    /// handle's path is where it is now, never the name it had, even when
-    /// another directory bears that name by then (Wine, unlike Windows,
-    /// names a handle's file by the path it was opened with).
-    #[test]
-    fn path_of_a_renamed_directory_is_where_it_is_now() {
-        let (_root, dir) = dir();
-        mkdir_at(&dir, "job.lock").unwrap();
-        let mut node = open_at(&dir, "job.lock", Open::Dir).unwrap();
-        take_mark(&mut node, false).unwrap();
-        let plain = open_at(&dir, "job.lock", Open::Dir).unwrap();
-        rename_at(&dir, "job.lock", "job.lock.trash-1").unwrap();
-        for handle in [&node, &plain] {
-            assert!(path_of(handle).unwrap().ends_with("job.lock.trash-1"));
-        }
-        // Another directory at the old name.
-        mkdir_at(&dir, "job.lock").unwrap();
-        std::fs::write(
-            path_of(&dir).unwrap().join("job.lock").join("owner.json"),
-            b"theirs",
-        )
-        .unwrap();
-        std::fs::write(path_of(&node).unwrap().join("owner.json"), b"ours").unwrap();
-        unlink_at(&node, "owner.json").unwrap();
-        let theirs = path_of(&dir).unwrap().join("job.lock").join("owner.json");
-        assert_eq!(std::fs::read(theirs).unwrap(), b"theirs");
-        assert_eq!(list_at(&node).unwrap(), Vec::<OsString>::new());
     }
 
     /// A handle with `DELETE` access only, as `RemoveDirectoryW` holds one
