@@ -108,6 +108,12 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     // A waiter between its look at the lock and the start of its watch
     // (no filesystem step: a test releases the lock there).
     "engine.wait.before_watch",
+    // PostgreSQL (no filesystem step): the session thread about to answer
+    // an exclusive waiter's announcement, and a caller whose wait for the
+    // session's answer just ran out (tests/pg_late_answer.rs sleeps
+    // there, so that the answer lands as its caller gives up).
+    "postgres.announce.before_reply",
+    "postgres.call.gave_up",
 ];
 
 /// The OS error code of an I/O error, a failpoint's error unless the test

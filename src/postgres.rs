@@ -164,7 +164,10 @@ use crate::name::LockName;
 use crate::record::OwnRecord;
 use listen::Subscription;
 pub(crate) use session::PgLock;
-use session::{ANSWER_PATIENCE, Answer, Command, Line, Session, no_answer, patience, session_stopped};
+use session::{
+    ANSWER_PATIENCE, Answer, Command, Line, Session, Unanswered, no_answer, patience, question,
+    session_stopped,
+};
 pub use target::PgSslMode;
 pub(crate) use target::{Source, Target, TlsSettings};
 
@@ -398,7 +401,7 @@ impl Pg {
                 .min(slice),
             None => slice,
         };
-        let (reply, answer) = mpsc::channel();
+        let (reply, asked) = question();
         line.send(Command::TryLock {
             name: name.clone(),
             keys: Keys::of(name.as_str()),
@@ -408,12 +411,12 @@ impl Pg {
             line: line.clone(),
             reply,
         })?;
-        let answer = match answer.recv_timeout(budget + ANSWER_GRACE) {
-            Ok(answer) => answer?,
-            // A lock granted from now on is dropped with `answer`, or by
-            // the session thread when it finds `answer` gone: unlocked.
-            Err(RecvTimeoutError::Timeout) => Answer::Busy { sharers: false },
-            Err(RecvTimeoutError::Disconnected) => return Err(session_stopped()),
+        let answer = match asked.wait(budget + ANSWER_GRACE) {
+            Ok(Some(answer)) => answer?,
+            // A lock granted from now on is given back to the session
+            // thread, which lets it go.
+            Ok(None) => Answer::Busy { sharers: false },
+            Err(Unanswered) => return Err(session_stopped()),
         };
         Ok(attempted(answer, arm))
     }
@@ -567,15 +570,16 @@ impl Pg {
             return Ok(None);
         };
         let budget = self.lease / 4;
-        let (reply, answer) = mpsc::channel();
+        let (reply, asked) = question();
         held.line()
             .send(held.conversion(downgrade, owner, Instant::now() + budget, reply))?;
-        let answer = match answer.recv_timeout(budget + ANSWER_GRACE) {
-            Ok(answer) => answer?,
-            // The session closes if it makes the lock after all: the
-            // holding is then lost, and its heartbeat says so.
-            Err(RecvTimeoutError::Timeout) => return Ok(None),
-            Err(RecvTimeoutError::Disconnected) => return Err(session_stopped()),
+        let answer = match asked.wait(budget + ANSWER_GRACE) {
+            Ok(Some(answer)) => answer?,
+            // The session closes if it makes the lock after all (it is
+            // given the answer back): the holding is then lost, and its
+            // heartbeat says so.
+            Ok(None) => return Ok(None),
+            Err(Unanswered) => return Err(session_stopped()),
         };
         if matches!(answer, Answer::Taken(..))
             && let Some(old) = lock.take()
@@ -623,8 +627,8 @@ mod tests {
         let target = Target::new(&Source::Url(server.url()), &TlsSettings::default()).unwrap();
         let store = Pg::connect(target, "test".into(), None, lease, nobody).unwrap();
         let name = LockName::from_name("gone");
-        let (reply, answer) = mpsc::channel();
-        drop(answer);
+        let (reply, asked) = question();
+        drop(asked);
         store
             .line
             .send(Command::TryLock {

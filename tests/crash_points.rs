@@ -984,7 +984,7 @@ fn steps() -> impl Iterator<Item = &'static &'static str> {
     };
     FAILPOINTS
         .iter()
-        .filter(|p| !p.starts_with("engine."))
+        .filter(|p| !p.starts_with("engine.") && !p.starts_with("postgres."))
         .filter(|p| !p.starts_with("upgrade.") && !p.starts_with("downgrade."))
         // Joining and leaving without the mutation lock: only while another
         // process holds it; tests/frozen_member.rs crashes there.

@@ -25,7 +25,7 @@ mod stable;
 mod tables;
 mod upgrade;
 
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
 use crate::backend::Mode;
@@ -37,7 +37,9 @@ use connection::{BUSY, Try, name_refused};
 #[cfg(all(test, unix))]
 pub(super) use fence::{LEAD, TOKEN_BLOCK, block};
 pub(crate) use lock::PgLock;
-pub(super) use lock::{ANSWER_PATIENCE, Answer, Command, Line, no_answer, patience, session_stopped};
+pub(super) use lock::{
+    ANSWER_PATIENCE, Answer, Command, Line, Reply, Unanswered, no_answer, patience, question, session_stopped,
+};
 use tables::{TOO_LONG, name_fits};
 
 impl Session {
@@ -70,7 +72,7 @@ impl Session {
         keys: Keys,
         owner: Box<OwnRecord>,
         line: Line,
-        reply: &mpsc::Sender<Result<Answer>>,
+        reply: Reply<Result<Answer>>,
     ) {
         let generation = self.generation;
         let answer = self.settle(result).map(|found| match found {
@@ -92,7 +94,7 @@ impl Session {
             Try::Busy { sharers } => Answer::Busy { sharers },
             Try::Wait(wait) => Answer::Wait(wait),
         });
-        if let Err(mpsc::SendError(Ok(Answer::Taken(mut lock, _)))) = reply.send(answer) {
+        if let Err(Ok(Answer::Taken(mut lock, _))) = reply.send(answer) {
             // The caller gave up: the lock is nobody's. Let it go
             // now rather than behind the commands queued meanwhile.
             lock.armed = false;
@@ -132,7 +134,7 @@ impl Session {
                 reply,
             } => {
                 let result = self.try_lock(name.as_str(), keys, mode, &owner, until);
-                self.answer(result, name, keys, owner, line, &reply);
+                self.answer(result, name, keys, owner, line, reply);
             }
             Command::Upgrade {
                 name,
@@ -146,7 +148,7 @@ impl Session {
             } => {
                 let result = self.upgrade(name.as_str(), keys, &id, generation, &owner, until);
                 let result = self.converted(result);
-                self.answer(result, name, keys, owner, line, &reply);
+                self.answer(result, name, keys, owner, line, reply);
             }
             Command::Downgrade {
                 name,
@@ -159,7 +161,7 @@ impl Session {
             } => {
                 let result = self.downgrade(name.as_str(), keys, generation, &owner, until);
                 let result = self.converted(result);
-                self.answer(result, name, keys, owner, line, &reply);
+                self.answer(result, name, keys, owner, line, reply);
             }
             Command::Unlock {
                 name,
@@ -218,6 +220,7 @@ impl Session {
                 let result = self.announce(&name, key, intent, lease_ms);
                 let answer = self.settle(result);
                 let made = !renewal && !before && matches!(answer, Ok(true));
+                let _ = failpoint!("postgres.announce.before_reply");
                 // Its caller gave up waiting (the answer came too late):
                 // an announcement nobody holds would keep readers out
                 // until its `intent_until`. One this call made is

@@ -1,7 +1,8 @@
 //! [`PgLock`], a lock held on the session, and the way to the session
 //! thread ([`Line`]) and what it is asked to do ([`Command`]).
 
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::connection::Held;
@@ -33,6 +34,74 @@ pub(in crate::postgres) fn patience(lease: Duration) -> Duration {
     (lease / 4).max(Duration::from_secs(1))
 }
 
+/// The way back to a caller that may stop waiting for the answer (its
+/// other end is an [`Asked`]): the session thread sends the answer only
+/// if the caller has not given up, and a caller giving up looks for the
+/// answer once more, both under one lock. So every answer is either
+/// taken by its caller or given back to the session thread, which then
+/// undoes what it did for nobody (lets a lock go, withdraws an
+/// announcement, closes an upgradable holding's session); none is left
+/// where nobody reads it, as an answer sent in the instant between a
+/// caller's wait running out and its letting go of the channel was.
+#[derive(Debug)]
+pub(crate) struct Reply<T> {
+    sender: Sender<T>,
+    gave_up: Arc<Mutex<bool>>,
+}
+
+impl<T> Reply<T> {
+    /// Sends `answer` to the caller; gives it back if the caller gave up
+    /// waiting (or is gone).
+    pub(crate) fn send(self, answer: T) -> std::result::Result<(), T> {
+        let gave_up = self.gave_up.lock().unwrap_or_else(|e| e.into_inner());
+        if *gave_up {
+            return Err(answer);
+        }
+        self.sender.send(answer).map_err(|mpsc::SendError(answer)| answer)
+    }
+}
+
+/// The caller's end of a [`Reply`].
+#[derive(Debug)]
+pub(crate) struct Asked<T> {
+    answer: Receiver<T>,
+    gave_up: Arc<Mutex<bool>>,
+}
+
+/// The session thread stopped before it answered.
+#[derive(Debug)]
+pub(crate) struct Unanswered;
+
+/// A question's two ends: the [`Reply`] goes into the command, the
+/// caller waits on the [`Asked`].
+pub(crate) fn question<T>() -> (Reply<T>, Asked<T>) {
+    let (sender, answer) = mpsc::channel();
+    let gave_up = Arc::new(Mutex::new(false));
+    let reply = Reply {
+        sender,
+        gave_up: Arc::clone(&gave_up),
+    };
+    (reply, Asked { answer, gave_up })
+}
+
+impl<T> Asked<T> {
+    /// The answer, if it comes within `patience`; `None` if it did not,
+    /// and then it never comes (the session thread is given it back).
+    pub(crate) fn wait(self, patience: Duration) -> std::result::Result<Option<T>, Unanswered> {
+        match self.answer.recv_timeout(patience) {
+            Ok(answer) => Ok(Some(answer)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(Unanswered),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = failpoint!("postgres.call.gave_up");
+                let mut gave_up = self.gave_up.lock().unwrap_or_else(|e| e.into_inner());
+                *gave_up = true;
+                // Sent before we gave up: ours after all.
+                Ok(self.answer.try_recv().ok())
+            }
+        }
+    }
+}
+
 /// What one attempt found.
 #[derive(Debug)]
 pub(in crate::postgres) enum Answer {
@@ -57,7 +126,7 @@ pub(in crate::postgres) enum Command {
         until: Instant,
         /// For the [`PgLock`] that the answer carries.
         line: Line,
-        reply: Sender<Result<Answer>>,
+        reply: Reply<Result<Answer>>,
     },
     Unlock {
         name: String,
@@ -66,30 +135,30 @@ pub(in crate::postgres) enum Command {
         /// The holder row's id (shared holders and permit holders).
         id: String,
         generation: u64,
-        reply: Option<Sender<Result<bool>>>,
+        reply: Option<Reply<Result<bool>>>,
     },
     Heartbeat {
         key: i64,
         generation: u64,
-        reply: Sender<Result<bool>>,
+        reply: Reply<Result<bool>>,
     },
     Reserve {
         name: String,
         key: i64,
         held: Held,
         generation: u64,
-        reply: Sender<Result<Option<Tokens>>>,
+        reply: Reply<Result<Option<Tokens>>>,
     },
     /// `None` in the answer: the owner tables were locked; ask again.
     Inspect {
         name: Option<String>,
-        reply: Sender<Result<Option<Vec<Found>>>>,
+        reply: Reply<Result<Option<Vec<Found>>>>,
     },
     /// Removes the rows of holders gone for good (only finds them with
     /// `dry_run`). `None` in the answer: the owner tables were locked.
     Clean {
         dry_run: bool,
-        reply: Sender<Result<Option<Vec<Found>>>>,
+        reply: Reply<Result<Option<Vec<Found>>>>,
     },
     /// An exclusive waiter announces itself (takes the intent key, and
     /// says until when it waits), or renews that (and takes the key again
@@ -103,7 +172,7 @@ pub(in crate::postgres) enum Command {
         /// A renewal, of an `Announcement` that lives until its own
         /// `Withdraw`: never withdrawn for coming too late.
         renewal: bool,
-        reply: Sender<Result<bool>>,
+        reply: Reply<Result<bool>>,
     },
     /// The waiter is done waiting: lets the intent key go.
     Withdraw { name: String, key: i64, intent: i64 },
@@ -118,7 +187,7 @@ pub(in crate::postgres) enum Command {
         owner: Box<OwnRecord>,
         until: Instant,
         line: Line,
-        reply: Sender<Result<Answer>>,
+        reply: Reply<Result<Answer>>,
     },
     /// Turns an upgraded lock back into its holding's share, recorded for
     /// `owner`.
@@ -129,7 +198,7 @@ pub(in crate::postgres) enum Command {
         owner: Box<OwnRecord>,
         until: Instant,
         line: Line,
-        reply: Sender<Result<Answer>>,
+        reply: Reply<Result<Answer>>,
     },
 }
 
@@ -188,7 +257,7 @@ impl Line {
 
     /// Asks the session thread, waiting for its answer at most the
     /// line's [`patience`].
-    pub(super) fn call<T>(&self, make: impl FnOnce(Sender<Result<T>>) -> Command) -> Result<T> {
+    pub(super) fn call<T>(&self, make: impl FnOnce(Reply<Result<T>>) -> Command) -> Result<T> {
         self.call_within(self.patience, make)
     }
 
@@ -196,14 +265,15 @@ impl Line {
     pub(super) fn call_within<T>(
         &self,
         patience: Duration,
-        make: impl FnOnce(Sender<Result<T>>) -> Command,
+        make: impl FnOnce(Reply<Result<T>>) -> Command,
     ) -> Result<T> {
-        let (reply, answer) = mpsc::channel();
+        let (reply, asked) = question();
         self.send(make(reply))?;
-        answer.recv_timeout(patience).map_err(|error| match error {
-            mpsc::RecvTimeoutError::Timeout => no_answer("wait for the PostgreSQL session", patience),
-            mpsc::RecvTimeoutError::Disconnected => session_stopped(),
-        })?
+        match asked.wait(patience) {
+            Ok(Some(answer)) => answer,
+            Ok(None) => Err(no_answer("wait for the PostgreSQL session", patience)),
+            Err(Unanswered) => Err(session_stopped()),
+        }
     }
 
     /// Every live holder known to the tables, by name. Each answer of the
@@ -235,7 +305,7 @@ impl Line {
     fn while_locked(
         &self,
         op: &'static str,
-        make: impl Fn(Sender<Result<Option<Vec<Found>>>>) -> Command,
+        make: impl Fn(Reply<Result<Option<Vec<Found>>>>) -> Command,
     ) -> Result<Vec<Found>> {
         let until = Instant::now() + ANSWER_PATIENCE;
         let mut pause = Duration::from_millis(5);
@@ -299,7 +369,7 @@ impl PgLock {
         })
     }
 
-    fn unlock(&self, reply: Option<Sender<Result<bool>>>) -> Command {
+    fn unlock(&self, reply: Option<Reply<Result<bool>>>) -> Command {
         Command::Unlock {
             name: self.name.as_str().to_owned(),
             key: self.key,
@@ -320,7 +390,7 @@ impl PgLock {
         downgrade: bool,
         owner: OwnRecord,
         until: Instant,
-        reply: Sender<Result<Answer>>,
+        reply: Reply<Result<Answer>>,
     ) -> Command {
         let (name, keys, generation) = (self.name.clone(), Keys::of(self.name.as_str()), self.generation);
         let (owner, line) = (Box::new(owner), self.line.clone());
