@@ -4,6 +4,18 @@
 //! turns with nothing but `O_EXCL` create, `flock`, write and `unlink`,
 //! woken by inotify), and the CPU a waiting process burns.
 //!
+//! The handoff rows, all from one run so their ratios are too:
+//!
+//! - exclusive: both processes take turns in `acquire`;
+//! - shared → exclusive: process A takes the name with `acquire_shared`,
+//!   process B with `acquire`; the row is a shared holder's release → B,
+//!   waiting exclusively, holding it (two shared holders would not wait
+//!   for each other, so a shared-only turn-taking measures nothing);
+//! - exclusive → shared: the other direction of the same run, B's
+//!   exclusive release → A, waiting in `acquire_shared`, holding it;
+//! - semaphore: both take turns on a 1-permit `Locker::semaphore`
+//!   (`Semaphore::acquire`), a permit's release → the other holding one.
+//!
 //! ```text
 //! cargo bench --bench cross_process
 //! ```
@@ -62,13 +74,18 @@ mod linux {
         let d = dir.path().to_str().unwrap();
 
         let floor = inotify_floor(d);
-        let raw = handoff_latency(d, "rawpong");
-        let handoff = handoff_latency(d, "pingpong");
+        let raw = summary(handoff_latency(d, ["rawpong"; 2]).concat());
+        let handoff = summary(handoff_latency(d, ["pingpong"; 2]).concat());
+        // Process 0 takes the name shared, process 1 exclusively: each list
+        // holds the handoffs to that process.
+        let [to_shared, to_exclusive] = handoff_latency(d, ["sharedpong-shared", "sharedpong-exclusive"]);
+        let (to_shared, to_exclusive) = (summary(to_shared), summary(to_exclusive));
+        let semaphore = summary(handoff_latency(d, ["sempong"; 2]).concat());
         let (waiting_cpu, idle_cpu) = waiting_cpu(d);
 
         println!(
-            "\ncross-process figures ({ROUNDS} inotify wake-ups; {} of {ROUNDS} acquisitions were handoffs to a waiting process)",
-            handoff.2
+            "\ncross-process figures ({ROUNDS} inotify wake-ups; of {ROUNDS} acquisitions, handoffs to a waiting process: exclusive {}, shared -> exclusive {} and exclusive -> shared {} of one run, semaphore {})",
+            handoff.2, to_exclusive.2, to_shared.2, semaphore.2
         );
         println!("| scenario | median | p99 |");
         println!("|---|---|---|");
@@ -85,6 +102,18 @@ mod linux {
             handoff.0, handoff.1
         );
         println!(
+            "| leasehold shared -> exclusive handoff (a shared holder's release -> the other process, waiting in `acquire`, holds) | {:.0} µs | {:.0} µs |",
+            to_exclusive.0, to_exclusive.1
+        );
+        println!(
+            "| leasehold exclusive -> shared handoff (same run: an exclusive release -> the other process, waiting in `acquire_shared`, holds) | {:.0} µs | {:.0} µs |",
+            to_shared.0, to_shared.1
+        );
+        println!(
+            "| leasehold semaphore handoff, 1 permit (release -> the other process, waiting in `Semaphore::acquire`, holds a permit) | {:.0} µs | {:.0} µs |",
+            semaphore.0, semaphore.1
+        );
+        println!(
             "| CPU of a process waiting 5 s for a held lock | {waiting_cpu} ms (a process that does not wait: {idle_cpu} ms) | |"
         );
     }
@@ -92,6 +121,18 @@ mod linux {
     fn percentiles(mut us: Vec<f64>) -> (f64, f64) {
         us.sort_by(|a, b| a.partial_cmp(b).unwrap());
         (us[us.len() / 2], us[us.len() * 99 / 100])
+    }
+
+    /// Median, 99th percentile and count of one row's handoffs.
+    fn summary(latencies: Vec<f64>) -> (f64, f64, usize) {
+        assert!(
+            latencies.len() >= ROUNDS / 4,
+            "only {} handoffs to a waiting process for a row",
+            latencies.len()
+        );
+        let count = latencies.len();
+        let (median, p99) = percentiles(latencies);
+        (median, p99, count)
     }
 
     fn spawn(role: &str, dir: &str) -> std::process::Child {
@@ -110,13 +151,14 @@ mod linux {
             .collect()
     }
 
-    /// Two processes take turns; each acquisition is paired with the other
-    /// process's release just before it. Only acquisitions that had started
-    /// waiting before that release count: an acquirer that arrived after it
-    /// measures its own schedule, not the handoff.
-    fn handoff_latency(dir: &str, role: &str) -> (f64, f64, usize) {
-        let mut a = spawn(role, dir);
-        let mut b = spawn(role, dir);
+    /// Two processes (`roles[0]` and `roles[1]`) take turns; each
+    /// acquisition is paired with the other process's release just before
+    /// it. Only acquisitions that had started waiting before that release
+    /// count: an acquirer that arrived after it measures its own schedule,
+    /// not the handoff. Returns the handoffs to each process (µs).
+    fn handoff_latency(dir: &str, roles: [&str; 2]) -> [Vec<f64>; 2] {
+        let mut a = spawn(roles[0], dir);
+        let mut b = spawn(roles[1], dir);
         let mut events: Vec<(u64, char, u32)> = Vec::new();
         for (child, id) in [(&mut a, 0), (&mut b, 1)] {
             for line in lines(child) {
@@ -129,7 +171,7 @@ mod linux {
         events.sort();
         let mut last_release: Option<(u64, u32)> = None;
         let mut waiting_since = [None::<u64>; 2];
-        let mut latencies = Vec::new();
+        let mut latencies = [Vec::new(), Vec::new()];
         for (t, kind, who) in events {
             match kind {
                 'W' => waiting_since[who as usize] = Some(t),
@@ -140,19 +182,17 @@ mod linux {
                         && by != who
                         && since.is_some_and(|w| w < r)
                     {
-                        latencies.push((t - r) as f64 / 1000.0);
+                        latencies[who as usize].push((t - r) as f64 / 1000.0);
                     }
                 }
             }
         }
+        let count = latencies[0].len() + latencies[1].len();
         assert!(
-            latencies.len() >= ROUNDS / 2,
-            "only {} of {ROUNDS} acquisitions were handoffs to a waiting process",
-            latencies.len()
+            count >= ROUNDS / 2,
+            "only {count} of {ROUNDS} acquisitions were handoffs to a waiting process ({roles:?})"
         );
-        let count = latencies.len();
-        let (median, p99) = percentiles(latencies);
-        (median, p99, count)
+        latencies
     }
 
     /// Time from one process unlinking a file to another being woken by inotify.
@@ -185,17 +225,24 @@ mod linux {
             .build()
             .unwrap();
         match role {
-            "pingpong" => rt.block_on(async {
+            "pingpong" | "sharedpong-shared" | "sharedpong-exclusive" | "sempong" => rt.block_on(async {
                 let locker = Locker::builder()
                     .directory(dir)
                     .durable(false)
                     .poll_interval(Duration::from_secs(1))
                     .build()
                     .unwrap();
+                let semaphore = locker.semaphore("sempong", 1).unwrap();
                 let mut out = String::new();
                 for _ in 0..ROUNDS / 2 {
                     out.push_str(&format!("W {}\n", now_ns()));
-                    let g = locker.acquire("pingpong").await.unwrap();
+                    let g = match role {
+                        "pingpong" => locker.acquire("pingpong").await,
+                        "sharedpong-shared" => locker.acquire_shared("sharedpong").await,
+                        "sharedpong-exclusive" => locker.acquire("sharedpong").await,
+                        _ => semaphore.acquire().await,
+                    }
+                    .unwrap();
                     out.push_str(&format!("A {}\n", now_ns()));
                     // Held longer than the pause below, so the other process
                     // is already waiting when this one releases.
