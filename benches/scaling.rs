@@ -1,9 +1,18 @@
 //! Throughput and fairness of 1, 2, 4, 8 and 16 processes contending on
-//! one name, printed as a markdown table.
+//! one name, printed as a markdown table; then, each in a table of its
+//! own with the same columns, 4 and 16 processes looping on a 1-permit
+//! semaphore (`Locker::semaphore(name, 1)`, `Semaphore::acquire_timeout`)
+//! and 4 and 16 processes looping `acquire_shared_timeout` on one name
+//! (shared holders do not exclude each other: that table measures taking
+//! and giving back a shared lock beside other readers, not a handoff).
 //!
 //! ```text
 //! cargo bench --bench scaling
 //! ```
+//!
+//! `LEASEHOLD_BENCH_PROCESSES=4` (or `2,16`) runs only these process
+//! counts; `LEASEHOLD_BENCH_KINDS=exclusive` (or `semaphore,shared`, any of
+//! `exclusive`, `semaphore`, `shared`, `py-filelock`) only these tables.
 //!
 //! Each configuration runs three times; the table gives the median run's
 //! throughput and the worst run's fairness (least served process over
@@ -48,6 +57,8 @@ mod unix {
 
     const ROLE: &str = "LEASEHOLD_BENCH_ROLE";
     const PROCESSES: [usize; 5] = [1, 2, 4, 8, 16];
+    /// The process counts of the semaphore and shared tables.
+    const KIND_PROCESSES: [usize; 2] = [4, 16];
     const RUN: Duration = Duration::from_secs(2);
     /// Time for every child to start before the run begins.
     const START_DELAY: Duration = Duration::from_millis(700);
@@ -61,9 +72,15 @@ mod unix {
     }
 
     pub(super) fn main() {
-        if std::env::var(ROLE).is_ok() {
+        if let Ok(role) = std::env::var(ROLE) {
             let args: Vec<String> = std::env::args().skip(1).collect();
-            contend(&args[0], args[1].parse().unwrap(), args[2].parse().unwrap());
+            let kind = match role.as_str() {
+                "contend" => Kind::Exclusive,
+                "contend-semaphore" => Kind::Semaphore,
+                "contend-shared" => Kind::Shared,
+                _ => unreachable!("unknown role"),
+            };
+            contend(kind, &args[0], args[1].parse().unwrap(), args[2].parse().unwrap());
             return;
         }
         if std::env::args().any(|a| a == "--list") {
@@ -71,15 +88,17 @@ mod unix {
         }
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_str().unwrap();
-
-        println!(
-            "\n{} s per configuration, run three times, one name, the defaults, each process: acquire -> tiny critical section -> release",
-            RUN.as_secs()
-        );
-        println!(
-            "| processes | acquisitions/s (median run) | per process min / median / max (median run) | fairness min/max: worst (each run) | longest wait | disk attempts per acquisition |"
-        );
-        println!("|---|---|---|---|---|---|");
+        // `LEASEHOLD_BENCH_KINDS=semaphore,shared`: only these tables.
+        let kinds: Option<Vec<String>> = std::env::var("LEASEHOLD_BENCH_KINDS")
+            .ok()
+            .map(|list| list.split(',').map(|k| k.trim().to_owned()).collect());
+        for kind in kinds.iter().flatten() {
+            assert!(
+                ["exclusive", "semaphore", "shared", "py-filelock"].contains(&kind.as_str()),
+                "LEASEHOLD_BENCH_KINDS: unknown kind {kind:?}"
+            );
+        }
+        let wanted = |kind: &str| kinds.as_ref().is_none_or(|kinds| kinds.iter().any(|k| k == kind));
         let mut settler = Settler::new(dir.path());
         // `LEASEHOLD_BENCH_PROCESSES=4` (or `2,16`): only these configurations.
         let only: Option<Vec<usize>> = std::env::var("LEASEHOLD_BENCH_PROCESSES").ok().map(|list| {
@@ -87,29 +106,40 @@ mod unix {
                 .map(|n| n.trim().parse().expect("a process count"))
                 .collect()
         });
-        for n in PROCESSES
-            .into_iter()
-            .filter(|n| only.as_ref().is_none_or(|only| only.contains(n)))
-        {
-            let runs: Vec<Run> = (0..REPEATS)
+        let contend_runs = |settler: &mut Settler, n: usize, role: &str| -> Vec<Run> {
+            (0..REPEATS)
                 .map(|_| {
                     // Every run starts from the same filesystem state.
                     settler.settle();
                     run(n, |start, stop| {
                         Command::new(std::env::current_exe().unwrap())
                             .args([d, &start.to_string(), &stop.to_string()])
-                            .env(ROLE, "contend")
+                            .env(ROLE, role)
                             .stdout(Stdio::piped())
                             .spawn()
                             .unwrap()
                     })
                 })
-                .collect();
-            report(&n.to_string(), &runs);
+                .collect()
+        };
+
+        if wanted("exclusive") {
+            println!(
+                "\n{} s per configuration, run three times, one name, the defaults, each process: acquire -> tiny critical section -> release",
+                RUN.as_secs()
+            );
+            table_head();
+            for n in PROCESSES
+                .into_iter()
+                .filter(|n| only.as_ref().is_none_or(|only| only.contains(n)))
+            {
+                let runs = contend_runs(&mut settler, n, "contend");
+                report(&n.to_string(), &runs);
+            }
         }
         // The lock Python users pick, contended the same way (skipped without
         // python3's filelock module).
-        if python_has_filelock() {
+        if wanted("py-filelock") && python_has_filelock() {
             println!("\npy-filelock FileLock, the same loop in Python, in the same directory:\n");
             for n in [4, 16]
                 .into_iter()
@@ -130,6 +160,53 @@ mod unix {
                 report(&format!("{n} (py-filelock)"), &runs);
             }
         }
+        for (kind, role, what) in [
+            (
+                "semaphore",
+                "contend-semaphore",
+                "a 1-permit semaphore (`semaphore(name, 1)`, `Semaphore::acquire_timeout`)",
+            ),
+            (
+                "shared",
+                "contend-shared",
+                "`acquire_shared_timeout` (shared holders overlap: no process waits for another's release)",
+            ),
+        ] {
+            let counts: Vec<usize> = KIND_PROCESSES
+                .into_iter()
+                .filter(|n| only.as_ref().is_none_or(|only| only.contains(n)))
+                .collect();
+            if !wanted(kind) || counts.is_empty() {
+                continue;
+            }
+            println!(
+                "\n{kind}: {} s per configuration, run three times, one name, the defaults, each process: {what} -> tiny critical section -> release\n",
+                RUN.as_secs()
+            );
+            table_head();
+            for n in counts {
+                let runs = contend_runs(&mut settler, n, role);
+                report(&format!("{n} ({kind})"), &runs);
+            }
+        }
+    }
+
+    fn table_head() {
+        println!(
+            "| processes | acquisitions/s (median run) | per process min / median / max (median run) | fairness min/max: worst (each run) | longest wait | disk attempts per acquisition |"
+        );
+        println!("|---|---|---|---|---|---|");
+    }
+
+    /// What each contending process acquires.
+    #[derive(Clone, Copy)]
+    enum Kind {
+        /// `acquire_timeout` on one name.
+        Exclusive,
+        /// A permit of a 1-permit semaphore.
+        Semaphore,
+        /// `acquire_shared_timeout` on one name.
+        Shared,
     }
 
     /// Runs of each configuration: the table gives the median throughput and
@@ -240,13 +317,14 @@ print(count, 0, longest // 1000)
         (f.next().unwrap(), f.next().unwrap(), f.next().unwrap())
     }
 
-    fn contend(dir: &str, start: u64, stop: u64) {
+    fn contend(kind: Kind, dir: &str, start: u64, stop: u64) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         rt.block_on(async {
             let locker = Locker::new(dir).unwrap();
+            let semaphore = locker.semaphore("contended-semaphore", 1).unwrap();
             tokio::time::sleep(Duration::from_nanos(start.saturating_sub(now_ns()))).await;
             let mut count = 0u64;
             let mut critical = 0u64;
@@ -256,10 +334,13 @@ print(count, 0, longest // 1000)
                 if now >= stop {
                     break;
                 }
-                match locker
-                    .acquire_timeout("contended", Duration::from_nanos(stop - now))
-                    .await
-                {
+                let timeout = Duration::from_nanos(stop - now);
+                let acquired = match kind {
+                    Kind::Exclusive => locker.acquire_timeout("contended", timeout).await,
+                    Kind::Semaphore => semaphore.acquire_timeout(timeout).await,
+                    Kind::Shared => locker.acquire_shared_timeout("contended-shared", timeout).await,
+                };
+                match acquired {
                     Ok(guard) => {
                         longest = longest.max(now_ns() - now);
                         // The tiny critical section.
