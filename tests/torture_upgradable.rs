@@ -29,8 +29,10 @@
 //!
 //! The log (see `tests/torture_shared.rs`): `S name id role token pid ns`,
 //! `E name id pid ns`, `L name id pid ns reason`, `B name id pid what`,
-//! `X pid error`, `Z pid ...`; and `UP pid` / `DOWN pid` for each upgrade
-//! and downgrade made.
+//! `X pid error`, `Z pid ...`; `UP pid` / `DOWN pid` for each upgrade
+//! and downgrade made; and `D name id next pid ns` just before a
+//! downgrade of section `id` is called, at the moment its section ends
+//! (for a kill in the downgrade: see `cut_at_downgrades`).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -179,7 +181,10 @@ async fn upgradable_chain(mut up: UpgradableGuard, log: &Log, id: &str, rng: &mu
                 return;
             }
         };
-        // From here on readers may join: the next section starts.
+        // From here on readers may join: the next section starts. Said
+        // before the call too, for a kill in the downgrade, whose end
+        // lines then never come (see `cut_at_downgrades`).
+        log.line(format!("D {NAME} {this} {id}.{} {pid} {ns}", k + 1));
         match writer.downgrade().await {
             Ok(again) => {
                 k += 1;
@@ -252,7 +257,7 @@ fn torture(backend: Backend) {
 
     let text = arena.log();
     let mut tally = Tally::default();
-    let mut sections = torture::sections(&arena, &chaos, &mut tally, &text, &["UP", "DOWN"]);
+    let mut sections = torture::sections(&arena, &chaos, &mut tally, &text, &["UP", "DOWN", "D"]);
     // When a killed holder stopped acting, from `start` on: at the kill,
     // or at its first stop after `start` (see `torture::sections`).
     let killed_end = |pid: u32, start: u64| {
@@ -271,6 +276,7 @@ fn torture(backend: Backend) {
         found: overlaps_found,
         readers: reader_overlaps,
         reader_upgradable: reader_upgradable_overlaps,
+        cut,
         problems,
     } = check(&mut sections, &text, &killed_end, &|pid| chaos.stops_of(pid));
     tally.problems.extend(problems);
@@ -292,7 +298,7 @@ fn torture(backend: Backend) {
     eprintln!(
         "torture_upgradable [{label}]: {procs} procs x {tasks} tasks, {secs} s of chaos, {:.1} s in all\n  \
          holds {} (readers {}, writers {}, upgradable {}, upgraded {}; completed {}, lost {} {:?}, cut by kill {killed})\n  \
-         upgrades {upgrades}, downgrades {downgrades}\n  \
+         upgrades {upgrades}, downgrades {downgrades} (killed in one {cut})\n  \
          kills {} pauses {} acquire errors {:?}\n  \
          reader/reader overlaps {reader_overlaps}, reader/upgradable overlaps {reader_upgradable_overlaps}, \
          overlaps excused by a loss {overlaps_excused}\n  \
@@ -327,21 +333,27 @@ struct Overlaps {
     readers: u64,
     /// Readers overlapping an upgradable holder.
     reader_upgradable: u64,
+    /// Sections cut at a downgrade a kill ended (`cut_at_downgrades`).
+    cut: u64,
     /// One line per violation.
     problems: Vec<String>,
 }
 
-/// The overlaps of `sections` (sorted here by their starts), read from the
-/// log `text`; `killed_end(pid, start)` says when a killed holder stopped
-/// acting from `start` on, `stops_of(pid)` its stops (for the report).
+/// The overlaps of `sections` (cut at the downgrades of the log `text`
+/// first, and sorted by their starts); `killed_end(pid, start)` says when
+/// a killed holder stopped acting from `start` on, `stops_of(pid)` its
+/// stops (for the report).
 fn check(
-    sections: &mut [Section],
-    _text: &str,
-    _killed_end: &dyn Fn(u32, u64) -> u64,
+    sections: &mut Vec<Section>,
+    text: &str,
+    killed_end: &dyn Fn(u32, u64) -> u64,
     stops_of: &dyn Fn(u32) -> Vec<(u64, u64)>,
 ) -> Overlaps {
+    let mut found = Overlaps {
+        cut: cut_at_downgrades(sections, text, killed_end),
+        ..Overlaps::default()
+    };
     sections.sort_by_key(|s| (s.start, s.token));
-    let mut found = Overlaps::default();
     let mut active: Vec<&Section> = Vec::new();
     for s in sections.iter() {
         active.retain(|a| a.end > s.start);
@@ -370,6 +382,50 @@ fn check(
         active.push(s);
     }
     found
+}
+
+/// Ends a section of an upgradable chain whose process was killed in its
+/// downgrade at the moment the downgrade was called (its `D` line), and
+/// begins the chain's next section there, `U`, until the process stopped
+/// acting (`killed_end`), with the token of the section cut (no later
+/// writer's is below it).
+///
+/// The chain's sections end and begin at that moment (see the top of this
+/// file), but their lines are logged once the downgrade returned: killed
+/// in between, the exclusive section lasted until the kill, and a reader
+/// that joined the marker the downgrade had published, as readers may,
+/// was reported as a violation. A section that stopped acting before the
+/// call (a stop past its lease: the downgrade then fails) is left as it
+/// is. How many were cut.
+fn cut_at_downgrades(sections: &mut Vec<Section>, text: &str, killed_end: &dyn Fn(u32, u64) -> u64) -> u64 {
+    let mut cut_at = 0;
+    for line in text.lines().filter(|line| line.starts_with("D ")) {
+        let line = torture::Line::new(line);
+        let (id, next, pid, ns) = (line.f[2], line.f[3], line.num(4) as u32, line.num(5));
+        let Some(cut) = sections
+            .iter_mut()
+            .find(|s| s.id == id && s.how == End::Killed && s.end > ns)
+        else {
+            continue;
+        };
+        cut.end = ns;
+        cut_at += 1;
+        let (name, token) = (cut.name.clone(), cut.token);
+        if sections.iter().any(|s| s.id == next) {
+            continue;
+        }
+        sections.push(Section {
+            name,
+            id: next.to_owned(),
+            role: 'U',
+            token,
+            pid,
+            start: ns,
+            end: killed_end(pid, ns),
+            how: End::Killed,
+        });
+    }
+    cut_at
 }
 
 /// A CI run's report (`torture_upgradable [file]`, 2026-12-06): pid 4622
@@ -432,7 +488,7 @@ fn a_holder_killed_in_its_downgrade_held_exclusively_until_the_call() {
     // that began at the call.
     let found = check(&mut sections.clone(), called, &killed_end, &none);
     assert_eq!(found.problems, Vec::<String>::new());
-    assert_eq!(found.reader_upgradable, 1);
+    assert_eq!((found.cut, found.reader_upgradable), (1, 1));
     // A writer after the call overlaps it all the same.
     sections.push(section(
         "4537.4e1aadb5.3.99",
