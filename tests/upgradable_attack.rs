@@ -332,6 +332,44 @@ fn a_downgraded_holding_frozen_past_its_lease_counts_itself_lost() {
     assert_eq!(said, "lost=true", "the downgraded holder did not see its loss");
 }
 
+/// A reader of another process joins as soon as a downgrade has
+/// published its marker, before `downgrade()` returned, and a writer does
+/// not; a kill of the downgrader then frees the name. What a CI run of
+/// `tests/torture_upgradable.rs` met (2026-12-06): the downgrader was
+/// killed at that point, and the torture, which logged the end of the
+/// exclusive section only once the downgrade returned, counted it held
+/// until the kill, and the reader as a violation (now it logs the call
+/// first).
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_reader_joins_a_downgrade_that_has_not_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = spawn("downgrader-frozen-after-publish", dir.path());
+    child.expect("armed", CHILD_WITHIN);
+    child.wait_stopped("downgrader", Duration::from_secs(15));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let other = locker(dir.path(), Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
+    let reader = rt.block_on(other.try_acquire_shared(NAME)).unwrap();
+    assert!(
+        reader.is_some(),
+        "no reader got in after the downgrade published its marker"
+    );
+    assert!(
+        rt.block_on(other.try_acquire(NAME)).unwrap().is_none(),
+        "a writer got in while the downgrader held the name"
+    );
+    drop(reader);
+    child.kill();
+    let writer = rt.block_on(other.acquire_timeout(NAME, Duration::from_secs(10)));
+    assert!(
+        writer.is_ok(),
+        "the killed downgrader's holding stayed: {writer:?}"
+    );
+}
+
 // ---- Children ---------------------------------------------------------------
 
 #[test]
@@ -425,6 +463,30 @@ async fn run_role(role: &str, dir: PathBuf) {
                 Err(e) if e.is_lost() => say("lost"),
                 Err(e) => say(&format!("error {e}")),
             }
+        }
+        #[cfg(feature = "failpoints")]
+        "downgrader-frozen-after-publish" => {
+            // A lease that outlasts the test: only the kill ends it.
+            let locker = locker(
+                &dir,
+                Strategy::ExclusiveFile,
+                Duration::from_secs(60),
+                Duration::from_secs(15),
+            );
+            let writer = locker
+                .acquire_upgradable(NAME)
+                .await
+                .unwrap()
+                .upgrade()
+                .await
+                .unwrap();
+            fail::cfg_callback("downgrade.before_tokens", || {
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+            })
+            .unwrap();
+            say("armed");
+            let _up = writer.downgrade().await;
+            tokio::time::sleep(CHILD_TTL).await;
         }
         "downgraded-then-frozen" => {
             let locker = locker(&dir, Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);
