@@ -189,8 +189,11 @@ async fn upgradable_chain(mut up: UpgradableGuard, log: &Log, id: &str, rng: &mu
             Ok(again) => {
                 k += 1;
                 let token = again.guard().fencing_token().expect("fencing is on");
-                log.line(format!("E {NAME} {this} {pid} {ns}"));
+                // The new section first: killed between the two lines,
+                // the holding is logged, and the exclusive section is cut
+                // at the call (`cut_at_downgrades`).
                 log.line(format!("S {NAME} {id}.{k} U {token} {pid} {ns}"));
+                log.line(format!("E {NAME} {this} {pid} {ns}"));
                 log.line(format!("DOWN {pid}"));
                 up = again;
             }
@@ -499,8 +502,23 @@ fn a_holder_killed_in_its_downgrade_held_exclusively_until_the_call() {
         35_717_829_000_000,
         End::Committed,
     ));
-    let found = check(&mut sections, called, &killed_end, &none);
+    let found = check(&mut sections.clone(), called, &killed_end, &none);
     assert_eq!(found.found, 2, "{:?}", found.problems);
+    // Killed after the new section's line, before the old one's end: cut
+    // all the same, the new section as logged.
+    sections.pop();
+    sections.push(section(
+        "4622.6296c87d.0.19.2",
+        'U',
+        1_796_541_589_552_783,
+        4622,
+        35_717_821_000_000,
+        kill,
+        End::Killed,
+    ));
+    let found = check(&mut sections, called, &killed_end, &none);
+    assert_eq!(found.problems, Vec::<String>::new());
+    assert_eq!((found.cut, sections.len()), (1, 4));
 }
 
 #[test]
