@@ -28,7 +28,7 @@ mod pg_server;
 mod pg_session;
 
 use pg_server::Server;
-use pg_session::{intent_key, quick_builder, unique};
+use pg_session::{holding, intent_key, quick_builder, unique};
 
 /// Every wait of these tests ends within this.
 const BOUND: Duration = Duration::from_secs(20);
@@ -37,21 +37,6 @@ async fn bounded<T>(what: &str, future: impl std::future::Future<Output = T>) ->
     tokio::time::timeout(BOUND, future)
         .await
         .unwrap_or_else(|_| panic!("{what}: not within {BOUND:?}"))
-}
-
-/// Sessions holding the advisory lock `key` (a bigint key: its high half
-/// in `classid`, its low half in `objid`).
-fn holding(server: &Server, key: i64) -> i64 {
-    let (high, low) = ((key >> 32) & 0xffff_ffff, key & 0xffff_ffff);
-    server.sql(move |c| {
-        c.query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
-               AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1",
-            &[&high, &low],
-        )
-        .unwrap()
-        .get(0)
-    })
 }
 
 /// Holds the rows of `names` in `leasehold_locks` (`FOR UPDATE`) on a

@@ -32,22 +32,7 @@ mod pg_server;
 mod pg_session;
 
 use pg_server::Server;
-use pg_session::{intent_key, quick_builder, unique};
-
-/// Sessions holding the advisory lock `key` (a bigint key: its high half
-/// in `classid`, its low half in `objid`).
-fn holding(server: &Server, key: i64) -> i64 {
-    let (high, low) = ((key >> 32) & 0xffff_ffff, key & 0xffff_ffff);
-    server.sql(move |c| {
-        c.query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
-               AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1",
-            &[&high, &low],
-        )
-        .unwrap()
-        .get(0)
-    })
-}
+use pg_session::{holding, intent_key, quick_builder, unique};
 
 /// One writer that gives up while its first announcement is answered
 /// `answer_after` late, its caller held `caller_held` after its wait for

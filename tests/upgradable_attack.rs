@@ -407,14 +407,26 @@ async fn run_role(role: &str, dir: PathBuf) {
             .unwrap();
             tokio::time::sleep(CHILD_TTL).await;
         }
+        // Upgraded, then frozen in its downgrade: before its marker goes
+        // up, or (with a lease that outlasts the test: only the kill ends
+        // it) just after.
         #[cfg(feature = "failpoints")]
-        "downgrader" => {
-            let locker = locker(
-                &dir,
-                Strategy::ExclusiveFile,
-                Duration::from_secs(10),
-                Duration::from_secs(3),
-            );
+        "downgrader" | "downgrader-frozen-after-publish" => {
+            let (lease, renew, point, said) = match role {
+                "downgrader" => (
+                    Duration::from_secs(10),
+                    Duration::from_secs(3),
+                    "downgrade.before_marker",
+                    "upgraded",
+                ),
+                _ => (
+                    Duration::from_secs(60),
+                    Duration::from_secs(15),
+                    "downgrade.before_tokens",
+                    "armed",
+                ),
+            };
+            let locker = locker(&dir, Strategy::ExclusiveFile, lease, renew);
             let writer = locker
                 .acquire_upgradable(NAME)
                 .await
@@ -422,11 +434,11 @@ async fn run_role(role: &str, dir: PathBuf) {
                 .upgrade()
                 .await
                 .unwrap();
-            fail::cfg_callback("downgrade.before_marker", || {
+            fail::cfg_callback(point, || {
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
             })
             .unwrap();
-            say("upgraded");
+            say(said);
             let _up = writer.downgrade().await.unwrap();
             tokio::time::sleep(CHILD_TTL).await;
         }
@@ -463,30 +475,6 @@ async fn run_role(role: &str, dir: PathBuf) {
                 Err(e) if e.is_lost() => say("lost"),
                 Err(e) => say(&format!("error {e}")),
             }
-        }
-        #[cfg(feature = "failpoints")]
-        "downgrader-frozen-after-publish" => {
-            // A lease that outlasts the test: only the kill ends it.
-            let locker = locker(
-                &dir,
-                Strategy::ExclusiveFile,
-                Duration::from_secs(60),
-                Duration::from_secs(15),
-            );
-            let writer = locker
-                .acquire_upgradable(NAME)
-                .await
-                .unwrap()
-                .upgrade()
-                .await
-                .unwrap();
-            fail::cfg_callback("downgrade.before_tokens", || {
-                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
-            })
-            .unwrap();
-            say("armed");
-            let _up = writer.downgrade().await;
-            tokio::time::sleep(CHILD_TTL).await;
         }
         "downgraded-then-frozen" => {
             let locker = locker(&dir, Strategy::ExclusiveFile, SHORT_LEASE, SHORT_LEASE / 4);

@@ -213,3 +213,18 @@ where
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// Sessions holding the advisory lock `key` (a bigint key: its high half
+/// in `classid`, its low half in `objid`).
+pub fn holding(server: &Server, key: i64) -> i64 {
+    let (high, low) = ((key >> 32) & 0xffff_ffff, key & 0xffff_ffff);
+    server.sql(move |c| {
+        c.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+               AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1",
+            &[&high, &low],
+        )
+        .unwrap()
+        .get(0)
+    })
+}
