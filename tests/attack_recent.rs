@@ -75,18 +75,34 @@ async fn settles_empty(dir: &Path, what: &str) {
     assert!(left.is_empty(), "{what}: left behind {left:?}");
 }
 
-/// A process holding the name's mutation lock, slow or frozen: let go as
-/// leasehold lets its own go (the file removed, then unlocked).
+/// A process holding the name's mutation lock, slow or frozen: taken as
+/// leasehold takes it, and let go as leasehold lets its own go (the file
+/// removed, then unlocked).
 struct Slow {
     path: PathBuf,
     file: Option<File>,
 }
 
 impl Slow {
+    /// The flock, then a look that the path still names the file locked:
+    /// its last holder may have removed it (and the next made a new one)
+    /// while we waited, and letting go of a file we locked after its
+    /// removal would remove the next holder's file, so that two
+    /// processes held the name's mutation lock. Without the look, a CI
+    /// run saw a reader and a writer hold at once (2026-12-06).
     fn take(path: &Path) -> Slow {
-        Slow {
-            path: path.to_owned(),
-            file: Some(frozen_flock(path)),
+        use std::os::unix::fs::MetadataExt;
+        loop {
+            let file = frozen_flock(path);
+            let locked = file.metadata().unwrap();
+            if std::fs::symlink_metadata(path)
+                .is_ok_and(|named| (named.dev(), named.ino()) == (locked.dev(), locked.ino()))
+            {
+                return Slow {
+                    path: path.to_owned(),
+                    file: Some(file),
+                };
+            }
         }
     }
 }
