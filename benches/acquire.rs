@@ -12,6 +12,7 @@
 //! | `raw_file_floor_fdatasync` | the same, with `fdatasync` before close (compare with `durable(true)`) |
 //! | `raw_directory_floor` | mkdir a temp dir + write `owner.json` in it + rename it onto the lock path + unlink `owner.json` + rmdir |
 //! | `std_flock_open_file` | `File::lock()` + `File::unlock()` on a file that is already open |
+//! | `raw_file_protocol_floor` | Linux: the system calls of leasehold's own acquire + release, made directly, in its order (see below) |
 //! | `leasehold_file` | the defaults (`Strategy::ExclusiveFile`, records not synced), guard dropped |
 //! | `leasehold_file_release_await` | the same, released with `guard.release().await` |
 //! | `leasehold_file_durable` | `durable(true)`: the record synced (compare with the `fdatasync` floor) |
@@ -151,6 +152,9 @@ fn uncontended(c: &mut Criterion) {
         })
     });
 
+    #[cfg(target_os = "linux")]
+    protocol_floor(&mut group, &mut settler, work, &file_record);
+
     // The defaults (records not synced), dropping the guard...
     let file_default = Locker::new(work).unwrap();
     settler.settle();
@@ -209,6 +213,78 @@ fn uncontended(c: &mut Criterion) {
     // The lock Python users pick, in the same directory and run.
     settler.settle();
     py_filelock(work);
+}
+
+/// The floor of leasehold's own protocol for the file layout: the 20
+/// system calls that `strace -f` shows for one uncontended acquire +
+/// release with the defaults, made directly, in the same order, with no
+/// runtime, no record to build and no bookkeeping. What separates it from
+/// `raw_file_floor` is what the protocol needs for its guarantees; what
+/// separates `leasehold_file` from it is the library's own cost.
+///
+/// Acquire: look at the lock path; create the record under a private name
+/// (`O_EXCL`), `flock` it, `fstat` it (its identity), write it, rename it
+/// onto the lock path (`RENAME_NOREPLACE`); look that the directory's path
+/// still names the directory. Release, under the name's mutation lock:
+/// create and open the mutation lock file, `fstat` it, `flock` it, look
+/// that its path still names it; look that the lock path still names our
+/// record; ask the waiting line whether anyone waits (`F_OFD_GETLK`);
+/// unlink the record; `fstat` the mutation lock file (leasehold removes
+/// only an empty one), unlink it; close both.
+#[cfg(target_os = "linux")]
+fn protocol_floor(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    settler: &mut Settler,
+    work: &Path,
+    record: &[u8],
+) {
+    use nix::fcntl::{FcntlArg, OFlag, RenameFlags, fcntl, openat, renameat2};
+    use nix::libc;
+    use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
+    use nix::unistd::{UnlinkatFlags, unlinkat};
+    use std::os::unix::fs::FileExt;
+
+    let dir = File::open(work).unwrap();
+    let (lock, pending, mutex) = ("protocol.lock", "protocol.lock.pending", "protocol.lock.mutex");
+    let no_follow = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
+    let mode = Mode::from_bits_truncate(0o600);
+    let same = |a: &FileStat, b: &FileStat| (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino);
+    settler.settle();
+    group.bench_function("raw_file_protocol_floor", |b| {
+        b.iter(|| {
+            // Acquire.
+            assert!(fstatat(&dir, lock, no_follow).is_err(), "free");
+            let create =
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let file = File::from(openat(&dir, pending, create, mode).unwrap());
+            file.try_lock().unwrap();
+            let ours = fstat(&file).unwrap();
+            file.write_all_at(record, 0).unwrap();
+            renameat2(&dir, pending, &dir, lock, RenameFlags::RENAME_NOREPLACE).unwrap();
+            assert!(std::fs::metadata(work).unwrap().is_dir());
+            // Release.
+            let open =
+                OFlag::O_RDONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let mutation = File::from(openat(&dir, mutex, open, mode).unwrap());
+            let locked = fstat(&mutation).unwrap();
+            mutation.try_lock().unwrap();
+            assert!(same(&fstatat(&dir, mutex, no_follow).unwrap(), &locked));
+            assert!(same(&fstatat(&dir, lock, no_follow).unwrap(), &ours));
+            let mut line = libc::flock {
+                l_type: libc::F_WRLCK as i16,
+                l_whence: libc::SEEK_SET as i16,
+                l_start: 1 << 40,
+                l_len: 1 << 20,
+                l_pid: 0,
+            };
+            fcntl(&dir, FcntlArg::F_OFD_GETLK(&mut line)).unwrap();
+            unlinkat(&dir, lock, UnlinkatFlags::NoRemoveDir).unwrap();
+            assert_eq!(fstat(&mutation).unwrap().st_size, 0);
+            unlinkat(&dir, mutex, UnlinkatFlags::NoRemoveDir).unwrap();
+            drop(mutation);
+            drop(file);
+        })
+    });
 }
 
 /// py-filelock's `FileLock` (flock on a lock file it keeps), uncontended
