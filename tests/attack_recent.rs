@@ -114,6 +114,93 @@ impl Drop for Slow {
     }
 }
 
+/// The descriptors of this process open on the file `path` names (a
+/// removed file's read `<path> (deleted)`, and does not count).
+#[cfg(target_os = "linux")]
+fn opened(path: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|link| link == path)
+        .count()
+}
+
+/// The interleaving of the CI run of 312f30a, step by step: the slow
+/// process opens the name's mutation-lock file while a holder has it;
+/// that holder lets go as leasehold does (the file removed; the next
+/// holder makes a new one at the path and locks it; the first unlocks).
+/// The slow process must wait for the next holder, not take the removed
+/// file for the lock, and letting go must leave the next holder's file.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_slow_process_waits_for_the_holder_after_a_removal() {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::mpsc;
+    let root = tempfile::tempdir().unwrap();
+    // As /proc/self/fd names it.
+    let dir = root.path().canonicalize().unwrap();
+    let mutex = mutex_of(&locker(&dir, Strategy::ExclusiveFile).lock_path("job").unwrap());
+    let within = |what: &str, until: Instant| assert!(Instant::now() < until, "{what}: not within 5 s");
+
+    let first = frozen_flock(&mutex);
+    let (taken_tx, taken) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let slow = {
+        let mutex = mutex.clone();
+        std::thread::spawn(move || {
+            let slow = Slow::take(&mutex);
+            taken_tx.send(()).unwrap();
+            // Let go when told, or when the test is over.
+            let _ = go.recv();
+            drop(slow);
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while opened(&mutex) < 2 {
+        within("the slow process opening the first holder's file", until);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The first holder lets go: removed, the next holder in, unlocked.
+    std::fs::remove_file(&mutex).unwrap();
+    let second = frozen_flock(&mutex);
+    let seconds = second.metadata().unwrap();
+    drop(first);
+    // The slow process either takes the lock (the removed file: wrong)
+    // or opens the second holder's file to wait on it.
+    let early = loop {
+        if taken.try_recv().is_ok() {
+            break true;
+        }
+        if opened(&mutex) == 2 {
+            std::thread::sleep(Duration::from_millis(50));
+            break taken.try_recv().is_ok();
+        }
+        within("the slow process taking or waiting", until);
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    if early {
+        go_tx.send(()).unwrap();
+        slow.join().unwrap();
+        let kept = std::fs::symlink_metadata(&mutex)
+            .is_ok_and(|named| (named.dev(), named.ino()) == (seconds.dev(), seconds.ino()));
+        panic!(
+            "the slow process took the mutation lock while another held it; letting go, \
+             it {} that holder's file",
+            if kept { "left" } else { "removed" }
+        );
+    }
+    // The second holder lets go; then the slow process holds.
+    std::fs::remove_file(&mutex).unwrap();
+    drop(second);
+    taken
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the slow process taking the lock once free");
+    assert_eq!(opened(&mutex), 1, "the slow process holds the file at the path");
+    go_tx.send(()).unwrap();
+    slow.join().unwrap();
+    assert!(!mutex.exists(), "the slow process let go as leasehold does");
+}
+
 /// The tidy of a withdrawn announcement is deferred (the mutation lock is
 /// held by a slow process); meanwhile the group's last reader leaves (its
 /// group's end deferred too) and, once the slow process lets go, a new
