@@ -18,13 +18,12 @@
 #[path = "support/common.rs"]
 mod common;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use common::{frozen_flock, members_of, mutex_of};
+use common::{MutationLock, frozen_flock, members_of, mutex_of};
 use leasehold::{LockGuard, Locker, Strategy};
 
 /// Every wait of these tests ends within this.
@@ -75,45 +74,6 @@ async fn settles_empty(dir: &Path, what: &str) {
     assert!(left.is_empty(), "{what}: left behind {left:?}");
 }
 
-/// A process holding the name's mutation lock, slow or frozen: taken as
-/// leasehold takes it, and let go as leasehold lets its own go (the file
-/// removed, then unlocked).
-struct Slow {
-    path: PathBuf,
-    file: Option<File>,
-}
-
-impl Slow {
-    /// The flock, then a look that the path still names the file locked:
-    /// its last holder may have removed it (and the next made a new one)
-    /// while we waited, and letting go of a file we locked after its
-    /// removal would remove the next holder's file, so that two
-    /// processes held the name's mutation lock. Without the look, a CI
-    /// run saw a reader and a writer hold at once (2026-12-06).
-    fn take(path: &Path) -> Slow {
-        use std::os::unix::fs::MetadataExt;
-        loop {
-            let file = frozen_flock(path);
-            let locked = file.metadata().unwrap();
-            if std::fs::symlink_metadata(path)
-                .is_ok_and(|named| (named.dev(), named.ino()) == (locked.dev(), locked.ino()))
-            {
-                return Slow {
-                    path: path.to_owned(),
-                    file: Some(file),
-                };
-            }
-        }
-    }
-}
-
-impl Drop for Slow {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-        drop(self.file.take());
-    }
-}
-
 /// The descriptors of this process open on the file `path` names (a
 /// removed file's read `<path> (deleted)`, and does not count).
 #[cfg(target_os = "linux")]
@@ -126,7 +86,7 @@ fn opened(path: &Path) -> usize {
 }
 
 /// The interleaving of the CI run of 312f30a, step by step: the slow
-/// process opens the name's mutation-lock file while a holder has it;
+/// process ([`MutationLock`]) opens the name's mutation-lock file while a holder has it;
 /// that holder lets go as leasehold does (the file removed; the next
 /// holder makes a new one at the path and locks it; the first unlocks).
 /// The slow process must wait for the next holder, not take the removed
@@ -148,7 +108,7 @@ fn the_slow_process_waits_for_the_holder_after_a_removal() {
     let slow = {
         let mutex = mutex.clone();
         std::thread::spawn(move || {
-            let slow = Slow::take(&mutex);
+            let slow = MutationLock::take(&mutex).unwrap();
             taken_tx.send(()).unwrap();
             // Let go when told, or when the test is over.
             let _ = go.recv();
@@ -228,7 +188,7 @@ async fn a_deferred_tidy_never_removes_the_next_groups_members_directory() {
                 let mutex = mutex.clone();
                 let take = async move {
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    Slow::take(&mutex)
+                    MutationLock::take(&mutex).unwrap()
                 };
                 let (written, slow) = tokio::join!(writing, take);
                 assert!(written.is_err(), "{strategy:?} round {round}: a reader holds");
@@ -366,7 +326,7 @@ async fn churn_with_a_slow_mutation_lock_never_overlaps_and_leaves_nothing() {
                         .map(|e| e.unwrap().path())
                         .find(|p| p.extension().is_some_and(|e| e == "lock"))
                     {
-                        let slow = Slow::take(&mutex_of(&path));
+                        let slow = MutationLock::take(&mutex_of(&path)).unwrap();
                         std::thread::sleep(Duration::from_millis(1 + n % 25));
                         drop(slow);
                     }

@@ -17,7 +17,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{frozen_flock, members_of, mutex_of};
+use common::{frozen_flock, hold_mutation_lock, members_of, mutex_of};
 use leasehold::{Locker, Strategy};
 
 #[test]
@@ -41,33 +41,6 @@ fn strategy_arg(strategy: Strategy) -> &'static str {
     match strategy {
         Strategy::Directory => "directory",
         _ => "file",
-    }
-}
-
-/// Takes the name's mutation lock as leasehold does (open, flock, check
-/// the name still names what was locked), holds it `hold`, and lets it go
-/// as leasehold does (removed, then unlocked): a slow process changing
-/// the name.
-fn hold_mutation_lock(path: &Path, hold: Duration) {
-    use std::os::unix::fs::MetadataExt;
-    loop {
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path);
-        // The test's directory gone: the test is over.
-        let Ok(file) = file else { return };
-        file.lock().unwrap();
-        let locked = file.metadata().unwrap();
-        match std::fs::metadata(path) {
-            Ok(now) if (now.dev(), now.ino()) == (locked.dev(), locked.ino()) => {}
-            _ => continue,
-        }
-        std::thread::sleep(hold);
-        let _ = std::fs::remove_file(path);
-        return;
     }
 }
 

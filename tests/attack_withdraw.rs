@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Step, frozen_flock, members_of, mutex_of};
+use common::{MutationLock, Step, hold_mutation_lock, members_of, mutex_of};
 use leasehold::Locker;
 
 /// The tests share process-wide failpoints: one at a time.
@@ -74,36 +74,6 @@ fn record_warnings() {
 async fn reached(step: &Arc<Step>) -> bool {
     let step = Arc::clone(step);
     tokio::task::spawn_blocking(move || step.wait()).await.unwrap()
-}
-
-/// Takes the name's mutation lock as leasehold does, holds it `hold`,
-/// and lets it go as leasehold does (removed, then unlocked).
-fn hold_mutation_lock(path: &Path, hold: Duration) {
-    use std::os::unix::fs::MetadataExt;
-    loop {
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path);
-        let Ok(file) = file else { return };
-        file.lock().unwrap();
-        let locked = file.metadata().unwrap();
-        match std::fs::metadata(path) {
-            Ok(now) if (now.dev(), now.ino()) == (locked.dev(), locked.ino()) => {}
-            _ => continue,
-        }
-        std::thread::sleep(hold);
-        let _ = std::fs::remove_file(path);
-        return;
-    }
-}
-
-/// Lets a frozen flock taken with `frozen_flock` go as leasehold would.
-fn let_go(mutation: File, path: &Path) {
-    let _ = std::fs::remove_file(path);
-    drop(mutation);
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -361,7 +331,7 @@ async fn a_withdrawal_beside_an_upgrade_leaves_the_upgraded_lock_alone() {
 
         // The joiner joins without the mutation lock (a slow process has
         // it) and stops once its first look passed, before its record.
-        let mutation = frozen_flock(&mutex);
+        let mutation = MutationLock::take(&mutex).unwrap();
         let (looked, record_on) = pause_once("unlocked.join.before_record");
         let (in_place, count_on) = pause_once("unlocked.join.after_record");
         let joining = tokio::spawn(async move {
@@ -369,7 +339,7 @@ async fn a_withdrawal_beside_an_upgrade_leaves_the_upgraded_lock_alone() {
             (joiner, got)
         });
         assert!(reached(&looked).await, "{what}: the joiner never looked");
-        let_go(mutation, &mutex);
+        drop(mutation);
 
         // The upgrade seals and counts (alone), and stops.
         let (counted, replace_on) = pause_once("upgrade.before_rewrite");
@@ -482,7 +452,7 @@ async fn a_withdrawals_group_end_counts_a_joiner_that_came_meanwhile() {
 
         // A slow process has the mutation lock: the withdrawer joins
         // without it and stops with its record in place.
-        let mutation = frozen_flock(&mutex);
+        let mutation = MutationLock::take(&mutex).unwrap();
         let (in_place, go_on) = (Arc::new(Step::default()), Arc::new(Step::default()));
         let once = Arc::new(AtomicBool::new(true));
         {
@@ -534,7 +504,7 @@ async fn a_withdrawals_group_end_counts_a_joiner_that_came_meanwhile() {
         }
         drop(seal);
         std::fs::remove_file(&seal_path).unwrap();
-        let_go(mutation, &mutex);
+        drop(mutation);
         if !reached(&at_seal).await {
             failures.push(format!("{what}: the withdrawal never ended the group"));
             fail::remove("group.seal.before_create");
@@ -602,7 +572,7 @@ async fn a_cancelled_acquisition_whose_join_withdraws_still_ends_the_group() {
         let path = holder.lock_path("job").unwrap();
         let members = members_of(&path);
         let mutex = mutex_of(&path);
-        let mutation = frozen_flock(&mutex);
+        let mutation = MutationLock::take(&mutex).unwrap();
         let (in_place, go_on) = pause_once("unlocked.join.after_record");
         let joining = tokio::spawn(async move {
             let semaphore = joiner.semaphore("job", 2).unwrap();
@@ -636,7 +606,7 @@ async fn a_cancelled_acquisition_whose_join_withdraws_still_ends_the_group() {
         fail::remove("unlocked.join.after_record");
         drop(seal);
         std::fs::remove_file(&seal_path).unwrap();
-        let_go(mutation, &mutex);
+        drop(mutation);
         let until = Instant::now() + Duration::from_secs(10);
         while (path.exists() || members.exists()) && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -807,6 +807,75 @@ pub fn frozen_flock(path: &Path) -> std::fs::File {
     file
 }
 
+/// A name's mutation lock (`<lock>.mutex`, src/fs/mutex.rs) held by the
+/// test, as by a process slow or frozen while it changes the name: taken
+/// as leasehold takes it, and let go as leasehold lets it go (the file
+/// removed, then unlocked, as the fields drop after `drop`).
+#[derive(Debug)]
+pub struct MutationLock {
+    path: std::path::PathBuf,
+    file: std::fs::File,
+}
+
+impl MutationLock {
+    /// Waits for the lock at `path` (the mutation-lock file); `None` when
+    /// the file cannot be opened (the test's directory gone: its test is
+    /// over). The flock, then a look that the path still names the file
+    /// locked, else again: its last holder may have removed it (and the
+    /// next made a new one) while we waited, and letting go of a removed
+    /// file we locked would remove the next holder's, so that two
+    /// processes held the name's mutation lock. Without the look, a CI
+    /// run saw a reader and a writer hold at once (2026-12-06).
+    pub fn take(path: &Path) -> Option<MutationLock> {
+        loop {
+            let file = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .ok()?;
+            file.lock().unwrap();
+            if names(path, &file) {
+                return Some(MutationLock {
+                    path: path.to_owned(),
+                    file,
+                });
+            }
+        }
+    }
+}
+
+impl Drop for MutationLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether `path` names the file open as `file`.
+#[cfg(unix)]
+fn names(path: &Path, file: &std::fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let open = file.metadata().unwrap();
+    std::fs::symlink_metadata(path).is_ok_and(|named| (named.dev(), named.ino()) == (open.dev(), open.ino()))
+}
+
+/// Taken to be so: std has no stable name of a file's identity on Windows
+/// (src/sys/windows reads the file index through the Win32 API).
+#[cfg(windows)]
+fn names(_path: &Path, _file: &std::fs::File) -> bool {
+    true
+}
+
+/// Takes the mutation lock at `path` ([`MutationLock`]), holds it `hold`
+/// and lets it go: a slow process changing the name.
+pub fn hold_mutation_lock(path: &Path, hold: Duration) {
+    if let Some(held) = MutationLock::take(path) {
+        std::thread::sleep(hold);
+        drop(held);
+    }
+}
+
 /// The mutation-lock file of the lock at `lock_path` (docs/format.md,
 /// *The mutation lock of a name*).
 pub fn mutex_of(lock_path: &Path) -> std::path::PathBuf {
