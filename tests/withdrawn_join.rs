@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Step, frozen_flock, members_of, mutex_of};
+use common::{MutationLock, Step, frozen_flock, members_of, mutex_of};
 use leasehold::{LockGuard, Locker, Strategy};
 
 /// The tests share process-wide failpoints: one at a time.
@@ -311,14 +311,14 @@ async fn an_announcement_withdrawn_while_the_name_is_busy_leaves_no_members_dire
 
         // When the writer withdraws its announcement, a slow process takes
         // the name's mutation lock, and keeps it until told.
-        let slow: Arc<Mutex<Option<File>>> = Arc::default();
+        let slow: Arc<Mutex<Option<MutationLock>>> = Arc::default();
         let taken = Arc::new(Step::default());
         {
             let (slow, taken, mutex) = (slow.clone(), taken.clone(), mutex.clone());
             fail::cfg_callback("group.withdraw.before_unlink", move || {
                 let mut slow = slow.lock().unwrap();
                 if slow.is_none() {
-                    *slow = Some(frozen_flock(&mutex));
+                    *slow = MutationLock::take(&mutex);
                     taken.reach();
                 }
             })
@@ -353,8 +353,7 @@ async fn an_announcement_withdrawn_while_the_name_is_busy_leaves_no_members_dire
         );
         // The slow process is done (its mutation-lock file removed, then
         // unlocked, as leasehold lets it go).
-        std::fs::remove_file(&mutex).unwrap();
-        drop(slow.lock().unwrap().take());
+        drop(slow.lock().unwrap().take().expect("the slow process held"));
         let until = Instant::now() + Duration::from_secs(10);
         while members.exists() && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(20)).await;
