@@ -483,8 +483,11 @@ impl Engine {
                     if sharers && mode == Mode::Exclusive && announced.is_none() {
                         announced = self.announce(name).await?;
                     }
-                    // In line only from here, inside `_in_line`'s life.
-                    if !sharers {
+                    // In line only from here, inside `_in_line`'s life
+                    // (a semaphore's waiters stand in line for a permit
+                    // however the name is held; an exclusive one waiting
+                    // for sharers has its announcement instead).
+                    if !sharers || matches!(mode, Mode::Permit(_)) {
                         self.store.wait_in_line(name, mode);
                     }
                     if !waited {

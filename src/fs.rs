@@ -247,6 +247,9 @@ impl Fs {
             let created = match (mode, ctx.settings.strategy) {
                 (Mode::Shared | Mode::Permit(_), _) => match group::join(ctx, name, mode, false)? {
                     Joined::Member(member) => {
+                        if let Mode::Permit(_) = mode {
+                            ctx.lines.acquired(ctx.dir.fd(), name.file_name());
+                        }
                         // Watch the group, to re-sign its marker when the
                         // holder it names dies.
                         member.sign_with(&self.events.signers);
@@ -464,20 +467,27 @@ impl Inline for Fs {
 impl Line for Fs {
     fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration> {
         let ctx = &self.ctx;
-        (mode == Mode::Exclusive)
-            .then(|| {
+        match mode {
+            Mode::Exclusive => {
                 let at_path = || {
                     syscall::stat_at(ctx.dir.fd(), name.file_name())
                         .ok()
                         .map(|st| (st.dev, st.ino))
                 };
                 ctx.lines.stand_back(ctx.dir.fd(), name.file_name(), at_path)
-            })
-            .flatten()
+            }
+            // A group's marker stays while anyone holds a permit: what
+            // moves is the set of members.
+            Mode::Permit(permits) => {
+                let at_path = || members::seen_by_permit_waiter(ctx, name, permits);
+                ctx.lines.stand_back(ctx.dir.fd(), name.file_name(), at_path)
+            }
+            Mode::Shared => None,
+        }
     }
 
     fn wait_in_line(&self, name: &LockName, mode: Mode) {
-        if mode == Mode::Exclusive {
+        if matches!(mode, Mode::Exclusive | Mode::Permit(_)) {
             self.ctx.lines.wait_on(self.ctx.dir.fd(), name.file_name());
         }
     }

@@ -61,9 +61,11 @@ use crate::stats::Stats;
 /// The line only decides *when* a process tries for the lock, never
 /// whether taking it is safe: a waiter behind a frozen one tries anyway
 /// once the lock has stopped changing hands for 10 ms, so a frozen waiter
-/// costs the others a few milliseconds per handoff and never blocks them. On a network
-/// filesystem, for shared locks and semaphores, and for `try_acquire`,
-/// there is no line: whoever takes the lock first after a release gets it.
+/// costs the others a few milliseconds per handoff and never blocks them.
+/// A semaphore's waiters stand in the same line for its permits (a permit
+/// changing hands moves it, as a lock changing hands does). On a network
+/// filesystem, for shared locks, and for `try_acquire`, there is no line:
+/// whoever takes the lock first after a release gets it.
 ///
 /// # Not blocking the runtime
 ///

@@ -1,4 +1,5 @@
-//! Taking turns with other processes for an exclusive lock file.
+//! Taking turns with other processes for an exclusive lock file, or for a
+//! semaphore's permits.
 //!
 //! Without a line, whoever creates the lock file first after a release
 //! gets the lock. A process that releases and asks again at once is
@@ -47,8 +48,24 @@
 //! whether a creation or reclaim is safe: every rule of exclusion stands as
 //! it was, and a line in disarray (a frozen waiter, two names whose regions
 //! collide, tickets from another time namespace, a platform without OFD
-//! locks) costs fairness, never exclusion. Shared locks and semaphores have
-//! no line; `try_acquire` never stands back.
+//! locks) costs fairness, never exclusion. `try_acquire` never stands back.
+//!
+//! **Semaphores** have the same line, for their permits: a waiter for a
+//! permit stands in line whether the name is held by a full group or by an
+//! exclusive lock; taking a permit leaves the line and starts a turn, and
+//! giving one back is a release. What differs is what "the lock moved"
+//! means: a group's marker keeps its inode for as long as anyone holds a
+//! permit, so a waiter judges instead the set of member records
+//! (`members::seen_by_permit_waiter`), whose names are new at each
+//! acquisition: another set is another lock (a permit changed hands), and
+//! fewer records than permits is a free lock. So a frozen waiter ahead
+//! costs permit waiters [`CHANCES`] looks at a group whose members come
+//! and go, as it costs exclusive waiters, and a group that does not move
+//! is tried like a lock held long. The rules hold as they are for any
+//! number of permits: the oldest waiters try first, and a younger one
+//! tries after a look, whoever is ahead. Shared (reader) acquisitions
+//! have no line: readers do not take turns, and an exclusive waiter for a
+//! group announces itself instead (`group.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -226,7 +243,8 @@ impl Lines {
 
     /// How long to keep off the lock `name` before trying it: `None` to
     /// try now. `at_path` says what is at the lock path right now (device
-    /// and inode), if anything.
+    /// and inode; for a semaphore, what its members are), or `None` if
+    /// the lock is free.
     ///
     /// While an older waiter that was in line when this one joined is
     /// still there, this stands back; every [`STAND_BACK`] it looks at the

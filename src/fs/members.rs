@@ -112,6 +112,37 @@ pub(super) fn members_dir(file_name: &str) -> String {
     format!("{file_name}.members")
 }
 
+/// What a semaphore's waiter standing in line sees at `name` (see
+/// `fs/line.rs`): `None` while a permit is free (nothing at the lock path,
+/// or fewer member records than `permits`), else the lock path's inode
+/// and a digest of the member records' names. A member's record name is
+/// new at each acquisition, so the digest changes whenever a permit
+/// changes hands, even while the group (and its marker) stands. A look
+/// that fails sees the lock path alone.
+pub(super) fn seen_by_permit_waiter(ctx: &Ctx, name: &LockName, permits: u32) -> Option<(u64, u64)> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let st = syscall::stat_at(ctx.dir.fd(), name.file_name()).ok()?;
+    let Ok(Some(dir)) = open_members(ctx, name) else {
+        return Some((st.dev, st.ino));
+    };
+    let Ok(names) = syscall::list_at(&dir) else {
+        return Some((st.dev, st.ino));
+    };
+    let mut count = 0u64;
+    let mut digest = 0u64;
+    for entry in &names {
+        let Some(entry) = entry.to_str() else { continue };
+        if entry.starts_with(MEMBER) && entry.ends_with(JSON) {
+            count += 1;
+            let mut hasher = DefaultHasher::new();
+            entry.hash(&mut hasher);
+            // Each name is unique: the sum does not depend on the order.
+            digest = digest.wrapping_add(hasher.finish());
+        }
+    }
+    (count >= u64::from(permits)).then_some((st.ino, digest))
+}
+
 /// Whether a record's kind is `mode`.
 pub(super) fn same_kind(record: &Record, mode: Mode) -> bool {
     match mode {

@@ -523,6 +523,10 @@ impl Member {
         }
         let here = self.still_here()?;
         if here {
+            // A permit given back: others may stand in line for it.
+            if let Mode::Permit(_) = self.mode {
+                self.ctx.lines.releasing(self.ctx.dir.fd(), self.name.file_name());
+            }
             match syscall::unlink_at(&self.dir, self.file_name.as_str()) {
                 Ok(()) | Err(Errno::ENOENT) => {}
                 Err(e) => return Err(e).context("remove member record", || self.path()),
