@@ -31,7 +31,8 @@
 //!   looks once, and never blocks them.
 //! - **A holder lets waiters in.** Releasing, the holder asks the kernel
 //!   whether anyone stands in the name's region. If someone does and its
-//!   turn has lasted [`TURN`] or [`TURN_ACQUISITIONS`], its next attempt stands in line
+//!   turn has lasted [`TURN`] or [`TURN_ACQUISITIONS`] ([`PERMIT_TURN_ACQUISITIONS`]
+//!   for a semaphore's permits), its next attempt stands in line
 //!   behind them, with a ticket from the moment it comes back (so a
 //!   `Locker` that does not ask again leaves nothing in line, and one
 //!   that comes back late is behind those who came meanwhile). Within a
@@ -95,6 +96,12 @@ pub(crate) const TURN: Duration = Duration::from_millis(10);
 /// ...and how many times: turns of equal length in acquisitions keep the
 /// counts even when some processes get less of the CPU than others.
 pub(crate) const TURN_ACQUISITIONS: u32 = 32;
+
+/// The same for a semaphore's permits, of which one acquisition and
+/// release costs about ten times an exclusive lock's (BENCHMARKS.md, *The
+/// kinds side by side*): so that a turn ends by its count before its
+/// [`TURN`], as an exclusive one does.
+pub(crate) const PERMIT_TURN_ACQUISITIONS: u32 = 4;
 
 /// Looks at a lock that moved (changed hands, or was free) while none of
 /// the waiters ahead left the line, after which they have had their
@@ -416,6 +423,17 @@ impl Lines {
     /// has lasted long enough, the next attempt of this `Locker` stands in
     /// line behind them. Costs one `fcntl` when nobody waits.
     pub(crate) fn releasing(&self, dir: &File, name: &str) {
+        self.releasing_after(dir, name, TURN_ACQUISITIONS);
+    }
+
+    /// [`Self::releasing`] for a permit of the semaphore `name`, whose
+    /// turns last [`PERMIT_TURN_ACQUISITIONS`] at most.
+    pub(crate) fn releasing_permit(&self, dir: &File, name: &str) {
+        self.releasing_after(dir, name, PERMIT_TURN_ACQUISITIONS);
+    }
+
+    /// [`Self::releasing`], with turns of `acquisitions` at most.
+    fn releasing_after(&self, dir: &File, name: &str, acquisitions: u32) {
         if self.off {
             return;
         }
@@ -447,7 +465,7 @@ impl Lines {
             sys::ofd_drop_byte(dir, mark);
         }
         let since = *place.turn_since.get_or_insert(now);
-        if now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= TURN_ACQUISITIONS {
+        if now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= acquisitions {
             place.turn_since = None;
             place.turn_count = 0;
             place.rejoin = true;

@@ -525,7 +525,9 @@ impl Member {
         if here {
             // A permit given back: others may stand in line for it.
             if let Mode::Permit(_) = self.mode {
-                self.ctx.lines.releasing(self.ctx.dir.fd(), self.name.file_name());
+                self.ctx
+                    .lines
+                    .releasing_permit(self.ctx.dir.fd(), self.name.file_name());
             }
             match syscall::unlink_at(&self.dir, self.file_name.as_str()) {
                 Ok(()) | Err(Errno::ENOENT) => {}
