@@ -255,3 +255,67 @@ fn a_frozen_permit_waiter_holds_nobody_up() {
         );
     }
 }
+
+/// The line's bytes (OFD locks) this process holds on the lock directory
+/// `dir`, as /proc/locks lists them.
+fn line_bytes_held(dir: &std::path::Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(dir).unwrap().ino();
+    let me = std::process::id().to_string();
+    std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // "n: OFDLCK ADVISORY READ pid maj:min:ino start end"; an OFD
+            // lock's pid is -1, or the taker's on older kernels.
+            f.get(1) == Some(&"OFDLCK")
+                && f.get(5)
+                    .is_some_and(|id| id.rsplit(':').next() == Some(ino.to_string().as_str()))
+                && f.get(4).is_some_and(|pid| *pid == "-1" || *pid == me)
+        })
+        .count()
+}
+
+/// Two tasks of one `Locker` sharing a 1-permit semaphore: while one holds
+/// the permit, the other waits on the disk and so stands in line. Giving
+/// the permit back with nobody else in line must not forget that waiter's
+/// ticket: a ticket forgotten is a byte held on the directory for as long
+/// as the `Locker` lives, one more at each such handoff, that every other
+/// process's waiter takes for an older waiter (and every release for
+/// someone in line).
+#[test]
+fn a_permit_given_back_to_a_waiter_of_the_same_locker_leaves_no_ticket() {
+    for &strategy in common::strategies() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap().to_owned();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let held = runtime.block_on(async {
+            let locker = leasehold::Locker::builder()
+                .directory(&d)
+                .strategy(strategy)
+                .build()
+                .expect("locker");
+            let semaphore = locker.semaphore("pool", 1).expect("semaphore");
+            for _ in 0..10 {
+                let first = semaphore.acquire().await.expect("acquire");
+                let second = {
+                    let semaphore = semaphore.clone();
+                    tokio::spawn(async move { semaphore.acquire().await.expect("acquire") })
+                };
+                // The second waits on the disk, in line, for the permit.
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                drop(first);
+                drop(second.await.unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let held = line_bytes_held(dir.path());
+            drop(locker);
+            held
+        });
+        assert_eq!(
+            held, 0,
+            "{strategy:?}: line bytes left held on the lock directory"
+        );
+    }
+}
