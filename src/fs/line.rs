@@ -83,7 +83,7 @@ mod tests;
 use bytes::{
     HALF, REGION, Span, conflict, duration_us, first_held, now_us, region, ticket_now, tickets, units_now,
 };
-use place::{Place, Seen, forget_idle, leave, leave_standing_back};
+use place::{Place, Seen, end_turn, forget_idle, leave, leave_standing_back};
 
 /// How long a waiter lets an older one go first, and a holder whose turn
 /// is over keeps off the lock it released: several times what a woken
@@ -446,12 +446,20 @@ impl Lines {
         let waiters = failpoint!("line.release.before_look").is_ok() && conflict(dir, start, HALF);
         let mut places = self.places();
         if !waiters {
-            // The turn ends with nobody in line.
-            if !places.is_empty()
-                && let Some(mut place) = places.remove(name)
-                && let Some(mark) = place.turn_mark.take()
-            {
-                sys::ofd_drop_byte(dir, mark);
+            // The turn ends with nobody in line. A semaphore's place may
+            // hold the ticket of another task of this `Locker`, waiting
+            // for a permit while this one gives one back (the kernel does
+            // not show us our own bytes): that stays, or it is held for
+            // as long as the `Locker` lives.
+            if let Some(place) = places.get_mut(name) {
+                if let Some(mark) = place.turn_mark.take() {
+                    sys::ofd_drop_byte(dir, mark);
+                }
+                if place.waiting.is_some() {
+                    end_turn(place);
+                } else {
+                    places.remove(name);
+                }
             }
             return;
         }

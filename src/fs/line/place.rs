@@ -97,3 +97,12 @@ pub(super) fn leave_standing_back(place: &mut Place) {
     place.standing_back_until = None;
     place.seen = None;
 }
+
+/// Forgets a place's turn (ended with nobody in line), keeping its wait.
+pub(super) fn end_turn(place: &mut Place) {
+    place.turn_since = None;
+    place.turn_count = 0;
+    place.rejoin = false;
+    place.released_at = None;
+    place.comes_back = false;
+}
