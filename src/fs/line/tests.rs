@@ -382,3 +382,22 @@ fn a_byte_range_held_over_the_line_counts_once() {
         }
     }
 }
+
+#[test]
+fn a_permit_given_back_keeps_the_ticket_of_a_waiter_of_the_same_locker() {
+    let Some(dir) = Dir::new() else { return };
+    let (ours, other) = (dir.open(), dir.open());
+    let lines = Lines::default();
+    // One task of the `Locker` holds a permit, another waits in line for
+    // one; nobody else waits. The kernel does not show us our own ticket.
+    lines.acquired(&ours, "s.lock");
+    lines.wait_on(&ours, "s.lock");
+    assert!(anyone_waiting(&other, "s.lock"));
+    lines.releasing_permit(&ours, "s.lock");
+    // The waiter takes the permit given back: its ticket goes.
+    lines.acquired(&ours, "s.lock");
+    assert!(
+        !anyone_waiting(&other, "s.lock"),
+        "a ticket left held for the Locker's life"
+    );
+}
