@@ -222,8 +222,8 @@ fn uncontended(c: &mut Criterion) {
 /// `raw_file_floor` is what the protocol needs for its guarantees; what
 /// separates `leasehold_file` from it is the library's own cost.
 ///
-/// Acquire: look at the lock path; create the record under a private name
-/// (`O_EXCL`), `flock` it, `fstat` it (its identity), write it, rename it
+/// Acquire: look at the lock path; create the record under a new private
+/// name (`O_EXCL`), `flock` it, `fstat` it (its identity), write it, rename it
 /// onto the lock path (`RENAME_NOREPLACE`); look that the directory's path
 /// still names the directory. Release, under the name's mutation lock:
 /// create and open the mutation lock file, `fstat` it, `flock` it, look
@@ -245,7 +245,10 @@ fn protocol_floor(
     use std::os::unix::fs::FileExt;
 
     let dir = File::open(work).unwrap();
-    let (lock, pending, mutex) = ("protocol.lock", "protocol.lock.pending", "protocol.lock.mutex");
+    let (lock, mutex) = ("protocol.lock", "protocol.lock.mutex");
+    // Each record is made under a new private name, as leasehold's are
+    // (on ext4, a new name costs more than one used before).
+    let mut made = 0u64;
     let no_follow = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
     let mode = Mode::from_bits_truncate(0o600);
     let same = |a: &FileStat, b: &FileStat| (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino);
@@ -256,11 +259,13 @@ fn protocol_floor(
             assert!(fstatat(&dir, lock, no_follow).is_err(), "free");
             let create =
                 OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-            let file = File::from(openat(&dir, pending, create, mode).unwrap());
+            made += 1;
+            let pending = format!("protocol.lock.pending-{made:012x}");
+            let file = File::from(openat(&dir, pending.as_str(), create, mode).unwrap());
             file.try_lock().unwrap();
             let ours = fstat(&file).unwrap();
             file.write_all_at(record, 0).unwrap();
-            renameat2(&dir, pending, &dir, lock, RenameFlags::RENAME_NOREPLACE).unwrap();
+            renameat2(&dir, pending.as_str(), &dir, lock, RenameFlags::RENAME_NOREPLACE).unwrap();
             assert!(std::fs::metadata(work).unwrap().is_dir());
             // Release.
             let open =
