@@ -15,11 +15,10 @@
 #[path = "support/common.rs"]
 mod common;
 
-use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{ChildProc, frozen_flock, mutex_of};
+use common::{ChildProc, frozen_flock, hold_mutation_lock, mutex_of};
 use leasehold::{LockGuard, Locker, Strategy};
 
 #[test]
@@ -479,16 +478,10 @@ async fn a_frozen_change_right_after_our_join_never_fails_a_fencing_reader() {
                 assert!(started.elapsed() < Duration::from_secs(10));
                 std::thread::yield_now();
             }
-            let file = File::options()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&mutex)
-                .unwrap();
-            file.lock().unwrap();
-            std::thread::sleep(Duration::from_millis(1500));
-            drop(file);
+            // Taken as leasehold takes it: a file removed by our join as
+            // it let go is no mutation lock, and holding it would prove
+            // nothing.
+            hold_mutation_lock(&mutex, Duration::from_millis(1500));
         });
         let got = tokio::time::timeout(Duration::from_secs(10), locker.acquire_shared("job"))
             .await
