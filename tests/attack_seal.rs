@@ -13,7 +13,6 @@
 #[path = "support/common.rs"]
 mod common;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -265,6 +264,7 @@ mod seal {
     use super::*;
     use common::ChildProc;
     use nix::sys::signal::Signal;
+    use std::fs::File;
 
     fn stopped(child: &ChildProc) -> bool {
         std::fs::read_to_string(format!("/proc/{}/stat", child.pid()))
