@@ -183,18 +183,19 @@ pub(crate) trait Backend {
     fn watch(&self, name: &LockName) -> bool;
 }
 
-/// A backend that can often take a lock without blocking the caller's
-/// thread (files: the uncontended create).
+/// A backend that can often make an attempt without blocking the
+/// caller's thread (files: the uncontended create; a join, or a busy
+/// group, under a mutation lock that is free).
 pub(crate) trait Inline: Backend {
-    /// The uncontended case, without blocking the caller's thread: `None`
-    /// when that cannot be told cheaply; then [`attempt`](Self::attempt)
-    /// on the blocking pool.
+    /// The attempt, made whole without blocking the caller's thread (and
+    /// then the same as [`attempt`](Self::attempt)'s), or `None` when
+    /// that cannot be done cheaply; then `attempt` on the blocking pool.
     fn attempt_inline<K: Kept>(
         &self,
         name: &LockName,
         mode: Mode,
         arm: Arm<'_, Self::Lock, K>,
-    ) -> Result<Option<K>>;
+    ) -> Result<Option<Attempt<K>>>;
 }
 
 /// A backend whose waiters in different processes take turns through a

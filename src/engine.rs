@@ -582,8 +582,10 @@ impl Engine {
     }
 
     /// One attempt. The uncontended case without syncing is a handful of
-    /// short syscalls, tried inline; everything else (syncing, judging a
-    /// record, reclaiming, fencing) runs as one call on the blocking pool.
+    /// short syscalls, tried inline (for a shared lock or a permit, the
+    /// join under a free mutation lock, and the busy answer it may give);
+    /// everything else (syncing, judging a record, reclaiming, fencing,
+    /// waiting for a mutation lock) runs as one call on the blocking pool.
     /// Its result travels back over a channel rather than the task's join
     /// handle so that if this future was dropped meanwhile, the attempt's
     /// lock is dropped (and so removed) right there in the blocking task.
@@ -597,8 +599,8 @@ impl Engine {
         bump(&self.counters.fs_attempts);
         let keeper = &self.keeper;
         let arm = |lock, tokens| keeper.hold(name.as_str(), mode, lock, tokens);
-        if let Some(hold) = self.store.attempt_inline(name, mode, &arm)? {
-            return self.unless_shut(name, Attempt::Acquired(hold));
+        if let Some(attempt) = self.store.attempt_inline(name, mode, &arm)? {
+            return self.unless_shut(name, attempt);
         }
         let (store, owned, keeper) = (self.store.clone(), name.clone(), self.keeper.clone());
         let attempt = blocking(move || {

@@ -154,6 +154,58 @@ impl Fs {
         })
     }
 
+    /// A member of the group `name` just joined, as a lock: a permit
+    /// taken is a turn in the line, and the group is watched, to re-sign
+    /// its marker when the holder it names dies.
+    fn joined(&self, name: &LockName, mode: Mode, member: group::Member) -> FsLock {
+        if let Mode::Permit(_) = mode {
+            self.ctx.lines.acquired(self.ctx.dir.fd(), name.file_name());
+        }
+        member.sign_with(&self.events.signers);
+        self.watch_group(name);
+        FsLock::Member(member)
+    }
+
+    /// [`Inline::attempt_inline`] for a shared lock or a permit: the join
+    /// under the name's mutation lock if that is free this instant
+    /// (`group::join_at_once`). Its answer stands if it joined, or if it
+    /// found the name busy where nothing more is owed for a busy name on
+    /// the blocking pool: the watcher sees holders' deaths, and the
+    /// leftover sweep is not due. Anything else (the mutation lock taken,
+    /// an exclusive lock or a stale marker at the path) goes to the pool.
+    fn join_inline<K: Kept>(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        arm: Arm<'_, FsLock, K>,
+    ) -> Result<Option<Attempt<K>>> {
+        let ctx = &self.ctx;
+        let joined = match group::join_at_once(ctx, name, mode) {
+            Ok(joined) => joined,
+            Err(error) => {
+                ctx.ensure_dir_in_place()?;
+                return Err(error);
+            }
+        };
+        let attempt = match joined {
+            Some(Joined::Member(member)) => Attempt::Acquired(arm(self.joined(name, mode, *member), None)),
+            Some(Joined::Busy { owner, recheck_at })
+                if crate::sys::WATCH_SEES_DEATHS && !leftover::sweep_due(ctx) =>
+            {
+                Attempt::Busy {
+                    owner,
+                    recheck_at,
+                    sharers: true,
+                }
+            }
+            _ => return Ok(None),
+        };
+        // As in `attempt`: a lock taken in a directory moved meanwhile is
+        // dropped (and so removed) here.
+        ctx.ensure_dir_in_place()?;
+        Ok(Some(attempt))
+    }
+
     /// Makes sure the death of a holder of the group `name` is seen at
     /// once, so that its marker is re-signed before programs that judge
     /// the lock path by its pid (velocious, pi-research) see a dead one:
@@ -246,16 +298,7 @@ impl Fs {
         for _ in 0..ROUNDS {
             let created = match (mode, ctx.settings.strategy) {
                 (Mode::Shared | Mode::Permit(_), _) => match group::join(ctx, name, mode, false)? {
-                    Joined::Member(member) => {
-                        if let Mode::Permit(_) = mode {
-                            ctx.lines.acquired(ctx.dir.fd(), name.file_name());
-                        }
-                        // Watch the group, to re-sign its marker when the
-                        // holder it names dies.
-                        member.sign_with(&self.events.signers);
-                        self.watch_group(name);
-                        Some(FsLock::Member(*member))
-                    }
+                    Joined::Member(member) => Some(self.joined(name, mode, *member)),
                     Joined::Busy { owner, recheck_at } => {
                         leftover::sweep(ctx);
                         return Ok(Attempt::Busy {
@@ -436,10 +479,13 @@ impl Inline for Fs {
         name: &LockName,
         mode: Mode,
         arm: Arm<'_, FsLock, K>,
-    ) -> Result<Option<K>> {
+    ) -> Result<Option<Attempt<K>>> {
         let ctx = &self.ctx;
-        if (ctx.settings.durable && !ctx.dir.in_memory()) || ctx.settings.fencing || mode != Mode::Exclusive {
+        if (ctx.settings.durable && !ctx.dir.in_memory()) || ctx.settings.fencing {
             return Ok(None);
+        }
+        if mode != Mode::Exclusive {
+            return self.join_inline(name, mode, arm);
         }
         // Publishing a directory takes a dozen calls even when it fails;
         // one lookup spares them when the lock is plainly held. (Freed a
@@ -460,7 +506,7 @@ impl Inline for Fs {
         let kept = arm(FsLock::Whole(lock), None);
         // As in `attempt`: dropping the kept lock removes it.
         ctx.ensure_dir_in_place()?;
-        Ok(Some(kept))
+        Ok(Some(Attempt::Acquired(kept)))
     }
 }
 

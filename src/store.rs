@@ -100,7 +100,7 @@ impl Store {
         name: &LockName,
         mode: Mode,
         arm: Arm<'_, StoreLock, K>,
-    ) -> Result<Option<K>> {
+    ) -> Result<Option<Attempt<K>>> {
         match self {
             Store::Fs(fs) => fs.attempt_inline(name, mode, &|lock, tokens| arm(StoreLock::Fs(lock), tokens)),
             #[cfg(feature = "postgres")]

@@ -500,6 +500,68 @@ fn a_durable_lock_on_tmpfs_needs_no_blocking_thread() {
     });
 }
 
+/// A shared lock, a join of the group another `Locker` holds, a permit,
+/// and (where the watcher sees holders' deaths) a full semaphore's "busy"
+/// are each one attempt under the name's mutation lock when that is free,
+/// made on the runtime's own thread: each comes while the blocking pool's
+/// only thread is taken (they used to wait for it).
+#[test]
+fn shared_locks_and_permits_need_no_blocking_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    let (release_pool, pool_released) = std::sync::mpsc::channel::<()>();
+    rt.block_on(async {
+        let occupied = tokio::task::spawn_blocking(move || pool_released.recv());
+        let build = || {
+            Locker::builder()
+                .directory(dir.path())
+                .durable(false)
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (build(), build());
+        let within = Duration::from_secs(10);
+        let pool = "the blocking pool was needed";
+        let first = tokio::time::timeout(within, a.acquire_shared("s"))
+            .await
+            .expect(pool)
+            .unwrap();
+        let joined = tokio::time::timeout(within, b.acquire_shared("s"))
+            .await
+            .expect(pool)
+            .unwrap();
+        assert!(a.lock_path("s").unwrap().exists());
+        drop(first);
+        assert!(
+            a.lock_path("s").unwrap().exists(),
+            "the group stands while one holds"
+        );
+        drop(joined);
+        assert!(!a.lock_path("s").unwrap().exists());
+        let (one, two) = (a.semaphore("p", 1).unwrap(), b.semaphore("p", 1).unwrap());
+        let permit = tokio::time::timeout(within, one.acquire())
+            .await
+            .expect(pool)
+            .unwrap();
+        #[cfg(unix)]
+        {
+            let busy = tokio::time::timeout(within, two.try_acquire()).await.expect(pool);
+            assert!(busy.unwrap().is_none(), "the only permit is taken");
+        }
+        drop(permit);
+        let again = tokio::time::timeout(within, two.try_acquire()).await.expect(pool);
+        let again = again.unwrap().expect("the permit was given back");
+        drop(again);
+        assert_eq!(left_in(dir.path()), 0, "every lock was removed");
+        release_pool.send(()).unwrap();
+        occupied.await.unwrap().unwrap();
+    });
+}
+
 /// The entries left in `dir`, but the waiting line's file, which leasehold
 /// keeps in a lock directory on Windows (docs/guarantees.md, *Windows*).
 fn left_in(dir: &std::path::Path) -> usize {

@@ -122,7 +122,8 @@ async fn a_handoff_left_by_a_cancelled_waiter_past_the_window_goes_back_to_the_s
 
 /// A lock created by the inline (no blocking pool) attempt in
 /// a directory that was moved away is removed there, and the attempt fails
-/// with `DirectoryReplaced`, for both layouts.
+/// with `DirectoryReplaced`, for both layouts and every kind: an exclusive
+/// lock, a shared lock (its marker and members directory) and a permit.
 #[tokio::test(flavor = "current_thread")]
 async fn an_inline_attempt_in_a_moved_directory_leaves_nothing() {
     // Windows refuses the directory layout (a directory cannot carry the
@@ -150,6 +151,14 @@ async fn an_inline_attempt_in_a_moved_directory_leaves_nothing() {
             match locker.acquire_timeout(name, Duration::from_millis(200)).await {
                 Err(leasehold::Error::DirectoryReplaced { .. }) => {}
                 other => panic!("{strategy:?}: expected DirectoryReplaced, got {other:?}"),
+            }
+            match locker.try_acquire_shared(name).await {
+                Err(leasehold::Error::DirectoryReplaced { .. }) => {}
+                other => panic!("{strategy:?}: shared: expected DirectoryReplaced, got {other:?}"),
+            }
+            match locker.semaphore(name, 2).unwrap().try_acquire().await {
+                Err(leasehold::Error::DirectoryReplaced { .. }) => {}
+                other => panic!("{strategy:?}: permit: expected DirectoryReplaced, got {other:?}"),
             }
         }
         let left: Vec<_> = std::fs::read_dir(&old)

@@ -140,6 +140,46 @@ async fn a_semaphore_admits_at_most_its_permits() {
     }
 }
 
+/// A group past the size a join reads on the runtime's own thread (8
+/// entries: larger ones are joined on the blocking pool) is counted the
+/// same: of 12 `Locker`s after 10 permits, 10 get one and 2 are told it
+/// is full, and 12 readers all hold one shared lock at once.
+#[tokio::test]
+async fn a_large_group_is_counted_as_a_small_one() {
+    for &strategy in LAYOUTS {
+        let dir = tempfile::tempdir().unwrap();
+        let lockers: Vec<Locker> = (0..12)
+            .map(|_| {
+                Locker::builder()
+                    .directory(dir.path())
+                    .strategy(strategy)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let mut permits = Vec::new();
+        let mut full = 0;
+        for locker in &lockers {
+            match locker.semaphore("wide", 10).unwrap().try_acquire().await.unwrap() {
+                Some(permit) => permits.push(permit),
+                None => full += 1,
+            }
+        }
+        assert_eq!((permits.len(), full), (10, 2), "{strategy:?}");
+        assert_eq!(lockers[0].holders("wide").await.unwrap().len(), 10);
+        drop(permits);
+        let mut readers = Vec::new();
+        for locker in &lockers {
+            readers.push(locker.try_acquire_shared("wide").await.unwrap().expect("a reader"));
+        }
+        assert_eq!(lockers[0].holders("wide").await.unwrap().len(), 12, "{strategy:?}");
+        assert!(lockers[0].try_acquire("wide").await.unwrap().is_none());
+        drop(readers);
+        let left = left_in(dir.path());
+        assert!(left.is_empty(), "{strategy:?}: {left:?}");
+    }
+}
+
 #[tokio::test]
 async fn an_exclusive_acquisition_inside_a_shared_scope_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -73,6 +73,45 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
     let Some(mutation) = ctx.dir.lock_within(name.file_name(), JOIN_PATIENCE)? else {
         return join_unlocked(ctx, name, mode, upgradable);
     };
+    join_locked(ctx, name, mode, upgradable, mutation, Wait::Briefly)
+}
+
+/// [`join`] without waiting for anything, for the caller's own thread
+/// (a runtime's): `None` if the name's mutation lock is taken; `Again` if
+/// a reader testing the marker's flock holds it this instant, or the
+/// group has more than [`AT_ONCE_ENTRIES`] entries. Either way the caller
+/// makes a whole attempt on the blocking pool instead. The join itself is
+/// the same, under the mutation lock: a few short calls, and one look at
+/// each member record.
+pub(super) fn join_at_once(ctx: &Arc<Ctx>, name: &LockName, mode: Mode) -> Result<Option<Joined>> {
+    let Some(mutation) = ctx.dir.lock_within(name.file_name(), Duration::ZERO)? else {
+        return Ok(None);
+    };
+    join_locked(ctx, name, mode, false, mutation, Wait::Never).map(Some)
+}
+
+/// How many entries a members directory may hold for [`join_at_once`] to
+/// read it on the caller's thread (each record is a few calls: opened,
+/// read, judged); a larger group is joined on the blocking pool.
+const AT_ONCE_ENTRIES: usize = 8;
+
+/// Whether a join may wait (on the blocking pool) for a reader that tests
+/// a marker's flock to let it go, and read a members directory of any
+/// size.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    Briefly,
+    Never,
+}
+
+fn join_locked(
+    ctx: &Arc<Ctx>,
+    name: &LockName,
+    mode: Mode,
+    upgradable: bool,
+    mutation: MutationLock<'_>,
+    wait: Wait,
+) -> Result<Joined> {
     failpoint!("group.join.after_dirlock").context("join shared lock", || ctx.path_of(name.file_name()))?;
     let found = Found::open(ctx, name)?;
     let mut group = None;
@@ -92,7 +131,13 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
     let left_empty = |_: &Error| remove_members_dir(ctx, &dir_name);
     let dir = ensure_members(ctx, name).inspect_err(left_empty)?;
     let path = || ctx.path_of(&dir_name);
-    let mut scan = scan(ctx, &dir, &path)?;
+    let scan = match wait {
+        Wait::Briefly => Some(scan(ctx, &dir, &path)?),
+        Wait::Never => members::scan_within(ctx, &dir, &path, AT_ONCE_ENTRIES)?,
+    };
+    let Some(mut scan) = scan else {
+        return Ok(Joined::Again);
+    };
     remove_dead(ctx, &dir, &mut scan);
     let live: Vec<&Entry> = scan.live_members().collect();
     if let (Some(found), Some((same, held))) = (&found, kind) {
@@ -140,10 +185,13 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
         // Our share of the marker's flock first: from then on no reader
         // testing its flock takes it for abandoned.
         let node = found.into_node();
-        if !lock_shared(&node) {
-            return Ok(Joined::Busy {
-                owner: None,
-                recheck_at: None,
+        if !lock_shared(&node, wait) {
+            return Ok(match wait {
+                Wait::Briefly => Joined::Busy {
+                    owner: None,
+                    recheck_at: None,
+                },
+                Wait::Never => Joined::Again,
             });
         }
         after_share(ctx, name)?;
@@ -158,7 +206,7 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
     // holders): mark the lock path.
     let published = failpoint!("group.join.before_marker")
         .context("create lock", || ctx.path_of(name.file_name()))
-        .and_then(|()| publish_marker(ctx, name, &member.record.to_bytes(0)));
+        .and_then(|()| publish_marker(ctx, name, &member.record.to_bytes(0), wait == Wait::Briefly));
     // Leaving takes the mutation lock: release ours first.
     drop(mutation);
     match published {
@@ -249,7 +297,7 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
     }
     let identity = found.identity();
     let node = found.into_node();
-    if !lock_shared(&node) {
+    if !lock_shared(&node, Wait::Briefly) {
         return busy(None);
     }
     after_share(ctx, name)?;
@@ -369,12 +417,19 @@ fn admit(
 
 /// Takes a shared flock on a marker, waiting briefly for a reader that
 /// tests it (such a test never holds it for long); `false` if it stays
-/// taken exclusively.
-fn lock_shared(node: &File) -> bool {
-    for _ in 0..50 {
+/// taken exclusively (at once, if `wait` is `Never`).
+fn lock_shared(node: &File, wait: Wait) -> bool {
+    let tries = match wait {
+        Wait::Briefly => 50,
+        Wait::Never => 1,
+    };
+    for tried in 1..=tries {
         match node.try_flock_shared() {
             Ok(()) => return true,
-            Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(Duration::from_micros(200)),
+            Err(std::fs::TryLockError::WouldBlock) if tried < tries => {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {}
             // No flock on this filesystem: nobody can test one either.
             Err(std::fs::TryLockError::Error(_)) => return true,
         }
@@ -387,11 +442,12 @@ fn lock_shared(node: &File) -> bool {
 /// format, which promises a flock on every leasehold record, never finds
 /// it free while the marker stands); returns the marker's node, or `None`
 /// if the path is taken. The caller holds the mutation lock, so nobody
-/// can remove the path meanwhile.
-fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8]) -> Result<Option<File>> {
+/// can remove the path meanwhile. `patient`: a marker file waits briefly
+/// for a reader testing its flock (see `file::create`).
+fn publish_marker(ctx: &Ctx, name: &LockName, bytes: &[u8], patient: bool) -> Result<Option<File>> {
     match ctx.settings.strategy {
         Strategy::ExclusiveFile => {
-            Ok(file::create(ctx, name, file::Hold::Shared, true, bytes)?.map(|made| made.file))
+            Ok(file::create(ctx, name, file::Hold::Shared, patient, bytes)?.map(|made| made.file))
         }
         Strategy::Directory => directory::publish_bytes(ctx, name, bytes),
     }

@@ -111,8 +111,7 @@ pub(super) fn clean(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockN
 pub(super) fn sweep(ctx: &Ctx) {
     let now = sys::boot_clock_ms();
     let last = ctx.last_sweep_ms.load(Ordering::Relaxed);
-    let every = u64::try_from(SWEEP_EVERY.as_millis()).unwrap_or(u64::MAX);
-    if last != 0 && now.saturating_sub(last) < every {
+    if !due(last, now) {
         return;
     }
     // One sweeper at a time per Locker: whoever swaps the stamp.
@@ -132,6 +131,18 @@ pub(super) fn sweep(ctx: &Ctx) {
         Ok(_) => {}
         Err(error) => tracing::debug!(%error, "collecting leftovers failed; trying later"),
     }
+}
+
+/// Whether [`sweep`] would look now: an attempt that finds the name busy
+/// on a runtime's thread leaves the look to the blocking pool.
+pub(super) fn sweep_due(ctx: &Ctx) -> bool {
+    due(ctx.last_sweep_ms.load(Ordering::Relaxed), sys::boot_clock_ms())
+}
+
+/// Whether a sweep last begun at `last` (0: never) is due again at `now`.
+fn due(last: u64, now: u64) -> bool {
+    let every = u64::try_from(SWEEP_EVERY.as_millis()).unwrap_or(u64::MAX);
+    last == 0 || now.saturating_sub(last) >= every
 }
 
 /// Removes `.pending-*` directories whose publisher is gone (unchanged

@@ -318,12 +318,31 @@ fn is_unlink_aside(name: &str) -> bool {
 /// Reads and judges every record of the members directory `dir`. Entries
 /// of other shapes are ignored, never touched.
 pub(super) fn scan(ctx: &Ctx, dir: &File, path: &dyn Fn() -> PathBuf) -> Result<Scan> {
+    let names = syscall::list_at(dir).context("list members directory", path)?;
+    judge_all(ctx, dir, names)
+}
+
+/// [`scan`], if the members directory holds at most `most` entries;
+/// `None` (nothing read but its names) if it holds more.
+pub(super) fn scan_within(
+    ctx: &Ctx,
+    dir: &File,
+    path: &dyn Fn() -> PathBuf,
+    most: usize,
+) -> Result<Option<Scan>> {
+    let names = syscall::list_at(dir).context("list members directory", path)?;
+    if names.len() > most {
+        return Ok(None);
+    }
+    judge_all(ctx, dir, names).map(Some)
+}
+
+fn judge_all(ctx: &Ctx, dir: &File, names: Vec<std::ffi::OsString>) -> Result<Scan> {
     let mut found = Scan {
         members: Vec::new(),
         waiters: Vec::new(),
         unfinished: Vec::new(),
     };
-    let names = syscall::list_at(dir).context("list members directory", path)?;
     for name in names {
         let Some(name) = name.to_str() else { continue };
         if (name.starts_with(TMP) && name.ends_with(JSON)) || is_unlink_aside(name) {
