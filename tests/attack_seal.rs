@@ -9,6 +9,9 @@
 //! name's mutation-lock file plays a process frozen while holding it.
 // SIGSTOP and /proc: Linux only.
 #![cfg(target_os = "linux")]
+// Without failpoints only the tests that need none are built: the helpers
+// of the others go unused.
+#![cfg_attr(not(feature = "failpoints"), allow(unused_imports, dead_code))]
 
 #[path = "support/common.rs"]
 mod common;

@@ -549,6 +549,7 @@ mod roles {
         }
     }
 
+    #[cfg(feature = "failpoints")]
     async fn until_exists(path: &Path) {
         while !path.exists() {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -571,6 +572,7 @@ mod roles {
 
     pub async fn run(role: &str, args: &[String]) -> i32 {
         let dir = Path::new(&args[0]);
+        #[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
         let locker = locker(dir, strategy(&args[1]));
         match role {
             // Holds, then leaves when told, stopping once (with the

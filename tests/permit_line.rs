@@ -156,16 +156,6 @@ fn permit_waiters_are_served_in_the_order_they_came() {
     }
 }
 
-fn parse_waits(line: &str) -> (f64, usize) {
-    let (waits, timeouts) = line
-        .strip_prefix("waits ")
-        .and_then(|rest| rest.split_once("timeouts "))
-        .expect("a waits line");
-    let waits: Vec<f64> = waits.split_whitespace().map(|w| w.parse().unwrap()).collect();
-    let mean = waits.iter().sum::<f64>() / waits.len().max(1) as f64;
-    (mean, timeouts.trim().parse().unwrap())
-}
-
 /// A semaphore of `permits`, one of them held for good by a process (so
 /// that its group, and the group's marker, stand throughout): `frozen`
 /// waiters are frozen (SIGSTOP) in line with older tickets, processes
@@ -245,7 +235,7 @@ fn a_frozen_permit_waiter_holds_nobody_up() {
         (Directory, 2, 1, &["permit_try_loop"][..]),
     ] {
         let line = waits_behind_frozen_permit_waiters(strategy, permits, frozen, contenders);
-        let (mean, timeouts) = parse_waits(&line);
+        let (mean, timeouts) = common::parse_waits(&line);
         eprintln!(
             "{strategy:?}, {permits} permits, {frozen} frozen, {contenders:?}: mean {mean:.1} ms ({line})"
         );

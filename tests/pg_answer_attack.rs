@@ -32,8 +32,7 @@
 //! Every wait is bounded (about 16 s in all).
 #![cfg(all(unix, feature = "postgres", feature = "failpoints"))]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 #[path = "support/pg_server.rs"]
@@ -41,6 +40,10 @@ mod pg_server;
 
 #[path = "support/pg_session.rs"]
 mod pg_session;
+
+#[path = "support/pg_answer.rs"]
+mod pg_answer;
+use pg_answer::{hold_both_sides, let_both_sides_go};
 
 use pg_server::Server;
 use pg_session::{digest_key, holding, intent_key, name_key, quick_builder, unique};
@@ -57,27 +60,6 @@ const CROSSINGS: [(u64, u64, bool); 2] = [(1250, 600, true), (1600, 200, false)]
 /// The key of the name's upgradable slot (as `src/postgres.rs` derives it).
 fn upgradable_key(name: &str) -> i64 {
     digest_key(b"leasehold-upgradable\0", name)
-}
-
-/// Delays the session's first answer to an announcement by `answer_after`,
-/// and holds every caller whose wait ran out `caller_held`; the number of
-/// announcements answered.
-fn hold_both_sides(answer_after: Duration, caller_held: Duration) -> Arc<AtomicUsize> {
-    let answers = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&answers);
-    fail::cfg_callback("postgres.announce.before_reply", move || {
-        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
-            std::thread::sleep(answer_after);
-        }
-    })
-    .unwrap();
-    fail::cfg_callback("postgres.call.gave_up", move || std::thread::sleep(caller_held)).unwrap();
-    answers
-}
-
-fn let_both_sides_go() {
-    fail::remove("postgres.announce.before_reply");
-    fail::remove("postgres.call.gave_up");
 }
 
 /// Waits (at most 5 s) until `key` is held by `sessions` sessions, and

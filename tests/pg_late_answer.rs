@@ -21,8 +21,7 @@
 //! Every wait is bounded.
 #![cfg(all(unix, feature = "postgres", feature = "failpoints"))]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 #[path = "support/pg_server.rs"]
@@ -30,6 +29,10 @@ mod pg_server;
 
 #[path = "support/pg_session.rs"]
 mod pg_session;
+
+#[path = "support/pg_answer.rs"]
+mod pg_answer;
+use pg_answer::{hold_both_sides, let_both_sides_go};
 
 use pg_server::Server;
 use pg_session::{holding, intent_key, quick_builder, unique};
@@ -53,16 +56,7 @@ async fn a_late_answer_leaves_nothing_held(answer_after: Duration, caller_held: 
     drop(writer.acquire(&name).await.unwrap());
     let read = reader.acquire_shared(&name).await.unwrap();
 
-    let answers = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&answers);
-    fail::cfg_callback("postgres.announce.before_reply", move || {
-        // The first announcement only: the session is quick again after.
-        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
-            std::thread::sleep(answer_after);
-        }
-    })
-    .unwrap();
-    fail::cfg_callback("postgres.call.gave_up", move || std::thread::sleep(caller_held)).unwrap();
+    let answers = hold_both_sides(answer_after, caller_held);
     let started = Instant::now();
     let given_up = tokio::time::timeout(
         Duration::from_secs(20),
@@ -71,8 +65,7 @@ async fn a_late_answer_leaves_nothing_held(answer_after: Duration, caller_held: 
     .await
     .expect("the writer's wait is bounded");
     let took = started.elapsed();
-    fail::remove("postgres.announce.before_reply");
-    fail::remove("postgres.call.gave_up");
+    let_both_sides_go();
     let error = given_up.expect_err("a reader holds the name");
     assert!(error.is_timeout(), "the writer timed out, not {error}");
     assert!(answers.load(Ordering::SeqCst) >= 1, "the writer announced itself");

@@ -224,18 +224,6 @@ fn a_waiter_in_another_process_wakes_when_the_holder_dies() {
     );
 }
 
-/// Parses "waits <ms...> timeouts <k>": (mean wait in ms, timeouts).
-#[cfg(unix)]
-fn parse_waits(line: &str) -> (f64, usize) {
-    let (waits, timeouts) = line
-        .strip_prefix("waits ")
-        .and_then(|rest| rest.split_once("timeouts "))
-        .expect("a waits line");
-    let waits: Vec<f64> = waits.split_whitespace().map(|w| w.parse().unwrap()).collect();
-    let mean = waits.iter().sum::<f64>() / waits.len().max(1) as f64;
-    (mean, timeouts.trim().parse().unwrap())
-}
-
 /// A process takes `job` 8 times with `acquire_timeout(1 s)` while
 /// `frozen` waiters are frozen (SIGSTOP) in line with older tickets than
 /// its own, and `contenders` (child roles) keep taking the lock. Returns
@@ -293,7 +281,7 @@ fn a_frozen_waiter_never_starves_the_line() {
         (Directory, 1, &["try_loop"][..]),
     ] {
         let line = waits_behind_frozen_waiters(strategy, frozen, contenders);
-        let (mean, timeouts) = parse_waits(&line);
+        let (mean, timeouts) = common::parse_waits(&line);
         eprintln!("{strategy:?}, {frozen} frozen, {contenders:?}: mean {mean:.1} ms ({line})");
         assert!(
             mean < 100.0 && timeouts == 0,
@@ -356,7 +344,7 @@ fn read_access_to_the_lock_directory_grants_no_power_over_the_line() {
         std::thread::sleep(Duration::from_millis(200));
         let waiter = ChildProc::spawn_env(file, "waits", &[d, "job", "8", "1000"], &plain);
         let line = waiter.expect("waits", Duration::from_secs(30));
-        let (mean, timeouts) = parse_waits(&line);
+        let (mean, timeouts) = common::parse_waits(&line);
         eprintln!("beside a squatter, up to {role}: mean {mean:.1} ms ({line})");
         assert!(mean < 100.0 && timeouts == 0, "up to {role}: {line}");
     }

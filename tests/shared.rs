@@ -170,9 +170,19 @@ async fn a_large_group_is_counted_as_a_small_one() {
         drop(permits);
         let mut readers = Vec::new();
         for locker in &lockers {
-            readers.push(locker.try_acquire_shared("wide").await.unwrap().expect("a reader"));
+            readers.push(
+                locker
+                    .try_acquire_shared("wide")
+                    .await
+                    .unwrap()
+                    .expect("a reader"),
+            );
         }
-        assert_eq!(lockers[0].holders("wide").await.unwrap().len(), 12, "{strategy:?}");
+        assert_eq!(
+            lockers[0].holders("wide").await.unwrap().len(),
+            12,
+            "{strategy:?}"
+        );
         assert!(lockers[0].try_acquire("wide").await.unwrap().is_none());
         drop(readers);
         let left = left_in(dir.path());

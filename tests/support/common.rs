@@ -916,3 +916,15 @@ impl Step {
         *reached
     }
 }
+
+/// Parses a child's "waits <ms...> timeouts <k>" line: (mean wait in ms,
+/// timeouts).
+pub fn parse_waits(line: &str) -> (f64, usize) {
+    let (waits, timeouts) = line
+        .strip_prefix("waits ")
+        .and_then(|rest| rest.split_once("timeouts "))
+        .expect("a waits line");
+    let waits: Vec<f64> = waits.split_whitespace().map(|w| w.parse().unwrap()).collect();
+    let mean = waits.iter().sum::<f64>() / waits.len().max(1) as f64;
+    (mean, timeouts.trim().parse().unwrap())
+}
