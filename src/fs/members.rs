@@ -323,17 +323,18 @@ pub(super) fn scan(ctx: &Ctx, dir: &File, path: &dyn Fn() -> PathBuf) -> Result<
 }
 
 /// [`scan`], if the members directory holds at most `most` entries;
-/// `None` (nothing read but its names) if it holds more.
+/// `None` if it holds more, once `most + 1` names were read (nothing more
+/// is: a group of any size costs a runtime's thread this much).
 pub(super) fn scan_within(
     ctx: &Ctx,
     dir: &File,
     path: &dyn Fn() -> PathBuf,
     most: usize,
 ) -> Result<Option<Scan>> {
-    let names = syscall::list_at(dir).context("list members directory", path)?;
-    if names.len() > most {
+    let names = syscall::list_at_most(dir, most).context("list members directory", path)?;
+    let Some(names) = names else {
         return Ok(None);
-    }
+    };
     judge_all(ctx, dir, names).map(Some)
 }
 

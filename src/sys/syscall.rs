@@ -178,13 +178,31 @@ pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
 /// The names in the directory `dir` (`.` and `..` left out), in no
 /// particular order. Entries that cannot be read are skipped.
 pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
+    Ok(list_up_to(dir, usize::MAX)?.unwrap_or_default())
+}
+
+/// [`list_at`], if `dir` holds at most `most` names; `None`, once
+/// `most + 1` were read, if it holds more (the rest are never read: a
+/// caller on a runtime's thread reads a large directory no further).
+pub(crate) fn list_at_most(dir: &File, most: usize) -> Result<Option<Vec<OsString>>, Errno> {
+    list_up_to(dir, most)
+}
+
+fn list_up_to(dir: &File, most: usize) -> Result<Option<Vec<OsString>>, Errno> {
     let mut listing = nix::dir::Dir::openat(dir, ".", Open::List.flags(), Open::List.mode())?;
-    Ok(listing
+    let mut names = Vec::new();
+    let entries = listing
         .iter()
         .filter_map(|entry| entry.ok())
         .map(|entry| OsString::from_vec(entry.file_name().to_bytes().to_vec()))
-        .filter(|name| name != "." && name != "..")
-        .collect())
+        .filter(|name| name != "." && name != "..");
+    for name in entries {
+        if names.len() == most {
+            return Ok(None);
+        }
+        names.push(name);
+    }
+    Ok(Some(names))
 }
 
 /// Reads a file through a descriptor, from its start, up to just past

@@ -667,9 +667,16 @@ pub(crate) fn mkdir_at(dir: &File, name: &str) -> Result<(), Errno> {
 /// taken for empty when even that read fails; any other failure is the
 /// caller's, never an empty listing.
 pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
-    match list_handle(dir) {
+    Ok(list_at_most(dir, usize::MAX)?.unwrap_or_default())
+}
+
+/// [`list_at`], if `dir` holds at most `most` names; `None`, once
+/// `most + 1` were read, if it holds more (the rest are never asked for:
+/// a caller on a runtime's thread reads a large directory no further).
+pub(crate) fn list_at_most(dir: &File, most: usize) -> Result<Option<Vec<OsString>>, Errno> {
+    match list_handle(dir, most) {
         Ok(names) => Ok(names),
-        Err(_) if delete_pending(dir) => Ok(Vec::new()),
+        Err(_) if delete_pending(dir) => Ok(Some(Vec::new())),
         Err(e) => Err(e),
     }
 }
@@ -683,7 +690,7 @@ pub(crate) fn list_at(dir: &File) -> Result<Vec<OsString>, Errno> {
 /// `dir` (`try_clone`) shares it, and Wine reads a directory once per
 /// file object (a restarted enumeration replays that first read). A reply
 /// that does not parse is an error (`EIO`), never a shorter listing.
-fn list_handle(dir: &File) -> Result<Vec<OsString>, Errno> {
+fn list_handle(dir: &File, most: usize) -> Result<Option<Vec<OsString>>, Errno> {
     use std::os::windows::io::FromRawHandle;
     // SAFETY: the handle is open while `dir` lives.
     let handle = unsafe {
@@ -718,7 +725,7 @@ fn list_handle(dir: &File) -> Result<Vec<OsString>, Errno> {
             // every name).
             let first = class == fs::FileIdBothDirectoryRestartInfo;
             if code == Some(win::ERROR_NO_MORE_FILES) || (first && code == Some(win::ERROR_FILE_NOT_FOUND)) {
-                return Ok(names);
+                return Ok(Some(names));
             }
             return Err(Errno::of(&error));
         }
@@ -749,6 +756,9 @@ fn list_handle(dir: &File) -> Result<Vec<OsString>, Errno> {
                 .collect();
             let name = OsString::from_wide(&wide);
             if name != "." && name != ".." {
+                if names.len() == most {
+                    return Ok(None);
+                }
                 names.push(name);
             }
             if next == 0 {
