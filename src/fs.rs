@@ -469,11 +469,13 @@ impl Backend for Fs {
 }
 
 impl Inline for Fs {
-    /// One attempt to create the lock, never sleeping, never taking a
-    /// mutation lock, and syncing only where that cannot block (a
-    /// directory in memory). `None` when anything more is needed (the path
-    /// is taken, a record to judge, fencing, a sync to a disk, a shared
-    /// lock's group to join under the name's mutation lock).
+    /// One attempt, never waiting for another process, and syncing only
+    /// where that cannot block (a directory in memory): an exclusive lock
+    /// created without a mutation lock, or a shared lock's or permit's
+    /// join under the name's mutation lock if that is free this instant
+    /// (`join_inline`). `None` when anything more is needed (the path
+    /// is taken, a record to judge, fencing, a sync to a disk, the
+    /// mutation lock taken, a group past 8 entries).
     fn attempt_inline<K: Kept>(
         &self,
         name: &LockName,
