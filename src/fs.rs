@@ -475,7 +475,10 @@ impl Inline for Fs {
     /// join under the name's mutation lock if that is free this instant
     /// (`join_inline`). `None` when anything more is needed (the path
     /// is taken, a record to judge, fencing, a sync to a disk, the
-    /// mutation lock taken, a group past 8 entries).
+    /// mutation lock taken, a group past 8 entries, a group to end). The
+    /// one pause left is a millisecond at most, in a rare race: a marker
+    /// that could not be published (the path taken exclusively meanwhile)
+    /// drops the record just made, which leaves as a holder does.
     fn attempt_inline<K: Kept>(
         &self,
         name: &LockName,

@@ -78,8 +78,9 @@ pub(super) fn join(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool
 
 /// [`join`] without waiting for anything, for the caller's own thread
 /// (a runtime's): `None` if the name's mutation lock is taken; `Again` if
-/// a reader testing the marker's flock holds it this instant, or the
-/// group has more than [`AT_ONCE_ENTRIES`] entries. Either way the caller
+/// a reader testing the marker's flock holds it this instant, the group
+/// has more than [`AT_ONCE_ENTRIES`] entries, or its marker stands with
+/// nobody holding (ending that group is left to the pool). Either way the caller
 /// makes a whole attempt on the blocking pool instead. The join itself is
 /// the same, under the mutation lock: a few short calls, and one look at
 /// each member record.
@@ -142,6 +143,11 @@ fn join_locked(
     let live: Vec<&Entry> = scan.live_members().collect();
     if let (Some(found), Some((same, held))) = (&found, kind) {
         if live.is_empty() {
+            // Ending a group may wait a few milliseconds (for its seal, for
+            // a lock directory to empty): not on a runtime's thread.
+            if wait == Wait::Never {
+                return Ok(Joined::Again);
+            }
             // Nobody holds it any more: remove the marker (if nobody joined
             // meanwhile without the mutation lock) and start anew.
             drop(scan);
