@@ -468,6 +468,14 @@ async fn a_lock_directory_moved_away_while_held_is_a_loss_and_refuses_new_locks(
             }
             drop(busy);
             // Nothing is left (or was made) in the directory nobody sees.
+            // The rival's renewal notices the move too and lets `busy` go
+            // on its own thread, maybe in the instant of the drop, which
+            // then leaves it to that release (or to the release thread,
+            // the name's mutation lock being taken): allow it a moment.
+            let until = Instant::now() + Duration::from_secs(5);
+            while !common::entries(&old).is_empty() && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             assert_eq!(common::entries(&old), Vec::<String>::new(), "{strategy:?}");
             if replace {
                 let fresh = build();
