@@ -68,6 +68,7 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "group.renew.after_dirlock",
     "group.marker.before_rewrite",
     "group.sign.before_tmp",
+    "group.sign.before_rename",
     "group.leave.after_dirlock",
     "group.leave.after_unlink",
     "group.reclaim.before_unlink",

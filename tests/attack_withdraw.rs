@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{MutationLock, Step, hold_mutation_lock, members_of, mutex_of};
-use leasehold::Locker;
+use leasehold::{Locker, Strategy};
 
 /// The tests share process-wide failpoints: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -234,8 +234,13 @@ async fn refused_joins_beside_a_slow_change_keep_the_promise_and_leave_nothing()
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             if path.exists() || members.exists() {
+                let inside = if members.is_dir() {
+                    common::entries(&members)
+                } else {
+                    Vec::new()
+                };
                 failures.push(format!(
-                    "{what}: left behind with nobody holding: {:?}",
+                    "{what}: left behind with nobody holding in {dir:?}: {:?}, in the members directory {inside:?}",
                     common::entries(&dir)
                 ));
             }
@@ -619,4 +624,57 @@ async fn a_cancelled_acquisition_whose_join_withdraws_still_ends_the_group() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A holder that leaves while another process has the name's mutation
+/// lock re-signs its group's marker for the holder left (the directory
+/// layout: a record written under a private `.tmp-` name in the members
+/// directory, then renamed over the marker's `owner.json`). If that
+/// holder ends the group in between, its removal of the members directory
+/// fails on the private name; once the signer's rename fails and the
+/// private name goes, the members directory is empty, and must go too.
+/// (Seen in the churn above with several copies of it at once: an empty
+/// members directory left with nobody holding.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_signer_cut_off_by_the_groups_end_leaves_no_members_directory() {
+    let _serial = SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_owned();
+    let locker = |dir: &Path| {
+        Locker::builder()
+            .directory(dir)
+            .strategy(Strategy::Directory)
+            .lease(Duration::from_secs(20))
+            .renew_interval(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (locker(&dir), locker(&dir));
+    let first = one.acquire_shared("job").await.unwrap();
+    let second = two.acquire_shared("job").await.unwrap();
+    let path = one.lock_path("job").unwrap();
+    let members = members_of(&path);
+    let mutation = MutationLock::take(&mutex_of(&path)).unwrap();
+    let (at_rename, go_on) = pause_once("group.sign.before_rename");
+    // Dropped without the mutation lock: it signs the marker for the
+    // second holder, and stops before its rename.
+    let leaving = std::thread::spawn(move || drop(first));
+    assert!(reached(&at_rename).await, "the leaver did not sign the marker");
+    drop(mutation);
+    // The last holder ends the group meanwhile.
+    second.release().await.unwrap();
+    assert!(!path.exists(), "the group did not end");
+    go_on.reach();
+    leaving.join().unwrap();
+    fail::remove("group.sign.before_rename");
+    let until = Instant::now() + Duration::from_secs(10);
+    while members.exists() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !members.exists(),
+        "left behind with nobody holding: {:?}, in the members directory {:?}",
+        common::entries(&dir),
+        common::entries(&members)
+    );
 }

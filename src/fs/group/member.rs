@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use super::sign::{Sign, Signers};
 use super::{
     Found, JSON, TMP, create_record, marker, members, members_dir, remove_dead, remove_marker,
-    remove_members_dir, scan, write_marker,
+    remove_members_dir, scan, waiter, write_marker,
 };
 use crate::backend::{Mode, Renewal, Tokens};
 use crate::error::{IoResultExt, LossReason, Result};
@@ -344,11 +344,25 @@ impl Member {
                     .and_then(|()| file.write_all_at(bytes, 0))
                     .context("sign shared lock marker", path)
                     .and_then(|()| {
+                        failpoint!("group.sign.before_rename").context("sign shared lock marker", path)
+                    })
+                    .and_then(|()| {
                         syscall::rename_between(&self.dir, &tmp, found.node(), "owner.json")
                             .context("sign shared lock marker", path)
                     });
                 if written.is_err() {
                     let _ = syscall::unlink_at(&self.dir, tmp.as_str());
+                }
+                // Unlinked, it is gone only once closed, on Windows (see
+                // `file`).
+                drop(file);
+                // The group may have ended while our private name was in
+                // its members directory: its last holder's `rmdir` then
+                // failed on that name, and what is left is empty and
+                // nobody's. (Ended: our marker is gone, its rename failed,
+                // or it moved our record into the marker's trash.)
+                if !matches!(self.our_marker(), Ok(Some(_))) {
+                    waiter::tidy_members(&self.ctx, &self.name, Duration::ZERO);
                 }
                 written
             }

@@ -106,21 +106,31 @@ impl Drop for Announcement {
         // Unlinked, it is gone only once closed, on Windows (see `file`).
         self.file = None;
         // Waits at most a few milliseconds: this runs on a runtime thread
-        // (or the renewal thread). If another process holds the lock
-        // (slow, or frozen while it changes the name), the release thread
-        // finishes this, as it finishes a release.
-        let mut tidy = TidyMembers {
-            ctx: Arc::clone(&self.ctx),
-            name: self.name.clone(),
-        };
-        if !tidy.within(Duration::from_millis(5)) {
-            later::defer(Box::new(tidy));
-        }
+        // (or the renewal thread).
+        tidy_members(&self.ctx, &self.name, Duration::from_millis(5));
     }
 }
 
-/// Removes a members directory that a withdrawn announcement left empty,
-/// under the name's mutation lock (a joiner may be about to use it).
+/// Removes `name`'s members directory if it is empty, under the name's
+/// mutation lock (a joiner may be about to use it), waiting `patience`
+/// for that lock at most: if another process holds it (slow, or frozen
+/// while it changes the name), the release thread finishes this, as it
+/// finishes a release. For a process that took a file of its own out of
+/// the directory without the lock, while a group's end may have found
+/// that file there and so left the directory.
+pub(in crate::fs) fn tidy_members(ctx: &Arc<Ctx>, name: &LockName, patience: Duration) {
+    let mut tidy = TidyMembers {
+        ctx: Arc::clone(ctx),
+        name: name.clone(),
+    };
+    if !tidy.within(patience) {
+        later::defer(Box::new(tidy));
+    }
+}
+
+/// Removes a members directory that a withdrawn announcement (or a
+/// marker's signer, see `tidy_members`) left empty, under the name's
+/// mutation lock (a joiner may be about to use it).
 ///
 /// It keeps no handle of the directory: whichever directory bears the name
 /// when the lock is ours is removed if it is empty, as nobody can use an
