@@ -11,11 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use leasehold::{Locker, Strategy};
+#[path = "support/common.rs"]
+mod common;
 
-/// The waiting line's file, which leasehold keeps in a lock directory on
-/// Windows (docs/guarantees.md, *Windows*): no leftover.
-const LINE_FILE: &str = "leasehold..line";
+use leasehold::{Locker, Strategy};
 
 #[cfg(unix)]
 const LAYOUTS: &[Strategy] = &[Strategy::ExclusiveFile, Strategy::Directory];
@@ -49,24 +48,6 @@ fn enter(held: &AtomicUsize, by: usize, most: usize, what: &str) -> usize {
     );
     assert!(others <= most, "{what}: {others} holders of {most} permits");
     now
-}
-
-fn left_in(dir: &std::path::Path) -> Vec<std::ffi::OsString> {
-    let list = || -> Vec<std::ffi::OsString> {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .filter(|n| n != LINE_FILE)
-            .collect()
-    };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = list();
-        if left.is_empty() || Instant::now() > deadline {
-            return left;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// `LOCKERS` `Locker`s, two tasks each, take permits of an 8- or
@@ -150,7 +131,7 @@ async fn churn(strategy: Strategy, permits: u32, run_for: Duration) -> usize {
     }
     writer.await.unwrap();
     drop(lockers);
-    let left = left_in(dir.path());
+    let left = common::left_after(dir.path(), Duration::from_secs(5));
     assert!(left.is_empty(), "{what}: left {left:?}");
     most_seen.load(Ordering::SeqCst)
 }

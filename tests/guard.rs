@@ -473,15 +473,7 @@ fn a_durable_lock_on_tmpfs_needs_no_blocking_thread() {
         nix::sys::statfs::statfs(shm).is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
     assert!(on_tmpfs, "this test needs /dev/shm on tmpfs (Linux)");
     let dir = tempfile::tempdir_in(shm).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(1)
-        .build()
-        .unwrap();
-    let (release_pool, pool_released) = std::sync::mpsc::channel::<()>();
-    rt.block_on(async {
-        // Occupy the only blocking thread.
-        let occupied = tokio::task::spawn_blocking(move || pool_released.recv());
+    with_pool_taken(async || {
         let locker = Locker::builder()
             .directory(dir.path())
             .durable(true)
@@ -495,8 +487,6 @@ fn a_durable_lock_on_tmpfs_needs_no_blocking_thread() {
         assert!(locker.lock_path("shm").unwrap().exists());
         drop(guard);
         assert!(!locker.lock_path("shm").unwrap().exists());
-        release_pool.send(()).unwrap();
-        occupied.await.unwrap().unwrap();
     });
 }
 
@@ -508,14 +498,7 @@ fn a_durable_lock_on_tmpfs_needs_no_blocking_thread() {
 #[test]
 fn shared_locks_and_permits_need_no_blocking_thread() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(1)
-        .build()
-        .unwrap();
-    let (release_pool, pool_released) = std::sync::mpsc::channel::<()>();
-    rt.block_on(async {
-        let occupied = tokio::task::spawn_blocking(move || pool_released.recv());
+    with_pool_taken(async || {
         let build = || {
             Locker::builder()
                 .directory(dir.path())
@@ -557,6 +540,23 @@ fn shared_locks_and_permits_need_no_blocking_thread() {
         let again = again.unwrap().expect("the permit was given back");
         drop(again);
         assert_eq!(left_in(dir.path()), 0, "every lock was removed");
+    });
+}
+
+/// Runs `body` on a current-thread runtime whose only blocking thread is
+/// taken all along: what `body` awaits must come without the blocking
+/// pool (or time out).
+fn with_pool_taken(body: impl AsyncFnOnce()) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    let (release_pool, pool_released) = std::sync::mpsc::channel::<()>();
+    rt.block_on(async {
+        // Occupy the only blocking thread.
+        let occupied = tokio::task::spawn_blocking(move || pool_released.recv());
+        body().await;
         release_pool.send(()).unwrap();
         occupied.await.unwrap().unwrap();
     });

@@ -2,12 +2,10 @@
 
 use std::time::Duration;
 
-use leasehold::{Error, LockKind, Locker, Strategy};
+#[path = "support/common.rs"]
+mod common;
 
-/// The waiting line's file, which leasehold keeps in a lock directory on
-/// Windows once a waiter has stood in line there (docs/guarantees.md,
-/// *Windows*): no leftover.
-const LINE_FILE: &str = "leasehold..line";
+use leasehold::{Error, LockKind, Locker, Strategy};
 
 fn lockers(dir: &std::path::Path, strategy: Strategy) -> (Locker, Locker) {
     let make = || {
@@ -64,7 +62,7 @@ async fn readers_overlap_and_exclude_a_writer() {
         drop(w);
         assert!(a.try_acquire_shared("cat").await.unwrap().is_some());
         // Nothing left behind.
-        let left = left_in(dir.path());
+        let left = common::left_after(dir.path(), Duration::from_secs(5));
         assert!(left.is_empty(), "{strategy:?}: {left:?}");
     }
 }
@@ -135,7 +133,7 @@ async fn a_semaphore_admits_at_most_its_permits() {
             .unwrap()
             .unwrap();
         drop((p2, p3));
-        let left = left_in(dir.path());
+        let left = common::left_after(dir.path(), Duration::from_secs(5));
         assert!(left.is_empty(), "{strategy:?}: {left:?}");
     }
 }
@@ -185,7 +183,7 @@ async fn a_large_group_is_counted_as_a_small_one() {
         );
         assert!(lockers[0].try_acquire("wide").await.unwrap().is_none());
         drop(readers);
-        let left = left_in(dir.path());
+        let left = common::left_after(dir.path(), Duration::from_secs(5));
         assert!(left.is_empty(), "{strategy:?}: {left:?}");
     }
 }
@@ -241,7 +239,7 @@ async fn a_marker_whose_holders_are_dead_is_reclaimed_and_clean_removes_orphans(
         assert!(locker.holders("cat").await.unwrap().is_empty());
         let guard = locker.try_acquire("cat").await.unwrap().expect("reclaimed");
         drop(guard);
-        let left = left_in(dir.path());
+        let left = common::left_after(dir.path(), Duration::from_secs(5));
         assert!(left.is_empty(), "{strategy:?}: {left:?}");
 
         // A members directory without its lock path, holding only the dead.
@@ -308,7 +306,7 @@ async fn cancelled_shared_and_permit_waiters_leave_nothing() {
             "{strategy:?}: the cancelled writer still holds readers back"
         );
         drop((r, p));
-        let left = left_in(dir.path());
+        let left = common::left_after(dir.path(), Duration::from_secs(5));
         assert!(left.is_empty(), "{strategy:?}: {left:?}");
     }
 }
@@ -370,28 +368,4 @@ fn a_semaphore_is_a_shareable_handle() {
     assert!(matches!(locker.semaphore("", 2), Err(Error::InvalidName { .. })));
     let gpu = locker.semaphore("gpu", 3).unwrap();
     assert_eq!((gpu.name(), gpu.permits()), ("gpu", 3));
-}
-
-/// What is left in `dir`, but the waiting line's file, given two seconds
-/// to go: a guard's drop that finds the name's mutation lock taken (on
-/// Windows, where waiters and markers are also polled, by a neighbour's
-/// look at the marker) leaves the release to the release thread, which
-/// finishes it within milliseconds; and a file removed while another
-/// handle has it open goes when that handle closes.
-fn left_in(dir: &std::path::Path) -> Vec<std::ffi::OsString> {
-    let list = || -> Vec<std::ffi::OsString> {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .filter(|n| n != LINE_FILE)
-            .collect()
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        let left = list();
-        if left.is_empty() || std::time::Instant::now() > deadline {
-            return left;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }

@@ -595,6 +595,24 @@ pub fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
+/// [`entries`] of `dir` once it is empty, or as they are after `wait` if
+/// it never empties: what is left once every holder is gone. A guard's
+/// drop that finds the name's mutation lock taken (on Windows, where
+/// waiters and markers are also polled, by a neighbour's look at the
+/// marker) leaves the release to the release thread, which finishes it
+/// within milliseconds; and a file removed while another handle has it
+/// open goes when that handle closes. Blocks its thread.
+pub fn left_after(dir: &Path, wait: Duration) -> Vec<String> {
+    let until = Instant::now() + wait;
+    loop {
+        let left = entries(dir);
+        if left.is_empty() || Instant::now() >= until {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Writes `content` as the lock record at `path` for `strategy` (a file, or
 /// a directory holding `owner.json`), last modified `age` ago.
 pub fn plant(strategy: leasehold::Strategy, path: &Path, content: &str, age: Duration) {
