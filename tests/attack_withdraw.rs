@@ -678,3 +678,77 @@ async fn a_signer_cut_off_by_the_groups_end_leaves_no_members_directory() {
         common::entries(&members)
     );
 }
+
+/// A join without the mutation lock (another process has it) whose
+/// record fails to be made once its private `.tmp-` name is in the
+/// members directory (an I/O error: the record's rename, here) removes
+/// that name and reports the error. If the group's last holder ended the
+/// group in between, its removal of the members directory failed on that
+/// name, and the members directory, empty once the joiner's name goes,
+/// must go too (as a marker's signer's does, above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_join_without_the_mutation_lock_that_fails_leaves_no_members_directory() {
+    let _serial = SERIAL.lock().await;
+    let mut failures = Vec::new();
+    for &strategy in common::strategies() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().to_owned();
+        let locker = |dir: &Path| {
+            Locker::builder()
+                .directory(dir)
+                .strategy(strategy)
+                .lease(Duration::from_secs(20))
+                .renew_interval(Duration::from_secs(5))
+                .build()
+                .unwrap()
+        };
+        let (one, two) = (locker(&dir), locker(&dir));
+        let first = one.acquire_shared("job").await.unwrap();
+        let path = one.lock_path("job").unwrap();
+        let members = members_of(&path);
+        let mutation = MutationLock::take(&mutex_of(&path)).unwrap();
+        let (at_rename, go_on) = pause_once("group.record.before_rename");
+        // Joins without the mutation lock, and stops with its private
+        // name in the members directory.
+        let joining = tokio::spawn(async move {
+            let joined = tokio::time::timeout(Duration::from_secs(30), two.acquire_shared("job")).await;
+            (two, joined)
+        });
+        assert!(
+            reached(&at_rename).await,
+            "{strategy:?}: the joiner made no record"
+        );
+        // Its record's making fails from now on (after the rename).
+        fail::cfg("group.record.after_rename", "return").unwrap();
+        drop(mutation);
+        // The last holder ends the group meanwhile.
+        first.release().await.unwrap();
+        assert!(!path.exists(), "{strategy:?}: the group did not end");
+        go_on.reach();
+        let (two, joined) = joining.await.unwrap();
+        fail::remove("group.record.before_rename");
+        fail::remove("group.record.after_rename");
+        match joined {
+            // The error injected, as the join reports it.
+            Ok(Err(_)) => {}
+            Ok(Ok(guard)) => {
+                failures.push(format!("{strategy:?}: the join did not fail"));
+                guard.release().await.unwrap();
+            }
+            Err(_) => failures.push(format!("{strategy:?}: the join never ended")),
+        }
+        drop(two);
+        let until = Instant::now() + Duration::from_secs(10);
+        while members.exists() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if members.exists() {
+            failures.push(format!(
+                "{strategy:?}: left behind with nobody holding: {:?}, in the members directory {:?}",
+                common::entries(&dir),
+                common::entries(&members)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

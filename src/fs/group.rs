@@ -316,7 +316,13 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
         // `remove_dead`), or the directory went (its group ended): try
         // again, under another name.
         Err(error) if error.is_not_found() || error.is_would_block() => return busy(None),
-        Err(error) => return Err(error),
+        // Our private name was in the members directory meanwhile: a
+        // group's end may have failed its `rmdir` on it, and left the
+        // directory, empty now and nobody's (as a marker's signer's may).
+        Err(error) => {
+            waiter::tidy_members(ctx, name, Duration::ZERO);
+            return Err(error);
+        }
     };
     member.marker = Some(node);
     // Ours alone: removed at once, whatever the mutation lock (and the
