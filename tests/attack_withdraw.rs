@@ -752,3 +752,76 @@ async fn a_join_without_the_mutation_lock_that_fails_leaves_no_members_directory
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// A signer stopped before its rename while the group's last holder ends
+/// the group and retires its marker directory (moved to a `.trash-`
+/// name, its `owner.json` unlinked, not yet removed): the signer's rename
+/// lands in that directory, through the descriptor it found it by. The
+/// retiring holder's removal fails on it once, empties the directory
+/// again and removes it: nothing is left, neither the trash nor the
+/// members directory (the signer tidies that one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_signers_rename_into_a_retired_marker_leaves_no_trash() {
+    let _serial = SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_owned();
+    let locker = |dir: &Path| {
+        Locker::builder()
+            .directory(dir)
+            .strategy(Strategy::Directory)
+            .lease(Duration::from_secs(20))
+            .renew_interval(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (locker(&dir), locker(&dir));
+    let first = one.acquire_shared("job").await.unwrap();
+    let second = two.acquire_shared("job").await.unwrap();
+    let path = one.lock_path("job").unwrap();
+    let members = members_of(&path);
+    let mutation = MutationLock::take(&mutex_of(&path)).unwrap();
+    let (at_rename, rename) = pause_once("group.sign.before_rename");
+    // Dropped without the mutation lock: it signs the marker for the
+    // second holder, and stops before its rename.
+    let leaving = std::thread::spawn(move || drop(first));
+    assert!(reached(&at_rename).await, "the leaver did not sign the marker");
+    drop(mutation);
+    // The last holder ends the group, and stops with its marker retired
+    // and emptied, before its removal.
+    let (at_remove, remove) = pause_once("dir.remove.after_unlink_owner");
+    let ending = tokio::spawn(async move { second.release().await });
+    assert!(
+        reached(&at_remove).await,
+        "the group's end did not retire its marker"
+    );
+    let trash = || -> Vec<String> {
+        common::entries(&dir)
+            .into_iter()
+            .filter(|n| n.contains(".trash-"))
+            .collect()
+    };
+    assert_eq!(trash().len(), 1, "{:?}", common::entries(&dir));
+    rename.reach();
+    leaving.join().unwrap();
+    // The signer's record is in the retired directory now.
+    let landed = trash().iter().any(|t| dir.join(t).join("owner.json").exists());
+    remove.reach();
+    let ended = tokio::time::timeout(Duration::from_secs(30), ending).await;
+    fail::remove("group.sign.before_rename");
+    fail::remove("dir.remove.after_unlink_owner");
+    assert!(
+        landed,
+        "the signer's rename did not land in the retired marker: {:?}",
+        trash()
+    );
+    assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+    let until = Instant::now() + Duration::from_secs(10);
+    while (members.exists() || !trash().is_empty()) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !members.exists() && trash().is_empty(),
+        "left behind with nobody holding: {:?}",
+        common::entries(&dir)
+    );
+}
