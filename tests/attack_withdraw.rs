@@ -825,3 +825,145 @@ async fn a_signers_rename_into_a_retired_marker_leaves_no_trash() {
         common::entries(&dir)
     );
 }
+
+/// A cut-off signer's tidy (deferred: the mutation lock was busy) runs
+/// while a newer group of the name stands deserted: its last holder
+/// stopped while leaving without the mutation lock (its record gone), and
+/// a joiner without that lock stopped before its record, past its look
+/// at the (empty) members directory. The tidy removes that directory,
+/// which is empty. Then the joiner's record cannot be made there: no
+/// error, it tries again and holds (ending the deserted group first); the
+/// stopped leaver then ends nothing of the joiner's; nothing is left once
+/// the joiner lets go.
+/// Both orders of the two stopped processes going on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_signers_tidy_beside_a_deserted_group_and_its_joiner_costs_nobody_anything() {
+    let _serial = SERIAL.lock().await;
+    record_warnings();
+    for leaver_first in [false, true] {
+        signers_tidy_beside_a_deserted_group(leaver_first).await;
+    }
+}
+
+async fn signers_tidy_beside_a_deserted_group(leaver_first: bool) {
+    WARNINGS.lock().unwrap().clear();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_owned();
+    let locker = |dir: &Path| {
+        Locker::builder()
+            .directory(dir)
+            .strategy(Strategy::Directory)
+            .lease(Duration::from_secs(20))
+            .renew_interval(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let (one, two, three, four) = (locker(&dir), locker(&dir), locker(&dir), locker(&dir));
+    let first = one.acquire_shared("job").await.unwrap();
+    let second = two.acquire_shared("job").await.unwrap();
+    let path = one.lock_path("job").unwrap();
+    let members = members_of(&path);
+    let mutation = MutationLock::take(&mutex_of(&path)).unwrap();
+    let (at_rename, rename) = pause_once("group.sign.before_rename");
+    // The signer: stops before its rename, its private name in the
+    // members directory.
+    let signing = std::thread::spawn(move || drop(first));
+    assert!(reached(&at_rename).await, "the leaver did not sign the marker");
+    drop(mutation);
+    // The first group ends; the members directory stays (the private
+    // name); a second group starts in it.
+    second.release().await.unwrap();
+    assert!(!path.exists(), "the first group did not end");
+    let third = three.acquire_shared("job").await.unwrap();
+    assert!(path.exists(), "the second group did not start");
+    let mutation = MutationLock::take(&mutex_of(&path)).unwrap();
+    // Its last holder leaves without the mutation lock, and stops with its
+    // record gone: the group stands, deserted.
+    let (at_leave, leave) = pause_once("unlocked.leave.after_unlink");
+    let leaving = std::thread::spawn(move || drop(third));
+    assert!(
+        reached(&at_leave).await,
+        "the last holder did not leave without the lock"
+    );
+    // A joiner without the mutation lock stops before its record.
+    let (at_record, record) = pause_once("unlocked.join.before_record");
+    let joining = tokio::spawn(async move {
+        let joined = tokio::time::timeout(Duration::from_secs(30), four.acquire_shared("job")).await;
+        (four, joined)
+    });
+    assert!(
+        reached(&at_record).await,
+        "the joiner did not join without the lock"
+    );
+    // The signer goes on: its rename fails (its marker is gone), its
+    // private name goes, and its tidy waits for the mutation lock on the
+    // release thread.
+    rename.reach();
+    signing.join().unwrap();
+    assert!(
+        members.exists() && common::entries(&members).is_empty(),
+        "{:?}",
+        common::entries(&members)
+    );
+    drop(mutation);
+    let until = Instant::now() + Duration::from_secs(10);
+    while members.exists() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let removed = !members.exists();
+    let standing = path.exists();
+    let mut leaving = Some(leaving);
+    let mut go_on_leaving = || {
+        leave.reach();
+        leaving.take().unwrap().join().unwrap();
+    };
+    if leaver_first {
+        go_on_leaving();
+    }
+    record.reach();
+    let (four, joined) = joining.await.unwrap();
+    if !leaver_first {
+        go_on_leaving();
+    }
+    fail::remove("group.sign.before_rename");
+    fail::remove("unlocked.leave.after_unlink");
+    fail::remove("unlocked.join.before_record");
+    let order = if leaver_first {
+        "leaver first"
+    } else {
+        "joiner first"
+    };
+    assert!(
+        removed,
+        "{order}: the tidy did not remove the empty members directory"
+    );
+    assert!(standing, "{order}: the deserted group did not stand");
+    let fourth = match joined {
+        Ok(Ok(guard)) => guard,
+        other => panic!("{order}: the joiner did not hold: {other:?}"),
+    };
+    // The stopped leaver's end comes and goes; the joiner still holds.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        fourth.ensure_held().await.is_ok(),
+        "{order}: the joiner lost its lock"
+    );
+    assert!(
+        members.exists() && path.exists(),
+        "{order}: {:?}",
+        common::entries(&dir)
+    );
+    fourth.release().await.unwrap();
+    drop(four);
+    let until = Instant::now() + Duration::from_secs(10);
+    while (members.exists() || path.exists()) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !members.exists() && !path.exists(),
+        "{order}: left behind with nobody holding: {:?}",
+        common::entries(&dir)
+    );
+    let warnings = WARNINGS.lock().unwrap().clone();
+    assert!(warnings.is_empty(), "{order}: {warnings:#?}");
+}
