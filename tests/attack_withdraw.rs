@@ -12,7 +12,14 @@
 //!   failed;
 //! - a withdrawal whose leave is handed to the release thread while an
 //!   upgrade turns the group into an exclusive lock: the upgraded lock
-//!   stays.
+//!   stays;
+//! - a withdrawal's group end that counts a joiner come meanwhile, and a
+//!   cancelled acquisition whose join withdraws: the group still ends;
+//! - files put into a members directory without the mutation lock while
+//!   the group ends (a leaver's re-signed marker under a `.tmp-` name, a
+//!   join whose record fails): no empty members directory and no
+//!   `.trash-` directory left, and the tidy that removes them costs a
+//!   joiner of a newer group nothing.
 //!
 //! Its own test binary: failpoints are process-wide.
 #![cfg(all(feature = "failpoints", target_os = "linux"))]
