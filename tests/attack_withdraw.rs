@@ -33,8 +33,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{MutationLock, Step, hold_mutation_lock, members_of, mutex_of};
-use leasehold::{Locker, Strategy};
+use common::{MutationLock, Step, hold_mutation_lock, members_of, mutex_of, patient_locker};
+use leasehold::{LockGuard, Locker, Strategy};
 
 /// The tests share process-wide failpoints: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -447,15 +447,7 @@ async fn a_withdrawals_group_end_counts_a_joiner_that_came_meanwhile() {
         let what = format!("{strategy:?}");
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().to_owned();
-        let locker = |dir: &Path| {
-            Locker::builder()
-                .directory(dir)
-                .strategy(strategy)
-                .lease(Duration::from_secs(20))
-                .renew_interval(Duration::from_secs(5))
-                .build()
-                .unwrap()
-        };
+        let locker = |dir: &Path| patient_locker(dir, strategy);
         let (holder, withdrawer, late) = (locker(&dir), locker(&dir), locker(&dir));
         let held = holder.acquire_shared("job").await.unwrap();
         let path = holder.lock_path("job").unwrap();
@@ -570,15 +562,7 @@ async fn a_cancelled_acquisition_whose_join_withdraws_still_ends_the_group() {
         let what = format!("{strategy:?}");
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().to_owned();
-        let locker = |dir: &Path| {
-            Locker::builder()
-                .directory(dir)
-                .strategy(strategy)
-                .lease(Duration::from_secs(20))
-                .renew_interval(Duration::from_secs(5))
-                .build()
-                .unwrap()
-        };
+        let locker = |dir: &Path| patient_locker(dir, strategy);
         let (holder, joiner) = (locker(&dir), locker(&dir));
         let held = holder.semaphore("job", 2).unwrap().acquire().await.unwrap();
         let path = holder.lock_path("job").unwrap();
@@ -647,27 +631,11 @@ async fn a_signer_cut_off_by_the_groups_end_leaves_no_members_directory() {
     let _serial = SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().to_owned();
-    let locker = |dir: &Path| {
-        Locker::builder()
-            .directory(dir)
-            .strategy(Strategy::Directory)
-            .lease(Duration::from_secs(20))
-            .renew_interval(Duration::from_secs(5))
-            .build()
-            .unwrap()
-    };
+    let locker = |dir: &Path| patient_locker(dir, Strategy::Directory);
     let (one, two) = (locker(&dir), locker(&dir));
-    let first = one.acquire_shared("job").await.unwrap();
-    let second = two.acquire_shared("job").await.unwrap();
+    let (second, leaving, go_on) = a_signer_stopped_before_its_rename(&one, &two).await;
     let path = one.lock_path("job").unwrap();
     let members = members_of(&path);
-    let mutation = MutationLock::take(&mutex_of(&path)).unwrap();
-    let (at_rename, go_on) = pause_once("group.sign.before_rename");
-    // Dropped without the mutation lock: it signs the marker for the
-    // second holder, and stops before its rename.
-    let leaving = std::thread::spawn(move || drop(first));
-    assert!(reached(&at_rename).await, "the leaver did not sign the marker");
-    drop(mutation);
     // The last holder ends the group meanwhile.
     second.release().await.unwrap();
     assert!(!path.exists(), "the group did not end");
@@ -686,6 +654,27 @@ async fn a_signer_cut_off_by_the_groups_end_leaves_no_members_directory() {
     );
 }
 
+/// `one` and `two` hold `job` shared (the directory layout), and `one`'s
+/// guard is dropped on a thread of its own while the test holds the
+/// name's mutation lock: it re-signs the marker for `two` without the
+/// lock, under a `.tmp-` name in the members directory, and stops before
+/// its rename (`group.sign.before_rename`, which the caller removes).
+/// Returns `two`'s guard, that thread, and the step that lets it go on.
+async fn a_signer_stopped_before_its_rename(
+    one: &Locker,
+    two: &Locker,
+) -> (LockGuard, std::thread::JoinHandle<()>, Arc<Step>) {
+    let first = one.acquire_shared("job").await.unwrap();
+    let second = two.acquire_shared("job").await.unwrap();
+    let path = one.lock_path("job").unwrap();
+    let mutation = MutationLock::take(&mutex_of(&path)).unwrap();
+    let (at_rename, rename) = pause_once("group.sign.before_rename");
+    let leaving = std::thread::spawn(move || drop(first));
+    assert!(reached(&at_rename).await, "the leaver did not sign the marker");
+    drop(mutation);
+    (second, leaving, rename)
+}
+
 /// A join without the mutation lock (another process has it) whose
 /// record fails to be made once its private `.tmp-` name is in the
 /// members directory (an I/O error: the record's rename, here) removes
@@ -700,15 +689,7 @@ async fn a_join_without_the_mutation_lock_that_fails_leaves_no_members_directory
     for &strategy in common::strategies() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().to_owned();
-        let locker = |dir: &Path| {
-            Locker::builder()
-                .directory(dir)
-                .strategy(strategy)
-                .lease(Duration::from_secs(20))
-                .renew_interval(Duration::from_secs(5))
-                .build()
-                .unwrap()
-        };
+        let locker = |dir: &Path| patient_locker(dir, strategy);
         let (one, two) = (locker(&dir), locker(&dir));
         let first = one.acquire_shared("job").await.unwrap();
         let path = one.lock_path("job").unwrap();
@@ -772,27 +753,11 @@ async fn a_signers_rename_into_a_retired_marker_leaves_no_trash() {
     let _serial = SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().to_owned();
-    let locker = |dir: &Path| {
-        Locker::builder()
-            .directory(dir)
-            .strategy(Strategy::Directory)
-            .lease(Duration::from_secs(20))
-            .renew_interval(Duration::from_secs(5))
-            .build()
-            .unwrap()
-    };
+    let locker = |dir: &Path| patient_locker(dir, Strategy::Directory);
     let (one, two) = (locker(&dir), locker(&dir));
-    let first = one.acquire_shared("job").await.unwrap();
-    let second = two.acquire_shared("job").await.unwrap();
+    let (second, leaving, rename) = a_signer_stopped_before_its_rename(&one, &two).await;
     let path = one.lock_path("job").unwrap();
     let members = members_of(&path);
-    let mutation = MutationLock::take(&mutex_of(&path)).unwrap();
-    let (at_rename, rename) = pause_once("group.sign.before_rename");
-    // Dropped without the mutation lock: it signs the marker for the
-    // second holder, and stops before its rename.
-    let leaving = std::thread::spawn(move || drop(first));
-    assert!(reached(&at_rename).await, "the leaver did not sign the marker");
-    drop(mutation);
     // The last holder ends the group, and stops with its marker retired
     // and emptied, before its removal.
     let (at_remove, remove) = pause_once("dir.remove.after_unlink_owner");
@@ -856,27 +821,11 @@ async fn signers_tidy_beside_a_deserted_group(leaver_first: bool) {
     WARNINGS.lock().unwrap().clear();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().to_owned();
-    let locker = |dir: &Path| {
-        Locker::builder()
-            .directory(dir)
-            .strategy(Strategy::Directory)
-            .lease(Duration::from_secs(20))
-            .renew_interval(Duration::from_secs(5))
-            .build()
-            .unwrap()
-    };
+    let locker = |dir: &Path| patient_locker(dir, Strategy::Directory);
     let (one, two, three, four) = (locker(&dir), locker(&dir), locker(&dir), locker(&dir));
-    let first = one.acquire_shared("job").await.unwrap();
-    let second = two.acquire_shared("job").await.unwrap();
+    let (second, signing, rename) = a_signer_stopped_before_its_rename(&one, &two).await;
     let path = one.lock_path("job").unwrap();
     let members = members_of(&path);
-    let mutation = MutationLock::take(&mutex_of(&path)).unwrap();
-    let (at_rename, rename) = pause_once("group.sign.before_rename");
-    // The signer: stops before its rename, its private name in the
-    // members directory.
-    let signing = std::thread::spawn(move || drop(first));
-    assert!(reached(&at_rename).await, "the leaver did not sign the marker");
-    drop(mutation);
     // The first group ends; the members directory stays (the private
     // name); a second group starts in it.
     second.release().await.unwrap();

@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{MutationLock, Step, frozen_flock, members_of, mutex_of};
-use leasehold::{LockGuard, Locker, Strategy};
+use common::{MutationLock, Step, frozen_flock, members_of, mutex_of, patient_locker};
+use leasehold::{LockGuard, Locker};
 
 /// The tests share process-wide failpoints: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -48,16 +48,6 @@ impl Kind {
             Kind::Permit => locker.semaphore("job", 2).unwrap().try_acquire().await.unwrap(),
         }
     }
-}
-
-fn locker(dir: &Path, strategy: Strategy) -> Locker {
-    Locker::builder()
-        .directory(dir)
-        .strategy(strategy)
-        .lease(Duration::from_secs(20))
-        .renew_interval(Duration::from_secs(5))
-        .build()
-        .unwrap()
 }
 
 /// The lock path of the only name in `dir`.
@@ -87,8 +77,8 @@ async fn a_join_withdrawn_after_the_last_holder_counted_it_ends_the_group() {
         for kind in [Kind::Shared, Kind::Permit] {
             let root = tempfile::tempdir().unwrap();
             let dir = root.path().to_owned();
-            let holder = locker(&dir, strategy);
-            let joiner = locker(&dir, strategy);
+            let holder = patient_locker(&dir, strategy);
+            let joiner = patient_locker(&dir, strategy);
             let held = kind.acquire(&holder).await;
             let path = lock_path(&dir);
             let members = members_of(&path);
@@ -196,8 +186,8 @@ async fn a_join_refused_under_the_mutation_lock_after_the_last_holder_counted_it
         for kind in [Kind::Shared, Kind::Permit] {
             let root = tempfile::tempdir().unwrap();
             let dir = root.path().to_owned();
-            let holder = locker(&dir, strategy);
-            let joiner = locker(&dir, strategy);
+            let holder = patient_locker(&dir, strategy);
+            let joiner = patient_locker(&dir, strategy);
             let held = kind.acquire(&holder).await;
             let path = lock_path(&dir);
             let members = members_of(&path);
@@ -302,8 +292,8 @@ async fn an_announcement_withdrawn_while_the_name_is_busy_leaves_no_members_dire
     for &strategy in common::strategies() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().to_owned();
-        let reader = locker(&dir, strategy);
-        let writer = locker(&dir, strategy);
+        let reader = patient_locker(&dir, strategy);
+        let writer = patient_locker(&dir, strategy);
         let read = reader.acquire_shared("job").await.unwrap();
         let path = lock_path(&dir);
         let members = members_of(&path);

@@ -595,6 +595,19 @@ pub fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
+/// A `Locker` of `dir` with `strategy` whose lease (20 s, renewed every
+/// 5 s) outlasts any test: its holders never lose a lock to time while a
+/// test stops a process part way.
+pub fn patient_locker(dir: &Path, strategy: leasehold::Strategy) -> Locker {
+    Locker::builder()
+        .directory(dir)
+        .strategy(strategy)
+        .lease(Duration::from_secs(20))
+        .renew_interval(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
 /// [`entries`] of `dir` once it is empty, or as they are after `wait` if
 /// it never empties: what is left once every holder is gone. A guard's
 /// drop that finds the name's mutation lock taken (on Windows, where
