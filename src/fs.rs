@@ -515,16 +515,22 @@ impl Inline for Fs {
     }
 }
 
+/// What a waiter standing back for an exclusive lock sees at its path
+/// `file_name` in `dir` (`None`: free): which file, or directory, is
+/// there. Not the inode number alone: ext4 gives it again to a file made
+/// just after another was removed, so a lock handed from holder to holder
+/// would look held by one all along, and a frozen waiter ahead would never
+/// be found to have missed its chances.
+fn seen_by_exclusive_waiter(dir: &std::fs::File, file_name: &str) -> Option<(u64, u64)> {
+    syscall::instance_at(dir, file_name).ok()
+}
+
 impl Line for Fs {
     fn stand_back(&self, name: &LockName, mode: Mode) -> Option<Duration> {
         let ctx = &self.ctx;
         match mode {
             Mode::Exclusive => {
-                let at_path = || {
-                    syscall::stat_at(ctx.dir.fd(), name.file_name())
-                        .ok()
-                        .map(|st| (st.dev, st.ino))
-                };
+                let at_path = || seen_by_exclusive_waiter(ctx.dir.fd(), name.file_name());
                 ctx.lines.stand_back(ctx.dir.fd(), name.file_name(), at_path)
             }
             // A group's marker stays while anyone holds a permit: what
@@ -588,5 +594,52 @@ impl OnDisk for Fs {
         cleaned.extend(leftover::clean(ctx, dry_run, usize::MAX)?);
         cleaned.extend(members::clean_orphans(ctx, dry_run)?);
         Ok(cleaned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lock removed and made again between two looks is another lock,
+    /// even with the same inode number (ext4 hands the freed number to
+    /// the next file at once), for both layouts' lock paths.
+    #[test]
+    fn a_lock_made_again_at_its_path_looks_moved_to_a_waiter() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = LockDir::open(root.path(), false).unwrap();
+        let path = root.path().join("job.lock");
+        for layout in ["file", "directory"] {
+            let make = || match layout {
+                "file" => std::fs::write(&path, "{}").unwrap(),
+                _ => std::fs::create_dir(&path).unwrap(),
+            };
+            let remove = || match layout {
+                "file" => std::fs::remove_file(&path).unwrap(),
+                _ => std::fs::remove_dir(&path).unwrap(),
+            };
+            assert_eq!(seen_by_exclusive_waiter(dir.fd(), "job.lock"), None, "{layout}");
+            make();
+            let mut last = seen_by_exclusive_waiter(dir.fd(), "job.lock").expect("held");
+            assert_eq!(
+                seen_by_exclusive_waiter(dir.fd(), "job.lock"),
+                Some(last),
+                "{layout}: a second look"
+            );
+            let mut same_number = 0;
+            for _ in 0..5 {
+                remove();
+                // Past a tick of the kernel's clock for files.
+                std::thread::sleep(Duration::from_millis(20));
+                make();
+                let again = seen_by_exclusive_waiter(dir.fd(), "job.lock").expect("held");
+                let ino = syscall::stat_at(dir.fd(), "job.lock").unwrap().ino;
+                same_number += usize::from(ino == last.0);
+                assert_ne!(again, last, "{layout}: made again, it looks the same");
+                last = again;
+            }
+            remove();
+            eprintln!("{layout}: the same inode number {same_number} times in 5");
+        }
     }
 }

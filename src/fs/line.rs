@@ -249,9 +249,10 @@ impl Lines {
     }
 
     /// How long to keep off the lock `name` before trying it: `None` to
-    /// try now. `at_path` says what is at the lock path right now (device
-    /// and inode; for a semaphore, what its members are), or `None` if
-    /// the lock is free.
+    /// try now. `at_path` says what is at the lock path right now (which
+    /// file: its inode number and birth time, since a filesystem may give
+    /// the number again to the next holder's file; for a semaphore, what
+    /// its members are), or `None` if the lock is free.
     ///
     /// While an older waiter that was in line when this one joined is
     /// still there, this stands back; every [`STAND_BACK`] it looks at the

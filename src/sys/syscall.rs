@@ -143,6 +143,54 @@ pub(crate) fn stat_at(dir: &File, name: &str) -> Result<Stat, Errno> {
     })
 }
 
+/// What tells the file (or directory) at `name` in `dir` from another
+/// made there later: its inode number and its birth time, in nanoseconds
+/// since the epoch (0 where the platform or the filesystem keeps none).
+/// The inode number alone does not: ext4 gives a file made just after
+/// another was removed the same number, so a lock that changed hands
+/// between two looks would look untouched. Birth times are as coarse as
+/// the kernel's clock for files (a few ms on Linux): two files made
+/// within one tick apart are told apart by their number alone.
+pub(crate) fn instance_at(dir: &File, name: &str) -> Result<(u64, u64), Errno> {
+    let (ino, born) = born_at(dir, name)?;
+    let born = born.and_then(|t| t.duration_since(UNIX_EPOCH).ok());
+    Ok((
+        ino,
+        born.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+    ))
+}
+
+/// Linux keeps birth times only in `statx`, which `std` asks through a
+/// descriptor: one that opens nothing (`O_PATH`) and follows no symlink.
+#[cfg(target_os = "linux")]
+fn born_at(dir: &File, name: &str) -> Result<(u64, Option<SystemTime>), Errno> {
+    let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let file = File::from(openat(dir, name, flags, Mode::empty())?);
+    let meta = file
+        .metadata()
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))?;
+    Ok((meta.ino(), meta.created().ok()))
+}
+
+/// macOS and FreeBSD answer with `fstatat`.
+#[cfg(any(target_os = "macos", target_os = "freebsd"))]
+fn born_at(dir: &File, name: &str) -> Result<(u64, Option<SystemTime>), Errno> {
+    let st = fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+    let secs = u64::try_from(st.st_birthtime).ok();
+    let nanos = u32::try_from(st.st_birthtime_nsec).unwrap_or(0);
+    #[allow(clippy::useless_conversion)]
+    Ok((
+        u64::from(st.st_ino),
+        secs.map(|s| UNIX_EPOCH + Duration::new(s, nanos)),
+    ))
+}
+
+/// Elsewhere, the inode number alone.
+#[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")))]
+fn born_at(dir: &File, name: &str) -> Result<(u64, Option<SystemTime>), Errno> {
+    Ok((stat_at(dir, name)?.ino, None))
+}
+
 /// Removes the file (not a directory) `name` in `dir`.
 pub(crate) fn unlink_at<P: ?Sized + NixPath>(dir: &File, name: &P) -> Result<(), Errno> {
     unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)

@@ -432,6 +432,26 @@ pub(crate) fn stat_at(dir: &File, name: &str) -> Result<Stat, Errno> {
     })
 }
 
+/// What tells the file (or directory) at `name` in `dir` from another
+/// made there later: its file index and its creation time, in 100 ns
+/// units since 1601 (see `sys/syscall.rs` on Unix). NTFS's index already
+/// changes when a record is used again (its sequence number), but Wine's
+/// is the inode number of the filesystem below, which ext4 gives again.
+pub(crate) fn instance_at(dir: &File, name: &str) -> Result<(u64, u64), Errno> {
+    let path = child(dir, OsStr::new(name))?;
+    let file = OpenOptions::new()
+        .access_mode(0)
+        .share_mode(SHARE_ALL)
+        .custom_flags(fs::FILE_FLAG_OPEN_REPARSE_POINT | fs::FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)
+        .map_err(|e| Errno::of(&e))?;
+    let meta = meta(&file).map_err(|e| Errno::of(&e))?;
+    let info = information(&file)?;
+    let created =
+        (u64::from(info.ftCreationTime.dwHighDateTime) << 32) | u64::from(info.ftCreationTime.dwLowDateTime);
+    Ok((meta.ino, created))
+}
+
 /// Removes the file (not a directory) `name` in `dir`.
 ///
 /// Windows keeps the name of a deleted file until every handle of it is
