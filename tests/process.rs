@@ -20,8 +20,11 @@ fn child_process_entry() {
 /// one racing a `try_acquire` loop that tries again 1 ms after each
 /// release), and on a 2-core machine the processes of a test beside them
 /// (four counting to four hundred, say) made such a waiter lose every
-/// race for a second: CI of 1dbe64e timed out one acquisition of
-/// `a_frozen_waiter_never_starves_the_line` so.
+/// race for a second. (CI of 1dbe64e and of ac00ad2 timed out one
+/// acquisition of `a_frozen_waiter_never_starves_the_line`; the cause
+/// was leasehold's: on ext4 a lock changing hands kept its inode number,
+/// so the waiter behind the frozen one did not see the line move. Fixed
+/// in `seen_by_exclusive_waiter`, src/fs.rs.)
 fn alone() -> MutexGuard<'static, ()> {
     static ALONE: Mutex<()> = Mutex::new(());
     ALONE.lock().unwrap_or_else(|e| e.into_inner())
