@@ -80,6 +80,65 @@ async fn a_live_pid_with_another_start_time_is_a_reused_pid() {
     assert_eq!(guard.owner().pid(), Some(std::process::id()));
 }
 
+/// A record whose modification time is in the future (the clock stepped
+/// back since it was written) is dated by when this `Locker` first saw
+/// its file. A new holder's file is a new file even when the filesystem
+/// gives it the number of the one before (ext4 does, to a file made just
+/// after another was removed): judged by inode number, the live holder's
+/// file below inherited 1.6 s of age from the files before it, over its
+/// foreign lease of 1 s, and was taken from it.
+#[tokio::test]
+async fn a_new_holders_file_with_an_old_inode_number_is_not_dated_by_the_old_file() {
+    use std::fs::{File, FileTimes};
+    let dir = tempfile::tempdir().unwrap();
+    let mk = || {
+        Locker::builder()
+            .directory(dir.path())
+            .foreign_lease(Some(Duration::from_secs(1)))
+            .build()
+            .unwrap()
+    };
+    let (looker, path) = (mk(), mk().lock_path("job").unwrap());
+    let (start, _) = own_start_time(dir.path()).await;
+    // pi-research's record of a live holder: this process.
+    let record = format!(
+        r#"{{"uuid":"seed","pid":{},"startTime":{start}}}"#,
+        std::process::id()
+    );
+    let plant_at = |mtime: SystemTime| {
+        std::fs::write(&path, &record).unwrap();
+        let times = FileTimes::new().set_modified(mtime).set_accessed(mtime);
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_times(times)
+            .unwrap();
+    };
+    // The lock changes hands every 20 ms for 1.6 s, and `looker` looks.
+    plant_at(SystemTime::now());
+    let began = std::time::Instant::now();
+    while began.elapsed() < Duration::from_millis(1600) {
+        assert!(looker.try_acquire("job").await.unwrap().is_none(), "held");
+        std::fs::remove_file(&path).unwrap();
+        plant_at(SystemTime::now());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The next holder's file, written 10 s ahead of the clock.
+    std::fs::remove_file(&path).unwrap();
+    plant_at(SystemTime::now() + Duration::from_secs(10));
+    assert!(
+        mk().try_acquire("job").await.unwrap().is_none(),
+        "a new Locker leaves it"
+    );
+    assert!(
+        looker.try_acquire("job").await.unwrap().is_none(),
+        "taken from its live holder: {:?}",
+        looker.stats()
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), record);
+}
+
 #[tokio::test]
 async fn another_hosts_lock_waits_for_its_lease() {
     let dir = tempfile::tempdir().unwrap();

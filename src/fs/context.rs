@@ -53,7 +53,7 @@ pub(crate) struct Ctx {
     pub(crate) holder_id: String,
     pub(crate) counters: Arc<Counters>,
     /// When each lock file was first seen, for [`Ctx::known_for`].
-    pub(crate) first_seen: Mutex<HashMap<(u64, u64), u64>>,
+    pub(crate) first_seen: Mutex<HashMap<(u64, u64, u64), u64>>,
     /// The boot-clock millisecond of the last leftover sweep; 0: never.
     pub(crate) last_sweep_ms: AtomicU64,
     /// Set once `link(2)` failed as unsupported in the lock directory
@@ -82,15 +82,18 @@ impl Ctx {
         Ok(names)
     }
 
-    /// How long this `Locker` has known the file `(dev, ino)`, on the boot
-    /// clock: the age of a record whose modification time is in the future.
-    pub(crate) fn known_for(&self, dev: u64, ino: u64) -> Duration {
+    /// How long this `Locker` has known the file `instance` (see
+    /// `Meta::instance`), on the boot clock: the age of a record whose
+    /// modification time is in the future. Not by inode number alone: ext4
+    /// gives a removed file's number to the next file made, and a new
+    /// holder's lock would inherit the age of the one before it.
+    pub(crate) fn known_for(&self, instance: (u64, u64, u64)) -> Duration {
         let now = sys::boot_clock_ms();
         let mut seen = self.first_seen.lock().unwrap_or_else(|e| e.into_inner());
         if seen.len() > 4096 {
             seen.clear();
         }
-        let first = *seen.entry((dev, ino)).or_insert(now);
+        let first = *seen.entry(instance).or_insert(now);
         Duration::from_millis(now.saturating_sub(first))
     }
 

@@ -23,6 +23,9 @@ pub(super) struct Found {
     node: File,
     dev: u64,
     ino: u64,
+    /// Device, inode number and birth time: what tells this file from a
+    /// later one given the same number.
+    instance: (u64, u64, u64),
     bytes: Vec<u8>,
     pub(super) parsed: Parsed,
     pub(super) mtime: SystemTime,
@@ -88,6 +91,7 @@ impl Found {
             node,
             dev: meta.dev(),
             ino: meta.ino(),
+            instance: meta.instance(),
             bytes,
             mtime,
             flocked: false,
@@ -116,7 +120,7 @@ impl Found {
             parsed: &self.parsed,
             mtime: self.mtime,
             flock_free: None,
-            known_for: ctx.known_for(self.dev, self.ino),
+            known_for: ctx.known_for(self.instance),
         };
         let verdict = stale::judge(&evidence, ctx.rules(), &host);
         if verdict != Verdict::NeedsFlockTest {

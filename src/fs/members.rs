@@ -121,12 +121,14 @@ pub(super) fn members_dir(file_name: &str) -> String {
 /// that fails sees the lock path alone.
 pub(super) fn seen_by_permit_waiter(ctx: &Ctx, name: &LockName, permits: u32) -> Option<(u64, u64)> {
     use std::hash::{DefaultHasher, Hash, Hasher};
-    let st = syscall::stat_at(ctx.dir.fd(), name.file_name()).ok()?;
+    // Which file is there (not its inode number alone: see
+    // `syscall::instance_at`), for a lock path without members.
+    let instance = syscall::instance_at(ctx.dir.fd(), name.file_name()).ok()?;
     let Ok(Some(dir)) = open_members(ctx, name) else {
-        return Some((st.dev, st.ino));
+        return Some(instance);
     };
     let Ok(names) = syscall::list_at(&dir) else {
-        return Some((st.dev, st.ino));
+        return Some(instance);
     };
     let mut count = 0u64;
     let mut digest = 0u64;
@@ -140,7 +142,7 @@ pub(super) fn seen_by_permit_waiter(ctx: &Ctx, name: &LockName, permits: u32) ->
             digest = digest.wrapping_add(hasher.finish());
         }
     }
-    (count >= u64::from(permits)).then_some((st.ino, digest))
+    (count >= u64::from(permits)).then_some((instance.0, digest))
 }
 
 /// Whether a record's kind is `mode`.
@@ -387,7 +389,7 @@ pub(super) fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<En
         parsed: &parsed,
         mtime,
         flock_free: None,
-        known_for: ctx.known_for(meta.dev(), meta.ino()),
+        known_for: ctx.known_for(meta.instance()),
     };
     let host = stale::System;
     let mut verdict = stale::judge(&evidence, ctx.rules(), &host);

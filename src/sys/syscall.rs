@@ -153,11 +153,7 @@ pub(crate) fn stat_at(dir: &File, name: &str) -> Result<Stat, Errno> {
 /// within one tick apart are told apart by their number alone.
 pub(crate) fn instance_at(dir: &File, name: &str) -> Result<(u64, u64), Errno> {
     let (ino, born) = born_at(dir, name)?;
-    let born = born.and_then(|t| t.duration_since(UNIX_EPOCH).ok());
-    Ok((
-        ino,
-        born.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-    ))
+    Ok((ino, born.map_or(0, nanos_since_epoch)))
 }
 
 /// Linux keeps birth times only in `statx`, which `std` asks through a
@@ -318,9 +314,17 @@ pub(crate) struct Meta {
     len: u64,
     kind: Kind,
     modified: Option<SystemTime>,
+    /// Birth time, ns since the epoch; 0 where none is kept.
+    born: u64,
 }
 
 impl Meta {
+    /// What tells this file from one given its inode number later:
+    /// device, inode number and birth time (see [`instance_at`]).
+    pub(crate) fn instance(&self) -> (u64, u64, u64) {
+        (self.dev, self.ino, self.born)
+    }
+
     /// The device the file is on: with [`ino`](Self::ino), what the file
     /// is, whatever name it has.
     pub(crate) fn dev(&self) -> u64 {
@@ -387,8 +391,15 @@ impl From<Metadata> for Meta {
             len: meta.len(),
             kind,
             modified: meta.modified().ok(),
+            born: meta.created().ok().map_or(0, nanos_since_epoch),
         }
     }
+}
+
+/// `time` in ns since the epoch (0 before it, saturated far after it).
+fn nanos_since_epoch(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// The metadata of an open file.

@@ -862,9 +862,17 @@ pub(crate) struct Meta {
     len: u64,
     kind: Kind,
     modified: Option<SystemTime>,
+    /// Creation time, in 100 ns units since 1601.
+    born: u64,
 }
 
 impl Meta {
+    /// What tells this file from one given its index later: device (0),
+    /// file index and creation time (see [`instance_at`]).
+    pub(crate) fn instance(&self) -> (u64, u64, u64) {
+        (self.dev, self.ino, self.born)
+    }
+
     pub(crate) fn dev(&self) -> u64 {
         self.dev
     }
@@ -939,6 +947,8 @@ pub(crate) fn meta(file: &File) -> std::io::Result<Meta> {
             info.ftLastWriteTime.dwHighDateTime,
             info.ftLastWriteTime.dwLowDateTime,
         ),
+        born: (u64::from(info.ftCreationTime.dwHighDateTime) << 32)
+            | u64::from(info.ftCreationTime.dwLowDateTime),
     })
 }
 
