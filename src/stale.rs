@@ -341,10 +341,16 @@ fn judge_uuid_prefix(ev: &Evidence<'_>, grace: Duration, host: &dyn Host) -> Ver
 /// would be kept until the clock caught up.
 fn changed_at(ev: &Evidence<'_>, host: &dyn Host) -> SystemTime {
     let now = host.now();
-    match now.checked_add(CLOCK_SKEW) {
-        Some(limit) if ev.mtime > limit => now.checked_sub(ev.known_for).unwrap_or(UNIX_EPOCH),
-        _ => ev.mtime,
+    match dated_ahead(ev.mtime, now) {
+        true => now.checked_sub(ev.known_for).unwrap_or(UNIX_EPOCH),
+        false => ev.mtime,
     }
+}
+
+/// Whether a record changed at `mtime` is dated ahead of `now` by more
+/// than [`CLOCK_SKEW`]: then its [`Evidence::known_for`] dates it.
+pub(crate) fn dated_ahead(mtime: SystemTime, now: SystemTime) -> bool {
+    now.checked_add(CLOCK_SKEW).is_some_and(|limit| mtime > limit)
 }
 
 /// What can be known about the writer of a record.

@@ -171,6 +171,21 @@ pub(crate) fn probe(pid: u64) -> Probe {
     }
 }
 
+/// Which file a descriptor or path shows, and which version of it: what
+/// tells a file from a later one given the same number (ext4 gives a
+/// removed file's inode number to the next file made at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Instance {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+    /// Birth time (0 where none is kept): another file at that number.
+    pub(crate) born: u64,
+    /// The last change of the file's inode (Unix's ctime, which the
+    /// kernel sets and no caller can; on Windows the last write): a write,
+    /// or a new file on a filesystem without birth times, changes it.
+    pub(crate) changed: u64,
+}
+
 /// When a process started, in two forms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ProcStart {

@@ -80,13 +80,13 @@ async fn a_live_pid_with_another_start_time_is_a_reused_pid() {
     assert_eq!(guard.owner().pid(), Some(std::process::id()));
 }
 
-/// A record whose modification time is in the future (the clock stepped
-/// back since it was written) is dated by when this `Locker` first saw
-/// its file. A new holder's file is a new file even when the filesystem
-/// gives it the number of the one before (ext4 does, to a file made just
-/// after another was removed): judged by inode number, the live holder's
-/// file below inherited 1.6 s of age from the files before it, over its
-/// foreign lease of 1 s, and was taken from it.
+/// A record whose modification time is in the future (its writer's clock
+/// runs ahead, or the clock stepped back since) is dated by when this
+/// `Locker` first saw its file. A new holder's file is a new file even
+/// when the filesystem gives it the number of the one before (ext4 does,
+/// to a file made just after another was removed): judged by inode
+/// number, the live holder's file below inherited 1.6 s of age from the
+/// files before it, over its foreign lease of 1 s, and was taken from it.
 #[tokio::test]
 async fn a_new_holders_file_with_an_old_inode_number_is_not_dated_by_the_old_file() {
     use std::fs::{File, FileTimes};
@@ -100,13 +100,15 @@ async fn a_new_holders_file_with_an_old_inode_number_is_not_dated_by_the_old_fil
     };
     let (looker, path) = (mk(), mk().lock_path("job").unwrap());
     let (start, _) = own_start_time(dir.path()).await;
-    // pi-research's record of a live holder: this process.
+    // pi-research's record of a live holder (this process), written by a
+    // clock 10 s ahead.
     let record = format!(
         r#"{{"uuid":"seed","pid":{},"startTime":{start}}}"#,
         std::process::id()
     );
-    let plant_at = |mtime: SystemTime| {
+    let plant_ahead = || {
         std::fs::write(&path, &record).unwrap();
+        let mtime = SystemTime::now() + Duration::from_secs(10);
         let times = FileTimes::new().set_modified(mtime).set_accessed(mtime);
         File::options()
             .write(true)
@@ -116,17 +118,14 @@ async fn a_new_holders_file_with_an_old_inode_number_is_not_dated_by_the_old_fil
             .unwrap();
     };
     // The lock changes hands every 20 ms for 1.6 s, and `looker` looks.
-    plant_at(SystemTime::now());
+    plant_ahead();
     let began = std::time::Instant::now();
     while began.elapsed() < Duration::from_millis(1600) {
         assert!(looker.try_acquire("job").await.unwrap().is_none(), "held");
         std::fs::remove_file(&path).unwrap();
-        plant_at(SystemTime::now());
+        plant_ahead();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The next holder's file, written 10 s ahead of the clock.
-    std::fs::remove_file(&path).unwrap();
-    plant_at(SystemTime::now() + Duration::from_secs(10));
     assert!(
         mk().try_acquire("job").await.unwrap().is_none(),
         "a new Locker leaves it"
@@ -137,6 +136,67 @@ async fn a_new_holders_file_with_an_old_inode_number_is_not_dated_by_the_old_fil
         looker.stats()
     );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), record);
+}
+
+/// A dead holder's record dated in the future is judged by how long this
+/// `Locker` has known its file, from a map of first sightings that is
+/// emptied past 4096 files. Every file judged was entered, dated or not:
+/// a busy lock changing hands entered a new file at each handoff (on
+/// tmpfs always; on ext4 once files were told apart by birth time), and
+/// the map, emptied every 4096 handoffs seen, forgot the dead lock's age
+/// before its lease was out: it was never taken in 8 s. (Found by a
+/// helper's attack.)
+#[tokio::test]
+async fn a_busy_lock_changing_hands_does_not_keep_a_dead_future_dated_lock_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    let looker = Locker::builder()
+        .directory(dir.path())
+        .foreign_lease(Some(Duration::from_secs(2)))
+        .build()
+        .unwrap();
+    let (busy, dead) = (
+        looker.lock_path("busy").unwrap(),
+        looker.lock_path("dead").unwrap(),
+    );
+    // Another host's holder, gone, its record dated an hour ahead.
+    let record = r#"{"uuid":"d","pid":999999,"hostname":"elsewhere.example"}"#;
+    plant(&dead, record, Duration::ZERO);
+    let ahead = SystemTime::now() + Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&dead)
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_modified(ahead))
+        .unwrap();
+    assert!(
+        looker.try_acquire("dead").await.unwrap().is_none(),
+        "within its lease"
+    );
+    // A live holder (this process) of `busy`, whose lock changes hands
+    // as fast as it can.
+    let (start, _) = own_start_time(dir.path()).await;
+    let live = format!(
+        r#"{{"uuid":"b","pid":{},"startTime":{start}}}"#,
+        std::process::id()
+    );
+    let began = std::time::Instant::now();
+    let (mut handoffs, mut taken) = (0u64, None);
+    while began.elapsed() < Duration::from_secs(8) && taken.is_none() {
+        for _ in 0..200 {
+            let _ = std::fs::remove_file(&busy);
+            std::fs::write(&busy, &live).unwrap();
+            assert!(looker.try_acquire("busy").await.unwrap().is_none(), "busy held");
+            handoffs += 1;
+        }
+        if looker.try_acquire("dead").await.unwrap().is_some() {
+            taken = Some(began.elapsed());
+        }
+    }
+    eprintln!("{handoffs} handoffs seen, dead lock taken after {taken:?}");
+    assert!(
+        taken.is_some(),
+        "the dead lock was never taken ({handoffs} handoffs seen in 8 s)"
+    );
 }
 
 #[tokio::test]

@@ -53,7 +53,7 @@ pub(crate) struct Ctx {
     pub(crate) holder_id: String,
     pub(crate) counters: Arc<Counters>,
     /// When each lock file was first seen, for [`Ctx::known_for`].
-    pub(crate) first_seen: Mutex<HashMap<(u64, u64, u64), u64>>,
+    pub(crate) first_seen: Mutex<HashMap<(u64, u64), FirstSeen>>,
     /// The boot-clock millisecond of the last leftover sweep; 0: never.
     pub(crate) last_sweep_ms: AtomicU64,
     /// Set once `link(2)` failed as unsupported in the lock directory
@@ -82,19 +82,22 @@ impl Ctx {
         Ok(names)
     }
 
-    /// How long this `Locker` has known the file `instance` (see
-    /// `Meta::instance`), on the boot clock: the age of a record whose
-    /// modification time is in the future. Not by inode number alone: ext4
-    /// gives a removed file's number to the next file made, and a new
-    /// holder's lock would inherit the age of the one before it.
-    pub(crate) fn known_for(&self, instance: (u64, u64, u64)) -> Duration {
-        let now = sys::boot_clock_ms();
-        let mut seen = self.first_seen.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.len() > 4096 {
-            seen.clear();
+    /// How long this `Locker` has known the file `instance`, as it is, on
+    /// the boot clock: the age of a record changed at `mtime`, when that
+    /// is in the future (else zero: unused, and nothing is remembered, so
+    /// that a busy lock changing hands does not fill the map and make it
+    /// forget the age of a dead one). One entry per device and inode
+    /// number, dated again when another file or another version of it is
+    /// found there (see [`sys::Instance`]): ext4 gives a removed file's
+    /// number to the next file made, whose age must not be the old one's;
+    /// a holder's renewal is a new version too, which dates its record
+    /// again (younger: the safe way).
+    pub(crate) fn known_for(&self, mtime: std::time::SystemTime, instance: sys::Instance) -> Duration {
+        if !crate::stale::dated_ahead(mtime, std::time::SystemTime::now()) {
+            return Duration::ZERO;
         }
-        let first = *seen.entry(instance).or_insert(now);
-        Duration::from_millis(now.saturating_sub(first))
+        let mut seen = self.first_seen.lock().unwrap_or_else(|e| e.into_inner());
+        FirstSeen::age(&mut seen, instance, sys::boot_clock_ms())
     }
 
     pub(crate) fn rules(&self) -> stale::Rules {
@@ -151,4 +154,68 @@ impl Ctx {
 /// descriptor, up to just past the size limit.
 pub(crate) fn read_record(file: &std::fs::File) -> std::io::Result<Vec<u8>> {
     syscall::read_up_to(file, crate::record::MAX_RECORD_LEN)
+}
+
+/// When a `Locker` first saw the file at a device and inode number, as
+/// it was then (birth and change times).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FirstSeen {
+    version: (u64, u64),
+    at: u64,
+}
+
+impl FirstSeen {
+    /// How long `seen` has known `instance` at `now` (boot clock, ms),
+    /// entering it if new, or dating it again if another file or version.
+    fn age(seen: &mut HashMap<(u64, u64), FirstSeen>, instance: sys::Instance, now: u64) -> Duration {
+        if seen.len() > 4096 {
+            seen.clear();
+        }
+        let version = (instance.born, instance.changed);
+        let entry = seen
+            .entry((instance.dev, instance.ino))
+            .or_insert(FirstSeen { version, at: now });
+        if entry.version != version {
+            *entry = FirstSeen { version, at: now };
+        }
+        Duration::from_millis(now.saturating_sub(entry.at))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file's age counts from its first sighting while it stays the
+    /// same file, as it was; another file at its number (another birth
+    /// time, or on a filesystem without birth times another change time,
+    /// as a new file has) or a write to it counts afresh.
+    #[test]
+    fn a_file_is_known_for_as_long_as_it_stays_the_same_file() {
+        let mut seen = HashMap::new();
+        let file = |born, changed| sys::Instance {
+            dev: 1,
+            ino: 7,
+            born,
+            changed,
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(FirstSeen::age(&mut seen, file(10, 10), 1000), ms(0));
+        assert_eq!(FirstSeen::age(&mut seen, file(10, 10), 4000), ms(3000));
+        // The next file at that number: another birth time.
+        assert_eq!(FirstSeen::age(&mut seen, file(20, 20), 5000), ms(0));
+        assert_eq!(FirstSeen::age(&mut seen, file(20, 20), 6000), ms(1000));
+        // Without birth times (0): told apart by their change times.
+        assert_eq!(FirstSeen::age(&mut seen, file(0, 30), 7000), ms(0));
+        assert_eq!(FirstSeen::age(&mut seen, file(0, 40), 9000), ms(0));
+        assert_eq!(FirstSeen::age(&mut seen, file(0, 40), 9500), ms(500));
+        // Another inode number is another entry; the first keeps its age.
+        let other = sys::Instance {
+            ino: 8,
+            ..file(0, 40)
+        };
+        assert_eq!(FirstSeen::age(&mut seen, other, 9600), ms(0));
+        assert_eq!(FirstSeen::age(&mut seen, file(0, 40), 9900), ms(900));
+        assert_eq!(seen.len(), 2, "one entry per inode number");
+    }
 }

@@ -23,9 +23,8 @@ pub(super) struct Found {
     node: File,
     dev: u64,
     ino: u64,
-    /// Device, inode number and birth time: what tells this file from a
-    /// later one given the same number.
-    instance: (u64, u64, u64),
+    /// Which file, and which version of it, was read.
+    instance: crate::sys::Instance,
     bytes: Vec<u8>,
     pub(super) parsed: Parsed,
     pub(super) mtime: SystemTime,
@@ -120,7 +119,7 @@ impl Found {
             parsed: &self.parsed,
             mtime: self.mtime,
             flock_free: None,
-            known_for: ctx.known_for(self.instance),
+            known_for: ctx.known_for(self.mtime, self.instance),
         };
         let verdict = stale::judge(&evidence, ctx.rules(), &host);
         if verdict != Verdict::NeedsFlockTest {

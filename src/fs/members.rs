@@ -389,7 +389,7 @@ pub(super) fn judge_entry(ctx: &Ctx, dir: &File, name: &str) -> Result<Option<En
         parsed: &parsed,
         mtime,
         flock_free: None,
-        known_for: ctx.known_for(meta.instance()),
+        known_for: ctx.known_for(mtime, meta.instance()),
     };
     let host = stale::System;
     let mut verdict = stale::judge(&evidence, ctx.rules(), &host);

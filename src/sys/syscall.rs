@@ -316,13 +316,19 @@ pub(crate) struct Meta {
     modified: Option<SystemTime>,
     /// Birth time, ns since the epoch; 0 where none is kept.
     born: u64,
+    /// Inode change time, ns since the epoch.
+    changed: u64,
 }
 
 impl Meta {
-    /// What tells this file from one given its inode number later:
-    /// device, inode number and birth time (see [`instance_at`]).
-    pub(crate) fn instance(&self) -> (u64, u64, u64) {
-        (self.dev, self.ino, self.born)
+    /// Which file this is, and which version of it (see [`instance_at`]).
+    pub(crate) fn instance(&self) -> crate::sys::Instance {
+        crate::sys::Instance {
+            dev: self.dev,
+            ino: self.ino,
+            born: self.born,
+            changed: self.changed,
+        }
     }
 
     /// The device the file is on: with [`ino`](Self::ino), what the file
@@ -392,6 +398,10 @@ impl From<Metadata> for Meta {
             kind,
             modified: meta.modified().ok(),
             born: meta.created().ok().map_or(0, nanos_since_epoch),
+            changed: u64::try_from(MetadataExt::ctime(&meta))
+                .unwrap_or(0)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(u64::try_from(MetadataExt::ctime_nsec(&meta)).unwrap_or(0)),
         }
     }
 }

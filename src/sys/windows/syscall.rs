@@ -864,13 +864,19 @@ pub(crate) struct Meta {
     modified: Option<SystemTime>,
     /// Creation time, in 100 ns units since 1601.
     born: u64,
+    /// Last write time, in the same units.
+    changed: u64,
 }
 
 impl Meta {
-    /// What tells this file from one given its index later: device (0),
-    /// file index and creation time (see [`instance_at`]).
-    pub(crate) fn instance(&self) -> (u64, u64, u64) {
-        (self.dev, self.ino, self.born)
+    /// Which file this is, and which version of it (see [`instance_at`]).
+    pub(crate) fn instance(&self) -> crate::sys::Instance {
+        crate::sys::Instance {
+            dev: self.dev,
+            ino: self.ino,
+            born: self.born,
+            changed: self.changed,
+        }
     }
 
     pub(crate) fn dev(&self) -> u64 {
@@ -949,6 +955,8 @@ pub(crate) fn meta(file: &File) -> std::io::Result<Meta> {
         ),
         born: (u64::from(info.ftCreationTime.dwHighDateTime) << 32)
             | u64::from(info.ftCreationTime.dwLowDateTime),
+        changed: (u64::from(info.ftLastWriteTime.dwHighDateTime) << 32)
+            | u64::from(info.ftLastWriteTime.dwLowDateTime),
     })
 }
 
