@@ -527,3 +527,73 @@ pub(crate) fn open_dir(path: &std::path::Path) -> std::io::Result<File> {
 pub(crate) fn sync_dir(dir: &File) -> std::io::Result<()> {
     dir.sync_all()
 }
+
+/// What `instance_at` makes of whatever may be at a lock path: it never
+/// blocks, never follows a symlink at the last component, and reads
+/// nothing (a helper's attack on it).
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn instance_at_looks_at_anything_without_blocking_or_following_it() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = File::open(root.path()).unwrap();
+        let p = |n: &str| root.path().join(n);
+        let ino = |n: &str| std::fs::symlink_metadata(p(n)).unwrap().ino();
+        let look = |n: &str| {
+            let began = std::time::Instant::now();
+            let r = instance_at(&dir, n);
+            assert!(began.elapsed() < Duration::from_millis(500), "{n}: blocked");
+            r
+        };
+        // A symlink, to a file and dangling: the link itself.
+        std::fs::write(p("target"), "{}").unwrap();
+        std::os::unix::fs::symlink(p("target"), p("link")).unwrap();
+        std::os::unix::fs::symlink(p("nowhere"), p("dangling")).unwrap();
+        assert_eq!(look("link").unwrap().0, ino("link"));
+        assert_ne!(look("link").unwrap().0, ino("target"));
+        assert_eq!(look("dangling").unwrap().0, ino("dangling"));
+        // A FIFO nobody writes to: opening it for reading would block.
+        nix::unistd::mkfifo(&p("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(look("fifo").unwrap().0, ino("fifo"));
+        let _sock = std::os::unix::net::UnixListener::bind(p("sock")).unwrap();
+        assert_eq!(look("sock").unwrap().0, ino("sock"));
+        std::fs::create_dir(p("d")).unwrap();
+        assert_eq!(look("d").unwrap().0, ino("d"));
+        // Unreadable, and another user's.
+        std::fs::write(p("none"), "{}").unwrap();
+        std::fs::set_permissions(p("none"), std::fs::Permissions::from_mode(0o0)).unwrap();
+        assert_eq!(look("none").unwrap().0, ino("none"));
+        std::fs::write(p("nobody"), "{}").unwrap();
+        let _ = std::os::unix::fs::chown(p("nobody"), Some(65534), Some(65534));
+        std::fs::set_permissions(p("nobody"), std::fs::Permissions::from_mode(0o0)).unwrap();
+        assert_eq!(look("nobody").unwrap().0, ino("nobody"));
+        // Errors, not panics or hangs.
+        assert_eq!(look(&"x".repeat(300)), Err(Errno::ENAMETOOLONG));
+        assert_eq!(look("target/x"), Err(Errno::ENOTDIR));
+        assert_eq!(look("absent"), Err(Errno::ENOENT));
+        // A symlink to a directory as a path component: followed by the
+        // kernel only as a component (not the last), like `fstatat`.
+        std::os::unix::fs::symlink(p("d"), p("dlink")).unwrap();
+        std::fs::write(p("d/inner"), "").unwrap();
+        let via = look("dlink/inner");
+        let st = stat_at(&dir, "dlink/inner").map(|s| s.ino);
+        assert_eq!(via.map(|v| v.0), st);
+        // The same file looks the same twice; born is set on ext4/tmpfs.
+        let a = look("target").unwrap();
+        assert_eq!(look("target").unwrap(), a);
+        eprintln!("birth time of target: {}", a.1);
+        // No descriptor left open.
+        let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+        let before = fds();
+        for _ in 0..100 {
+            let _ = look("fifo");
+            let _ = look("absent");
+        }
+        // (Other tests' descriptors come and go meanwhile: a leak here
+        // would be 200.)
+        assert!(fds() < before + 100, "descriptors leaked");
+    }
+}
