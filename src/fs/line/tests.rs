@@ -190,6 +190,19 @@ fn a_lock_that_stays_taken_behind_a_frozen_waiter_is_tried_all_the_same() {
     assert!(other.stand_back(&b, "x.lock", || Some((1, 1))).is_some());
 }
 
+/// Dates `lines`' last release of `name` now, in a turn just begun: a
+/// holder that looks again within `HOLD_ON / 2` of its release came
+/// straight back, and a slow machine (Wine) can take longer than that
+/// between the end of `releasing` and the next call; the tests of what
+/// follows a straight return say that it was one.
+fn straight_back(lines: &Lines, name: &str) {
+    let now = now_us();
+    if let Some(place) = lines.places().get_mut(name) {
+        place.released_at = place.released_at.map(|_| now);
+        place.turn_since = place.turn_since.map(|_| now);
+    }
+}
+
 #[test]
 fn a_holder_keeps_its_turn_then_lets_the_line_in() {
     let Some(dir) = Dir::new() else { return };
@@ -202,6 +215,7 @@ fn a_holder_keeps_its_turn_then_lets_the_line_in() {
     waiter.wait_on(&w, "x.lock");
     holder.acquired(&h, "x.lock");
     holder.releasing(&h, "x.lock");
+    straight_back(&holder, "x.lock");
     assert_eq!(holder.stand_back(&h, "x.lock", || None), None, "within its turn");
     assert_eq!(
         waiter.stand_back(&w, "x.lock", || None),
@@ -210,10 +224,21 @@ fn a_holder_keeps_its_turn_then_lets_the_line_in() {
     );
     holder.acquired(&h, "x.lock");
     // It came straight back: now, mid-turn, the waiter leaves the lock
-    // to the holder for a moment.
-    holder.releasing(&h, "x.lock");
-    let back = waiter
-        .stand_back(&w, "x.lock", || None)
+    // to the holder for a moment. (The mark says "back within 300 µs": a
+    // slow machine, Wine's emulated byte-range locks, can take longer
+    // than that from the release to the waiter's look, which then finds
+    // the mark past. CI once did. A few rounds, each a straight return.)
+    let back = (0..10)
+        .find_map(|_| {
+            holder.releasing(&h, "x.lock");
+            let back = waiter.stand_back(&w, "x.lock", || None);
+            if back.is_none() {
+                straight_back(&holder, "x.lock");
+                assert_eq!(holder.stand_back(&h, "x.lock", || None), None, "within its turn");
+                holder.acquired(&h, "x.lock");
+            }
+            back
+        })
         .expect("the holder comes back");
     assert!(back <= HOLD_ON, "{back:?}");
     holder.acquired(&h, "x.lock");
