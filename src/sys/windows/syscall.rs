@@ -414,14 +414,7 @@ pub(crate) struct Stat {
 /// has no `fstatat`: the name is opened for no access at all, which no
 /// share mode refuses, and asked.)
 pub(crate) fn stat_at(dir: &File, name: &str) -> Result<Stat, Errno> {
-    let path = child(dir, OsStr::new(name))?;
-    let file = OpenOptions::new()
-        .access_mode(0)
-        .share_mode(SHARE_ALL)
-        .custom_flags(fs::FILE_FLAG_OPEN_REPARSE_POINT | fs::FILE_FLAG_BACKUP_SEMANTICS)
-        .open(path)
-        .map_err(|e| Errno::of(&e))?;
-    let meta = meta(&file).map_err(|e| Errno::of(&e))?;
+    let meta = meta_at(dir, name)?;
     let mtime = meta.modified.unwrap_or(UNIX_EPOCH);
     let seconds = mtime.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     Ok(Stat {
@@ -438,6 +431,13 @@ pub(crate) fn stat_at(dir: &File, name: &str) -> Result<Stat, Errno> {
 /// changes when a record is used again (its sequence number), but Wine's
 /// is the inode number of the filesystem below, which ext4 gives again.
 pub(crate) fn instance_at(dir: &File, name: &str) -> Result<(u64, u64), Errno> {
+    let meta = meta_at(dir, name)?;
+    Ok((meta.ino, meta.born))
+}
+
+/// The metadata of `name` in `dir`, a reparse point not followed: opened
+/// for no access at all, which no share mode refuses.
+fn meta_at(dir: &File, name: &str) -> Result<Meta, Errno> {
     let path = child(dir, OsStr::new(name))?;
     let file = OpenOptions::new()
         .access_mode(0)
@@ -445,11 +445,7 @@ pub(crate) fn instance_at(dir: &File, name: &str) -> Result<(u64, u64), Errno> {
         .custom_flags(fs::FILE_FLAG_OPEN_REPARSE_POINT | fs::FILE_FLAG_BACKUP_SEMANTICS)
         .open(path)
         .map_err(|e| Errno::of(&e))?;
-    let meta = meta(&file).map_err(|e| Errno::of(&e))?;
-    let info = information(&file)?;
-    let created =
-        (u64::from(info.ftCreationTime.dwHighDateTime) << 32) | u64::from(info.ftCreationTime.dwLowDateTime);
-    Ok((meta.ino, created))
+    meta(&file).map_err(|e| Errno::of(&e))
 }
 
 /// Removes the file (not a directory) `name` in `dir`.
