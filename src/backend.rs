@@ -303,6 +303,14 @@ pub(crate) trait BackendLock: Send {
         let _ = confirm;
         ReleaseNow::Busy(self)
     }
+
+    /// Whether a cheap look shows that no other process waits for this
+    /// lock right now (files: nobody stands in the line of `fs/line.rs`),
+    /// so that passing it on within this process keeps nobody out. `false`
+    /// whenever the backend cannot tell. Must not block.
+    fn unwaited(&self) -> bool {
+        false
+    }
 }
 
 /// What [`BackendLock::release_now`] did.

@@ -21,7 +21,7 @@ mod group;
 mod later;
 mod layout;
 mod leftover;
-mod line;
+pub(crate) mod line;
 mod lock;
 mod members;
 mod mutex;

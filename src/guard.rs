@@ -20,8 +20,14 @@ use crate::pool::blocking;
 use crate::queue::Queue;
 
 /// How long a lock may pass between the tasks of one `Locker` before it is
-/// released in the store for other processes.
+/// released in the store for other processes...
 pub(crate) const HANDOFF_WINDOW: Duration = Duration::from_millis(10);
+
+/// ...and how long at most, since it was taken from the store, while at
+/// the end of each window nobody of another process is seen waiting for
+/// it (a waiter the store cannot show: a shared one, another program's,
+/// or any where the files' line is off, waits this long at most).
+pub(crate) const HANDOFF_STRETCH: Duration = Duration::from_millis(100);
 
 /// How long the next local waiter holds back after such a release, so
 /// that waiters in other processes get their chance.
@@ -145,7 +151,11 @@ impl Then {
 /// within [`HANDOFF_WINDOW`] of taking the lock from the store and not
 /// lost, passes straight to the next local waiter; otherwise it goes
 /// back to the store, and the next local waiter (after a [`COURTESY`]
-/// pause) competes for it afresh with other processes.
+/// pause) competes for it afresh with other processes. A window that
+/// ends with nobody of another process seen waiting (the store looks
+/// once, cheaply: [`Hold::unwaited`]) is followed by another, up to
+/// [`HANDOFF_STRETCH`] since the lock was taken from the store: a lock
+/// nobody else wants is not worth the disk's round trip and the pause.
 ///
 /// A lock that was lost is never handed on as held: the local waiter
 /// that receives it checks, as it takes it, and goes to the store
@@ -162,9 +172,19 @@ fn decide(hold: Hold, queue: &Queue<Hold>, check_lost: bool) -> Next {
     // The one clock read of a handoff on the giver's side: the window's,
     // and the end of the taker's wait (`Hold::handed_at`).
     let now = Instant::now();
-    let within_window = now.saturating_duration_since(hold.since()) < HANDOFF_WINDOW;
+    let mut hold = hold;
+    let mut within_window = now.saturating_duration_since(hold.window()) < HANDOFF_WINDOW;
+    if !within_window
+        && now.saturating_duration_since(hold.since()) < HANDOFF_STRETCH
+        && queue.has_waiters()
+        && hold.unwaited()
+    {
+        // Nobody else wants it: another window, without the disk's round
+        // trip and the pause.
+        hold.renew_window(now);
+        within_window = true;
+    }
     let hold = if within_window && !(check_lost && hold.is_lost()) {
-        let mut hold = hold;
         hold.hand_at(now);
         match queue.offer(hold) {
             None => return Next::HandedOn,
@@ -555,5 +575,93 @@ mod tests {
     fn guard_is_an_owned_permit() {
         fn assert_owned<T: Send + Sync + 'static>() {}
         assert_owned::<LockGuard>();
+    }
+
+    /// Polls `fut` once, with this task's waker.
+    async fn poll_once<F: std::future::Future + ?Sized>(
+        fut: &mut std::pin::Pin<Box<F>>,
+    ) -> std::task::Poll<F::Output> {
+        std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await
+    }
+
+    /// The lock directory as another `Locker` (another process, to the
+    /// line) opens it for its line's bytes: on Windows, the line file.
+    fn line_bytes_of(dir: &std::path::Path) -> std::fs::File {
+        let dir = crate::sys::syscall::open_dir(dir).unwrap();
+        crate::sys::line_file(&dir, true).unwrap_or(dir)
+    }
+
+    /// Past its 10 ms window, a lock passes on to a local waiter only while
+    /// nobody of another `Locker` stands in the name's line, and only up
+    /// to [`HANDOFF_STRETCH`] after it was taken from the store; a waiter
+    /// of another process in line gets its turn at the window's end as
+    /// before (the line's byte held as another `Locker` holds it, on an
+    /// open file description of its own).
+    #[tokio::test(flavor = "current_thread")]
+    async fn past_the_window_a_lock_goes_on_only_while_nobody_else_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = crate::Locker::builder()
+            .directory(dir.path())
+            .durable(false)
+            .build()
+            .unwrap();
+        let bytes = line_bytes_of(dir.path());
+        // Where there is no line to look at (no OFD locks), the lock goes
+        // back to the store at every window's end, as it always did.
+        let line_on = crate::sys::byte_range_locks() && !crate::sys::fs_is_remote(&bytes);
+        let mut exercised = [false; 3];
+        for round in 0..60 {
+            // 0: nobody else waits, 15 ms after the lock was taken;
+            // 1: the same, past the stretch; 2: another `Locker` in line.
+            let case = round % 3;
+            if exercised[case] {
+                continue;
+            }
+            let name = format!("w{round}");
+            let file_name = crate::name::LockName::new(&name, crate::PathStyle::default()).unwrap();
+            let other = crate::fs::line::Lines::default();
+            let first = locker.acquire(&name).await.unwrap();
+            let taken = Instant::now();
+            let first_uuid = first.owner().uuid().unwrap().to_owned();
+            let mut next = Box::pin(locker.acquire(&name));
+            assert!(poll_once(&mut next).await.is_pending());
+            if case == 2 {
+                other.wait_on(&bytes, file_name.file_name());
+            }
+            let hold_for = if case == 1 {
+                HANDOFF_STRETCH + HANDOFF_WINDOW
+            } else {
+                HANDOFF_WINDOW + HANDOFF_WINDOW / 2
+            };
+            std::thread::sleep(hold_for.saturating_sub(taken.elapsed()));
+            let handoffs = locker.stats().handoffs;
+            drop(first);
+            let late = taken.elapsed();
+            if case == 2 {
+                other.stopped_waiting(&bytes, file_name.file_name());
+            }
+            let next = tokio::time::timeout(Duration::from_secs(5), next)
+                .await
+                .expect("the next waiter got the lock")
+                .unwrap();
+            let handed_on = locker.stats().handoffs - handoffs == 1;
+            assert_eq!(
+                handed_on,
+                next.owner().uuid() == Some(first_uuid.as_str()),
+                "a handoff keeps the acquisition, the store makes another"
+            );
+            drop(next);
+            // Dropped too late for what this case is about: again.
+            if (case != 1 && late >= HANDOFF_STRETCH) || late < HANDOFF_WINDOW {
+                continue;
+            }
+            let expected = case == 0 && line_on;
+            assert_eq!(
+                handed_on, expected,
+                "case {case}, dropped {late:?} after it was taken, line {line_on}"
+            );
+            exercised[case] = true;
+        }
+        assert_eq!(exercised, [true; 3], "a case was never dropped in time");
     }
 }

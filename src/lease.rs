@@ -26,6 +26,9 @@ pub(crate) struct Hold {
     lease: Arc<Lease>,
     /// When this hold was taken from the disk (handoffs do not reset it).
     since: Instant,
+    /// When its current handoff window began: `since`, or later if the
+    /// window was renewed because nobody else waited (`guard::decide`).
+    window: Instant,
     /// When the last holder handed it on to the next local waiter (read
     /// once by the giver, for its handoff window): that waiter's wait
     /// ends there, which spares the taker a clock read.
@@ -98,9 +101,11 @@ impl Keeper {
         let registration = self.renewer.add(&lease, first);
         *lock(&lease.registration) = registration;
         self.roll.add(&lease);
+        let now = Instant::now();
         Hold {
             lease,
-            since: Instant::now(),
+            since: now,
+            window: now,
             handed_at: None,
         }
     }
@@ -140,6 +145,29 @@ impl Kept for Hold {
 impl Hold {
     pub(crate) fn since(&self) -> Instant {
         self.since
+    }
+
+    /// When its current handoff window began.
+    pub(crate) fn window(&self) -> Instant {
+        self.window
+    }
+
+    /// Begins a new handoff window at `at` (on the monotonic clock).
+    pub(crate) fn renew_window(&mut self, at: Instant) {
+        self.window = at;
+    }
+
+    /// Whether a cheap look shows nobody in another process waiting for
+    /// this lock (see [`BackendLock::unwaited`]): `false` too when the
+    /// lock is gone, or the renewal thread is at it this instant (never
+    /// waited for: this runs on the runtime's thread).
+    pub(crate) fn unwaited(&self) -> bool {
+        let held = match self.lease.held.try_lock() {
+            Ok(held) => held,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        held.as_ref().is_some_and(BackendLock::unwaited)
     }
 
     /// When it was last handed on to a local waiter, if it was.

@@ -47,9 +47,15 @@ use crate::stats::Stats;
 /// When a guard is dropped while another task of the same `Locker` waits
 /// for the name, the lock passes straight to that task, without touching
 /// the disk (the owner record still names this `Locker`). Such handoffs
-/// continue for at most 10 ms in a row; then the lock is released on disk
-/// and the next local waiter holds back for 1 ms, so that waiters in other
-/// processes get their turn.
+/// continue for 10 ms in a row; then the lock is released on disk and the
+/// next local waiter holds back for 1 ms, so that waiters in other
+/// processes get their turn. If at the end of those 10 ms no other process
+/// is seen waiting for the lock in the waiting line (below), the handoffs
+/// go on for another 10 ms, up to 100 ms since the lock was taken from
+/// the disk: a lock nobody else wants is not worth the disk's round trip
+/// and the pause. A waiter the line cannot show (a shared acquisition of
+/// another process, a program other than leasehold, any waiter where
+/// there is no line) gets its chance within those 100 ms.
 ///
 /// Across processes, waiters for an exclusive lock in a lock directory
 /// stand in line in the order they began to wait: each holds a byte of

@@ -219,6 +219,10 @@ impl BackendLock for StoreLock {
         each!(StoreLock, self, lock => lock.release(confirm))
     }
 
+    fn unwaited(&self) -> bool {
+        each!(StoreLock, self, lock => lock.unwaited())
+    }
+
     fn release_now(self, confirm: bool) -> ReleaseNow<Self> {
         match self {
             StoreLock::Fs(lock) => lock.release_now(confirm).map_busy(StoreLock::Fs),

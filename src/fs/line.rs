@@ -489,6 +489,23 @@ impl Lines {
         }
     }
 
+    /// Whether nobody of another `Locker` stands in line for `name` right
+    /// now, as far as the kernel shows: `false` where the line is off (a
+    /// platform without OFD locks, a network filesystem), where nobody
+    /// could be seen. A waiter stands in line from its first attempt that
+    /// found the lock held, so one that has not tried yet is not seen; one
+    /// that has, is, until it stops waiting. Must not block.
+    pub(crate) fn nobody_in_line(&self, dir: &File, name: &str) -> bool {
+        if self.off {
+            return false;
+        }
+        match self.bytes_of(dir, false) {
+            // No line file (Windows): nobody has stood in line here.
+            None => true,
+            Some(dir) => !conflict(dir, region(name), HALF),
+        }
+    }
+
     /// Whether this `Locker` stands back for an older waiter for `name`
     /// right now: then a release of the lock is not its business.
     pub(crate) fn behind(&self, dir: &File, name: &str) -> bool {

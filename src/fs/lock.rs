@@ -304,6 +304,18 @@ impl BackendLock for FsLock {
             member @ FsLock::Member(_) => ReleaseNow::Busy(member),
         }
     }
+
+    /// Nobody of another process stands in the name's line (a shared lock
+    /// or a permit is never passed on, so never asked).
+    fn unwaited(&self) -> bool {
+        match self {
+            FsLock::Whole(lock) => lock
+                .ctx
+                .lines
+                .nobody_in_line(lock.ctx.dir.fd(), lock.name.file_name()),
+            FsLock::Member(_) => false,
+        }
+    }
 }
 
 impl Whole {
