@@ -25,9 +25,11 @@ pub(crate) const HANDOFF_WINDOW: Duration = Duration::from_millis(10);
 
 /// ...and how long at most, since it was taken from the store, while at
 /// the end of each window nobody of another process is seen waiting for
-/// it (a waiter the store cannot show: a shared one, another program's,
-/// or any where the files' line is off, waits this long at most).
+/// it (a waiter the store cannot show, a shared one or another program's,
+/// waits this long; where the store can show nobody, as where the files'
+/// line is off, every window ends in the store).
 pub(crate) const HANDOFF_STRETCH: Duration = Duration::from_millis(100);
+const _: () = assert!(HANDOFF_WINDOW.as_nanos() < HANDOFF_STRETCH.as_nanos());
 
 /// How long the next local waiter holds back after such a release, so
 /// that waiters in other processes get their chance.
@@ -173,12 +175,11 @@ fn decide(hold: Hold, queue: &Queue<Hold>, check_lost: bool) -> Next {
     // and the end of the taker's wait (`Hold::handed_at`).
     let now = Instant::now();
     let mut hold = hold;
-    let mut within_window = now.saturating_duration_since(hold.window()) < HANDOFF_WINDOW;
-    if !within_window
-        && now.saturating_duration_since(hold.since()) < HANDOFF_STRETCH
-        && queue.has_waiters()
-        && hold.unwaited()
-    {
+    // A window renewed near the stretch's end ends with it (the first
+    // window ends well before).
+    let within_stretch = now.saturating_duration_since(hold.since()) < HANDOFF_STRETCH;
+    let mut within_window = within_stretch && now.saturating_duration_since(hold.window()) < HANDOFF_WINDOW;
+    if !within_window && within_stretch && queue.has_waiters() && hold.unwaited() {
         // Nobody else wants it: another window, without the disk's round
         // trip and the pause.
         hold.renew_window(now);

@@ -51,11 +51,15 @@ use crate::stats::Stats;
 /// next local waiter holds back for 1 ms, so that waiters in other
 /// processes get their turn. If at the end of those 10 ms no other process
 /// is seen waiting for the lock in the waiting line (below), the handoffs
-/// go on for another 10 ms, up to 100 ms since the lock was taken from
-/// the disk: a lock nobody else wants is not worth the disk's round trip
-/// and the pause. A waiter the line cannot show (a shared acquisition of
-/// another process, a program other than leasehold, any waiter where
-/// there is no line) gets its chance within those 100 ms.
+/// go on for another 10 ms, and so on, but never past 100 ms since the
+/// lock was taken from the disk: a lock nobody else wants is not worth
+/// the disk's round trip and the pause. A waiter in line is served at the
+/// end of the window it joined the line in, as before. A waiter the line
+/// cannot show (a shared acquisition or a `try_acquire` loop of another
+/// process, a program other than leasehold) gets its chance every 100 ms
+/// instead of every 10 ms: the lock released on disk and 1 ms before the
+/// next local waiter tries again. Where there is no line (below), nobody
+/// can be seen, and the lock goes back to the disk every 10 ms.
 ///
 /// Across processes, waiters for an exclusive lock in a lock directory
 /// stand in line in the order they began to wait: each holds a byte of

@@ -36,6 +36,11 @@ fn remove_lock_file(path: &std::path::Path) {
     std::fs::remove_file(path).unwrap();
 }
 
+/// Sleeps the thread until `at`.
+fn sleep_until(at: std::time::Instant) {
+    std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
+}
+
 /// Polls `fut` once, with this task's waker.
 async fn poll_once<F: Future + ?Sized>(fut: &mut Pin<Box<F>>) -> Poll<F::Output> {
     std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
@@ -119,6 +124,46 @@ async fn a_handoff_left_by_a_cancelled_waiter_past_the_window_goes_back_to_the_s
         next.owner().uuid(),
         Some(first_uuid.as_str()),
         "the next waiter holds the first acquisition's lock, 150 ms after it was taken"
+    );
+}
+
+/// Handoffs stop 100 ms after the lock was taken from the disk, however
+/// the windows fell: a window renewed just before then ends with the
+/// stretch, not 10 ms later (found by a cold attack: a window renewed at
+/// 96 ms handed the lock on at 103 ms).
+#[tokio::test(flavor = "current_thread")]
+async fn handoffs_stop_by_100_ms_after_the_lock_was_taken_from_the_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let mut held = locker.acquire("s").await.unwrap();
+    // Measured after `since` was set: an underestimate of the hold's age.
+    let taken = std::time::Instant::now();
+    let uuid = held.owner().uuid().unwrap().to_owned();
+    // Drops 12 ms apart (2 ms past each window: a renewal), the last
+    // renewal at 96 ms, then one 7 ms into that window, then past it.
+    let drops_ms = [5u64, 12, 24, 36, 48, 60, 72, 84, 96, 103, 115];
+    let mut last_handoff = None;
+    for at in drops_ms {
+        let mut next = Box::pin(locker.acquire("s"));
+        assert!(poll_once(&mut next).await.is_pending());
+        sleep_until(taken + Duration::from_millis(at));
+        let dropped_at = taken.elapsed();
+        drop(held);
+        held = tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("the next waiter got the lock")
+            .unwrap();
+        if held.owner().uuid() != Some(uuid.as_str()) {
+            break;
+        }
+        last_handoff = Some(dropped_at);
+    }
+    drop(held);
+    let last = last_handoff.expect("some handoff");
+    eprintln!("last handoff {last:?} after the lock was taken from the disk");
+    assert!(
+        last < Duration::from_millis(100),
+        "handed on {last:?} after it was taken from the disk (docs: not past 100 ms)"
     );
 }
 

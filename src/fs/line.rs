@@ -494,7 +494,11 @@ impl Lines {
     /// platform without OFD locks, a network filesystem), where nobody
     /// could be seen. A waiter stands in line from its first attempt that
     /// found the lock held, so one that has not tried yet is not seen; one
-    /// that has, is, until it stops waiting. Must not block.
+    /// that has, is, until it stops waiting. A look that fails (the
+    /// kernel's lock query on a directory we hold open does not, short of
+    /// a bug) and, on Windows, a line file made less than [`STAND_BACK`]
+    /// after one was found missing read as nobody: that costs a waiter
+    /// windows of the holder's stretch, never the lock. Must not block.
     pub(crate) fn nobody_in_line(&self, dir: &File, name: &str) -> bool {
         if self.off {
             return false;
