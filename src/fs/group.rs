@@ -130,9 +130,12 @@ fn join_locked(
     // empty): nobody else's, under the mutation lock, and what would be
     // left is nobody's either.
     let left_empty = |_: &Error| remove_members_dir(ctx, &dir_name);
-    let dir = ensure_members(ctx, name).inspect_err(left_empty)?;
+    let (dir, made) = ensure_members(ctx, name).inspect_err(left_empty)?;
     let path = || ctx.path_of(&dir_name);
     let scan = match wait {
+        // Empty, and ours alone until the mutation lock goes (see
+        // `ensure_members`): nothing to read.
+        _ if made => Some(members::Scan::default()),
         Wait::Briefly => Some(scan(ctx, &dir, &path)?),
         Wait::Never => members::scan_within(ctx, &dir, &path, AT_ONCE_ENTRIES)?,
     };

@@ -210,6 +210,7 @@ impl Entry {
 }
 
 /// The records of a members directory: holders and waiters, judged.
+#[derive(Default)]
 pub(super) struct Scan {
     pub(super) members: Vec<Entry>,
     pub(super) waiters: Vec<Entry>,
@@ -239,19 +240,30 @@ pub(super) fn open_members(ctx: &Ctx, name: &LockName) -> Result<Option<File>> {
 }
 
 /// Opens the members directory of `name`, creating it if needed (under the
-/// mutation lock).
-pub(super) fn ensure_members(ctx: &Ctx, name: &LockName) -> Result<File> {
+/// mutation lock); `true` with it if we made it, just now.
+///
+/// A directory we made is empty, and stays so while we hold the name's
+/// mutation lock: records and announcements go in under that lock, and a
+/// joiner without it joins only a group whose marker stands, which a
+/// caller that found no marker has not made yet (a stale joiner's record
+/// is withdrawn by the joiner, as in a directory we did not make). So
+/// nothing in it needs reading or removing: a new group costs no listing.
+pub(super) fn ensure_members(ctx: &Ctx, name: &LockName) -> Result<(File, bool)> {
     let dir_name = members_dir(name.file_name());
-    match syscall::mkdir_at(ctx.dir.fd(), &dir_name) {
-        Ok(()) | Err(Errno::EEXIST) => {}
+    let made = match syscall::mkdir_at(ctx.dir.fd(), &dir_name) {
+        Ok(()) => true,
+        Err(Errno::EEXIST) => false,
         Err(e) => return Err(e).context("create members directory", || ctx.path_of(&dir_name)),
-    }
+    };
     failpoint!("group.members.after_mkdir").context("open members directory", || ctx.path_of(&dir_name))?;
     match syscall::open_at(ctx.dir.fd(), dir_name.as_str(), Open::Dir) {
         Ok(dir) => {
-            // The caller holds the name's mutation lock.
-            unseal_dead(&dir);
-            Ok(dir)
+            // The caller holds the name's mutation lock, so a seal in a
+            // directory that was there is a dead sealer's.
+            if !made {
+                unseal_dead(&dir);
+            }
+            Ok((dir, made))
         }
         Err(Errno::ENOTDIR | Errno::ELOOP) => Err(Error::UnexpectedFile {
             name: name.as_str().to_owned(),
@@ -532,7 +544,7 @@ pub(super) fn tidy<'m, T>(
         drop(held.take());
         unseal(&dir);
         if !waiters {
-            remove_members_dir(ctx, &dir_name);
+            remove_unsealed_members_dir(ctx, &dir_name);
         }
     };
     remove(mutation, &then).map(Some)
@@ -593,6 +605,11 @@ pub(super) fn remove_members_dir(ctx: &Ctx, dir_name: &str) {
     if let Ok(dir) = syscall::open_at(ctx.dir.fd(), dir_name, Open::Dir) {
         unseal_dead(&dir);
     }
+    remove_unsealed_members_dir(ctx, dir_name);
+}
+
+/// [`remove_members_dir`] for a caller that removed the seal itself.
+fn remove_unsealed_members_dir(ctx: &Ctx, dir_name: &str) {
     let removable = failpoint!("group.members.before_rmdir").map_err(|_| Errno::EIO);
     match removable.and_then(|()| syscall::rmdir_at(ctx.dir.fd(), dir_name)) {
         Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::EEXIST) => {}

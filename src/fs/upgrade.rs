@@ -502,7 +502,7 @@ impl Fs {
         }
         let dir_name = members_dir(name.file_name());
         let left_empty = |_: &Error| remove_members_dir(ctx, &dir_name);
-        let dir = members::ensure_members(ctx, name).inspect_err(left_empty)?;
+        let (dir, _) = members::ensure_members(ctx, name).inspect_err(left_empty)?;
         let mut member = Member::create(ctx, name, Mode::Shared, record::acquisition_id(), dir, true)
             .inspect_err(left_empty)?;
         let bytes = member.record.to_bytes(0);

@@ -233,10 +233,13 @@ pub(crate) fn list_at_most(dir: &File, most: usize) -> Result<Option<Vec<OsStrin
 }
 
 fn list_up_to(dir: &File, most: usize) -> Result<Option<Vec<OsString>>, Errno> {
-    let mut listing = nix::dir::Dir::openat(dir, ".", Open::List.flags(), Open::List.mode())?;
+    let listing = nix::dir::Dir::openat(dir, ".", Open::List.flags(), Open::List.mode())?;
     let mut names = Vec::new();
+    // Owned, so the listing is closed when done, never rewound first (a
+    // borrowed iterator rewinds its directory when dropped: an `lseek`
+    // per listing for nothing).
     let entries = listing
-        .iter()
+        .into_iter()
         .filter_map(|entry| entry.ok())
         .map(|entry| OsString::from_vec(entry.file_name().to_bytes().to_vec()))
         .filter(|name| name != "." && name != "..");

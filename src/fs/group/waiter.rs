@@ -64,7 +64,7 @@ pub(in crate::fs) fn announce(ctx: &Arc<Ctx>, name: &LockName) -> Result<Option<
     // One that fails leaves no members directory it made (see `join`).
     let dir_name = members_dir(name.file_name());
     let left_empty = |_: &Error| remove_members_dir(ctx, &dir_name);
-    let dir = ensure_members(ctx, name).inspect_err(left_empty)?;
+    let (dir, _) = ensure_members(ctx, name).inspect_err(left_empty)?;
     let record = ctx.own_record(name);
     let file_name = format!("{WAITER}{}{JSON}", record.uuid);
     let path = ctx.path_of(&dir_name).join(&file_name);
