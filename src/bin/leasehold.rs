@@ -348,12 +348,23 @@ fn main() -> ExitCode {
         Command::Man { subcommand } => return man(subcommand.as_deref()),
         Command::Completions { shell } => return completions(shell),
         // In every thread, so before the runtime starts any: handing the
-        // terminal back from the background needs it, and the tool must not
-        // be stopped by writing a warning while CMD's group has the
-        // terminal (`stty tostop`): stopped, it would not renew the lease.
+        // terminal back from the background needs it, and the tool must
+        // not be stopped, for stopped it renews no lease (and its watchdog
+        // kills CMD's group once the tool has been still for half the
+        // lease): not by writing a warning while CMD's group has the
+        // terminal (`stty tostop`, SIGTTOU), not by another process of its
+        // own group reading the terminal (a pager after it in a pipeline:
+        // the kernel stops the reader's whole group, SIGTTIN), not by
+        // Ctrl-Z while it has the terminal (SIGTSTP). The tool never reads
+        // the terminal itself. CMD and the watchdog start with no signal
+        // blocked (std clears the mask).
         #[cfg(unix)]
         Command::Run(_) => {
-            let _ = nix::sys::signal::SigSet::from(Signal::SIGTTOU).thread_block();
+            let mut blocked = nix::sys::signal::SigSet::empty();
+            for sig in [Signal::SIGTTOU, Signal::SIGTTIN, Signal::SIGTSTP] {
+                blocked.add(sig);
+            }
+            let _ = blocked.thread_block();
         }
         _ => {}
     }

@@ -112,9 +112,13 @@ keeps the lock); the status is then CMD's own. -o is accepted for flock(1)'s
 sake: CMD never holds a descriptor of the lock, leasehold does, so there is
 nothing to close. SIGINT, SIGTERM and SIGHUP are forwarded to the group; a lost
 lock stops the whole group. If leasehold dies without releasing the lock
-(SIGKILL, the OOM killer), a watchdog process SIGKILLs CMD's group, so nothing of
-CMD runs on without the lock (flock(1)'s lock dies with the last process that
-holds its descriptor); if the watchdog cannot be started, CMD is not run. A
+(SIGKILL, the OOM killer), or is stopped (SIGSTOP, a debugger) for half the
+lease, so that it renews nothing, a watchdog process SIGKILLs CMD's group, so
+nothing of CMD runs on without the lock (flock(1)'s lock dies with the last
+process that holds its descriptor); if the watchdog cannot be started, or is
+gone before CMD starts, CMD is not run (exit 2). leasehold blocks SIGTTIN,
+SIGTTOU and SIGTSTP: a pager after it in a pipeline that reads the terminal
+is stopped alone (fg resumes it), never leasehold. A
 process that leaves the group (setsid, a daemon) is not covered, nor a
 set-user-ID or file-capability one (sudo). In a terminal, CMD's group gets the
 terminal while it runs (Ctrl-C goes to it); Ctrl-Z (job control) is not

@@ -45,21 +45,44 @@ pub(super) const WATCHDOG: &str = "__watchdog";
 pub(super) const DISARM: u8 = b'd';
 
 #[cfg(unix)]
+/// The byte `run` sends its watchdog every [`Watchdog::beat_every`] while
+/// CMD runs: the tool is running, so it renews the lease.
+pub(super) const BEAT: u8 = b'b';
+
+#[cfg(unix)]
 /// The watchdog of one `run`: a child process (this same binary, in a
 /// process group of its own) reading a pipe whose write end only `run`
 /// holds. CMD writes its pid, which is its process group id, to the pipe
 /// before it execs; `run` writes [`DISARM`] once the group is empty. At EOF
 /// without it, `run` is gone (SIGKILL, the OOM killer, a crash) and the
 /// watchdog SIGKILLs CMD's group. See [`watchdog`].
+///
+/// A tool that is stopped (SIGSTOP, a debugger) is not gone, but renews
+/// nothing: past its lease another process may take the lock, while CMD,
+/// in a group of its own, runs on. So while CMD runs, `run` beats
+/// ([`BEAT`]) every [`Self::beat_every`], and a watchdog that hears no
+/// beat for the stall it was given (half the lease, see [`stall_of`])
+/// SIGKILLs CMD's group too, a sixth of the lease or more before the
+/// lease can run out: the last renewal is at most a third of the lease
+/// older than the last beat.
 pub(super) struct Watchdog {
     pipe: std::sync::Arc<std::io::PipeWriter>,
     // Never waited for: it exits only after we do, at EOF.
     _process: std::process::Child,
+    beat_every: Duration,
+}
+
+#[cfg(unix)]
+/// How long the watchdog of a lock with `lease` waits for a beat: half the
+/// lease (the library renews every third of it).
+pub(super) fn stall_of(lease: Duration) -> Duration {
+    lease / 2
 }
 
 #[cfg(unix)]
 impl Watchdog {
-    pub(super) fn start() -> Result<Self, Failure> {
+    /// Starts the watchdog of a lock whose lease is `lease`.
+    pub(super) fn start(lease: Duration) -> Result<Self, Failure> {
         use std::os::unix::process::CommandExt;
         let (read, write) = std::io::pipe().map_err(|e| format!("cannot create a pipe: {e}"))?;
         // This very binary even if it was replaced or deleted since.
@@ -78,10 +101,31 @@ impl Watchdog {
             // `timeout`, a shell's SIGHUP) never reaches it.
             .process_group(0)
             .spawn()?;
+        let stall = stall_of(lease);
+        // First on the pipe, before CMD's pid (CMD starts later), in
+        // milliseconds: a whole write of 8 bytes to a pipe is atomic.
+        let millis = u64::try_from(stall.as_millis()).unwrap_or(u64::MAX);
+        (&write)
+            .write_all(&millis.to_ne_bytes())
+            .map_err(|e| format!("cannot reach the watchdog: {e}"))?;
         Ok(Self {
             pipe: std::sync::Arc::new(write),
             _process: process,
+            // Eight beats per stall: a late one or two cost nothing.
+            beat_every: (stall / 8).max(Duration::from_millis(1)),
         })
+    }
+
+    /// How often `run` beats while CMD runs.
+    pub(super) fn beat_every(&self) -> Duration {
+        self.beat_every
+    }
+
+    /// The tool is running: the watchdog waits another stall. A failure
+    /// (the watchdog is gone, and CMD's group with it) is for the loss
+    /// check to find.
+    pub(super) fn beat(&self) {
+        let _ = (&*self.pipe).write_all(&[BEAT]);
     }
 
     /// CMD's group is empty: the watchdog exits without killing anything.
@@ -91,12 +135,14 @@ impl Watchdog {
 }
 
 #[cfg(unix)]
-/// `leasehold __watchdog`, started by `run` (see [`Watchdog`]): reads CMD's
-/// process group id from stdin, then waits for EOF, and SIGKILLs the group
-/// unless `run` disarmed it first. Runs without the async runtime.
+/// `leasehold __watchdog`, started by `run` (see [`Watchdog`]): reads the
+/// stall and CMD's process group id from stdin, then waits for EOF or a
+/// stall without a beat, and SIGKILLs the group unless `run` disarmed it
+/// first. Runs without the async runtime.
 pub(super) fn watchdog() -> ExitCode {
     use nix::sys::signal::SigSet;
     use std::io::{IsTerminal, Read};
+    use std::os::fd::AsFd;
     // Blocked, not ignored: the mask is ours alone (std clears it in the
     // processes it spawns), and blocking needs no unsafe code. Only an
     // explicit SIGKILL or SIGSTOP stops the watchdog.
@@ -121,29 +167,62 @@ pub(super) fn watchdog() -> ExitCode {
         warn("the watchdog is internal to `leasehold run`");
         return ExitCode::from(EXIT_ERROR);
     }
-    let mut stdin = stdin.lock();
+    // Unbuffered: a byte must never wait in a buffer that `poll` below
+    // does not see.
+    let mut stdin = std::fs::File::from(match stdin.as_fd().try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(_) => return ExitCode::from(EXIT_ERROR),
+    });
+    let mut stall = [0; 8];
     let mut pid = [0; 4];
-    if stdin.read_exact(&mut pid).is_err() {
+    if stdin.read_exact(&mut stall).is_err() || stdin.read_exact(&mut pid).is_err() {
         // `run` ended before CMD started.
         return ExitCode::SUCCESS;
     }
+    let stall = Duration::from_millis(u64::from_ne_bytes(stall));
     let group = Pid::from_raw(i32::from_ne_bytes(pid));
     // kill(-1) would signal every process we may signal.
     if group.as_raw() <= 1 || group == nix::unistd::getpgrp() {
         return ExitCode::from(EXIT_ERROR);
     }
-    let mut byte = [0; 1];
+    if guard_group(&mut stdin, stall) {
+        let _ = nix::sys::signal::killpg(group, Signal::SIGKILL);
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(unix)]
+/// Reads `run`'s bytes until it disarms the watchdog (`false`), or is
+/// gone or stalled (`true`: CMD's group must die): EOF, an error, or no
+/// byte for `stall`.
+fn guard_group(pipe: &mut std::fs::File, stall: Duration) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let mut bytes = [0; 64];
+    let mut heard = std::time::Instant::now();
     loop {
-        match stdin.read(&mut byte) {
-            Ok(0) => break,
-            Ok(_) if byte[0] == DISARM => return ExitCode::SUCCESS,
+        let left = stall.saturating_sub(heard.elapsed());
+        if left.is_zero() {
+            return true;
+        }
+        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            // Timed out: the loop's start tells whether the stall is over.
+            Ok(0) => continue,
             Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return true,
+        }
+        match pipe.read(&mut bytes) {
+            Ok(0) => return true,
+            Ok(n) if bytes[..n].contains(&DISARM) => return false,
+            Ok(_) => heard = std::time::Instant::now(),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => break,
+            Err(_) => return true,
         }
     }
-    let _ = nix::sys::signal::killpg(group, Signal::SIGKILL);
-    ExitCode::SUCCESS
 }
 
 #[cfg(unix)]
@@ -387,11 +466,19 @@ fn guard_command(
                 }
             }
             // From here on, the watchdog kills our group if the tool dies.
-            // If it is gone already, the write fails: CMD never runs.
+            // If it is gone already, the write fails: CMD never runs, and
+            // `run` says why (std set SIGPIPE back to its default before
+            // this hook, which would kill us silently instead: blocked for
+            // the write, and a failed write's signal stays pending until we
+            // exit, never delivered).
+            let mut pipe_signal = SigSet::empty();
+            pipe_signal.add(Signal::SIGPIPE);
+            pipe_signal.thread_block()?;
             let pid = getpid().as_raw().to_ne_bytes();
             if write(&*pipe, &pid)? != pid.len() {
                 return Err(Errno::EPIPE.into());
             }
+            pipe_signal.thread_unblock()?;
             if let Some(tty) = &tty {
                 let mut ttou = SigSet::empty();
                 ttou.add(Signal::SIGTTOU);
@@ -417,7 +504,7 @@ pub(super) struct Watchdog {
 
 #[cfg(windows)]
 impl Watchdog {
-    pub(super) fn start() -> Result<Self, Failure> {
+    pub(super) fn start(_lease: Duration) -> Result<Self, Failure> {
         let job = Job::new().map_err(|e| format!("cannot create a job object: {e}"))?;
         Ok(Self {
             job: std::sync::Arc::new(job),
@@ -426,6 +513,15 @@ impl Watchdog {
 
     /// Nothing to do: the job is empty, and closing it kills nothing.
     pub(super) fn disarm(&self) {}
+
+    /// How often `run` beats: never needed on Windows, where nothing
+    /// listens (a suspended tool's job is not watched; see `run --help`).
+    pub(super) fn beat_every(&self) -> Duration {
+        Duration::from_secs(3600)
+    }
+
+    /// Nothing listens for beats on Windows.
+    pub(super) fn beat(&self) {}
 }
 
 /// Windows: the console events the tool waits for. Ctrl-C and Ctrl-Break

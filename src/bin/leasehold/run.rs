@@ -15,9 +15,7 @@
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
-#[cfg(unix)]
-use std::time::Duration;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use leasehold::LockGuard;
 #[cfg(unix)]
@@ -38,7 +36,6 @@ use super::target::Target;
 use super::tidy;
 
 /// The library's default lease, which `run` keeps unless `--lease` says.
-#[cfg(unix)]
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// The status to exit with: a byte, but for CMD's own exit code on
@@ -60,7 +57,7 @@ pub(super) async fn run(mut args: RunArgs) -> Result<u32, Failure> {
     let mut signals = Forwarded::install()?;
     // Before the lock is taken, so that a tool that cannot guard CMD never
     // takes it: CMD must not run without the watchdog.
-    let watchdog = match Watchdog::start() {
+    let watchdog = match Watchdog::start(args.lease.unwrap_or(DEFAULT_LEASE)) {
         Ok(watchdog) => watchdog,
         Err(e) => {
             warn(&format!(
@@ -134,7 +131,7 @@ impl Held<'_> {
             #[cfg(unix)]
             kill_after: self.kill_after,
         };
-        let (status, lost) = watch(&mut child, &group, &guard, signals, &loss).await;
+        let (status, lost) = watch(&mut child, &group, &guard, signals, &loss, watchdog).await;
         // The group is empty: nothing is left for the watchdog to kill, and
         // CMD's pid may now be reused by an unrelated process group.
         watchdog.disarm();
@@ -164,7 +161,9 @@ fn check_kill_after(lease: Option<Duration>, kill_after: Duration) {
 }
 
 /// CMD could not be started, so nothing ran under the lock: lets the
-/// lock go, and exits as a shell does, 127 if CMD was not found, else 126.
+/// lock go, and exits as a shell does, 127 if CMD was not found, else 126;
+/// or 2 if the watchdog was gone (its pipe broken), so CMD could not be
+/// guarded.
 async fn not_started(
     program: &OsString,
     error: &std::io::Error,
@@ -174,6 +173,12 @@ async fn not_started(
 ) -> u8 {
     drop(terminal);
     watchdog.disarm();
+    #[cfg(unix)]
+    if error.raw_os_error() == Some(nix::errno::Errno::EPIPE as i32) {
+        warn("the watchdog that stops the command if leasehold dies is gone; not running the command");
+        let _ = guard.release().await;
+        return EXIT_ERROR;
+    }
     warn(&format!("cannot run {program:?}: {error}"));
     let _ = guard.release().await;
     let not_found = error.kind() == std::io::ErrorKind::NotFound;
@@ -189,8 +194,13 @@ async fn watch(
     guard: &LockGuard,
     signals: &mut Forwarded,
     loss: &Loss<'_>,
+    watchdog: &Watchdog,
 ) -> (std::io::Result<ExitStatus>, bool) {
     let mut lost = false;
+    // The watchdog kills CMD's group when the beats stop (the tool is
+    // stopped, so its lease is not renewed); the first beat is at once.
+    let mut beats = tokio::time::interval(watchdog.beat_every());
+    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // When the group gets SIGKILL, once the lock is lost; `None` before,
     // after, or for a grace too long to represent (then SIGTERM is all).
     let mut kill_at: Option<tokio::time::Instant> = None;
@@ -218,6 +228,7 @@ async fn watch(
                 loss.kill(group);
             }
             () = tokio::time::sleep(GROUP_POLL), if status.is_some() => {}
+            _ = beats.tick() => watchdog.beat(),
         }
     }
     let status = status.unwrap_or_else(|| Err(std::io::Error::other("no status")));
