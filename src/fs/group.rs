@@ -335,7 +335,7 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
         withdraw(member);
         return Err(error);
     }
-    let counted = match scan(ctx, member.members(), &path) {
+    let counted = match members::scan_others(ctx, member.members(), &path, member.file_name()) {
         Ok(counted) => counted,
         Err(error) => {
             withdraw(member);
@@ -358,7 +358,8 @@ fn join_unlocked(ctx: &Arc<Ctx>, name: &LockName, mode: Mode, upgradable: bool) 
         && syscall::stat_at(ctx.dir.fd(), &dir_name).is_ok_and(|st| (st.dev, st.ino) == dir_id);
     // Alone in a deserted group: the marker takes our record now.
     let signed = || {
-        let alone = counted.live_members().all(|e| e.file_name == member.file_name());
+        // (`counted` holds the others only.)
+        let alone = counted.live_members().next().is_none();
         !alone || member.sign_as_representative().unwrap_or(false)
     };
     if !standing || !signed() {
@@ -420,7 +421,7 @@ fn admit(
 ) -> Result<Joined> {
     let dir_name = members_dir(name.file_name());
     let path = || ctx.path_of(&dir_name);
-    let scan = scan(ctx, member.members(), &path)?;
+    let scan = members::scan_others(ctx, member.members(), &path, member.file_name())?;
     match refusal(name, &scan, mode, upgradable, Some(member.file_name())) {
         Ok(None) => Ok(Joined::Member(Box::new(member))),
         other => {

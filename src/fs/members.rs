@@ -336,6 +336,16 @@ pub(super) fn scan(ctx: &Ctx, dir: &File, path: &dyn Fn() -> PathBuf) -> Result<
     judge_all(ctx, dir, names)
 }
 
+/// [`scan`] of everyone but `own`, a joiner's own record, in place and
+/// live (its flock is ours, and nobody else writes under its name): a
+/// join's count once its record is in needs only the others (`refusal`
+/// in `fs/group.rs` counts `own` as nobody else), so it is not read back.
+pub(super) fn scan_others(ctx: &Ctx, dir: &File, path: &dyn Fn() -> PathBuf, own: &str) -> Result<Scan> {
+    let mut names = syscall::list_at(dir).context("list members directory", path)?;
+    names.retain(|name| name.as_os_str() != own);
+    judge_all(ctx, dir, names)
+}
+
 /// [`scan`], if the members directory holds at most `most` entries;
 /// `None` if it holds more, once `most + 1` names were read (nothing more
 /// is: a group of any size costs a runtime's thread this much).
