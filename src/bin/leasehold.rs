@@ -356,8 +356,9 @@ fn main() -> ExitCode {
         // own group reading the terminal (a pager after it in a pipeline:
         // the kernel stops the reader's whole group, SIGTTIN), not by
         // Ctrl-Z while it has the terminal (SIGTSTP). The tool never reads
-        // the terminal itself. CMD and the watchdog start with no signal
-        // blocked (std clears the mask).
+        // the terminal itself. A child inherits the mask: CMD's spawn hook
+        // empties it (`process::guard_command`); the watchdog blocks these
+        // and more itself.
         #[cfg(unix)]
         Command::Run(_) => {
             let mut blocked = nix::sys::signal::SigSet::empty();

@@ -99,7 +99,8 @@ Exit status:
                 open the lock file)
   75            the lock was lost while CMD or its group ran: the group was sent
                 SIGTERM, then SIGKILL after --kill-after (or it had already exited
-                when the loss was found)
+                when the loss was found); or before CMD could start (leasehold
+                was stopped past the lease): CMD never ran
   78            --shared or --permits N: NAME is held as another kind (a semaphore of
                 another count, or shared vs semaphore); CMD never ran
   126, 127      CMD could not be executed, or was not found (flock(1) says 69)

@@ -73,6 +73,45 @@ pub(super) struct Watchdog {
 }
 
 #[cfg(unix)]
+/// The clock CMD's latest start is set on, in nanoseconds: the boot clock
+/// where there is one (it counts a suspended machine, as the lease does),
+/// else the monotonic clock (macOS's counts sleep too). Read in the child
+/// between fork and exec too: `clock_gettime` is async-signal-safe, and
+/// nothing here allocates.
+fn start_clock_ns() -> Option<u64> {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let id = nix::time::ClockId::CLOCK_BOOTTIME;
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let id = nix::time::ClockId::CLOCK_MONOTONIC;
+    let now = nix::time::clock_gettime(id).ok()?;
+    u64::try_from(now.tv_sec())
+        .ok()?
+        .checked_mul(1_000_000_000)?
+        .checked_add(u64::try_from(now.tv_nsec()).ok()?)
+}
+
+#[cfg(unix)]
+/// The latest moment CMD may start (exec) at: a tool stopped between its
+/// last look at the lease and the fork, and continued after the lease ran
+/// out, must not start CMD beside the next holder. Checked by CMD's own
+/// process just before exec.
+#[derive(Clone, Copy)]
+pub(super) struct StartBy(u64);
+
+#[cfg(unix)]
+impl StartBy {
+    /// `within` from now; `None` if the clock cannot be read.
+    pub(super) fn within(within: Duration) -> Option<Self> {
+        let within = u64::try_from(within.as_nanos()).unwrap_or(u64::MAX);
+        start_clock_ns().map(|now| Self(now.saturating_add(within)))
+    }
+}
+
+#[cfg(unix)]
+/// The error CMD's process fails with when it is past its [`StartBy`].
+pub(super) const LATE: nix::errno::Errno = nix::errno::Errno::ETIMEDOUT;
+
+#[cfg(unix)]
 /// How long the watchdog of a lock with `lease` waits for a beat: half the
 /// lease (the library renews every third of it).
 pub(super) fn stall_of(lease: Duration) -> Duration {
@@ -143,8 +182,8 @@ pub(super) fn watchdog() -> ExitCode {
     use nix::sys::signal::SigSet;
     use std::io::{IsTerminal, Read};
     use std::os::fd::AsFd;
-    // Blocked, not ignored: the mask is ours alone (std clears it in the
-    // processes it spawns), and blocking needs no unsafe code. Only an
+    // Blocked, not ignored: blocking needs no unsafe code, and the
+    // watchdog starts nothing that would inherit the mask. Only an
     // explicit SIGKILL or SIGSTOP stops the watchdog.
     let mut blocked = SigSet::empty();
     for sig in [
@@ -304,8 +343,9 @@ pub(super) fn spawn(
     command: &mut tokio::process::Command,
     watchdog: &Watchdog,
     terminal: Option<&Terminal>,
+    start_by: StartBy,
 ) -> Result<std::io::Result<tokio::process::Child>, Failure> {
-    guard_command(command, watchdog, terminal)?;
+    guard_command(command, watchdog, terminal, start_by)?;
     let spawned = command.spawn();
     if let (Some(terminal), Ok(child)) = (terminal, &spawned) {
         // CMD's hook did this already; shells do it on both sides too.
@@ -421,6 +461,7 @@ fn guard_command(
     command: &mut tokio::process::Command,
     watchdog: &Watchdog,
     terminal: Option<&Terminal>,
+    start_by: StartBy,
 ) -> Result<(), Failure> {
     use nix::errno::Errno;
     use nix::sys::signal::SigSet;
@@ -447,11 +488,11 @@ fn guard_command(
     };
     // SAFETY: the hook runs in the child between fork and exec, where only
     // async-signal-safe calls are sound. The child is already the leader of
-    // its own process group (std's `process_group` runs before the hook)
-    // and its signal mask is empty (std clears it before the hook). The
-    // hook makes syscalls only, through nix's thin wrappers (prctl,
-    // getppid, getpid, write, pthread_sigmask, tcsetpgrp, all
-    // async-signal-safe), on values built before the fork or on the stack;
+    // its own process group (std's `process_group` runs before the hook);
+    // its signal mask is the forking thread's (the hook empties it last).
+    // The hook makes syscalls only, through nix's thin wrappers (prctl,
+    // getppid, getpid, write, pthread_sigmask, tcsetpgrp, clock_gettime,
+    // all async-signal-safe), on values built before the fork or on the stack;
     // nothing allocates or takes a lock, and its errors are errno values,
     // built without allocating.
     unsafe {
@@ -485,9 +526,16 @@ fn guard_command(
                 ttou.thread_block()?;
                 // Failing leaves CMD in the background: not a reason to refuse.
                 let _ = tcsetpgrp(tty, getpid());
-                ttou.thread_unblock()?;
             }
-            Ok(())
+            // CMD starts with no signal blocked: the tool blocks some in
+            // every thread (see `main`), and a child inherits its
+            // parent's mask across fork and exec.
+            SigSet::empty().thread_set_mask()?;
+            // Last, just before exec: still within the lease.
+            match start_clock_ns() {
+                Some(now) if now <= start_by.0 => Ok(()),
+                _ => Err(LATE.into()),
+            }
         });
     }
     Ok(())
@@ -593,6 +641,7 @@ pub(super) fn spawn(
     command: &mut tokio::process::Command,
     watchdog: &Watchdog,
     _terminal: Option<&Terminal>,
+    _start_by: StartBy,
 ) -> Result<std::io::Result<tokio::process::Child>, Failure> {
     watchdog
         .job
@@ -612,6 +661,20 @@ pub(super) fn group_is_empty(group: &Group) -> bool {
 /// Windows: the console delivered the event to CMD itself.
 #[cfg(windows)]
 pub(super) fn signal_group(_group: &Group, _sig: Signal) {}
+
+/// Windows: no latest start is checked in CMD's process (there is no hook
+/// between creating it and running it); the tool's look at the lease just
+/// before is all.
+#[cfg(windows)]
+#[derive(Clone, Copy)]
+pub(super) struct StartBy;
+
+#[cfg(windows)]
+impl StartBy {
+    pub(super) fn within(_within: Duration) -> Option<Self> {
+        Some(Self)
+    }
+}
 
 /// Windows: CMD shares the tool's console; there is no foreground process
 /// group to hand it.

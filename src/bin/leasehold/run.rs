@@ -28,8 +28,8 @@ use super::exit::{EXIT_ERROR, EXIT_LOST, Failure};
 use super::locker::running;
 use super::output::{chain, warn};
 use super::process::{
-    Forwarded, GROUP_POLL, Group, Terminal, Watchdog, become_subreaper, command, group_is_empty, group_of,
-    reap_orphans, signal_group, spawn,
+    Forwarded, GROUP_POLL, Group, StartBy, Terminal, Watchdog, become_subreaper, command, group_is_empty,
+    group_of, reap_orphans, signal_group, spawn,
 };
 use super::status;
 use super::target::Target;
@@ -113,8 +113,21 @@ impl Held<'_> {
         };
         let shell = args.shell_command.is_some();
         let mut command = command(program, rest, target.shown(), guard.fencing_token(), shell);
+        // The tool may have been stopped since it took the lock (before
+        // CMD, no watchdog can stand in for it), and continued after the
+        // lease ran out: CMD must not start then. The look at the lease is
+        // a clock read; CMD's own process looks at the clock again just
+        // before exec, which must come within an eighth of the lease of
+        // this look (taken first): if the lease was not lost then, it ends
+        // a quarter of the lease after it or later (the loss is counted
+        // that margin early: the library's `min(renew interval, lease / 4)`
+        // with the default renew interval, a third).
+        let start_by = StartBy::within(args.lease.unwrap_or(DEFAULT_LEASE) / 8);
+        let Some(start_by) = start_by.filter(|_| !guard.is_lost()) else {
+            return Ok(not_started_in_time(watchdog, guard).await.into());
+        };
         let terminal = Terminal::if_foreground();
-        let mut child = match spawn(&mut command, watchdog, terminal.as_ref())? {
+        let mut child = match spawn(&mut command, watchdog, terminal.as_ref(), start_by)? {
             Ok(child) => child,
             Err(e) => return Ok(not_started(program, &e, terminal, watchdog, guard).await.into()),
         };
@@ -172,6 +185,10 @@ async fn not_started(
     guard: LockGuard,
 ) -> u8 {
     drop(terminal);
+    #[cfg(unix)]
+    if error.raw_os_error() == Some(super::process::LATE as i32) {
+        return not_started_in_time(watchdog, guard).await;
+    }
     watchdog.disarm();
     #[cfg(unix)]
     if error.raw_os_error() == Some(nix::errno::Errno::EPIPE as i32) {
@@ -183,6 +200,18 @@ async fn not_started(
     let _ = guard.release().await;
     let not_found = error.kind() == std::io::ErrorKind::NotFound;
     if not_found { 127 } else { 126 }
+}
+
+/// The lease ran out before CMD could start (the tool was stopped, or
+/// starved, between taking the lock and starting CMD): CMD never runs, and
+/// the run exits [`EXIT_LOST`].
+async fn not_started_in_time(watchdog: &Watchdog, guard: LockGuard) -> u8 {
+    watchdog.disarm();
+    warn(
+        "the lock was lost before the command started (leasehold was stopped or starved past its lease); the command did not run",
+    );
+    let _ = guard.release().await;
+    EXIT_LOST
 }
 
 /// Waits until CMD has exited and its process group is empty, forwarding
