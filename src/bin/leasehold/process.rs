@@ -563,7 +563,8 @@ impl Watchdog {
     pub(super) fn disarm(&self) {}
 
     /// How often `run` beats: never needed on Windows, where nothing
-    /// listens (a suspended tool's job is not watched; see `run --help`).
+    /// listens (a suspended tool's job is not watched: docs/guarantees.md,
+    /// item 15).
     pub(super) fn beat_every(&self) -> Duration {
         Duration::from_secs(3600)
     }
