@@ -50,10 +50,16 @@ pub(super) const DISARM: u8 = b'd';
 pub(super) const BEAT: u8 = b'b';
 
 #[cfg(unix)]
+/// The byte CMD's process sends before its pid: beats may come before it
+/// (from before the spawn), and the pid's bytes follow it in the same
+/// write, which a pipe never splits.
+pub(super) const PID: u8 = b'p';
+
+#[cfg(unix)]
 /// The watchdog of one `run`: a child process (this same binary, in a
 /// process group of its own) reading a pipe whose write end only `run`
 /// holds. CMD writes its pid, which is its process group id, to the pipe
-/// before it execs; `run` writes [`DISARM`] once the group is empty. At EOF
+/// before it execs (after [`PID`]); `run` writes [`DISARM`] once the group is empty. At EOF
 /// without it, `run` is gone (SIGKILL, the OOM killer, a crash) and the
 /// watchdog SIGKILLs CMD's group. See [`watchdog`].
 ///
@@ -105,6 +111,11 @@ impl StartBy {
         let within = u64::try_from(within.as_nanos()).unwrap_or(u64::MAX);
         start_clock_ns().map(|now| Self(now.saturating_add(within)))
     }
+
+    /// Whether it is past (or the clock cannot be read).
+    pub(super) fn passed(&self) -> bool {
+        start_clock_ns().is_none_or(|now| now > self.0)
+    }
 }
 
 #[cfg(unix)]
@@ -155,21 +166,69 @@ impl Watchdog {
         })
     }
 
-    /// How often `run` beats while CMD runs.
+    /// How often `run` looks at the lease while CMD runs (and beats).
     pub(super) fn beat_every(&self) -> Duration {
         self.beat_every
     }
 
-    /// The tool is running: the watchdog waits another stall. A failure
-    /// (the watchdog is gone, and CMD's group with it) is for the loss
-    /// check to find.
-    pub(super) fn beat(&self) {
-        let _ = (&*self.pipe).write_all(&[BEAT]);
+    /// Beats from a thread of the tool's own, from before CMD is spawned
+    /// (std's spawn waits for the exec, which may be slow) until the
+    /// returned [`Beats`] is dropped, as long as `held()` says the lease
+    /// still holds: a stopped tool stops every thread, and a lease lost
+    /// (by the clock, even with the renewal thread hung) is no longer
+    /// vouched for. A failed write (the watchdog gone, and CMD's group
+    /// with it) is for the loss check to find.
+    pub(super) fn beats(&self, held: impl Fn() -> bool + Send + 'static) -> Beats {
+        let pipe = std::sync::Arc::clone(&self.pipe);
+        let every = self.beat_every;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("leasehold-beat".into())
+            .spawn(move || {
+                while !stopped.load(std::sync::atomic::Ordering::Acquire) {
+                    if held() {
+                        let _ = (&*pipe).write_all(&[BEAT]);
+                    }
+                    std::thread::park_timeout(every);
+                }
+            });
+        Beats {
+            stop,
+            thread: thread.ok(),
+        }
     }
 
     /// CMD's group is empty: the watchdog exits without killing anything.
     pub(super) fn disarm(&self) {
         let _ = (&*self.pipe).write_all(&[DISARM]);
+    }
+}
+
+#[cfg(unix)]
+/// The thread that beats to the watchdog ([`Watchdog::beats`]); stopped
+/// and joined when dropped.
+pub(super) struct Beats {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg(unix)]
+impl Beats {
+    /// Whether the thread runs: without it, nothing vouches for the tool.
+    pub(super) fn started(&self) -> bool {
+        self.thread.is_some()
+    }
+}
+
+#[cfg(unix)]
+impl Drop for Beats {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
     }
 }
 
@@ -213,12 +272,25 @@ pub(super) fn watchdog() -> ExitCode {
         Err(_) => return ExitCode::from(EXIT_ERROR),
     });
     let mut stall = [0; 8];
-    let mut pid = [0; 4];
-    if stdin.read_exact(&mut stall).is_err() || stdin.read_exact(&mut pid).is_err() {
-        // `run` ended before CMD started.
+    if stdin.read_exact(&mut stall).is_err() {
         return ExitCode::SUCCESS;
     }
     let stall = Duration::from_millis(u64::from_ne_bytes(stall));
+    // Beats until CMD's pid: nothing to guard yet, nor to time.
+    let mut byte = [0; 1];
+    let mut pid = [0; 4];
+    loop {
+        match stdin.read_exact(&mut byte) {
+            Ok(()) if byte[0] == PID => break,
+            // `run` ended, or is done, before CMD started.
+            Ok(()) if byte[0] == DISARM => return ExitCode::SUCCESS,
+            Ok(()) => {}
+            Err(_) => return ExitCode::SUCCESS,
+        }
+    }
+    if stdin.read_exact(&mut pid).is_err() {
+        return ExitCode::SUCCESS;
+    }
     let group = Pid::from_raw(i32::from_ne_bytes(pid));
     // kill(-1) would signal every process we may signal.
     if group.as_raw() <= 1 || group == nix::unistd::getpgrp() {
@@ -233,18 +305,28 @@ pub(super) fn watchdog() -> ExitCode {
 #[cfg(unix)]
 /// Reads `run`'s bytes until it disarms the watchdog (`false`), or is
 /// gone or stalled (`true`: CMD's group must die): EOF, an error, or no
-/// byte for `stall`.
+/// byte for `stall`, on the clock CMD's start is judged by (the boot
+/// clock on Linux: a machine suspended while the tool is stopped counts;
+/// each wait is at most an eighth of the stall, so a resume is noticed).
 fn guard_group(pipe: &mut std::fs::File, stall: Duration) -> bool {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::io::Read;
     use std::os::fd::AsFd;
+    let stall_ns = u64::try_from(stall.as_nanos()).unwrap_or(u64::MAX);
+    let step = (stall / 8).max(Duration::from_millis(1));
     let mut bytes = [0; 64];
-    let mut heard = std::time::Instant::now();
+    let Some(mut heard) = start_clock_ns() else {
+        return true;
+    };
     loop {
-        let left = stall.saturating_sub(heard.elapsed());
-        if left.is_zero() {
+        let Some(now) = start_clock_ns() else {
+            return true;
+        };
+        let left = stall_ns.saturating_sub(now.saturating_sub(heard));
+        if left == 0 {
             return true;
         }
+        let left = Duration::from_nanos(left).min(step);
         let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
         let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, timeout) {
@@ -257,7 +339,10 @@ fn guard_group(pipe: &mut std::fs::File, stall: Duration) -> bool {
         match pipe.read(&mut bytes) {
             Ok(0) => return true,
             Ok(n) if bytes[..n].contains(&DISARM) => return false,
-            Ok(_) => heard = std::time::Instant::now(),
+            Ok(_) => match start_clock_ns() {
+                Some(now) => heard = now,
+                None => return true,
+            },
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return true,
         }
@@ -516,7 +601,8 @@ fn guard_command(
             pipe_signal.add(Signal::SIGPIPE);
             pipe_signal.thread_block()?;
             let pid = getpid().as_raw().to_ne_bytes();
-            if write(&*pipe, &pid)? != pid.len() {
+            let said = [PID, pid[0], pid[1], pid[2], pid[3]];
+            if write(&*pipe, &said)? != said.len() {
                 return Err(Errno::EPIPE.into());
             }
             pipe_signal.thread_unblock()?;
@@ -570,7 +656,26 @@ impl Watchdog {
     }
 
     /// Nothing listens for beats on Windows.
-    pub(super) fn beat(&self) {}
+    pub(super) fn beats(&self, _held: impl Fn() -> bool + Send + 'static) -> Beats {
+        Beats
+    }
+}
+
+/// Windows: no beats.
+#[cfg(windows)]
+pub(super) struct Beats;
+
+#[cfg(windows)]
+impl Beats {
+    pub(super) fn started(&self) -> bool {
+        true
+    }
+}
+
+/// Windows: nothing to stop; `run` drops its beats as on Unix.
+#[cfg(windows)]
+impl Drop for Beats {
+    fn drop(&mut self) {}
 }
 
 /// Windows: the console events the tool waits for. Ctrl-C and Ctrl-Break

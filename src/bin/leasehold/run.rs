@@ -113,23 +113,44 @@ impl Held<'_> {
         };
         let shell = args.shell_command.is_some();
         let mut command = command(program, rest, target.shown(), guard.fencing_token(), shell);
+        // Before the look at the lease below: nothing slow between it and
+        // the fork.
+        let terminal = Terminal::if_foreground();
+        // The beats vouch for the tool while the lease holds, from before
+        // the spawn (which waits for CMD's exec) on; the watchdog counts
+        // them once CMD's process has told it its pid.
+        let guard = std::sync::Arc::new(guard);
+        let beats = {
+            let guard = std::sync::Arc::clone(&guard);
+            watchdog.beats(move || !guard.is_lost())
+        };
+        if !beats.started() {
+            drop(beats);
+            warn("cannot start the thread that tells the watchdog leasehold runs; not running the command");
+            watchdog.disarm();
+            let _ = sole(guard)?.release().await;
+            return Ok(EXIT_ERROR.into());
+        }
         // The tool may have been stopped since it took the lock (before
         // CMD, no watchdog can stand in for it), and continued after the
         // lease ran out: CMD must not start then. The look at the lease is
         // a clock read; CMD's own process looks at the clock again just
-        // before exec, which must come within an eighth of the lease of
-        // this look (taken first): if the lease was not lost then, it ends
-        // a quarter of the lease after it or later (the loss is counted
-        // that margin early: the library's `min(renew interval, lease / 4)`
-        // with the default renew interval, a third).
-        let start_by = StartBy::within(args.lease.unwrap_or(DEFAULT_LEASE) / 8);
+        // before exec, which must come within `start_window` of this look
+        // (taken first).
+        let start_by = StartBy::within(start_window(args.lease.unwrap_or(DEFAULT_LEASE)));
         let Some(start_by) = start_by.filter(|_| !guard.is_lost()) else {
-            return Ok(not_started_in_time(watchdog, guard).await.into());
+            drop(beats);
+            return Ok(not_started_in_time(watchdog, sole(guard)?).await.into());
         };
-        let terminal = Terminal::if_foreground();
         let mut child = match spawn(&mut command, watchdog, terminal.as_ref(), start_by)? {
             Ok(child) => child,
-            Err(e) => return Ok(not_started(program, &e, terminal, watchdog, guard).await.into()),
+            Err(e) => {
+                drop(beats);
+                let guard = sole(guard)?;
+                return Ok(not_started(program, &e, terminal, watchdog, guard, start_by)
+                    .await
+                    .into());
+            }
         };
         // Taken now: once reaped, the child no longer reports its pid. CMD's
         // pid is its process group id.
@@ -148,8 +169,9 @@ impl Held<'_> {
         // The group is empty: nothing is left for the watchdog to kill, and
         // CMD's pid may now be reused by an unrelated process group.
         watchdog.disarm();
+        drop(beats);
         drop(terminal);
-        let lost = release(guard, lost, &loss).await;
+        let lost = release(sole(guard)?, lost, &loss).await;
         let status = status.map_err(|e| format!("cannot wait for the command: {e}"))?;
         if lost {
             return Ok(EXIT_LOST.into());
@@ -183,12 +205,26 @@ async fn not_started(
     terminal: Option<Terminal>,
     watchdog: &Watchdog,
     guard: LockGuard,
+    start_by: StartBy,
 ) -> u8 {
     drop(terminal);
+    // CMD's process found itself past its start (an exec that fails with
+    // the same errno, a FUSE or soft NFS mount's, is told apart by our
+    // own clock: still within the window, it was the exec's).
     #[cfg(unix)]
-    if error.raw_os_error() == Some(super::process::LATE as i32) {
-        return not_started_in_time(watchdog, guard).await;
+    if error.raw_os_error() == Some(super::process::LATE as i32) && start_by.passed() {
+        if guard.is_lost() {
+            return not_started_in_time(watchdog, guard).await;
+        }
+        watchdog.disarm();
+        warn(
+            "the command could not be started within a quarter of the lease of the last look at it (the machine is too slow for this --lease?); it did not run",
+        );
+        let _ = guard.release().await;
+        return EXIT_ERROR;
     }
+    #[cfg(windows)]
+    let _ = start_by;
     watchdog.disarm();
     #[cfg(unix)]
     if error.raw_os_error() == Some(nix::errno::Errno::EPIPE as i32) {
@@ -200,6 +236,21 @@ async fn not_started(
     let _ = guard.release().await;
     let not_found = error.kind() == std::io::ErrorKind::NotFound;
     if not_found { 127 } else { 126 }
+}
+
+/// How long after the tool's last look at the lease CMD's process may
+/// exec: a quarter of the lease, less 2 ms. If the lease was not lost at
+/// that look, it ends a quarter of the lease after it or later: the
+/// library counts a lease lost `min(renew interval, lease / 4)` before its
+/// end (in whole milliseconds, hence the 2 ms), and `run` keeps the
+/// default renew interval, a third of the lease.
+fn start_window(lease: Duration) -> Duration {
+    (lease / 4).saturating_sub(Duration::from_millis(2))
+}
+
+/// The guard back from the beats' thread, which is joined by now.
+fn sole(guard: std::sync::Arc<LockGuard>) -> Result<LockGuard, Failure> {
+    std::sync::Arc::try_unwrap(guard).map_err(|_| "internal error: the lock is still shared".into())
 }
 
 /// The lease ran out before CMD could start (the tool was stopped, or
@@ -226,10 +277,11 @@ async fn watch(
     watchdog: &Watchdog,
 ) -> (std::io::Result<ExitStatus>, bool) {
     let mut lost = false;
-    // The watchdog kills CMD's group when the beats stop (the tool is
-    // stopped, so its lease is not renewed); the first beat is at once.
-    let mut beats = tokio::time::interval(watchdog.beat_every());
-    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The lease looked at by the clock too, as often as the beats: a
+    // renewal thread that hangs (a disk that stopped answering) reports
+    // nothing, and its lease runs out all the same.
+    let mut looks = tokio::time::interval(watchdog.beat_every());
+    looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // When the group gets SIGKILL, once the lock is lost; `None` before,
     // after, or for a grace too long to represent (then SIGTERM is all).
     let mut kill_at: Option<tokio::time::Instant> = None;
@@ -257,7 +309,12 @@ async fn watch(
                 loss.kill(group);
             }
             () = tokio::time::sleep(GROUP_POLL), if status.is_some() => {}
-            _ = beats.tick() => watchdog.beat(),
+            _ = looks.tick(), if !lost => {
+                if guard.is_lost() {
+                    lost = true;
+                    kill_at = loss.stop(group);
+                }
+            }
         }
     }
     let status = status.unwrap_or_else(|| Err(std::io::Error::other("no status")));
