@@ -165,7 +165,8 @@ fn a_killed_watchdog_makes_the_run_exit_2_not_141() {
 /// the fix the first run's CMD, in a process group of its own, kept
 /// running: two CMDs at once under one exclusive lock, until the tool was
 /// continued. Now the watchdog, which hears no beat from the stopped tool
-/// for half the lease, kills CMD's group before the lease runs out.
+/// past what its last beat vouched for, kills CMD's group before the lease
+/// runs out.
 #[test]
 fn a_stopped_tools_command_never_runs_alongside_the_next_holder() {
     let tmp = tempfile::tempdir().unwrap();
@@ -209,6 +210,55 @@ fn a_stopped_tools_command_never_runs_alongside_the_next_holder() {
     assert_eq!(
         overlap, 0,
         "the stopped tool's CMD wrote {overlap} times while the next run held the lock"
+    );
+}
+
+/// How soon a stopped tool's CMD dies: by what the tool's last beat
+/// vouched for, a quarter of the lease (less 2 ms) after it, so that
+/// renewals that were failing when the tool stopped (the lease then ends
+/// a quarter of the lease after the last look that found it held) cannot
+/// let CMD outlive the lease either. A 4 s lease: CMD's writes stop within
+/// about 1 s of the stop (bound 1.7 s: the watchdog's own scheduling);
+/// before, the watchdog waited half the lease without a beat, 2 s.
+#[test]
+fn a_stopped_tools_command_dies_within_a_quarter_of_the_lease() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    let log = tmp.path().join("log");
+    let started = tmp.path().join("started");
+    // Appends the time (ns since the epoch) every 20 ms, for at most 30 s.
+    let first = format!(
+        "touch {s}; i=0; while [ $i -lt 1500 ]; do date +%s%N >> {l}; sleep 0.02; i=$((i+1)); done",
+        s = started.display(),
+        l = log.display()
+    );
+    let mut tool = Proc::spawn(leasehold(&[
+        "run", "job", "--dir", d, "--lease", "4s", "--", "sh", "-c", &first,
+    ]));
+    await_file(&started);
+    let cmd = children_named(tool.pid(), "sh");
+    let _group = GroupKill(cmd.first().copied());
+    std::thread::sleep(Duration::from_millis(300));
+    let stopped_at = std::time::SystemTime::now();
+    kill(tool.pid(), Signal::SIGSTOP).expect("stop the tool");
+    // Long enough for a watchdog waiting half the lease to act too.
+    std::thread::sleep(Duration::from_millis(3000));
+    kill(tool.pid(), Signal::SIGCONT).expect("continue the tool");
+    let _ = tool.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let last: u128 = text
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .max()
+        .expect("CMD wrote the time");
+    let stop: u128 = stopped_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let after = Duration::from_nanos(u64::try_from(last.saturating_sub(stop)).unwrap());
+    assert!(
+        after < Duration::from_millis(1700),
+        "CMD wrote {after:?} after its tool was stopped, on a 4 s lease"
     );
 }
 

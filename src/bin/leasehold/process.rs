@@ -45,8 +45,9 @@ pub(super) const WATCHDOG: &str = "__watchdog";
 pub(super) const DISARM: u8 = b'd';
 
 #[cfg(unix)]
-/// The byte `run` sends its watchdog every [`Watchdog::beat_every`] while
-/// CMD runs: the tool is running, so it renews the lease.
+/// The byte a beat starts with (see [`Watchdog::beats`]): 8 bytes follow
+/// in the same write, the moment on [`start_clock_ns`]'s clock until
+/// which the tool vouches that the lease holds.
 pub(super) const BEAT: u8 = b'b';
 
 #[cfg(unix)]
@@ -65,12 +66,12 @@ pub(super) const PID: u8 = b'p';
 ///
 /// A tool that is stopped (SIGSTOP, a debugger) is not gone, but renews
 /// nothing: past its lease another process may take the lock, while CMD,
-/// in a group of its own, runs on. So while CMD runs, `run` beats
-/// ([`BEAT`]) every [`Self::beat_every`], and a watchdog that hears no
-/// beat for the stall it was given (half the lease, see [`stall_of`])
-/// SIGKILLs CMD's group too, a sixth of the lease or more before the
-/// lease can run out: the last renewal is at most a third of the lease
-/// older than the last beat.
+/// in a group of its own, runs on. So `run` beats ([`BEAT`]) every
+/// [`Self::beat_every`], each beat vouching for the lease until a moment
+/// ([`HeldUntil`]: what the lease provably has left at the tool's look at
+/// it), and a watchdog that holds CMD's pid SIGKILLs CMD's group once the
+/// latest moment vouched for has passed: by the lease's end at the latest,
+/// whether the tool was stopped or its renewals failed.
 pub(super) struct Watchdog {
     pipe: std::sync::Arc<std::io::PipeWriter>,
     // Never waited for: it exits only after we do, at EOF.
@@ -97,15 +98,17 @@ fn start_clock_ns() -> Option<u64> {
 }
 
 #[cfg(unix)]
-/// The latest moment CMD may start (exec) at: a tool stopped between its
-/// last look at the lease and the fork, and continued after the lease ran
-/// out, must not start CMD beside the next holder. Checked by CMD's own
-/// process just before exec.
+/// A moment on [`start_clock_ns`]'s clock until which the lease provably
+/// holds: taken before a look at the lease that found it held, plus what
+/// a held lease has left at least (`run`'s `held_for`). CMD's own process
+/// checks it just before exec (a tool stopped between its look and the
+/// fork, continued after the lease ran out, must not start CMD beside the
+/// next holder), and each beat carries one to the watchdog.
 #[derive(Clone, Copy)]
-pub(super) struct StartBy(u64);
+pub(super) struct HeldUntil(u64);
 
 #[cfg(unix)]
-impl StartBy {
+impl HeldUntil {
     /// `within` from now; `None` if the clock cannot be read.
     pub(super) fn within(within: Duration) -> Option<Self> {
         let within = u64::try_from(within.as_nanos()).unwrap_or(u64::MAX);
@@ -119,20 +122,17 @@ impl StartBy {
 }
 
 #[cfg(unix)]
-/// The error CMD's process fails with when it is past its [`StartBy`].
+/// The error CMD's process fails with when it is past its [`HeldUntil`].
 pub(super) const LATE: nix::errno::Errno = nix::errno::Errno::ETIMEDOUT;
-
-#[cfg(unix)]
-/// How long the watchdog of a lock with `lease` waits for a beat: half the
-/// lease (the library renews every third of it).
-pub(super) fn stall_of(lease: Duration) -> Duration {
-    lease / 2
-}
 
 #[cfg(unix)]
 impl Watchdog {
     /// Starts the watchdog of a lock whose lease is `lease`.
     pub(super) fn start(lease: Duration) -> Result<Self, Failure> {
+        // 32 beats a lease: a held lease is vouched for a quarter of it
+        // ahead (`run`'s `held_for`), so eight beats in a row may be late
+        // before the watchdog takes the tool for stopped.
+        let beat_every = (lease / 32).max(Duration::from_millis(1));
         use std::os::unix::process::CommandExt;
         let (read, write) = std::io::pipe().map_err(|e| format!("cannot create a pipe: {e}"))?;
         // This very binary even if it was replaced or deleted since.
@@ -151,19 +151,16 @@ impl Watchdog {
             // `timeout`, a shell's SIGHUP) never reaches it.
             .process_group(0)
             .spawn()?;
-        let stall = stall_of(lease);
-        // First on the pipe, before CMD's pid (CMD starts later), in
-        // milliseconds: a whole write of 8 bytes to a pipe is atomic.
-        let millis = u64::try_from(stall.as_millis()).unwrap_or(u64::MAX);
-        (&write)
-            .write_all(&millis.to_ne_bytes())
-            .map_err(|e| format!("cannot reach the watchdog: {e}"))?;
         Ok(Self {
             pipe: std::sync::Arc::new(write),
             _process: process,
-            // Eight beats per stall: a late one or two cost nothing.
-            beat_every: (stall / 8).max(Duration::from_millis(1)),
+            beat_every,
         })
+    }
+
+    /// One beat, from the caller's thread: the first, before the spawn.
+    pub(super) fn vouch(&self, until: HeldUntil) {
+        vouch(&self.pipe, until);
     }
 
     /// How often `run` looks at the lease while CMD runs (and beats).
@@ -173,12 +170,11 @@ impl Watchdog {
 
     /// Beats from a thread of the tool's own, from before CMD is spawned
     /// (std's spawn waits for the exec, which may be slow) until the
-    /// returned [`Beats`] is dropped, as long as `held()` says the lease
-    /// still holds: a stopped tool stops every thread, and a lease lost
-    /// (by the clock, even with the renewal thread hung) is no longer
-    /// vouched for. A failed write (the watchdog gone, and CMD's group
-    /// with it) is for the loss check to find.
-    pub(super) fn beats(&self, held: impl Fn() -> bool + Send + 'static) -> Beats {
+    /// returned [`Beats`] is dropped, each vouching for what `held()` says
+    /// (`None`: the lease is lost, by the clock even with the renewal
+    /// thread hung, and nothing is vouched for). A stopped tool stops every
+    /// thread: its last vouch runs out.
+    pub(super) fn beats(&self, held: impl Fn() -> Option<HeldUntil> + Send + 'static) -> Beats {
         let pipe = std::sync::Arc::clone(&self.pipe);
         let every = self.beat_every;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -187,8 +183,8 @@ impl Watchdog {
             .name("leasehold-beat".into())
             .spawn(move || {
                 while !stopped.load(std::sync::atomic::Ordering::Acquire) {
-                    if held() {
-                        let _ = (&*pipe).write_all(&[BEAT]);
+                    if let Some(until) = held() {
+                        vouch(&pipe, until);
                     }
                     std::thread::park_timeout(every);
                 }
@@ -203,6 +199,16 @@ impl Watchdog {
     pub(super) fn disarm(&self) {
         let _ = (&*self.pipe).write_all(&[DISARM]);
     }
+}
+
+#[cfg(unix)]
+/// One beat: the lease holds until `until` (one write of 9 bytes, which a
+/// pipe never splits). A failed write (the watchdog gone, and CMD's group
+/// with it) is for the loss check to find.
+fn vouch(pipe: &std::io::PipeWriter, until: HeldUntil) {
+    let mut beat = [BEAT; 9];
+    beat[1..].copy_from_slice(&until.0.to_ne_bytes());
+    let _ = (&*pipe).write_all(&beat);
 }
 
 #[cfg(unix)]
@@ -233,13 +239,14 @@ impl Drop for Beats {
 }
 
 #[cfg(unix)]
-/// `leasehold __watchdog`, started by `run` (see [`Watchdog`]): reads the
-/// stall and CMD's process group id from stdin, then waits for EOF or a
-/// stall without a beat, and SIGKILLs the group unless `run` disarmed it
-/// first. Runs without the async runtime.
+/// `leasehold __watchdog`, started by `run` (see [`Watchdog`]): reads
+/// frames from stdin (beats, CMD's process group id, the disarm), and
+/// once it has the group, SIGKILLs it at EOF or when the latest moment a
+/// beat vouched for has passed, unless `run` disarmed it first. Runs
+/// without the async runtime.
 pub(super) fn watchdog() -> ExitCode {
     use nix::sys::signal::SigSet;
-    use std::io::{IsTerminal, Read};
+    use std::io::IsTerminal;
     use std::os::fd::AsFd;
     // Blocked, not ignored: blocking needs no unsafe code, and the
     // watchdog starts nothing that would inherit the mask. Only an
@@ -271,80 +278,103 @@ pub(super) fn watchdog() -> ExitCode {
         Ok(fd) => fd,
         Err(_) => return ExitCode::from(EXIT_ERROR),
     });
-    let mut stall = [0; 8];
-    if stdin.read_exact(&mut stall).is_err() {
-        return ExitCode::SUCCESS;
-    }
-    let stall = Duration::from_millis(u64::from_ne_bytes(stall));
-    // Beats until CMD's pid: nothing to guard yet, nor to time.
-    let mut byte = [0; 1];
-    let mut pid = [0; 4];
-    loop {
-        match stdin.read_exact(&mut byte) {
-            Ok(()) if byte[0] == PID => break,
+    // Beats until CMD's pid: nothing to guard yet; the latest moment
+    // vouched for is kept.
+    let mut vouched = 0;
+    let group = loop {
+        match read_frame(&mut stdin) {
+            Frame::Beat(until) => vouched = vouched.max(until),
+            Frame::Pid(pid) => break Pid::from_raw(pid),
             // `run` ended, or is done, before CMD started.
-            Ok(()) if byte[0] == DISARM => return ExitCode::SUCCESS,
-            Ok(()) => {}
-            Err(_) => return ExitCode::SUCCESS,
+            Frame::Disarm | Frame::End => return ExitCode::SUCCESS,
         }
-    }
-    if stdin.read_exact(&mut pid).is_err() {
-        return ExitCode::SUCCESS;
-    }
-    let group = Pid::from_raw(i32::from_ne_bytes(pid));
+    };
     // kill(-1) would signal every process we may signal.
     if group.as_raw() <= 1 || group == nix::unistd::getpgrp() {
         return ExitCode::from(EXIT_ERROR);
     }
-    if guard_group(&mut stdin, stall) {
+    if guard_group(&mut stdin, vouched) {
         let _ = nix::sys::signal::killpg(group, Signal::SIGKILL);
     }
     ExitCode::SUCCESS
 }
 
 #[cfg(unix)]
-/// Reads `run`'s bytes until it disarms the watchdog (`false`), or is
-/// gone or stalled (`true`: CMD's group must die): EOF, an error, or no
-/// byte for `stall`, on the clock CMD's start is judged by (the boot
-/// clock on Linux: a machine suspended while the tool is stopped counts;
-/// each wait is at most an eighth of the stall, so a resume is noticed).
-fn guard_group(pipe: &mut std::fs::File, stall: Duration) -> bool {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+/// What `run` (or CMD's process) says on the watchdog's pipe, one write
+/// each, which a pipe never splits.
+enum Frame {
+    /// [`BEAT`]: the lease holds until then ([`HeldUntil`]).
+    Beat(u64),
+    /// [`PID`]: CMD's pid, its process group's id.
+    Pid(i32),
+    /// [`DISARM`].
+    Disarm,
+    /// EOF, an error, or bytes of no frame: `run` is gone (or is not
+    /// `run`).
+    End,
+}
+
+#[cfg(unix)]
+fn read_frame(pipe: &mut std::fs::File) -> Frame {
     use std::io::Read;
+    let mut tag = [0; 1];
+    if pipe.read_exact(&mut tag).is_err() {
+        return Frame::End;
+    }
+    match tag[0] {
+        BEAT => {
+            let mut until = [0; 8];
+            match pipe.read_exact(&mut until) {
+                Ok(()) => Frame::Beat(u64::from_ne_bytes(until)),
+                Err(_) => Frame::End,
+            }
+        }
+        PID => {
+            let mut pid = [0; 4];
+            match pipe.read_exact(&mut pid) {
+                Ok(()) => Frame::Pid(i32::from_ne_bytes(pid)),
+                Err(_) => Frame::End,
+            }
+        }
+        DISARM => Frame::Disarm,
+        _ => Frame::End,
+    }
+}
+
+#[cfg(unix)]
+/// Reads `run`'s frames until it disarms the watchdog (`false`), or is
+/// gone or has vouched for nothing that lasts (`true`: CMD's group must
+/// die): EOF, an error, or the latest moment vouched for (`vouched`, then
+/// each beat's) passed, on the boot clock on Linux (a machine suspended
+/// while the tool is stopped counts). Each wait is at most 100 ms, so a
+/// resume is noticed.
+fn guard_group(pipe: &mut std::fs::File, mut vouched: u64) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
-    let stall_ns = u64::try_from(stall.as_nanos()).unwrap_or(u64::MAX);
-    let step = (stall / 8).max(Duration::from_millis(1));
-    let mut bytes = [0; 64];
-    let Some(mut heard) = start_clock_ns() else {
-        return true;
-    };
+    const STEP: Duration = Duration::from_millis(100);
     loop {
         let Some(now) = start_clock_ns() else {
             return true;
         };
-        let left = stall_ns.saturating_sub(now.saturating_sub(heard));
-        if left == 0 {
+        if now >= vouched {
             return true;
         }
-        let left = Duration::from_nanos(left).min(step);
-        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        let left = Duration::from_nanos(vouched - now).min(STEP);
+        // Rounded up: a wait that ends just short of the moment only
+        // loops once more.
+        let millis = u16::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
         let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, timeout) {
-            // Timed out: the loop's start tells whether the stall is over.
+        match poll(&mut fds, PollTimeout::from(millis)) {
             Ok(0) => continue,
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => return true,
         }
-        match pipe.read(&mut bytes) {
-            Ok(0) => return true,
-            Ok(n) if bytes[..n].contains(&DISARM) => return false,
-            Ok(_) => match start_clock_ns() {
-                Some(now) => heard = now,
-                None => return true,
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return true,
+        match read_frame(pipe) {
+            Frame::Beat(until) => vouched = vouched.max(until),
+            Frame::Disarm => return false,
+            // A second pid (none is ever sent), EOF, garbage.
+            Frame::Pid(_) | Frame::End => return true,
         }
     }
 }
@@ -428,7 +458,7 @@ pub(super) fn spawn(
     command: &mut tokio::process::Command,
     watchdog: &Watchdog,
     terminal: Option<&Terminal>,
-    start_by: StartBy,
+    start_by: HeldUntil,
 ) -> Result<std::io::Result<tokio::process::Child>, Failure> {
     guard_command(command, watchdog, terminal, start_by)?;
     let spawned = command.spawn();
@@ -546,7 +576,7 @@ fn guard_command(
     command: &mut tokio::process::Command,
     watchdog: &Watchdog,
     terminal: Option<&Terminal>,
-    start_by: StartBy,
+    start_by: HeldUntil,
 ) -> Result<(), Failure> {
     use nix::errno::Errno;
     use nix::sys::signal::SigSet;
@@ -656,9 +686,12 @@ impl Watchdog {
     }
 
     /// Nothing listens for beats on Windows.
-    pub(super) fn beats(&self, _held: impl Fn() -> bool + Send + 'static) -> Beats {
+    pub(super) fn beats(&self, _held: impl Fn() -> Option<HeldUntil> + Send + 'static) -> Beats {
         Beats
     }
+
+    /// Nothing listens for beats on Windows.
+    pub(super) fn vouch(&self, _until: HeldUntil) {}
 }
 
 /// Windows: no beats.
@@ -747,7 +780,7 @@ pub(super) fn spawn(
     command: &mut tokio::process::Command,
     watchdog: &Watchdog,
     _terminal: Option<&Terminal>,
-    _start_by: StartBy,
+    _start_by: HeldUntil,
 ) -> Result<std::io::Result<tokio::process::Child>, Failure> {
     watchdog
         .job
@@ -773,10 +806,10 @@ pub(super) fn signal_group(_group: &Group, _sig: Signal) {}
 /// before is all.
 #[cfg(windows)]
 #[derive(Clone, Copy)]
-pub(super) struct StartBy;
+pub(super) struct HeldUntil;
 
 #[cfg(windows)]
-impl StartBy {
+impl HeldUntil {
     pub(super) fn within(_within: Duration) -> Option<Self> {
         Some(Self)
     }

@@ -28,7 +28,7 @@ use super::exit::{EXIT_ERROR, EXIT_LOST, Failure};
 use super::locker::running;
 use super::output::{chain, warn};
 use super::process::{
-    Forwarded, GROUP_POLL, Group, StartBy, Terminal, Watchdog, become_subreaper, command, group_is_empty,
+    Forwarded, GROUP_POLL, Group, HeldUntil, Terminal, Watchdog, become_subreaper, command, group_is_empty,
     group_of, reap_orphans, signal_group, spawn,
 };
 use super::status;
@@ -120,9 +120,11 @@ impl Held<'_> {
         // the spawn (which waits for CMD's exec) on; the watchdog counts
         // them once CMD's process has told it its pid.
         let guard = std::sync::Arc::new(guard);
+        let held_for = held_for(args.lease.unwrap_or(DEFAULT_LEASE));
         let beats = {
             let guard = std::sync::Arc::clone(&guard);
-            watchdog.beats(move || !guard.is_lost())
+            // Taken before the look, as `start_by` below.
+            watchdog.beats(move || HeldUntil::within(held_for).filter(|_| !guard.is_lost()))
         };
         if !beats.started() {
             drop(beats);
@@ -135,13 +137,14 @@ impl Held<'_> {
         // CMD, no watchdog can stand in for it), and continued after the
         // lease ran out: CMD must not start then. The look at the lease is
         // a clock read; CMD's own process looks at the clock again just
-        // before exec, which must come within `start_window` of this look
-        // (taken first).
-        let start_by = StartBy::within(start_window(args.lease.unwrap_or(DEFAULT_LEASE)));
+        // before exec, which must come by `start_by`. The same moment is
+        // the first beat, ahead of CMD's pid on the watchdog's pipe.
+        let start_by = HeldUntil::within(held_for);
         let Some(start_by) = start_by.filter(|_| !guard.is_lost()) else {
             drop(beats);
             return Ok(not_started_in_time(watchdog, sole(guard)?).await.into());
         };
+        watchdog.vouch(start_by);
         let mut child = match spawn(&mut command, watchdog, terminal.as_ref(), start_by)? {
             Ok(child) => child,
             Err(e) => {
@@ -205,7 +208,7 @@ async fn not_started(
     terminal: Option<Terminal>,
     watchdog: &Watchdog,
     guard: LockGuard,
-    start_by: StartBy,
+    start_by: HeldUntil,
 ) -> u8 {
     drop(terminal);
     // CMD's process found itself past its start (an exec that fails with
@@ -238,13 +241,13 @@ async fn not_started(
     if not_found { 127 } else { 126 }
 }
 
-/// How long after the tool's last look at the lease CMD's process may
-/// exec: a quarter of the lease, less 2 ms. If the lease was not lost at
-/// that look, it ends a quarter of the lease after it or later: the
-/// library counts a lease lost `min(renew interval, lease / 4)` before its
-/// end (in whole milliseconds, hence the 2 ms), and `run` keeps the
-/// default renew interval, a third of the lease.
-fn start_window(lease: Duration) -> Duration {
+/// How long a lease found held at a look holds at least after it (a moment
+/// taken before the look): a quarter of the lease, less 2 ms. The library
+/// counts a lease lost `min(renew interval, lease / 4)` before its end (in
+/// whole milliseconds, hence the 2 ms), and `run` keeps the default renew
+/// interval, a third of the lease. CMD's process must exec within it of
+/// the tool's last look, and each beat vouches for it to the watchdog.
+fn held_for(lease: Duration) -> Duration {
     (lease / 4).saturating_sub(Duration::from_millis(2))
 }
 
