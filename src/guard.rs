@@ -414,6 +414,38 @@ impl LockGuard {
         self.lease.is_lost()
     }
 
+    /// How long this holder can still count on its lock without another
+    /// renewal: the time until it would count the lock lost if no renewal
+    /// landed, by its own clock (the boot clock where there is one); zero
+    /// once the lock is lost. Each renewal pushes it back, to about the
+    /// lease less `min(renew_interval, lease / 4)`; the lease itself, as
+    /// other processes judge it, runs that margin longer. It does not touch
+    /// the disk.
+    ///
+    /// Useful before a step that must finish under the lock: one that
+    /// takes longer than this may outlast the lease if renewals fail.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let locker = leasehold::Locker::builder()
+    ///     .directory(dir.path())
+    ///     .lease(Duration::from_secs(8))
+    ///     .build()?;
+    /// let guard = locker.acquire("reindex").await?;
+    /// // Fresh: the lease less its margin (2 s here), give or take a tick.
+    /// let left = guard.lease_left();
+    /// assert!(left > Duration::from_secs(5) && left <= Duration::from_secs(6));
+    /// # Ok(()) }
+    /// ```
+    pub fn lease_left(&self) -> Duration {
+        self.lease.left()
+    }
+
     /// Checks on disk, now, that the lock is still this guard's.
     ///
     /// # Errors

@@ -397,6 +397,16 @@ impl Lease {
         self.lost.borrow().is_some() || sys::boot_clock_ms() >= self.cutoff()
     }
 
+    /// The time until the cutoff by the boot clock, less a millisecond
+    /// (the clock's milliseconds are truncated); zero once lost.
+    pub(crate) fn left(&self) -> Duration {
+        if self.lost.borrow().is_some() {
+            return Duration::ZERO;
+        }
+        let now = sys::boot_clock_ms().saturating_add(1);
+        Duration::from_millis(self.cutoff().saturating_sub(now))
+    }
+
     /// Why the lock was lost; a loss not reported yet can only be the
     /// clock reaching the cutoff.
     pub(crate) fn name(&self) -> &str {

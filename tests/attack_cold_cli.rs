@@ -214,14 +214,14 @@ fn a_stopped_tools_command_never_runs_alongside_the_next_holder() {
 }
 
 /// How soon a stopped tool's CMD dies: by what the tool's last beat
-/// vouched for, a quarter of the lease (less 2 ms) after it, so that
-/// renewals that were failing when the tool stopped (the lease then ends
-/// a quarter of the lease after the last look that found it held) cannot
-/// let CMD outlive the lease either. A 4 s lease: CMD's writes stop within
-/// about 1 s of the stop (bound 1.7 s: the watchdog's own scheduling);
-/// before, the watchdog waited half the lease without a beat, 2 s.
+/// vouched for, the lease's end by the tool's last look at it, less a
+/// margin (a sixteenth of the lease here), whether or not renewals were
+/// failing when the tool stopped. A 4 s lease, renewed at most a third of
+/// it before the stop: CMD's writes stop before the lease's end, within
+/// 4 s of the stop; without the beats, CMD ran for all of the tool's stop
+/// (5 s here).
 #[test]
-fn a_stopped_tools_command_dies_within_a_quarter_of_the_lease() {
+fn a_stopped_tools_command_dies_before_its_lease_ends() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().to_str().unwrap();
     let log = tmp.path().join("log");
@@ -241,8 +241,8 @@ fn a_stopped_tools_command_dies_within_a_quarter_of_the_lease() {
     std::thread::sleep(Duration::from_millis(300));
     let stopped_at = std::time::SystemTime::now();
     kill(tool.pid(), Signal::SIGSTOP).expect("stop the tool");
-    // Long enough for a watchdog waiting half the lease to act too.
-    std::thread::sleep(Duration::from_millis(3000));
+    // Past the lease.
+    std::thread::sleep(Duration::from_millis(5000));
     kill(tool.pid(), Signal::SIGCONT).expect("continue the tool");
     let _ = tool.wait();
     let text = std::fs::read_to_string(&log).unwrap();
@@ -257,7 +257,7 @@ fn a_stopped_tools_command_dies_within_a_quarter_of_the_lease() {
         .as_nanos();
     let after = Duration::from_nanos(u64::try_from(last.saturating_sub(stop)).unwrap());
     assert!(
-        after < Duration::from_millis(1700),
+        after < Duration::from_millis(4000),
         "CMD wrote {after:?} after its tool was stopped, on a 4 s lease"
     );
 }

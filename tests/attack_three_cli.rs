@@ -116,10 +116,11 @@ impl Drop for Proc {
 /// never run: the hook allowed an eighth of the lease (250 ms) from the
 /// tool's look at the lease to exec, whatever the lease had left (with the
 /// shortest lease, 200 ms, that is 25 ms, which a CPU-quota cgroup's
-/// throttling alone exceeds). Now it allows a quarter less 2 ms (498 ms
-/// here, 48 ms at 200 ms), all the lease provably has left at the look;
-/// and a start that is too late with the lease intact is said as such
-/// (exit 2), not as a loss. Before: exit 75, 5 runs of 5.
+/// throttling alone exceeds). Now it allows what the lease has left at
+/// the look (`LockGuard::lease_left`) plus the lease's margin less a
+/// sixteenth of the lease (about 1.2 s here); and a start that is too late
+/// with the lease intact is said as such (exit 2), not as a loss. Before:
+/// exit 75, 5 runs of 5.
 #[test]
 fn a_child_slow_before_exec_with_the_lease_intact_still_runs_cmd() {
     if !strace_works() {

@@ -350,8 +350,8 @@ fn main() -> ExitCode {
         // In every thread, so before the runtime starts any: handing the
         // terminal back from the background needs it, and the tool must
         // not be stopped, for stopped it renews no lease (and its watchdog
-        // kills CMD's group once the tool has been still for a quarter of
-        // the lease): not by writing a warning while CMD's group has the
+        // kills CMD's group before the lease the tool last vouched for
+        // ends): not by writing a warning while CMD's group has the
         // terminal (`stty tostop`, SIGTTOU), not by another process of its
         // own group reading the terminal (a pager after it in a pipeline:
         // the kernel stops the reader's whole group, SIGTTIN), not by

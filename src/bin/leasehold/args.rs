@@ -113,8 +113,8 @@ keeps the lock); the status is then CMD's own. -o is accepted for flock(1)'s
 sake: CMD never holds a descriptor of the lock, leasehold does, so there is
 nothing to close. SIGINT, SIGTERM and SIGHUP are forwarded to the group; a lost
 lock stops the whole group. If leasehold dies without releasing the lock
-(SIGKILL, the OOM killer), or is stopped (SIGSTOP, a debugger) for a quarter
-of the lease, so that it renews nothing, a watchdog process SIGKILLs CMD's group, so
+(SIGKILL, the OOM killer), or is stopped (SIGSTOP, a debugger) until its lease
+nearly ends, for stopped it renews nothing, a watchdog process SIGKILLs CMD's group, so
 nothing of CMD runs on without the lock (flock(1)'s lock dies with the last
 process that holds its descriptor); if the watchdog cannot be started, or is
 gone before CMD starts, CMD is not run (exit 2). leasehold blocks SIGTTIN,

@@ -100,7 +100,7 @@ fn start_clock_ns() -> Option<u64> {
 #[cfg(unix)]
 /// A moment on [`start_clock_ns`]'s clock until which the lease provably
 /// holds: taken before a look at the lease that found it held, plus what
-/// a held lease has left at least (`run`'s `held_for`). CMD's own process
+/// the lease had left then (`run`'s `vouch`). CMD's own process
 /// checks it just before exec (a tool stopped between its look and the
 /// fork, continued after the lease ran out, must not start CMD beside the
 /// next holder), and each beat carries one to the watchdog.
@@ -109,10 +109,15 @@ pub(super) struct HeldUntil(u64);
 
 #[cfg(unix)]
 impl HeldUntil {
-    /// `within` from now; `None` if the clock cannot be read.
-    pub(super) fn within(within: Duration) -> Option<Self> {
-        let within = u64::try_from(within.as_nanos()).unwrap_or(u64::MAX);
-        start_clock_ns().map(|now| Self(now.saturating_add(within)))
+    /// Now; `None` if the clock cannot be read.
+    pub(super) fn now() -> Option<Self> {
+        start_clock_ns().map(Self)
+    }
+
+    /// `later` after this moment.
+    pub(super) fn after(self, later: Duration) -> Self {
+        let later = u64::try_from(later.as_nanos()).unwrap_or(u64::MAX);
+        Self(self.0.saturating_add(later))
     }
 
     /// Whether it is past (or the clock cannot be read).
@@ -129,9 +134,10 @@ pub(super) const LATE: nix::errno::Errno = nix::errno::Errno::ETIMEDOUT;
 impl Watchdog {
     /// Starts the watchdog of a lock whose lease is `lease`.
     pub(super) fn start(lease: Duration) -> Result<Self, Failure> {
-        // 32 beats a lease: a held lease is vouched for a quarter of it
-        // ahead (`run`'s `held_for`), so eight beats in a row may be late
-        // before the watchdog takes the tool for stopped.
+        // 32 beats a lease: each vouches for what the lease has left, at
+        // least about a quarter of it (`run`'s `vouch`), so about seven
+        // beats in a row may be late before the watchdog takes the tool
+        // for stopped, and many more while renewals are on time.
         let beat_every = (lease / 32).max(Duration::from_millis(1));
         use std::os::unix::process::CommandExt;
         let (read, write) = std::io::pipe().map_err(|e| format!("cannot create a pipe: {e}"))?;
@@ -352,30 +358,37 @@ fn guard_group(pipe: &mut std::fs::File, mut vouched: u64) -> bool {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
     const STEP: Duration = Duration::from_millis(100);
+    let mut wait = Duration::ZERO;
     loop {
+        // Every frame already there is read before the clock is judged: a
+        // watchdog that was itself slow to run must not judge by an old
+        // beat while newer ones wait in the pipe.
+        let millis = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
+        let ready = match poll(&mut fds, PollTimeout::from(millis)) {
+            Ok(n) => n > 0,
+            Err(nix::errno::Errno::EINTR) => false,
+            Err(_) => return true,
+        };
+        if ready {
+            match read_frame(pipe) {
+                Frame::Beat(until) => vouched = vouched.max(until),
+                Frame::Disarm => return false,
+                // A second pid (none is ever sent), EOF, garbage.
+                Frame::Pid(_) | Frame::End => return true,
+            }
+            wait = Duration::ZERO;
+            continue;
+        }
         let Some(now) = start_clock_ns() else {
             return true;
         };
         if now >= vouched {
             return true;
         }
-        let left = Duration::from_nanos(vouched - now).min(STEP);
-        // Rounded up: a wait that ends just short of the moment only
-        // loops once more.
-        let millis = u16::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
-        let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, PollTimeout::from(millis)) {
-            Ok(0) => continue,
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return true,
-        }
-        match read_frame(pipe) {
-            Frame::Beat(until) => vouched = vouched.max(until),
-            Frame::Disarm => return false,
-            // A second pid (none is ever sent), EOF, garbage.
-            Frame::Pid(_) | Frame::End => return true,
-        }
+        // Rounded down (a last wait under a millisecond spins): never
+        // past the moment by the rounding.
+        wait = Duration::from_nanos(vouched - now).min(STEP);
     }
 }
 
@@ -810,8 +823,12 @@ pub(super) struct HeldUntil;
 
 #[cfg(windows)]
 impl HeldUntil {
-    pub(super) fn within(_within: Duration) -> Option<Self> {
+    pub(super) fn now() -> Option<Self> {
         Some(Self)
+    }
+
+    pub(super) fn after(self, _later: Duration) -> Self {
+        self
     }
 }
 

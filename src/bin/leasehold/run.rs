@@ -120,11 +120,10 @@ impl Held<'_> {
         // the spawn (which waits for CMD's exec) on; the watchdog counts
         // them once CMD's process has told it its pid.
         let guard = std::sync::Arc::new(guard);
-        let held_for = held_for(args.lease.unwrap_or(DEFAULT_LEASE));
+        let margin = margin(args.lease.unwrap_or(DEFAULT_LEASE));
         let beats = {
             let guard = std::sync::Arc::clone(&guard);
-            // Taken before the look, as `start_by` below.
-            watchdog.beats(move || HeldUntil::within(held_for).filter(|_| !guard.is_lost()))
+            watchdog.beats(move || vouch(&guard, margin))
         };
         if !beats.started() {
             drop(beats);
@@ -139,8 +138,7 @@ impl Held<'_> {
         // a clock read; CMD's own process looks at the clock again just
         // before exec, which must come by `start_by`. The same moment is
         // the first beat, ahead of CMD's pid on the watchdog's pipe.
-        let start_by = HeldUntil::within(held_for);
-        let Some(start_by) = start_by.filter(|_| !guard.is_lost()) else {
+        let Some(start_by) = vouch(&guard, margin) else {
             drop(beats);
             return Ok(not_started_in_time(watchdog, sole(guard)?).await.into());
         };
@@ -148,6 +146,8 @@ impl Held<'_> {
         let mut child = match spawn(&mut command, watchdog, terminal.as_ref(), start_by)? {
             Ok(child) => child,
             Err(e) => {
+                // First: the watchdog holds a pid std has reaped by now.
+                watchdog.disarm();
                 drop(beats);
                 let guard = sole(guard)?;
                 return Ok(not_started(program, &e, terminal, watchdog, guard, start_by)
@@ -193,7 +193,7 @@ fn check_kill_after(lease: Option<Duration>, kill_after: Duration) {
     let margin = lease.unwrap_or(DEFAULT_LEASE) / 4;
     if kill_after > margin {
         warn(&format!(
-            "warning: --kill-after {kill_after:?} is longer than the {margin:?} between a failing renewal and the end of the lease: if the lock is lost, the command may still run when another process takes it"
+            "warning: --kill-after {kill_after:?} is longer than the {margin:?} between a failing renewal and the end of the lease: if the lock is lost, the watchdog kills the command before the lease ends, cutting the grace short"
         ));
     }
 }
@@ -241,14 +241,26 @@ async fn not_started(
     if not_found { 127 } else { 126 }
 }
 
-/// How long a lease found held at a look holds at least after it (a moment
-/// taken before the look): a quarter of the lease, less 2 ms. The library
-/// counts a lease lost `min(renew interval, lease / 4)` before its end (in
-/// whole milliseconds, hence the 2 ms), and `run` keeps the default renew
-/// interval, a third of the lease. CMD's process must exec within it of
-/// the tool's last look, and each beat vouches for it to the watchdog.
-fn held_for(lease: Duration) -> Duration {
-    (lease / 4).saturating_sub(Duration::from_millis(2))
+/// Until when the lease surely holds, by a look at it: a moment taken
+/// before the look, plus what the holder counts on
+/// ([`LockGuard::lease_left`]), plus `margin`; `None` if it is lost (or
+/// the clock cannot be read). CMD's process must exec by then (a tool
+/// stopped between its look and the fork, continued after the lease ran
+/// out, must not start CMD), and each beat vouches for it to the
+/// watchdog.
+fn vouch(guard: &LockGuard, margin: Duration) -> Option<HeldUntil> {
+    let look = HeldUntil::now()?;
+    let left = guard.lease_left();
+    (!left.is_zero()).then(|| look.after(left + margin))
+}
+
+/// What the lease runs past the moment its holder counts it lost: the
+/// library's `min(renew interval, lease / 4)`, a quarter of the lease with
+/// the default renew interval (a third), which `run` keeps; less
+/// `max(2 ms, lease / 16)` for the milliseconds the library rounds to and
+/// the watchdog's own latency in killing CMD's group.
+fn margin(lease: Duration) -> Duration {
+    (lease / 4).saturating_sub((lease / 16).max(Duration::from_millis(2)))
 }
 
 /// The guard back from the beats' thread, which is joined by now.
