@@ -419,8 +419,8 @@ impl LockGuard {
     /// landed, by its own clock (the boot clock where there is one); zero
     /// once the lock is lost. Each renewal pushes it back, to about the
     /// lease less `min(renew_interval, lease / 4)`; the lease itself, as
-    /// other processes judge it, runs that margin longer. It does not touch
-    /// the disk.
+    /// other processes judge it, runs at least that margin longer. It does
+    /// not touch the disk.
     ///
     /// Useful before a step that must finish under the lock: one that
     /// takes longer than this may outlast the lease if renewals fail.
@@ -440,6 +440,11 @@ impl LockGuard {
     /// // Fresh: the lease less its margin (2 s here), give or take a tick.
     /// let left = guard.lease_left();
     /// assert!(left > Duration::from_secs(5) && left <= Duration::from_secs(6));
+    ///
+    /// // Lost (the lock file removed behind its back): nothing left.
+    /// std::fs::remove_file(locker.lock_path("reindex")?).unwrap();
+    /// assert!(guard.ensure_held().await.is_err());
+    /// assert_eq!(guard.lease_left(), Duration::ZERO);
     /// # Ok(()) }
     /// ```
     pub fn lease_left(&self) -> Duration {

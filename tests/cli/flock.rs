@@ -978,7 +978,7 @@ fn lease_and_kill_after_take_durations() {
     assert_eq!(done.code, Some(0), "{}", done.stderr);
     assert!(
         done.stderr
-            .contains("warning: --kill-after 2s is longer than the 1s"),
+            .contains("warning: --kill-after 2s is longer than the 750ms"),
         "{}",
         done.stderr
     );

@@ -135,9 +135,9 @@ impl Watchdog {
     /// Starts the watchdog of a lock whose lease is `lease`.
     pub(super) fn start(lease: Duration) -> Result<Self, Failure> {
         // 32 beats a lease: each vouches for what the lease has left, at
-        // least about a quarter of it (`run`'s `vouch`), so about seven
-        // beats in a row may be late before the watchdog takes the tool
-        // for stopped, and many more while renewals are on time.
+        // least about 3/16 of it (`run`'s `vouch`), so about five beats in
+        // a row may be late before the watchdog takes the tool for
+        // stopped, and many more while renewals are on time.
         let beat_every = (lease / 32).max(Duration::from_millis(1));
         use std::os::unix::process::CommandExt;
         let (read, write) = std::io::pipe().map_err(|e| format!("cannot create a pipe: {e}"))?;
@@ -358,37 +358,54 @@ fn guard_group(pipe: &mut std::fs::File, mut vouched: u64) -> bool {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
     const STEP: Duration = Duration::from_millis(100);
-    let mut wait = Duration::ZERO;
-    loop {
-        // Every frame already there is read before the clock is judged: a
-        // watchdog that was itself slow to run must not judge by an old
-        // beat while newer ones wait in the pipe.
+    enum Look {
+        Frame,
+        Empty,
+        Interrupted,
+        Broken,
+    }
+    let look = |pipe: &std::fs::File, wait: Duration| {
         let millis = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
         let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
-        let ready = match poll(&mut fds, PollTimeout::from(millis)) {
-            Ok(n) => n > 0,
-            Err(nix::errno::Errno::EINTR) => false,
-            Err(_) => return true,
-        };
-        if ready {
-            match read_frame(pipe) {
-                Frame::Beat(until) => vouched = vouched.max(until),
-                Frame::Disarm => return false,
-                // A second pid (none is ever sent), EOF, garbage.
-                Frame::Pid(_) | Frame::End => return true,
-            }
-            wait = Duration::ZERO;
-            continue;
+        match poll(&mut fds, PollTimeout::from(millis)) {
+            // Data, or EOF (which `read_frame` reads as the end).
+            Ok(n) if n > 0 => Look::Frame,
+            Ok(_) => Look::Empty,
+            Err(nix::errno::Errno::EINTR) => Look::Interrupted,
+            Err(_) => Look::Broken,
         }
+    };
+    'judge: loop {
+        // The clock first, then every frame already there: a beat written
+        // before `now` is read before `now` is judged, so a watchdog that
+        // was itself slow to run (or stopped) never judges by an old beat
+        // while newer ones wait in the pipe.
         let Some(now) = start_clock_ns() else {
             return true;
         };
+        loop {
+            match look(pipe, Duration::ZERO) {
+                Look::Frame => match read_frame(pipe) {
+                    Frame::Beat(until) => vouched = vouched.max(until),
+                    Frame::Disarm => return false,
+                    // A second pid (none is ever sent), EOF, garbage.
+                    Frame::Pid(_) | Frame::End => return true,
+                },
+                Look::Empty => break,
+                // A stop and a continue, say: the clock again, first.
+                Look::Interrupted => continue 'judge,
+                Look::Broken => return true,
+            }
+        }
         if now >= vouched {
             return true;
         }
         // Rounded down (a last wait under a millisecond spins): never
-        // past the moment by the rounding.
-        wait = Duration::from_nanos(vouched - now).min(STEP);
+        // past the moment by the rounding. However the wait ends, the
+        // loop looks again from the top.
+        if let Look::Broken = look(pipe, Duration::from_nanos(vouched - now).min(STEP)) {
+            return true;
+        }
     }
 }
 

@@ -188,9 +188,10 @@ impl Held<'_> {
 /// let CMD run on after another process took the lock.
 fn check_kill_after(lease: Option<Duration>, kill_after: Duration) {
     // A failing renewal reports the loss a quarter of the lease before it
-    // runs out (the renew interval, a third, is longer): a longer grace
-    // lets CMD run on after another process may have taken the lock.
-    let margin = lease.unwrap_or(DEFAULT_LEASE) / 4;
+    // runs out (the renew interval, a third, is longer), and the watchdog
+    // kills CMD before the lease ends (`margin` after the loss): a longer
+    // grace is cut short.
+    let margin = margin(lease.unwrap_or(DEFAULT_LEASE));
     if kill_after > margin {
         warn(&format!(
             "warning: --kill-after {kill_after:?} is longer than the {margin:?} between a failing renewal and the end of the lease: if the lock is lost, the watchdog kills the command before the lease ends, cutting the grace short"
@@ -221,7 +222,7 @@ async fn not_started(
         }
         watchdog.disarm();
         warn(
-            "the command could not be started within a quarter of the lease of the last look at it (the machine is too slow for this --lease?); it did not run",
+            "the command could not be started by the end the lease had at the last look at it (the machine is too slow for this --lease?); it did not run",
         );
         let _ = guard.release().await;
         return EXIT_ERROR;
@@ -257,10 +258,12 @@ fn vouch(guard: &LockGuard, margin: Duration) -> Option<HeldUntil> {
 /// What the lease runs past the moment its holder counts it lost: the
 /// library's `min(renew interval, lease / 4)`, a quarter of the lease with
 /// the default renew interval (a third), which `run` keeps; less
-/// `max(2 ms, lease / 16)` for the milliseconds the library rounds to and
-/// the watchdog's own latency in killing CMD's group.
+/// a sixteenth of the lease (at least 25 ms, at most an eighth) for the
+/// milliseconds the library rounds to and the watchdog's own latency in
+/// killing CMD's group.
 fn margin(lease: Duration) -> Duration {
-    (lease / 4).saturating_sub((lease / 16).max(Duration::from_millis(2)))
+    let latency = (lease / 16).max(Duration::from_millis(25)).min(lease / 8);
+    (lease / 4).saturating_sub(latency)
 }
 
 /// The guard back from the beats' thread, which is joined by now.
