@@ -15,14 +15,13 @@
 //! its test ends.
 #![cfg(all(target_os = "linux", feature = "cli"))]
 
+#[path = "support/cli_attack.rs"]
+mod cli_attack;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-
-const BOUND: Duration = Duration::from_secs(40);
+use cli_attack::Proc;
 
 /// Whether strace runs and may trace its children here.
 fn strace_works() -> bool {
@@ -67,45 +66,6 @@ fn program(name: &str) -> PathBuf {
         }
     }
     panic!("no {name}");
-}
-
-/// A started process, SIGKILLed and reaped when dropped.
-struct Proc(Child);
-
-impl Proc {
-    fn spawn(mut cmd: Command) -> Self {
-        Self(cmd.spawn().expect("spawn"))
-    }
-
-    fn wait(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + BOUND;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "process {} still running", self.0.id());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn stderr(&mut self) -> String {
-        use std::io::Read;
-        let mut text = String::new();
-        if let Some(mut err) = self.0.stderr.take() {
-            let _ = err.read_to_string(&mut text);
-        }
-        text
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let pid = Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
-            let _ = kill(pid, Signal::SIGKILL);
-        }
-        let _ = self.0.wait();
-    }
 }
 
 /// CMD's process is held up 320 ms between fork and exec (its
