@@ -599,3 +599,53 @@ async fn a_members_directory_open_for_deletion_is_still_read() {
     drop(writer);
     drop((a, b, c));
 }
+
+/// Another program (an indexer, a backup, a `dir`) that has a shared
+/// lock's members directory open while the group ends: Windows (and
+/// Wine) keep a removed directory's name until its last handle closes,
+/// and the name goes when that handle closes, whenever that is. The next
+/// join found the name taken and then gone, or refused ("cannot open
+/// members directory", a Wine CI run); it must wait that out, briefly.
+#[tokio::test]
+async fn a_members_directory_held_open_while_its_group_ends_does_not_fail_the_next_join() {
+    use std::os::windows::fs::OpenOptionsExt;
+    const FILE_FLAG_BACKUP_SEMANTICS: u32 = 0x0200_0000;
+    const SHARE_ALL: u32 = 0x7;
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    for round in 0..20u64 {
+        let guard = locker.acquire_shared("job").await.unwrap();
+        let members = dir
+            .path()
+            .join(format!("{}.members", guard_lock_file(dir.path())));
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .share_mode(SHARE_ALL)
+            .custom_flags(FILE_FLAG_BACKUP_SEMANTICS)
+            .open(&members)
+            .unwrap();
+        // The group ends, its members directory removed under our handle.
+        guard.release().await.unwrap();
+        // Closed a moment after the next join begins (a few rounds at
+        // once).
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(round % 4));
+            drop(reader);
+        });
+        let again = tokio::time::timeout(Duration::from_secs(30), locker.acquire_shared("job"))
+            .await
+            .expect("joined within 30 s");
+        let again = again.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        closer.join().unwrap();
+        again.release().await.unwrap();
+    }
+}
+
+/// The file name of the only lock in `dir`.
+fn guard_lock_file(dir: &Path) -> String {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| n.ends_with(".lock"))
+        .expect("the lock file")
+}

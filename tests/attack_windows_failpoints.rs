@@ -162,3 +162,50 @@ async fn a_holder_dead_before_it_is_named_does_not_leave_its_waiter_asleep() {
         drop((sem, waiter));
     }
 }
+
+/// A members directory removed while another handle had it open (a
+/// holder of this process or another whose `Member` was not dropped yet,
+/// an indexer) goes when that handle closes, whenever that is: Wine
+/// removes it then. Closed between the next join's `mkdir` (which found
+/// the name taken) and its open (the failpoint
+/// `group.members.after_mkdir`), it failed that join with "cannot open
+/// members directory" (a CI run under Wine, 2026-12-07); the join makes
+/// the directory again instead.
+#[tokio::test]
+async fn a_members_directory_that_goes_between_the_mkdir_and_the_open_is_made_again() {
+    use std::os::windows::fs::OpenOptionsExt;
+    const FILE_FLAG_BACKUP_SEMANTICS: u32 = 0x0200_0000;
+    const SHARE_ALL: u32 = 0x7;
+    let dir = tempfile::tempdir().unwrap();
+    let locker = Locker::new(dir.path()).unwrap();
+    let guard = locker.acquire_shared("job").await.unwrap();
+    let lock = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "lock"))
+        .expect("the lock file");
+    let mut members = lock.clone().into_os_string();
+    members.push(".members");
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .share_mode(SHARE_ALL)
+        .custom_flags(FILE_FLAG_BACKUP_SEMANTICS)
+        .open(&members)
+        .unwrap();
+    guard.release().await.unwrap();
+    let reader = Arc::new(Mutex::new(Some(reader)));
+    let closed = Arc::new(Mutex::new(false));
+    let (held, done) = (Arc::clone(&reader), Arc::clone(&closed));
+    fail::cfg_callback("group.members.after_mkdir", move || {
+        if let Some(reader) = held.lock().unwrap().take() {
+            drop(reader);
+            *done.lock().unwrap() = true;
+        }
+    })
+    .unwrap();
+    let again = tokio::time::timeout(Duration::from_secs(30), locker.acquire_shared("job")).await;
+    fail::remove("group.members.after_mkdir");
+    assert!(*closed.lock().unwrap(), "the reader was closed at the failpoint");
+    let again = again.expect("joined within 30 s").unwrap();
+    again.release().await.unwrap();
+}

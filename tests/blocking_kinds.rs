@@ -85,7 +85,7 @@ fn rounds(args: &[String]) -> i32 {
         let guard = match take(round) {
             Ok(guard) => guard,
             Err(e) => {
-                common::say(&format!("failed: {e}"));
+                common::say(&format!("failed: take: {e}"));
                 return 1;
             }
         };
@@ -93,7 +93,7 @@ fn rounds(args: &[String]) -> i32 {
         std::thread::sleep(Duration::from_millis(3));
         common::append(log, &format!("-{kind} {pid}"));
         if let Err(e) = guard.blocking_release() {
-            common::say(&format!("failed: {e}"));
+            common::say(&format!("failed: release: {e}"));
             return 1;
         }
     }

@@ -250,29 +250,46 @@ pub(super) fn open_members(ctx: &Ctx, name: &LockName) -> Result<Option<File>> {
 /// nothing in it needs reading or removing: a new group costs no listing.
 pub(super) fn ensure_members(ctx: &Ctx, name: &LockName) -> Result<(File, bool)> {
     let dir_name = members_dir(name.file_name());
-    let made = match syscall::mkdir_at(ctx.dir.fd(), &dir_name) {
-        Ok(()) => true,
-        Err(Errno::EEXIST) => false,
-        Err(e) => return Err(e).context("create members directory", || ctx.path_of(&dir_name)),
-    };
-    failpoint!("group.members.after_mkdir").context("open members directory", || ctx.path_of(&dir_name))?;
-    match syscall::open_at(ctx.dir.fd(), dir_name.as_str(), Open::Dir) {
-        Ok(dir) => {
-            // The caller holds the name's mutation lock, so a seal in a
-            // directory that was there is a dead sealer's.
-            if !made {
-                unseal_dead(&dir);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let made = match syscall::mkdir_at(ctx.dir.fd(), &dir_name) {
+            Ok(()) => true,
+            Err(Errno::EEXIST) => false,
+            Err(e) => return Err(e).context("create members directory", || ctx.path_of(&dir_name)),
+        };
+        failpoint!("group.members.after_mkdir")
+            .context("open members directory", || ctx.path_of(&dir_name))?;
+        match syscall::open_at(ctx.dir.fd(), dir_name.as_str(), Open::Dir) {
+            Ok(dir) => {
+                // The caller holds the name's mutation lock, so a seal in a
+                // directory that was there is a dead sealer's.
+                if !made {
+                    unseal_dead(&dir);
+                }
+                return Ok((dir, made));
             }
-            Ok((dir, made))
+            // Gone since our `mkdir` found it: a directory removed (at a
+            // group's end, under the mutation lock) while another handle
+            // had it open stays, on Windows and under Wine, until that
+            // handle closes, whenever that is. Made again (a few times:
+            // each such handle closes once).
+            Err(Errno::ENOENT) if tries < ENSURE_TRIES => {}
+            Err(Errno::ENOTDIR | Errno::ELOOP) => {
+                return Err(Error::UnexpectedFile {
+                    name: name.as_str().to_owned(),
+                    path: ctx.path_of(&dir_name),
+                    found: "something other than a directory",
+                });
+            }
+            Err(e) => return Err(e).context("open members directory", || ctx.path_of(&dir_name)),
         }
-        Err(Errno::ENOTDIR | Errno::ELOOP) => Err(Error::UnexpectedFile {
-            name: name.as_str().to_owned(),
-            path: ctx.path_of(&dir_name),
-            found: "something other than a directory",
-        }),
-        Err(e) => Err(e).context("open members directory", || ctx.path_of(&dir_name)),
     }
 }
+
+/// How many times [`ensure_members`] makes a members directory that went
+/// between its `mkdir` and its open.
+const ENSURE_TRIES: u32 = 8;
 
 /// Creates the record `file_name` in the members directory `dir`, whole:
 /// written (and synced when `durable`) under a private name with our

@@ -471,9 +471,12 @@ impl Member {
             }
             return Ok(left_before && here);
         };
-        // The marker takes the record of the holder renewed last, whose
-        // lease ends last.
-        match scan.live_members().max_by_key(|e| e.lease_end()) {
+        // The marker takes the record of the holder of our group renewed
+        // last, whose lease ends last. (A live record of another group is
+        // a joiner's that found that group before it ended, about to
+        // withdraw: never the marker's; and while it is there, the group
+        // does not end, see `members::tidy`.)
+        match self.next_signer(&scan) {
             Some(next) if sign => write_marker(&ctx, &self.name, &found, &next.bytes)?,
             Some(_) => {}
             // The last (unless somebody joins without the mutation lock
@@ -485,6 +488,20 @@ impl Member {
             }
         }
         Ok(here)
+    }
+
+    /// The live holder of our group whose record the marker takes when we
+    /// leave: the one renewed last, whose lease ends last. Only our
+    /// group's: a members directory can also hold, for a moment, the
+    /// record of a joiner of the group before ours (it found that group's
+    /// marker before its end, placed its record, and withdraws once it
+    /// sees the marker replaced). Signed with that record, the marker would
+    /// name another group, and every holder left would take its lock for
+    /// lost.
+    fn next_signer<'s>(&self, scan: &'s members::Scan) -> Option<&'s members::Entry> {
+        scan.live_members()
+            .filter(|e| e.record().is_some_and(|r| r.group == self.record.group))
+            .max_by_key(|e| e.lease_end())
     }
 
     /// Withdraws a record that was refused once it was in place (a join
@@ -570,7 +587,10 @@ impl Member {
         let dir_name = members_dir(self.name.file_name());
         let path = || self.ctx.path_of(&dir_name);
         let scan = scan(&self.ctx, &self.dir, &path)?;
-        let Some(next) = scan.live_members().max_by_key(|e| e.lease_end()) else {
+        // No holder of our group is left: its end (or, while a joiner of
+        // another group withdraws, its marker left standing) is decided
+        // under the lock.
+        let Some(next) = self.next_signer(&scan) else {
             return Ok(None);
         };
         // Best effort: we are gone already, and the holders' renewals
