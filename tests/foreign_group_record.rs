@@ -133,3 +133,42 @@ async fn a_leaver_without_the_mutation_lock_signs_the_marker_with_its_own_groups
         a_leaver_signs_with_its_own_group(strategy, true).await;
     }
 }
+
+/// The other side: a holder of the group before (`c`, whose marker was
+/// replaced by the next group's: a withdrawing joiner's record is such a
+/// holder's) is still in place when the next group's last holder (`a`)
+/// leaves. `a` leaves the marker standing for it, and `c`'s leave, which
+/// finds a marker not its own and nobody holding, ends that group: the
+/// lock path is free once both are gone. (Replacing a marker by hand
+/// needs Unix: on Windows its holders keep it open.)
+#[cfg(unix)]
+#[tokio::test]
+async fn the_group_ends_once_a_holder_of_the_group_before_leaves_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let la = patient_locker(dir.path(), Strategy::ExclusiveFile);
+    let lc = patient_locker(dir.path(), Strategy::ExclusiveFile);
+    let c = lc.acquire_shared("job").await.unwrap();
+    let lock = lock_path(dir.path());
+    let members = members_of(&lock);
+    let before = group_of(&records(&members)[0]);
+    // Group `before`'s marker goes, and a new group's stands in its place.
+    let text = std::fs::read_to_string(&lock).unwrap();
+    let next = uuid::Uuid::new_v4().to_string();
+    std::fs::remove_file(&lock).unwrap();
+    let fresh = dir.path().join("marker.new");
+    std::fs::write(&fresh, text.replace(&before, &next)).unwrap();
+    std::fs::rename(&fresh, &lock).unwrap();
+    let a = la.acquire_shared("job").await.unwrap();
+    assert!(
+        records(&members).iter().any(|p| group_of(p) == next),
+        "a joined the new group"
+    );
+    a.release().await.unwrap();
+    // Its marker replaced: lost, as `c` says.
+    assert!(c.release().await.is_err());
+    let left = common::left_after(dir.path(), std::time::Duration::from_secs(5));
+    assert!(
+        !lock.exists(),
+        "nobody holds \"job\", but its marker stands: {left:?}"
+    );
+}

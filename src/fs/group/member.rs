@@ -466,16 +466,28 @@ impl Member {
             // left before without the mutation lock, the last of us, our
             // group ended since by another's hand: a process under the
             // mutation lock that found its marker with no live member.)
-            if scan.live_members().next().is_none() && scan.waiters.is_empty() {
-                remove_members_dir(&ctx, &dir_name);
+            if scan.live_members().next().is_none() {
+                // A shared marker that stands with nobody left holding is
+                // ended, as a join under the lock ends it: the group after
+                // ours, whose last leaver left it standing while our record
+                // was still here (see `next_signer`), else nobody would.
+                if let Some(standing) = Found::open(&ctx, &self.name)?
+                    && marker(&standing.parsed).is_some()
+                {
+                    members::tidy(&ctx, &self.name, mutation, |mutation, then| {
+                        remove_marker(&ctx, &self.name, &standing, mutation, then)
+                    })?;
+                } else if scan.waiters.is_empty() {
+                    remove_members_dir(&ctx, &dir_name);
+                }
             }
             return Ok(left_before && here);
         };
         // The marker takes the record of the holder of our group renewed
         // last, whose lease ends last. (A live record of another group is
         // a joiner's that found that group before it ended, about to
-        // withdraw: never the marker's; and while it is there, the group
-        // does not end, see `members::tidy`.)
+        // withdraw: never the marker's; while it is there, the group does
+        // not end (`members::tidy`), and its withdrawal ends it, above.)
         match self.next_signer(&scan) {
             Some(next) if sign => write_marker(&ctx, &self.name, &found, &next.bytes)?,
             Some(_) => {}
