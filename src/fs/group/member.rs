@@ -470,15 +470,27 @@ impl Member {
                 // A shared marker that stands with nobody left holding is
                 // ended, as a join under the lock ends it: the group after
                 // ours, whose last leaver left it standing while our record
-                // was still here (see `next_signer`), else nobody would.
-                if let Some(standing) = Found::open(&ctx, &self.name)?
-                    && marker(&standing.parsed).is_some()
-                {
-                    members::tidy(&ctx, &self.name, mutation, |mutation, then| {
-                        remove_marker(&ctx, &self.name, &standing, mutation, then)
-                    })?;
-                } else if scan.waiters.is_empty() {
-                    remove_members_dir(&ctx, &dir_name);
+                // was still here (see `next_signer`); else it would stand
+                // until the next join. Best effort: our record is gone
+                // already, and what becomes of another group is no loss of
+                // ours.
+                match Found::open(&ctx, &self.name) {
+                    Ok(Some(standing)) if marker(&standing.parsed).is_some() => {
+                        let ended = members::tidy(&ctx, &self.name, mutation, |mutation, then| {
+                            remove_marker(&ctx, &self.name, &standing, mutation, then)
+                        });
+                        if let Err(error) = ended {
+                            tracing::debug!(lock = self.name.as_str(), %error, "could not end a group nobody holds");
+                        }
+                    }
+                    Ok(_) => {
+                        if scan.waiters.is_empty() {
+                            remove_members_dir(&ctx, &dir_name);
+                        }
+                    }
+                    Err(error) => {
+                        tracing::debug!(lock = self.name.as_str(), %error, "could not look at the lock path");
+                    }
                 }
             }
             return Ok(left_before && here);
