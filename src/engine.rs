@@ -184,7 +184,7 @@ impl Engine {
             return None;
         }
         let guard = grant.guard()?.ok()?;
-        bump(&self.counters.acquisitions);
+        self.counters.stripe().acquisition();
         bump(&self.counters.shared_acquisitions);
         scope::remember(self.id, name.file_name(), &grant);
         Some(guard)
@@ -327,47 +327,55 @@ impl Engine {
         deadline: Option<Instant>,
         started: Stamp,
     ) -> Result<Result<LockGuard>, Fetch<'a>> {
-        // As in `finish`: from here the grant passes the hold on if the
-        // caller goes away.
         let handed_at = hold.handed_at();
-        let grant = Grant::new(hold, Arc::clone(&queue));
-        match grant.take_token() {
-            TokenStep::Ready(token) => {
-                bump(&self.counters.handoffs);
-                Ok(token.map(|token| self.hand_out(&name, &grant, token, started, handed_at, true)))
+        match hold.lease().token_at_hand() {
+            Some(Ok(token)) => {
+                self.counters.stripe().handoff();
+                let grant = Grant::with_token(hold, queue, token);
+                return Ok(Ok(self.hand_out(&name, &grant, token, started, handed_at, true)));
             }
-            TokenStep::FromDisk(lease) => Err(Box::pin(async move {
-                let token = match blocking(move || lease.next_token()).await? {
-                    // The next block could not be reserved because the
-                    // lock is not ours on disk any more (removed, or
-                    // taken over, before a renewal noticed): as for a
-                    // handoff found lost, the turn is ours, the lock is
-                    // not. Release what is left of it and go to the
-                    // store; the caller asked to wait for the lock, not
-                    // to hear about someone else's loss.
-                    Err(Error::Lost { .. }) => {
-                        let head = Head::adopt(&queue);
-                        drop(grant.take_hold());
-                        drop(grant);
-                        let fresh = Turn::Fresh { courtesy: false };
-                        return self
-                            .take_turn(
-                                &name,
-                                Mode::Exclusive,
-                                queue,
-                                fresh,
-                                Some(head),
-                                deadline,
-                                started,
-                            )
-                            .await;
-                    }
-                    token => token?,
-                };
-                bump(&self.counters.handoffs);
-                Ok(self.hand_out(&name, &grant, token, started, None, true))
-            })),
+            // The grant, dropped, passes the hold on.
+            Some(Err(error)) => {
+                drop(Grant::new(hold, queue));
+                return Ok(Err(error));
+            }
+            None => {}
         }
+        // The reserved block is used up. As in `finish`: from here the
+        // grant passes the hold on if the caller goes away.
+        let lease = Arc::clone(hold.lease());
+        let grant = Grant::new(hold, Arc::clone(&queue));
+        Err(Box::pin(async move {
+            let token = match blocking(move || lease.next_token()).await? {
+                // The next block could not be reserved because the
+                // lock is not ours on disk any more (removed, or
+                // taken over, before a renewal noticed): as for a
+                // handoff found lost, the turn is ours, the lock is
+                // not. Release what is left of it and go to the
+                // store; the caller asked to wait for the lock, not
+                // to hear about someone else's loss.
+                Err(Error::Lost { .. }) => {
+                    let head = Head::adopt(&queue);
+                    drop(grant.take_hold());
+                    drop(grant);
+                    let fresh = Turn::Fresh { courtesy: false };
+                    return self
+                        .take_turn(
+                            &name,
+                            Mode::Exclusive,
+                            queue,
+                            fresh,
+                            Some(head),
+                            deadline,
+                            started,
+                        )
+                        .await;
+                }
+                token => token?,
+            };
+            self.counters.stripe().handoff();
+            Ok(self.hand_out(&name, &grant, token, started, None, true))
+        }))
     }
 
     /// The guard of a grant whose token was taken: counts the
@@ -383,7 +391,8 @@ impl Engine {
         contended: bool,
     ) -> LockGuard {
         let counters = &self.counters;
-        bump(&counters.acquisitions);
+        let stripe = counters.stripe();
+        stripe.acquisition();
         match grant.mode() {
             Mode::Exclusive => {}
             Mode::Shared => {
@@ -397,30 +406,35 @@ impl Engine {
             Mode::Permit(_) => bump(&counters.permit_acquisitions),
         }
         if contended {
-            bump(&counters.contended);
+            stripe.contention();
         }
         // A handoff's wait ended when the giver handed it on, a moment its
         // handoff window read.
         let waited = ended.map_or_else(|| started.elapsed(), |end| started.until(end));
-        counters.waited(waited);
+        counters.waited(stripe, waited);
         let guard = grant.first_guard(token);
         scope::remember(self.id, name.file_name(), grant);
-        let span = tracing::Span::current();
-        if !span.is_disabled() {
-            span.record("waited_ms", waited.as_secs_f64() * 1000.0);
-            span.record("contended", contended);
-            if let Some(token) = token {
-                span.record("fencing_token", token);
+        // With no subscriber anywhere in the process (no dispatcher ever
+        // set), neither the span nor the event can be seen: skip asking
+        // for them, on the hot path of every handoff.
+        if tracing::dispatcher::has_been_set() {
+            let span = tracing::Span::current();
+            if !span.is_disabled() {
+                span.record("waited_ms", waited.as_secs_f64() * 1000.0);
+                span.record("contended", contended);
+                if let Some(token) = token {
+                    span.record("fencing_token", token);
+                }
             }
+            tracing::debug!(
+                lock = name.as_str(),
+                strategy = self.store.kind(),
+                ?waited,
+                contended,
+                fencing_token = token,
+                "lock acquired"
+            );
         }
-        tracing::debug!(
-            lock = name.as_str(),
-            strategy = self.store.kind(),
-            ?waited,
-            contended,
-            fencing_token = token,
-            "lock acquired"
-        );
         guard
     }
 

@@ -9,7 +9,8 @@
 //! through the name's queue, or it goes back to the store (dropping a
 //! `Hold` gives it back) and the queue is told.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::backend::{Mode, ReleaseNow};
@@ -103,7 +104,64 @@ pub(crate) struct Grant {
     /// The hold's lease, for guards to observe.
     lease: Arc<Lease>,
     queue: Arc<Queue<Hold>>,
-    token: OnceLock<Option<u64>>,
+    token: TokenCell,
+}
+
+/// A grant's fencing token, written once: with the grant when it is at
+/// hand, else by its first guard. Re-entrant guards read it. Two atomics
+/// rather than a `OnceLock`, whose every initialization (even
+/// `OnceLock::from`) runs its one-time gate: a call and two atomic
+/// writes on the hot path of each in-process handoff.
+#[derive(Debug)]
+struct TokenCell {
+    value: AtomicU64,
+    /// `UNSET`, `WRITING`, `NO_TOKEN` (fencing is off) or `TOKEN` (`value`).
+    state: AtomicU8,
+}
+
+const UNSET: u8 = 0;
+const WRITING: u8 = 1;
+const NO_TOKEN: u8 = 2;
+const TOKEN: u8 = 3;
+
+impl TokenCell {
+    fn unset() -> Self {
+        Self {
+            value: AtomicU64::new(0),
+            state: AtomicU8::new(UNSET),
+        }
+    }
+
+    fn new(token: Option<u64>) -> Self {
+        Self {
+            value: AtomicU64::new(token.unwrap_or(0)),
+            state: AtomicU8::new(if token.is_some() { TOKEN } else { NO_TOKEN }),
+        }
+    }
+
+    /// Writes `token` unless a token was written already; returns the one
+    /// kept.
+    fn set_once(&self, token: Option<u64>) -> Option<u64> {
+        // A load first: a grant made with its token (a handoff's) needs no
+        // locked instruction here.
+        if self.state.load(Ordering::Acquire) != UNSET
+            || self
+                .state
+                .compare_exchange(UNSET, WRITING, Ordering::Acquire, Ordering::Acquire)
+                .is_err()
+        {
+            return self.get();
+        }
+        self.value.store(token.unwrap_or(0), Ordering::Relaxed);
+        let state = if token.is_some() { TOKEN } else { NO_TOKEN };
+        self.state.store(state, Ordering::Release);
+        token
+    }
+
+    /// The token, if written (and fencing is on).
+    fn get(&self) -> Option<u64> {
+        (self.state.load(Ordering::Acquire) == TOKEN).then(|| self.value.load(Ordering::Relaxed))
+    }
 }
 
 /// How a new grant gets its fencing token.
@@ -213,7 +271,20 @@ impl Grant {
             lease: Arc::clone(hold.lease()),
             hold: Mutex::new(Some(hold)),
             queue,
-            token: OnceLock::new(),
+            token: TokenCell::unset(),
+        })
+    }
+
+    /// A grant holding `hold` whose fencing token is known already
+    /// (`token_at_hand`): no `take_token`, and no first write of the
+    /// token (a one-time initialization costs a call on the hot path of a
+    /// handoff).
+    pub(crate) fn with_token(hold: Hold, queue: Arc<Queue<Hold>>, token: Option<u64>) -> Arc<Self> {
+        Arc::new(Grant {
+            lease: Arc::clone(hold.lease()),
+            hold: Mutex::new(Some(hold)),
+            queue,
+            token: TokenCell::new(token),
         })
     }
 
@@ -238,7 +309,7 @@ impl Grant {
 
     /// The guard of the acquisition that made this grant.
     pub(crate) fn first_guard(self: &Arc<Self>, token: Option<u64>) -> LockGuard {
-        let token = *self.token.get_or_init(|| token);
+        let token = self.token.set_once(token);
         LockGuard {
             grant: Some(Arc::clone(self)),
             lease: Arc::clone(&self.lease),
@@ -268,7 +339,7 @@ impl Grant {
         Some(Ok(LockGuard {
             grant: Some(Arc::clone(self)),
             lease,
-            token: self.token.get().copied().flatten(),
+            token: self.token.get(),
         }))
     }
 }
@@ -608,6 +679,25 @@ impl LockGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_cell_is_written_once() {
+        let cell = TokenCell::unset();
+        assert_eq!(cell.get(), None);
+        assert_eq!(cell.set_once(Some(7)), Some(7));
+        assert_eq!(cell.get(), Some(7));
+        assert_eq!(cell.set_once(Some(9)), Some(7), "a second write is ignored");
+        assert_eq!(cell.get(), Some(7));
+
+        let off = TokenCell::unset();
+        assert_eq!(off.set_once(None), None);
+        assert_eq!(off.set_once(Some(3)), None, "fencing off stays off");
+        assert_eq!(off.get(), None);
+
+        assert_eq!(TokenCell::new(Some(u64::MAX)).get(), Some(u64::MAX));
+        assert_eq!(TokenCell::new(Some(0)).set_once(Some(5)), Some(0));
+        assert_eq!(TokenCell::new(None).set_once(Some(5)), None);
+    }
 
     #[test]
     fn guard_is_an_owned_permit() {

@@ -5,7 +5,7 @@
 //! renewal whether to go on, retry, or report the lock lost. [`Roll`]
 //! lists every lease a `Locker` armed, for `Locker::release_all`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -267,6 +267,9 @@ impl Drop for Hold {
 #[derive(Debug, Default)]
 pub(crate) struct Roll {
     state: Mutex<RollState>,
+    /// `state.closed`, readable without the lock: every acquisition asks,
+    /// and a queued one at every poll. Set under the lock, with it.
+    closed: AtomicBool,
     /// Signalled when the last attempt under way ends.
     idle: Condvar,
 }
@@ -305,7 +308,7 @@ impl Roll {
 
     /// Whether the `Locker` was shut down.
     pub(crate) fn is_closed(&self) -> bool {
-        self.state().closed
+        self.closed.load(Ordering::Acquire)
     }
 
     /// The error of an acquisition of `name` after the shut down, if it was.
@@ -333,7 +336,9 @@ impl Roll {
 
     /// Refuses every attempt from now on.
     pub(crate) fn close(&self) {
-        self.state().closed = true;
+        let mut state = self.state();
+        state.closed = true;
+        self.closed.store(true, Ordering::Release);
     }
 
     /// Closes the roll, waits for the attempts under way, and releases
@@ -342,6 +347,7 @@ impl Roll {
         let leases = {
             let mut state = self.state();
             state.closed = true;
+            self.closed.store(true, Ordering::Release);
             while state.in_flight > 0 {
                 state = self.idle.wait(state).unwrap_or_else(|e| e.into_inner());
             }

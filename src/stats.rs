@@ -1,6 +1,7 @@
 //! Counters behind `Locker::stats()`.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use crate::stale::StaleReason;
@@ -72,12 +73,11 @@ pub struct Stats {
 
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) acquisitions: AtomicU64,
+    /// The counters every acquisition moves, one set per stripe (below).
+    stripes: [Stripe; STRIPES],
     pub(crate) shared_acquisitions: AtomicU64,
     pub(crate) permit_acquisitions: AtomicU64,
-    pub(crate) contended: AtomicU64,
     pub(crate) reentrant: AtomicU64,
-    pub(crate) handoffs: AtomicU64,
     pub(crate) timeouts: AtomicU64,
     pub(crate) fs_attempts: AtomicU64,
     pub(crate) fs_waiters: AtomicU64,
@@ -88,9 +88,61 @@ pub(crate) struct Counters {
     pub(crate) renewals: AtomicU64,
     pub(crate) renewal_failures: AtomicU64,
     pub(crate) lost: AtomicU64,
-    pub(crate) wait_count: AtomicU64,
-    pub(crate) wait_total_ns: AtomicU64,
     pub(crate) wait_max_ns: AtomicU64,
+}
+
+/// How many sets of the hot counters a `Locker` keeps.
+const STRIPES: usize = 8;
+
+/// The calling thread's stripe: threads take the stripes in turn, the
+/// first time each counts.
+fn stripe_index() -> usize {
+    thread_local! {
+        static STRIPE: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    STRIPE
+        .try_with(|stripe| {
+            stripe.get().unwrap_or_else(|| {
+                let at = NEXT.fetch_add(1, Relaxed) % STRIPES;
+                stripe.set(Some(at));
+                at
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// The counters every acquisition moves (an in-process handoff moves
+/// five), kept apart per thread: a thread adds to its own stripe, on a
+/// cache line no other thread of the runtime writes (unless more threads
+/// than stripes count at once, which shares a line but loses nothing),
+/// and [`Counters::snapshot`] adds the stripes up. One shared set had the
+/// runtime's workers pass its line back and forth on every handoff.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct Stripe {
+    acquisitions: AtomicU64,
+    contended: AtomicU64,
+    handoffs: AtomicU64,
+    wait_count: AtomicU64,
+    wait_total_ns: AtomicU64,
+}
+
+impl Stripe {
+    /// Counts a lock handed to a caller.
+    pub(crate) fn acquisition(&self) {
+        bump(&self.acquisitions);
+    }
+
+    /// Counts an acquisition that waited for another holder first.
+    pub(crate) fn contention(&self) {
+        bump(&self.contended);
+    }
+
+    /// Counts an acquisition served by an in-process handoff.
+    pub(crate) fn handoff(&self) {
+        bump(&self.handoffs);
+    }
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
@@ -98,14 +150,26 @@ pub(crate) fn bump(counter: &AtomicU64) {
 }
 
 impl Counters {
+    /// The calling thread's stripe of the hot counters.
+    pub(crate) fn stripe(&self) -> &Stripe {
+        &self.stripes[stripe_index()]
+    }
+
+    /// One of the hot counters, added up over the stripes.
+    fn sum(&self, counter: impl Fn(&Stripe) -> &AtomicU64) -> u64 {
+        self.stripes.iter().fold(0u64, |sum, stripe| {
+            sum.saturating_add(counter(stripe).load(Relaxed))
+        })
+    }
+
     pub(crate) fn snapshot(&self) -> Stats {
         Stats {
-            acquisitions: self.acquisitions.load(Relaxed),
+            acquisitions: self.sum(|s| &s.acquisitions),
             shared_acquisitions: self.shared_acquisitions.load(Relaxed),
             permit_acquisitions: self.permit_acquisitions.load(Relaxed),
-            contended: self.contended.load(Relaxed),
+            contended: self.sum(|s| &s.contended),
             reentrant: self.reentrant.load(Relaxed),
-            handoffs: self.handoffs.load(Relaxed),
+            handoffs: self.sum(|s| &s.handoffs),
             timeouts: self.timeouts.load(Relaxed),
             fs_attempts: self.fs_attempts.load(Relaxed),
             fs_waiters: self.fs_waiters.load(Relaxed),
@@ -116,8 +180,8 @@ impl Counters {
             renewals: self.renewals.load(Relaxed),
             renewal_failures: self.renewal_failures.load(Relaxed),
             lost: self.lost.load(Relaxed),
-            wait_count: self.wait_count.load(Relaxed),
-            wait_total: Duration::from_nanos(self.wait_total_ns.load(Relaxed)),
+            wait_count: self.sum(|s| &s.wait_count),
+            wait_total: Duration::from_nanos(self.sum(|s| &s.wait_total_ns)),
             wait_max: Duration::from_nanos(self.wait_max_ns.load(Relaxed)),
         }
     }
@@ -132,10 +196,11 @@ impl Counters {
         });
     }
 
-    pub(crate) fn waited(&self, waited: Duration) {
+    /// Counts a measured wait, on the calling thread's `stripe`.
+    pub(crate) fn waited(&self, stripe: &Stripe, waited: Duration) {
         let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
-        self.wait_count.fetch_add(1, Relaxed);
-        self.wait_total_ns.fetch_add(ns, Relaxed);
+        stripe.wait_count.fetch_add(1, Relaxed);
+        stripe.wait_total_ns.fetch_add(ns, Relaxed);
         // Most waits set no record: a load, not a write to a shared line.
         if ns > self.wait_max_ns.load(Relaxed) {
             self.wait_max_ns.fetch_max(ns, Relaxed);
@@ -157,5 +222,54 @@ pub(crate) struct FsWaiter<'a>(&'a Counters);
 impl Drop for FsWaiter<'_> {
     fn drop(&mut self) {
         self.0.fs_waiters.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// More threads than stripes, each counting on its own: nothing is
+    /// lost, and the snapshot adds every stripe up.
+    #[test]
+    fn counts_from_many_threads_add_up() {
+        let counters = Counters::default();
+        let threads = STRIPES * 2 + 3;
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    for _ in 0..1_000 {
+                        let stripe = counters.stripe();
+                        stripe.acquisition();
+                        stripe.contention();
+                        stripe.handoff();
+                        counters.waited(stripe, Duration::from_nanos(3));
+                    }
+                });
+            }
+        });
+        let stats = counters.snapshot();
+        let n = u64::try_from(threads).unwrap() * 1_000;
+        assert_eq!(stats.acquisitions, n);
+        assert_eq!(stats.contended, n);
+        assert_eq!(stats.handoffs, n);
+        assert_eq!(stats.wait_count, n);
+        assert_eq!(stats.wait_total, Duration::from_nanos(3 * n));
+        assert_eq!(stats.wait_max, Duration::from_nanos(3));
+    }
+
+    /// One thread keeps to one stripe; threads are spread over them.
+    #[test]
+    fn a_thread_keeps_its_stripe() {
+        let counters = Counters::default();
+        let first: *const Stripe = counters.stripe();
+        assert!(std::ptr::eq(first, counters.stripe()));
+        let others: Vec<usize> = (0..STRIPES)
+            .map(|_| std::thread::spawn(stripe_index).join().unwrap())
+            .collect();
+        let mut distinct = others.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 1, "threads all on one stripe: {others:?}");
     }
 }
