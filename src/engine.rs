@@ -23,7 +23,7 @@ use crate::pool::blocking;
 use crate::queue::{Head, Queue, Queues, Turn};
 use crate::renew::Renewer;
 use crate::scope;
-use crate::stats::{Counters, bump};
+use crate::stats::{Came, Counters, bump};
 use crate::store::Store;
 use crate::timer::{self, Stamp};
 
@@ -184,7 +184,7 @@ impl Engine {
             return None;
         }
         let guard = grant.guard()?.ok()?;
-        self.counters.stripe().acquisition();
+        bump(&self.counters.joined_locally);
         bump(&self.counters.shared_acquisitions);
         scope::remember(self.id, name.file_name(), &grant);
         Some(guard)
@@ -309,7 +309,8 @@ impl Engine {
             TokenStep::Ready(token) => token?,
             TokenStep::FromDisk(lease) => blocking(move || lease.next_token()).await??,
         };
-        Ok(self.hand_out(name, &grant, token, started, None, contended))
+        let came = if contended { Came::AfterWaiting } else { Came::Free };
+        Ok(self.hand_out(name, &grant, token, started, None, came))
     }
 
     /// A lock handed over by the previous local holder, not lost, as the
@@ -330,9 +331,15 @@ impl Engine {
         let handed_at = hold.handed_at();
         match hold.lease().token_at_hand() {
             Some(Ok(token)) => {
-                self.counters.stripe().handoff();
                 let grant = Grant::with_token(hold, queue, token);
-                return Ok(Ok(self.hand_out(&name, &grant, token, started, handed_at, true)));
+                return Ok(Ok(self.hand_out(
+                    &name,
+                    &grant,
+                    token,
+                    started,
+                    handed_at,
+                    Came::Handoff,
+                )));
             }
             // The grant, dropped, passes the hold on.
             Some(Err(error)) => {
@@ -373,8 +380,7 @@ impl Engine {
                 }
                 token => token?,
             };
-            self.counters.stripe().handoff();
-            Ok(self.hand_out(&name, &grant, token, started, None, true))
+            Ok(self.hand_out(&name, &grant, token, started, None, Came::Handoff))
         }))
     }
 
@@ -388,11 +394,10 @@ impl Engine {
         token: Option<u64>,
         started: Stamp,
         ended: Option<Instant>,
-        contended: bool,
+        came: Came,
     ) -> LockGuard {
         let counters = &self.counters;
-        let stripe = counters.stripe();
-        stripe.acquisition();
+        let contended = came != Came::Free;
         match grant.mode() {
             Mode::Exclusive => {}
             Mode::Shared => {
@@ -405,13 +410,10 @@ impl Engine {
             }
             Mode::Permit(_) => bump(&counters.permit_acquisitions),
         }
-        if contended {
-            stripe.contention();
-        }
         // A handoff's wait ended when the giver handed it on, a moment its
         // handoff window read.
         let waited = ended.map_or_else(|| started.elapsed(), |end| started.until(end));
-        counters.waited(stripe, waited);
+        counters.acquired(came, waited);
         let guard = grant.first_guard(token);
         scope::remember(self.id, name.file_name(), grant);
         // With no subscriber anywhere in the process (no dispatcher ever

@@ -44,6 +44,10 @@ pub(crate) struct Lease {
     mode: Mode,
     held: Mutex<Option<StoreLock>>,
     lost: watch::Sender<Option<LossReason>>,
+    /// Whether `lost` was sent a reason: set first, read by
+    /// [`is_lost`](Lease::is_lost) on every in-process handoff without
+    /// the watch's lock.
+    reported: AtomicBool,
     owner: Owner,
     renew_interval: Duration,
     margin_ms: u64,
@@ -91,6 +95,7 @@ impl Keeper {
             deadline_ms: AtomicU64::new(lease_deadline_boot_ms(&held)),
             held: Mutex::new(Some(held)),
             lost: watch::Sender::new(None),
+            reported: AtomicBool::new(false),
             renew_interval: self.renew_interval,
             margin_ms: margin_ms(lease_ms, renew_ms),
             tokens: Mutex::new(tokens),
@@ -400,7 +405,7 @@ impl Lease {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.borrow().is_some() || sys::boot_clock_ms() >= self.cutoff()
+        self.reported.load(Ordering::Acquire) || sys::boot_clock_ms() >= self.cutoff()
     }
 
     /// The time until the cutoff by the boot clock, less a millisecond
@@ -462,7 +467,7 @@ impl Lease {
         let held = slot.take()?;
         *lock(&self.registration) = None;
         if let Some(reason) = reason {
-            self.lost.send_replace(Some(reason));
+            self.report(reason);
         }
         Some(held.release(confirm))
     }
@@ -487,9 +492,15 @@ impl Lease {
         if held.is_none() {
             drop(held);
             *lock(&self.registration) = None;
-            self.lost.send_replace(Some(LossReason::Replaced));
+            self.report(LossReason::Replaced);
         }
         out
+    }
+
+    /// Tells the guards (and `is_lost`) that the lock is gone, and why.
+    fn report(&self, reason: LossReason) {
+        self.reported.store(true, Ordering::Release);
+        self.lost.send_replace(Some(reason));
     }
 
     fn loss_reason(&self) -> LossReason {
@@ -556,7 +567,7 @@ impl Lease {
         tracing::warn!(lock = &*self.name, %reason, "lock lost");
         bump(&self.counters.lost);
         // Tell the holder first: cleaning up below may wait on the store.
-        self.lost.send_replace(Some(reason));
+        self.report(reason);
         if let Some(held) = slot.take() {
             // Still ours in the store (say our lease ran out while we were
             // paused, and nobody took it yet)? Then free it for others.

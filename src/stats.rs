@@ -75,6 +75,9 @@ pub struct Stats {
 pub(crate) struct Counters {
     /// The counters every acquisition moves, one set per stripe (below).
     stripes: [Stripe; STRIPES],
+    /// Shared acquisitions that joined this process's hold at once: no
+    /// wait measured, so counted apart from the stripes' `measured`.
+    pub(crate) joined_locally: AtomicU64,
     pub(crate) shared_acquisitions: AtomicU64,
     pub(crate) permit_acquisitions: AtomicU64,
     pub(crate) reentrant: AtomicU64,
@@ -112,37 +115,50 @@ fn stripe_index() -> usize {
         .unwrap_or(0)
 }
 
-/// The counters every acquisition moves (an in-process handoff moves
-/// five), kept apart per thread: a thread adds to its own stripe, on a
-/// cache line no other thread of the runtime writes (unless more threads
-/// than stripes count at once, which shares a line but loses nothing),
-/// and [`Counters::snapshot`] adds the stripes up. One shared set had the
-/// runtime's workers pass its line back and forth on every handoff.
+/// The counters every acquisition moves, kept apart per thread: a
+/// thread adds to its own stripe, on a cache line no other thread of the
+/// runtime writes (unless more threads than stripes count at once, which
+/// shares a line but loses nothing), and [`Counters::snapshot`] adds the
+/// stripes up. One shared set had the runtime's workers pass its line
+/// back and forth on every handoff. An in-process handoff moves three:
+/// `Stats::wait_count` is `measured`, `Stats::acquisitions` adds
+/// `joined_locally`, and `Stats::contended` is `contended` and `handoffs`
+/// (a handoff always waited for its giver).
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub(crate) struct Stripe {
-    acquisitions: AtomicU64,
+    /// Acquisitions whose wait was measured.
+    measured: AtomicU64,
+    /// Of those, the ones that waited for another holder and were not
+    /// handoffs.
     contended: AtomicU64,
     handoffs: AtomicU64,
-    wait_count: AtomicU64,
     wait_total_ns: AtomicU64,
 }
 
 impl Stripe {
-    /// Counts a lock handed to a caller.
-    pub(crate) fn acquisition(&self) {
-        bump(&self.acquisitions);
+    /// Counts a lock handed to a caller after `waited`, and how it came.
+    pub(crate) fn acquired(&self, came: Came, waited: Duration) {
+        bump(&self.measured);
+        match came {
+            Came::Free => {}
+            Came::AfterWaiting => bump(&self.contended),
+            Came::Handoff => bump(&self.handoffs),
+        }
+        let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.wait_total_ns.fetch_add(ns, Relaxed);
     }
+}
 
-    /// Counts an acquisition that waited for another holder first.
-    pub(crate) fn contention(&self) {
-        bump(&self.contended);
-    }
-
-    /// Counts an acquisition served by an in-process handoff.
-    pub(crate) fn handoff(&self) {
-        bump(&self.handoffs);
-    }
+/// How an acquisition whose wait was measured got its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Came {
+    /// Nobody held it: not contended.
+    Free,
+    /// After waiting for another holder (contended).
+    AfterWaiting,
+    /// Handed over by the previous holder in this process (contended).
+    Handoff,
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
@@ -164,10 +180,14 @@ impl Counters {
 
     pub(crate) fn snapshot(&self) -> Stats {
         Stats {
-            acquisitions: self.sum(|s| &s.acquisitions),
+            acquisitions: self
+                .sum(|s| &s.measured)
+                .saturating_add(self.joined_locally.load(Relaxed)),
             shared_acquisitions: self.shared_acquisitions.load(Relaxed),
             permit_acquisitions: self.permit_acquisitions.load(Relaxed),
-            contended: self.sum(|s| &s.contended),
+            contended: self
+                .sum(|s| &s.contended)
+                .saturating_add(self.sum(|s| &s.handoffs)),
             reentrant: self.reentrant.load(Relaxed),
             handoffs: self.sum(|s| &s.handoffs),
             timeouts: self.timeouts.load(Relaxed),
@@ -180,7 +200,7 @@ impl Counters {
             renewals: self.renewals.load(Relaxed),
             renewal_failures: self.renewal_failures.load(Relaxed),
             lost: self.lost.load(Relaxed),
-            wait_count: self.sum(|s| &s.wait_count),
+            wait_count: self.sum(|s| &s.measured),
             wait_total: Duration::from_nanos(self.sum(|s| &s.wait_total_ns)),
             wait_max: Duration::from_nanos(self.wait_max_ns.load(Relaxed)),
         }
@@ -196,11 +216,11 @@ impl Counters {
         });
     }
 
-    /// Counts a measured wait, on the calling thread's `stripe`.
-    pub(crate) fn waited(&self, stripe: &Stripe, waited: Duration) {
+    /// Counts a lock handed to a caller after `waited` (see
+    /// [`Stripe::acquired`]), and keeps the longest wait.
+    pub(crate) fn acquired(&self, came: Came, waited: Duration) {
+        self.stripe().acquired(came, waited);
         let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
-        stripe.wait_count.fetch_add(1, Relaxed);
-        stripe.wait_total_ns.fetch_add(ns, Relaxed);
         // Most waits set no record: a load, not a write to a shared line.
         if ns > self.wait_max_ns.load(Relaxed) {
             self.wait_max_ns.fetch_max(ns, Relaxed);
@@ -239,23 +259,22 @@ mod tests {
             for _ in 0..threads {
                 scope.spawn(|| {
                     for _ in 0..1_000 {
-                        let stripe = counters.stripe();
-                        stripe.acquisition();
-                        stripe.contention();
-                        stripe.handoff();
-                        counters.waited(stripe, Duration::from_nanos(3));
+                        counters.acquired(Came::Free, Duration::from_nanos(3));
+                        counters.acquired(Came::AfterWaiting, Duration::from_nanos(4));
+                        counters.acquired(Came::Handoff, Duration::from_nanos(5));
+                        bump(&counters.joined_locally);
                     }
                 });
             }
         });
         let stats = counters.snapshot();
         let n = u64::try_from(threads).unwrap() * 1_000;
-        assert_eq!(stats.acquisitions, n);
-        assert_eq!(stats.contended, n);
+        assert_eq!(stats.acquisitions, 4 * n);
+        assert_eq!(stats.contended, 2 * n);
         assert_eq!(stats.handoffs, n);
-        assert_eq!(stats.wait_count, n);
-        assert_eq!(stats.wait_total, Duration::from_nanos(3 * n));
-        assert_eq!(stats.wait_max, Duration::from_nanos(3));
+        assert_eq!(stats.wait_count, 3 * n);
+        assert_eq!(stats.wait_total, Duration::from_nanos(12 * n));
+        assert_eq!(stats.wait_max, Duration::from_nanos(5));
     }
 
     /// One thread keeps to one stripe; threads are spread over them.

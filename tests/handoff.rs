@@ -380,6 +380,8 @@ async fn fencing_tokens_rise_across_handoffs_and_token_blocks() {
     assert!(stats.handoffs > 0, "{stats:?}");
     assert_eq!(stats.acquisitions, 2800, "{stats:?}");
     assert_eq!(stats.wait_count, 2800, "{stats:?}");
+    // A handoff waited for its giver: it counts as contended too.
+    assert!(stats.contended >= stats.handoffs, "{stats:?}");
 }
 
 /// A lock lost while held is never handed to the next local waiter as

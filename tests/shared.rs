@@ -272,6 +272,10 @@ async fn shared_guards_of_one_locker_share_one_hold_and_a_token() {
     assert_eq!(locker.holders("cat").await.unwrap().len(), 1);
     let stats = locker.stats();
     assert_eq!(stats.shared_acquisitions, 2);
+    // The second reader joined the first's hold at once: an acquisition,
+    // with no wait measured.
+    assert_eq!(stats.acquisitions, 3, "{stats:?}");
+    assert_eq!(stats.wait_count, 2, "{stats:?}");
     drop((r1, r2));
     let after = locker.acquire("cat").await.unwrap().fencing_token().unwrap();
     assert!(after > token, "a writer after the readers has a greater token");
