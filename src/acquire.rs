@@ -45,6 +45,8 @@ enum Stage<'a> {
     /// Not polled yet.
     Start {
         name: LockName,
+        /// The name's queue in this `Locker`.
+        queue: Arc<Queue<Hold>>,
         timeout: Option<Duration>,
     },
     /// The name was not valid.
@@ -72,8 +74,9 @@ impl<'a> Acquire<'a> {
     ) -> Self {
         let span = engine.span(op, name);
         let span = (!span.is_none()).then(|| Box::new(span));
-        let stage = match engine.names.get(name) {
-            Ok(name) => Stage::Start { name, timeout },
+        // The name and its queue in one lookup.
+        let stage = match engine.names.get_with(name, |name| engine.queues.get(name)) {
+            Ok((name, queue)) => Stage::Start { name, queue, timeout },
             Err(e) => Stage::Invalid(Box::new(e.into())),
         };
         Self {
@@ -112,7 +115,8 @@ impl Future for Acquire<'_> {
         loop {
             match &mut this.stage {
                 Stage::Start { .. } => {
-                    let Stage::Start { name, timeout } = std::mem::replace(&mut this.stage, Stage::Done)
+                    let Stage::Start { name, queue, timeout } =
+                        std::mem::replace(&mut this.stage, Stage::Done)
                     else {
                         unreachable!("matched above");
                     };
@@ -135,7 +139,6 @@ impl Future for Acquire<'_> {
                     drop(runtime);
                     let deadline = timeout
                         .map(|timeout| started.instant().checked_add(timeout).unwrap_or_else(far_future));
-                    let queue = engine.queues.get(&name);
                     // The queue's copy of the name, so that queued tasks
                     // share one.
                     let name = if queue.name == name {

@@ -53,8 +53,9 @@ pub(crate) struct Engine {
     wait_notice: Option<Duration>,
     pub(crate) queues: Arc<Queues<Hold>>,
     pub(crate) path_style: PathStyle,
-    /// The names acquired lately, checked and hashed once.
-    pub(crate) names: Names,
+    /// The names acquired lately, checked and hashed once, each with its
+    /// queue (kept alive while the name is kept).
+    pub(crate) names: Names<Arc<Queue<Hold>>>,
     /// The shared hold of each name this `Locker` holds shared: new shared
     /// acquisitions join it rather than go to the store.
     shared: Mutex<HashMap<String, Weak<Grant>>>,

@@ -219,39 +219,41 @@ const NAMES_KEPT: usize = 256;
 
 /// The names one `Locker` acquired lately, validated and with their file
 /// names, so that acquiring a name again costs a lookup rather than a
-/// SHA-256 and three allocations. Bounded: it starts over when full.
+/// SHA-256 and three allocations; and with each, a value kept for it
+/// (the `Locker`'s queue of that name), so that an acquisition finds both
+/// in one lookup. Bounded: it starts over when full.
 #[derive(Debug)]
-pub(crate) struct Names {
+pub(crate) struct Names<T = ()> {
     style: PathStyle,
-    known: Mutex<HashSet<Known>>,
+    known: Mutex<HashSet<Known<T>>>,
 }
 
 /// A [`LockName`] looked up by its name alone (one `Names` has one path
-/// style, so the name decides the file name).
+/// style, so the name decides the file name), and its value once made.
 #[derive(Debug)]
-struct Known(LockName);
+struct Known<T>(LockName, Option<T>);
 
-impl PartialEq for Known {
+impl<T> PartialEq for Known<T> {
     fn eq(&self, other: &Self) -> bool {
         self.0.as_str() == other.0.as_str()
     }
 }
 
-impl Eq for Known {}
+impl<T> Eq for Known<T> {}
 
-impl Hash for Known {
+impl<T> Hash for Known<T> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.0.as_str().hash(state);
     }
 }
 
-impl Borrow<str> for Known {
+impl<T> Borrow<str> for Known<T> {
     fn borrow(&self) -> &str {
         self.0.as_str()
     }
 }
 
-impl Names {
+impl<T: Clone> Names<T> {
     pub(crate) fn new(style: PathStyle) -> Self {
         Self {
             style,
@@ -259,20 +261,42 @@ impl Names {
         }
     }
 
-    /// [`LockName::new`] in this `Locker`'s path style, from the names
-    /// kept if it is there.
-    pub(crate) fn get(&self, name: &str) -> Result<LockName> {
-        let known = || self.known.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(found) = known().get(name) {
-            return Ok(found.0.clone());
-        }
-        let made = LockName::new(name, self.style)?;
-        let mut known = known();
+    fn known(&self) -> std::sync::MutexGuard<'_, HashSet<Known<T>>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `entry`, starting over first if full.
+    fn keep(&self, entry: Known<T>) {
+        let mut known = self.known();
         if known.len() >= NAMES_KEPT {
             known.clear();
         }
-        known.insert(Known(made.clone()));
+        known.replace(entry);
+    }
+
+    /// [`LockName::new`] in this `Locker`'s path style, from the names
+    /// kept if it is there.
+    pub(crate) fn get(&self, name: &str) -> Result<LockName> {
+        if let Some(found) = self.known().get(name) {
+            return Ok(found.0.clone());
+        }
+        let made = LockName::new(name, self.style)?;
+        self.keep(Known(made.clone(), None));
         Ok(made)
+    }
+
+    /// [`get`](Self::get), with the value kept for the name: made by
+    /// `make` (without this lock held) the first time, or after the
+    /// names kept started over.
+    pub(crate) fn get_with(&self, name: &str, make: impl FnOnce(&LockName) -> T) -> Result<(LockName, T)> {
+        let made = match self.known().get(name) {
+            Some(Known(found, Some(value))) => return Ok((found.clone(), value.clone())),
+            Some(Known(found, None)) => found.clone(),
+            None => LockName::new(name, self.style)?,
+        };
+        let value = make(&made);
+        self.keep(Known(made.clone(), Some(value.clone())));
+        Ok((made, value))
     }
 }
 
@@ -401,7 +425,7 @@ mod tests {
     #[test]
     fn names_kept_are_the_names_made() {
         for style in [PathStyle::Hashed, PathStyle::Plain, PathStyle::Exact] {
-            let names = Names::new(style);
+            let names = Names::<()>::new(style);
             for round in 0..2 {
                 for i in 0..(NAMES_KEPT + 10) {
                     let name = format!("n{i}/{round}");
@@ -417,6 +441,35 @@ mod tests {
             assert!(names.get("").is_err());
             assert!(names.get("a\0b").is_err());
         }
+    }
+
+    /// The value kept with a name is made once, then found with the name;
+    /// a bad name makes none; a name first looked up without one gets one.
+    #[test]
+    fn a_value_kept_with_a_name_is_made_once() {
+        let names: Names<Arc<str>> = Names::new(PathStyle::Hashed);
+        let made = std::cell::Cell::new(0);
+        let make = |name: &LockName| {
+            made.set(made.get() + 1);
+            Arc::<str>::from(name.file_name())
+        };
+        let (name, value) = names.get_with("jobs", make).unwrap();
+        let (again, same) = names.get_with("jobs", make).unwrap();
+        assert_eq!(made.get(), 1);
+        assert_eq!(name, again);
+        assert!(Arc::ptr_eq(&value, &same));
+        assert_eq!(&*value, name.file_name());
+        assert!(names.get_with("", make).is_err());
+        assert_eq!(made.get(), 1);
+        names.get("plain").unwrap();
+        let (plain, value) = names.get_with("plain", make).unwrap();
+        assert_eq!(made.get(), 2);
+        assert_eq!(&*value, plain.file_name());
+        for i in 0..NAMES_KEPT {
+            names.get(&format!("other {i}")).unwrap();
+        }
+        names.get_with("jobs", make).unwrap();
+        assert_eq!(made.get(), 3, "made again once the names kept started over");
     }
 
     #[test]
