@@ -140,8 +140,8 @@ impl Future for Acquire<'_> {
                     let deadline = timeout
                         .map(|timeout| started.instant().checked_add(timeout).unwrap_or_else(far_future));
                     // The queue's copy of the name, so that queued tasks
-                    // share one.
-                    let name = if queue.name == name {
+                    // share one (most often it is that copy already).
+                    let name = if !name.is_same(&queue.name) && queue.name == name {
                         queue.name.clone()
                     } else {
                         name
@@ -175,7 +175,17 @@ impl Future for Acquire<'_> {
                     deadline,
                 } => match ticket.poll_turn(cx) {
                     Poll::Ready((turn, queue)) => {
-                        let (name, started) = (name.clone(), *started);
+                        // Out of the stage rather than cloned: the ticket
+                        // is spent (dropping it does nothing).
+                        let Stage::Queued {
+                            name,
+                            started,
+                            deadline,
+                            ..
+                        } = std::mem::replace(&mut this.stage, Stage::Done)
+                        else {
+                            unreachable!("matched above");
+                        };
                         let deadline = deadline.as_ref().map(|sleep| sleep.deadline());
                         this.stage = match turn {
                             // The lock itself, handed over: no future to

@@ -311,7 +311,7 @@ impl Engine {
             TokenStep::FromDisk(lease) => blocking(move || lease.next_token()).await??,
         };
         let came = if contended { Came::AfterWaiting } else { Came::Free };
-        Ok(self.hand_out(name, &grant, token, started, None, came))
+        Ok(self.hand_out(name, grant, token, started, None, came))
     }
 
     /// A lock handed over by the previous local holder, not lost, as the
@@ -335,7 +335,7 @@ impl Engine {
                 let grant = Grant::with_token(hold, queue, token);
                 return Ok(Ok(self.hand_out(
                     &name,
-                    &grant,
+                    grant,
                     token,
                     started,
                     handed_at,
@@ -381,7 +381,7 @@ impl Engine {
                 }
                 token => token?,
             };
-            Ok(self.hand_out(&name, &grant, token, started, None, Came::Handoff))
+            Ok(self.hand_out(&name, grant, token, started, None, Came::Handoff))
         }))
     }
 
@@ -391,7 +391,7 @@ impl Engine {
     fn hand_out(
         &self,
         name: &LockName,
-        grant: &Arc<Grant>,
+        grant: Arc<Grant>,
         token: Option<u64>,
         started: Stamp,
         ended: Option<Instant>,
@@ -407,7 +407,7 @@ impl Engine {
                 if shared.len() > 1024 {
                     shared.retain(|_, grant| grant.strong_count() > 0);
                 }
-                shared.insert(name.file_name().to_owned(), Arc::downgrade(grant));
+                shared.insert(name.file_name().to_owned(), Arc::downgrade(&grant));
             }
             Mode::Permit(_) => bump(&counters.permit_acquisitions),
         }
@@ -415,8 +415,8 @@ impl Engine {
         // handoff window read.
         let waited = ended.map_or_else(|| started.elapsed(), |end| started.until(end));
         counters.acquired(came, waited);
+        scope::remember(self.id, name.file_name(), &grant);
         let guard = grant.first_guard(token);
-        scope::remember(self.id, name.file_name(), grant);
         // With no subscriber anywhere in the process (no dispatcher ever
         // set), neither the span nor the event can be seen: skip asking
         // for them, on the hot path of every handoff.

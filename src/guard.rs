@@ -308,11 +308,11 @@ impl Grant {
     }
 
     /// The guard of the acquisition that made this grant.
-    pub(crate) fn first_guard(self: &Arc<Self>, token: Option<u64>) -> LockGuard {
+    pub(crate) fn first_guard(self: Arc<Self>, token: Option<u64>) -> LockGuard {
         let token = self.token.set_once(token);
         LockGuard {
-            grant: Some(Arc::clone(self)),
             lease: Arc::clone(&self.lease),
+            grant: Some(self),
             token,
         }
     }

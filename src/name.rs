@@ -208,6 +208,11 @@ impl LockName {
         &self.text[..self.split]
     }
 
+    /// Whether `other` is this very allocation (a clone of this name).
+    pub(crate) fn is_same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.text, &other.text)
+    }
+
     /// `<safeName>-<hash16>.lock`.
     pub(crate) fn file_name(&self) -> &str {
         &self.text[self.split..]
