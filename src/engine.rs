@@ -417,9 +417,10 @@ impl Engine {
         counters.acquired(came, waited);
         scope::remember(self.id, name.file_name(), &grant);
         let guard = grant.first_guard(token);
-        // With no subscriber anywhere in the process (no dispatcher ever
-        // set), neither the span nor the event can be seen: skip asking
-        // for them, on the hot path of every handoff.
+        // With no dispatcher ever set in the process there is no span to
+        // record into (the current one is none): skip asking for it, on
+        // the hot path of every handoff. The event is always offered: with
+        // no dispatcher, `tracing`'s `log` feature sends it to `log`.
         if tracing::dispatcher::has_been_set() {
             let span = tracing::Span::current();
             if !span.is_disabled() {
@@ -429,15 +430,15 @@ impl Engine {
                     span.record("fencing_token", token);
                 }
             }
-            tracing::debug!(
-                lock = name.as_str(),
-                strategy = self.store.kind(),
-                ?waited,
-                contended,
-                fencing_token = token,
-                "lock acquired"
-            );
         }
+        tracing::debug!(
+            lock = name.as_str(),
+            strategy = self.store.kind(),
+            ?waited,
+            contended,
+            fencing_token = token,
+            "lock acquired"
+        );
         guard
     }
 

@@ -498,9 +498,16 @@ impl Lease {
     }
 
     /// Tells the guards (and `is_lost`) that the lock is gone, and why.
+    /// The flag is set under the watch's lock, with the reason in place
+    /// already: whoever sees the flag and asks for the reason waits for
+    /// that lock, never finds the reason missing (which would read as the
+    /// lease's end); and the flag is set before the guards awaiting
+    /// `lost()` are woken.
     fn report(&self, reason: LossReason) {
-        self.reported.store(true, Ordering::Release);
-        self.lost.send_replace(Some(reason));
+        self.lost.send_modify(|lost| {
+            *lost = Some(reason);
+            self.reported.store(true, Ordering::Release);
+        });
     }
 
     fn loss_reason(&self) -> LossReason {

@@ -294,9 +294,15 @@ impl<T: Clone> Names<T> {
     /// `make` (without this lock held) the first time, or after the
     /// names kept started over.
     pub(crate) fn get_with(&self, name: &str, make: impl FnOnce(&LockName) -> T) -> Result<(LockName, T)> {
-        let made = match self.known().get(name) {
+        // Looked up, and the lock let go, before a name new here is made
+        // (a SHA-256 and three allocations).
+        let found = match self.known().get(name) {
             Some(Known(found, Some(value))) => return Ok((found.clone(), value.clone())),
-            Some(Known(found, None)) => found.clone(),
+            Some(Known(found, None)) => Some(found.clone()),
+            None => None,
+        };
+        let made = match found {
+            Some(found) => found,
             None => LockName::new(name, self.style)?,
         };
         let value = make(&made);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::stale::StaleReason;
 
 /// A snapshot of what a [`Locker`](crate::Locker) has done since it was
-/// built. Cheap to take: a handful of relaxed atomic loads.
+/// built. Cheap to take: a few dozen relaxed atomic loads, and no lock.
 ///
 /// # Examples
 ///
@@ -63,7 +63,9 @@ pub struct Stats {
     pub renewal_failures: u64,
     /// Locks lost while held.
     pub lost: u64,
-    /// Acquisitions whose wait was measured (all of them but re-entrant).
+    /// Acquisitions whose wait was measured: all of them but re-entrant
+    /// guards and shared acquisitions that joined, at once, a shared hold
+    /// this process already had.
     pub wait_count: u64,
     /// Total time spent waiting in `acquire*`.
     pub wait_total: Duration,
@@ -179,17 +181,18 @@ impl Counters {
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
+        // Each sum read once, so that one snapshot agrees with itself
+        // (`handoffs <= contended`, `wait_count <= acquisitions`) however
+        // the counters move meanwhile.
+        let measured = self.sum(|s| &s.measured);
+        let handoffs = self.sum(|s| &s.handoffs);
         Stats {
-            acquisitions: self
-                .sum(|s| &s.measured)
-                .saturating_add(self.joined_locally.load(Relaxed)),
+            acquisitions: measured.saturating_add(self.joined_locally.load(Relaxed)),
             shared_acquisitions: self.shared_acquisitions.load(Relaxed),
             permit_acquisitions: self.permit_acquisitions.load(Relaxed),
-            contended: self
-                .sum(|s| &s.contended)
-                .saturating_add(self.sum(|s| &s.handoffs)),
+            contended: self.sum(|s| &s.contended).saturating_add(handoffs),
             reentrant: self.reentrant.load(Relaxed),
-            handoffs: self.sum(|s| &s.handoffs),
+            handoffs,
             timeouts: self.timeouts.load(Relaxed),
             fs_attempts: self.fs_attempts.load(Relaxed),
             fs_waiters: self.fs_waiters.load(Relaxed),
@@ -200,7 +203,7 @@ impl Counters {
             renewals: self.renewals.load(Relaxed),
             renewal_failures: self.renewal_failures.load(Relaxed),
             lost: self.lost.load(Relaxed),
-            wait_count: self.sum(|s| &s.measured),
+            wait_count: measured,
             wait_total: Duration::from_nanos(self.sum(|s| &s.wait_total_ns)),
             wait_max: Duration::from_nanos(self.wait_max_ns.load(Relaxed)),
         }

@@ -737,3 +737,35 @@ fn a_lock_directory_whose_path_cannot_be_looked_at_is_not_a_loss() {
         .unwrap();
     assert!(status.success(), "{status}");
 }
+
+/// A guard that finds itself lost also finds why: once `is_lost` says so,
+/// the reason `release_all` gave is the one reported, never the lease's
+/// end taken for it while the reason is being written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_seen_lost_is_seen_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..300 {
+        let locker = Locker::new(dir.path()).unwrap();
+        let guard = locker.acquire("reason").await.unwrap();
+        let all = tokio::spawn({
+            let locker = locker.clone();
+            async move { locker.release_all().await }
+        });
+        let spin_until = std::time::Instant::now() + Duration::from_secs(20);
+        while !guard.is_lost() {
+            assert!(
+                std::time::Instant::now() < spin_until,
+                "round {round}: never lost"
+            );
+            std::hint::spin_loop();
+        }
+        match guard.ensure_held().await {
+            Err(Error::Lost {
+                reason: LossReason::ReleasedAtShutdown,
+                ..
+            }) => {}
+            other => panic!("round {round}: {other:?}"),
+        }
+        all.await.unwrap();
+    }
+}
