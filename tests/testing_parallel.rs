@@ -45,8 +45,22 @@ fn append(log: &Path, line: &str) {
         .create(true)
         .open(log)
         .unwrap();
-    // One write per line: appends of a few bytes do not tear.
+    // Writers take turns, on a file beside the log (Windows locks are
+    // mandatory: the log's own would refuse the write): parallel holders
+    // append at the same time by design, and under Wine two appends at
+    // once can land on the same offset (a CI run lost one line of two
+    // threads of one child).
+    let turn = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(log.with_extension("turn"))
+        .unwrap();
+    turn.lock().unwrap();
     f.write_all(format!("{line}\n").as_bytes()).unwrap();
+    // Closing lets the turn go (Wine refuses `unlock` of a whole-file
+    // lock).
+    drop(turn);
 }
 
 /// Rounds of `kind` ("serial" or "parallel") on `name`, logged as
