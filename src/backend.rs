@@ -214,9 +214,9 @@ pub(crate) trait Line: Backend {
     /// waiter is gone, and `try_acquire` never waits). Must not block.
     fn wait_in_line(&self, name: &LockName, mode: Mode);
 
-    /// An acquisition of `name` that waited stopped waiting, with or
-    /// without the lock. Must not block.
-    fn stopped_waiting(&self, name: &LockName);
+    /// An acquisition of `name` that waited stopped waiting, with the lock
+    /// (`acquired`) or without it. Must not block.
+    fn stopped_waiting(&self, name: &LockName, acquired: bool);
 
     /// Whether a new shared acquisition may join the shared hold this
     /// process already has of `name` without asking the store: not while an

@@ -469,9 +469,10 @@ impl Engine {
         // holder from this wait.
         let mut published = LastSeen { queue, set: false };
         // Out of the line of other processes' waiters however this ends.
-        let _in_line = InLine {
+        let mut in_line = InLine {
             store: &self.store,
             name,
+            acquired: false,
         };
         loop {
             // Armed before the attempt, so an event during it is not lost.
@@ -490,7 +491,10 @@ impl Engine {
             let attempt_made = attempt.is_some();
             let recheck_at = match attempt {
                 None => None,
-                Some(Attempt::Acquired(hold)) => return Ok((hold, waited)),
+                Some(Attempt::Acquired(hold)) => {
+                    in_line.acquired = true;
+                    return Ok((hold, waited));
+                }
                 Some(Attempt::Busy {
                     owner,
                     recheck_at,
@@ -501,7 +505,7 @@ impl Engine {
                     if sharers && mode == Mode::Exclusive && announced.is_none() {
                         announced = self.announce(name).await?;
                     }
-                    // In line only from here, inside `_in_line`'s life
+                    // In line only from here, inside `in_line`'s life
                     // (a semaphore's waiters stand in line for a permit
                     // however the name is held; an exclusive one waiting
                     // for sharers has its announcement instead).
@@ -735,11 +739,13 @@ impl Drop for LastSeen<'_> {
 struct InLine<'a> {
     store: &'a Store,
     name: &'a LockName,
+    /// Set when the wait ends with the lock.
+    acquired: bool,
 }
 
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
-        self.store.stopped_waiting(self.name);
+        self.store.stopped_waiting(self.name, self.acquired);
     }
 }
 

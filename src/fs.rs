@@ -549,10 +549,17 @@ impl Line for Fs {
         }
     }
 
-    fn stopped_waiting(&self, name: &LockName) {
+    /// Leaves the line; without the lock, also removes the name's
+    /// mutation-lock file if a release kept it for waiters
+    /// (`mutex::remove_kept`), after leaving: a release that saw us in
+    /// line before then holds the mutation lock until it is done.
+    fn stopped_waiting(&self, name: &LockName, acquired: bool) {
         self.ctx
             .lines
             .stopped_waiting(self.ctx.dir.fd(), name.file_name());
+        if !acquired {
+            mutex::remove_kept(&self.ctx, name.file_name());
+        }
     }
 
     /// A look at the members directory (three short syscalls): no

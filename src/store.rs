@@ -151,9 +151,9 @@ impl Store {
     }
 
     /// [`Line::stopped_waiting`]; nothing on a server.
-    pub(crate) fn stopped_waiting(&self, name: &LockName) {
+    pub(crate) fn stopped_waiting(&self, name: &LockName, acquired: bool) {
         match self {
-            Store::Fs(fs) => fs.stopped_waiting(name),
+            Store::Fs(fs) => fs.stopped_waiting(name, acquired),
             #[cfg(feature = "postgres")]
             Store::Postgres(_) => {}
         }

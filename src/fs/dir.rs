@@ -97,6 +97,23 @@ impl LockDir {
         self.in_memory
     }
 
+    /// Whether, as the directory stands now, nobody but this process's
+    /// user (and root) can make entries in it: it is this user's, and
+    /// writable by neither its group nor others. Then a file mode 0600 that
+    /// one of our processes made there, any other process using the
+    /// directory can open. Never on Windows, whose access lists this does
+    /// not read.
+    #[cfg(unix)]
+    pub(crate) fn private_to_us(&self) -> bool {
+        syscall::meta(&self.fd).is_ok_and(|meta| meta.mode() & 0o022 == 0 && meta.uid() == syscall::euid())
+    }
+
+    /// See the Unix version: never on Windows.
+    #[cfg(not(unix))]
+    pub(crate) fn private_to_us(&self) -> bool {
+        false
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }

@@ -37,7 +37,9 @@ pub(super) enum Leftover {
     /// `<lock>.fence.tmp-<32 hex>`: a fencing counter being replaced.
     FenceTmp,
     /// `<lock>.mutex`: a name's mutation lock, left by a process that died
-    /// holding it (a holder removes its own before letting go).
+    /// holding it (a holder removes its own before letting go), or kept by
+    /// a release for waiters in line that were killed before they could
+    /// remove it.
     Mutex,
 }
 
@@ -295,7 +297,9 @@ fn clean_fence_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
 
 /// Mutation-lock files left by a process that died holding one (a holder
 /// removes its own before letting go): taking the lock and letting it go
-/// removes one; one that is held stays.
+/// removes one; one that is held stays, and so does one beside which
+/// others stand in line for the name: a release kept it for them (see
+/// `MutationLock::keep_for_waiters`), and their last one removes it.
 fn clean_mutex_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
     let found = ctx.entries(|name| leftover_kind(name) == Some(Leftover::Mutex))?;
     let mut cleaned = Vec::new();
@@ -304,6 +308,9 @@ fn clean_mutex_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
             break;
         }
         let lock = &name[..name.len() - ".mutex".len()];
+        if ctx.lines.anyone_in_line(ctx.dir.fd(), lock) {
+            continue;
+        }
         if dry_run {
             // Only looked at: free means nobody holds it.
             let free = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Read).is_ok_and(|file| {

@@ -422,25 +422,27 @@ impl Lines {
 
     /// `name` is being released: if others stand in line and this turn
     /// has lasted long enough, the next attempt of this `Locker` stands in
-    /// line behind them. Costs one `fcntl` when nobody waits.
-    pub(crate) fn releasing(&self, dir: &File, name: &str) {
-        self.releasing_after(dir, name, TURN_ACQUISITIONS);
+    /// line behind them. Costs one `fcntl` when nobody waits. Returns
+    /// whether anyone of another `Locker` stands in line for `name`, as
+    /// far as the kernel shows (`false` where the line is off).
+    pub(crate) fn releasing(&self, dir: &File, name: &str) -> bool {
+        self.releasing_after(dir, name, TURN_ACQUISITIONS)
     }
 
     /// [`Self::releasing`] for a permit of the semaphore `name`, whose
     /// turns last [`PERMIT_TURN_ACQUISITIONS`] at most.
-    pub(crate) fn releasing_permit(&self, dir: &File, name: &str) {
-        self.releasing_after(dir, name, PERMIT_TURN_ACQUISITIONS);
+    pub(crate) fn releasing_permit(&self, dir: &File, name: &str) -> bool {
+        self.releasing_after(dir, name, PERMIT_TURN_ACQUISITIONS)
     }
 
     /// [`Self::releasing`], with turns of `acquisitions` at most.
-    fn releasing_after(&self, dir: &File, name: &str, acquisitions: u32) {
+    fn releasing_after(&self, dir: &File, name: &str, acquisitions: u32) -> bool {
         if self.off {
-            return;
+            return false;
         }
         let Some(dir) = self.bytes_of(dir, false) else {
             // No line file: nobody has stood in line here.
-            return;
+            return false;
         };
         let start = region(name);
         // A look that fails sees nobody in line: the turn goes on.
@@ -462,7 +464,7 @@ impl Lines {
                     places.remove(name);
                 }
             }
-            return;
+            return false;
         }
         let now = now_us();
         if places.len() >= MAX_PLACES {
@@ -487,6 +489,7 @@ impl Lines {
                 place.turn_mark = Some(mark);
             }
         }
+        true
     }
 
     /// Whether nobody of another `Locker` stands in line for `name` right
@@ -508,6 +511,25 @@ impl Lines {
             None => true,
             Some(dir) => !conflict(dir, region(name), HALF),
         }
+    }
+
+    /// Whether anyone stands in line for `name` right now: a waiter of
+    /// this `Locker` (whose bytes the kernel does not show us), or one of
+    /// another that the kernel shows. `false` where the line is off, or
+    /// nobody could be seen. Must not block.
+    pub(crate) fn anyone_in_line(&self, dir: &File, name: &str) -> bool {
+        if self.off {
+            return false;
+        }
+        if self
+            .places()
+            .get(name)
+            .is_some_and(|place| place.waiting.is_some())
+        {
+            return true;
+        }
+        self.bytes_of(dir, false)
+            .is_some_and(|dir| conflict(dir, region(name), HALF))
     }
 
     /// Whether this `Locker` stands back for an older waiter for `name`

@@ -189,19 +189,25 @@ impl Whole {
         }
     }
 
-    /// [`remove`](Self::remove), under the name's mutation lock.
-    fn remove_under(&self, mutation: MutationLock<'_>) -> Result<bool> {
+    /// [`remove`](Self::remove), under the name's mutation lock. Others
+    /// in line for the name: the mutation lock's file stays for the next
+    /// holder's release (`MutationLock::keep_for_waiters`).
+    fn remove_under(&self, mut mutation: MutationLock<'_>) -> Result<bool> {
         failpoint!("lock.release.after_dirlock")
             .context("release lock", || self.ctx.path_of(self.name.file_name()))?;
         let ours = self.ctx.names(&self.name, self.dev, self.ino)?;
         match &self.node {
             Node::File { .. } if ours => {
-                self.ctx.lines.releasing(self.ctx.dir.fd(), self.name.file_name());
+                if self.ctx.lines.releasing(self.ctx.dir.fd(), self.name.file_name()) {
+                    mutation.keep_for_waiters();
+                }
                 file::unlink(&self.ctx, &self.name)
             }
             Node::File { .. } => Ok(false),
             Node::Dir { dir, .. } if ours => {
-                self.ctx.lines.releasing(self.ctx.dir.fd(), self.name.file_name());
+                if self.ctx.lines.releasing(self.ctx.dir.fd(), self.name.file_name()) {
+                    mutation.keep_for_waiters();
+                }
                 directory::retire(&self.ctx, &self.name, dir, mutation, &|| {})
             }
             Node::Dir { dir, .. } => {

@@ -18,7 +18,13 @@
 //! then), and nothing is left beside a lock, or beside a file of data that
 //! is not one; a taker re-checks, once it has the flock, that the path
 //! still names the inode it locked (it may have locked one its previous
-//! holder removed), and starts over if not.
+//! holder removed), and starts over if not. One exception: a release of
+//! an exclusive lock that finds others in line for the name leaves the
+//! file for their releases ([`MutationLock::keep_for_waiters`]); the last
+//! release with nobody in line removes it, and so does a waiter that stops
+//! waiting without the lock ([`remove_kept`]).
+//! Under contention that spares every handoff a file made and removed, and
+//! every waiting process's watcher the removal's event.
 //!
 //! Threads of one process exclude each other too: each take opens its own
 //! descriptor, and a `flock` belongs to the open file description.
@@ -26,9 +32,12 @@
 use crate::sys::syscall::Flock;
 use std::fs::{File, TryLockError};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::context::Ctx;
 use super::dir::LockDir;
+use super::later;
 use crate::error::{Error, IoResultExt, Result};
 use crate::sys::syscall::{self, Errno, Open};
 
@@ -126,6 +135,7 @@ impl LockDir {
                     lock: lock.to_owned(),
                     file,
                     sealed: None,
+                    keep: false,
                 }));
             }
             rounds += 1;
@@ -136,7 +146,53 @@ impl LockDir {
     }
 }
 
-/// Held while changing a name; dropping it removes the file and unlocks.
+/// Removes the mutation-lock file of `lock` if one is there: one that a
+/// release kept for waiters in line ([`MutationLock::keep_for_waiters`])
+/// who then stopped waiting without the lock. Taken and let go, which
+/// removes it if it is empty (another program's file, with content,
+/// stays). Taken by someone else this instant (a release that saw us in
+/// line and keeps it, still finishing, say): the release thread does this
+/// as soon as it is free, so that the file does not outlive its use. Never
+/// waits; one `fstatat` when there is no file, as there mostly is not.
+pub(super) fn remove_kept(ctx: &Arc<Ctx>, lock: &str) {
+    let mut job = RemoveKept {
+        ctx: Arc::clone(ctx),
+        lock: lock.to_owned(),
+    };
+    if !job.within(Duration::ZERO) {
+        later::defer(Box::new(job));
+    }
+}
+
+/// [`remove_kept`]'s work, finished on the release thread when the
+/// mutation lock is taken.
+struct RemoveKept {
+    ctx: Arc<Ctx>,
+    lock: String,
+}
+
+impl RemoveKept {
+    /// Whether it is done: no file there, or the mutation lock taken
+    /// within `patience` and let go (an error leaves the file to the
+    /// name's next release, or `clean`).
+    fn within(&mut self, patience: Duration) -> bool {
+        let dir = &self.ctx.dir;
+        if syscall::stat_at(dir.fd(), &file_name(&self.lock)).is_err() {
+            return true;
+        }
+        // Let go at once: the lock's `Drop` removes the file.
+        !matches!(dir.lock_within(&self.lock, patience), Ok(None))
+    }
+}
+
+impl later::Retry for RemoveKept {
+    fn retry(&mut self) -> bool {
+        self.within(later::PATIENCE)
+    }
+}
+
+/// Held while changing a name; dropping it removes the file (unless kept
+/// for waiters in line) and unlocks.
 #[derive(Debug)]
 pub(crate) struct MutationLock<'a> {
     dir: &'a LockDir,
@@ -147,9 +203,28 @@ pub(crate) struct MutationLock<'a> {
     /// A members directory we sealed (`members::SEAL`): unsealed before
     /// the flock goes.
     sealed: Option<File>,
+    /// Let go without removing the file: a release that saw others in
+    /// line for the name leaves it to the next holder's release.
+    keep: bool,
 }
 
 impl MutationLock<'_> {
+    /// Lets the file stay when this lock goes: the lock path was just
+    /// removed for waiters in line, whose next release takes this lock
+    /// again (opening the file costs less than making it, and its removal
+    /// would wake every waiter's watcher once more). The last release with
+    /// nobody in line removes it, and so does a waiter that stops waiting
+    /// without the lock ([`remove_kept`]).
+    ///
+    /// Only in a directory where nobody but this user can make entries
+    /// ([`LockDir::private_to_us`]): the file is mode 0600, so in a
+    /// directory shared by several users (sticky, or group-writable) a
+    /// waiter of another user could not open it for its own release, nor
+    /// remove it. There the file goes at every release, as ever.
+    pub(super) fn keep_for_waiters(&mut self) {
+        self.keep = self.dir.private_to_us();
+    }
+
     /// Seals the members directory `members` of this name
     /// (`members::seal`) until this lock goes at the latest, however the
     /// change it seals for ends: a seal that outlived its sealer's
@@ -181,7 +256,7 @@ impl Drop for MutationLock<'_> {
         // Kept if it is not empty: leasehold makes it empty, so one with
         // content is a stranger's file at that name (another tool's lock
         // file, say), which is never deleted.
-        if !syscall::meta(&self.file).is_ok_and(|meta| meta.len() == 0) {
+        if self.keep || !syscall::meta(&self.file).is_ok_and(|meta| meta.len() == 0) {
             return;
         }
         let _ = syscall::unlink_at(self.dir.fd(), file_name(&self.lock).as_str());
@@ -264,6 +339,42 @@ mod tests {
         assert!(root.path().join("job.lock.mutex").exists());
         drop(held);
         assert!(!root.path().join("job.lock.mutex").exists());
+    }
+
+    /// Unix: Windows never keeps the file (`LockDir::private_to_us`).
+    #[cfg(unix)]
+    #[test]
+    fn a_file_kept_for_waiters_stays_until_nobody_uses_the_name() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = LockDir::open(root.path(), false).unwrap();
+        let mutex = root.path().join("job.lock.mutex");
+        let mut held = dir.mutation_lock_now("job.lock").unwrap().unwrap();
+        held.keep_for_waiters();
+        drop(held);
+        assert!(mutex.exists(), "kept for the waiters in line");
+        // Free, and kept again by its next holder: taken at once.
+        let other = LockDir::open(root.path(), false).unwrap();
+        other
+            .mutation_lock_now("job.lock")
+            .unwrap()
+            .unwrap()
+            .keep_for_waiters();
+        assert!(mutex.exists());
+        // Its next holder that keeps nothing (nobody in line) removes it.
+        drop(dir.mutation_lock_now("job.lock").unwrap().unwrap());
+        assert!(!mutex.exists());
+        // A directory other users can make entries in: never kept (a
+        // waiter of another user could neither open nor remove it).
+        use std::os::unix::fs::PermissionsExt;
+        for mode in [0o1777, 0o730, 0o703] {
+            std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            dir.mutation_lock_now("job.lock")
+                .unwrap()
+                .unwrap()
+                .keep_for_waiters();
+            assert!(!mutex.exists(), "mode {mode:o}");
+        }
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     }
 
     #[test]
