@@ -552,13 +552,14 @@ impl Line for Fs {
     /// Leaves the line; without the lock, also removes the name's
     /// mutation-lock file if a release kept it for waiters
     /// (`mutex::remove_kept`), after leaving: a release that saw us in
-    /// line before then holds the mutation lock until it is done.
+    /// line before then holds the mutation lock until it is done, and
+    /// looks at the line again after.
     fn stopped_waiting(&self, name: &LockName, acquired: bool) {
         self.ctx
             .lines
             .stopped_waiting(self.ctx.dir.fd(), name.file_name());
         if !acquired {
-            mutex::remove_kept(&self.ctx, name.file_name());
+            mutex::remove_kept(&self.ctx.dir, name.file_name());
         }
     }
 

@@ -297,9 +297,11 @@ fn clean_fence_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
 
 /// Mutation-lock files left by a process that died holding one (a holder
 /// removes its own before letting go): taking the lock and letting it go
-/// removes one; one that is held stays, and so does one beside which
-/// others stand in line for the name: a release kept it for them (see
-/// `MutationLock::keep_for_waiters`), and their last one removes it.
+/// removes one; one that is held stays. So does one that is in use: beside
+/// a lock path or a members directory (its holders' releases remove it),
+/// or one on which waiters in line for the name are registered (a release
+/// kept it for them, see `MutationLock::keep_for_waiters`, and the last
+/// one out removes it). Neither is reported.
 fn clean_mutex_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(LockName, Inspection)>> {
     let found = ctx.entries(|name| leftover_kind(name) == Some(Leftover::Mutex))?;
     let mut cleaned = Vec::new();
@@ -308,15 +310,19 @@ fn clean_mutex_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
             break;
         }
         let lock = &name[..name.len() - ".mutex".len()];
-        if ctx.lines.anyone_in_line(ctx.dir.fd(), lock) {
+        let there = |entry: &str| syscall::stat_at(ctx.dir.fd(), entry).is_ok();
+        if there(lock) || there(&super::members::members_dir(lock)) {
+            continue;
+        }
+        let Ok(file) = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Read) else {
+            continue;
+        };
+        if !syscall::meta(&file).is_ok_and(|m| m.is_file()) || super::line::registered_on(&file) {
             continue;
         }
         if dry_run {
             // Only looked at: free means nobody holds it.
-            let free = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Read).is_ok_and(|file| {
-                syscall::meta(&file).is_ok_and(|m| m.is_file()) && file.try_flock().is_ok()
-            });
-            if !free {
+            if file.try_flock().is_err() {
                 continue;
             }
         } else if !matches!(ctx.dir.mutation_lock_now(lock), Ok(Some(_))) {

@@ -190,8 +190,9 @@ impl Whole {
     }
 
     /// [`remove`](Self::remove), under the name's mutation lock. Others
-    /// in line for the name: the mutation lock's file stays for the next
-    /// holder's release (`MutationLock::keep_for_waiters`).
+    /// in line: the mutation lock's file stays for the next holder's
+    /// release if waiters of this name are registered on it
+    /// (`MutationLock::keep_for_waiters`).
     fn remove_under(&self, mut mutation: MutationLock<'_>) -> Result<bool> {
         failpoint!("lock.release.after_dirlock")
             .context("release lock", || self.ctx.path_of(self.name.file_name()))?;

@@ -18,13 +18,15 @@
 //! then), and nothing is left beside a lock, or beside a file of data that
 //! is not one; a taker re-checks, once it has the flock, that the path
 //! still names the inode it locked (it may have locked one its previous
-//! holder removed), and starts over if not. One exception: a release of
-//! an exclusive lock that finds others in line for the name leaves the
-//! file for their releases ([`MutationLock::keep_for_waiters`]); the last
-//! release with nobody in line removes it, and so does a waiter that stops
-//! waiting without the lock ([`remove_kept`]).
-//! Under contention that spares every handoff a file made and removed, and
-//! every waiting process's watcher the removal's event.
+//! holder removed), and starts over if not. One exception: waiters in
+//! line for the name register on the file (a read lock on its byte 0,
+//! `line::register`), and a release of an exclusive lock leaves the file
+//! in place while any is registered, for their own releases
+//! ([`MutationLock::keep_for_waiters`]); the last one out removes it (a
+//! release that finds none registered, or a waiter that stops waiting
+//! without the lock, [`remove_kept`]). Under contention that spares every
+//! handoff a file made and removed, and every waiting process's watcher
+//! the removal's event.
 //!
 //! Threads of one process exclude each other too: each take opens its own
 //! descriptor, and a `flock` belongs to the open file description.
@@ -32,12 +34,9 @@
 use crate::sys::syscall::Flock;
 use std::fs::{File, TryLockError};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::context::Ctx;
 use super::dir::LockDir;
-use super::later;
 use crate::error::{Error, IoResultExt, Result};
 use crate::sys::syscall::{self, Errno, Open};
 
@@ -146,48 +145,21 @@ impl LockDir {
     }
 }
 
-/// Removes the mutation-lock file of `lock` if one is there: one that a
-/// release kept for waiters in line ([`MutationLock::keep_for_waiters`])
-/// who then stopped waiting without the lock. Taken and let go, which
-/// removes it if it is empty (another program's file, with content,
-/// stays). Taken by someone else this instant (a release that saw us in
-/// line and keeps it, still finishing, say): the release thread does this
-/// as soon as it is free, so that the file does not outlive its use. Never
-/// waits; one `fstatat` when there is no file, as there mostly is not.
-pub(super) fn remove_kept(ctx: &Arc<Ctx>, lock: &str) {
-    let mut job = RemoveKept {
-        ctx: Arc::clone(ctx),
-        lock: lock.to_owned(),
-    };
-    if !job.within(Duration::ZERO) {
-        later::defer(Box::new(job));
-    }
-}
-
-/// [`remove_kept`]'s work, finished on the release thread when the
-/// mutation lock is taken.
-struct RemoveKept {
-    ctx: Arc<Ctx>,
-    lock: String,
-}
-
-impl RemoveKept {
-    /// Whether it is done: no file there, or the mutation lock taken
-    /// within `patience` and let go (an error leaves the file to the
-    /// name's next release, or `clean`).
-    fn within(&mut self, patience: Duration) -> bool {
-        let dir = &self.ctx.dir;
-        if syscall::stat_at(dir.fd(), &file_name(&self.lock)).is_err() {
-            return true;
-        }
-        // Let go at once: the lock's `Drop` removes the file.
-        !matches!(dir.lock_within(&self.lock, patience), Ok(None))
-    }
-}
-
-impl later::Retry for RemoveKept {
-    fn retry(&mut self) -> bool {
-        self.within(later::PATIENCE)
+/// Removes the mutation-lock file of `lock` if one is there and no other
+/// waiter is registered on it: called by a waiter that stopped waiting
+/// without the lock, once it has let go of its own registration. Taken
+/// and let go (the lock's `Drop` decides, as for a release that keeps the
+/// file for waiters). Never waits: one `fstatat` when there is no file, as
+/// there mostly is not. Taken by someone else this instant, the file is
+/// theirs to remove: every holder removes it as it lets go, unless a
+/// waiter is registered, and one that keeps it looks again after letting
+/// go (see `Drop`). So the last one out removes it, and no job is left
+/// behind for a process that exits.
+pub(super) fn remove_kept(dir: &LockDir, lock: &str) {
+    if syscall::stat_at(dir.fd(), &file_name(lock)).is_ok()
+        && let Ok(Some(mut taken)) = dir.mutation_lock_now(lock)
+    {
+        taken.keep_for_waiters();
     }
 }
 
@@ -203,18 +175,19 @@ pub(crate) struct MutationLock<'a> {
     /// A members directory we sealed (`members::SEAL`): unsealed before
     /// the flock goes.
     sealed: Option<File>,
-    /// Let go without removing the file: a release that saw others in
-    /// line for the name leaves it to the next holder's release.
+    /// Let go without removing the file if a waiter is registered on it
+    /// (see [`keep_for_waiters`](Self::keep_for_waiters)).
     keep: bool,
 }
 
 impl MutationLock<'_> {
-    /// Lets the file stay when this lock goes: the lock path was just
-    /// removed for waiters in line, whose next release takes this lock
-    /// again (opening the file costs less than making it, and its removal
-    /// would wake every waiter's watcher once more). The last release with
-    /// nobody in line removes it, and so does a waiter that stops waiting
-    /// without the lock ([`remove_kept`]).
+    /// Lets the file stay when this lock goes if a waiter of this name is
+    /// registered on it then (`line::registered_on`): the lock path was
+    /// just removed for waiters in line, whose next release takes this
+    /// lock again (opening the file costs less than making it, and its
+    /// removal would wake every waiter's watcher once more). The last one
+    /// out removes it: a release that finds none registered, or a waiter
+    /// that stops waiting without the lock ([`remove_kept`]).
     ///
     /// Only in a directory where nobody but this user can make entries
     /// ([`LockDir::private_to_us`]): the file is mode 0600, so in a
@@ -222,7 +195,31 @@ impl MutationLock<'_> {
     /// waiter of another user could not open it for its own release, nor
     /// remove it. There the file goes at every release, as ever.
     pub(super) fn keep_for_waiters(&mut self) {
-        self.keep = self.dir.private_to_us();
+        self.keep = true;
+    }
+
+    /// Whether the file stays: waiters registered on it, in a directory
+    /// only this user can make entries in, and still registered after
+    /// this lock is let go. Lets the lock go to look again, since a
+    /// waiter that stops waiting lets go of its registration first, then
+    /// tries to remove the file, which fails while we hold it; if none is
+    /// left by then and the lock, taken again at once, still names this
+    /// file, `false`: the caller removes it. Any other outcome (the lock
+    /// taken by another meanwhile, who then decides; the file replaced)
+    /// keeps it.
+    fn kept(&self) -> bool {
+        if !(self.keep && self.dir.private_to_us() && super::line::registered_on(&self.file)) {
+            return false;
+        }
+        if self.file.unlock().is_err() || super::line::registered_on(&self.file) {
+            return true;
+        }
+        if self.file.try_flock().is_err() {
+            return true;
+        }
+        let here = syscall::stat_at(self.dir.fd(), &file_name(&self.lock));
+        let same = matches!((here, syscall::meta(&self.file)), (Ok(st), Ok(meta)) if (st.dev, st.ino) == (meta.dev(), meta.ino()));
+        !same || super::line::registered_on(&self.file)
     }
 
     /// Seals the members directory `members` of this name
@@ -256,7 +253,7 @@ impl Drop for MutationLock<'_> {
         // Kept if it is not empty: leasehold makes it empty, so one with
         // content is a stranger's file at that name (another tool's lock
         // file, say), which is never deleted.
-        if self.keep || !syscall::meta(&self.file).is_ok_and(|meta| meta.len() == 0) {
+        if self.kept() || !syscall::meta(&self.file).is_ok_and(|meta| meta.len() == 0) {
             return;
         }
         let _ = syscall::unlink_at(self.dir.fd(), file_name(&self.lock).as_str());
@@ -341,40 +338,57 @@ mod tests {
         assert!(!root.path().join("job.lock.mutex").exists());
     }
 
-    /// Unix: Windows never keeps the file (`LockDir::private_to_us`).
-    #[cfg(unix)]
+    /// Linux: where waiters register (OFD locks).
+    #[cfg(target_os = "linux")]
     #[test]
-    fn a_file_kept_for_waiters_stays_until_nobody_uses_the_name() {
+    fn a_file_is_kept_while_waiters_are_registered_on_it() {
         let root = tempfile::tempdir().unwrap();
         let dir = LockDir::open(root.path(), false).unwrap();
         let mutex = root.path().join("job.lock.mutex");
-        let mut held = dir.mutation_lock_now("job.lock").unwrap().unwrap();
-        held.keep_for_waiters();
-        drop(held);
-        assert!(mutex.exists(), "kept for the waiters in line");
-        // Free, and kept again by its next holder: taken at once.
-        let other = LockDir::open(root.path(), false).unwrap();
-        other
-            .mutation_lock_now("job.lock")
-            .unwrap()
-            .unwrap()
-            .keep_for_waiters();
-        assert!(mutex.exists());
-        // Its next holder that keeps nothing (nobody in line) removes it.
-        drop(dir.mutation_lock_now("job.lock").unwrap().unwrap());
+        let take = || dir.mutation_lock_now("job.lock").unwrap().unwrap();
+        // Nobody registered: removed, kept for waiters or not.
+        take().keep_for_waiters();
         assert!(!mutex.exists());
+        // A waiter registered (a read lock on byte 0, from a descriptor of
+        // its own): kept, and again by the next release.
+        let register = || {
+            let file = syscall::open_at(dir.fd(), "job.lock.mutex", Open::Mutex).unwrap();
+            assert!(crate::sys::ofd_take_byte(&file, 0));
+            file
+        };
+        let waiter = register();
+        take().keep_for_waiters();
+        assert!(mutex.exists(), "kept for the registered waiter");
+        take().keep_for_waiters();
+        assert!(mutex.exists());
+        // The waiter leaves while a release holds the lock: the release
+        // looks again once it lets go, and removes the file.
+        let mut held = take();
+        held.keep_for_waiters();
+        drop(waiter);
+        drop(held);
+        assert!(!mutex.exists(), "the last one out removes it");
+        // A taker that does not keep (not a release) removes it anyway.
+        let waiter = register();
+        drop(take());
+        assert!(!mutex.exists());
+        drop(waiter);
         // A directory other users can make entries in: never kept (a
         // waiter of another user could neither open nor remove it).
         use std::os::unix::fs::PermissionsExt;
         for mode in [0o1777, 0o730, 0o703] {
             std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(mode)).unwrap();
-            dir.mutation_lock_now("job.lock")
-                .unwrap()
-                .unwrap()
-                .keep_for_waiters();
+            let waiter = register();
+            take().keep_for_waiters();
             assert!(!mutex.exists(), "mode {mode:o}");
+            drop(waiter);
         }
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        // Another program's file at the name (with content): never removed.
+        std::fs::write(&mutex, b"theirs").unwrap();
+        take().keep_for_waiters();
+        drop(take());
+        assert_eq!(std::fs::read(&mutex).unwrap(), b"theirs");
     }
 
     #[test]

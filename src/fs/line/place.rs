@@ -19,6 +19,9 @@ pub(super) struct Place {
     /// The offset of the byte this `Locker` holds while it waits: its
     /// ticket, in the name's region.
     pub(super) waiting: Option<u64>,
+    /// The name's mutation-lock file, open with its byte 0 read-locked,
+    /// while this `Locker` waits (`register` in `line.rs`).
+    pub(super) registered: Option<File>,
     /// The tickets that were ahead when it joined (not those passed over
     /// before), and are still there: only those can hold it up. A legit
     /// ticket below its own was taken before its own, so bytes that turn
@@ -86,6 +89,8 @@ pub(super) fn leave(dir: &File, place: &mut Place) {
     if let Some(ticket) = place.waiting.take() {
         sys::ofd_drop_byte(dir, ticket);
     }
+    // Closed: the registration goes with its descriptor.
+    place.registered = None;
     place.ahead = Vec::new();
     place.last_look = None;
     place.courtesy_until = None;
