@@ -317,7 +317,7 @@ fn clean_mutex_leftovers(ctx: &Ctx, dry_run: bool, limit: usize) -> Result<Vec<(
         let Ok(file) = syscall::open_at(ctx.dir.fd(), name.as_str(), Open::Read) else {
             continue;
         };
-        if !syscall::meta(&file).is_ok_and(|m| m.is_file()) || super::line::registered_on(&file) {
+        if !syscall::meta(&file).is_ok_and(|m| m.is_file()) || super::mutex::registered_on(&file) {
             continue;
         }
         if dry_run {

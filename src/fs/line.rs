@@ -127,39 +127,6 @@ const AHEAD: usize = 32;
 /// acquisition.
 const PASSED: usize = 256;
 
-/// Registers a waiter for the lock file `name` of `dir` on the name's
-/// mutation-lock file (`<name>.mutex`, made if missing, as any taker of the
-/// mutation lock makes it): a read lock on its byte 0 (`F_OFD_SETLK`,
-/// independent of the `flock` that is the mutation lock), held while the
-/// waiter is in line. A release that sees it keeps the file for the
-/// waiters' own releases ([`Lines::registered_on`]): unlike a ticket, it
-/// names the name, and only a process that may open the file (its user's,
-/// mode 0600) can take it. Unix only, where the line has OFD locks:
-/// Windows' byte-range locks are mandatory, and there a reader's lock
-/// would stop the mutation lock's taker.
-fn register(dir: &File, name: &str) -> Option<File> {
-    if !cfg!(unix) || !sys::byte_range_locks() {
-        return None;
-    }
-    let file = sys::syscall::open_at(
-        dir,
-        super::mutex::file_name(name).as_str(),
-        sys::syscall::Open::Mutex,
-    )
-    .ok()?;
-    let regular = sys::syscall::meta(&file).is_ok_and(|meta| meta.is_file());
-    (regular && sys::ofd_take_byte(&file, 0)).then_some(file)
-}
-
-/// Whether a waiter of another open file description (another `Locker`,
-/// or another process) stands registered on the mutation lock's file
-/// `file` of its name, by the byte [`register`] takes: whom a release
-/// keeps that file for (`MutationLock`'s `Drop`). One look
-/// (`F_OFD_GETLK`), where waiters register.
-pub(crate) fn registered_on(file: &File) -> bool {
-    cfg!(unix) && sys::byte_range_locks() && sys::ofd_held(file, 0, 1)
-}
-
 /// The line's state of each name this `Locker` waits for or holds in turn.
 #[derive(Debug, Default)]
 pub(crate) struct Lines {
@@ -250,7 +217,7 @@ impl Lines {
             return;
         }
         // Before the ticket: whoever sees the ticket sees this too.
-        place.registered = register(lock_dir, name);
+        place.registered = super::mutex::register(lock_dir, name);
         let start = region(name);
         let ticket = start + ticket_now();
         // A byte refused is a place in line lost: fairness, not exclusion.
@@ -320,7 +287,7 @@ impl Lines {
         }
         let start = region(name);
         if std::mem::take(&mut place.rejoin) && place.waiting.is_none() {
-            place.registered = register(lock_dir, name);
+            place.registered = super::mutex::register(lock_dir, name);
             let ticket = start + ticket_now();
             // A byte range held over the line can hide the waiters this
             // holder would let in: it keeps off the lock for a moment, so

@@ -20,7 +20,7 @@
 //! still names the inode it locked (it may have locked one its previous
 //! holder removed), and starts over if not. One exception: waiters in
 //! line for the name register on the file (a read lock on its byte 0,
-//! `line::register`), and a release of an exclusive lock leaves the file
+//! [`register`]), and a release of an exclusive lock leaves the file
 //! in place while any is registered, for their own releases
 //! ([`MutationLock::keep_for_waiters`]); the last one out removes it (a
 //! release that finds none registered, or a waiter that stops waiting
@@ -145,6 +145,33 @@ impl LockDir {
     }
 }
 
+/// Registers a waiter in line for the lock file `lock` of `dir` (the
+/// line's `wait_on`) on the name's mutation-lock file (made if missing, as
+/// any taker of the mutation lock makes it): a read lock on its byte 0
+/// (`F_OFD_SETLK`, independent of the `flock` that is the mutation lock),
+/// held until the returned file closes. A release that sees it keeps the
+/// file for the waiters' own releases ([`registered_on`]): unlike the
+/// line's ticket it names the name, and only a process that may open the
+/// file (its user's, mode 0600) can take it. Unix only, where the line has
+/// OFD locks: Windows' byte-range locks are mandatory, and there a
+/// reader's lock would stop the mutation lock's taker.
+pub(super) fn register(dir: &File, lock: &str) -> Option<File> {
+    if !cfg!(unix) || !crate::sys::byte_range_locks() {
+        return None;
+    }
+    let file = syscall::open_at(dir, file_name(lock).as_str(), Open::Mutex).ok()?;
+    let regular = syscall::meta(&file).is_ok_and(|meta| meta.is_file());
+    (regular && crate::sys::ofd_take_byte(&file, 0)).then_some(file)
+}
+
+/// Whether a waiter of another open file description (another `Locker`,
+/// or another process) is registered on the mutation-lock file `file`
+/// ([`register`]): whom a release keeps that file for. One look
+/// (`F_OFD_GETLK`), where waiters register.
+pub(super) fn registered_on(file: &File) -> bool {
+    cfg!(unix) && crate::sys::byte_range_locks() && crate::sys::ofd_held(file, 0, 1)
+}
+
 /// Removes the mutation-lock file of `lock` if one is there and no other
 /// waiter is registered on it: called by a waiter that stopped waiting
 /// without the lock, once it has let go of its own registration. Taken
@@ -182,7 +209,7 @@ pub(crate) struct MutationLock<'a> {
 
 impl MutationLock<'_> {
     /// Lets the file stay when this lock goes if a waiter of this name is
-    /// registered on it then (`line::registered_on`): the lock path was
+    /// registered on it then ([`registered_on`]): the lock path was
     /// just removed for waiters in line, whose next release takes this
     /// lock again (opening the file costs less than making it, and its
     /// removal would wake every waiter's watcher once more). The last one
@@ -208,10 +235,10 @@ impl MutationLock<'_> {
     /// taken by another meanwhile, who then decides; the file replaced)
     /// keeps it.
     fn kept(&self) -> bool {
-        if !(self.keep && self.dir.private_to_us() && super::line::registered_on(&self.file)) {
+        if !(self.keep && self.dir.private_to_us() && registered_on(&self.file)) {
             return false;
         }
-        if self.file.unlock().is_err() || super::line::registered_on(&self.file) {
+        if self.file.unlock().is_err() || registered_on(&self.file) {
             return true;
         }
         if self.file.try_flock().is_err() {
@@ -219,7 +246,7 @@ impl MutationLock<'_> {
         }
         let here = syscall::stat_at(self.dir.fd(), &file_name(&self.lock));
         let same = matches!((here, syscall::meta(&self.file)), (Ok(st), Ok(meta)) if (st.dev, st.ino) == (meta.dev(), meta.ino()));
-        !same || super::line::registered_on(&self.file)
+        !same || registered_on(&self.file)
     }
 
     /// Seals the members directory `members` of this name
