@@ -15,10 +15,11 @@ mod common;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
+use common::{anyone_in_line, entries, mutex_of};
 use leasehold::{Locker, Strategy};
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -30,36 +31,6 @@ fn locker(dir: &Path, strategy: Strategy) -> Locker {
         .durable(false)
         .build()
         .unwrap()
-}
-
-fn mutex_of(lock_path: &Path) -> PathBuf {
-    let mut name = lock_path.as_os_str().to_owned();
-    name.push(".mutex");
-    PathBuf::from(name)
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
-/// Whether any process holds an OFD lock on a byte of the directory.
-fn anyone_in_line(dir: &Path) -> bool {
-    use nix::fcntl::{FcntlArg, fcntl};
-    let file = std::fs::File::open(dir).unwrap();
-    let mut lock = nix::libc::flock {
-        l_type: nix::libc::F_WRLCK as i16,
-        l_whence: nix::libc::SEEK_SET as i16,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    fcntl(&file, FcntlArg::F_OFD_GETLK(&mut lock)).unwrap();
-    i32::from(lock.l_type) != nix::libc::F_UNLCK
 }
 
 /// The line's region of a lock file name (src/fs/line/bytes.rs `region`:

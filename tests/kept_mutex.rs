@@ -10,11 +10,15 @@
 //! which these tests look at to know that a waiter stands in line.
 #![cfg(target_os = "linux")]
 
+#[path = "support/common.rs"]
+mod common;
+
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
+use common::{anyone_in_line, entries, mutex_of};
 use leasehold::{Locker, Strategy};
 
 /// Every wait of these tests ends within this.
@@ -27,39 +31,6 @@ fn locker(dir: &Path, strategy: Strategy) -> Locker {
         .durable(false)
         .build()
         .unwrap()
-}
-
-fn mutex_of(lock_path: &Path) -> PathBuf {
-    let mut name = lock_path.as_os_str().to_owned();
-    name.push(".mutex");
-    PathBuf::from(name)
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
-/// Whether any process holds an OFD lock on a byte of the directory (the
-/// line's tickets; a holder that is not in the middle of a turn holds
-/// none).
-fn anyone_in_line(dir: &Path) -> bool {
-    use nix::fcntl::{FcntlArg, fcntl};
-    let file = std::fs::File::open(dir).unwrap();
-    // The whole range, as a writer would take it: any byte held conflicts.
-    let mut lock = nix::libc::flock {
-        l_type: nix::libc::F_WRLCK as i16,
-        l_whence: nix::libc::SEEK_SET as i16,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    fcntl(&file, FcntlArg::F_OFD_GETLK(&mut lock)).unwrap();
-    i32::from(lock.l_type) != nix::libc::F_UNLCK
 }
 
 type Waiting = Pin<Box<dyn Future<Output = leasehold::Result<leasehold::LockGuard>> + Send>>;

@@ -959,3 +959,22 @@ pub fn parse_waits(line: &str) -> (f64, usize) {
     let mean = waits.iter().sum::<f64>() / waits.len().max(1) as f64;
     (mean, timeouts.trim().parse().unwrap())
 }
+
+/// Whether any process holds an OFD lock on a byte of the directory `dir`:
+/// the waiting line's tickets (a holder that is not in the middle of a
+/// turn holds none), for tests that wait until a waiter stands in line.
+#[cfg(target_os = "linux")]
+pub fn anyone_in_line(dir: &Path) -> bool {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let file = std::fs::File::open(dir).unwrap();
+    // The whole range, as a writer would take it: any byte held conflicts.
+    let mut lock = nix::libc::flock {
+        l_type: nix::libc::F_WRLCK as i16,
+        l_whence: nix::libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    fcntl(&file, FcntlArg::F_OFD_GETLK(&mut lock)).unwrap();
+    i32::from(lock.l_type) != nix::libc::F_UNLCK
+}
