@@ -213,6 +213,11 @@ impl Lines {
         };
         let mut places = self.places();
         let place = places.entry(name.into()).or_default();
+        // Back mid-turn and the lock taken: the turn is over, and its mark
+        // would only keep the line off the lock.
+        if let Some(mark) = place.turn_mark.take() {
+            sys::ofd_drop_byte(dir, mark);
+        }
         if place.waiting.is_some() {
             return;
         }
@@ -306,16 +311,30 @@ impl Lines {
         let marks = start + HALF + units_now();
         // A lock that begins below the marks is none of ours (another
         // program's range): the kernel names its start, not a mark.
-        // Marks cost each acquisition [`MARKS`] at most, whoever posts them.
-        if place.marks_us < duration_us(MARKS)
+        // Marks cost each acquisition [`MARKS`] at most, whoever posts
+        // them, and each is honoured once: until the time it gave when
+        // first seen (an event that wakes us meanwhile does not cut that
+        // short), and never after. So a byte kept there (by a program that
+        // is not leasehold, or one that turns up again when the clock's
+        // units wrap) cannot keep the line off the lock.
+        let honouring = place.honoured_mark.filter(|&(_, until)| now < until);
+        if (honouring.is_some() || place.marks_us < duration_us(MARKS))
             && let Some(mark) = first_held(dir, marks, start + REGION).filter(|&mark| mark >= marks)
-            && place.honoured_mark.replace(mark) != Some(mark)
         {
-            let until_us = (mark - start - HALF).saturating_mul(16);
-            let left = until_us.saturating_sub(now_us() % (HALF * 16));
-            let wait = left.clamp(16, duration_us(HOLD_ON));
-            place.marks_us = place.marks_us.saturating_add(wait);
-            return Some(Duration::from_micros(wait));
+            let honoured = place.honoured_mark.filter(|&(seen, _)| seen == mark);
+            if let Some((_, until)) = honoured {
+                // Until its time, then never again.
+                if now < until {
+                    return Some(Duration::from_micros(until - now));
+                }
+            } else if place.marks_us < duration_us(MARKS) {
+                let until_us = (mark - start - HALF).saturating_mul(16);
+                let left = until_us.saturating_sub(now_us() % (HALF * 16));
+                let wait = left.clamp(16, duration_us(HOLD_ON));
+                place.marks_us = place.marks_us.saturating_add(wait);
+                place.honoured_mark = Some((mark, now.saturating_add(wait)));
+                return Some(Duration::from_micros(wait));
+            }
         }
         place.waiting?;
         // A look that fails sees nobody ahead: try, which is harmless.

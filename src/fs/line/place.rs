@@ -58,11 +58,12 @@ pub(super) struct Place {
     /// Whether it came back for the lock within [`HOLD_ON`] last time:
     /// only then is a turn mark worth the line's wait.
     pub(super) comes_back: bool,
-    /// The last turn mark this `Locker` stood back for: each is honoured
-    /// once, so that a byte someone keeps in the marks' range (or one
-    /// that turns up again when the clock's units wrap) cannot keep the
-    /// line off the lock.
-    pub(super) honoured_mark: Option<u64>,
+    /// The last turn mark this `Locker` stood back for, and until when
+    /// (boot-clock µs): each is honoured once, until the time it gave when
+    /// first seen, so that a byte someone keeps in the marks' range (or
+    /// one that turns up again when the clock's units wrap) cannot keep
+    /// the line off the lock.
+    pub(super) honoured_mark: Option<(u64, u64)>,
 }
 
 /// Forgets the places that wait for nothing and have seen nothing for
