@@ -4,7 +4,9 @@
 //! semaphore (`Locker::semaphore(name, 1)`, `Semaphore::acquire_timeout`)
 //! and 4 and 16 processes looping `acquire_shared_timeout` on one name
 //! (shared holders do not exclude each other: that table measures taking
-//! and giving back a shared lock beside other readers, not a handoff).
+//! and giving back a shared lock beside other readers, not a handoff),
+//! and 4 and 16 processes looping `acquire_timeout` on `Locker`s built
+//! with `fair(true)` (turns of one acquisition).
 //!
 //! ```text
 //! cargo bench --bench scaling
@@ -12,7 +14,7 @@
 //!
 //! `LEASEHOLD_BENCH_PROCESSES=4` (or `2,16`) runs only these process
 //! counts; `LEASEHOLD_BENCH_KINDS=exclusive` (or `semaphore,shared`, any of
-//! `exclusive`, `semaphore`, `shared`, `py-filelock`) only these tables.
+//! `exclusive`, `semaphore`, `shared`, `fair`, `py-filelock`) only these tables.
 //!
 //! Each configuration runs three times; the table gives the median run's
 //! throughput and the worst run's fairness (least served process over
@@ -78,6 +80,7 @@ mod unix {
                 "contend" => Kind::Exclusive,
                 "contend-semaphore" => Kind::Semaphore,
                 "contend-shared" => Kind::Shared,
+                "contend-fair" => Kind::Fair,
                 _ => unreachable!("unknown role"),
             };
             contend(kind, &args[0], args[1].parse().unwrap(), args[2].parse().unwrap());
@@ -94,7 +97,7 @@ mod unix {
             .map(|list| list.split(',').map(|k| k.trim().to_owned()).collect());
         for kind in kinds.iter().flatten() {
             assert!(
-                ["exclusive", "semaphore", "shared", "py-filelock"].contains(&kind.as_str()),
+                ["exclusive", "semaphore", "shared", "fair", "py-filelock"].contains(&kind.as_str()),
                 "LEASEHOLD_BENCH_KINDS: unknown kind {kind:?}"
             );
         }
@@ -171,6 +174,11 @@ mod unix {
                 "contend-shared",
                 "`acquire_shared_timeout` (shared holders overlap: no process waits for another's release)",
             ),
+            (
+                "fair",
+                "contend-fair",
+                "`acquire_timeout` on a `Locker` built with `fair(true)` (turns of one acquisition)",
+            ),
         ] {
             let counts: Vec<usize> = KIND_PROCESSES
                 .into_iter()
@@ -207,6 +215,8 @@ mod unix {
         Semaphore,
         /// `acquire_shared_timeout` on one name.
         Shared,
+        /// `acquire_timeout` on one name, `fair(true)`.
+        Fair,
     }
 
     /// Runs of each configuration: the table gives the median throughput and
@@ -323,7 +333,11 @@ print(count, 0, longest // 1000)
             .build()
             .unwrap();
         rt.block_on(async {
-            let locker = Locker::new(dir).unwrap();
+            let locker = Locker::builder()
+                .directory(dir)
+                .fair(matches!(kind, Kind::Fair))
+                .build()
+                .unwrap();
             let semaphore = locker.semaphore("contended-semaphore", 1).unwrap();
             tokio::time::sleep(Duration::from_nanos(start.saturating_sub(now_ns()))).await;
             let mut count = 0u64;
@@ -336,7 +350,7 @@ print(count, 0, longest // 1000)
                 }
                 let timeout = Duration::from_nanos(stop - now);
                 let acquired = match kind {
-                    Kind::Exclusive => locker.acquire_timeout("contended", timeout).await,
+                    Kind::Exclusive | Kind::Fair => locker.acquire_timeout("contended", timeout).await,
                     Kind::Semaphore => semaphore.acquire_timeout(timeout).await,
                     Kind::Shared => locker.acquire_shared_timeout("contended-shared", timeout).await,
                 };

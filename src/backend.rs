@@ -311,6 +311,13 @@ pub(crate) trait BackendLock: Send {
     fn unwaited(&self) -> bool {
         false
     }
+
+    /// Whether a cheap look shows someone of another process waiting for
+    /// this lock right now (files: in the line of `fs/line.rs`). `false`
+    /// whenever the backend cannot tell. Must not block.
+    fn waited(&self) -> bool {
+        false
+    }
 }
 
 /// What [`BackendLock::release_now`] did.

@@ -80,6 +80,7 @@ impl Engine {
         poll_interval: Duration,
         wait_notice: Option<Duration>,
         path_style: PathStyle,
+        fair: bool,
         store: impl FnOnce(Arc<Counters>, Waiters) -> Result<Store>,
     ) -> Result<Self> {
         let counters: Arc<Counters> = Arc::default();
@@ -92,6 +93,7 @@ impl Engine {
             counters: Arc::clone(&counters),
             renewer: Renewer::default(),
             roll: Arc::default(),
+            fair,
         };
         Ok(Engine {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),

@@ -130,7 +130,7 @@ impl Fs {
             None => open_per_user("leasehold", allow_insecure, create)?,
         };
         dir.check_usable(place.read_only)?;
-        let lines = line::Lines::of(dir.fd());
+        let lines = line::Lines::of(dir.fd(), settings.fair);
         let ctx = Ctx {
             dir,
             settings,

@@ -237,6 +237,11 @@ fn decide(hold: Hold, queue: &Queue<Hold>, check_lost: bool) -> Next {
     // window ends well before).
     let within_stretch = now.saturating_duration_since(hold.since()) < HANDOFF_STRETCH;
     let mut within_window = within_stretch && now.saturating_duration_since(hold.window()) < HANDOFF_WINDOW;
+    // Fair: another process seen waiting ends the window (one look, only
+    // when there is someone here to hand it to).
+    if within_window && hold.lease().fair() && queue.has_waiters() && hold.waited() {
+        within_window = false;
+    }
     if !within_window && within_stretch && queue.has_waiters() && hold.unwaited() {
         // Nobody else wants it: another window, without the disk's round
         // trip and the pause.

@@ -56,6 +56,8 @@ pub(crate) struct Lease {
     /// Fencing tokens left in the block reserved on disk.
     tokens: Mutex<Option<Tokens>>,
     counters: Arc<Counters>,
+    /// `LockerBuilder::fair`: see [`Lease::fair`].
+    fair: bool,
     registration: Mutex<Option<Registration>>,
     /// The error of the last renewal, while renewals are failing: the
     /// true reason if the lease then runs out.
@@ -79,6 +81,9 @@ pub(crate) struct Keeper {
     pub(crate) renewer: Renewer,
     /// Every lease armed here, and whether the `Locker` was shut down.
     pub(crate) roll: Arc<Roll>,
+    /// Whether holds are passed among this `Locker`'s tasks while another
+    /// process is seen waiting (`LockerBuilder::fair`: not).
+    pub(crate) fair: bool,
 }
 
 impl Keeper {
@@ -100,6 +105,7 @@ impl Keeper {
             margin_ms: margin_ms(lease_ms, renew_ms),
             tokens: Mutex::new(tokens),
             counters: Arc::clone(&self.counters),
+            fair: self.fair,
             registration: Mutex::new(None),
             failing: Mutex::new(None),
         });
@@ -173,6 +179,19 @@ impl Hold {
             Err(std::sync::TryLockError::WouldBlock) => return false,
         };
         held.as_ref().is_some_and(BackendLock::unwaited)
+    }
+
+    /// Whether a cheap look shows someone in another process waiting for
+    /// this lock (see [`BackendLock::waited`]): `false` when it cannot
+    /// tell, when the lock is gone, or when the renewal thread is at it
+    /// this instant (never waited for: this runs on the runtime's thread).
+    pub(crate) fn waited(&self) -> bool {
+        let held = match self.lease.held.try_lock() {
+            Ok(held) => held,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        held.as_ref().is_some_and(BackendLock::waited)
     }
 
     /// When it was last handed on to a local waiter, if it was.
@@ -430,6 +449,13 @@ impl Lease {
 
     pub(crate) fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Whether its `Locker` is fair (`LockerBuilder::fair`): it keeps an
+    /// exclusive lock among its own tasks only while nobody of another
+    /// process is seen waiting for it.
+    pub(crate) fn fair(&self) -> bool {
+        self.fair
     }
 
     /// A receiver for the loss report.

@@ -223,6 +223,10 @@ impl BackendLock for StoreLock {
         each!(StoreLock, self, lock => lock.unwaited())
     }
 
+    fn waited(&self) -> bool {
+        each!(StoreLock, self, lock => lock.waited())
+    }
+
     fn release_now(self, confirm: bool) -> ReleaseNow<Self> {
         match self {
             StoreLock::Fs(lock) => lock.release_now(confirm).map_busy(StoreLock::Fs),

@@ -41,6 +41,8 @@ pub(crate) struct Settings {
     pub(crate) foreign_lease: Option<Duration>,
     pub(crate) durable: bool,
     pub(crate) fencing: bool,
+    /// Turns of one acquisition (`LockerBuilder::fair`).
+    pub(crate) fair: bool,
     pub(crate) fields: Option<Arc<crate::field::OwnerFields>>,
 }
 

@@ -37,7 +37,8 @@
 //!   `Locker` that does not ask again leaves nothing in line, and one
 //!   that comes back late is behind those who came meanwhile). Within a
 //!   turn it may take the lock again at once, which keeps most of the
-//!   throughput of back-to-back acquisitions.
+//!   throughput of back-to-back acquisitions. A fair `Locker`
+//!   (`LockerBuilder::fair`) has turns of one acquisition.
 //!
 //! On Windows, which cannot lock a directory, the tickets and turn marks
 //! are byte-range locks on a file in the lock directory instead
@@ -139,6 +140,9 @@ pub(crate) struct Lines {
     /// byte-range lock can be a network round trip (NFS and the like):
     /// the line would cost every release one.
     off: bool,
+    /// Turns of one acquisition (`LockerBuilder::fair`): a release that
+    /// finds anyone in line ends the turn.
+    fair: bool,
     /// Where the line's bytes are not the lock directory's own (Windows,
     /// which cannot lock a directory): the file in it that holds them.
     /// `None`: the calls' directory handle holds them.
@@ -167,11 +171,13 @@ const MAX_PLACES: usize = 1024;
 const IDLE: Duration = Duration::from_secs(1);
 
 impl Lines {
-    /// The lines of the lock directory `dir`.
-    pub(crate) fn of(dir: &File) -> Self {
+    /// The lines of the lock directory `dir`; with turns of one
+    /// acquisition if `fair`.
+    pub(crate) fn of(dir: &File, fair: bool) -> Self {
         Lines {
             places: Mutex::default(),
             passed: Mutex::default(),
+            fair,
             off: !sys::byte_range_locks() || sys::fs_is_remote(dir),
             file: (!sys::DIRECTORY_MARKS).then(LineFile::default),
         }
@@ -502,7 +508,10 @@ impl Lines {
             sys::ofd_drop_byte(dir, mark);
         }
         let since = *place.turn_since.get_or_insert(now);
-        if now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= acquisitions {
+        // Fair: every turn is one acquisition, whether or not this
+        // `Locker` had counted it (one taken with nobody in line has no
+        // place, and is not counted).
+        if self.fair || now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= acquisitions {
             place.turn_since = None;
             place.turn_count = 0;
             place.rejoin = true;
@@ -537,6 +546,17 @@ impl Lines {
             None => true,
             Some(dir) => !conflict(dir, region(name), HALF),
         }
+    }
+
+    /// Whether someone of another `Locker` stands in line for `name` right
+    /// now, as far as the kernel shows: `false` where the line is off, or
+    /// (on Windows) there is no line file yet, where nobody can be seen.
+    /// Must not block.
+    pub(crate) fn someone_in_line(&self, dir: &File, name: &str) -> bool {
+        !self.off
+            && self
+                .bytes_of(dir, false)
+                .is_some_and(|dir| conflict(dir, region(name), HALF))
     }
 
     /// Whether this `Locker` stands back for an older waiter for `name`

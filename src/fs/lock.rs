@@ -323,6 +323,17 @@ impl BackendLock for FsLock {
             FsLock::Member(_) => false,
         }
     }
+
+    /// Someone of another process stands in the name's line.
+    fn waited(&self) -> bool {
+        match self {
+            FsLock::Whole(lock) => lock
+                .ctx
+                .lines
+                .someone_in_line(lock.ctx.dir.fd(), lock.name.file_name()),
+            FsLock::Member(_) => false,
+        }
+    }
 }
 
 impl Whole {

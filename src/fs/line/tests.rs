@@ -475,3 +475,40 @@ fn a_permit_given_back_keeps_the_ticket_of_a_waiter_of_the_same_locker() {
         "a ticket left held for the Locker's life"
     );
 }
+
+#[test]
+fn a_fair_holder_lets_the_line_in_at_every_release() {
+    let Some(dir) = Dir::new() else { return };
+    let (f, u, w) = (dir.open(), dir.open(), dir.open());
+    let fair = Lines {
+        fair: true,
+        ..Lines::default()
+    };
+    let (unfair, waiter) = (Lines::default(), Lines::default());
+    waiter.wait_on(&w, "x.lock");
+    assert!(fair.someone_in_line(&f, "x.lock"));
+    // Nobody in line: either one keeps the lock, fair or not.
+    assert!(!fair.someone_in_line(&f, "y.lock"));
+    fair.acquired(&f, "y.lock");
+    fair.releasing(&f, "y.lock");
+    assert_eq!(fair.stand_back(&f, "y.lock", || None), None);
+    // Someone in line: the unfair holder goes on with its turn...
+    unfair.acquired(&u, "x.lock");
+    unfair.releasing(&u, "x.lock");
+    assert_eq!(unfair.stand_back(&u, "x.lock", || None), None, "within its turn");
+    unfair.stopped_waiting(&u, "x.lock");
+    // ...and the fair one, after one acquisition, waits behind the line.
+    fair.acquired(&f, "x.lock");
+    fair.releasing(&f, "x.lock");
+    let back = fair
+        .stand_back(&f, "x.lock", || None)
+        .expect("behind the waiter already in line");
+    assert!(back <= STAND_BACK, "{back:?}");
+    assert!(
+        waiter.someone_in_line(&w, "x.lock"),
+        "the fair holder is in line too"
+    );
+    fair.stopped_waiting(&f, "x.lock");
+    waiter.stopped_waiting(&w, "x.lock");
+    assert!(!fair.someone_in_line(&f, "x.lock"), "nobody left in line");
+}

@@ -1,0 +1,158 @@
+//! `LockerBuilder::fair`: a release that finds another `Locker` waiting
+//! for the name lets it in, the releasing `Locker`'s next attempt waits
+//! behind it, and the `Locker`'s own tasks do not pass the lock among
+//! themselves past it.
+//!
+//! The `Locker`s here share one process but not their open file
+//! descriptions, which is what the waiting line tells apart (each
+//! `Locker` opens the lock directory itself): to the line they are as
+//! separate processes. Linux only: these tests look at the line's OFD
+//! byte-range locks to know that a waiter stands in line.
+#![cfg(target_os = "linux")]
+
+#[path = "support/common.rs"]
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::anyone_in_line;
+use leasehold::{Error, Locker};
+
+/// Every wait of these tests ends within this.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// Time for a waiter that began to wait to stand in line: its first
+/// attempt runs at once, so this is generous.
+const SETTLE: Duration = Duration::from_millis(300);
+
+fn fair(dir: &Path) -> Locker {
+    Locker::builder().directory(dir).fair(true).build().unwrap()
+}
+
+/// Waits until someone holds a byte of `dir`'s line.
+async fn until_in_line(dir: &Path) {
+    let started = Instant::now();
+    while !anyone_in_line(dir) {
+        assert!(started.elapsed() < BOUND, "nobody ever stood in line");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+type Order = Arc<Mutex<Vec<&'static str>>>;
+
+fn push(order: &Order, who: &'static str) {
+    order.lock().unwrap().push(who);
+}
+
+/// A fair `Locker` that releases and asks again at once, while another
+/// waits, gets the lock back only after the other had it (by default it
+/// could take it again at once, up to 32 times in a row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_locker_lets_a_waiter_in_at_every_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let (looping, other) = (fair(dir.path()), Locker::new(dir.path()).unwrap());
+    let order: Order = Arc::default();
+    let guard = looping.acquire("job").await.unwrap();
+    let waiter = tokio::spawn({
+        let order = Arc::clone(&order);
+        async move {
+            let guard = other.acquire_timeout("job", BOUND).await?;
+            push(&order, "other");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(guard);
+            Ok::<_, Error>(())
+        }
+    });
+    until_in_line(dir.path()).await;
+    push(&order, "looping");
+    drop(guard);
+    for _ in 0..3 {
+        let guard = looping.acquire_timeout("job", BOUND).await.unwrap();
+        push(&order, "looping");
+        drop(guard);
+    }
+    waiter.await.unwrap().unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["looping", "other", "looping", "looping", "looping"],
+        "the waiter had the lock right after the first release"
+    );
+}
+
+/// A fair `Locker` whose task releases the lock while another of its
+/// tasks waits and another `Locker` stands in line gives the lock back
+/// to the disk: the other `Locker`, in line before the second task came
+/// to the disk, goes first (by default the second task would have it
+/// handed over in memory, within the first 10 ms of the hold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_lockers_tasks_do_not_pass_the_lock_past_a_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let (holder, ours, late) = (
+        Locker::new(dir.path()).unwrap(),
+        fair(dir.path()),
+        Locker::new(dir.path()).unwrap(),
+    );
+    let order: Order = Arc::default();
+    let held = holder.acquire("job").await.unwrap();
+    // The fair Locker's first task stands in line, first...
+    let first = tokio::spawn({
+        let (ours, order) = (ours.clone(), Arc::clone(&order));
+        async move {
+            let guard = ours.acquire_timeout("job", BOUND).await?;
+            push(&order, "first task");
+            // Released at once: within the hold's first moments, when a
+            // default `Locker` hands it to its next task in memory.
+            drop(guard);
+            Ok::<_, Error>(())
+        }
+    });
+    until_in_line(dir.path()).await;
+    // ...its second waits behind the first, in the `Locker`'s own queue...
+    let second = tokio::spawn({
+        let (ours, order) = (ours.clone(), Arc::clone(&order));
+        async move {
+            let guard = ours.acquire_timeout("job", BOUND).await?;
+            push(&order, "second task");
+            drop(guard);
+            Ok::<_, Error>(())
+        }
+    });
+    tokio::time::sleep(SETTLE).await;
+    // ...and another `Locker` stands in line behind the first task.
+    let other = tokio::spawn({
+        let order = Arc::clone(&order);
+        async move {
+            let guard = late.acquire_timeout("job", BOUND).await?;
+            push(&order, "late");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(guard);
+            Ok::<_, Error>(())
+        }
+    });
+    tokio::time::sleep(SETTLE).await;
+    drop(held);
+    for task in [first, second, other] {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["first task", "late", "second task"],
+        "the second task had the lock passed past a waiter in line"
+    );
+}
+
+/// `fair` is a setting of locks in a directory: on PostgreSQL, where the
+/// server orders waiters, `build` refuses it with a typed error.
+#[cfg(feature = "postgres")]
+#[test]
+fn fair_is_refused_on_postgres() {
+    let err = Locker::builder()
+        .postgres("postgres://leasehold@127.0.0.1:1/leasehold")
+        .fair(true)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}");
+    assert!(err.to_string().contains("`fair`"), "{err}");
+}
