@@ -30,6 +30,9 @@ const STRATEGY_ENV: &str = "LEASEHOLD_TEST_STRATEGY";
 pub const PLAIN_ENV: &str = "LEASEHOLD_TEST_PLAIN";
 /// Set in a child's environment to build its lockers with fencing on.
 pub const FENCING_ENV: &str = "LEASEHOLD_TEST_FENCING";
+/// Set (to anything) in a child's environment: its lockers are built with
+/// `fair(true)`.
+pub const FAIR_ENV: &str = "LEASEHOLD_TEST_FAIR";
 const ARGS_ENV: &str = "LEASEHOLD_TEST_ARGS";
 /// No child outlives this, whatever the parent does.
 const CHILD_TTL: Duration = Duration::from_secs(90);
@@ -110,6 +113,7 @@ fn locker(dir: &str, lease_ms: u64, poll_ms: u64) -> Locker {
         .directory(dir)
         .path_style(path_style_from_env())
         .fencing(std::env::var_os(FENCING_ENV).is_some())
+        .fair(std::env::var_os(FAIR_ENV).is_some())
         .strategy(strategy)
         .lease(Duration::from_millis(lease_ms))
         .poll_interval(Duration::from_millis(poll_ms))
