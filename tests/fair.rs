@@ -149,10 +149,14 @@ async fn a_fair_lockers_tasks_do_not_pass_the_lock_past_a_waiter() {
 }
 
 /// Three processes, each built with `fair(true)`, take and give back one
-/// lock in a loop: while all three loop, none takes it twice in a row
-/// (each release finds the other two in line, and lets the oldest in),
-/// and their shares are even. With the defaults the same loop gives runs
-/// of up to 32 (a turn). Real processes, bounded: each loops 1.5 s.
+/// lock in a loop: while all three loop, the lock changes hands at
+/// nearly every acquisition (each release that finds the other two in
+/// line lets the oldest in; only when both are off the line, not yet
+/// back, which on two busy cores happens, may a process take it again),
+/// and their shares are even. With the defaults the same loop changes
+/// hands at the ends of turns (runs of up to 32), at a third of the
+/// acquisitions here. Real processes, bounded:
+/// each loops 1.5 s.
 #[test]
 fn fair_processes_looping_take_one_acquisition_each_in_turn() {
     let dir = tempfile::tempdir().unwrap();
@@ -198,21 +202,23 @@ fn fair_processes_looping_take_one_acquisition_each_in_turn() {
     );
     let all = &order[from..=to];
     let longest = all.chunk_by(|a, b| a == b).map(<[&str]>::len).max().unwrap_or(0);
+    let runs = all.chunk_by(|a, b| a == b).count();
     let mut counts = std::collections::HashMap::new();
     for pid in all {
         *counts.entry(*pid).or_insert(0u64) += 1;
     }
     let (least, most) = (counts.values().min().unwrap(), counts.values().max().unwrap());
     let summary = format!(
-        "{} acquisitions with all three looping, counts {counts:?}, longest run {longest}",
+        "{} acquisitions with all three looping, counts {counts:?}, {runs} runs, longest {longest}",
         all.len()
     );
     eprintln!("{summary}");
-    // One in a row, strictly; a little slack for a look the kernel
-    // answered between a waiter leaving the line and the next joining.
+    // Measured: a change of hands at 99 to 100 % of acquisitions; 31 %
+    // in a run of the defaults (with the defaults, changes of hands come
+    // at the ends of turns, and at turns cut short).
     assert!(
-        longest <= 3,
-        "a fair process kept the lock while others waited: {summary}"
+        runs * 10 >= all.len() * 6,
+        "fair processes kept the lock while others waited: {summary}"
     );
     assert!(least * 10 >= most * 8, "uneven shares: {summary}");
 }

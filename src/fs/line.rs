@@ -293,6 +293,12 @@ impl Lines {
         let lock_dir = dir;
         let dir = self.bytes_of(dir, true)?;
         let now = now_us();
+        // The time the last wait for a mark really kept us off the lock,
+        // beyond what was charged for it when it began.
+        if let Some((since, charged)) = place.marks_since.take() {
+            let over = now.saturating_sub(since).saturating_sub(charged);
+            place.marks_us = place.marks_us.saturating_add(over);
+        }
         if let Some(released) = place.released_at.take() {
             place.comes_back = now.saturating_sub(released) < duration_us(HOLD_ON) / 2;
         }
@@ -328,9 +334,14 @@ impl Lines {
             && let Some(mark) = first_held(dir, marks, start + REGION).filter(|&mark| mark >= marks)
         {
             let honoured = place.honoured_mark.filter(|&(seen, _)| seen == mark);
+            // Each wait is charged what it asks for when it begins, and
+            // at the next look whatever it really took beyond that (a
+            // timer's wake-up and a look cost more than the shortest
+            // marks ask for): the budget counts time off the lock.
             if let Some((_, until)) = honoured {
-                // Until its time, then never again.
+                // Until its time (already charged), then never again.
                 if now < until {
+                    place.marks_since = Some((now, until - now));
                     return Some(Duration::from_micros(until - now));
                 }
             } else if place.marks_us < duration_us(MARKS) {
@@ -339,6 +350,7 @@ impl Lines {
                 let wait = left.clamp(16, duration_us(HOLD_ON));
                 place.marks_us = place.marks_us.saturating_add(wait);
                 place.honoured_mark = Some((mark, now.saturating_add(wait)));
+                place.marks_since = Some((now, wait));
                 return Some(Duration::from_micros(wait));
             }
         }
@@ -391,9 +403,22 @@ impl Lines {
             (last, Seen::Held(_)) if last != Some(seen) => STAND_BACK,
             // Free: maybe a handoff in flight; look again soon.
             (last, Seen::Free) if last != Some(Seen::Free) => STAND_BACK / 4,
+            // Free twice: the older waiters are not taking it (frozen,
+            // or bytes that are no waiter's): try. If none of them left
+            // the line since the look before (the lock free at both, and
+            // nobody ahead took it between), they had their chance: stop
+            // standing back for them, this wait and the next.
+            (_, Seen::Free) => {
+                if place.unmoved > 0 {
+                    self.pass_over(&place.ahead);
+                    place.ahead.clear();
+                }
+                leave_standing_back(place);
+                return None;
+            }
             // The same lock for a whole period (held long, or a dead
-            // holder's, which only an attempt judges), or free twice (the
-            // older waiters are not taking it): try, which is harmless.
+            // holder's, which only an attempt judges): try, which is
+            // harmless.
             _ => {
                 leave_standing_back(place);
                 return None;
@@ -422,6 +447,7 @@ impl Lines {
             }
             leave(dir, place);
             place.marks_us = 0;
+            place.marks_since = None;
             if let Some(mark) = place.turn_mark.take() {
                 sys::ofd_drop_byte(dir, mark);
             }
@@ -445,6 +471,7 @@ impl Lines {
         if let Some(place) = places.get_mut(name) {
             leave(dir, place);
             place.marks_us = 0;
+            place.marks_since = None;
             place.rejoin = false;
             if place.turn_since.is_none() {
                 places.remove(name);
@@ -508,10 +535,16 @@ impl Lines {
             sys::ofd_drop_byte(dir, mark);
         }
         let since = *place.turn_since.get_or_insert(now);
-        // Fair: every turn is one acquisition, whether or not this
-        // `Locker` had counted it (one taken with nobody in line has no
-        // place, and is not counted).
-        if self.fair || now.saturating_sub(since) >= duration_us(TURN) || place.turn_count >= acquisitions {
+        // Fair: a turn is one acquisition, whether or not this `Locker`
+        // had counted it (one taken with nobody in line has no place, and
+        // is not counted), when a waiter's ticket is in line (even one
+        // passed over: its waiter may only have been slow, and the next
+        // attempt, which does not stand back for it, costs little); bytes
+        // that are no ticket end turns as for anyone.
+        if now.saturating_sub(since) >= duration_us(TURN)
+            || place.turn_count >= acquisitions
+            || (self.fair && self.ticket_in_line(dir, start, true))
+        {
             place.turn_since = None;
             place.turn_count = 0;
             place.rejoin = true;
@@ -548,15 +581,42 @@ impl Lines {
         }
     }
 
-    /// Whether someone of another `Locker` stands in line for `name` right
-    /// now, as far as the kernel shows: `false` where the line is off, or
-    /// (on Windows) there is no line file yet, where nobody can be seen.
-    /// Must not block.
+    /// Whether a waiter of another `Locker` stands in line for `name`
+    /// right now, as far as the kernel shows ([`Self::ticket_in_line`]):
+    /// `false` where the line is off, or (on Windows) there is no line
+    /// file yet, where nobody can be seen. Must not block.
     pub(crate) fn someone_in_line(&self, dir: &File, name: &str) -> bool {
         !self.off
             && self
                 .bytes_of(dir, false)
-                .is_some_and(|dir| conflict(dir, region(name), HALF))
+                .is_some_and(|dir| self.ticket_in_line(dir, region(name), false))
+    }
+
+    /// Whether a ticket of another `Locker` stands in the line of the name
+    /// whose region begins at `start` (one this `Locker` passed over too
+    /// if `passed_too`): a one-byte range (a range over more is no
+    /// ticket, and what it may hide cannot be seen). One look when the
+    /// kernel names such a ticket first, else a listing ([`tickets`]).
+    /// What a fair `Locker` gives way to: a range anyone who can read the
+    /// directory holds costs it no more than it costs any other.
+    fn ticket_in_line(&self, dir: &File, start: u64, passed_too: bool) -> bool {
+        let end = start + HALF;
+        let Some(first) = sys::ofd_held_span(dir, start, end) else {
+            return false;
+        };
+        let (none, guard);
+        let passed: &VecDeque<Span> = if passed_too {
+            none = VecDeque::new();
+            &none
+        } else {
+            guard = self.passed();
+            &guard
+        };
+        if first.1.saturating_sub(first.0) == 1 && !passed.contains(&first) {
+            return true;
+        }
+        let (ahead, _) = tickets(dir, start, end, passed);
+        ahead.found.iter().any(|&(s, e)| e.saturating_sub(s) == 1)
     }
 
     /// Whether this `Locker` stands back for an older waiter for `name`

@@ -35,6 +35,10 @@ pub(super) struct Place {
     pub(super) last_look: Option<Seen>,
     /// How long this acquisition has left the lock to turn marks (µs).
     pub(super) marks_us: u64,
+    /// When the last wait for a mark began (boot-clock µs), and what was
+    /// charged to `marks_us` for it then: the next look charges the rest
+    /// of the time it really took.
+    pub(super) marks_since: Option<(u64, u64)>,
     /// A holder whose turn ended keeps off the lock until then (boot-clock
     /// µs) when it cannot see who waits (see [`Lines::join`]).
     pub(super) courtesy_until: Option<u64>,

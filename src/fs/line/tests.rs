@@ -74,37 +74,53 @@ fn a_waiter_stands_back_while_the_line_moves_and_no_longer_once_it_stops() {
     assert!(other.stand_back(&b, "x.lock", || None).is_some());
     std::thread::sleep(STAND_BACK + Duration::from_millis(1));
     assert_eq!(other.stand_back(&b, "x.lock", || None), Some(STAND_BACK / 4));
-    // Free twice in a row: the older waiter is not taking it.
+    // Free twice in a row: the older waiter is not taking it. It had its
+    // chance: passed over, this wait and the next.
     std::thread::sleep(STAND_BACK / 4 + Duration::from_millis(1));
     assert_eq!(
         other.stand_back(&b, "x.lock", || None),
         None,
         "a frozen older waiter cannot keep the others off"
     );
-    // Woken again, it stands back again; a new lock at each look is a
-    // line that moves, but not through the frozen waiter: after
-    // CHANCES looks at a lock that moved, it had its chance.
     let lock = |ino| move || Some((1, ino));
-    assert!(other.stand_back(&b, "x.lock", lock(1)).is_some());
+    assert_eq!(other.stand_back(&b, "x.lock", lock(1)), None, "woken again");
+    other.stopped_waiting(&b, "x.lock");
+    other.wait_on(&b, "x.lock");
+    assert_eq!(other.stand_back(&b, "x.lock", lock(1)), None, "the next wait");
+    assert!(!other.behind(&b, "x.lock"));
+    other.stopped_waiting(&b, "x.lock");
+    // Another Locker has not passed it over yet. It stands back; a new
+    // lock at each look is a line that moves, but not through the frozen
+    // waiter: after CHANCES looks at a lock that moved, it had its chance.
+    let third = Lines::default();
+    let c = dir.open();
+    third.wait_on(&c, "x.lock");
+    assert!(third.stand_back(&c, "x.lock", lock(1)).is_some());
     std::thread::sleep(STAND_BACK + Duration::from_millis(1));
-    assert_eq!(other.stand_back(&b, "x.lock", lock(2)), Some(STAND_BACK));
-    std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+    for ino in 2..4 {
+        assert_eq!(
+            third.stand_back(&c, "x.lock", lock(ino)),
+            Some(STAND_BACK),
+            "{ino}"
+        );
+        std::thread::sleep(STAND_BACK + Duration::from_millis(1));
+    }
     assert_eq!(
-        other.stand_back(&b, "x.lock", lock(3)),
+        third.stand_back(&c, "x.lock", lock(4)),
         None,
         "a frozen waiter kept the line off for good (or a looper's new locks did)"
     );
     // Passed over for good: the next wait does not stand back for it.
-    other.stopped_waiting(&b, "x.lock");
-    other.wait_on(&b, "x.lock");
-    assert_eq!(other.stand_back(&b, "x.lock", lock(4)), None);
-    assert!(!other.behind(&b, "x.lock"));
-    other.stopped_waiting(&b, "x.lock");
-    // Another Locker has not passed it over yet.
-    let third = Lines::default();
-    let c = dir.open();
+    third.stopped_waiting(&c, "x.lock");
     third.wait_on(&c, "x.lock");
-    assert!(third.stand_back(&c, "x.lock", lock(4)).is_some());
+    assert_eq!(third.stand_back(&c, "x.lock", lock(5)), None);
+    assert!(!third.behind(&c, "x.lock"));
+    third.stopped_waiting(&c, "x.lock");
+    // A fourth has not passed it over yet.
+    let fourth = Lines::default();
+    let d = dir.open();
+    fourth.wait_on(&d, "x.lock");
+    assert!(fourth.stand_back(&d, "x.lock", lock(5)).is_some());
 }
 
 #[test]
@@ -511,4 +527,68 @@ fn a_fair_holder_lets_the_line_in_at_every_release() {
     fair.stopped_waiting(&f, "x.lock");
     waiter.stopped_waiting(&w, "x.lock");
     assert!(!fair.someone_in_line(&f, "x.lock"), "nobody left in line");
+}
+
+#[test]
+fn a_fair_holder_gives_way_to_tickets_not_to_ranges_anyone_can_hold() {
+    let Some(dir) = Dir::new() else { return };
+    let (f, other, w) = (dir.open(), dir.open(), dir.open());
+    let fair = Lines {
+        fair: true,
+        ..Lines::default()
+    };
+    // A read lock over the whole byte range: no ticket, and what it may
+    // hide cannot be seen. The fair holder keeps its turn, as any would.
+    assert!(sys::ofd_read_lock(&other, 0, 1 << 62));
+    assert!(!fair.someone_in_line(&f, "x.lock"));
+    fair.acquired(&f, "x.lock");
+    fair.releasing(&f, "x.lock");
+    assert_eq!(fair.stand_back(&f, "x.lock", || None), None, "within its turn");
+    fair.stopped_waiting(&f, "x.lock");
+    drop(other);
+    // A waiter's ticket ends the turn at once, even one this `Locker`
+    // passed over (its waiter may only have been slow), though its own
+    // tasks may pass the lock among themselves past it.
+    let waiter = Lines::default();
+    waiter.wait_on(&w, "x.lock");
+    let ticket = sys::ofd_held_span(&f, region("x.lock"), region("x.lock") + HALF).unwrap();
+    fair.pass_over(&[ticket]);
+    assert!(!fair.someone_in_line(&f, "x.lock"), "passed over");
+    fair.acquired(&f, "x.lock");
+    fair.releasing(&f, "x.lock");
+    assert!(fair.places()["x.lock"].rejoin, "the turn is over");
+    waiter.stopped_waiting(&w, "x.lock");
+}
+
+#[test]
+fn waits_for_marks_are_charged_the_time_they_really_take() {
+    let Some(dir) = Dir::new() else { return };
+    let (w, squat) = (dir.open(), dir.open());
+    let waiter = Lines::default();
+    waiter.wait_on(&w, "x.lock");
+    let marks = region("x.lock") + HALF;
+    // Marks that ask for little, each looked at again long after: the
+    // time off the lock, not what each mark asked for, uses up the
+    // acquisition's `MARKS`.
+    let mut honoured = 0;
+    for i in 0..1_000 {
+        let mark = marks + units_now() + 2 + i;
+        assert!(sys::ofd_take_byte(&squat, mark));
+        let back = waiter.stand_back(&w, "x.lock", || None);
+        sys::ofd_drop_byte(&squat, mark);
+        match back {
+            Some(back) => {
+                assert!(back <= HOLD_ON, "{back:?}");
+                honoured += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            None => break,
+        }
+    }
+    let most = (MARKS.as_millis() / 2 + 1) as usize;
+    assert!(
+        honoured <= most,
+        "{honoured} marks honoured, each 2 ms off the lock"
+    );
+    waiter.stopped_waiting(&w, "x.lock");
 }
