@@ -490,7 +490,7 @@ impl LockerBuilder {
     /// that the scheduler cuts short (the holder not running when it
     /// would take the lock again) is shorter than another, so over a
     /// couple of seconds of 16 processes contending on two cores, the
-    /// least served process got 0.55 to 0.7 of what the most served got
+    /// least served process got 0.52 to 0.7 of what the most served got
     /// (BENCHMARKS.md).
     ///
     /// With `fair(true)`, a turn is one acquisition: a release that finds
@@ -498,10 +498,14 @@ impl LockerBuilder {
     /// attempt waits behind it; and the tasks of this `Locker` no longer
     /// pass the lock among themselves while another process is seen
     /// waiting for it (they take their turns in the line with everyone
-    /// else). The same 16 processes then get 0.83 to 0.99 of each other's
-    /// share, and about half the acquisitions per second, every one of
-    /// them a handoff from process to process. Processes with and without
-    /// it share locks as ever; each keeps its own turns.
+    /// else). The same 16 processes then get 0.87 to 0.99 of each other's
+    /// share, and a third to a half of the acquisitions per second, every
+    /// one of them a handoff from process to process. Processes with and
+    /// without it share locks as ever; each keeps its own turns. Only a
+    /// waiter's ticket in line ends a fair turn: a waiter frozen in line
+    /// costs a fair `Locker` what it costs any other (a few looks, once),
+    /// and a byte range that anyone who can read the directory holds
+    /// costs it nothing more.
     ///
     /// The order comes from the waiting line (docs/format.md, *The
     /// waiting line*), which runs on Linux and Windows on local
