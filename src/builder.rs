@@ -498,14 +498,17 @@ impl LockerBuilder {
     /// attempt waits behind it; and the tasks of this `Locker` no longer
     /// pass the lock among themselves while another process is seen
     /// waiting for it (they take their turns in the line with everyone
-    /// else). The same 16 processes then get 0.87 to 0.99 of each other's
-    /// share, and a third to a half of the acquisitions per second, every
+    /// else). The same 16 processes then get 0.87 to 0.96 of each other's
+    /// share (the worst of three 2 s runs; single runs up to 0.99), and a
+    /// third to a half of the acquisitions per second, every
     /// one of them a handoff from process to process. Processes with and
     /// without it share locks as ever; each keeps its own turns. Only a
     /// waiter's ticket in line ends a fair turn: a waiter frozen in line
     /// costs a fair `Locker` what it costs any other (a few looks, once),
     /// and a byte range that anyone who can read the directory holds
-    /// costs it nothing more.
+    /// costs it nothing more. Another `Locker` of the same process counts
+    /// as another process here: each opens the lock directory itself, and
+    /// takes its own place in line.
     ///
     /// The order comes from the waiting line (docs/format.md, *The
     /// waiting line*), which runs on Linux and Windows on local

@@ -237,8 +237,9 @@ fn decide(hold: Hold, queue: &Queue<Hold>, check_lost: bool) -> Next {
     // window ends well before).
     let within_stretch = now.saturating_duration_since(hold.since()) < HANDOFF_STRETCH;
     let mut within_window = within_stretch && now.saturating_duration_since(hold.window()) < HANDOFF_WINDOW;
-    // Fair: another process seen waiting ends the window (one look, only
-    // when there is someone here to hand it to).
+    // Fair: another `Locker`'s ticket in line ends the window (a look or
+    // a few, `Lines::ticket_in_line`; only when there is someone here to
+    // hand it to).
     if within_window && hold.lease().fair() && queue.has_waiters() && hold.waited() {
         within_window = false;
     }

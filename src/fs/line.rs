@@ -23,10 +23,12 @@
 //!   take the lock first. It looks at the lock every [`STAND_BACK`]: while
 //!   the lock is taken the line is moving; found free twice in a row, the
 //!   older waiters are not taking it (frozen, say), and it tries all the
-//!   same. Only the waiters that were in line when it joined count, and
-//!   only for [`CHANCES`] looks at a lock that moved without any of them
-//!   leaving ([`LOOKS`] in all per wait): then they had their chance and
-//!   are passed over (and remembered). So a frozen waiter, or a byte
+//!   same (and if none of them left since the look before, they had their
+//!   chance: passed over, and remembered). Only the waiters that were in
+//!   line when it joined count, and only for [`CHANCES`] looks at a lock
+//!   that moved without any of them leaving (then passed over, and
+//!   remembered), or [`LOOKS`] in all per wait (then not stood back for,
+//!   this wait). So a frozen waiter, or a byte
 //!   anyone who can read the directory holds, costs the others a few
 //!   looks once, and never blocks them.
 //! - **A holder lets waiters in.** Releasing, the holder asks the kernel
@@ -82,7 +84,8 @@ mod place;
 mod tests;
 
 use bytes::{
-    HALF, REGION, Span, conflict, duration_us, first_held, now_us, region, ticket_now, tickets, units_now,
+    HALF, REGION, Span, conflict, duration_us, first_held, now_us, region, ticket_held, ticket_now, tickets,
+    units_now,
 };
 use place::{Place, Seen, end_turn, forget_idle, leave, leave_standing_back};
 
@@ -123,6 +126,12 @@ pub(crate) const MARKS: Duration = TURN;
 /// at most twice as many looks, plus one); the rest do not hold it up.
 const AHEAD: usize = 32;
 
+/// Looks a fair `Locker` takes at most for a ticket in line, at a release
+/// or a handoff among its tasks (`Lines::ticket_in_line`): the kernel
+/// names the first ticket at once unless ranges that are none (held by
+/// anyone who can read the directory) or tickets passed over come first.
+const TICKET_LOOKS: usize = 8;
+
 /// Byte ranges passed over that a `Locker` remembers, so that a waiter
 /// frozen for good costs each `Locker` its chances once, not at every
 /// acquisition.
@@ -141,7 +150,7 @@ pub(crate) struct Lines {
     /// the line would cost every release one.
     off: bool,
     /// Turns of one acquisition (`LockerBuilder::fair`): a release that
-    /// finds anyone in line ends the turn.
+    /// finds a waiter's ticket in line ends the turn.
     fair: bool,
     /// Where the line's bytes are not the lock directory's own (Windows,
     /// which cannot lock a directory): the file in it that holds them.
@@ -276,9 +285,10 @@ impl Lines {
     /// standing back. The same lock as last time (held long, or stale with
     /// nobody reclaiming it), or free twice a quarter of that apart (the
     /// older waiters are not taking it: frozen, or gone without leaving):
-    /// try. And [`CHANCES`] looks at a lock that moved while none of those
-    /// ahead left, or [`LOOKS`] in all: they had their chance, and this
-    /// one stops standing back for them.
+    /// try, and if none of them left since the look before, pass them
+    /// over. And [`CHANCES`] looks at a lock that moved while none of
+    /// those ahead left (passed over), or [`LOOKS`] in all: they had their
+    /// chance, and this one stops standing back for them.
     pub(crate) fn stand_back(
         &self,
         dir: &File,
@@ -309,7 +319,13 @@ impl Lines {
             // A byte range held over the line can hide the waiters this
             // holder would let in: it keeps off the lock for a moment, so
             // that they are not left to race a holder already running.
-            if sys::ofd_take_byte(dir, ticket) && self.join(dir, place, start, ticket) {
+            // Not a fair holder that sees a waiter's ticket ahead (what
+            // ended its turn): it stands back for that, as any waiter,
+            // and a range anyone can hold costs it no more than that.
+            if sys::ofd_take_byte(dir, ticket)
+                && self.join(dir, place, start, ticket)
+                && !(self.fair && place.ahead.iter().any(|&(s, e)| e.saturating_sub(s) == 1))
+            {
                 place.courtesy_until = Some(now.saturating_add(duration_us(STAND_BACK)));
             }
         }
@@ -506,6 +522,7 @@ impl Lines {
         let start = region(name);
         // A look that fails sees nobody in line: the turn goes on.
         let waiters = failpoint!("line.release.before_look").is_ok() && conflict(dir, start, HALF);
+        let fair_turn_over = waiters && self.fair && self.ticket_in_line(dir, start, true);
         let mut places = self.places();
         if !waiters {
             // The turn ends with nobody in line. A semaphore's place may
@@ -543,7 +560,7 @@ impl Lines {
         // that are no ticket end turns as for anyone.
         if now.saturating_sub(since) >= duration_us(TURN)
             || place.turn_count >= acquisitions
-            || (self.fair && self.ticket_in_line(dir, start, true))
+            || fair_turn_over
         {
             place.turn_since = None;
             place.turn_count = 0;
@@ -596,14 +613,11 @@ impl Lines {
     /// whose region begins at `start` (one this `Locker` passed over too
     /// if `passed_too`): a one-byte range (a range over more is no
     /// ticket, and what it may hide cannot be seen). One look when the
-    /// kernel names such a ticket first, else a listing ([`tickets`]).
-    /// What a fair `Locker` gives way to: a range anyone who can read the
-    /// directory holds costs it no more than it costs any other.
+    /// kernel names such a ticket first; [`TICKET_LOOKS`] at most, after
+    /// which it reads as none. What a fair `Locker` gives way to: a range
+    /// anyone who can read the directory holds costs it no more than it
+    /// costs any other.
     fn ticket_in_line(&self, dir: &File, start: u64, passed_too: bool) -> bool {
-        let end = start + HALF;
-        let Some(first) = sys::ofd_held_span(dir, start, end) else {
-            return false;
-        };
         let (none, guard);
         let passed: &VecDeque<Span> = if passed_too {
             none = VecDeque::new();
@@ -612,11 +626,7 @@ impl Lines {
             guard = self.passed();
             &guard
         };
-        if first.1.saturating_sub(first.0) == 1 && !passed.contains(&first) {
-            return true;
-        }
-        let (ahead, _) = tickets(dir, start, end, passed);
-        ahead.found.iter().any(|&(s, e)| e.saturating_sub(s) == 1)
+        ticket_held(dir, start, start + HALF, passed, TICKET_LOOKS)
     }
 
     /// Whether this `Locker` stands back for an older waiter for `name`

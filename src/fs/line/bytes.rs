@@ -62,6 +62,32 @@ pub(super) fn first_held(dir: &File, start: u64, end: u64) -> Option<u64> {
     sys::ofd_held_span(dir, start, end).map(|(s, _)| s)
 }
 
+/// Whether another open file description holds a one-byte range (a
+/// ticket) of `dir` in `[start, end)` that is not in `passed`: the kernel
+/// reporting one range per look, split around each, for at most `looks`
+/// looks (then: none found).
+pub(super) fn ticket_held(dir: &File, start: u64, end: u64, passed: &VecDeque<Span>, looks: usize) -> bool {
+    let mut todo = vec![(start, end)];
+    for _ in 0..looks {
+        let Some((lo, hi)) = todo.pop() else {
+            return false;
+        };
+        let Some(span) = sys::ofd_held_span(dir, lo, hi) else {
+            continue;
+        };
+        if span.1.saturating_sub(span.0) == 1 && !passed.contains(&span) {
+            return true;
+        }
+        if span.0 > lo {
+            todo.push((lo, span.0));
+        }
+        if span.1 < hi {
+            todo.push((span.1, hi));
+        }
+    }
+    false
+}
+
 /// What a waiter joining the line finds ahead of it.
 #[derive(Debug, Default)]
 pub(super) struct Ahead {

@@ -557,6 +557,33 @@ fn a_fair_holder_gives_way_to_tickets_not_to_ranges_anyone_can_hold() {
     fair.acquired(&f, "x.lock");
     fair.releasing(&f, "x.lock");
     assert!(fair.places()["x.lock"].rejoin, "the turn is over");
+    fair.stopped_waiting(&f, "x.lock");
+    // A ticket and a range over everything, taken after it (the kernel
+    // names the ticket first): the turn ends for the ticket, and the
+    // next attempt stands back for it as any waiter would, without the
+    // pause a holder takes for waiters a range may hide.
+    let fresh = Lines {
+        fair: true,
+        ..Lines::default()
+    };
+    let g = dir.open();
+    let over = dir.open();
+    assert!(sys::ofd_read_lock(&over, 0, 1 << 62));
+    fresh.acquired(&g, "x.lock");
+    fresh.releasing(&g, "x.lock");
+    if fresh.places()["x.lock"].rejoin {
+        let back = fresh
+            .stand_back(&g, "x.lock", || None)
+            .expect("behind the ticket");
+        assert!(back <= STAND_BACK, "{back:?}");
+        assert_eq!(
+            fresh.places()["x.lock"].courtesy_until,
+            None,
+            "no pause for hidden waiters"
+        );
+    }
+    fresh.stopped_waiting(&g, "x.lock");
+    drop(over);
     waiter.stopped_waiting(&w, "x.lock");
 }
 
