@@ -20,7 +20,7 @@ pub(super) struct Place {
     /// ticket, in the name's region.
     pub(super) waiting: Option<u64>,
     /// The name's mutation-lock file, open with its byte 0 read-locked,
-    /// while this `Locker` waits (`register` in `line.rs`).
+    /// while this `Locker` waits (`mutex::register`).
     pub(super) registered: Option<File>,
     /// The tickets that were ahead when it joined (not those passed over
     /// before), and are still there: only those can hold it up. A legit
