@@ -566,6 +566,56 @@ fn boot_us() -> u64 {
     (t.tv_sec() as u64) * 1_000_000 + (t.tv_nsec() as u64) / 1000
 }
 
+/// One timed handoff: `holder` takes "job", a task of `waiter` waits for
+/// it; once the waiter's ticket shows in the name's region (which starts
+/// at `start`), `before_release` runs and the holder lets go. Returns how
+/// long the waiter took to get the lock after the release.
+async fn timed_handoff(
+    holder: &Locker,
+    waiter: &Locker,
+    dir: &Path,
+    start: u64,
+    before_release: impl FnOnce(),
+) -> Duration {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let held = holder.acquire_timeout("job", BOUND).await.unwrap();
+    let w = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            let g = waiter.acquire_timeout("job", BOUND).await.unwrap();
+            let at = Instant::now();
+            drop(g);
+            at
+        })
+    };
+    let t = Instant::now();
+    // Wait until the waiter is in line (a ticket below the marks).
+    loop {
+        assert!(t.elapsed() < BOUND);
+        let f = std::fs::File::open(dir).unwrap();
+        let mut lock = nix::libc::flock {
+            l_type: nix::libc::F_WRLCK as i16,
+            l_whence: nix::libc::SEEK_SET as i16,
+            l_start: start as i64,
+            l_len: HALF as i64,
+            l_pid: 0,
+        };
+        fcntl(&f, FcntlArg::F_OFD_GETLK(&mut lock)).unwrap();
+        if i32::from(lock.l_type) != nix::libc::F_UNLCK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    before_release();
+    let released = Instant::now();
+    drop(held);
+    let got = tokio::time::timeout(BOUND, w)
+        .await
+        .expect("waiter hung")
+        .unwrap();
+    got.saturating_duration_since(released)
+}
+
 /// A waiter in line while a holder of another Locker keeps the lock
 /// briefly, again and again; someone (not leasehold) holds a dense field of
 /// bytes in the name's marks half, each a "mark" for a time to come, kept
@@ -617,42 +667,7 @@ async fn kept_marks_cost_a_waiter_at_most_the_marks_budget_per_acquisition() {
     let mut total = Duration::ZERO;
     let rounds = 20;
     for _ in 0..rounds {
-        let held = holder.acquire_timeout("job", BOUND).await.unwrap();
-        let w = {
-            let waiter = waiter.clone();
-            tokio::spawn(async move {
-                let g = waiter.acquire_timeout("job", BOUND).await.unwrap();
-                let at = Instant::now();
-                drop(g);
-                at
-            })
-        };
-        let t = Instant::now();
-        // Wait until the waiter is in line (a ticket below the marks).
-        loop {
-            assert!(t.elapsed() < BOUND);
-            use nix::fcntl::{FcntlArg, fcntl};
-            let f = std::fs::File::open(dir.path()).unwrap();
-            let mut lock = nix::libc::flock {
-                l_type: nix::libc::F_WRLCK as i16,
-                l_whence: nix::libc::SEEK_SET as i16,
-                l_start: start as i64,
-                l_len: HALF as i64,
-                l_pid: 0,
-            };
-            fcntl(&f, FcntlArg::F_OFD_GETLK(&mut lock)).unwrap();
-            if i32::from(lock.l_type) != nix::libc::F_UNLCK {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        let released = Instant::now();
-        drop(held);
-        let got = tokio::time::timeout(BOUND, w)
-            .await
-            .expect("waiter hung")
-            .unwrap();
-        let took = got.saturating_duration_since(released);
+        let took = timed_handoff(&holder, &waiter, dir.path(), start, || ()).await;
         worst = worst.max(took);
         total += took;
     }
@@ -759,41 +774,7 @@ async fn field_of_marks(ofds: u64, step: u64) {
     let (mut worst, mut total) = (Duration::ZERO, Duration::ZERO);
     let rounds = 10;
     for _ in 0..rounds {
-        let held = holder.acquire_timeout("job", BOUND).await.unwrap();
-        let w = {
-            let waiter = waiter.clone();
-            tokio::spawn(async move {
-                let g = waiter.acquire_timeout("job", BOUND).await.unwrap();
-                let at = Instant::now();
-                drop(g);
-                at
-            })
-        };
-        let t = Instant::now();
-        loop {
-            assert!(t.elapsed() < BOUND);
-            let f = std::fs::File::open(dir.path()).unwrap();
-            let mut lock = nix::libc::flock {
-                l_type: nix::libc::F_WRLCK as i16,
-                l_whence: nix::libc::SEEK_SET as i16,
-                l_start: start as i64,
-                l_len: HALF as i64,
-                l_pid: 0,
-            };
-            fcntl(&f, FcntlArg::F_OFD_GETLK(&mut lock)).unwrap();
-            if i32::from(lock.l_type) != nix::libc::F_UNLCK {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        lay(&());
-        let released = Instant::now();
-        drop(held);
-        let got = tokio::time::timeout(BOUND, w)
-            .await
-            .expect("waiter hung")
-            .unwrap();
-        let took = got.saturating_duration_since(released);
+        let took = timed_handoff(&holder, &waiter, dir.path(), start, || lay(&())).await;
         worst = worst.max(took);
         total += took;
     }

@@ -5,8 +5,12 @@
 // The waiting line stands on Linux's OFD byte-range locks.
 #![cfg(target_os = "linux")]
 
+#[path = "support/common.rs"]
+mod common;
+
 use std::time::Duration;
 
+use common::anyone_in_line;
 use leasehold::Locker;
 
 /// A pid that no process has: a child that has exited and been reaped.
@@ -57,23 +61,6 @@ async fn a_frozen_older_waiter_does_not_keep_a_dead_holders_lock_from_the_line()
     );
     drop(guard);
     drop(older);
-}
-
-/// Whether any open file description holds a byte of the lock directory's
-/// range (the line's tickets and turn marks; see docs/format.md), as seen
-/// from a descriptor of our own.
-fn anyone_in_line(dir: &std::path::Path) -> bool {
-    use nix::fcntl::{FcntlArg, fcntl};
-    let fd = std::fs::File::open(dir).unwrap();
-    let mut probe = nix::libc::flock {
-        l_type: nix::libc::F_WRLCK as i16,
-        l_whence: nix::libc::SEEK_SET as i16,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    fcntl(&fd, FcntlArg::F_OFD_GETLK(&mut probe)).unwrap();
-    i32::from(probe.l_type) != nix::libc::F_UNLCK
 }
 
 /// `try_acquire` never waits, so it never stands in line: a ticket it

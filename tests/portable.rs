@@ -12,10 +12,9 @@
 #[path = "support/common.rs"]
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
-use common::{ChildProc, say};
+use common::{ChildProc, anyone_in_line, say};
 use leasehold::{Locker, Strategy};
 
 const SWITCH: &str = "LEASEHOLD_TEST_PORTABLE";
@@ -50,22 +49,6 @@ fn has_watcher(pid: u32) -> bool {
         .any(|task| {
             std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim() == "leasehold-watch")
         })
-}
-
-/// Whether any open file description holds a byte of the lock directory's
-/// range (the waiting line's tickets), seen from a descriptor of our own.
-fn anyone_in_line(dir: &Path) -> bool {
-    use nix::fcntl::{FcntlArg, fcntl};
-    let fd = std::fs::File::open(dir).unwrap();
-    let mut probe = nix::libc::flock {
-        l_type: nix::libc::F_WRLCK as i16,
-        l_whence: nix::libc::SEEK_SET as i16,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    fcntl(&fd, FcntlArg::F_OFD_GETLK(&mut probe)).unwrap();
-    i32::from(probe.l_type) != nix::libc::F_UNLCK
 }
 
 /// What a child started with the switch set to `value` shows: its record
