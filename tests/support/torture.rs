@@ -471,6 +471,19 @@ pub struct Pause {
     pub until: u64,
 }
 
+impl Pause {
+    /// Whether the process was stopped at some moment at or after `seen`,
+    /// a reading of its own clock taken while it ran. `after` is not that
+    /// moment: a SIGSTOP to a process running on another core lands a few
+    /// µs after `kill` returns, time enough for the process to read its
+    /// clock once more. But a stopped process reads no clock: if it read
+    /// `seen` no later than `until`, the stop landed after `seen` (or the
+    /// whole pause came later).
+    pub fn stopped_after(&self, seen: u64) -> bool {
+        self.until >= seen
+    }
+}
+
 /// The children; any still running are killed (by pid) and reaped on drop.
 struct Fleet {
     backend: Backend,
