@@ -503,10 +503,11 @@ impl LockerBuilder {
     /// third to a half of the acquisitions per second, every
     /// one of them a handoff from process to process. Processes with and
     /// without it share locks as ever; each keeps its own turns. Only a
-    /// waiter's ticket in line ends a fair turn: a waiter frozen in line
-    /// costs a fair `Locker` what it costs any other (a few looks, once),
-    /// and a byte range that anyone who can read the directory holds
-    /// costs it nothing more. Another `Locker` of the same process counts
+    /// waiter's ticket in line ends a fair turn, and not one this
+    /// `Locker` has passed over (its waiter did not come when it had the
+    /// chance): a waiter frozen in line costs a fair `Locker` what it
+    /// costs any other (a few looks, once), and byte ranges that anyone
+    /// who can read the directory holds cost it nothing more. Another `Locker` of the same process counts
     /// as another process here: each opens the lock directory itself, and
     /// takes its own place in line.
     ///

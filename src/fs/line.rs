@@ -522,7 +522,7 @@ impl Lines {
         let start = region(name);
         // A look that fails sees nobody in line: the turn goes on.
         let waiters = failpoint!("line.release.before_look").is_ok() && conflict(dir, start, HALF);
-        let fair_turn_over = waiters && self.fair && self.ticket_in_line(dir, start, true);
+        let fair_turn_over = waiters && self.fair && self.ticket_in_line(dir, start);
         let mut places = self.places();
         if !waiters {
             // The turn ends with nobody in line. A semaphore's place may
@@ -554,10 +554,12 @@ impl Lines {
         let since = *place.turn_since.get_or_insert(now);
         // Fair: a turn is one acquisition, whether or not this `Locker`
         // had counted it (one taken with nobody in line has no place, and
-        // is not counted), when a waiter's ticket is in line (even one
-        // passed over: its waiter may only have been slow, and the next
-        // attempt, which does not stand back for it, costs little); bytes
-        // that are no ticket end turns as for anyone.
+        // is not counted), when a waiter's ticket is in line. Not one
+        // passed over: it had its chances, and ending every turn for it
+        // would cost each acquisition a rejoin (and, behind a range that
+        // may hide waiters, 10 ms off the lock) for as long as a frozen
+        // process, or anyone who can read the directory, keeps it there.
+        // Bytes that are no ticket end turns as for anyone.
         if now.saturating_sub(since) >= duration_us(TURN)
             || place.turn_count >= acquisitions
             || fair_turn_over
@@ -606,27 +608,18 @@ impl Lines {
         !self.off
             && self
                 .bytes_of(dir, false)
-                .is_some_and(|dir| self.ticket_in_line(dir, region(name), false))
+                .is_some_and(|dir| self.ticket_in_line(dir, region(name)))
     }
 
-    /// Whether a ticket of another `Locker` stands in the line of the name
-    /// whose region begins at `start` (one this `Locker` passed over too
-    /// if `passed_too`): a one-byte range (a range over more is no
-    /// ticket, and what it may hide cannot be seen). One look when the
-    /// kernel names such a ticket first; [`TICKET_LOOKS`] at most, after
-    /// which it reads as none. What a fair `Locker` gives way to: a range
-    /// anyone who can read the directory holds costs it no more than it
-    /// costs any other.
-    fn ticket_in_line(&self, dir: &File, start: u64, passed_too: bool) -> bool {
-        let (none, guard);
-        let passed: &VecDeque<Span> = if passed_too {
-            none = VecDeque::new();
-            &none
-        } else {
-            guard = self.passed();
-            &guard
-        };
-        ticket_held(dir, start, start + HALF, passed, TICKET_LOOKS)
+    /// Whether a ticket of another `Locker` that this one has not passed
+    /// over stands in the line of the name whose region begins at
+    /// `start`: a one-byte range (a range over more is no ticket, and what
+    /// it may hide cannot be seen). One look when the kernel names such a
+    /// ticket first; [`TICKET_LOOKS`] at most, after which it reads as
+    /// none. What a fair `Locker` gives way to: bytes anyone who can read
+    /// the directory holds cost it no more than they cost any other.
+    fn ticket_in_line(&self, dir: &File, start: u64) -> bool {
+        ticket_held(dir, start, start + HALF, &self.passed(), TICKET_LOOKS)
     }
 
     /// Whether this `Locker` stands back for an older waiter for `name`
