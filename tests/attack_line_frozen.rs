@@ -905,9 +905,11 @@ fn fake_tickets_few_cost_once() {
     }
 }
 
-/// 40 one-byte ranges (more than the 32 a joining waiter counts)
-/// held by a frozen reader make EVERY acquisition of a lone fair
-/// `Locker` pay a 10 ms courtesy pause, for as long as they stay.
+/// 40 one-byte ranges (more than the 32 a joining waiter counts) held
+/// by a frozen reader. Before the fix, every one of them ended every turn
+/// of a lone fair `Locker`, even once passed over, and each rejoin paid
+/// the 10 ms pause for a line that may hide waiters: 299 of 300
+/// acquisitions slow. Passed-over tickets no longer end fair turns.
 #[test]
 fn fake_tickets_over_ahead_cost_every_acquisition_fair() {
     let (slow, all, _) = fake_tickets_case(true, 40);
@@ -929,13 +931,13 @@ fn fake_tickets_many_default() {
     );
 }
 
-/// Just two ranges, a one-byte "ticket" at the region's byte 1 and
-/// a two-byte range at byte 5, held by a frozen process with read access
-/// to the directory: the ticket ends the fair `Locker`'s turn at every
-/// release (ticket_in_line counts passed-over tickets), and the two-byte
-/// range, passed over but still "seen", makes every rejoin "hidden", so
-/// every acquisition of a lone fair `Locker` keeps off the free lock
-/// 10 ms (courtesy_until), forever.
+/// Just two ranges, a one-byte "ticket" at the region's byte 1 and a
+/// two-byte range at byte 5, held by a frozen process with read access to
+/// the directory. Before the fix, the ticket ended the fair `Locker`'s
+/// turn at every release even once passed over, and the two-byte range,
+/// passed over but still "seen", made every rejoin "hidden": every
+/// acquisition of a lone fair `Locker` kept off the free lock 10 ms, for
+/// as long as the bytes stayed (299 of 300 slow).
 #[test]
 fn two_frozen_ranges_cost_every_acquisition_fair() {
     let (slow, all, _) = fake_ranges_case(true, 0, Some("1,1;5,2"));
