@@ -576,7 +576,12 @@ impl LockGuard {
     /// then return [`Error::Lost`] whose [`LossReason`](crate::LossReason) says which.
     ///
     /// Stop the critical section when this resolves: someone else may hold
-    /// the lock now.
+    /// the lock now. A lock the directory still shows as this holder's (a
+    /// lease that ran out while the process was paused, nobody having
+    /// taken it yet) is removed before this resolves, unless the name is
+    /// busy that instant (another process changing it, or a shared lock or
+    /// permit, or a lock on a server), in which case it is removed just
+    /// after: a process that exits on the news leaves nothing behind.
     ///
     /// # Cancel safety
     ///

@@ -599,14 +599,30 @@ impl Lease {
     fn lose(&self, slot: &mut MutexGuard<'_, Option<StoreLock>>, reason: LossReason) {
         tracing::warn!(lock = &*self.name, %reason, "lock lost");
         bump(&self.counters.lost);
-        // Tell the holder first: cleaning up below may wait on the store.
-        self.report(reason);
-        if let Some(held) = slot.take() {
-            // Still ours in the store (say our lease ran out while we were
-            // paused, and nobody took it yet)? Then free it for others.
-            if let Err(error) = held.release(false) {
-                tracing::debug!(lock = &*self.name, %error, "could not remove a lost lock");
+        // Still ours in the store (say our lease ran out while we were
+        // paused, and nobody took it yet)? Then free it for others: before
+        // the holder hears of the loss when that takes no waiting (the
+        // name's mutation lock free this instant: almost always), so that
+        // a holder that exits on the news leaves nothing behind; after,
+        // when it would mean waiting on the store.
+        let busy = match slot.take().map(|held| held.release_now(false)) {
+            Some(ReleaseNow::Done(released)) => {
+                self.unremoved(released);
+                None
             }
+            Some(ReleaseNow::Busy(held)) => Some(held),
+            None => None,
+        };
+        self.report(reason);
+        if let Some(held) = busy {
+            self.unremoved(held.release(false));
+        }
+    }
+
+    /// Logs a lost lock's failed removal.
+    fn unremoved(&self, released: Result<Option<LossReason>>) {
+        if let Err(error) = released {
+            tracing::debug!(lock = &*self.name, %error, "could not remove a lost lock");
         }
     }
 }

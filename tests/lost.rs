@@ -18,7 +18,34 @@ fn child_process_entry() {
     if std::env::var_os(PRIVDROP_CHILD).is_some() {
         privdrop_child();
     }
-    common::child_entry();
+    common::child_entry_with(|role, args| async move {
+        match role.as_str() {
+            #[cfg(unix)]
+            "lost_look" => lost_look(&args).await,
+            _ => common::run_role(&role, &args).await,
+        }
+    });
+}
+
+/// dir name lease_ms: holds `name`; once told it lost it, looks at once
+/// whether the lock path is still there ("lost present", "lost gone"),
+/// and exits on the news without dropping the guard, as a service might.
+#[cfg(unix)]
+async fn lost_look(args: &[String]) -> i32 {
+    let l = Locker::builder()
+        .directory(&args[0])
+        .strategy(common::strategy_from_env())
+        .lease(Duration::from_millis(args[2].parse().unwrap()))
+        .build()
+        .expect("locker");
+    let path = l.lock_path(&args[1]).unwrap();
+    let g = l.acquire(&args[1]).await.expect("acquire");
+    common::say("acquired");
+    g.lost().await;
+    let there = std::fs::symlink_metadata(&path).is_ok();
+    common::say(if there { "lost present" } else { "lost gone" });
+    std::mem::forget(g);
+    std::process::exit(4)
 }
 
 #[cfg(unix)]
@@ -83,6 +110,46 @@ fn a_holder_paused_past_its_lease_loses_it_and_disturbs_nobody_file() {
 #[test]
 fn a_holder_paused_past_its_lease_loses_it_and_disturbs_nobody_directory() {
     paused_holder(Strategy::Directory);
+}
+
+/// A holder paused past its lease, whose lock nobody took meanwhile: by
+/// the time `lost()` tells it, the lock, still its own on disk, is
+/// already removed, so a holder that exits on the news leaves nothing
+/// behind. (Before, the holder heard first and the renewal thread removed
+/// the lock after: a process exiting at once left its lock file, which a
+/// pi-research waiter that had seen the holder alive kept waiting on for
+/// its 120 s; found by tests/attack_interop_frozen.rs.)
+#[cfg(unix)]
+fn paused_alone(strategy: Strategy) {
+    for _ in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let mut a = ChildProc::spawn_env(strategy, "lost_look", &[d, "job", "400"], &[]);
+        a.expect("acquired", Duration::from_secs(20));
+        a.signal(Signal::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(1200));
+        a.signal(Signal::SIGCONT);
+        let said = a.expect("lost", Duration::from_secs(10));
+        assert_eq!(said, "lost gone", "told of the loss before its lock was removed");
+        a.wait(Duration::from_secs(10));
+        let left = common::left_after(dir.path(), Duration::from_secs(1));
+        assert!(
+            left.iter().all(|n| n.ends_with(".mutex")),
+            "left behind: {left:?}"
+        );
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_holder_told_of_a_loss_finds_a_lock_still_its_own_already_removed_file() {
+    paused_alone(Strategy::ExclusiveFile);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_holder_told_of_a_loss_finds_a_lock_still_its_own_already_removed_directory() {
+    paused_alone(Strategy::Directory);
 }
 
 #[test]
