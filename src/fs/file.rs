@@ -342,6 +342,20 @@ fn write_bytes(file: &File, bytes: &[u8], sync: bool, path: impl Fn() -> PathBuf
     Ok(())
 }
 
+/// Removes a lock file judged stale (`judged`: its device and inode),
+/// under the mutation lock: only if the path still names it, looked at
+/// right before the unlink. A program that does not take the mutation
+/// lock (pi-research's code) may have replaced the file since the caller
+/// judged it, while this process was paused: its live lock is then left
+/// alone. (What remains is the instant between the look and the unlink.)
+pub(super) fn unlink_judged(ctx: &Ctx, name: &LockName, judged: (u64, u64)) -> Result<bool> {
+    failpoint!("file.unlink.before_look").context("remove lock file", || ctx.path_of(name.file_name()))?;
+    if !ctx.names(name, judged.0, judged.1)? {
+        return Ok(false);
+    }
+    unlink(ctx, name)
+}
+
 /// Removes the lock file; the caller holds the mutation lock and has
 /// checked that the path names the inode it judged.
 pub(super) fn unlink(ctx: &Ctx, name: &LockName) -> Result<bool> {

@@ -192,7 +192,7 @@ impl Found {
             failpoint!("reclaim.before_remove").context("reclaim lock", path)?;
             match ctx.settings.strategy {
                 Strategy::ExclusiveFile => {
-                    let removed = file::unlink(ctx, name)?;
+                    let removed = file::unlink_judged(ctx, name, (self.dev, self.ino))?;
                     if removed {
                         then();
                     }

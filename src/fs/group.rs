@@ -525,7 +525,7 @@ fn remove_marker(
     }
     match ctx.settings.strategy {
         Strategy::ExclusiveFile => {
-            let removed = file::unlink(ctx, name)?;
+            let removed = file::unlink_judged(ctx, name, (dev, ino))?;
             if removed {
                 then();
             }
