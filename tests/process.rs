@@ -85,7 +85,11 @@ fn processes_contending_in_a_loop_take_turns() {
     let mut kids: Vec<ChildProc> = (0..3)
         .map(|_| ChildProc::spawn("loop", &[d, "busy", "1500", l, g]))
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    // Every child waits for `go` before any starts (a slow machine may
+    // take longer to start one than any fixed pause).
+    for kid in &kids {
+        kid.expect("ready", Duration::from_secs(30));
+    }
     std::fs::write(&go, "").unwrap();
     for kid in &mut kids {
         assert!(kid.wait(Duration::from_secs(60)).success());
