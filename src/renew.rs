@@ -218,7 +218,9 @@ mod tests {
         let late = fake(2, &log, vec![]);
         let soon = fake(1, &log, vec![]);
         let start = Instant::now();
-        let _late = renewer.add(&late, Duration::from_millis(120));
+        // Far apart: a stall of a slow machine (100 ms and more) between
+        // the two `add`s must not put the late one first.
+        let _late = renewer.add(&late, Duration::from_secs(2));
         let _soon = renewer.add(&soon, Duration::from_millis(20));
         wait_for(&log, 2);
         let log = log.lock().unwrap();
@@ -228,7 +230,7 @@ mod tests {
             "not before it was due"
         );
         assert!(
-            log[1].1 >= start + Duration::from_millis(120),
+            log[1].1 >= start + Duration::from_secs(2),
             "not before it was due"
         );
     }

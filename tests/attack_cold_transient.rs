@@ -63,6 +63,8 @@ async fn judge() {
             }
             cancels += 1;
             let since = Instant::now();
+            // Time spent on the diagnostics below, not counted.
+            let mut aside = Duration::ZERO;
             let mut first = true;
             loop {
                 let got = match kind {
@@ -73,6 +75,7 @@ async fn judge() {
                     break;
                 }
                 if first {
+                    let diagnosing = Instant::now();
                     busy += 1;
                     first = false;
                     // Whose is it: the cancelled attempt's, or the third
@@ -89,14 +92,18 @@ async fn judge() {
                         "{kind}: busy after cancel; held by {who:?}; ours {}, third {}",
                         ids.0, ids.1
                     );
+                    aside = diagnosing.elapsed();
                 }
+                // A name left held stays so for good (the default lease
+                // is 30 s); 2 s leaves a slow machine's stalls room.
                 assert!(
-                    since.elapsed() < Duration::from_millis(500),
-                    "{kind}: still not free 500 ms after a cancelled attempt"
+                    since.elapsed() - aside < Duration::from_secs(2),
+                    "{kind}: still not free {:?} after a cancelled attempt",
+                    since.elapsed() - aside
                 );
                 tokio::task::yield_now().await;
             }
-            worst = worst.max(since.elapsed());
+            worst = worst.max(since.elapsed() - aside);
         }
         report.push(format!(
             "{kind}: busy right after {busy} times, free within {worst:?}"

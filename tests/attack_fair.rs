@@ -86,6 +86,45 @@ async fn loop_of(locker: &Locker, name: &str, n: u32) -> Duration {
     started.elapsed()
 }
 
+/// `n` back-to-back acquisitions of `name` by `locker`; returns each
+/// acquisition's time, sorted.
+async fn times_of(locker: &Locker, name: &str, n: u32) -> Vec<Duration> {
+    let mut times = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        let guard = locker.acquire_timeout(name, BOUND).await.unwrap();
+        times.push(t.elapsed());
+        drop(guard);
+    }
+    times.sort();
+    times
+}
+
+fn median(sorted: &[Duration]) -> Duration {
+    sorted[sorted.len() / 2]
+}
+
+/// A fair Locker's acquisitions (`fair`, sorted) cost no more than a
+/// default Locker's in the same place and run (`control`, sorted), give
+/// or take 5 ms on the median: a machine slow at creating files or
+/// stalled now and then slows both alike (a stall touches a few
+/// acquisitions, not the median), while a stand-back at every
+/// acquisition (a 10 ms sleep, which never ends early: the bug cost 12 to
+/// 24 ms each) moves the whole of `fair`'s median by 10 ms or more.
+fn no_pause_per_acquisition(fair: &[Duration], control: &[Duration], what: &str) {
+    let (f, c) = (median(fair), median(control));
+    let sum = |v: &[Duration]| v.iter().sum::<Duration>();
+    eprintln!(
+        "{what}: fair median {f:?} (all {:?}), default median {c:?} (all {:?})",
+        sum(fair),
+        sum(control)
+    );
+    assert!(
+        f < c + Duration::from_millis(5),
+        "{what}: a fair Locker's acquisitions took {f:?} (median) where a default Locker's took {c:?}: a stand-back at every acquisition; fair {fair:?}"
+    );
+}
+
 /// The line's docs: "a frozen waiter ... costs the others a few looks
 /// once, and never blocks them". A fair Locker looping on a name that
 /// nobody else holds, with one frozen waiter of another Locker in line,
@@ -103,18 +142,14 @@ async fn fair_loop_with_a_frozen_waiter_in_line_pays_once_not_every_time() {
     drop(held);
     // Warm-up: the frozen waiter's chances, paid once.
     let warm = loop_of(&looping, "job", 5).await;
-    let took = loop_of(&looping, "job", 50).await;
-    eprintln!("fair, frozen waiter in line: warm-up 5 in {warm:?}, then 50 in {took:?}");
-    // Control: the same with a default Locker.
+    eprintln!("fair, frozen waiter in line: warm-up 5 in {warm:?}");
+    let took = times_of(&looping, "job", 50).await;
+    // Control: the same with a default Locker, same run.
     let default = Locker::new(dir.path()).unwrap();
     let _ = loop_of(&default, "job", 5).await;
-    let control = loop_of(&default, "job", 50).await;
-    eprintln!("default, frozen waiter in line: 50 in {control:?}");
+    let control = times_of(&default, "job", 50).await;
     drop(frozen);
-    assert!(
-        took < Duration::from_millis(250),
-        "a frozen waiter costs a fair Locker every acquisition: 50 in {took:?} (default: {control:?})"
-    );
+    no_pause_per_acquisition(&took, &control, "frozen waiter in line, 50 acquisitions");
 }
 
 /// Same, with no leasehold waiter at all: one OFD read lock over the
@@ -130,23 +165,23 @@ async fn fair_loop_with_a_foreign_range_over_the_line_is_not_throttled_for_good(
     // The whole byte range: every name's line and marks.
     let foreign = foreign_range(dir.path(), 0, 0);
     let warm = loop_of(&looping, "job", 5).await;
-    let took = loop_of(&looping, "job", 50).await;
-    eprintln!("fair, foreign range: warm-up 5 in {warm:?}, then 50 in {took:?}");
+    eprintln!("fair, foreign range: warm-up 5 in {warm:?}");
+    let took = times_of(&looping, "job", 50).await;
     let default = Locker::new(dir.path()).unwrap();
     let _ = loop_of(&default, "job", 5).await;
-    let control = loop_of(&default, "job", 50).await;
-    eprintln!("default, foreign range: 50 in {control:?}");
+    let control = times_of(&default, "job", 50).await;
     drop(foreign);
-    assert!(
-        took < Duration::from_millis(250),
-        "a byte range anyone can hold throttles a fair Locker: 50 in {took:?} (default: {control:?})"
-    );
+    no_pause_per_acquisition(&took, &control, "foreign range over the line, 50 acquisitions");
 }
 
 /// The fair Locker's own tasks contend with each other while another
 /// Locker's waiter is frozen in line: no handoff in memory (someone is
 /// "waiting"), each task goes to the disk and stands back. Every task must
-/// still be served, within generous bounds, and never two at once.
+/// still be served, within generous bounds, and never two at once; and
+/// all 40 acquisitions take at most 200 ms more than the same 40 among a
+/// default Locker's tasks beside the same frozen waiter, same run (a
+/// stand-back at every acquisition costs at least 10 ms each, 400 ms; a
+/// slow machine slows both alike).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_tasks_with_a_frozen_waiter_all_get_served_without_overlap() {
     let dir = tempfile::tempdir().unwrap();
@@ -154,12 +189,28 @@ async fn fair_tasks_with_a_frozen_waiter_all_get_served_without_overlap() {
     let held = ours.acquire("job").await.unwrap();
     let frozen = frozen_waiter(&frozen_by, dir.path(), "job").await;
     drop(held);
+    let (total, worst) = four_tasks_of_ten(&ours).await;
+    eprintln!("4 fair tasks x 10 with a frozen waiter: {total:?}, worst wait {worst:?}");
+    let default = Locker::new(dir.path()).unwrap();
+    let (control, control_worst) = four_tasks_of_ten(&default).await;
+    eprintln!("4 default tasks x 10 with a frozen waiter: {control:?}, worst wait {control_worst:?}");
+    drop(frozen);
+    assert!(worst < Duration::from_secs(3), "a task waited {worst:?}");
+    assert!(
+        total < control + Duration::from_millis(200),
+        "40 acquisitions among a fair Locker's tasks took {total:?} with a frozen waiter in line (a default Locker's: {control:?})"
+    );
+}
+
+/// Four tasks of `locker`, ten acquisitions of "job" each, checked never
+/// to overlap; returns the time all took and the longest wait.
+async fn four_tasks_of_ten(locker: &Locker) -> (Duration, Duration) {
     let inside = Arc::new(AtomicBool::new(false));
     let overlaps = Arc::new(AtomicU32::new(0));
     let started = Instant::now();
     let tasks: Vec<_> = (0..4)
         .map(|_| {
-            let (ours, inside, overlaps) = (ours.clone(), Arc::clone(&inside), Arc::clone(&overlaps));
+            let (ours, inside, overlaps) = (locker.clone(), Arc::clone(&inside), Arc::clone(&overlaps));
             tokio::spawn(async move {
                 let mut worst = Duration::ZERO;
                 for _ in 0..10 {
@@ -182,14 +233,8 @@ async fn fair_tasks_with_a_frozen_waiter_all_get_served_without_overlap() {
         worst = worst.max(t.await.unwrap());
     }
     let total = started.elapsed();
-    eprintln!("4 fair tasks x 10 with a frozen waiter: {total:?}, worst wait {worst:?}");
-    drop(frozen);
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
-    assert!(worst < Duration::from_secs(3), "a task waited {worst:?}");
-    assert!(
-        total < Duration::from_millis(500),
-        "40 acquisitions among a fair Locker's tasks took {total:?} with a frozen waiter in line"
-    );
+    (total, worst)
 }
 
 /// Exclusion under churn: fair and default Lockers, several tasks each,
@@ -622,8 +667,8 @@ async fn timed_handoff(
 /// for good and renewed forward (a thread lays marks 32..288 µs ahead and
 /// drops those behind the clock every ~100 µs). Each handoff to the waiter
 /// must cost at most the documented 10 ms of marks (+300 µs), with slack
-/// for the machine: we assert < 150 ms per acquisition and < 60 ms on
-/// average. (Measured: under 2 ms: the lowest byte is usually one already
+/// for the machine: the median handoff at most 25 ms more than the same
+/// handoffs without marks, same run. (Measured: under 2 ms: the lowest byte is usually one already
 /// honoured and past its time, which ends the marks for that look.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kept_marks_cost_a_waiter_at_most_the_marks_budget_per_acquisition() {
@@ -663,23 +708,16 @@ async fn kept_marks_cost_a_waiter_at_most_the_marks_budget_per_acquisition() {
             }
         })
     };
-    let mut worst = Duration::ZERO;
-    let mut total = Duration::ZERO;
-    let rounds = 20;
-    for _ in 0..rounds {
-        let took = timed_handoff(&holder, &waiter, dir.path(), start, || ()).await;
-        worst = worst.max(took);
-        total += took;
+    let mut marked = Vec::new();
+    for _ in 0..20 {
+        marked.push(timed_handoff(&holder, &waiter, dir.path(), start, || ()).await);
     }
     keep.store(false, Ordering::Relaxed);
     marker.join().unwrap();
-    let mean = total / rounds;
-    eprintln!("kept marks: handoff worst {worst:?}, mean {mean:?}");
-    assert!(worst < Duration::from_millis(150), "a handoff took {worst:?}");
-    assert!(
-        mean < Duration::from_millis(60),
-        "handoffs took {mean:?} on average"
-    );
+    let control = control_handoffs(&holder, &waiter, dir.path(), start, 20).await;
+    marked.sort();
+    eprintln!("kept marks: handoffs {marked:?}");
+    within_the_marks_budget(&marked, &control);
 }
 
 /// The fair change must not make a fair waiter in line wait longer than a
@@ -726,7 +764,8 @@ async fn fair_waiter_behind_an_unfair_looper_is_served_in_bounded_time() {
 /// the waiter really stayed off (a timer's wake-up and a look cost more
 /// than 16 µs): 37 to 49 ms per handoff. Now it counts the time off the
 /// lock: the real cost per acquisition must stay near the documented
-/// 10 ms + 300 µs. We allow 40 ms.
+/// 10 ms + 300 µs. We allow the median handoff 25 ms more than the same
+/// handoffs without marks, same run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_field_of_short_marks_costs_no_more_than_the_documented_budget() {
     field_of_marks(1, 2).await;
@@ -771,18 +810,46 @@ async fn field_of_marks(ofds: u64, step: u64) {
             fcntl(&fields[(k % ofds) as usize], FcntlArg::F_OFD_SETLK(&lock)).unwrap();
         }
     };
-    let (mut worst, mut total) = (Duration::ZERO, Duration::ZERO);
-    let rounds = 10;
-    for _ in 0..rounds {
-        let took = timed_handoff(&holder, &waiter, dir.path(), start, || lay(&())).await;
-        worst = worst.max(took);
-        total += took;
+    let mut marked = Vec::new();
+    for _ in 0..10 {
+        marked.push(timed_handoff(&holder, &waiter, dir.path(), start, || lay(&())).await);
     }
     drop(fields);
-    let mean = total / rounds;
-    eprintln!("field of marks ({ofds} OFDs, step {step}): handoff worst {worst:?}, mean {mean:?}");
+    // Control: the same handoffs with no marks, same run.
+    let control = control_handoffs(&holder, &waiter, dir.path(), start, 10).await;
+    marked.sort();
+    eprintln!("field of marks ({ofds} OFDs, step {step}): handoffs {marked:?}");
+    within_the_marks_budget(&marked, &control);
+}
+
+/// `rounds` timed handoffs between `holder` and `waiter` with nothing
+/// else in the name's region: what a handoff costs this run; sorted.
+async fn control_handoffs(
+    holder: &Locker,
+    waiter: &Locker,
+    dir: &Path,
+    start: u64,
+    rounds: usize,
+) -> Vec<Duration> {
+    let mut control = Vec::new();
+    for _ in 0..rounds {
+        control.push(timed_handoff(holder, waiter, dir, start, || ()).await);
+    }
+    control.sort();
+    eprintln!("no marks (control): handoffs {control:?}");
+    control
+}
+
+/// Handoffs beside marks (`marked`, sorted) cost at most the documented
+/// 10.3 ms of marks more than handoffs without (`control`, sorted, same
+/// run), with 15 ms of slack: medians, so that a stall of the machine
+/// in a few handoffs does not count. The budget that counted what each
+/// mark asked for rather than the time off the lock cost 37 to 49 ms per
+/// handoff.
+fn within_the_marks_budget(marked: &[Duration], control: &[Duration]) {
+    let (m, c) = (marked[marked.len() / 2], control[control.len() / 2]);
     assert!(
-        worst < Duration::from_millis(40),
-        "a handoff took {worst:?} (documented: 10.3 ms of marks)"
+        m < c + Duration::from_millis(25),
+        "handoffs beside marks took {m:?} (median) against {c:?} without (documented: 10.3 ms of marks more); all: {marked:?}"
     );
 }

@@ -53,9 +53,11 @@ fn enter(held: &AtomicUsize, by: usize, most: usize, what: &str) -> usize {
 /// `LOCKERS` `Locker`s, two tasks each, take permits of an 8- or
 /// 9-permit semaphore (or, `permits` 0, readers of one shared lock) for a
 /// few milliseconds each, a third of the acquisitions given up after a
-/// moment; one writer takes the name exclusively now and then. Returns
-/// the most holders seen at once.
-async fn churn(strategy: Strategy, permits: u32, run_for: Duration) -> usize {
+/// moment; one writer takes the name exclusively now and then, for
+/// `run_for` at least, and then until `want` holders were seen at once or
+/// 15 s have passed (a slow machine may take longer to fill the group).
+/// Returns the most holders seen at once.
+async fn churn(strategy: Strategy, permits: u32, run_for: Duration, want: usize) -> usize {
     let dir = tempfile::tempdir().unwrap();
     let lockers: Vec<Locker> = (0..LOCKERS)
         .map(|_| {
@@ -75,16 +77,25 @@ async fn churn(strategy: Strategy, permits: u32, run_for: Duration) -> usize {
         permits as usize
     };
     let what = format!("{strategy:?}, {permits} permits");
-    let end = Instant::now() + run_for;
+    let (start, most_seen_) = (Instant::now(), most_seen.clone());
+    let go_on = Arc::new(move || {
+        let elapsed = start.elapsed();
+        elapsed < run_for || (most_seen_.load(Ordering::SeqCst) < want && elapsed < Duration::from_secs(15))
+    });
     let mut tasks = Vec::new();
     for (i, locker) in lockers.iter().enumerate() {
         for t in 0..2u64 {
-            let (locker, held, most_seen, what) =
-                (locker.clone(), held.clone(), most_seen.clone(), what.clone());
+            let (locker, held, most_seen, what, go_on) = (
+                locker.clone(),
+                held.clone(),
+                most_seen.clone(),
+                what.clone(),
+                go_on.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 let mut seed = 0x9e37_79b9_7f4a_7c15 ^ ((i as u64) << 8 | t) ^ 1;
                 let semaphore = (permits > 0).then(|| locker.semaphore("pool", permits).unwrap());
-                while Instant::now() < end {
+                while go_on() {
                     let roll = next(&mut seed);
                     let acquire = async {
                         match &semaphore {
@@ -112,9 +123,9 @@ async fn churn(strategy: Strategy, permits: u32, run_for: Duration) -> usize {
         }
     }
     let writer = {
-        let (locker, held, what) = (lockers[0].clone(), held.clone(), what.clone());
+        let (locker, held, what, go_on) = (lockers[0].clone(), held.clone(), what.clone(), go_on.clone());
         tokio::spawn(async move {
-            while Instant::now() < end {
+            while go_on() {
                 tokio::time::sleep(Duration::from_millis(150)).await;
                 let Ok(guard) = locker.acquire_timeout("pool", Duration::from_secs(5)).await else {
                     panic!("{what}: the writer waited 5 s");
@@ -140,14 +151,15 @@ async fn churn(strategy: Strategy, permits: u32, run_for: Duration) -> usize {
 async fn permits_and_readers_across_the_inline_size_keep_the_count() {
     for &strategy in LAYOUTS {
         for permits in [8, 9] {
-            let seen = churn(strategy, permits, Duration::from_millis(1500)).await;
+            let want = permits as usize;
+            let seen = churn(strategy, permits, Duration::from_millis(1500), want).await;
             // Full, and so (at 9) past the size joined inline.
             assert_eq!(
                 seen, permits as usize,
                 "{strategy:?}: at most {seen} of {permits} held"
             );
         }
-        let readers = churn(strategy, 0, Duration::from_millis(1500)).await;
+        let readers = churn(strategy, 0, Duration::from_millis(1500), 9).await;
         assert!(readers > 8, "{strategy:?}: at most {readers} readers at once");
     }
 }
@@ -157,7 +169,10 @@ async fn permits_and_readers_across_the_inline_size_keep_the_count() {
 /// it may join inline: a group of 100 000 entries (here strangers' files,
 /// which leasehold never touches) is left to the blocking pool after a
 /// look at 9 names, not after listing them all on the runtime's thread
-/// (140 ms in a debug build, on ext4, where it was listed whole).
+/// (140 ms in a debug build, on ext4, where it was listed whole): the
+/// fastest of three first polls takes less than half of a plain listing
+/// of the same directory, same run (a listing of 100 000 names costs the
+/// same slow machine as much more).
 #[tokio::test(flavor = "current_thread")]
 async fn a_large_group_is_not_listed_on_the_runtimes_thread() {
     let dir = tempfile::tempdir().unwrap();
@@ -180,20 +195,32 @@ async fn a_large_group_is_not_listed_on_the_runtimes_thread() {
     }
     let waker = std::task::Waker::noop();
     let mut cx = std::task::Context::from_waker(waker);
-    let mut slowest = Duration::ZERO;
+    // The control: a plain listing of the whole directory, the fastest of
+    // two.
+    let listing = (0..2)
+        .map(|_| {
+            let t = Instant::now();
+            let n = std::fs::read_dir(&members).unwrap().count();
+            assert!(n >= 100_000);
+            t.elapsed()
+        })
+        .min()
+        .unwrap();
+    let mut fastest = Duration::MAX;
     for _ in 0..3 {
         let mut join = std::pin::pin!(b.try_acquire_shared("wide"));
         let polled = Instant::now();
         let first = join.as_mut().poll(&mut cx);
-        slowest = slowest.max(polled.elapsed());
+        fastest = fastest.min(polled.elapsed());
         assert!(first.is_pending(), "a group this large is joined on the pool");
         // Made whole on the pool.
         let joined = join.await.unwrap().expect("a reader joins");
         drop(joined);
     }
+    eprintln!("fastest first poll {fastest:?}, a whole listing {listing:?}");
     assert!(
-        slowest < Duration::from_millis(30),
-        "the runtime's thread was held {slowest:?} by one first poll"
+        fastest < listing / 2,
+        "the runtime's thread was held {fastest:?} by every first poll (a whole listing: {listing:?})"
     );
     drop(held);
     for i in 0..100_000 {

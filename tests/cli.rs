@@ -682,20 +682,33 @@ fn a_background_child_keeps_the_lock_held_until_it_exits() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().to_str().unwrap();
     // CMD exits at once, leaving a background child running, as flock(1)
-    // keeps the lock for every process that inherited it.
-    let script = "sleep 3 >/dev/null 2>&1 & echo \"bg $!\"; echo started; exit 3";
-    let mut tool = Proc::spawn(leasehold(&["run", "job", "--dir", d, "--", "sh", "-c", script]));
+    // keeps the lock for every process that inherited it. The child runs
+    // until the file `go` appears (60 s at most), however slow the
+    // machine is to make the check below.
+    let go = tmp.path().join("go");
+    let script = "(i=0; while [ ! -e \"$1\" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done) \
+                  >/dev/null 2>&1 & echo \"bg $!\"; echo started; exit 3";
+    let mut tool = Proc::spawn(leasehold(&[
+        "run",
+        "job",
+        "--dir",
+        d,
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        go.to_str().unwrap(),
+    ]));
     let bg = KillOnDrop(pid_after(&tool, "bg "));
     tool.expect_line("started");
 
     let busy = finish(&["run", "job", "--dir", d, "--no-wait", "--", "true"]);
     assert_eq!(busy.code, Some(1), "held: {}", busy.stderr);
-    assert!(
-        !exited(bg.0),
-        "the check must run while the background child lives; a slow machine?"
-    );
+    assert!(!exited(bg.0), "the background child lives until `go`");
     assert!(tool.running(), "the tool waits for the background child");
 
+    std::fs::write(&go, "").unwrap();
     assert_eq!(tool.wait().code(), Some(3), "the command's own status");
     assert!(exited(bg.0), "the tool exited before the background child");
     std::mem::forget(bg);

@@ -1306,8 +1306,10 @@ fn freeze_case(strategy: Strategy, op: Op, point: &str) -> bool {
     }
     let dropped = Instant::now();
     drop(guards);
+    // A drop that waited for the frozen process would block for seconds
+    // or for good; 1 s is a slow machine's stall, many times.
     assert!(
-        dropped.elapsed() < Duration::from_millis(100),
+        dropped.elapsed() < Duration::from_secs(1),
         "{what}: dropping the guards took {:?}",
         dropped.elapsed()
     );

@@ -180,7 +180,11 @@ fn fair_processes_looping_take_one_acquisition_each_in_turn() {
             )
         })
         .collect();
-    std::thread::sleep(SETTLE);
+    // Every child waits for `go` before any starts (a slow machine may
+    // take longer to start one than any fixed pause).
+    for kid in &kids {
+        kid.expect("ready", BOUND);
+    }
     std::fs::write(&go, "").unwrap();
     for kid in &mut kids {
         assert!(kid.wait(BOUND).success());

@@ -450,13 +450,21 @@ fn concurrent_drops_wait_for_the_directory_lock_together() {
         .collect();
     std::thread::sleep(Duration::from_millis(200));
     squatter.unlock().unwrap();
+    // From the unlock: however late a slow machine ran the sleep, the
+    // drops, waiting side by side, all finish within moments of it.
+    let unlocked = Instant::now();
     for d in drops {
         d.join().unwrap();
     }
-    assert!(
-        started.elapsed() < Duration::from_millis(450),
-        "drops queued: {:?}",
+    eprintln!(
+        "drops done {:?} after the unlock ({:?} in all)",
+        unlocked.elapsed(),
         started.elapsed()
+    );
+    assert!(
+        unlocked.elapsed() < Duration::from_millis(250),
+        "drops queued: done {:?} after the unlock",
+        unlocked.elapsed()
     );
     assert_eq!(left_in(dir.path()), 0, "every lock was removed");
 }

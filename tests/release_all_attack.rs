@@ -71,12 +71,15 @@ async fn a_guard_dropped_when_release_all_tells_it_does_not_block_the_runtime() 
         let dropped_in = worker.await.unwrap();
         let worst_tick = ticks.await.unwrap();
         drop(frozen);
+        // A drop that waited for the frozen mutation lock blocked the
+        // runtime's only thread for good; 1 s is a slow machine's stall,
+        // many times.
         assert!(
-            dropped_in < Duration::from_millis(100),
+            dropped_in < Duration::from_secs(1),
             "{strategy:?}: a guard's drop blocked the runtime for {dropped_in:?} (worst tick {worst_tick:?})"
         );
         assert!(
-            worst_tick < Duration::from_millis(200),
+            worst_tick < Duration::from_secs(1),
             "{strategy:?}: the runtime stalled for {worst_tick:?}"
         );
     }

@@ -76,9 +76,14 @@ fn an_exclusive_waiter_of_another_locker_is_served_at_the_window_s_end() {
         .enable_all()
         .build()
         .unwrap();
-    let mut waits = rt.block_on(async {
-        let mut waits = Vec::new();
+    let (mut waits, mut control) = rt.block_on(async {
+        let (mut waits, mut control) = (Vec::new(), Vec::new());
         for i in 0..25u64 {
+            // Control, same moment: what an acquisition of a name nobody
+            // holds costs `other` (the disk, the machine's load).
+            let started = Instant::now();
+            drop(other.acquire("c").await.unwrap());
+            control.push(started.elapsed());
             // Arrivals spread over the windows.
             tokio::time::sleep(Duration::from_millis(3 + (i * 7) % 20)).await;
             let started = Instant::now();
@@ -89,22 +94,26 @@ fn an_exclusive_waiter_of_another_locker_is_served_at_the_window_s_end() {
             waits.push(started.elapsed());
             drop(guard);
         }
-        waits
+        (waits, control)
     });
     drop(stopper);
     let acquisitions = worker.join().unwrap();
     waits.sort();
+    control.sort();
     let stats = looping.stats();
     assert!(
         stats.handoffs > 100,
         "the loop handed the lock on ({acquisitions} acquisitions, {stats:?})"
     );
-    // At the window's end: 10 ms at most, plus a wake-up. A waiter the
-    // holder did not see would wait for the stretch's end, half of its
-    // 100 ms on average.
-    let median = waits[waits.len() / 2];
+    // At the window's end: 10 ms at most, plus a wake-up, more than an
+    // acquisition of a free name at the same moments (medians: a stall of
+    // the machine in a few waits does not count). A waiter the holder did
+    // not see would wait for the stretch's end, half of its 100 ms on
+    // average.
+    let (median, free) = (waits[waits.len() / 2], control[control.len() / 2]);
+    eprintln!("median wait {median:?}, free name {free:?}; all: {waits:?}");
     assert!(
-        median < Duration::from_millis(30),
-        "median wait {median:?}; all: {waits:?}"
+        median < free + Duration::from_millis(25),
+        "median wait {median:?} against {free:?} for a free name; all: {waits:?}, free: {control:?}"
     );
 }

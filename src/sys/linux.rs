@@ -445,13 +445,24 @@ mod tests {
     #[test]
     fn own_start_is_readable_and_stable() {
         let me = u64::from(std::process::id());
+        let started = std::time::Instant::now();
         let a = process_start(me).expect("own /proc entry");
         let b = process_start(me).expect("own /proc entry");
+        // However long the two reads took (a stalled machine: 100 ms and
+        // more), rounded up.
+        let apart = started.elapsed().as_millis() as u64 + 1;
         // The start itself is exact; its epoch estimate and age come from
-        // clocks read a moment apart, so they may cross a millisecond.
+        // clocks read a moment apart, so they may cross a millisecond,
+        // and the age grows by the time between the reads.
         assert_eq!(a.ticks, b.ticks);
-        assert!(a.epoch_ms.abs_diff(b.epoch_ms) <= 5, "{a:?} {b:?}");
-        assert!(b.age_ms.abs_diff(a.age_ms) <= 5, "{a:?} {b:?}");
+        assert!(
+            a.epoch_ms.abs_diff(b.epoch_ms) <= 5 + apart,
+            "{a:?} {b:?} ({apart} ms apart)"
+        );
+        assert!(
+            b.age_ms.abs_diff(a.age_ms) <= 5 + apart,
+            "{a:?} {b:?} ({apart} ms apart)"
+        );
         assert!(boot_id().is_some());
         // Not older than the boot clock: start and clock share an offset.
         assert!(a.age_ms <= boot_clock_ms());

@@ -174,10 +174,12 @@ pub async fn run_role(role: &str, args: &[String]) -> i32 {
             }
             0
         }
-        // dir name millis log go: once the file `go` exists, take and drop
-        // the lock as fast as possible for `millis`, logging each turn.
+        // dir name millis log go: says "ready", then once the file `go`
+        // exists, takes and drops the lock as fast as possible for
+        // `millis`, logging each turn.
         "loop" => {
             let l = locker(&args[0], 10_000, 2);
+            say("ready");
             while !std::path::Path::new(&args[4]).exists() {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
