@@ -45,7 +45,6 @@ pub(crate) const FAILPOINTS: &[&str] = &[
     "lock.release.after_dirlock",
     "reclaim.after_dirlock",
     "reclaim.before_remove",
-    "file.unlink.before_look",
     "file.unlink.before_unlink",
     "dir.retire.before_rename",
     "dir.retire.after_rename",

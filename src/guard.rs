@@ -580,8 +580,9 @@ impl LockGuard {
     /// lease that ran out while the process was paused, nobody having
     /// taken it yet) is removed before this resolves, unless the name is
     /// busy that instant (another process changing it, or a shared lock or
-    /// permit, or a lock on a server), in which case it is removed just
-    /// after: a process that exits on the news leaves nothing behind.
+    /// permit, or a lock on a server) or renewals failed (the store may be
+    /// slow to answer), in which case it is removed just after: a process
+    /// that exits on the news of an expired lease leaves nothing behind.
     ///
     /// # Cancel safety
     ///

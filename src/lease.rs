@@ -604,13 +604,19 @@ impl Lease {
         // the holder hears of the loss when that takes no waiting (the
         // name's mutation lock free this instant: almost always), so that
         // a holder that exits on the news leaves nothing behind; after,
-        // when it would mean waiting on the store.
-        let busy = match slot.take().map(|held| held.release_now(false)) {
-            Some(ReleaseNow::Done(released)) => {
-                self.unremoved(released);
-                None
-            }
-            Some(ReleaseNow::Busy(held)) => Some(held),
+        // when it would mean waiting on the store, or when the store is
+        // failing (renewals failed until the safety margin: its calls may
+        // each take a timeout, and the holder must hear within the margin).
+        let failing = matches!(reason, LossReason::RenewalFailed { .. });
+        let busy = match slot.take() {
+            Some(held) if failing => Some(held),
+            Some(held) => match held.release_now(false) {
+                ReleaseNow::Done(released) => {
+                    self.unremoved(released);
+                    None
+                }
+                ReleaseNow::Busy(held) => Some(held),
+            },
             None => None,
         };
         self.report(reason);

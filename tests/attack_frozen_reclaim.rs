@@ -8,7 +8,7 @@
 //! judged, then (after the `reclaim.before_remove` and
 //! `file.unlink.before_unlink` steps) unlinked whatever the path named by
 //! then: the live foreign lock. Now it looks again right before the
-//! unlink (`file.unlink.before_look`).
+//! unlink, with no step between the look and the unlink.
 #![cfg(all(target_os = "linux", feature = "failpoints"))]
 
 #[path = "support/common.rs"]
@@ -145,6 +145,6 @@ fn a_reclaimer_frozen_before_removing_leaves_a_foreign_lock_taken_meanwhile() {
 }
 
 #[test]
-fn a_reclaimer_frozen_before_its_last_look_leaves_a_foreign_lock_taken_meanwhile() {
-    frozen_reclaimer_meets_a_foreign_reclaim("file.unlink.before_look");
+fn a_reclaimer_frozen_before_unlinking_leaves_a_foreign_lock_taken_meanwhile() {
+    frozen_reclaimer_meets_a_foreign_reclaim("file.unlink.before_unlink");
 }

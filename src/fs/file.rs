@@ -344,23 +344,31 @@ fn write_bytes(file: &File, bytes: &[u8], sync: bool, path: impl Fn() -> PathBuf
 
 /// Removes a lock file judged stale (`judged`: its device and inode),
 /// under the mutation lock: only if the path still names it, looked at
-/// right before the unlink. A program that does not take the mutation
-/// lock (pi-research's code) may have replaced the file since the caller
-/// judged it, while this process was paused: its live lock is then left
-/// alone. (What remains is the instant between the look and the unlink.)
+/// right before the unlink, with no step between the two. A program that
+/// does not take the mutation lock (pi-research's code) may have replaced
+/// the file since the caller judged it, while this process was paused:
+/// its live lock is then left alone. (What remains is the instant between
+/// the look and the unlink.)
 pub(super) fn unlink_judged(ctx: &Ctx, name: &LockName, judged: (u64, u64)) -> Result<bool> {
-    failpoint!("file.unlink.before_look").context("remove lock file", || ctx.path_of(name.file_name()))?;
-    if !ctx.names(name, judged.0, judged.1)? {
-        return Ok(false);
-    }
-    unlink(ctx, name)
+    unlink_if(ctx, name, Some(judged))
 }
 
 /// Removes the lock file; the caller holds the mutation lock and has
 /// checked that the path names the inode it judged.
 pub(super) fn unlink(ctx: &Ctx, name: &LockName) -> Result<bool> {
-    let unlinked = failpoint!("file.unlink.before_unlink").map_err(|_| Errno::EIO);
-    match unlinked.and_then(|()| syscall::unlink_at(ctx.dir.fd(), name.file_name())) {
+    unlink_if(ctx, name, None)
+}
+
+/// Removes the lock file, if `judged`, only if the path names that
+/// device and inode at the last moment.
+fn unlink_if(ctx: &Ctx, name: &LockName, judged: Option<(u64, u64)>) -> Result<bool> {
+    failpoint!("file.unlink.before_unlink").context("remove lock file", || ctx.path_of(name.file_name()))?;
+    if let Some((dev, ino)) = judged
+        && !ctx.names(name, dev, ino)?
+    {
+        return Ok(false);
+    }
+    match syscall::unlink_at(ctx.dir.fd(), name.file_name()) {
         Ok(()) => Ok(true),
         Err(Errno::ENOENT) => Ok(false),
         Err(e) => Err(e).context("remove lock file", || ctx.path_of(name.file_name())),
