@@ -38,18 +38,8 @@ fn child_process_entry() {
 /// dir name: with a freeze armed at `point@n` (`FREEZE_ENV`), takes
 /// `name` once, says "acquired", holds it until killed.
 async fn take(args: &[String]) -> i32 {
-    let spec = std::env::var(FREEZE_ENV).unwrap();
-    let (point, nth) = spec.split_once('@').unwrap();
-    let nth: u32 = nth.parse().unwrap();
-    let seen = std::sync::atomic::AtomicU32::new(0);
-    let at = point.to_owned();
-    fail::cfg_callback(point, move || {
-        if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == nth {
-            common::say(&format!("freezing at {at}"));
-            let _ = nix::sys::signal::raise(Signal::SIGSTOP);
-        }
-    })
-    .unwrap();
+    assert!(std::env::var_os(FREEZE_ENV).is_some(), "a freeze to arm");
+    common::arm_freeze(FREEZE_ENV);
     let locker = Locker::builder()
         .directory(&args[0])
         .strategy(Strategy::ExclusiveFile)

@@ -52,31 +52,6 @@ fn log(path: &str, what: &str, who: &str, i: u64) {
     common::append(path, &format!("{what} {who} {i} {}", now_us()));
 }
 
-#[cfg(feature = "failpoints")]
-fn arm_freeze() {
-    if let Ok(spec) = std::env::var(FREEZE_ENV) {
-        let (point, nth) = spec.split_once('@').unwrap();
-        let nth: u32 = nth.parse().unwrap();
-        let seen = std::sync::atomic::AtomicU32::new(0);
-        let point_name = point.to_owned();
-        fail::cfg_callback(point, move || {
-            if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == nth {
-                common::say(&format!("freezing at {point_name} {}", now_ms()));
-                let _ = nix::sys::signal::raise(Signal::SIGSTOP);
-            }
-        })
-        .unwrap();
-    }
-}
-
-#[cfg(not(feature = "failpoints"))]
-fn arm_freeze() {
-    assert!(
-        std::env::var_os(FREEZE_ENV).is_none(),
-        "failpoints feature needed"
-    );
-}
-
 async fn roles(role: &str, args: &[String]) -> i32 {
     let pid = std::process::id().to_string();
     match role {
@@ -85,7 +60,7 @@ async fn roles(role: &str, args: &[String]) -> i32 {
         // `after` (a path), only the acquisitions made once that file
         // exists count, however many come before it.
         "take" => {
-            arm_freeze();
+            common::arm_freeze(FREEZE_ENV);
             let l = child_locker(&args[0]);
             let hold: u64 = args[2].parse().unwrap();
             let rounds: u64 = args[4].parse().unwrap();

@@ -292,24 +292,21 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// `leasehold run job --dir d -- sh -c script sh arg`: `script` sees
+/// `arg` as `$1`.
+fn run_job_sh(d: &str, script: &str, arg: &str) -> Proc {
+    Proc::spawn(leasehold(&[
+        "run", "job", "--dir", d, "--", "sh", "-c", script, "sh", arg,
+    ]))
+}
+
 #[test]
 fn releases_when_the_command_is_killed() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().to_str().unwrap();
     let pid_file = tmp.path().join("pid");
     let script = "echo $$ > \"$1.tmp\" && mv \"$1.tmp\" \"$1\"; exec sleep 30 >/dev/null";
-    let mut tool = Proc::spawn(leasehold(&[
-        "run",
-        "job",
-        "--dir",
-        d,
-        "--",
-        "sh",
-        "-c",
-        script,
-        "sh",
-        pid_file.to_str().unwrap(),
-    ]));
+    let mut tool = run_job_sh(d, script, pid_file.to_str().unwrap());
     let deadline = Instant::now() + BOUND;
     let pid: i32 = loop {
         if let Some(pid) = std::fs::read_to_string(&pid_file)
@@ -688,18 +685,7 @@ fn a_background_child_keeps_the_lock_held_until_it_exits() {
     let go = tmp.path().join("go");
     let script = "(i=0; while [ ! -e \"$1\" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done) \
                   >/dev/null 2>&1 & echo \"bg $!\"; echo started; exit 3";
-    let mut tool = Proc::spawn(leasehold(&[
-        "run",
-        "job",
-        "--dir",
-        d,
-        "--",
-        "sh",
-        "-c",
-        script,
-        "sh",
-        go.to_str().unwrap(),
-    ]));
+    let mut tool = run_job_sh(d, script, go.to_str().unwrap());
     let bg = KillOnDrop(pid_after(&tool, "bg "));
     tool.expect_line("started");
 

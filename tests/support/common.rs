@@ -984,3 +984,34 @@ pub fn anyone_in_line(dir: &Path) -> bool {
     fcntl(&file, FcntlArg::F_OFD_GETLK(&mut lock)).unwrap();
     i32::from(lock.l_type) != nix::libc::F_UNLCK
 }
+
+/// With the environment variable `var` set to `point@n`, stops this
+/// process (`SIGSTOP`) at the `n`th pass of the failpoint `point`, first
+/// saying "freezing at <point> <ms since the epoch>". Unset, nothing.
+#[cfg(all(unix, feature = "failpoints"))]
+pub fn arm_freeze(var: &str) {
+    let Ok(spec) = std::env::var(var) else {
+        return;
+    };
+    let (point, nth) = spec.split_once('@').expect("point@n");
+    let nth: u32 = nth.parse().expect("point@n");
+    let seen = std::sync::atomic::AtomicU32::new(0);
+    let at = point.to_owned();
+    fail::cfg_callback(point, move || {
+        if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == nth {
+            let ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis();
+            say(&format!("freezing at {at} {ms}"));
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+        }
+    })
+    .unwrap();
+}
+
+/// Without failpoints there is nothing to freeze at: `var` must be unset.
+#[cfg(not(all(unix, feature = "failpoints")))]
+pub fn arm_freeze(var: &str) {
+    assert!(std::env::var_os(var).is_none(), "failpoints feature needed");
+}
